@@ -1,0 +1,56 @@
+//! Developer tasks for cudatrace, run as `cargo xtask <command>`.
+
+mod ebpf;
+mod standin;
+mod tasks;
+mod toolchain;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "cudatrace developer tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the eBPF programs (tracer-ebpf) for bpfel-unknown-none.
+    BuildEbpf(ebpf::BuildEbpfOptions),
+    /// Run every test (unit and root tests; needs root).
+    Test,
+    /// Build everything and record a demo trace into traces/demo.jsonl.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::BuildEbpf(opts) => ebpf::build_ebpf(&opts),
+        Command::Test => tasks::test(),
+        Command::Demo => tasks::demo(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The cudatrace workspace root: the directory above this crate.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}

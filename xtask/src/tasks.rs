@@ -1,0 +1,104 @@
+//! `cargo xtask test` and `cargo xtask demo`: the README's two commands.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{ebpf, standin};
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn run(command: &mut Command, what: &str) -> Result<()> {
+    eprintln!("xtask: {what}");
+    let status = command
+        .status()
+        .with_context(|| format!("starting: {what}"))?;
+    ensure!(status.success(), "{what} failed ({status})");
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs every test: unit tests, and the root tests that load and attach real probes.
+pub fn test() -> Result<()> {
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    if !is_root() {
+        bail!(
+            "the root tests load eBPF programs: run `sudo -E cargo xtask test` \
+             (or set CUDATRACE_SKIP_ROOT_TESTS=1 to run only the unprivileged ones)"
+        );
+    }
+    run(
+        cargo().args(["test", "--workspace", "--locked"]),
+        "cargo test --workspace",
+    )
+}
+
+/// Builds everything and records a demo trace: the real GPU workload where there is one,
+/// else the bundled demo against the stand-in libcuda.
+pub fn demo() -> Result<()> {
+    let root = crate::workspace_root();
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    run(
+        cargo()
+            .args(["build", "--release", "--locked", "-p", "cudatrace"])
+            .current_dir(&root),
+        "cargo build --release -p cudatrace",
+    )?;
+    let cudatrace = root.join("target/release/cudatrace");
+    let trace = root.join("traces/demo.jsonl");
+    let mut args: Vec<String> = vec!["run".into(), "-o".into(), trace.display().to_string()];
+    if has_gpu() {
+        eprintln!("xtask: NVIDIA GPU found: tracing workloads/simple_inference.py");
+        args.extend([
+            "--".into(),
+            "python3".into(),
+            "workloads/simple_inference.py".into(),
+        ]);
+    } else {
+        let out = standin::out_dir(&root);
+        standin::build(&root, &out)?;
+        eprintln!(
+            "xtask: no NVIDIA GPU here: tracing the bundled demo against the STAND-IN libcuda \
+             (a fake driver, labelled as such in the trace)"
+        );
+        args.extend([
+            "--libcuda".into(),
+            out.join("libcuda.so.1").display().to_string(),
+            "--".into(),
+            out.join("cudatrace-demo").display().to_string(),
+        ]);
+    }
+    let mut command = if is_root() {
+        Command::new(&cudatrace)
+    } else {
+        eprintln!("xtask: loading eBPF needs root: running cudatrace through sudo");
+        let mut sudo = Command::new("sudo");
+        sudo.arg(&cudatrace);
+        sudo
+    };
+    command.args(&args).current_dir(&root);
+    run(&mut command, "cudatrace run")?;
+    eprintln!("xtask: demo trace written to {}", trace.display());
+    Ok(())
+}
+
+/// A usable NVIDIA driver: the device node and a libcuda in the usual places.
+fn has_gpu() -> bool {
+    Path::new("/dev/nvidia0").exists()
+        && [
+            "/usr/local/nvidia/lib64/libcuda.so.1",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .any(|p| p.exists())
+}
