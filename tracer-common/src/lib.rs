@@ -1,0 +1,201 @@
+//! The contract between cudatrace's eBPF programs and its userspace loader.
+//!
+//! Everything here is `#[repr(C)]`, `Copy`, free of `bool` and implicit padding, and
+//! size-checked at compile time, so a layout change on one side fails the build of both.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Event kinds. Numbers are stable and never reused.
+pub mod kind {
+    /// A driver call with its arguments, paired entry to return ([`super::CallEvent`]).
+    pub const CALL: u32 = 1;
+    /// A driver call plus memory captured at entry ([`super::CallDataEvent`]).
+    pub const CALL_DATA: u32 = 2;
+    /// A traced process forked, exec'd or exited ([`super::ProcEvent`]).
+    pub const PROC: u32 = 3;
+    /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
+    pub const SELFTEST_ENTRY: u32 = 100;
+    /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
+    pub const SELFTEST_RETURN: u32 = 101;
+}
+
+/// Header flags.
+pub mod flags {
+    /// A captured string filled the whole buffer and may be cut short.
+    pub const DATA_TRUNCATED: u32 = 1 << 0;
+    /// Reading user memory at entry (string, struct, stack arguments) failed.
+    pub const ENTRY_READ_FAILED: u32 = 1 << 1;
+    /// Reading an output parameter at return failed.
+    pub const OUT_READ_FAILED: u32 = 1 << 2;
+}
+
+/// Registers plus stack slots captured per call: `cuLaunchKernel` needs ten.
+pub const MAX_ARGS: usize = 10;
+/// How many of [`MAX_ARGS`] live in registers under the x86-64 SysV ABI.
+pub const REGISTER_ARGS: usize = 6;
+/// Stack words read at entry when a function has more than [`REGISTER_ARGS`] arguments.
+pub const STACK_ARGS: usize = MAX_ARGS - REGISTER_ARGS;
+/// Output parameters read back at return (e.g. `*dptr`, `*pitch`).
+pub const MAX_OUTS: usize = 2;
+/// Bytes captured at entry: a kernel name or a `CUlaunchConfig` / `CUDA_MEMCPY3D` struct.
+pub const DATA_LEN: usize = 256;
+/// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
+pub const MAX_DEPTH: usize = 4;
+/// Entries of the `SPECS` map, i.e. how many symbols one run can attach.
+pub const MAX_PROBES: u32 = 1024;
+
+/// Per-CPU counters in the `COUNTERS` map (indexes).
+pub mod counter {
+    /// Ring-buffer reserve failed: the event is lost.
+    pub const RING_FULL: u32 = 0;
+    /// Call nested deeper than `MAX_DEPTH`: the event is lost.
+    pub const TOO_DEEP: u32 = 1;
+    /// The per-thread frame map was full at entry: the event is lost.
+    pub const FRAMES_FULL: u32 = 2;
+    /// A return arrived with no matching entry (attached mid-call): nothing to emit.
+    pub const UNMATCHED_RETURN: u32 = 3;
+    /// Calls seen at entry from traced processes.
+    pub const ENTRIES: u32 = 4;
+    /// Number of counters.
+    pub const COUNT: u32 = 5;
+}
+
+/// Which memory a probe captures at entry into [`CallDataEvent::data`].
+pub mod capture {
+    pub const NONE: u32 = 0;
+    /// A NUL-terminated string pointed to by an argument (kernel names).
+    pub const CSTR: u32 = 1;
+    /// `len` bytes pointed to by an argument (`CUlaunchConfig`, `CUDA_MEMCPY2D`...).
+    pub const STRUCT: u32 = 2;
+}
+
+/// Process event subtypes ([`ProcEvent::what`]).
+pub mod proc_event {
+    pub const FORK: u32 = 1;
+    pub const EXEC: u32 = 2;
+    pub const EXIT: u32 = 3;
+}
+
+/// How the generic uprobe handles one attached symbol. Indexed by the attach cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeSpec {
+    /// Arguments to capture, registers first then stack (at most [`MAX_ARGS`]).
+    pub nargs: u32,
+    /// One of [`capture`].
+    pub capture: u32,
+    /// Argument index holding the pointer to capture from.
+    pub capture_arg: u32,
+    /// Bytes to capture for [`capture::STRUCT`] (at most [`DATA_LEN`]).
+    pub capture_len: u32,
+    /// Argument indexes + 1 of output pointers read as u64 at return; 0 means none.
+    pub out_args: [u32; MAX_OUTS],
+}
+const _: () = assert!(size_of::<ProbeSpec>() == 24);
+
+/// Common prefix of every event in the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// Bits of [`flags`].
+    pub flags: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the event (call entry for calls).
+    pub ts_ns: u64,
+    /// Thread group id (the process id users see).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+}
+const _: () = assert!(size_of::<EventHeader>() == 24);
+
+/// One driver call, emitted at return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallEvent {
+    pub header: EventHeader,
+    /// Attach cookie: index into the loader's table of attached symbols.
+    pub probe_id: u32,
+    /// The CUresult returned (low 32 bits of rax).
+    pub ret: u32,
+    /// Entry to return.
+    pub dur_ns: u64,
+    /// Raw argument words, registers then stack.
+    pub args: [u64; MAX_ARGS],
+    /// Values read through the spec's output pointers at return.
+    pub outs: [u64; MAX_OUTS],
+}
+const _: () = assert!(size_of::<CallEvent>() == 136);
+
+/// A driver call plus the memory captured at entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallDataEvent {
+    pub call: CallEvent,
+    /// Bytes of `data` that are valid.
+    pub data_len: u32,
+    pub _pad: u32,
+    pub data: [u8; DATA_LEN],
+}
+const _: () = assert!(size_of::<CallDataEvent>() == 136 + 8 + DATA_LEN);
+
+/// A traced process forked a child, exec'd, or exited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcEvent {
+    pub header: EventHeader,
+    /// One of [`proc_event`].
+    pub what: u32,
+    /// Child pid for FORK; 0 otherwise.
+    pub child_pid: u32,
+    /// `comm` for FORK/EXIT, the start of the file name for EXEC.
+    pub name: [u8; 64],
+}
+const _: () = assert!(size_of::<ProcEvent>() == 24 + 8 + 64);
+
+/// Self-test event: the probed test function's arguments or its return value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SelftestEvent {
+    pub header: EventHeader,
+    pub arg0: u64,
+    pub arg1: u64,
+    pub ret: u64,
+}
+const _: () = assert!(size_of::<SelftestEvent>() == 48);
+
+/// One pending call, saved at entry until its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Frame {
+    pub probe_id: u32,
+    pub flags: u32,
+    pub ts_ns: u64,
+    pub args: [u64; MAX_ARGS],
+    pub data_len: u32,
+    pub _pad: u32,
+    pub data: [u8; DATA_LEN],
+}
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80 + 8 + DATA_LEN);
+
+/// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FrameStack {
+    /// Current nesting depth, counting calls too deep to keep.
+    pub depth: u32,
+    pub _pad: u32,
+    pub frames: [Frame; MAX_DEPTH],
+}
+const _: () = assert!(size_of::<FrameStack>() == 8 + MAX_DEPTH * size_of::<Frame>());
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all are repr(C), Copy, with explicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for ProbeSpec {}
+    unsafe impl aya::Pod for EventHeader {}
+    unsafe impl aya::Pod for CallEvent {}
+}

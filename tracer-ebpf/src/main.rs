@@ -1,0 +1,22 @@
+//! cudatrace's eBPF side: one generic uprobe/uretprobe pair that every libcuda symbol is
+//! attached to (the attach cookie says which one, and the `SPECS` map how to read its
+//! arguments), plus process-tree tracking from scheduler tracepoints.
+//!
+//! The probe catalog lives in userspace as data; nothing here knows a CUDA function by name.
+#![no_std]
+#![no_main]
+
+mod calls;
+mod maps;
+mod process;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic path, so this is never executed.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
