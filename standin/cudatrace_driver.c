@@ -1,0 +1,401 @@
+/*
+ * cudatrace_driver.c -- test driver for cudatrace, built as `cudatrace-driver`
+ * and linked against the STAND-IN libcuda (standin/libcuda_standin.c), never
+ * against NVIDIA's driver.  Each mode makes a fixed, documented list of CUDA
+ * driver calls so tests can assert exact events and argument values.
+ *
+ * Build (see standin/README.md):
+ *   gcc -O2 -g -Wall -Wextra -Werror -o OUT/cudatrace-driver \
+ *       standin/cudatrace_driver.c -LOUT -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN' -lpthread
+ *
+ * Nothing is printed to stdout unless stated below.  If any call returns
+ * something other than the expected result, a message goes to stderr and the
+ * program exits with status 3.  Bad usage: message on stderr, exit 2.
+ *
+ * Values the stand-in returns (see libcuda_standin.c): device pointers come
+ * from a bump allocator at 0x7f0000000000 (each allocation advances by its
+ * size rounded up to 512); handles are 0x1000 + 0x10*n in creation order.
+ * The values in [brackets] below are what the stand-in hands back.
+ *
+ * MODE `sequence` -- single-threaded, exactly these calls in this order, exit 0:
+ *    1  cuInit(0)
+ *    2  cuDeviceGet(&dev, 0)                               [dev = 0]
+ *    3  cuDevicePrimaryCtxRetain(&ctx, dev)                [ctx = 0x1000]
+ *    4  cuCtxSetCurrent(ctx)
+ *    5  cuMemAlloc_v2(&d_a, 1048576)                       [d_a = 0x7f0000000000]
+ *    6  cuMemAlloc_v2(&d_b, 4096)                          [d_b = 0x7f0000100000]
+ *    7  cuMemAlloc_v2(&bad, 0)                             -> returns 1 (CUDA_ERROR_INVALID_VALUE)
+ *       (h = malloc(1048576): host buffer, not a CUDA call)
+ *    8  cuMemcpyHtoD_v2(d_a, h, 1048576)
+ *    9  cuStreamCreate(&s, 0)                              [s = 0x1010]
+ *   10  cuMemcpyHtoDAsync_v2(d_b, h, 4096, s)
+ *   11  cuModuleLoadData(&mod, image)                      [mod = 0x1020]
+ *   12  cuModuleGetFunction(&fn, mod, "_Z10vector_addPKfS0_Pfi")      [fn = 0x1030]
+ *         (= vector_add(float const*, float const*, float*, int))
+ *   13  cuLaunchKernel(fn, 4096, 2, 1, 256, 1, 3, 1024, s, params, NULL)
+ *         (gridDim 4096x2x1, blockDim 256x1x3, sharedMemBytes 1024;
+ *          blockDimZ, sharedMemBytes, hStream, kernelParams, extra are passed
+ *          on the stack)
+ *   14  cuLaunchKernelEx(&cfg, fn, params, NULL) with cfg =
+ *         {gridDim 128,64,2; blockDim 32,8,4; sharedMemBytes 2048;
+ *          hStream s; attrs NULL; numAttrs 0}
+ *   15  cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0)   [lib = 0x1040]
+ *   16  cuLibraryGetKernel(&kern, lib, "_ZN5torch6native10add_kernelEPKfS2_Pfi") [kern = 0x1050]
+ *         (= torch::native::add_kernel(float const*, float const*, float*, int))
+ *   17  cuKernelGetFunction(&fn2, kern)                    [fn2 = 0x1060]
+ *   18  cuLaunchKernel((CUfunction)kern, 7, 1, 1, 64, 1, 1, 0, s, params, NULL)
+ *         (launched through the CUkernel handle 0x1050, as CUDA 12+ allows)
+ *   19  cuStreamSynchronize(s)
+ *   20  cuMemcpyDtoH_v2(h, d_b, 4096)
+ *   21  cuMemcpyDtoHAsync_v2(h, d_a, 65536, s)
+ *   22  cuMemcpyDtoD_v2(d_b, d_a, 512)
+ *   23  cuMemcpy2D_v2(&c2d) with c2d all zero except
+ *         srcMemoryType = CU_MEMORYTYPE_HOST (1), srcHost = h, srcPitch = 256,
+ *         dstMemoryType = CU_MEMORYTYPE_DEVICE (2), dstDevice = d_b, dstPitch = 256,
+ *         WidthInBytes = 256, Height = 16
+ *   24  cuMemsetD8_v2(d_a, 0xab, 777)
+ *   25  cuCtxSynchronize()
+ *   26  cuMemFree_v2(d_b)
+ *   27  cuMemFree_v2(d_a)
+ *   28  cuDevicePrimaryCtxRelease_v2(dev)
+ *   params (both launches) = {&d_a, &d_b, &d_a, &n} with int n = 262144.
+ *   image = a static 64-byte array starting with the ELF magic.
+ *
+ * MODE `loop N` -- cuCtxSynchronize() N times in a tight loop, then prints
+ *   "N\n" (the decimal number) to stdout; exit 0.
+ *
+ * MODE `fork` --
+ *   parent: cuInit(0); fork();
+ *   child:  cuMemAlloc_v2(&p, 12345) [p = next bump pointer]; _exit(0)
+ *   parent: waitpid(child); cuMemAlloc_v2(&p, 54321); exit 0 (exit 1 if the
+ *           child did not exit 0).
+ *   With a fresh process both allocations return 0x7f0000000000, since the
+ *   child inherits the parent's (untouched) allocator state.
+ *
+ * MODE `forkexec PATH_TO_SELF` --
+ *   parent: cuInit(0); fork();
+ *   child:  execl(PATH_TO_SELF, PATH_TO_SELF, "child") (exit 127 if exec fails)
+ *   parent: waitpid(child); cuMemAlloc_v2(&p, 54321); exit 0 (1 if the child
+ *           did not exit 0).
+ *
+ * MODE `child` -- cuMemAlloc_v2(&p, 2222); cuInit(0); exit 0.
+ *
+ * MODE `threads` -- 4 pthreads, thread i (i = 0..3) calls
+ *   cuMemAlloc_v2(&p, 1000 + i) exactly once.  All 4 threads are alive at
+ *   the same time (they meet at a barrier before the call), so they have 4
+ *   distinct TIDs.  The main thread makes no CUDA call.  Joined; exit 0.
+ *
+ * MODE `exit N` -- cuInit(0); exit(N).
+ *
+ * MODE `sleep SECS` -- cuInit(0); then repeat { cuCtxSynchronize();
+ *   usleep(10000); } until SECS seconds (may be fractional) have passed on
+ *   CLOCK_MONOTONIC; exit 0.
+ *
+ * MODE `wait-signal` -- installs a SIGUSR1 handler; cuInit(0); prints
+ *   "ready\n" to stdout and flushes; waits (sigsuspend, race-free) until
+ *   SIGUSR1 arrives; cuMemAlloc_v2(&p, 4242); exit 0.
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_standin.h"
+
+static void fail(const char *what, int got, int want)
+{
+    fprintf(stderr, "cudatrace-driver: %s returned %d, expected %d\n", what, got, want);
+    exit(3);
+}
+
+#define EXPECT(call, want)                          \
+    do {                                            \
+        int r_ = (int)(call);                       \
+        if (r_ != (want))                           \
+            fail(#call, r_, (want));                \
+    } while (0)
+#define OK(call) EXPECT(call, CUDA_SUCCESS)
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: cudatrace-driver MODE [ARG]\n"
+            "modes: sequence | loop N | fork | forkexec PATH_TO_SELF | child |\n"
+            "       threads | exit N | sleep SECS | wait-signal\n");
+    exit(2);
+}
+
+static long parse_long(const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < 0)
+        usage();
+    return v;
+}
+
+/* A fake "cubin" image: only its address matters to the stand-in. */
+static const unsigned char k_image[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0x33};
+
+#define SEQ_MODULE_KERNEL "_Z10vector_addPKfS0_Pfi"
+#define SEQ_LIBRARY_KERNEL "_ZN5torch6native10add_kernelEPKfS2_Pfi"
+
+static int mode_sequence(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr d_a, d_b, bad = 0;
+    CUstream s;
+    CUmodule mod;
+    CUfunction fn, fn2;
+    CUlibrary lib;
+    CUkernel kern;
+    int n = 262144;
+
+    OK(cuInit(0));
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+    OK(cuMemAlloc_v2(&d_a, 1048576));
+    OK(cuMemAlloc_v2(&d_b, 4096));
+    EXPECT(cuMemAlloc_v2(&bad, 0), CUDA_ERROR_INVALID_VALUE);
+
+    unsigned char *h = malloc(1048576);
+    if (h == NULL)
+        return 1;
+    memset(h, 0x5a, 1048576);
+
+    OK(cuMemcpyHtoD_v2(d_a, h, 1048576));
+    OK(cuStreamCreate(&s, 0));
+    OK(cuMemcpyHtoDAsync_v2(d_b, h, 4096, s));
+    OK(cuModuleLoadData(&mod, k_image));
+    OK(cuModuleGetFunction(&fn, mod, SEQ_MODULE_KERNEL));
+
+    void *params[] = {&d_a, &d_b, &d_a, &n};
+    OK(cuLaunchKernel(fn, 4096, 2, 1, 256, 1, 3, 1024, s, params, NULL));
+
+    CUlaunchConfig cfg = {
+        .gridDimX = 128, .gridDimY = 64, .gridDimZ = 2,
+        .blockDimX = 32, .blockDimY = 8, .blockDimZ = 4,
+        .sharedMemBytes = 2048, .hStream = s, .attrs = NULL, .numAttrs = 0,
+    };
+    OK(cuLaunchKernelEx(&cfg, fn, params, NULL));
+
+    OK(cuLibraryLoadData(&lib, k_image, NULL, NULL, 0, NULL, NULL, 0));
+    OK(cuLibraryGetKernel(&kern, lib, SEQ_LIBRARY_KERNEL));
+    OK(cuKernelGetFunction(&fn2, kern));
+    OK(cuLaunchKernel((CUfunction)kern, 7, 1, 1, 64, 1, 1, 0, s, params, NULL));
+
+    OK(cuStreamSynchronize(s));
+    OK(cuMemcpyDtoH_v2(h, d_b, 4096));
+    OK(cuMemcpyDtoHAsync_v2(h, d_a, 65536, s));
+    OK(cuMemcpyDtoD_v2(d_b, d_a, 512));
+
+    CUDA_MEMCPY2D c2d;
+    memset(&c2d, 0, sizeof(c2d));
+    c2d.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c2d.srcHost = h;
+    c2d.srcPitch = 256;
+    c2d.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c2d.dstDevice = d_b;
+    c2d.dstPitch = 256;
+    c2d.WidthInBytes = 256;
+    c2d.Height = 16;
+    OK(cuMemcpy2D_v2(&c2d));
+
+    OK(cuMemsetD8_v2(d_a, 0xab, 777));
+    OK(cuCtxSynchronize());
+    OK(cuMemFree_v2(d_b));
+    OK(cuMemFree_v2(d_a));
+    OK(cuDevicePrimaryCtxRelease_v2(dev));
+
+    free(h);
+    return 0;
+}
+
+static int mode_loop(const char *arg)
+{
+    long n = parse_long(arg);
+    for (long i = 0; i < n; i++)
+        OK(cuCtxSynchronize());
+    printf("%ld\n", n);
+    return 0;
+}
+
+static int wait_child(pid_t pid)
+{
+    int status;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) {
+            perror("cudatrace-driver: waitpid");
+            return 1;
+        }
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "cudatrace-driver: child did not exit 0 (status 0x%x)\n", status);
+        return 1;
+    }
+    return 0;
+}
+
+static int mode_fork(const char *exec_path)
+{
+    CUdeviceptr p;
+    OK(cuInit(0));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("cudatrace-driver: fork");
+        return 1;
+    }
+    if (pid == 0) {
+        if (exec_path != NULL) {
+            execl(exec_path, exec_path, "child", (char *)NULL);
+            perror("cudatrace-driver: execl");
+            _exit(127);
+        }
+        if (cuMemAlloc_v2(&p, 12345) != CUDA_SUCCESS)
+            _exit(3);
+        _exit(0);
+    }
+    int rc = wait_child(pid);
+    OK(cuMemAlloc_v2(&p, 54321));
+    return rc;
+}
+
+static int mode_child(void)
+{
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 2222));
+    OK(cuInit(0));
+    return 0;
+}
+
+#define N_THREADS 4
+static pthread_barrier_t g_barrier;
+
+static void *thread_main(void *arg)
+{
+    size_t idx = (size_t)arg;
+    CUdeviceptr p;
+    pthread_barrier_wait(&g_barrier);
+    OK(cuMemAlloc_v2(&p, 1000 + idx));
+    return NULL;
+}
+
+static int mode_threads(void)
+{
+    pthread_t t[N_THREADS];
+    if (pthread_barrier_init(&g_barrier, NULL, N_THREADS) != 0)
+        return 1;
+    for (size_t i = 0; i < N_THREADS; i++)
+        if (pthread_create(&t[i], NULL, thread_main, (void *)i) != 0)
+            return 1;
+    for (size_t i = 0; i < N_THREADS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&g_barrier);
+    return 0;
+}
+
+static int mode_exit(const char *arg)
+{
+    long code = parse_long(arg);
+    OK(cuInit(0));
+    exit((int)code);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int mode_sleep(const char *arg)
+{
+    char *end;
+    double secs = strtod(arg, &end);
+    if (end == arg || *end != '\0' || secs < 0)
+        usage();
+    OK(cuInit(0));
+    double start = now_s();
+    while (now_s() - start < secs) {
+        OK(cuCtxSynchronize());
+        usleep(10000);
+    }
+    return 0;
+}
+
+static volatile sig_atomic_t g_got_usr1;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    g_got_usr1 = 1;
+}
+
+static int mode_wait_signal(void)
+{
+    sigset_t block, old;
+    struct sigaction sa;
+    CUdeviceptr p;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &block, &old); /* no race between check and wait */
+
+    OK(cuInit(0));
+    printf("ready\n");
+    fflush(stdout);
+
+    sigset_t wait_mask = old;
+    sigdelset(&wait_mask, SIGUSR1);
+    while (!g_got_usr1)
+        sigsuspend(&wait_mask);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+
+    OK(cuMemAlloc_v2(&p, 4242));
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        usage();
+    const char *mode = argv[1];
+    const char *arg = argc >= 3 ? argv[2] : NULL;
+
+    if (strcmp(mode, "sequence") == 0 && argc == 2)
+        return mode_sequence();
+    if (strcmp(mode, "loop") == 0 && argc == 3)
+        return mode_loop(arg);
+    if (strcmp(mode, "fork") == 0 && argc == 2)
+        return mode_fork(NULL);
+    if (strcmp(mode, "forkexec") == 0 && argc == 3)
+        return mode_fork(arg);
+    if (strcmp(mode, "child") == 0 && argc == 2)
+        return mode_child();
+    if (strcmp(mode, "threads") == 0 && argc == 2)
+        return mode_threads();
+    if (strcmp(mode, "exit") == 0 && argc == 3)
+        return mode_exit(arg);
+    if (strcmp(mode, "sleep") == 0 && argc == 3)
+        return mode_sleep(arg);
+    if (strcmp(mode, "wait-signal") == 0 && argc == 2)
+        return mode_wait_signal();
+    usage();
+    return 2;
+}

@@ -1,0 +1,1176 @@
+/*
+ * libcuda_standin.c -- cudatrace's STAND-IN libcuda.so.1, for tests and the
+ * no-GPU demo ONLY.
+ *
+ *      THIS IS NOT NVIDIA'S CUDA DRIVER.  It does no GPU work at all.
+ *
+ * It exports a subset of the CUDA driver API's symbol names with their real
+ * signatures (x86-64 SysV: same argument order and widths), so that
+ * cudatrace's uprobes can attach to it and read arguments exactly as they
+ * would from the real libcuda.so.1.  Every function only validates a few
+ * arguments the way the real driver does, fills its output parameters with
+ * deterministic fake values and returns.  No sleeping, no printing.
+ *
+ * Build (see standin/README.md):
+ *   gcc -shared -fPIC -O2 -fno-ipa-icf -g -Wall -Wextra -Werror \
+ *       -Wl,-soname,libcuda.so.1 -o OUT/libcuda.so.1 standin/libcuda_standin.c
+ *
+ * The marker symbol `cudatrace_standin_libcuda` lets the tracer tell the
+ * stand-in from the real driver.
+ *
+ * Fake values (deterministic, so tests can predict them):
+ *
+ *  - Device pointers (cuMemAlloc_v2, cuMemAllocManaged, cuMemAllocPitch_v2,
+ *    cuMemAllocAsync[_ptsz], cuMemAllocFromPoolAsync[_ptsz]) come from ONE
+ *    process-wide bump allocator: the first allocation returns
+ *    0x7f0000000000 and each allocation advances the cursor by its size
+ *    rounded up to a multiple of 512 bytes.  So every returned pointer is
+ *    512-byte aligned and
+ *        ptr[k] = 0x7f0000000000 + sum_{i<k} round_up(size[i], 512).
+ *    (cuMemAllocPitch_v2: pitch = round_up(WidthInBytes, 512), size =
+ *    pitch * Height.)  Failed calls do not advance the cursor.  Nothing is
+ *    ever reused: freeing does not give addresses back.
+ *  - Virtual address reservations (cuMemAddressReserve) come from a separate
+ *    bump region starting at 0x7f8000000000, aligned to
+ *    max(alignment, 2 MiB), each advancing by size rounded up to 2 MiB.
+ *  - Handles (CUcontext from cuCtxCreate_*, CUstream, CUevent, CUmodule,
+ *    CUfunction, CUlibrary, CUkernel, CUmemGenericAllocationHandle) are
+ *    0x1000 + 0x10 * n, where n counts handle-producing calls in the process
+ *    (0, 1, 2, ...), in call order.  Each call produces a fresh handle (also
+ *    repeated cuModuleGetFunction with the same name).  Exception:
+ *    cuDevicePrimaryCtxRetain returns the same context for a device every
+ *    time; it takes its handle from the counter on the first retain.
+ *  - Host pointers (cuMemAllocHost_v2, cuMemHostAlloc) are real malloc()
+ *    memory; cuMemFreeHost free()s them.
+ *  - cuDriverGetVersion reports 13000; cuDeviceGetCount reports 1 device.
+ *
+ * Errors that mirror the real driver:
+ *  - any NULL output pointer                      -> CUDA_ERROR_INVALID_VALUE (1)
+ *  - allocation / cuMemCreate of size 0           -> CUDA_ERROR_INVALID_VALUE (1)
+ *  - cuModuleGetFunction / cuLibraryGetKernel with
+ *    name == NULL                                 -> CUDA_ERROR_INVALID_VALUE (1)
+ *    name == "missing_kernel"                     -> CUDA_ERROR_NOT_FOUND (500)
+ *  - cuInit(flags != 0)                           -> CUDA_ERROR_INVALID_VALUE (1)
+ *  - device ordinal other than 0                  -> CUDA_ERROR_INVALID_DEVICE (101)
+ *  - launching a NULL CUfunction / CUgraphExec    -> CUDA_ERROR_INVALID_HANDLE (400)
+ * The stand-in does NOT require cuInit before other calls and does not track
+ * allocations (freeing an unknown pointer succeeds).
+ *
+ * Distinct addresses: every exported function is noinline, touches its own
+ * slot of a volatile counter array (so no two bodies are identical), and the
+ * library is built with -fno-ipa-icf.  No exported function calls another
+ * exported function (shared work lives in static helpers), so a uprobe on
+ * one symbol never fires for a call made to a different symbol.
+ */
+
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_standin.h"
+
+#define EXPORT __attribute__((visibility("default"), noinline))
+
+const char cudatrace_standin_libcuda[] __attribute__((visibility("default"))) =
+    "cudatrace stand-in libcuda (not NVIDIA's driver)";
+
+/* ---- internal state ------------------------------------------------------ */
+
+#define STANDIN_DPTR_BASE 0x7f0000000000ULL
+#define STANDIN_DPTR_ALIGN 512ULL
+#define STANDIN_VA_BASE 0x7f8000000000ULL
+#define STANDIN_VA_GRANULE (2ULL << 20)
+#define STANDIN_HANDLE_BASE 0x1000ULL
+#define STANDIN_HANDLE_STEP 0x10ULL
+#define STANDIN_DRIVER_VERSION 13000
+
+/* One call counter per exported function; each function touches its own
+ * slot, which keeps every function body unique. */
+#define STANDIN_MAX_FUNCS 256
+static volatile unsigned long long g_calls[STANDIN_MAX_FUNCS];
+/* A plain (racy, harmless) increment, not an atomic one: x86 uprobes refuse to probe an
+ * instruction with a LOCK prefix, and TOUCH() is often the first instruction. */
+#define TOUCH() (g_calls[__COUNTER__] += 1ULL)
+
+static unsigned long long g_next_dptr = STANDIN_DPTR_BASE;
+static unsigned long long g_next_va = STANDIN_VA_BASE;
+static unsigned long long g_handle_count;
+static CUcontext g_primary_ctx; /* one device */
+
+static unsigned long long round_up(unsigned long long v, unsigned long long a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static unsigned long long next_handle(void)
+{
+    unsigned long long n = __atomic_fetch_add(&g_handle_count, 1ULL, __ATOMIC_RELAXED);
+    return STANDIN_HANDLE_BASE + STANDIN_HANDLE_STEP * n;
+}
+
+static CUresult dev_alloc(CUdeviceptr *dptr, size_t bytesize)
+{
+    if (dptr == NULL || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = __atomic_fetch_add(&g_next_dptr, round_up(bytesize, STANDIN_DPTR_ALIGN),
+                               __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+static CUresult host_alloc(void **pp, size_t bytesize)
+{
+    if (pp == NULL || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = malloc(bytesize);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult va_reserve(CUdeviceptr *ptr, size_t size, size_t alignment)
+{
+    if (ptr == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment & (alignment - 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long align = alignment > STANDIN_VA_GRANULE ? alignment : STANDIN_VA_GRANULE;
+    unsigned long long len = round_up(size, STANDIN_VA_GRANULE);
+    unsigned long long cur = __atomic_load_n(&g_next_va, __ATOMIC_RELAXED);
+    unsigned long long start;
+    do {
+        start = round_up(cur, align);
+    } while (!__atomic_compare_exchange_n(&g_next_va, &cur, start + len, 0,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    *ptr = start;
+    return CUDA_SUCCESS;
+}
+
+#define MISSING_KERNEL_NAME "missing_kernel"
+
+static CUresult lookup_name(const char *name)
+{
+    if (name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(name, MISSING_KERNEL_NAME) == 0)
+        return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+static CUresult new_handle_out(void *out)
+{
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(void **)out = (void *)(unsigned long)next_handle();
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_2d(const CUDA_MEMCPY2D *p)
+{
+    return p == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+static CUresult check_3d(const CUDA_MEMCPY3D *p)
+{
+    return p == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+static CUresult check_launch(CUfunction f)
+{
+    return f == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+static CUresult check_launch_ex(const CUlaunchConfig *config, CUfunction f)
+{
+    if (config == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_launch(f);
+}
+
+/* ==== init / device / context ============================================ */
+
+EXPORT CUresult cuInit(unsigned int Flags)
+{
+    TOUCH();
+    return Flags != 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *driverVersion)
+{
+    TOUCH();
+    if (driverVersion == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = STANDIN_DRIVER_VERSION;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    TOUCH();
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    TOUCH();
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    TOUCH();
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUcontext ctx = __atomic_load_n(&g_primary_ctx, __ATOMIC_ACQUIRE);
+    if (ctx == NULL) {
+        CUcontext fresh = (CUcontext)(unsigned long)next_handle();
+        if (__atomic_compare_exchange_n(&g_primary_ctx, &ctx, fresh, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            ctx = fresh;
+    }
+    *pctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    TOUCH();
+    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    TOUCH();
+    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    TOUCH();
+    (void)flags;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return new_handle_out(pctx);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams,
+                               unsigned int flags, CUdevice dev)
+{
+    TOUCH();
+    (void)paramsArray;
+    (void)numParams;
+    (void)flags;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return new_handle_out(pctx);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags,
+                               CUdevice dev)
+{
+    TOUCH();
+    (void)ctxCreateParams;
+    (void)flags;
+    if (dev != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return new_handle_out(pctx);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    TOUCH();
+    return ctx == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    TOUCH();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    TOUCH();
+    (void)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    TOUCH();
+    (void)ctx;
+    return CUDA_SUCCESS;
+}
+
+/* cuGetProcAddress_v2 is defined at the end of the file, after the table of
+ * exported functions it resolves names against. */
+
+/* ==== memory ============================================================== */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    TOUCH();
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    TOUCH();
+    return host_alloc(pp, bytesize);
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    TOUCH();
+    (void)Flags;
+    return host_alloc(pp, bytesize);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    TOUCH();
+    (void)flags;
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                   size_t Height, unsigned int ElementSizeBytes)
+{
+    TOUCH();
+    if (dptr == NULL || pPitch == NULL || WidthInBytes == 0 || Height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = round_up(WidthInBytes, STANDIN_DPTR_ALIGN);
+    CUresult r = dev_alloc(dptr, pitch * Height);
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream)
+{
+    TOUCH();
+    (void)pool;
+    (void)hStream;
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                             CUmemoryPool pool, CUstream hStream)
+{
+    TOUCH();
+    (void)pool;
+    (void)hStream;
+    return dev_alloc(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    TOUCH();
+    (void)dptr;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    TOUCH();
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    TOUCH();
+    (void)dptr;
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    TOUCH();
+    (void)dptr;
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+/* ==== virtual memory management ========================================== */
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    TOUCH();
+    (void)flags;
+    if (handle == NULL || prop == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = next_handle();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    TOUCH();
+    (void)handle;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags)
+{
+    TOUCH();
+    (void)addr; /* address hints are ignored, as the real driver may */
+    (void)flags;
+    return va_reserve(ptr, size, alignment);
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    TOUCH();
+    (void)ptr;
+    (void)size;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    TOUCH();
+    (void)offset;
+    (void)handle;
+    if (ptr == 0 || size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    TOUCH();
+    if (ptr == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                               size_t count)
+{
+    TOUCH();
+    if (ptr == 0 || size == 0 || desc == NULL || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+/* ==== copies ============================================================== */
+
+EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    TOUCH();
+    (void)dst; (void)src; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
+{
+    TOUCH();
+    (void)dst; (void)src; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                              CUstream hStream)
+{
+    TOUCH();
+    (void)dst; (void)src; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                   CUstream hStream)
+{
+    TOUCH();
+    (void)dst; (void)src; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcHost; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost,
+                                     size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcHost; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstHost; (void)srcDevice; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstHost; (void)srcDevice; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcDevice; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                     size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcDevice; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
+                                     size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcHost; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
+                                          size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcHost; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                     CUstream hStream)
+{
+    TOUCH();
+    (void)dstHost; (void)srcDevice; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
+                                          size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstHost; (void)srcDevice; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                     size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcDevice; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                          size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)srcDevice; (void)ByteCount; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                             CUcontext srcContext, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext,
+                                  CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
+{
+    TOUCH();
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                                  CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
+                                  CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
+                                       CUdeviceptr srcDevice, CUcontext srcContext,
+                                       size_t ByteCount, CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
+{
+    TOUCH();
+    return check_2d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
+{
+    TOUCH();
+    return check_2d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return check_2d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return check_2d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy)
+{
+    TOUCH();
+    return check_3d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *pCopy)
+{
+    TOUCH();
+    return check_3d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return check_3d(pCopy);
+}
+
+EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return check_3d(pCopy);
+}
+
+/* ==== memsets ============================================================= */
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)uc; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)uc; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)us; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)us; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)ui; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
+{
+    TOUCH();
+    (void)dstDevice; (void)ui; (void)N;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)uc; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                     CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)uc; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                 CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)ui; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                      CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)ui; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+/* ==== launches ============================================================ */
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                               unsigned int gridDimZ, unsigned int blockDimX,
+                               unsigned int blockDimY, unsigned int blockDimZ,
+                               unsigned int sharedMemBytes, CUstream hStream,
+                               void **kernelParams, void **extra)
+{
+    TOUCH();
+    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
+    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
+    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
+    return check_launch(f);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                    unsigned int gridDimZ, unsigned int blockDimX,
+                                    unsigned int blockDimY, unsigned int blockDimZ,
+                                    unsigned int sharedMemBytes, CUstream hStream,
+                                    void **kernelParams, void **extra)
+{
+    TOUCH();
+    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
+    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
+    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
+    return check_launch(f);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                 void **kernelParams, void **extra)
+{
+    TOUCH();
+    (void)kernelParams; (void)extra;
+    return check_launch_ex(config, f);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                      void **kernelParams, void **extra)
+{
+    TOUCH();
+    (void)kernelParams; (void)extra;
+    return check_launch_ex(config, f);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                          unsigned int gridDimY, unsigned int gridDimZ,
+                                          unsigned int blockDimX, unsigned int blockDimY,
+                                          unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                          CUstream hStream, void **kernelParams)
+{
+    TOUCH();
+    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
+    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
+    (void)sharedMemBytes; (void)hStream; (void)kernelParams;
+    return check_launch(f);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                               unsigned int gridDimY, unsigned int gridDimZ,
+                                               unsigned int blockDimX, unsigned int blockDimY,
+                                               unsigned int blockDimZ,
+                                               unsigned int sharedMemBytes, CUstream hStream,
+                                               void **kernelParams)
+{
+    TOUCH();
+    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
+    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
+    (void)sharedMemBytes; (void)hStream; (void)kernelParams;
+    return check_launch(f);
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return hGraphExec == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return hGraphExec == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+/* ==== streams / events / sync ============================================= */
+
+EXPORT CUresult cuStreamSynchronize(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
+    TOUCH();
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    TOUCH();
+    (void)hStream;
+    (void)flags;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
+                                            unsigned int flags)
+{
+    TOUCH();
+    (void)hStream;
+    (void)flags;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    TOUCH();
+    (void)hStream;
+    (void)Flags;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    TOUCH();
+    (void)hStream;
+    (void)Flags;
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    TOUCH();
+    (void)Flags;
+    return new_handle_out(phStream);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    TOUCH();
+    (void)Flags;
+    return new_handle_out(phEvent);
+}
+
+/* ==== modules / libraries / kernels ======================================= */
+
+EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    TOUCH();
+    if (fname == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(module); /* the file is never opened */
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    TOUCH();
+    if (image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(module);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                   CUjit_option *options, void **optionValues)
+{
+    TOUCH();
+    (void)numOptions; (void)options; (void)optionValues;
+    if (image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(module);
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
+{
+    TOUCH();
+    if (fatCubin == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(module);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    TOUCH();
+    return hmod == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    TOUCH();
+    (void)hmod;
+    if (hfunc == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = lookup_name(name);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return new_handle_out(hfunc);
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions,
+                                  CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                  unsigned int numLibraryOptions)
+{
+    TOUCH();
+    (void)jitOptions; (void)jitOptionsValues; (void)numJitOptions;
+    (void)libraryOptions; (void)libraryOptionValues; (void)numLibraryOptions;
+    if (code == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(library);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                      CUjit_option *jitOptions, void **jitOptionsValues,
+                                      unsigned int numJitOptions,
+                                      CUlibraryOption *libraryOptions,
+                                      void **libraryOptionValues,
+                                      unsigned int numLibraryOptions)
+{
+    TOUCH();
+    (void)jitOptions; (void)jitOptionsValues; (void)numJitOptions;
+    (void)libraryOptions; (void)libraryOptionValues; (void)numLibraryOptions;
+    if (fileName == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle_out(library); /* the file is never opened */
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    TOUCH();
+    return library == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    TOUCH();
+    (void)library;
+    if (pKernel == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = lookup_name(name);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return new_handle_out(pKernel);
+}
+
+EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    TOUCH();
+    if (kernel == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return new_handle_out(pFunc);
+}
+
+/* ==== cuGetProcAddress_v2 ================================================= */
+
+/* Every exported function except cuGetProcAddress_v2 itself (added below). */
+#define STANDIN_EXPORTS(X)                                                           \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)               \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                         \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxCreate_v3)              \
+    X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxSynchronize) X(cuCtxSynchronize_v2)  \
+    X(cuCtxSetCurrent)                                                               \
+    X(cuMemAlloc_v2) X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemAllocManaged)     \
+    X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)                 \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFree_v2)       \
+    X(cuMemFreeHost) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz)                        \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)        \
+    X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                                      \
+    X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz)              \
+    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2)                    \
+    X(cuMemcpyDtoH_v2_ptds) X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD_v2_ptds)               \
+    X(cuMemcpyHtoDAsync_v2) X(cuMemcpyHtoDAsync_v2_ptsz) X(cuMemcpyDtoHAsync_v2)     \
+    X(cuMemcpyDtoHAsync_v2_ptsz) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoDAsync_v2_ptsz) \
+    X(cuMemcpyPeer) X(cuMemcpyPeer_ptds) X(cuMemcpyPeerAsync)                        \
+    X(cuMemcpyPeerAsync_ptsz) X(cuMemcpy2D_v2) X(cuMemcpy2D_v2_ptds)                 \
+    X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2)                \
+    X(cuMemcpy3D_v2_ptds) X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz)           \
+    X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds)  \
+    X(cuMemsetD32_v2) X(cuMemsetD32_v2_ptds) X(cuMemsetD8Async)                      \
+    X(cuMemsetD8Async_ptsz) X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz)             \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx)                     \
+    X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)                            \
+    X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)         \
+    X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize)         \
+    X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventRecordWithFlags)                 \
+    X(cuEventRecordWithFlags_ptsz) X(cuStreamWaitEvent) X(cuStreamWaitEvent_ptsz)    \
+    X(cuStreamCreate) X(cuEventCreate)                                               \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx)                        \
+    X(cuModuleLoadFatBinary) X(cuModuleUnload) X(cuModuleGetFunction)                \
+    X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload)                 \
+    X(cuLibraryGetKernel) X(cuKernelGetFunction)
+
+struct export_entry {
+    const char *name;
+    void *addr;
+};
+
+static void *find_export(const char *name);
+
+/*
+ * Resolution rules (modelled on the real driver, see /work/shared/FACTS.md):
+ *  - callers pass the BASE name ("cuMemAlloc", "cuLaunchKernel", ...);
+ *  - with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM in flags, the
+ *    per-thread variants are preferred: NAME_v2_ptsz, NAME_v2_ptds,
+ *    NAME_ptsz, NAME_ptds (first one exported wins);
+ *  - then NAME_v2, then NAME itself;
+ *  - version-dependent special cases: cuCtxCreate -> _v4 (cudaVersion >=
+ *    12050), _v3 (>= 11040), else _v2; cuCtxSynchronize -> _v2 only for
+ *    cudaVersion >= 13000 (the _v2 form takes a CUcontext argument);
+ *  - an exact exported name is also accepted;
+ *  - otherwise *pfn = NULL, *symbolStatus = SYMBOL_NOT_FOUND and
+ *    CUDA_ERROR_NOT_FOUND is returned.
+ * The returned addresses are those of the exported functions themselves.
+ */
+static void *resolve_proc(const char *symbol, int cudaVersion, unsigned long long flags)
+{
+    char buf[256];
+    size_t len = strlen(symbol);
+    if (len + sizeof("_v2_ptsz") > sizeof(buf))
+        return NULL;
+
+    if (strcmp(symbol, "cuCtxCreate") == 0) {
+        const char *t = cudaVersion >= 12050   ? "cuCtxCreate_v4"
+                        : cudaVersion >= 11040 ? "cuCtxCreate_v3"
+                                               : "cuCtxCreate_v2";
+        return find_export(t);
+    }
+    if (strcmp(symbol, "cuCtxSynchronize") == 0)
+        return find_export(cudaVersion >= 13000 ? "cuCtxSynchronize_v2" : "cuCtxSynchronize");
+
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        static const char *const pt[] = {"_v2_ptsz", "_v2_ptds", "_ptsz", "_ptds"};
+        for (size_t i = 0; i < sizeof(pt) / sizeof(pt[0]); i++) {
+            memcpy(buf, symbol, len);
+            strcpy(buf + len, pt[i]);
+            void *a = find_export(buf);
+            if (a != NULL)
+                return a;
+        }
+    }
+    memcpy(buf, symbol, len);
+    strcpy(buf + len, "_v2");
+    void *a = find_export(buf);
+    if (a != NULL)
+        return a;
+    return find_export(symbol);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    unsigned long long flags,
+                                    CUdriverProcAddressQueryResult *symbolStatus)
+{
+    TOUCH();
+    if (symbol == NULL || pfn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *a = resolve_proc(symbol, cudaVersion, flags);
+    *pfn = a;
+    if (symbolStatus != NULL)
+        *symbolStatus = a != NULL ? CU_GET_PROC_ADDRESS_SUCCESS
+                                  : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+#define STANDIN_ENTRY(n) {#n, (void *)&n},
+static const struct export_entry g_exports[] = {
+    STANDIN_EXPORTS(STANDIN_ENTRY)
+    {"cuGetProcAddress_v2", (void *)&cuGetProcAddress_v2},
+};
+
+_Static_assert(__COUNTER__ <= STANDIN_MAX_FUNCS, "too many exported functions for g_calls");
+
+static void *find_export(const char *name)
+{
+    for (size_t i = 0; i < sizeof(g_exports) / sizeof(g_exports[0]); i++)
+        if (strcmp(g_exports[i].name, name) == 0)
+            return g_exports[i].addr;
+    return NULL;
+}
