@@ -1,0 +1,719 @@
+//! The probe catalog: every libcuda function cudatrace knows, the exported symbols that
+//! implement it, and how to read its arguments (x86-64 SysV order).
+//!
+//! Attaching, the eBPF-side `ProbeSpec`s, decoding and `docs/probes.md` all come from
+//! this table; adding a function is adding a row.
+
+use tracer_common::{MAX_OUTS, ProbeSpec, capture};
+
+/// Function family, used for grouping in summaries and plots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Init,
+    Context,
+    Memory,
+    VirtualMemory,
+    Copy,
+    Memset,
+    Launch,
+    Sync,
+    Module,
+}
+
+impl Family {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Init => "init",
+            Family::Context => "context",
+            Family::Memory => "memory",
+            Family::VirtualMemory => "virtual_memory",
+            Family::Copy => "copy",
+            Family::Memset => "memset",
+            Family::Launch => "launch",
+            Family::Sync => "sync",
+            Family::Module => "module",
+        }
+    }
+}
+
+/// Copy direction. `Default` is the driver's unified-addressing choice (cuMemcpy, and
+/// 2D/3D copies with `CU_MEMORYTYPE_UNIFIED`), which the arguments alone do not reveal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CopyKind {
+    HtoD,
+    DtoH,
+    DtoD,
+    HtoH,
+    Peer,
+    Default,
+}
+
+impl CopyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyKind::HtoD => "HtoD",
+            CopyKind::DtoH => "DtoH",
+            CopyKind::DtoD => "DtoD",
+            CopyKind::HtoH => "HtoH",
+            CopyKind::Peer => "Peer",
+            CopyKind::Default => "Default",
+        }
+    }
+}
+
+/// Where a decoded value goes in the JSON line (stable names, see docs/trace-format.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Bytes,
+    Dptr,
+    Src,
+    Dst,
+    SrcContext,
+    DstContext,
+    Stream,
+    Function,
+    Kernel,
+    Library,
+    Module,
+    Context,
+    Device,
+    Event,
+    Graph,
+    Pool,
+    Handle,
+    Flags,
+    Offset,
+    Alignment,
+    Addr,
+    Pitch,
+    Width,
+    Height,
+    Value,
+    Count,
+    Version,
+    Image,
+    Host,
+    SharedMem,
+}
+
+/// How one argument word is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    /// An unsigned number (sizes, counts, flags).
+    Num(Field),
+    /// A signed 32-bit number (device ordinals).
+    Int(Field),
+    /// A pointer or handle, written as a hex string.
+    Ptr(Field),
+    /// A 32-bit legacy device pointer (`CUdeviceptr_v1`), as hex.
+    Ptr32(Field),
+    /// An output pointer: the 64-bit value the callee stored, as hex.
+    OutPtr(Field),
+    /// An output pointer to a 32-bit value (legacy `CUdeviceptr_v1`, `int`), as hex.
+    OutPtr32(Field),
+    /// An output pointer to a `size_t`, as a number.
+    OutNum(Field),
+    /// An output pointer to an `int`, as a number.
+    OutInt(Field),
+    /// A NUL-terminated string read at entry (kernel names, file names).
+    Str(StrField),
+    /// One grid dimension (0 = x).
+    Grid(u8),
+    /// One block dimension (0 = x).
+    Block(u8),
+    /// Element count of a memset of the given element width in bytes.
+    MemsetCount(u8),
+    /// `const CUlaunchConfig *`: grid, block, shared memory and stream.
+    LaunchConfig,
+    /// `const CUDA_MEMCPY2D *`.
+    Memcpy2D,
+    /// `const CUDA_MEMCPY3D *`.
+    Memcpy3D,
+    /// Present in the signature, not reported.
+    Skip,
+}
+
+/// String-valued fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrField {
+    /// A kernel or function name as passed to the driver (mangled).
+    Symbol,
+    /// A file path.
+    Path,
+}
+
+/// Sizes of the structs read through pointers (cuda.h layouts, x86-64).
+pub const LAUNCH_CONFIG_LEN: u32 = 56;
+pub const MEMCPY2D_LEN: u32 = 128;
+pub const MEMCPY3D_LEN: u32 = 200;
+
+/// One driver function.
+#[derive(Debug)]
+pub struct FnSpec {
+    /// The exported symbols implementing it (their `_ptsz`/`_ptds` forms are found too).
+    pub symbols: &'static [&'static str],
+    pub family: Family,
+    /// Arguments in order.
+    pub args: &'static [Arg],
+    /// Direction, for copies.
+    pub copy: Option<CopyKind>,
+}
+
+use Arg::*;
+use Field::*;
+
+const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg]) -> FnSpec {
+    FnSpec {
+        symbols,
+        family,
+        args,
+        copy: None,
+    }
+}
+
+const fn copy(symbols: &'static [&'static str], kind: CopyKind, args: &'static [Arg]) -> FnSpec {
+    FnSpec {
+        symbols,
+        family: Family::Copy,
+        args,
+        copy: Some(kind),
+    }
+}
+
+const LAUNCH_ARGS: &[Arg] = &[
+    Ptr(Function),
+    Grid(0),
+    Grid(1),
+    Grid(2),
+    Block(0),
+    Block(1),
+    Block(2),
+    Num(SharedMem),
+    Ptr(Stream),
+    Skip,
+    Skip,
+];
+
+const LIBRARY_LOAD_TAIL: [Arg; 6] = [Skip, Skip, Num(Count), Skip, Skip, Num(Flags)];
+
+/// The catalog. Order is the documentation order.
+pub static CATALOG: &[FnSpec] = &[
+    // Init, device and context.
+    f(&["cuInit"], Family::Init, &[Num(Flags)]),
+    f(&["cuDriverGetVersion"], Family::Init, &[OutInt(Version)]),
+    f(
+        &["cuDeviceGet"],
+        Family::Init,
+        &[OutInt(Device), Int(Device)],
+    ),
+    f(
+        &["cuDevicePrimaryCtxRetain"],
+        Family::Context,
+        &[OutPtr(Context), Int(Device)],
+    ),
+    f(
+        &["cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"],
+        Family::Context,
+        &[Int(Device)],
+    ),
+    f(
+        &["cuCtxCreate_v2"],
+        Family::Context,
+        &[OutPtr(Context), Num(Flags), Int(Device)],
+    ),
+    f(
+        &["cuCtxCreate_v3"],
+        Family::Context,
+        &[OutPtr(Context), Skip, Num(Count), Num(Flags), Int(Device)],
+    ),
+    f(
+        &["cuCtxCreate_v4"],
+        Family::Context,
+        &[OutPtr(Context), Skip, Num(Flags), Int(Device)],
+    ),
+    f(
+        &["cuCtxDestroy", "cuCtxDestroy_v2"],
+        Family::Context,
+        &[Ptr(Context)],
+    ),
+    f(&["cuCtxSetCurrent"], Family::Context, &[Ptr(Context)]),
+    f(&["cuCtxSynchronize"], Family::Sync, &[]),
+    f(&["cuCtxSynchronize_v2"], Family::Sync, &[Ptr(Context)]),
+    // Memory.
+    f(
+        &["cuMemAlloc_v2"],
+        Family::Memory,
+        &[OutPtr(Dptr), Num(Bytes)],
+    ),
+    f(
+        &["cuMemAlloc"],
+        Family::Memory,
+        &[OutPtr32(Dptr), Num(Bytes)],
+    ),
+    f(
+        &["cuMemAllocHost_v2", "cuMemAllocHost"],
+        Family::Memory,
+        &[OutPtr(Host), Num(Bytes)],
+    ),
+    f(
+        &["cuMemHostAlloc"],
+        Family::Memory,
+        &[OutPtr(Host), Num(Bytes), Num(Flags)],
+    ),
+    f(
+        &["cuMemAllocManaged"],
+        Family::Memory,
+        &[OutPtr(Dptr), Num(Bytes), Num(Flags)],
+    ),
+    f(
+        &["cuMemAllocPitch_v2"],
+        Family::Memory,
+        &[OutPtr(Dptr), OutNum(Pitch), Num(Width), Num(Height), Skip],
+    ),
+    f(
+        &["cuMemAllocAsync"],
+        Family::Memory,
+        &[OutPtr(Dptr), Num(Bytes), Ptr(Stream)],
+    ),
+    f(
+        &["cuMemAllocFromPoolAsync"],
+        Family::Memory,
+        &[OutPtr(Dptr), Num(Bytes), Ptr(Pool), Ptr(Stream)],
+    ),
+    f(&["cuMemFree_v2"], Family::Memory, &[Ptr(Dptr)]),
+    f(&["cuMemFree"], Family::Memory, &[Ptr32(Dptr)]),
+    f(&["cuMemFreeHost"], Family::Memory, &[Ptr(Host)]),
+    f(
+        &["cuMemFreeAsync"],
+        Family::Memory,
+        &[Ptr(Dptr), Ptr(Stream)],
+    ),
+    // Virtual memory (PyTorch's expandable segments).
+    f(
+        &["cuMemCreate"],
+        Family::VirtualMemory,
+        &[OutPtr(Handle), Num(Bytes), Skip, Num(Flags)],
+    ),
+    f(&["cuMemRelease"], Family::VirtualMemory, &[Ptr(Handle)]),
+    f(
+        &["cuMemAddressReserve"],
+        Family::VirtualMemory,
+        &[
+            OutPtr(Dptr),
+            Num(Bytes),
+            Num(Alignment),
+            Ptr(Addr),
+            Num(Flags),
+        ],
+    ),
+    f(
+        &["cuMemAddressFree"],
+        Family::VirtualMemory,
+        &[Ptr(Dptr), Num(Bytes)],
+    ),
+    f(
+        &["cuMemMap"],
+        Family::VirtualMemory,
+        &[Ptr(Dptr), Num(Bytes), Num(Offset), Ptr(Handle), Num(Flags)],
+    ),
+    f(
+        &["cuMemUnmap"],
+        Family::VirtualMemory,
+        &[Ptr(Dptr), Num(Bytes)],
+    ),
+    f(
+        &["cuMemSetAccess"],
+        Family::VirtualMemory,
+        &[Ptr(Dptr), Num(Bytes), Skip, Num(Count)],
+    ),
+    // Copies.
+    copy(
+        &["cuMemcpy"],
+        CopyKind::Default,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyAsync"],
+        CopyKind::Default,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes), Ptr(Stream)],
+    ),
+    copy(
+        &["cuMemcpyHtoD_v2"],
+        CopyKind::HtoD,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyHtoD"],
+        CopyKind::HtoD,
+        &[Ptr32(Dst), Ptr(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyDtoH_v2"],
+        CopyKind::DtoH,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyDtoH"],
+        CopyKind::DtoH,
+        &[Ptr(Dst), Ptr32(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyDtoD_v2"],
+        CopyKind::DtoD,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyDtoD"],
+        CopyKind::DtoD,
+        &[Ptr32(Dst), Ptr32(Src), Num(Bytes)],
+    ),
+    copy(
+        &["cuMemcpyHtoDAsync_v2"],
+        CopyKind::HtoD,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes), Ptr(Stream)],
+    ),
+    copy(
+        &["cuMemcpyDtoHAsync_v2"],
+        CopyKind::DtoH,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes), Ptr(Stream)],
+    ),
+    copy(
+        &["cuMemcpyDtoDAsync_v2"],
+        CopyKind::DtoD,
+        &[Ptr(Dst), Ptr(Src), Num(Bytes), Ptr(Stream)],
+    ),
+    copy(
+        &["cuMemcpyPeer"],
+        CopyKind::Peer,
+        &[
+            Ptr(Dst),
+            Ptr(DstContext),
+            Ptr(Src),
+            Ptr(SrcContext),
+            Num(Bytes),
+        ],
+    ),
+    copy(
+        &["cuMemcpyPeerAsync"],
+        CopyKind::Peer,
+        &[
+            Ptr(Dst),
+            Ptr(DstContext),
+            Ptr(Src),
+            Ptr(SrcContext),
+            Num(Bytes),
+            Ptr(Stream),
+        ],
+    ),
+    copy(
+        &["cuMemcpy2D_v2", "cuMemcpy2DUnaligned_v2"],
+        CopyKind::Default,
+        &[Memcpy2D],
+    ),
+    copy(
+        &["cuMemcpy2DAsync_v2"],
+        CopyKind::Default,
+        &[Memcpy2D, Ptr(Stream)],
+    ),
+    copy(&["cuMemcpy3D_v2"], CopyKind::Default, &[Memcpy3D]),
+    copy(
+        &["cuMemcpy3DAsync_v2"],
+        CopyKind::Default,
+        &[Memcpy3D, Ptr(Stream)],
+    ),
+    // Memsets.
+    f(
+        &["cuMemsetD8_v2"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(1)],
+    ),
+    f(
+        &["cuMemsetD16_v2"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(2)],
+    ),
+    f(
+        &["cuMemsetD32_v2"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(4)],
+    ),
+    f(
+        &["cuMemsetD8Async"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(1), Ptr(Stream)],
+    ),
+    f(
+        &["cuMemsetD16Async"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(2), Ptr(Stream)],
+    ),
+    f(
+        &["cuMemsetD32Async"],
+        Family::Memset,
+        &[Ptr(Dptr), Num(Value), MemsetCount(4), Ptr(Stream)],
+    ),
+    // Launches.
+    f(&["cuLaunchKernel"], Family::Launch, LAUNCH_ARGS),
+    f(
+        &["cuLaunchKernelEx"],
+        Family::Launch,
+        &[LaunchConfig, Ptr(Function), Skip, Skip],
+    ),
+    f(
+        &["cuLaunchCooperativeKernel"],
+        Family::Launch,
+        &[
+            Ptr(Function),
+            Grid(0),
+            Grid(1),
+            Grid(2),
+            Block(0),
+            Block(1),
+            Block(2),
+            Num(SharedMem),
+            Ptr(Stream),
+            Skip,
+        ],
+    ),
+    f(
+        &["cuGraphLaunch"],
+        Family::Launch,
+        &[Ptr(Graph), Ptr(Stream)],
+    ),
+    // Synchronisation and ordering.
+    f(&["cuStreamSynchronize"], Family::Sync, &[Ptr(Stream)]),
+    f(&["cuEventSynchronize"], Family::Sync, &[Ptr(Event)]),
+    f(&["cuEventRecord"], Family::Sync, &[Ptr(Event), Ptr(Stream)]),
+    f(
+        &["cuEventRecordWithFlags"],
+        Family::Sync,
+        &[Ptr(Event), Ptr(Stream), Num(Flags)],
+    ),
+    f(
+        &["cuStreamWaitEvent"],
+        Family::Sync,
+        &[Ptr(Stream), Ptr(Event), Num(Flags)],
+    ),
+    f(
+        &["cuStreamCreate"],
+        Family::Sync,
+        &[OutPtr(Stream), Num(Flags)],
+    ),
+    // Modules and kernels.
+    f(
+        &["cuModuleLoad"],
+        Family::Module,
+        &[OutPtr(Module), Str(StrField::Path)],
+    ),
+    f(
+        &["cuModuleLoadData"],
+        Family::Module,
+        &[OutPtr(Module), Ptr(Image)],
+    ),
+    f(
+        &["cuModuleLoadDataEx"],
+        Family::Module,
+        &[OutPtr(Module), Ptr(Image), Num(Count), Skip, Skip],
+    ),
+    f(
+        &["cuModuleLoadFatBinary"],
+        Family::Module,
+        &[OutPtr(Module), Ptr(Image)],
+    ),
+    f(&["cuModuleUnload"], Family::Module, &[Ptr(Module)]),
+    f(
+        &["cuModuleGetFunction"],
+        Family::Module,
+        &[OutPtr(Function), Ptr(Module), Str(StrField::Symbol)],
+    ),
+    f(
+        &["cuLibraryLoadData"],
+        Family::Module,
+        &[
+            OutPtr(Library),
+            Ptr(Image),
+            LIBRARY_LOAD_TAIL[0],
+            LIBRARY_LOAD_TAIL[1],
+            LIBRARY_LOAD_TAIL[2],
+            LIBRARY_LOAD_TAIL[3],
+            LIBRARY_LOAD_TAIL[4],
+            LIBRARY_LOAD_TAIL[5],
+        ],
+    ),
+    f(
+        &["cuLibraryLoadFromFile"],
+        Family::Module,
+        &[
+            OutPtr(Library),
+            Str(StrField::Path),
+            LIBRARY_LOAD_TAIL[0],
+            LIBRARY_LOAD_TAIL[1],
+            LIBRARY_LOAD_TAIL[2],
+            LIBRARY_LOAD_TAIL[3],
+            LIBRARY_LOAD_TAIL[4],
+            LIBRARY_LOAD_TAIL[5],
+        ],
+    ),
+    f(&["cuLibraryUnload"], Family::Module, &[Ptr(Library)]),
+    f(
+        &["cuLibraryGetKernel"],
+        Family::Module,
+        &[OutPtr(Kernel), Ptr(Library), Str(StrField::Symbol)],
+    ),
+    f(
+        &["cuKernelGetFunction"],
+        Family::Module,
+        &[OutPtr(Function), Ptr(Kernel)],
+    ),
+];
+
+/// Suffixes of per-thread default-stream variants, attached beside each symbol.
+pub const STREAM_VARIANTS: &[&str] = &["_ptsz", "_ptds"];
+
+impl FnSpec {
+    /// The first listed symbol, used as the function's documented name.
+    pub fn name(&self) -> &'static str {
+        self.symbols[0]
+    }
+
+    /// The kernel-side spec: how many words to read, what to capture, which outputs.
+    pub fn probe_spec(&self) -> ProbeSpec {
+        // Trailing unreported arguments need not be read.
+        let nargs = self.args.iter().rposition(|a| *a != Skip).map_or(0, |i| i + 1);
+        let mut spec = ProbeSpec {
+            nargs: nargs as u32,
+            ..ProbeSpec::default()
+        };
+        let mut outs = 0;
+        for (index, arg) in self.args.iter().enumerate() {
+            let index = index as u32;
+            match arg {
+                OutPtr(_) | OutPtr32(_) | OutNum(_) | OutInt(_) if outs < MAX_OUTS => {
+                    spec.out_args[outs] = index + 1;
+                    outs += 1;
+                }
+                Str(_) => {
+                    spec.capture = capture::CSTR;
+                    spec.capture_arg = index;
+                }
+                LaunchConfig | Memcpy2D | Memcpy3D => {
+                    spec.capture = capture::STRUCT;
+                    spec.capture_arg = index;
+                    spec.capture_len = match arg {
+                        LaunchConfig => LAUNCH_CONFIG_LEN,
+                        Memcpy2D => MEMCPY2D_LEN,
+                        _ => MEMCPY3D_LEN,
+                    };
+                }
+                _ => {}
+            }
+        }
+        spec
+    }
+
+    /// The out slot (see `ProbeSpec::out_args`) of the output argument at `arg_index`.
+    pub fn out_slot(&self, arg_index: usize) -> Option<usize> {
+        let slot = self.args[..arg_index]
+            .iter()
+            .filter(|a| a.is_output())
+            .count();
+        (slot < MAX_OUTS).then_some(slot)
+    }
+}
+
+impl Arg {
+    pub fn is_output(&self) -> bool {
+        matches!(self, OutPtr(_) | OutPtr32(_) | OutNum(_) | OutInt(_))
+    }
+}
+
+/// Looks a symbol up (the catalog's own tests and the decoder tests use it).
+#[cfg(test)]
+/// Looks a symbol up: the function it belongs to, including `_ptsz`/`_ptds` forms.
+pub fn lookup(symbol: &str) -> Option<&'static FnSpec> {
+    let base = STREAM_VARIANTS
+        .iter()
+        .find_map(|suffix| symbol.strip_suffix(suffix))
+        .unwrap_or(symbol);
+    CATALOG.iter().find(|spec| spec.symbols.contains(&base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::MAX_ARGS;
+
+    #[test]
+    fn every_function_fits_the_kernel_limits() {
+        for spec in CATALOG {
+            assert!(
+                spec.probe_spec().nargs as usize <= MAX_ARGS,
+                "{} reads too many arguments",
+                spec.name()
+            );
+            let outs = spec.args.iter().filter(|a| a.is_output()).count();
+            assert!(outs <= MAX_OUTS, "{} has {outs} outputs", spec.name());
+            let captures = spec
+                .args
+                .iter()
+                .filter(|a| matches!(a, Str(_) | LaunchConfig | Memcpy2D | Memcpy3D))
+                .count();
+            assert!(captures <= 1, "{} captures {captures} buffers", spec.name());
+        }
+    }
+
+    #[test]
+    fn symbols_are_unique() {
+        let mut all: Vec<&str> = CATALOG
+            .iter()
+            .flat_map(|s| s.symbols.iter().copied())
+            .collect();
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count);
+    }
+
+    #[test]
+    fn launch_kernel_reads_stack_arguments_and_no_memory() {
+        let spec = lookup("cuLaunchKernel_ptsz").unwrap().probe_spec();
+        assert_eq!(
+            spec,
+            ProbeSpec {
+                nargs: 9,
+                ..ProbeSpec::default()
+            }
+        );
+    }
+
+    #[test]
+    fn launch_kernel_ex_captures_its_config() {
+        let spec = lookup("cuLaunchKernelEx").unwrap().probe_spec();
+        assert_eq!(spec.capture, capture::STRUCT);
+        assert_eq!(spec.capture_arg, 0);
+        assert_eq!(spec.capture_len, 56);
+    }
+
+    #[test]
+    fn get_function_captures_name_and_reads_handle_at_return() {
+        let spec = lookup("cuModuleGetFunction").unwrap().probe_spec();
+        assert_eq!(spec.capture, capture::CSTR);
+        assert_eq!(spec.capture_arg, 2);
+        assert_eq!(spec.out_args, [1, 0]);
+        let pitch = lookup("cuMemAllocPitch_v2").unwrap().probe_spec();
+        assert_eq!(pitch.out_args, [1, 2]);
+    }
+
+    #[test]
+    fn stream_variants_resolve_to_their_function() {
+        assert_eq!(
+            lookup("cuMemcpyHtoDAsync_v2_ptsz").unwrap().name(),
+            "cuMemcpyHtoDAsync_v2"
+        );
+        assert_eq!(
+            lookup("cuMemcpyHtoD_v2_ptds").unwrap().name(),
+            "cuMemcpyHtoD_v2"
+        );
+        assert!(lookup("cuNotAFunction").is_none());
+    }
+}

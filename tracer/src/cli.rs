@@ -1,0 +1,136 @@
+//! Command-line interface.
+
+use std::{ffi::OsString, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::probes::MissingProbes;
+
+/// Trace what a program does with the GPU: every CUDA driver call, with no change to
+/// the program.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cudatrace",
+    version,
+    after_help = "Examples:\n  \
+        sudo cudatrace run -- python3 simple_inference.py\n  \
+        sudo cudatrace run -o trace.jsonl -- ./my_cuda_app --size 4096\n  \
+        sudo cudatrace run -p 12345            # attach to a running process\n  \
+        sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n\n\
+        Exit codes: the traced command's own, or 2 usage, 66 no such process, 69 no libcuda,\n\
+        70 internal error, 73 output not writable, 77 not privileged, 78 probes missing\n\
+        (--missing-probes error), 126 command not executable, 127 command not found."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command (or attach to processes) and record its CUDA driver calls as JSONL.
+    Run(RunArgs),
+    /// Check that uprobes, the ring buffer and aya-log work here (used by the tests).
+    #[command(hide = true)]
+    Selftest(crate::selftest::SelftestArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The command starts suspended: probes are attached before its first instruction, so cuInit
+is seen. Its children (fork, exec, Python multiprocessing, torchrun workers) are traced
+too; other processes are not, unless --all is given.
+
+Under sudo the command runs as the invoking user (SUDO_UID/SUDO_GID, with their groups)
+and the trace file belongs to them; --as-root keeps root.
+
+When the command exits, cudatrace detaches, drains the ring buffer, writes the footer
+and exits with the command's exit code. Ctrl-C (SIGINT) and SIGTERM do the same and
+exit 130/143; SIGTERM is passed on to the command.")]
+pub struct RunArgs {
+    /// Attach to a running process (and the children it starts from now on). Repeatable.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Trace every process that calls libcuda, not only the command's tree.
+    #[arg(long)]
+    pub all: bool,
+
+    /// Where to write the trace; `-` for standard output (the command's stdout then goes
+    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// The libcuda to probe. Default: the ldconfig cache, LD_LIBRARY_PATH, then
+    /// /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib.
+    #[arg(long, value_name = "PATH")]
+    pub libcuda: Option<PathBuf>,
+
+    /// What to do when a catalog function is not exported by libcuda or fails to attach.
+    #[arg(long, value_enum, default_value = "warn", value_name = "POLICY")]
+    pub missing_probes: MissingProbes,
+
+    /// Run the command as root even under sudo.
+    #[arg(long)]
+    pub as_root: bool,
+
+    /// No progress on stderr (errors and the final line still print).
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// Ring buffer size in KiB (a power of two, at least 4). Larger rides out bursts.
+    #[arg(long, default_value_t = 16384, value_name = "KIB", value_parser = parse_ring_kib)]
+    pub ring_kib: u32,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+fn parse_ring_kib(text: &str) -> Result<u32, String> {
+    let kib: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    if kib < 4 || !kib.is_power_of_two() || kib > 1 << 20 {
+        return Err("must be a power of two between 4 and 1048576".into());
+    }
+    Ok(kib)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_dashes() {
+        let cli = Cli::try_parse_from([
+            "cudatrace",
+            "run",
+            "-q",
+            "-o",
+            "-",
+            "--",
+            "python3",
+            "-c",
+            "x",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.command, ["python3", "-c", "x"]);
+        assert_eq!(args.output, Some(PathBuf::from("-")));
+        assert!(args.quiet);
+        assert_eq!(args.missing_probes, MissingProbes::Warn);
+    }
+
+    #[test]
+    fn ring_size_must_be_a_power_of_two() {
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "3", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_ok());
+    }
+}

@@ -1,0 +1,536 @@
+//! A decoded driver call, serialised as one `"type":"call"` JSON line.
+
+use serde::{Serialize, Serializer};
+use tracer_common::{CallEvent, flags};
+
+use super::{c_string, cuda_result};
+use crate::catalog::{Arg, CopyKind, Field, FnSpec, StrField};
+
+/// A pointer or handle, written as a `"0x..."` string (JSON numbers lose precision past 2^53).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Hex(pub u64);
+
+impl Serialize for Hex {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{:#x}", self.0))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Hex {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        let digits = text.strip_prefix("0x").unwrap_or(&text);
+        u64::from_str_radix(digits, 16)
+            .map(Hex)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// One call line. Field names are the stable schema of docs/trace-format.md.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CallRecord {
+    #[serde(rename = "type")]
+    pub record_type: &'static str,
+    pub name: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    pub dur_ns: u64,
+    pub ret: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ret_name: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dptr: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub src: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dst: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub src_context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dst_context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grid: Option<[u32; 3]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<[u32; 3]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_mem: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_handle: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flags: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alignment: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pitch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i32>,
+    /// Reading user memory failed or a name was cut short; see docs/trace-format.md.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<&'static str>,
+}
+
+impl CallRecord {
+    fn set_hex(&mut self, field: Field, number: u64) {
+        let value = Some(Hex(number));
+        match field {
+            Field::Dptr => self.dptr = value,
+            Field::Src => self.src = value,
+            Field::Dst => self.dst = value,
+            Field::SrcContext => self.src_context = value,
+            Field::DstContext => self.dst_context = value,
+            Field::Stream => self.stream = value,
+            Field::Function => self.function = value,
+            Field::Kernel => self.kernel_handle = value,
+            Field::Library => self.library = value,
+            Field::Module => self.module = value,
+            Field::Context => self.context = value,
+            Field::Event => self.event = value,
+            Field::Graph => self.graph = value,
+            Field::Pool => self.pool = value,
+            Field::Handle => self.handle = value,
+            Field::Addr => self.addr = value,
+            Field::Image => self.image = value,
+            Field::Host => self.host = value,
+            other => self.set_num(other, number),
+        }
+    }
+
+    fn set_num(&mut self, field: Field, number: u64) {
+        let value = Some(number);
+        match field {
+            Field::Bytes => self.bytes = value,
+            Field::SharedMem => self.shared_mem = value,
+            Field::Flags => self.flags = value,
+            Field::Offset => self.offset = value,
+            Field::Alignment => self.alignment = value,
+            Field::Pitch => self.pitch = value,
+            Field::Width => self.width = value,
+            Field::Height => self.height = value,
+            Field::Value => self.value = value,
+            Field::Count => self.count = value,
+            Field::Device => self.device = value.map(|v| v as i32),
+            Field::Version => self.version = value.map(|v| v as i32),
+            other => self.set_hex(other, number),
+        }
+    }
+}
+
+fn u32_at(data: &[u8], offset: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        data.get(offset..offset + 4)?.try_into().ok()?,
+    ))
+}
+
+fn u64_at(data: &[u8], offset: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        data.get(offset..offset + 8)?.try_into().ok()?,
+    ))
+}
+
+/// `CUmemorytype` values.
+const MEMORYTYPE_HOST: u32 = 1;
+const MEMORYTYPE_DEVICE: u32 = 2;
+const MEMORYTYPE_ARRAY: u32 = 3;
+
+/// Byte offsets of one side (src or dst) of CUDA_MEMCPY2D/3D.
+struct CopySide {
+    memory_type: usize,
+    host: usize,
+    device: usize,
+    array: usize,
+}
+
+fn copy_side(data: &[u8], side: &CopySide) -> Option<(u32, u64)> {
+    let memory_type = u32_at(data, side.memory_type)?;
+    let address = match memory_type {
+        MEMORYTYPE_HOST => u64_at(data, side.host)?,
+        MEMORYTYPE_ARRAY => u64_at(data, side.array)?,
+        _ => u64_at(data, side.device)?,
+    };
+    Some((memory_type, address))
+}
+
+fn copy_kind(src_type: u32, dst_type: u32) -> CopyKind {
+    let on_device = |t| t == MEMORYTYPE_DEVICE || t == MEMORYTYPE_ARRAY;
+    match (src_type, dst_type) {
+        (MEMORYTYPE_HOST, MEMORYTYPE_HOST) => CopyKind::HtoH,
+        (MEMORYTYPE_HOST, d) if on_device(d) => CopyKind::HtoD,
+        (s, MEMORYTYPE_HOST) if on_device(s) => CopyKind::DtoH,
+        (s, d) if on_device(s) && on_device(d) => CopyKind::DtoD,
+        _ => CopyKind::Default,
+    }
+}
+
+/// CUDA_MEMCPY2D (128 bytes) and CUDA_MEMCPY3D (200 bytes), cuda.h layouts.
+fn decode_memcpy(record: &mut CallRecord, data: &[u8], three_d: bool) -> Option<()> {
+    let (src, dst, width, height, depth) = if three_d {
+        (
+            CopySide {
+                memory_type: 32,
+                host: 40,
+                device: 48,
+                array: 56,
+            },
+            CopySide {
+                memory_type: 120,
+                host: 128,
+                device: 136,
+                array: 144,
+            },
+            176,
+            184,
+            Some(192),
+        )
+    } else {
+        (
+            CopySide {
+                memory_type: 16,
+                host: 24,
+                device: 32,
+                array: 40,
+            },
+            CopySide {
+                memory_type: 72,
+                host: 80,
+                device: 88,
+                array: 96,
+            },
+            112,
+            120,
+            None,
+        )
+    };
+    let (src_type, src_addr) = copy_side(data, &src)?;
+    let (dst_type, dst_addr) = copy_side(data, &dst)?;
+    let width = u64_at(data, width)?;
+    let height = u64_at(data, height)?;
+    let depth = match depth {
+        Some(offset) => Some(u64_at(data, offset)?),
+        None => None,
+    };
+    record.src = Some(Hex(src_addr));
+    record.dst = Some(Hex(dst_addr));
+    record.kind = Some(copy_kind(src_type, dst_type).as_str());
+    record.width = Some(width);
+    record.height = Some(height);
+    record.depth = depth;
+    record.bytes = Some(
+        width
+            .saturating_mul(height)
+            .saturating_mul(depth.unwrap_or(1)),
+    );
+    Some(())
+}
+
+/// CUlaunchConfig: six u32 dimensions, sharedMemBytes at 24, hStream at 32.
+fn decode_launch_config(record: &mut CallRecord, data: &[u8]) -> Option<()> {
+    let dim = |i: usize| u32_at(data, i * 4);
+    record.grid = Some([dim(0)?, dim(1)?, dim(2)?]);
+    record.block = Some([dim(3)?, dim(4)?, dim(5)?]);
+    record.shared_mem = Some(u64::from(dim(6)?));
+    record.stream = Some(Hex(u64_at(data, 32)?));
+    Some(())
+}
+
+/// Names a call's arguments through its catalog entry.
+pub fn decode_call(
+    call: &CallEvent,
+    data: Option<&[u8]>,
+    symbol: &str,
+    spec: &FnSpec,
+) -> CallRecord {
+    let mut record = CallRecord {
+        record_type: "call",
+        name: symbol.to_owned(),
+        pid: call.header.pid,
+        tid: call.header.tid,
+        ts_ns: call.header.ts_ns,
+        dur_ns: call.dur_ns,
+        ret: call.ret,
+        ret_name: cuda_result::name(call.ret),
+        kind: spec.copy.map(CopyKind::as_str),
+        ..CallRecord::default()
+    };
+    let data = data.unwrap_or(&[]);
+    let mut grid = [0u32; 3];
+    let mut block = [0u32; 3];
+    let (mut has_grid, mut has_block) = (false, false);
+    for (index, arg) in spec.args.iter().enumerate() {
+        let word = call.args.get(index).copied().unwrap_or(0);
+        let out = || {
+            spec.out_slot(index)
+                .map(|slot| call.outs[slot])
+                .unwrap_or(0)
+        };
+        match *arg {
+            Arg::Num(field) => record.set_num(field, word),
+            Arg::Int(field) => record.set_num(field, u64::from(word as u32 as i32 as u32)),
+            Arg::Ptr(field) => record.set_hex(field, word),
+            Arg::Ptr32(field) => record.set_hex(field, word & 0xffff_ffff),
+            Arg::OutPtr(field) => record.set_hex(field, out()),
+            Arg::OutPtr32(field) => record.set_hex(field, out() & 0xffff_ffff),
+            Arg::OutNum(field) => record.set_num(field, out()),
+            Arg::OutInt(field) => record.set_num(field, out() & 0xffff_ffff),
+            Arg::Str(field) => {
+                let text = c_string(data);
+                match field {
+                    StrField::Symbol => record.symbol = Some(text),
+                    StrField::Path => record.path = Some(text),
+                }
+            }
+            Arg::Grid(axis) => {
+                grid[usize::from(axis)] = word as u32;
+                has_grid = true;
+            }
+            Arg::Block(axis) => {
+                block[usize::from(axis)] = word as u32;
+                has_block = true;
+            }
+            Arg::MemsetCount(width) => {
+                record.count = Some(word);
+                record.bytes = Some(word.saturating_mul(u64::from(width)));
+            }
+            Arg::LaunchConfig => {
+                if decode_launch_config(&mut record, data).is_none() {
+                    record.warnings.push("launch_config_unread");
+                }
+            }
+            Arg::Memcpy2D | Arg::Memcpy3D => {
+                if decode_memcpy(&mut record, data, *arg == Arg::Memcpy3D).is_none() {
+                    record.warnings.push("memcpy_struct_unread");
+                }
+            }
+            Arg::Skip => {}
+        }
+    }
+    if has_grid {
+        record.grid = Some(grid);
+    }
+    if has_block {
+        record.block = Some(block);
+    }
+    let flag_bits = call.header.flags;
+    if flag_bits & flags::ENTRY_READ_FAILED != 0 {
+        record.warnings.push("entry_read_failed");
+    }
+    if flag_bits & flags::OUT_READ_FAILED != 0 {
+        record.warnings.push("out_read_failed");
+    }
+    if flag_bits & flags::DATA_TRUNCATED != 0 {
+        record.warnings.push("string_truncated");
+    }
+    record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::lookup;
+    use tracer_common::EventHeader;
+
+    fn call(args: &[u64], outs: [u64; 2], ret: u32) -> CallEvent {
+        let mut words = [0u64; 10];
+        words[..args.len()].copy_from_slice(args);
+        CallEvent {
+            header: EventHeader {
+                kind: 1,
+                flags: 0,
+                ts_ns: 1000,
+                pid: 10,
+                tid: 11,
+            },
+            probe_id: 0,
+            ret,
+            dur_ns: 250,
+            args: words,
+            outs,
+        }
+    }
+
+    fn json(record: &CallRecord) -> String {
+        serde_json::to_string(record).unwrap()
+    }
+
+    #[test]
+    fn mem_alloc_reports_bytes_and_the_returned_pointer() {
+        let spec = lookup("cuMemAlloc_v2").unwrap();
+        let record = decode_call(
+            &call(&[0x7ffd_0000, 4096], [0x7f00_0010_0000, 0], 0),
+            None,
+            "cuMemAlloc_v2",
+            spec,
+        );
+        assert_eq!(
+            json(&record),
+            r#"{"type":"call","name":"cuMemAlloc_v2","pid":10,"tid":11,"ts_ns":1000,"dur_ns":250,"ret":0,"bytes":4096,"dptr":"0x7f0000100000"}"#
+        );
+    }
+
+    #[test]
+    fn errors_carry_their_name() {
+        let spec = lookup("cuMemAlloc_v2").unwrap();
+        let record = decode_call(
+            &call(&[0x7ffd_0000, 0], [0, 0], 1),
+            None,
+            "cuMemAlloc_v2",
+            spec,
+        );
+        assert_eq!(record.ret_name, Some("CUDA_ERROR_INVALID_VALUE"));
+    }
+
+    #[test]
+    fn launch_kernel_reads_all_eleven_arguments() {
+        let spec = lookup("cuLaunchKernel").unwrap();
+        let record = decode_call(
+            &call(
+                &[0x1030, 4096, 2, 1, 256, 1, 3, 1024, 0x1010, 0x7ffe],
+                [0, 0],
+                0,
+            ),
+            None,
+            "cuLaunchKernel",
+            spec,
+        );
+        assert_eq!(record.function, Some(Hex(0x1030)));
+        assert_eq!(record.grid, Some([4096, 2, 1]));
+        assert_eq!(record.block, Some([256, 1, 3]));
+        assert_eq!(record.shared_mem, Some(1024));
+        assert_eq!(record.stream, Some(Hex(0x1010)));
+    }
+
+    #[test]
+    fn launch_kernel_ex_reads_its_config() {
+        let spec = lookup("cuLaunchKernelEx").unwrap();
+        let mut config = Vec::new();
+        for value in [128u32, 64, 2, 32, 8, 4, 2048, 0] {
+            config.extend_from_slice(&value.to_le_bytes());
+        }
+        config.extend_from_slice(&0x1010u64.to_le_bytes());
+        config.extend_from_slice(&[0; 16]);
+        let record = decode_call(
+            &call(&[0x7ffc, 0x1030], [0, 0], 0),
+            Some(&config),
+            "cuLaunchKernelEx",
+            spec,
+        );
+        assert_eq!(record.grid, Some([128, 64, 2]));
+        assert_eq!(record.block, Some([32, 8, 4]));
+        assert_eq!(record.shared_mem, Some(2048));
+        assert_eq!(record.stream, Some(Hex(0x1010)));
+        assert_eq!(record.function, Some(Hex(0x1030)));
+        assert!(record.warnings.is_empty());
+        let short = decode_call(
+            &call(&[0, 0x1030], [0, 0], 0),
+            Some(&[1, 2]),
+            "cuLaunchKernelEx",
+            spec,
+        );
+        assert_eq!(short.warnings, vec!["launch_config_unread"]);
+    }
+
+    #[test]
+    fn memcpy2d_gives_direction_and_bytes() {
+        let spec = lookup("cuMemcpy2D_v2").unwrap();
+        let mut data = vec![0u8; 128];
+        data[16..20].copy_from_slice(&1u32.to_le_bytes()); // src host
+        data[24..32].copy_from_slice(&0x5555u64.to_le_bytes());
+        data[72..76].copy_from_slice(&2u32.to_le_bytes()); // dst device
+        data[88..96].copy_from_slice(&0x7f00_0010_0000u64.to_le_bytes());
+        data[112..120].copy_from_slice(&256u64.to_le_bytes());
+        data[120..128].copy_from_slice(&16u64.to_le_bytes());
+        let record = decode_call(
+            &call(&[0x7ffc], [0, 0], 0),
+            Some(&data),
+            "cuMemcpy2D_v2",
+            spec,
+        );
+        assert_eq!(record.kind, Some("HtoD"));
+        assert_eq!(record.src, Some(Hex(0x5555)));
+        assert_eq!(record.dst, Some(Hex(0x7f00_0010_0000)));
+        assert_eq!(record.bytes, Some(4096));
+    }
+
+    #[test]
+    fn memset_bytes_scale_with_element_width() {
+        let spec = lookup("cuMemsetD32_v2").unwrap();
+        let record = decode_call(
+            &call(&[0x7f00, 7, 100], [0, 0], 0),
+            None,
+            "cuMemsetD32_v2",
+            spec,
+        );
+        assert_eq!(
+            (record.count, record.bytes, record.value),
+            (Some(100), Some(400), Some(7))
+        );
+    }
+
+    #[test]
+    fn names_and_truncation_are_reported() {
+        let spec = lookup("cuModuleGetFunction").unwrap();
+        let mut event = call(&[0x7ffc, 0x1020, 0x4000], [0x1030, 0], 0);
+        event.header.flags = flags::DATA_TRUNCATED;
+        let record = decode_call(&event, Some(b"_Z3foov\0"), "cuModuleGetFunction", spec);
+        assert_eq!(record.symbol.as_deref(), Some("_Z3foov"));
+        assert_eq!(record.function, Some(Hex(0x1030)));
+        assert_eq!(record.module, Some(Hex(0x1020)));
+        assert_eq!(record.warnings, vec!["string_truncated"]);
+    }
+
+    #[test]
+    fn hex_round_trips_through_json() {
+        let text = serde_json::to_string(&Hex(0xdead_beef)).unwrap();
+        assert_eq!(text, r#""0xdeadbeef""#);
+        assert_eq!(
+            serde_json::from_str::<Hex>(&text).unwrap(),
+            Hex(0xdead_beef)
+        );
+    }
+}

@@ -1,0 +1,47 @@
+//! Exit codes scripts can rely on (also listed in `cudatrace --help` and the README).
+
+use std::fmt;
+
+/// cudatrace's own exit codes; otherwise it exits with the traced command's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitCode {
+    /// Bad arguments (clap uses the same code).
+    Usage = 2,
+    /// `-p PID` names no process.
+    NoSuchProcess = 66,
+    /// No libcuda found, or it is not a usable library.
+    NoLibcuda = 69,
+    /// eBPF load/attach or another internal failure.
+    Internal = 70,
+    /// The trace cannot be written.
+    OutputNotWritable = 73,
+    /// Not root and without CAP_BPF + CAP_PERFMON.
+    NotPrivileged = 77,
+    /// `--missing-probes error` and a function is missing or failed to attach.
+    ProbesMissing = 78,
+    /// The command exists but cannot be executed.
+    NotExecutable = 126,
+    /// The command was not found.
+    CommandNotFound = 127,
+}
+
+/// An error with the exit code it maps to.
+pub struct Failure {
+    pub code: ExitCode,
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    pub fn new(code: ExitCode, error: impl Into<anyhow::Error>) -> Self {
+        Failure {
+            code,
+            error: error.into(),
+        }
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {:#}", self.code, self.error)
+    }
+}

@@ -1,0 +1,3 @@
+//! Where decoded events go.
+
+pub mod jsonl;

@@ -1,0 +1,175 @@
+//! Shared helpers of the root tests: the stand-in libcuda, running cudatrace, reading
+//! traces. Root tests attach real probes; they run one at a time (a global lock).
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::{Mutex, MutexGuard, OnceLock},
+};
+
+use serde_json::Value;
+
+pub const CUDATRACE: &str = env!("CARGO_BIN_EXE_cudatrace");
+
+static ROOT_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serialises root tests. Fails the test when not root, unless CUDATRACE_SKIP_ROOT_TESTS
+/// is set (then returns None and the test returns early, saying so).
+pub fn root() -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        if std::env::var_os("CUDATRACE_SKIP_ROOT_TESTS").is_some() {
+            eprintln!("skipped: needs root (CUDATRACE_SKIP_ROOT_TESTS is set)");
+            return None;
+        }
+        panic!("root tests load eBPF programs: run as root (or set CUDATRACE_SKIP_ROOT_TESTS=1)");
+    }
+    Some(ROOT_LOCK.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+pub struct Standin {
+    pub dir: PathBuf,
+    pub lib: PathBuf,
+    pub driver: PathBuf,
+    pub demo: PathBuf,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn gcc(args: &[&str]) {
+    let status = Command::new("gcc")
+        .args(args)
+        .status()
+        .expect("running gcc");
+    assert!(status.success(), "gcc {args:?} failed");
+}
+
+/// The stand-in libcuda and its programs, built once per test binary.
+pub fn standin() -> &'static Standin {
+    static STANDIN: OnceLock<Standin> = OnceLock::new();
+    STANDIN.get_or_init(|| {
+        let dir =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("standin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = repo().join("standin");
+        let out = |name: &str| dir.join(name).display().to_string();
+        gcc(&[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-fno-ipa-icf",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            &out("libcuda.so.1"),
+            &src.join("libcuda_standin.c").display().to_string(),
+        ]);
+        for (program, source) in [
+            ("cudatrace-driver", "cudatrace_driver.c"),
+            ("cudatrace-demo", "demo_inference.c"),
+        ] {
+            gcc(&[
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-o",
+                &out(program),
+                &src.join(source).display().to_string(),
+                &format!("-L{}", dir.display()),
+                "-l:libcuda.so.1",
+                "-Wl,-rpath,$ORIGIN",
+                "-lpthread",
+            ]);
+        }
+        Standin {
+            lib: dir.join("libcuda.so.1"),
+            driver: dir.join("cudatrace-driver"),
+            demo: dir.join("cudatrace-demo"),
+            dir,
+        }
+    })
+}
+
+/// A fresh scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `cudatrace run -q --libcuda STANDIN -o TRACE [extra...] -- driver ARGS`.
+pub fn trace_driver(trace: &Path, extra: &[&str], driver_args: &[&str]) -> Output {
+    let standin = standin();
+    let mut command = Command::new(CUDATRACE);
+    command
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin.lib)
+        .arg("-o")
+        .arg(trace)
+        .args(extra)
+        .arg("--")
+        .arg(&standin.driver)
+        .args(driver_args);
+    command.output().expect("running cudatrace")
+}
+
+/// The trace's lines as JSON values; fails on any malformed line.
+pub fn read_trace(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}:{}: {e}: {line}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// The `"type":"call"` lines.
+pub fn calls(trace: &[Value]) -> Vec<&Value> {
+    trace.iter().filter(|l| l["type"] == "call").collect()
+}
+
+pub fn names(calls: &[&Value]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Asserts the header is first, the footer last, and the footer's counts match the lines.
+pub fn assert_complete(trace: &[Value]) {
+    assert_eq!(
+        trace.first().unwrap()["type"],
+        "header",
+        "first line is the header"
+    );
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["type"], "footer", "last line is the footer");
+    let count = |t: &str| trace.iter().filter(|l| l["type"] == t).count() as u64;
+    assert_eq!(footer["events"]["call"], count("call"));
+    assert_eq!(footer["events"]["process"], count("process"));
+    assert_eq!(footer["events"]["lost"], count("lost"));
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Names of loaded BPF programs (to prove nothing outlives cudatrace).
+pub fn loaded_program_names() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(|p| p.ok())
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .collect()
+}
