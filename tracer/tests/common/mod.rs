@@ -166,10 +166,24 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Names of loaded BPF programs (to prove nothing outlives cudatrace).
-pub fn loaded_program_names() -> Vec<String> {
+/// Ids of loaded BPF programs with cudatrace's program names.
+pub fn cudatrace_program_ids() -> Vec<u32> {
     aya::programs::loaded_programs()
         .filter_map(|p| p.ok())
-        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .filter(|p| {
+            matches!(p.name_as_str(), Some("call_enter" | "call_return" | "task_newtask"))
+        })
+        .map(|p| p.id())
         .collect()
+}
+
+/// Runs `f` and asserts that no cudatrace program it loaded is still loaded afterwards
+/// (programs of other, concurrent tracers are left out by comparing ids).
+pub fn assert_no_probe_outlives<T>(f: impl FnOnce() -> T) -> T {
+    let before = cudatrace_program_ids();
+    let result = f();
+    let left: Vec<u32> =
+        cudatrace_program_ids().into_iter().filter(|id| !before.contains(id)).collect();
+    assert!(left.is_empty(), "programs {left:?} outlived cudatrace");
+    result
 }

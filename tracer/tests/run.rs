@@ -1,0 +1,416 @@
+//! Root tests of `cudatrace run` against the stand-in libcuda: exact calls, arguments,
+//! process trees, exit codes, signals, loss accounting and error paths.
+
+mod common;
+
+use std::{
+    os::unix::fs::MetadataExt,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The arguments every call of `cudatrace-driver sequence` must carry, in order.
+fn expected_sequence() -> Vec<(&'static str, Value)> {
+    let ctx = "0x1000";
+    let d_a = "0x7f0000000000";
+    let d_b = "0x7f0000100000";
+    let stream = "0x1010";
+    vec![
+        ("cuInit", json!({"flags": 0})),
+        ("cuDeviceGet", json!({"device": 0})),
+        ("cuDevicePrimaryCtxRetain", json!({"context": ctx, "device": 0})),
+        ("cuCtxSetCurrent", json!({"context": ctx})),
+        ("cuMemAlloc_v2", json!({"bytes": 1048576, "dptr": d_a})),
+        ("cuMemAlloc_v2", json!({"bytes": 4096, "dptr": d_b})),
+        ("cuMemAlloc_v2", json!({"bytes": 0, "ret": 1, "ret_name": "CUDA_ERROR_INVALID_VALUE"})),
+        ("cuMemcpyHtoD_v2", json!({"kind": "HtoD", "bytes": 1048576, "dst": d_a})),
+        ("cuStreamCreate", json!({"stream": stream, "flags": 0})),
+        ("cuMemcpyHtoDAsync_v2", json!({"kind": "HtoD", "bytes": 4096, "dst": d_b, "stream": stream})),
+        ("cuModuleLoadData", json!({"module": "0x1020"})),
+        (
+            "cuModuleGetFunction",
+            json!({"function": "0x1030", "module": "0x1020", "symbol": "_Z10vector_addPKfS0_Pfi"}),
+        ),
+        (
+            "cuLaunchKernel",
+            json!({"function": "0x1030", "grid": [4096, 2, 1], "block": [256, 1, 3],
+                   "shared_mem": 1024, "stream": stream}),
+        ),
+        (
+            "cuLaunchKernelEx",
+            json!({"function": "0x1030", "grid": [128, 64, 2], "block": [32, 8, 4],
+                   "shared_mem": 2048, "stream": stream}),
+        ),
+        ("cuLibraryLoadData", json!({"library": "0x1040", "count": 0})),
+        (
+            "cuLibraryGetKernel",
+            json!({"kernel_handle": "0x1050", "library": "0x1040",
+                   "symbol": "_ZN5torch6native10add_kernelEPKfS2_Pfi"}),
+        ),
+        ("cuKernelGetFunction", json!({"function": "0x1060", "kernel_handle": "0x1050"})),
+        (
+            "cuLaunchKernel",
+            json!({"function": "0x1050", "grid": [7, 1, 1], "block": [64, 1, 1],
+                   "shared_mem": 0, "stream": stream}),
+        ),
+        ("cuStreamSynchronize", json!({"stream": stream})),
+        ("cuMemcpyDtoH_v2", json!({"kind": "DtoH", "bytes": 4096, "src": d_b})),
+        ("cuMemcpyDtoHAsync_v2", json!({"kind": "DtoH", "bytes": 65536, "src": d_a, "stream": stream})),
+        ("cuMemcpyDtoD_v2", json!({"kind": "DtoD", "bytes": 512, "src": d_a, "dst": d_b})),
+        ("cuMemcpy2D_v2", json!({"kind": "HtoD", "bytes": 4096, "width": 256, "height": 16, "dst": d_b})),
+        ("cuMemsetD8_v2", json!({"dptr": d_a, "value": 171, "count": 777, "bytes": 777})),
+        ("cuCtxSynchronize", json!({})),
+        ("cuMemFree_v2", json!({"dptr": d_b})),
+        ("cuMemFree_v2", json!({"dptr": d_a})),
+        ("cuDevicePrimaryCtxRelease_v2", json!({"device": 0})),
+    ]
+}
+
+#[test]
+fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("sequence");
+    let trace_path = dir.join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| trace_driver(&trace_path, &[], &["sequence"]));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+
+    let header = &trace[0];
+    assert_eq!(header["format"], "cudatrace");
+    assert_eq!(header["version"], 1);
+    assert_eq!(header["mode"], "command");
+    assert_eq!(header["libcuda"]["standin"], true);
+    assert_eq!(header["libcuda"]["path"], standin().lib.canonicalize().unwrap().to_str().unwrap());
+    assert!(header["probes"].as_array().unwrap().len() > 90);
+    let pid = header["pids"][0].as_u64().unwrap();
+
+    let calls = calls(&trace);
+    let expected = expected_sequence();
+    assert_eq!(
+        names(&calls),
+        expected.iter().map(|(name, _)| name.to_string()).collect::<Vec<_>>()
+    );
+    let start_ns = header["start_monotonic_ns"].as_u64().unwrap();
+    let mut last_ts = 0;
+    for (call, (name, fields)) in calls.iter().zip(&expected) {
+        for (key, value) in fields.as_object().unwrap() {
+            assert_eq!(&call[key], value, "{name}.{key} in {call}");
+        }
+        if !fields.as_object().unwrap().contains_key("ret") {
+            assert_eq!(call["ret"], 0, "{call}");
+            assert!(call.get("ret_name").is_none(), "{call}");
+        }
+        assert_eq!(call["pid"].as_u64(), Some(pid));
+        assert_eq!(call["tid"].as_u64(), Some(pid), "single-threaded driver");
+        let ts = call["ts_ns"].as_u64().unwrap();
+        assert!(ts > start_ns && ts > last_ts, "timestamps increase: {call}");
+        let dur = call["dur_ns"].as_u64().unwrap();
+        assert!(dur > 0 && dur < 1_000_000_000, "{call}");
+        last_ts = ts;
+    }
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["exit_code"], 0);
+    assert_eq!(footer["lost"]["total"], 0);
+    assert_eq!(footer["entries_seen"], 28);
+    assert_eq!(footer["calls_by_name"]["cuMemAlloc_v2"], 3);
+    assert_eq!(footer["calls_by_name"]["cuLaunchKernel"], 2);
+    let processes: Vec<&Value> = trace.iter().filter(|l| l["type"] == "process").collect();
+    assert_eq!(processes.len(), 2);
+    assert_eq!(processes[0]["event"], "exec");
+    assert_eq!(processes[0]["filename"], standin().driver.to_str().unwrap());
+    assert_eq!(processes[1]["event"], "exit");
+}
+
+fn alloc_sizes_by_pid(trace: &[Value]) -> Vec<(u64, u64)> {
+    calls(trace)
+        .iter()
+        .filter(|c| c["name"] == "cuMemAlloc_v2")
+        .map(|c| (c["pid"].as_u64().unwrap(), c["bytes"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn children_are_followed_through_fork_and_exec() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("children");
+    let trace_path = dir.join("fork.jsonl");
+    let output = trace_driver(&trace_path, &[], &["fork"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let parent = trace[0]["pids"][0].as_u64().unwrap();
+    let allocs = alloc_sizes_by_pid(&trace);
+    assert_eq!(allocs.len(), 2, "{allocs:?}");
+    let child = allocs.iter().find(|(_, bytes)| *bytes == 12345).expect("child's call").0;
+    assert_ne!(child, parent);
+    assert!(allocs.contains(&(parent, 54321)));
+    let fork = trace.iter().find(|l| l["event"] == "fork").expect("fork line");
+    assert_eq!(fork["pid"].as_u64(), Some(parent));
+    assert_eq!(fork["child_pid"].as_u64(), Some(child));
+
+    let trace_path = dir.join("forkexec.jsonl");
+    let driver = standin().driver.to_str().unwrap();
+    let output = trace_driver(&trace_path, &[], &["forkexec", driver]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    let sizes: Vec<u64> = alloc_sizes_by_pid(&trace).iter().map(|(_, b)| *b).collect();
+    assert!(sizes.contains(&2222), "exec'd child traced: {sizes:?}");
+    assert!(sizes.contains(&54321), "{sizes:?}");
+    let inits = calls(&trace).iter().filter(|c| c["name"] == "cuInit").count();
+    assert_eq!(inits, 2, "cuInit in the parent and in the exec'd child");
+}
+
+#[test]
+fn threads_are_reported_with_their_own_tids() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("threads").join("trace.jsonl");
+    let output = trace_driver(&trace_path, &[], &["threads"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    let mut allocs: Vec<(u64, u64)> = calls(&trace)
+        .iter()
+        .filter(|c| c["name"] == "cuMemAlloc_v2")
+        .map(|c| (c["bytes"].as_u64().unwrap(), c["tid"].as_u64().unwrap()))
+        .collect();
+    allocs.sort();
+    assert_eq!(allocs.iter().map(|(b, _)| *b).collect::<Vec<_>>(), [1000, 1001, 1002, 1003]);
+    let mut tids: Vec<u64> = allocs.iter().map(|(_, t)| *t).collect();
+    tids.dedup();
+    assert_eq!(tids.len(), 4, "four distinct threads");
+}
+
+/// A process waiting for SIGUSR1, after which it calls cuMemAlloc_v2(4242) and exits.
+fn start_waiting_process() -> std::process::Child {
+    let mut child = Command::new(&standin().driver)
+        .arg("wait-signal")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = [0u8; 6];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    assert_eq!(&ready, b"ready\n");
+    child
+}
+
+#[test]
+fn other_processes_are_ignored_and_dash_p_attaches() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("others");
+    // Not ours: runs while we trace `exit 0`, must not appear.
+    let mut other = start_waiting_process();
+    let trace_path = dir.join("others.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .arg("--")
+        .arg(&standin().driver)
+        .args(["sleep", "1"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    unsafe { libc::kill(other.id() as i32, libc::SIGUSR1) };
+    assert!(other.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert!(alloc_sizes_by_pid(&trace).is_empty(), "the other process's call leaked in");
+    assert!(calls(&trace).iter().all(|c| c["pid"] == trace[0]["pids"][0]));
+
+    // With -p it is traced, and the run ends when it exits.
+    let mut target = start_waiting_process();
+    let trace_path = dir.join("pid.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .spawn()
+        .unwrap();
+    // Wait for the header: probes are attached once it is written.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&trace_path).map_or(true, |t| !t.contains("\"header\"")) {
+        assert!(Instant::now() < deadline, "no header");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc::kill(target.id() as i32, libc::SIGUSR1) };
+    assert!(target.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(trace[0]["mode"], "pid");
+    assert_eq!(alloc_sizes_by_pid(&trace), [(u64::from(target.id()), 4242)]);
+}
+
+#[test]
+fn the_commands_exit_code_is_returned() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("exitcode").join("trace.jsonl");
+    let output = trace_driver(&trace_path, &[], &["exit", "7"]);
+    assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(trace.last().unwrap()["exit_code"], 7);
+    assert_eq!(names(&calls(&trace)), ["cuInit"]);
+}
+
+#[test]
+fn sigterm_mid_run_leaves_a_complete_trace() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("sigterm").join("trace.jsonl");
+    let before = cudatrace_program_ids();
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .arg("--")
+        .arg(&standin().driver)
+        .args(["sleep", "30"])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&trace_path).map_or(true, |t| !t.contains("cuCtxSynchronize")) {
+        assert!(Instant::now() < deadline, "no calls traced");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
+    let status = tracer.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["stopped_by"], "SIGTERM");
+    let syncs = calls(&trace).iter().filter(|c| c["name"] == "cuCtxSynchronize").count() as u64;
+    assert!(syncs >= 1);
+    assert_eq!(footer["calls_by_name"]["cuCtxSynchronize"], syncs);
+    let left: Vec<u32> =
+        cudatrace_program_ids().into_iter().filter(|id| !before.contains(id)).collect();
+    assert!(left.is_empty(), "programs {left:?} outlived a SIGTERM'd cudatrace");
+}
+
+#[test]
+fn more_events_than_the_ring_holds_are_counted_as_lost() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("loss").join("trace.jsonl");
+    const TRIGGERED: u64 = 200_000;
+    // A 4 KiB ring holds about 28 call events.
+    let output = trace_driver(&trace_path, &["--ring-kib", "4"], &["loop", &TRIGGERED.to_string()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    let seen = calls(&trace).len() as u64;
+    let lost = footer["lost"]["total"].as_u64().unwrap();
+    assert_eq!(seen + lost, TRIGGERED, "seen {seen} + lost {lost}");
+    assert!(lost > 0, "the tiny ring must overflow");
+    assert_eq!(footer["entries_seen"], TRIGGERED);
+    let lost_lines: u64 = trace
+        .iter()
+        .filter(|l| l["type"] == "lost")
+        .map(|l| l["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lost_lines, lost, "lost lines add up to the footer");
+    assert!(stderr(&output).contains(&format!("{lost} events lost")), "{}", stderr(&output));
+}
+
+#[test]
+fn the_command_runs_as_the_sudo_user_who_owns_the_trace() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("sudo");
+    let trace_path = dir.join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .args(["--", "/usr/bin/id", "-u"])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .env("SUDO_USER", "nobody")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "65534");
+    let meta = std::fs::metadata(&trace_path).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+    assert_eq!(meta.mode() & 0o777, 0o644);
+
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--as-root", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .args(["--", "/usr/bin/id", "-u"])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0");
+}
+
+#[test]
+fn dash_o_dash_writes_the_trace_to_stdout() {
+    let Some(_guard) = root() else { return };
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o", "-", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("--")
+        .arg(&standin().driver)
+        .args(["exit", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_complete(&lines);
+    assert_eq!(names(&calls(&lines)), ["cuInit"]);
+}
+
+#[test]
+fn errors_have_distinct_exit_codes_and_leave_no_footerless_file() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("errors");
+    let trace_path = dir.join("trace.jsonl");
+    let run = |args: &[&str]| {
+        Command::new(CUDATRACE).arg("run").args(args).output().expect("running cudatrace")
+    };
+    let lib = standin().lib.to_str().unwrap().to_owned();
+    let out = trace_path.to_str().unwrap().to_owned();
+
+    let output = run(&["--libcuda", &lib, "-o", &out, "--", "no-such-command-xyz"]);
+    assert_eq!(output.status.code(), Some(127));
+    assert!(stderr(&output).contains("command not found: no-such-command-xyz"), "{}", stderr(&output));
+    assert!(!trace_path.exists());
+
+    let output = run(&["--libcuda", "/nonexistent/libcuda.so.1", "-o", &out, "--", "true"]);
+    assert_eq!(output.status.code(), Some(69));
+    assert!(stderr(&output).contains("--libcuda /nonexistent/libcuda.so.1"), "{}", stderr(&output));
+    assert!(!trace_path.exists());
+
+    let output = run(&["--libcuda", &lib, "-o", "/nonexistent-dir/t.jsonl", "--", "true"]);
+    assert_eq!(output.status.code(), Some(73));
+    assert!(stderr(&output).contains("/nonexistent-dir/t.jsonl"), "{}", stderr(&output));
+
+    let output = run(&["--libcuda", &lib, "-o", &out, "-p", "999999999"]);
+    assert_eq!(output.status.code(), Some(66));
+
+    let output = run(&["--libcuda", &lib, "-o", &out]);
+    assert_eq!(output.status.code(), Some(2));
+
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", CUDATRACE, "run", "--libcuda", &lib])
+        .args(["-o", "/tmp/never.jsonl", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(77), "{}", stderr(&output));
+    assert!(stderr(&output).contains("run it with sudo"), "{}", stderr(&output));
+    assert!(!trace_path.exists());
+}
