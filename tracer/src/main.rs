@@ -11,6 +11,7 @@ mod run;
 mod selftest;
 mod sinks;
 mod spawn;
+mod uprobe_multi;
 
 use clap::Parser;
 

@@ -22,6 +22,7 @@ use tracer_common::{MAX_PROBES, ProbeSpec, counter};
 use crate::{
     catalog::{CATALOG, FnSpec, STREAM_VARIANTS},
     libcuda::Libcuda,
+    uprobe_multi::{self, MultiLink},
 };
 
 /// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
@@ -197,10 +198,24 @@ pub struct AttachFailure {
     pub error: String,
 }
 
-/// Links of the attached uprobes, per program, for a fast detach.
+/// How the libcuda probes were attached.
 #[derive(Debug, Default)]
 pub struct Attached {
+    /// One uprobe_multi link per program (kernels with uprobe_multi, 6.6+).
+    multi: Vec<MultiLink>,
+    /// Per-symbol perf-event links otherwise.
     links: Vec<(&'static str, UProbeLinkId)>,
+}
+
+impl Attached {
+    /// `uprobe_multi` or `perf_event`, for the header and doctor.
+    pub fn mechanism(&self) -> &'static str {
+        if self.multi.is_empty() {
+            "perf_event"
+        } else {
+            "uprobe_multi"
+        }
+    }
 }
 
 /// Writes the specs and attaches entry and return probes to every planned symbol.
@@ -224,6 +239,52 @@ pub fn attach_libcuda(
             specs.set(probe.id, probe.spec.probe_spec(), 0)?;
         }
     }
+    if uprobe_multi::supported() {
+        match attach_multi(bpf, lib_path, plan) {
+            Ok(links) => {
+                attached.multi = links;
+                return Ok(Vec::new());
+            }
+            // One bad offset fails a whole multi link: per-symbol links name the culprit.
+            Err(error) => log::debug!("uprobe_multi attach failed, falling back: {error:#}"),
+        }
+    }
+    attach_per_symbol(bpf, lib_path, plan, attached)
+}
+
+/// Two links for all symbols: returns first, so no entry is pushed without its return.
+fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &AttachPlan) -> Result<Vec<MultiLink>> {
+    let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
+    let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
+    let returns = uprobe_multi::attach(
+        bpf,
+        PROBES_OBJECT,
+        "call_return",
+        lib_path,
+        &offsets,
+        &cookies,
+        true,
+    )?;
+    let entries = uprobe_multi::attach(
+        bpf,
+        PROBES_OBJECT,
+        "call_enter",
+        lib_path,
+        &offsets,
+        &cookies,
+        false,
+    )?;
+    Ok(vec![returns, entries])
+}
+
+/// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
+/// slow: each close waits for an RCU grace period, one after another.
+fn attach_per_symbol(
+    bpf: &mut Ebpf,
+    lib_path: &Path,
+    plan: &AttachPlan,
+    attached: &mut Attached,
+) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
     for program_name in ["call_return", "call_enter"] {
@@ -278,9 +339,14 @@ pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
     Ok(())
 }
 
-/// Detaches everything. Each uprobe detach waits for an RCU grace period (about 0.1 s
-/// in our VMs), so the links are closed from many threads at once, sharing the waits.
+/// Detaches everything. Each uprobe link close waits for an RCU grace period (about
+/// 0.1 s in our VMs), so links are closed from several threads at once.
 pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
+    std::thread::scope(|scope| {
+        for link in attached.multi.drain(..) {
+            scope.spawn(move || drop(link));
+        }
+    });
     let mut links = Vec::with_capacity(attached.links.len());
     for (program_name, link_id) in attached.links.drain(..) {
         let program: Option<&mut UProbe> = bpf

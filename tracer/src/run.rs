@@ -140,7 +140,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     }
     let lost = footer.lost.total;
     eprintln!(
-        "cudatrace: {} calls, {} lost, {} processes events -> {output_label}{}",
+        "cudatrace: {} calls, {} lost, {} process events -> {output_label}{}",
         footer.events.call,
         lost,
         footer.events.process,
@@ -456,8 +456,9 @@ impl Session<'_> {
         };
         if !self.args.quiet {
             eprintln!(
-                "cudatrace: {} probes on {}; tracing {}",
+                "cudatrace: {} probes ({}) on {}; tracing {}",
                 self.plan.probes.len(),
+                attached.mechanism(),
                 self.lib.describe(),
                 describe_targets(self.args, &pids)
             );
