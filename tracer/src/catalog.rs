@@ -579,7 +579,11 @@ impl FnSpec {
     /// The kernel-side spec: how many words to read, what to capture, which outputs.
     pub fn probe_spec(&self) -> ProbeSpec {
         // Trailing unreported arguments need not be read.
-        let nargs = self.args.iter().rposition(|a| *a != Skip).map_or(0, |i| i + 1);
+        let nargs = self
+            .args
+            .iter()
+            .rposition(|a| *a != Skip)
+            .map_or(0, |i| i + 1);
         let mut spec = ProbeSpec {
             nargs: nargs as u32,
             ..ProbeSpec::default()

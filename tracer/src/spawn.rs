@@ -241,6 +241,9 @@ mod tests {
         std::fs::write(&plain, "data").unwrap();
         let result = resolve(plain.as_os_str(), None);
         std::fs::remove_file(&plain).unwrap();
-        assert!(matches!(result, Err(SpawnError::NotExecutable(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(SpawnError::NotExecutable(_))),
+            "{result:?}"
+        );
     }
 }

@@ -21,14 +21,26 @@ fn expected_sequence() -> Vec<(&'static str, Value)> {
     vec![
         ("cuInit", json!({"flags": 0})),
         ("cuDeviceGet", json!({"device": 0})),
-        ("cuDevicePrimaryCtxRetain", json!({"context": ctx, "device": 0})),
+        (
+            "cuDevicePrimaryCtxRetain",
+            json!({"context": ctx, "device": 0}),
+        ),
         ("cuCtxSetCurrent", json!({"context": ctx})),
         ("cuMemAlloc_v2", json!({"bytes": 1048576, "dptr": d_a})),
         ("cuMemAlloc_v2", json!({"bytes": 4096, "dptr": d_b})),
-        ("cuMemAlloc_v2", json!({"bytes": 0, "ret": 1, "ret_name": "CUDA_ERROR_INVALID_VALUE"})),
-        ("cuMemcpyHtoD_v2", json!({"kind": "HtoD", "bytes": 1048576, "dst": d_a})),
+        (
+            "cuMemAlloc_v2",
+            json!({"bytes": 0, "ret": 1, "ret_name": "CUDA_ERROR_INVALID_VALUE"}),
+        ),
+        (
+            "cuMemcpyHtoD_v2",
+            json!({"kind": "HtoD", "bytes": 1048576, "dst": d_a}),
+        ),
         ("cuStreamCreate", json!({"stream": stream, "flags": 0})),
-        ("cuMemcpyHtoDAsync_v2", json!({"kind": "HtoD", "bytes": 4096, "dst": d_b, "stream": stream})),
+        (
+            "cuMemcpyHtoDAsync_v2",
+            json!({"kind": "HtoD", "bytes": 4096, "dst": d_b, "stream": stream}),
+        ),
         ("cuModuleLoadData", json!({"module": "0x1020"})),
         (
             "cuModuleGetFunction",
@@ -44,24 +56,45 @@ fn expected_sequence() -> Vec<(&'static str, Value)> {
             json!({"function": "0x1030", "grid": [128, 64, 2], "block": [32, 8, 4],
                    "shared_mem": 2048, "stream": stream}),
         ),
-        ("cuLibraryLoadData", json!({"library": "0x1040", "count": 0})),
+        (
+            "cuLibraryLoadData",
+            json!({"library": "0x1040", "count": 0}),
+        ),
         (
             "cuLibraryGetKernel",
             json!({"kernel_handle": "0x1050", "library": "0x1040",
                    "symbol": "_ZN5torch6native10add_kernelEPKfS2_Pfi"}),
         ),
-        ("cuKernelGetFunction", json!({"function": "0x1060", "kernel_handle": "0x1050"})),
+        (
+            "cuKernelGetFunction",
+            json!({"function": "0x1060", "kernel_handle": "0x1050"}),
+        ),
         (
             "cuLaunchKernel",
             json!({"function": "0x1050", "grid": [7, 1, 1], "block": [64, 1, 1],
                    "shared_mem": 0, "stream": stream}),
         ),
         ("cuStreamSynchronize", json!({"stream": stream})),
-        ("cuMemcpyDtoH_v2", json!({"kind": "DtoH", "bytes": 4096, "src": d_b})),
-        ("cuMemcpyDtoHAsync_v2", json!({"kind": "DtoH", "bytes": 65536, "src": d_a, "stream": stream})),
-        ("cuMemcpyDtoD_v2", json!({"kind": "DtoD", "bytes": 512, "src": d_a, "dst": d_b})),
-        ("cuMemcpy2D_v2", json!({"kind": "HtoD", "bytes": 4096, "width": 256, "height": 16, "dst": d_b})),
-        ("cuMemsetD8_v2", json!({"dptr": d_a, "value": 171, "count": 777, "bytes": 777})),
+        (
+            "cuMemcpyDtoH_v2",
+            json!({"kind": "DtoH", "bytes": 4096, "src": d_b}),
+        ),
+        (
+            "cuMemcpyDtoHAsync_v2",
+            json!({"kind": "DtoH", "bytes": 65536, "src": d_a, "stream": stream}),
+        ),
+        (
+            "cuMemcpyDtoD_v2",
+            json!({"kind": "DtoD", "bytes": 512, "src": d_a, "dst": d_b}),
+        ),
+        (
+            "cuMemcpy2D_v2",
+            json!({"kind": "HtoD", "bytes": 4096, "width": 256, "height": 16, "dst": d_b}),
+        ),
+        (
+            "cuMemsetD8_v2",
+            json!({"dptr": d_a, "value": 171, "count": 777, "bytes": 777}),
+        ),
         ("cuCtxSynchronize", json!({})),
         ("cuMemFree_v2", json!({"dptr": d_b})),
         ("cuMemFree_v2", json!({"dptr": d_a})),
@@ -84,7 +117,10 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
     assert_eq!(header["version"], 1);
     assert_eq!(header["mode"], "command");
     assert_eq!(header["libcuda"]["standin"], true);
-    assert_eq!(header["libcuda"]["path"], standin().lib.canonicalize().unwrap().to_str().unwrap());
+    assert_eq!(
+        header["libcuda"]["path"],
+        standin().lib.canonicalize().unwrap().to_str().unwrap()
+    );
     assert!(header["probes"].as_array().unwrap().len() > 90);
     let pid = header["pids"][0].as_u64().unwrap();
 
@@ -92,7 +128,10 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
     let expected = expected_sequence();
     assert_eq!(
         names(&calls),
-        expected.iter().map(|(name, _)| name.to_string()).collect::<Vec<_>>()
+        expected
+            .iter()
+            .map(|(name, _)| name.to_string())
+            .collect::<Vec<_>>()
     );
     let start_ns = header["start_monotonic_ns"].as_u64().unwrap();
     let mut last_ts = 0;
@@ -145,10 +184,17 @@ fn children_are_followed_through_fork_and_exec() {
     let parent = trace[0]["pids"][0].as_u64().unwrap();
     let allocs = alloc_sizes_by_pid(&trace);
     assert_eq!(allocs.len(), 2, "{allocs:?}");
-    let child = allocs.iter().find(|(_, bytes)| *bytes == 12345).expect("child's call").0;
+    let child = allocs
+        .iter()
+        .find(|(_, bytes)| *bytes == 12345)
+        .expect("child's call")
+        .0;
     assert_ne!(child, parent);
     assert!(allocs.contains(&(parent, 54321)));
-    let fork = trace.iter().find(|l| l["event"] == "fork").expect("fork line");
+    let fork = trace
+        .iter()
+        .find(|l| l["event"] == "fork")
+        .expect("fork line");
     assert_eq!(fork["pid"].as_u64(), Some(parent));
     assert_eq!(fork["child_pid"].as_u64(), Some(child));
 
@@ -160,7 +206,10 @@ fn children_are_followed_through_fork_and_exec() {
     let sizes: Vec<u64> = alloc_sizes_by_pid(&trace).iter().map(|(_, b)| *b).collect();
     assert!(sizes.contains(&2222), "exec'd child traced: {sizes:?}");
     assert!(sizes.contains(&54321), "{sizes:?}");
-    let inits = calls(&trace).iter().filter(|c| c["name"] == "cuInit").count();
+    let inits = calls(&trace)
+        .iter()
+        .filter(|c| c["name"] == "cuInit")
+        .count();
     assert_eq!(inits, 2, "cuInit in the parent and in the exec'd child");
 }
 
@@ -177,7 +226,10 @@ fn threads_are_reported_with_their_own_tids() {
         .map(|c| (c["bytes"].as_u64().unwrap(), c["tid"].as_u64().unwrap()))
         .collect();
     allocs.sort();
-    assert_eq!(allocs.iter().map(|(b, _)| *b).collect::<Vec<_>>(), [1000, 1001, 1002, 1003]);
+    assert_eq!(
+        allocs.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+        [1000, 1001, 1002, 1003]
+    );
     let mut tids: Vec<u64> = allocs.iter().map(|(_, t)| *t).collect();
     tids.dedup();
     assert_eq!(tids.len(), 4, "four distinct threads");
@@ -218,8 +270,15 @@ fn other_processes_are_ignored_and_dash_p_attaches() {
     assert!(other.wait().unwrap().success());
     assert!(tracer.wait().unwrap().success());
     let trace = read_trace(&trace_path);
-    assert!(alloc_sizes_by_pid(&trace).is_empty(), "the other process's call leaked in");
-    assert!(calls(&trace).iter().all(|c| c["pid"] == trace[0]["pids"][0]));
+    assert!(
+        alloc_sizes_by_pid(&trace).is_empty(),
+        "the other process's call leaked in"
+    );
+    assert!(
+        calls(&trace)
+            .iter()
+            .all(|c| c["pid"] == trace[0]["pids"][0])
+    );
 
     // With -p it is traced, and the run ends when it exits.
     let mut target = start_waiting_process();
@@ -286,12 +345,20 @@ fn sigterm_mid_run_leaves_a_complete_trace() {
     assert_complete(&trace);
     let footer = trace.last().unwrap();
     assert_eq!(footer["stopped_by"], "SIGTERM");
-    let syncs = calls(&trace).iter().filter(|c| c["name"] == "cuCtxSynchronize").count() as u64;
+    let syncs = calls(&trace)
+        .iter()
+        .filter(|c| c["name"] == "cuCtxSynchronize")
+        .count() as u64;
     assert!(syncs >= 1);
     assert_eq!(footer["calls_by_name"]["cuCtxSynchronize"], syncs);
-    let left: Vec<u32> =
-        cudatrace_program_ids().into_iter().filter(|id| !before.contains(id)).collect();
-    assert!(left.is_empty(), "programs {left:?} outlived a SIGTERM'd cudatrace");
+    let left: Vec<u32> = cudatrace_program_ids()
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "programs {left:?} outlived a SIGTERM'd cudatrace"
+    );
 }
 
 #[test]
@@ -300,7 +367,11 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
     let trace_path = scratch("loss").join("trace.jsonl");
     const TRIGGERED: u64 = 200_000;
     // A 4 KiB ring holds about 28 call events.
-    let output = trace_driver(&trace_path, &["--ring-kib", "4"], &["loop", &TRIGGERED.to_string()]);
+    let output = trace_driver(
+        &trace_path,
+        &["--ring-kib", "4"],
+        &["loop", &TRIGGERED.to_string()],
+    );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let trace = read_trace(&trace_path);
     assert_complete(&trace);
@@ -316,7 +387,11 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
         .map(|l| l["count"].as_u64().unwrap())
         .sum();
     assert_eq!(lost_lines, lost, "lost lines add up to the footer");
-    assert!(stderr(&output).contains(&format!("{lost} events lost")), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!("{lost} events lost")),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]
@@ -380,24 +455,54 @@ fn errors_have_distinct_exit_codes_and_leave_no_footerless_file() {
     let dir = scratch("errors");
     let trace_path = dir.join("trace.jsonl");
     let run = |args: &[&str]| {
-        Command::new(CUDATRACE).arg("run").args(args).output().expect("running cudatrace")
+        Command::new(CUDATRACE)
+            .arg("run")
+            .args(args)
+            .output()
+            .expect("running cudatrace")
     };
     let lib = standin().lib.to_str().unwrap().to_owned();
     let out = trace_path.to_str().unwrap().to_owned();
 
     let output = run(&["--libcuda", &lib, "-o", &out, "--", "no-such-command-xyz"]);
     assert_eq!(output.status.code(), Some(127));
-    assert!(stderr(&output).contains("command not found: no-such-command-xyz"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("command not found: no-such-command-xyz"),
+        "{}",
+        stderr(&output)
+    );
     assert!(!trace_path.exists());
 
-    let output = run(&["--libcuda", "/nonexistent/libcuda.so.1", "-o", &out, "--", "true"]);
+    let output = run(&[
+        "--libcuda",
+        "/nonexistent/libcuda.so.1",
+        "-o",
+        &out,
+        "--",
+        "true",
+    ]);
     assert_eq!(output.status.code(), Some(69));
-    assert!(stderr(&output).contains("--libcuda /nonexistent/libcuda.so.1"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--libcuda /nonexistent/libcuda.so.1"),
+        "{}",
+        stderr(&output)
+    );
     assert!(!trace_path.exists());
 
-    let output = run(&["--libcuda", &lib, "-o", "/nonexistent-dir/t.jsonl", "--", "true"]);
+    let output = run(&[
+        "--libcuda",
+        &lib,
+        "-o",
+        "/nonexistent-dir/t.jsonl",
+        "--",
+        "true",
+    ]);
     assert_eq!(output.status.code(), Some(73));
-    assert!(stderr(&output).contains("/nonexistent-dir/t.jsonl"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("/nonexistent-dir/t.jsonl"),
+        "{}",
+        stderr(&output)
+    );
 
     let output = run(&["--libcuda", &lib, "-o", &out, "-p", "999999999"]);
     assert_eq!(output.status.code(), Some(66));
@@ -406,11 +511,23 @@ fn errors_have_distinct_exit_codes_and_leave_no_footerless_file() {
     assert_eq!(output.status.code(), Some(2));
 
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", CUDATRACE, "run", "--libcuda", &lib])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            CUDATRACE,
+            "run",
+            "--libcuda",
+            &lib,
+        ])
         .args(["-o", "/tmp/never.jsonl", "--", "true"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(77), "{}", stderr(&output));
-    assert!(stderr(&output).contains("run it with sudo"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("run it with sudo"),
+        "{}",
+        stderr(&output)
+    );
     assert!(!trace_path.exists());
 }

@@ -171,7 +171,10 @@ pub fn cudatrace_program_ids() -> Vec<u32> {
     aya::programs::loaded_programs()
         .filter_map(|p| p.ok())
         .filter(|p| {
-            matches!(p.name_as_str(), Some("call_enter" | "call_return" | "task_newtask"))
+            matches!(
+                p.name_as_str(),
+                Some("call_enter" | "call_return" | "task_newtask")
+            )
         })
         .map(|p| p.id())
         .collect()
@@ -182,8 +185,10 @@ pub fn cudatrace_program_ids() -> Vec<u32> {
 pub fn assert_no_probe_outlives<T>(f: impl FnOnce() -> T) -> T {
     let before = cudatrace_program_ids();
     let result = f();
-    let left: Vec<u32> =
-        cudatrace_program_ids().into_iter().filter(|id| !before.contains(id)).collect();
+    let left: Vec<u32> = cudatrace_program_ids()
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
     assert!(left.is_empty(), "programs {left:?} outlived cudatrace");
     result
 }
