@@ -10,7 +10,7 @@ use core::mem::size_of;
 pub mod kind {
     /// A driver call with its arguments, paired entry to return ([`super::CallEvent`]).
     pub const CALL: u32 = 1;
-    /// A driver call plus memory captured at entry ([`super::CallDataEvent`]).
+    /// A driver call plus the memory an argument points to ([`super::CallDataEvent`]).
     pub const CALL_DATA: u32 = 2;
     /// A traced process forked, exec'd or exited ([`super::ProcEvent`]).
     pub const PROC: u32 = 3;
@@ -24,7 +24,7 @@ pub mod kind {
 pub mod flags {
     /// A captured string filled the whole buffer and may be cut short.
     pub const DATA_TRUNCATED: u32 = 1 << 0;
-    /// Reading user memory at entry (string, struct, stack arguments) failed.
+    /// Reading user memory (stack arguments, a string, a struct) failed.
     pub const ENTRY_READ_FAILED: u32 = 1 << 1;
     /// Reading an output parameter at return failed.
     pub const OUT_READ_FAILED: u32 = 1 << 2;
@@ -61,7 +61,7 @@ pub mod counter {
     pub const COUNT: u32 = 5;
 }
 
-/// Which memory a probe captures at entry into [`CallDataEvent::data`].
+/// Which memory a probe captures (at return) into [`CallDataEvent::data`].
 pub mod capture {
     pub const NONE: u32 = 0;
     /// A NUL-terminated string pointed to by an argument (kernel names).
@@ -129,7 +129,9 @@ pub struct CallEvent {
 }
 const _: () = assert!(size_of::<CallEvent>() == 136);
 
-/// A driver call plus the memory captured at entry.
+/// A driver call plus the memory its pointer argument referred to, read at return: by
+/// then the driver has touched it, so the pages are resident (a uprobe cannot fault them
+/// in, and names in a library's not-yet-read pages fail to read at entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallDataEvent {
@@ -174,11 +176,8 @@ pub struct Frame {
     pub flags: u32,
     pub ts_ns: u64,
     pub args: [u64; MAX_ARGS],
-    pub data_len: u32,
-    pub _pad: u32,
-    pub data: [u8; DATA_LEN],
 }
-const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80 + 8 + DATA_LEN);
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80);
 
 /// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
 #[repr(C)]

@@ -1,5 +1,5 @@
-//! The generic driver-call probes. Entry saves a frame per thread (arguments, captured
-//! memory); return pairs it, reads output parameters and emits one event.
+//! The generic driver-call probes. Entry saves a frame per thread (time, arguments);
+//! return pairs it, reads output parameters and pointed-to memory, and emits one event.
 
 use aya_ebpf::{
     EbpfContext,
@@ -13,8 +13,10 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CallDataEvent, CallEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_DEPTH, MAX_OUTS,
-    REGISTER_ARGS, STACK_ARGS, capture, counter, flags, kind,
+    REGISTER_ARGS, STACK_ARGS, capture as capture_kind, counter, flags, kind,
 };
+
+const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
 use crate::maps::{EVENTS, FRAMES, SPECS, ZERO_STACK, bump, is_traced};
 
@@ -64,7 +66,6 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     frame.probe_id = probe_id;
     frame.flags = 0;
     frame.ts_ns = ts_ns;
-    frame.data_len = 0;
 
     let regs = unsafe { &*ctx.regs };
     frame.args[0] = regs.rdi;
@@ -86,32 +87,39 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
             Err(_) => frame.flags |= flags::ENTRY_READ_FAILED,
         }
     }
-    capture_at_entry(frame, spec.capture, spec.capture_arg, spec.capture_len);
     Some(())
 }
 
+/// Reads the memory the spec's pointer argument refers to into `data`; returns its length.
 #[inline(always)]
-fn capture_at_entry(frame: &mut Frame, what: u32, arg: u32, len: u32) {
-    if what == capture::NONE {
-        return;
-    }
+fn capture(
+    data: &mut [u8; DATA_LEN],
+    flags_out: &mut u32,
+    frame: &Frame,
+    what: u32,
+    arg: u32,
+    len: u32,
+) -> u32 {
     let Some(&ptr) = frame.args.get(arg as usize) else {
-        return;
+        return 0;
     };
     if ptr == 0 {
-        return;
+        return 0;
     }
-    if what == capture::CSTR {
-        match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, &mut frame.data) } {
+    if what == capture_kind::CSTR {
+        match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
             Ok(bytes) => {
-                frame.data_len = bytes.len() as u32;
                 if bytes.len() >= DATA_LEN - 1 {
-                    frame.flags |= flags::DATA_TRUNCATED;
+                    *flags_out |= flags::DATA_TRUNCATED;
                 }
+                bytes.len() as u32
             }
-            Err(_) => frame.flags |= flags::ENTRY_READ_FAILED,
+            Err(_) => {
+                *flags_out |= flags::ENTRY_READ_FAILED;
+                0
+            }
         }
-    } else if what == capture::STRUCT {
+    } else {
         let len = if len as usize > DATA_LEN {
             DATA_LEN as u32
         } else {
@@ -119,15 +127,16 @@ fn capture_at_entry(frame: &mut Frame, what: u32, arg: u32, len: u32) {
         };
         let rc = unsafe {
             generated::bpf_probe_read_user(
-                frame.data.as_mut_ptr().cast(),
+                data.as_mut_ptr().cast(),
                 len,
                 ptr as *const core::ffi::c_void,
             )
         };
         if rc == 0 {
-            frame.data_len = len;
+            len
         } else {
-            frame.flags |= flags::ENTRY_READ_FAILED;
+            *flags_out |= flags::ENTRY_READ_FAILED;
+            0
         }
     }
 }
@@ -155,7 +164,10 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         return None;
     };
     stack.depth = level;
-    let frame = stack.frames.get(level as usize)?;
+    // Read back and masked: LLVM knows `level < MAX_DEPTH` and would drop a plain mask,
+    // leaving the verifier an unbounded index.
+    let index = unsafe { core::ptr::read_volatile(&stack.depth) } as usize & (MAX_DEPTH - 1);
+    let frame = stack.frames.get(index)?;
     let spec = SPECS.get(probe_id)?;
     let regs = unsafe { &*ctx.regs };
 
@@ -190,7 +202,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         }
     }
 
-    if spec.capture == capture::NONE {
+    if spec.capture == capture_kind::NONE {
         let Some(mut entry) = EVENTS.reserve::<CallEvent>(0) else {
             bump(counter::RING_FULL);
             return None;
@@ -205,26 +217,24 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         };
         let out = entry.as_mut_ptr();
         unsafe {
+            // Read straight into the ring: the 256-byte buffer never touches the BPF stack.
+            let mut read_flags = 0;
+            let len = capture(
+                &mut (*out).data,
+                &mut read_flags,
+                frame,
+                spec.capture,
+                spec.capture_arg,
+                spec.capture_len,
+            );
+            call.header.flags |= read_flags;
             (*out).call = call;
-            (*out).data_len = frame.data_len;
+            (*out).data_len = len;
             (*out)._pad = 0;
-            // A helper copy keeps the 256-byte buffer off the 512-byte BPF stack.
-            let _ = bpf_probe_read_kernel_buf(&frame.data, &mut (*out).data);
         }
         entry.submit(0);
     }
     Some(())
-}
-
-#[inline(always)]
-unsafe fn bpf_probe_read_kernel_buf(src: &[u8; DATA_LEN], dst: &mut [u8; DATA_LEN]) -> i64 {
-    unsafe {
-        generated::bpf_probe_read_kernel(
-            dst.as_mut_ptr().cast(),
-            DATA_LEN as u32,
-            src.as_ptr().cast(),
-        )
-    }
 }
 
 /// The level of the innermost pending frame for `probe_id`, at or below `top`.
