@@ -47,7 +47,7 @@ pub const MAX_PROBES: u32 = 1024;
 
 /// Per-CPU counters in the `COUNTERS` map (indexes).
 pub mod counter {
-    /// Ring-buffer reserve failed: the event is lost.
+    /// Ring-buffer reserve failed for a call event: the event is lost.
     pub const RING_FULL: u32 = 0;
     /// Call nested deeper than `MAX_DEPTH`: the event is lost.
     pub const TOO_DEEP: u32 = 1;
@@ -57,8 +57,10 @@ pub mod counter {
     pub const UNMATCHED_RETURN: u32 = 3;
     /// Calls seen at entry from traced processes.
     pub const ENTRIES: u32 = 4;
+    /// Ring-buffer reserve failed for a process (fork/exec/exit) event.
+    pub const PROC_RING_FULL: u32 = 5;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// Which memory a probe captures (at return) into [`CallDataEvent::data`].

@@ -103,7 +103,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
 #[inline(always)]
 fn emit(pid_tgid: u64, what: u32, child_pid: u32, fill_name: impl FnOnce(&mut [u8; 64])) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
-        bump(counter::RING_FULL);
+        bump(counter::PROC_RING_FULL);
         return;
     };
     let out = entry.as_mut_ptr();

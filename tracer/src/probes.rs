@@ -400,12 +400,18 @@ pub struct Counters {
     pub frames_full: u64,
     pub unmatched_returns: u64,
     pub entries: u64,
+    pub process_ring_full: u64,
 }
 
 impl Counters {
-    /// Events the kernel had to drop.
-    pub fn lost(&self) -> u64 {
+    /// Call events the kernel had to drop.
+    pub fn calls_lost(&self) -> u64 {
         self.ring_full + self.too_deep + self.frames_full
+    }
+
+    /// All events the kernel had to drop.
+    pub fn lost(&self) -> u64 {
+        self.calls_lost() + self.process_ring_full
     }
 }
 
@@ -431,6 +437,7 @@ impl CounterReader {
             frames_full: sum(counter::FRAMES_FULL)?,
             unmatched_returns: sum(counter::UNMATCHED_RETURN)?,
             entries: sum(counter::ENTRIES)?,
+            process_ring_full: sum(counter::PROC_RING_FULL)?,
         })
     }
 }
