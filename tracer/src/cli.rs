@@ -16,10 +16,12 @@ use crate::probes::MissingProbes;
         sudo cudatrace run -- python3 simple_inference.py\n  \
         sudo cudatrace run -o trace.jsonl -- ./my_cuda_app --size 4096\n  \
         sudo cudatrace run -p 12345            # attach to a running process\n  \
-        sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n\n\
-        Exit codes: the traced command's own, or 2 usage, 66 no such process, 69 no libcuda,\n\
-        70 internal error, 73 output not writable, 77 not privileged, 78 probes missing\n\
-        (--missing-probes error), 126 command not executable, 127 command not found."
+        sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n  \
+        cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n\n\
+        Exit codes: the traced command's own, or 2 usage, 65 malformed trace line (summary),\n\
+        66 no such process or trace file, 69 no libcuda, 70 internal error, 73 output not\n\
+        writable, 77 not privileged, 78 probes missing (--missing-probes error), 126 command\n\
+        not executable, 127 command not found."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -30,6 +32,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a command (or attach to processes) and record its CUDA driver calls as JSONL.
     Run(RunArgs),
+    /// Summarise a trace: time per function, kernels, copies, device memory and leaks,
+    /// and the stages of the run.
+    Summary(SummaryArgs),
     /// Check that uprobes, the ring buffer and aya-log work here (used by the tests).
     #[command(hide = true)]
     Selftest(crate::selftest::SelftestArgs),
@@ -87,6 +92,27 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The trace is read line by line; memory grows with the number of distinct functions,
+kernels and live allocations, not with its length. A trace without its footer (the
+tracer was killed) is summarised with a warning. Kernel names and live device bytes are
+recomputed from the calls when the trace lacks them. docs/trace-format.md (\"Analysis
+fields\") says how stages are detected and what counts as device memory.")]
+pub struct SummaryArgs {
+    /// The JSONL trace written by `cudatrace run`.
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+
+    /// Print the summary as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Skip malformed lines (counted and reported) instead of failing with exit code 65.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+}
+
 fn parse_ring_kib(text: &str) -> Result<u32, String> {
     let kib: u32 = text.parse().map_err(|e| format!("{e}"))?;
     if kib < 4 || !kib.is_power_of_two() || kib > 1 << 20 {
@@ -126,6 +152,24 @@ mod tests {
         assert_eq!(args.output, Some(PathBuf::from("-")));
         assert!(args.quiet);
         assert_eq!(args.missing_probes, MissingProbes::Warn);
+    }
+
+    #[test]
+    fn summary_takes_a_trace_and_flags() {
+        let cli = Cli::try_parse_from([
+            "cudatrace",
+            "summary",
+            "t.jsonl",
+            "--json",
+            "--skip-bad-lines",
+        ])
+        .unwrap();
+        let Command::Summary(args) = cli.command else {
+            panic!("not summary")
+        };
+        assert_eq!(args.trace, PathBuf::from("t.jsonl"));
+        assert!(args.json && args.skip_bad_lines);
+        assert!(Cli::try_parse_from(["cudatrace", "summary"]).is_err());
     }
 
     #[test]

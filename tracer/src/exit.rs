@@ -7,7 +7,9 @@ use std::fmt;
 pub enum ExitCode {
     /// Bad arguments (clap uses the same code).
     Usage = 2,
-    /// `-p PID` names no process.
+    /// A malformed trace line (`cudatrace summary` without --skip-bad-lines).
+    BadInput = 65,
+    /// `-p PID` names no process, or the trace to summarise cannot be opened.
     NoSuchProcess = 66,
     /// No libcuda found, or it is not a usable library.
     NoLibcuda = 69,

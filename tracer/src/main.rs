@@ -1,5 +1,6 @@
 //! cudatrace: trace a program's CUDA driver calls with eBPF uprobes.
 
+mod analysis;
 mod catalog;
 mod cli;
 mod events;
@@ -11,6 +12,7 @@ mod run;
 mod selftest;
 mod sinks;
 mod spawn;
+mod summary;
 mod uprobe_multi;
 
 use clap::Parser;
@@ -21,6 +23,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Summary(args) => summary::run(args),
         Command::Selftest(args) => selftest::run(args),
     };
     match result {

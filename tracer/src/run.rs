@@ -24,6 +24,7 @@ use tokio::{
 use tracer_common::proc_event;
 
 use crate::{
+    analysis::summary::render_short,
     catalog::FnSpec,
     cli::RunArgs,
     events::{self, RawEvent, decode_call},
@@ -129,6 +130,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.exit_signal = exit.signal;
     writer.footer.stopped_by = exit.stopped_by;
     writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
+    let analysis = std::mem::take(&mut writer.analysis).finish();
+    writer.footer.memory = Some(analysis.memory_footer());
     let footer = writer.finish().map_err(|e| {
         Failure::new(
             ExitCode::OutputNotWritable,
@@ -148,13 +151,17 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     );
     if lost > 0 {
         eprintln!(
-            "cudatrace: WARNING: {lost} events lost (ring full {}, nesting {}, frame table {}); \
-             try --ring-kib {}",
+            "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
+             table {}; process events {}); try --ring-kib {}",
             footer.lost.ring_full,
             footer.lost.too_deep,
             footer.lost.frames_full,
+            footer.lost.process_ring_full,
             args.ring_kib.saturating_mul(4).min(1 << 20)
         );
+    }
+    if !args.quiet {
+        eprint!("{}", render_short(&analysis));
     }
     Ok(exit.process_exit_code())
 }
@@ -526,7 +533,9 @@ impl EventSink<'_> {
                     return Ok(());
                 };
                 let spec: &FnSpec = probe.spec;
-                let record = decode_call(&call, data.as_deref(), &probe.symbol, spec);
+                let mut record = decode_call(&call, data.as_deref(), &probe.symbol, spec);
+                // Kernel names and live bytes go into the line itself.
+                writer.analysis.observe(&mut record);
                 writer.call(&record)
             }
             Ok(RawEvent::Proc(event)) => {
@@ -536,6 +545,7 @@ impl EventSink<'_> {
                     proc_event::EXEC => ("exec", None, None, Some(text.as_str())),
                     _ => ("exit", None, Some(text.as_str()), None),
                 };
+                writer.analysis.process_event(event.header.pid, what);
                 writer.process(&ProcessLine {
                     record_type: "process",
                     event: what,
@@ -566,6 +576,11 @@ fn report_loss(
         ("ring_full", last.ring_full, now.ring_full),
         ("too_deep", last.too_deep, now.too_deep),
         ("frames_full", last.frames_full, now.frames_full),
+        (
+            "process_ring_full",
+            last.process_ring_full,
+            now.process_ring_full,
+        ),
     ] {
         if after > before {
             writer.lost(&LostLine {
@@ -580,6 +595,8 @@ fn report_loss(
     writer.footer.lost.ring_full = now.ring_full;
     writer.footer.lost.too_deep = now.too_deep;
     writer.footer.lost.frames_full = now.frames_full;
+    writer.footer.lost.process_ring_full = now.process_ring_full;
+    writer.footer.lost.calls = now.calls_lost();
     writer.footer.lost.total = now.lost();
     writer.footer.entries_seen = now.entries;
     writer.footer.unmatched_returns = now.unmatched_returns;

@@ -377,8 +377,13 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
     assert_complete(&trace);
     let footer = trace.last().unwrap();
     let seen = calls(&trace).len() as u64;
-    let lost = footer["lost"]["total"].as_u64().unwrap();
+    let lost = footer["lost"]["calls"].as_u64().unwrap();
     assert_eq!(seen + lost, TRIGGERED, "seen {seen} + lost {lost}");
+    let process_lost = footer["lost"]["process_ring_full"].as_u64().unwrap();
+    assert_eq!(
+        footer["lost"]["total"].as_u64().unwrap(),
+        lost + process_lost
+    );
     assert!(lost > 0, "the tiny ring must overflow");
     assert_eq!(footer["entries_seen"], TRIGGERED);
     let lost_lines: u64 = trace
@@ -386,9 +391,13 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
         .filter(|l| l["type"] == "lost")
         .map(|l| l["count"].as_u64().unwrap())
         .sum();
-    assert_eq!(lost_lines, lost, "lost lines add up to the footer");
+    assert_eq!(
+        lost_lines,
+        lost + process_lost,
+        "lost lines add up to the footer"
+    );
     assert!(
-        stderr(&output).contains(&format!("{lost} events lost")),
+        stderr(&output).contains(&format!("{} events lost", lost + process_lost)),
         "{}",
         stderr(&output)
     );
@@ -530,4 +539,300 @@ fn errors_have_distinct_exit_codes_and_leave_no_footerless_file() {
         stderr(&output)
     );
     assert!(!trace_path.exists());
+}
+
+/// `cudatrace summary --json TRACE`, which must succeed.
+fn summary_json(trace: &std::path::Path) -> Value {
+    let output = Command::new(CUDATRACE)
+        .args(["summary", "--json"])
+        .arg(trace)
+        .output()
+        .expect("running cudatrace summary");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    serde_json::from_slice(&output.stdout).expect("summary --json is JSON")
+}
+
+/// Per stage: (name, calls, launches, htod_bytes, dtoh_bytes); the durations add up to
+/// the span of the process's calls.
+fn stage_rows(summary: &Value) -> Vec<(String, u64, u64, u64, u64)> {
+    let stages = summary["stages"][0]["stages"].as_array().unwrap();
+    let total: u64 = stages
+        .iter()
+        .map(|s| s["duration_ns"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, summary["span_ns"].as_u64().unwrap());
+    stages
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_owned(),
+                s["calls"].as_u64().unwrap(),
+                s["launches"].as_u64().unwrap(),
+                s["htod_bytes"].as_u64().unwrap(),
+                s["dtoh_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn rows(expected: &[(&str, u64, u64, u64, u64)]) -> Vec<(String, u64, u64, u64, u64)> {
+    expected
+        .iter()
+        .map(|(name, a, b, c, d)| (name.to_string(), *a, *b, *c, *d))
+        .collect()
+}
+
+#[test]
+fn launches_carry_kernel_names_and_memory_calls_live_bytes() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("kernel-names").join("trace.jsonl");
+    let output = trace_driver(&trace_path, &[], &["sequence"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let calls = calls(&trace);
+
+    let vector_add = (
+        "vector_add(float const*, float const*, float*, int)",
+        "_Z10vector_addPKfS0_Pfi",
+    );
+    let add_kernel = (
+        "torch::native::add_kernel(float const*, float const*, float*, int)",
+        "_ZN5torch6native10add_kernelEPKfS2_Pfi",
+    );
+    let launches: Vec<(&str, &str, &str)> = calls
+        .iter()
+        .filter(|c| c.get("grid").is_some())
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["kernel"].as_str().unwrap(),
+                c["kernel_mangled"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        launches,
+        [
+            ("cuLaunchKernel", vector_add.0, vector_add.1),
+            ("cuLaunchKernelEx", vector_add.0, vector_add.1),
+            // Launched through the CUkernel handle 0x1050.
+            ("cuLaunchKernel", add_kernel.0, add_kernel.1),
+        ]
+    );
+    for call in &calls {
+        if call.get("grid").is_none() {
+            assert!(call.get("kernel").is_none(), "{call}");
+        }
+    }
+
+    let live: Vec<(&str, Value)> = calls
+        .iter()
+        .filter(|c| c["name"] == "cuMemAlloc_v2" || c["name"] == "cuMemFree_v2")
+        .map(|c| (c["name"].as_str().unwrap(), c["live_bytes"].clone()))
+        .collect();
+    assert_eq!(
+        live,
+        [
+            ("cuMemAlloc_v2", json!(1048576)),
+            ("cuMemAlloc_v2", json!(1052672)),
+            ("cuMemAlloc_v2", Value::Null), // failed: nothing changed
+            ("cuMemFree_v2", json!(1048576)),
+            ("cuMemFree_v2", json!(0)),
+        ]
+    );
+    let memory = &trace.last().unwrap()["memory"]["processes"];
+    assert_eq!(memory.as_array().unwrap().len(), 1);
+    assert_eq!(memory[0]["pid"], trace[0]["pids"][0]);
+    assert_eq!(memory[0]["peak_device_bytes"], 1052672);
+    assert_eq!(memory[0]["final_device_bytes"], 0);
+    assert_eq!(memory[0]["allocations"], 2);
+    assert_eq!(memory[0]["frees"], 2);
+    assert_eq!(memory[0]["leak_count"], 0);
+    assert_eq!(memory[0]["leaks"], json!([]));
+
+    let summary = summary_json(&trace_path);
+    assert_eq!(summary["trace"]["complete"], true);
+    assert_eq!(summary["calls"], 28);
+    assert_eq!(summary["errors"], 1);
+    assert_eq!(summary["kernel_launches"], 3);
+    let kernels: Vec<(&str, u64)> = summary["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["kernel"].as_str().unwrap(),
+                k["launches"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(kernels, [(vector_add.0, 2), (add_kernel.0, 1)]);
+    assert_eq!(
+        summary["kernels"][0]["shapes"],
+        json!([
+            {"grid": [128, 64, 2], "block": [32, 8, 4], "launches": 1},
+            {"grid": [4096, 2, 1], "block": [256, 1, 3], "launches": 1},
+        ])
+    );
+    assert_eq!(
+        summary["copies"],
+        json!([
+            {"kind": "DtoD", "count": 1, "bytes": 512},
+            {"kind": "DtoH", "count": 2, "bytes": 4096 + 65536},
+            {"kind": "HtoD", "count": 3, "bytes": 1048576 + 4096 + 4096},
+        ])
+    );
+    let alloc = summary["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "cuMemAlloc_v2")
+        .unwrap();
+    assert_eq!((&alloc["count"], &alloc["errors"]), (&json!(3), &json!(1)));
+    assert_eq!(alloc["bytes"], 1048576 + 4096);
+    assert_eq!(summary["memory"], *memory, "summary and footer agree");
+    assert_eq!(
+        stage_rows(&summary),
+        rows(&[
+            ("initialisation", 4, 0, 0, 0),
+            ("weight loading", 5, 0, 1048576, 0),
+            ("input preparation", 3, 0, 4096, 0),
+            ("inference", 7, 3, 0, 0),
+            ("output retrieval", 6, 0, 4096, 4096 + 65536),
+            ("cleanup", 3, 0, 0, 0),
+        ])
+    );
+}
+
+#[test]
+fn the_demo_summary_names_kernels_finds_the_leak_and_the_stages() {
+    let Some(_guard) = root() else { return };
+    let standin = standin();
+    let trace_path = scratch("demo-summary").join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "--libcuda"])
+        .arg(&standin.lib)
+        .arg("-o")
+        .arg(&trace_path)
+        .arg("--")
+        .arg(&standin.demo)
+        .output()
+        .expect("running cudatrace");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let err = stderr(&output);
+    // The short summary follows the final line.
+    let final_line = err.find("cudatrace: 133 calls, 0 lost").expect(&err);
+    for needle in [
+        "cudatrace: time in calls: ",
+        "cudatrace: 80 launches of 3 kernels: sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_w… ×40 (50%)",
+        "cudatrace: copies: DtoH 2.50 KiB ×1, HtoD 10.27 MiB ×5",
+        "peak 10.52 MiB, final 256.00 KiB, 1 leak (256.00 KiB)",
+        "cudatrace: stages, pid ",
+    ] {
+        let at = err
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in\n{err}"));
+        assert!(at > final_line, "{needle:?} before the final line");
+    }
+
+    let gemm = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_\
+                execute_segment_k_off_kernel__5x_cublas";
+    let fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, \
+                std::array<char*, 2> >(int, at::native::FillFunctor<float>, std::array<char*, 2>)";
+    let trace = read_trace(&trace_path);
+    let launch_names: std::collections::BTreeMap<&str, usize> = calls(&trace)
+        .iter()
+        .filter_map(|c| c["kernel"].as_str())
+        .fold(Default::default(), |mut counts, name| {
+            *counts.entry(name).or_default() += 1;
+            counts
+        });
+    assert_eq!(launch_names.len(), 3);
+    assert_eq!(launch_names[gemm], 40);
+    assert_eq!(launch_names[fill], 20);
+    assert!(
+        calls(&trace)
+            .iter()
+            .filter(|c| c["kernel"] == gemm)
+            .all(|c| c.get("kernel_mangled").is_none()),
+        "cuBLAS names are not mangled"
+    );
+
+    let summary = summary_json(&trace_path);
+    assert_eq!(summary["calls"], 133);
+    assert_eq!(summary["kernel_launches"], 80);
+    let kernels = summary["kernels"].as_array().unwrap();
+    assert_eq!(kernels[0]["kernel"], gemm);
+    assert_eq!(kernels[0]["launches"], 40);
+    assert_eq!(kernels[0]["share"], 0.5);
+    assert_eq!(
+        kernels[0]["shapes"],
+        json!([
+            {"grid": [4, 8, 1], "block": [256, 1, 1], "launches": 20},
+            {"grid": [8, 16, 1], "block": [128, 1, 1], "launches": 20},
+        ])
+    );
+    assert!(
+        kernels[1]["kernel"]
+            .as_str()
+            .unwrap()
+            .starts_with("void at::native::elementwise_kernel<128, 2, ")
+    );
+    assert_eq!(kernels[2]["kernel"], fill);
+    assert_eq!(
+        kernels[2]["kernel_mangled"],
+        "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLi2EEEEviT0_T1_"
+    );
+    assert_eq!(kernels[2]["shapes"][0]["grid"], json!([256, 1, 1]));
+
+    let weights: u64 = 2 * 1024 * 1024 * 4 + 1024 * 512 * 4 + 512 * 10 * 4;
+    assert_eq!(weights, 10_506_240);
+    assert_eq!(
+        summary["copies"],
+        json!([
+            {"kind": "DtoH", "count": 1, "bytes": 2560},
+            {"kind": "HtoD", "count": 5, "bytes": weights + 262144},
+        ])
+    );
+    let memory = &summary["memory"][0];
+    assert_eq!(memory["peak_device_bytes"], weights + 2 * 262144 + 2560);
+    assert_eq!(memory["final_device_bytes"], 262144);
+    assert_eq!(memory["allocations"], 7);
+    assert_eq!(memory["frees"], 6);
+    assert_eq!(memory["leak_count"], 1);
+    let leak = &memory["leaks"][0];
+    assert_eq!(leak["kind"], "device");
+    assert_eq!(leak["bytes"], 262144);
+    // The bump allocator: the weights, then d_in (262144 B), then the leaked d_act.
+    assert_eq!(
+        leak["dptr"],
+        format!("{:#x}", 0x7f00_0000_0000u64 + weights + 262144)
+    );
+    assert_eq!(leak["call"], "cuMemAlloc_v2");
+    assert_eq!(trace.last().unwrap()["memory"]["processes"][0], *memory);
+
+    assert_eq!(
+        stage_rows(&summary),
+        rows(&[
+            ("initialisation", 4, 0, 0, 0),
+            ("weight loading", 16, 0, weights, 0),
+            ("input preparation", 4, 0, 262144, 0),
+            ("inference", 100, 80, 0, 0),
+            ("output retrieval", 2, 0, 0, 2560),
+            ("cleanup", 7, 0, 0, 0),
+        ])
+    );
+    let text = Command::new(CUDATRACE)
+        .arg("summary")
+        .arg(&trace_path)
+        .output()
+        .unwrap();
+    assert_eq!(text.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(fill), "{text}");
+    assert!(
+        text.contains("262144 B device 0x7f0000a45000 from cuMemAlloc_v2"),
+        "{text}"
+    );
 }

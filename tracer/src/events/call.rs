@@ -1,6 +1,8 @@
 //! A decoded driver call, serialised as one `"type":"call"` JSON line.
 
-use serde::{Serialize, Serializer};
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize, Serializer};
 use tracer_common::{CallEvent, flags};
 
 use super::{c_string, cuda_result};
@@ -27,10 +29,13 @@ impl<'de> serde::Deserialize<'de> for Hex {
 }
 
 /// One call line. Field names are the stable schema of docs/trace-format.md.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+///
+/// Strings the decoder takes from tables are `Cow::Borrowed`; `cudatrace summary` reads
+/// them back owned.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     #[serde(rename = "type")]
-    pub record_type: &'static str,
+    pub record_type: Cow<'static, str>,
     pub name: String,
     pub pid: u32,
     pub tid: u32,
@@ -38,9 +43,9 @@ pub struct CallRecord {
     pub dur_ns: u64,
     pub ret: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ret_name: Option<&'static str>,
+    pub ret_name: Option<Cow<'static, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<&'static str>,
+    pub kind: Option<Cow<'static, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,6 +70,12 @@ pub struct CallRecord {
     pub function: Option<Hex>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_handle: Option<Hex>,
+    /// Launches: the kernel's demangled name, or `unknown@0x...` (added by the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Launches: the name as the program passed it, where it differs from `kernel`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_mangled: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symbol: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -111,9 +122,13 @@ pub struct CallRecord {
     pub count: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<i32>,
+    /// Memory-changing calls: the process's live device bytes after the call (added by
+    /// the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
     /// Reading user memory failed or a name was cut short; see docs/trace-format.md.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<&'static str>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Cow<'static, str>>,
 }
 
 impl CallRecord {
@@ -257,7 +272,7 @@ fn decode_memcpy(record: &mut CallRecord, data: &[u8], three_d: bool) -> Option<
     };
     record.src = Some(Hex(src_addr));
     record.dst = Some(Hex(dst_addr));
-    record.kind = Some(copy_kind(src_type, dst_type).as_str());
+    record.kind = Some(Cow::Borrowed(copy_kind(src_type, dst_type).as_str()));
     record.width = Some(width);
     record.height = Some(height);
     record.depth = depth;
@@ -287,15 +302,15 @@ pub fn decode_call(
     spec: &FnSpec,
 ) -> CallRecord {
     let mut record = CallRecord {
-        record_type: "call",
+        record_type: Cow::Borrowed("call"),
         name: symbol.to_owned(),
         pid: call.header.pid,
         tid: call.header.tid,
         ts_ns: call.header.ts_ns,
         dur_ns: call.dur_ns,
         ret: call.ret,
-        ret_name: cuda_result::name(call.ret),
-        kind: spec.copy.map(CopyKind::as_str),
+        ret_name: cuda_result::name(call.ret).map(Cow::Borrowed),
+        kind: spec.copy.map(|kind| Cow::Borrowed(kind.as_str())),
         ..CallRecord::default()
     };
     let data = data.unwrap_or(&[]);
@@ -339,12 +354,12 @@ pub fn decode_call(
             }
             Arg::LaunchConfig => {
                 if decode_launch_config(&mut record, data).is_none() {
-                    record.warnings.push("launch_config_unread");
+                    record.warnings.push(Cow::Borrowed("launch_config_unread"));
                 }
             }
             Arg::Memcpy2D | Arg::Memcpy3D => {
                 if decode_memcpy(&mut record, data, *arg == Arg::Memcpy3D).is_none() {
-                    record.warnings.push("memcpy_struct_unread");
+                    record.warnings.push(Cow::Borrowed("memcpy_struct_unread"));
                 }
             }
             Arg::Skip => {}
@@ -358,13 +373,13 @@ pub fn decode_call(
     }
     let flag_bits = call.header.flags;
     if flag_bits & flags::ENTRY_READ_FAILED != 0 {
-        record.warnings.push("entry_read_failed");
+        record.warnings.push(Cow::Borrowed("entry_read_failed"));
     }
     if flag_bits & flags::OUT_READ_FAILED != 0 {
-        record.warnings.push("out_read_failed");
+        record.warnings.push(Cow::Borrowed("out_read_failed"));
     }
     if flag_bits & flags::DATA_TRUNCATED != 0 {
-        record.warnings.push("string_truncated");
+        record.warnings.push(Cow::Borrowed("string_truncated"));
     }
     record
 }
@@ -422,7 +437,7 @@ mod tests {
             "cuMemAlloc_v2",
             spec,
         );
-        assert_eq!(record.ret_name, Some("CUDA_ERROR_INVALID_VALUE"));
+        assert_eq!(record.ret_name.as_deref(), Some("CUDA_ERROR_INVALID_VALUE"));
     }
 
     #[test]
@@ -491,7 +506,7 @@ mod tests {
             "cuMemcpy2D_v2",
             spec,
         );
-        assert_eq!(record.kind, Some("HtoD"));
+        assert_eq!(record.kind.as_deref(), Some("HtoD"));
         assert_eq!(record.src, Some(Hex(0x5555)));
         assert_eq!(record.dst, Some(Hex(0x7f00_0010_0000)));
         assert_eq!(record.bytes, Some(4096));

@@ -4,7 +4,7 @@
 mod call;
 pub mod cuda_result;
 
-pub use call::{CallRecord, decode_call};
+pub use call::{CallRecord, Hex, decode_call};
 
 use std::mem::size_of;
 

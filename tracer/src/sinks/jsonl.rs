@@ -8,7 +8,10 @@ use std::{
 
 use serde::Serialize;
 
-use crate::events::CallRecord;
+use crate::{
+    analysis::{Analysis, MemoryFooter},
+    events::CallRecord,
+};
 
 /// Bumped on any incompatible change of the line schema.
 pub const FORMAT_VERSION: u32 = 1;
@@ -63,9 +66,17 @@ pub struct Header {
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct LostCounts {
+    /// Call events dropped because the ring buffer was full.
     pub ring_full: u64,
+    /// Calls nested deeper than the per-thread frame stack.
     pub too_deep: u64,
+    /// Calls of threads beyond the frame table's capacity.
     pub frames_full: u64,
+    /// Process (fork/exec/exit) events dropped because the ring buffer was full.
+    pub process_ring_full: u64,
+    /// Call events lost: `ring_full + too_deep + frames_full`.
+    pub calls: u64,
+    /// Everything lost.
     pub total: u64,
 }
 
@@ -101,6 +112,10 @@ pub struct Footer {
     pub stopped_by: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Live device memory per process: peaks, final figures and leaks
+    /// (docs/trace-format.md, "Analysis fields").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryFooter>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -133,6 +148,9 @@ pub struct LostLine {
 pub struct TraceWriter {
     out: BufWriter<Box<dyn Write>>,
     pub footer: Footer,
+    /// Fed every call before it is written (kernel names, live bytes, the summary), so
+    /// each path that writes calls also analyses them.
+    pub analysis: Analysis,
 }
 
 impl TraceWriter {
@@ -143,6 +161,7 @@ impl TraceWriter {
                 record_type: "footer",
                 ..Footer::default()
             },
+            analysis: Analysis::default(),
         }
     }
 
@@ -213,7 +232,7 @@ mod tests {
         let buffer = Shared::default();
         let mut writer = TraceWriter::new(Box::new(buffer.clone()));
         let record = CallRecord {
-            record_type: "call",
+            record_type: "call".into(),
             name: "cuInit".into(),
             ..Default::default()
         };

@@ -1,0 +1,820 @@
+//! Per-function, per-kernel and per-direction statistics, and the summary's text.
+//!
+//! Latency percentiles come from an HDR histogram per function (3 significant digits:
+//! within 0.1%), so memory depends on the number of functions, not of calls.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    fmt::Write as _,
+};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{Report, Role, memory::ProcessMemory, stages::ProcessStages};
+use crate::events::CallRecord;
+
+/// Distinct grid/block shapes listed per kernel; launches with further shapes are counted.
+pub const MAX_SHAPES: usize = 16;
+/// Longest latency the histograms resolve (about 13 days); `max_ns` stays exact.
+const MAX_TRACKED_NS: u64 = 1 << 50;
+
+struct FunctionStats {
+    count: u64,
+    errors: u64,
+    total_ns: u64,
+    max_ns: u64,
+    bytes: Option<u64>,
+    /// Successful synchronous copies: their time, for bandwidth.
+    copy_ns: u64,
+    synchronous_copy: bool,
+    latency: Histogram<u64>,
+}
+
+impl FunctionStats {
+    fn new(name: &str, role: Role) -> Self {
+        FunctionStats {
+            count: 0,
+            errors: 0,
+            total_ns: 0,
+            max_ns: 0,
+            bytes: None,
+            copy_ns: 0,
+            synchronous_copy: role == Role::Copy && !name.contains("Async"),
+            latency: Histogram::new(3).expect("3 significant digits is a valid precision"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct KernelStats {
+    launches: u64,
+    mangled: Option<String>,
+    shapes: BTreeMap<([u32; 3], [u32; 3]), u64>,
+    other_shapes: u64,
+}
+
+/// Fed every call record, in order.
+#[derive(Default)]
+pub struct SummaryAccumulator {
+    calls: u64,
+    errors: u64,
+    first_ts: Option<u64>,
+    last_end: u64,
+    pids: BTreeSet<u32>,
+    functions: HashMap<String, FunctionStats>,
+    kernels: HashMap<String, KernelStats>,
+    graph_launches: u64,
+    copies: BTreeMap<String, (u64, u64)>,
+}
+
+/// The bytes a call moves or allocates (pitch allocations: pitch * height).
+fn call_bytes(record: &CallRecord) -> Option<u64> {
+    match (record.pitch, record.height, record.bytes) {
+        (_, _, Some(bytes)) => Some(bytes),
+        (Some(pitch), Some(height), None) => Some(pitch.saturating_mul(height)),
+        _ => None,
+    }
+}
+
+impl SummaryAccumulator {
+    pub fn observe(&mut self, role: Role, record: &CallRecord) {
+        let ok = record.ret == 0;
+        let end = record.ts_ns.saturating_add(record.dur_ns);
+        self.calls += 1;
+        self.errors += u64::from(!ok);
+        self.first_ts = Some(self.first_ts.map_or(record.ts_ns, |t| t.min(record.ts_ns)));
+        self.last_end = self.last_end.max(end);
+        self.pids.insert(record.pid);
+
+        if !self.functions.contains_key(&record.name) {
+            let stats = FunctionStats::new(&record.name, role);
+            self.functions.insert(record.name.clone(), stats);
+        }
+        let Some(stats) = self.functions.get_mut(&record.name) else {
+            return;
+        };
+        stats.count += 1;
+        stats.errors += u64::from(!ok);
+        stats.total_ns = stats.total_ns.saturating_add(record.dur_ns);
+        stats.max_ns = stats.max_ns.max(record.dur_ns);
+        // `record` grows the histogram as needed (`saturating_record` would clamp instead).
+        let latency = record.dur_ns.min(MAX_TRACKED_NS);
+        if stats.latency.record(latency).is_err() {
+            stats.latency.saturating_record(latency);
+        }
+        let bytes = call_bytes(record);
+        if let Some(bytes) = bytes {
+            let sum = stats.bytes.get_or_insert(0);
+            if ok {
+                *sum = sum.saturating_add(bytes);
+                if stats.synchronous_copy {
+                    stats.copy_ns = stats.copy_ns.saturating_add(record.dur_ns);
+                }
+            }
+        }
+        if !ok {
+            return;
+        }
+        match role {
+            Role::Copy => {
+                let kind = record.kind.as_deref().unwrap_or("Default");
+                let entry = match self.copies.get_mut(kind) {
+                    Some(entry) => entry,
+                    None => self.copies.entry(kind.to_owned()).or_default(),
+                };
+                entry.0 += 1;
+                entry.1 = entry.1.saturating_add(bytes.unwrap_or(0));
+            }
+            Role::GraphLaunch => self.graph_launches += 1,
+            Role::Launch => {
+                let Some(kernel) = record.kernel.as_deref() else {
+                    return;
+                };
+                let stats = match self.kernels.get_mut(kernel) {
+                    Some(stats) => stats,
+                    None => self.kernels.entry(kernel.to_owned()).or_default(),
+                };
+                stats.launches += 1;
+                if stats.mangled.is_none() {
+                    stats.mangled = record.kernel_mangled.clone();
+                }
+                let shape = (
+                    record.grid.unwrap_or_default(),
+                    record.block.unwrap_or_default(),
+                );
+                if let Some(count) = stats.shapes.get_mut(&shape) {
+                    *count += 1;
+                } else if stats.shapes.len() < MAX_SHAPES {
+                    stats.shapes.insert(shape, 1);
+                } else {
+                    stats.other_shapes += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn finish(self) -> Summary {
+        let mut functions: Vec<FunctionSummary> = self
+            .functions
+            .into_iter()
+            .map(|(name, stats)| FunctionSummary {
+                count: stats.count,
+                errors: stats.errors,
+                total_ns: stats.total_ns,
+                mean_ns: stats.total_ns / stats.count.max(1),
+                p50_ns: stats.latency.value_at_quantile(0.5).min(stats.max_ns),
+                p99_ns: stats.latency.value_at_quantile(0.99).min(stats.max_ns),
+                max_ns: stats.max_ns,
+                bytes: stats.bytes,
+                bandwidth_gb_s: match (stats.synchronous_copy, stats.bytes) {
+                    (true, Some(bytes)) if stats.copy_ns > 0 => {
+                        Some(bytes as f64 / stats.copy_ns as f64)
+                    }
+                    _ => None,
+                },
+                name,
+            })
+            .collect();
+        functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
+        let kernel_launches: u64 = self.kernels.values().map(|k| k.launches).sum();
+        let mut kernels: Vec<KernelSummary> = self
+            .kernels
+            .into_iter()
+            .map(|(kernel, stats)| KernelSummary {
+                launches: stats.launches,
+                share: stats.launches as f64 / kernel_launches.max(1) as f64,
+                kernel_mangled: stats.mangled,
+                shapes: stats
+                    .shapes
+                    .into_iter()
+                    .map(|((grid, block), launches)| Shape {
+                        grid,
+                        block,
+                        launches,
+                    })
+                    .collect(),
+                other_shapes: stats.other_shapes,
+                kernel,
+            })
+            .collect();
+        kernels.sort_by(|a, b| b.launches.cmp(&a.launches).then(a.kernel.cmp(&b.kernel)));
+        for kernel in &mut kernels {
+            kernel
+                .shapes
+                .sort_by(|a, b| b.launches.cmp(&a.launches).then(a.grid.cmp(&b.grid)));
+        }
+        let first_ts = self.first_ts.unwrap_or(0);
+        Summary {
+            calls: self.calls,
+            errors: self.errors,
+            first_ts_ns: first_ts,
+            span_ns: self.last_end.saturating_sub(first_ts),
+            pids: self.pids.into_iter().collect(),
+            functions,
+            kernel_launches,
+            graph_launches: self.graph_launches,
+            kernels,
+            copies: self
+                .copies
+                .into_iter()
+                .map(|(kind, (count, bytes))| CopySummary { kind, count, bytes })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionSummary {
+    pub name: String,
+    pub count: u64,
+    /// Calls that returned something other than CUDA_SUCCESS.
+    pub errors: u64,
+    pub total_ns: u64,
+    pub mean_ns: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    /// Bytes of successful calls (copies, memsets, allocations); absent for functions
+    /// without a size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Synchronous copies: bytes / time in the call (GB/s = bytes per ns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth_gb_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Shape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub launches: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelSummary {
+    pub kernel: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_mangled: Option<String>,
+    /// Successful launches.
+    pub launches: u64,
+    /// Of all successful kernel launches (0..1).
+    pub share: f64,
+    /// The most frequent shapes first, at most [`MAX_SHAPES`].
+    pub shapes: Vec<Shape>,
+    /// Launches with shapes beyond those listed.
+    pub other_shapes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CopySummary {
+    /// HtoD, DtoH, DtoD, HtoH, Peer or Default (direction chosen by the driver).
+    pub kind: String,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub calls: u64,
+    pub errors: u64,
+    /// The earliest call's `ts_ns`.
+    pub first_ts_ns: u64,
+    /// From the earliest call's start to the latest call's end.
+    pub span_ns: u64,
+    pub pids: Vec<u32>,
+    /// By total time, longest first.
+    pub functions: Vec<FunctionSummary>,
+    pub kernel_launches: u64,
+    pub graph_launches: u64,
+    /// By launches, most first.
+    pub kernels: Vec<KernelSummary>,
+    /// Successful copies by direction.
+    pub copies: Vec<CopySummary>,
+}
+
+/// Where the figures came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TraceInfo {
+    pub file: String,
+    /// The trace ends with its footer (false: cut short, e.g. the tracer was killed).
+    pub complete: bool,
+    pub lines: u64,
+    /// Malformed lines passed over with --skip-bad-lines.
+    pub skipped_lines: u64,
+    /// Lines of a type this version does not know.
+    pub unknown_lines: u64,
+    /// Events the tracer lost (from the footer, else the `lost` lines).
+    pub lost_events: u64,
+    pub command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+/// `cudatrace summary --json`.
+#[derive(Serialize)]
+pub struct SummaryJson<'a> {
+    pub trace: &'a TraceInfo,
+    #[serde(flatten)]
+    pub summary: &'a Summary,
+    pub memory: &'a [ProcessMemory],
+    pub stages: &'a [ProcessStages],
+}
+
+pub fn format_ns(ns: u64) -> String {
+    match ns {
+        0..1_000 => format!("{ns} ns"),
+        1_000..1_000_000 => format!("{:.1} µs", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.2} ms", ns as f64 / 1e6),
+        _ => format!("{:.3} s", ns as f64 / 1e9),
+    }
+}
+
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.2} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+fn shorten(text: &str, max_chars: usize) -> String {
+    if text.chars().count() <= max_chars {
+        return text.to_owned();
+    }
+    let cut: String = text.chars().take(max_chars.saturating_sub(1)).collect();
+    format!("{cut}…")
+}
+
+fn dims(d: [u32; 3]) -> String {
+    format!("{}x{}x{}", d[0], d[1], d[2])
+}
+
+fn plural(n: u64, word: &str) -> String {
+    match (n, word.ends_with(['s', 'h'])) {
+        (1, _) => format!("{n} {word}"),
+        (_, true) => format!("{n} {word}es"),
+        _ => format!("{n} {word}s"),
+    }
+}
+
+/// The full human-readable summary (`cudatrace summary`).
+pub fn render_text(info: &TraceInfo, report: &Report) -> String {
+    let summary = &report.summary;
+    let at = |ts: u64| format!("+{}", format_ns(ts.saturating_sub(summary.first_ts_ns)));
+    let mut out = String::new();
+    let state = if info.complete {
+        "complete"
+    } else {
+        "TRUNCATED: no footer"
+    };
+    let _ = writeln!(out, "Trace {} ({state})", info.file);
+    if !info.command.is_empty() {
+        let _ = writeln!(out, "  command: {}", info.command.join(" "));
+    }
+    let _ = writeln!(
+        out,
+        "  {} ({} errors) in {} over {}; {} lost events",
+        plural(summary.calls, "call"),
+        summary.errors,
+        plural(summary.pids.len() as u64, "process"),
+        format_ns(summary.span_ns),
+        info.lost_events
+    );
+    if info.skipped_lines > 0 {
+        let _ = writeln!(out, "  {} malformed lines skipped", info.skipped_lines);
+    }
+
+    let _ = writeln!(out, "\nFunctions, by total time");
+    let _ = writeln!(
+        out,
+        "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
+        "function", "calls", "errors", "total", "mean", "p50", "p99", "max", "bytes", "bandwidth"
+    );
+    for f in &summary.functions {
+        let _ = writeln!(
+            out,
+            "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
+            f.name,
+            f.count,
+            f.errors,
+            format_ns(f.total_ns),
+            format_ns(f.mean_ns),
+            format_ns(f.p50_ns),
+            format_ns(f.p99_ns),
+            format_ns(f.max_ns),
+            f.bytes.map(format_bytes).unwrap_or_default(),
+            f.bandwidth_gb_s
+                .map(|b| format!("{b:.2} GB/s"))
+                .unwrap_or_default(),
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nKernels: {} in {}{}",
+        plural(summary.kernel_launches, "launch"),
+        plural(summary.kernels.len() as u64, "kernel"),
+        match summary.graph_launches {
+            0 => String::new(),
+            n => format!(", plus {}", plural(n, "graph launch")),
+        }
+    );
+    for k in &summary.kernels {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>6.1}%  {}",
+            k.launches,
+            k.share * 100.0,
+            k.kernel
+        );
+        let mut shapes: Vec<String> = k
+            .shapes
+            .iter()
+            .map(|s| {
+                format!(
+                    "grid {} block {} ×{}",
+                    dims(s.grid),
+                    dims(s.block),
+                    s.launches
+                )
+            })
+            .collect();
+        if k.other_shapes > 0 {
+            shapes.push(format!("other shapes ×{}", k.other_shapes));
+        }
+        let _ = writeln!(out, "  {:>17}  {}", "", shapes.join("; "));
+    }
+
+    let _ = writeln!(out, "\nCopies, by direction");
+    if summary.copies.is_empty() {
+        let _ = writeln!(out, "  none");
+    }
+    for c in &summary.copies {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:>8} {:>12}  ({} B)",
+            c.kind,
+            plural(c.count, "call"),
+            format_bytes(c.bytes),
+            c.bytes
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nDevice memory (cuMemAlloc* and cuMemCreate bytes held), by process"
+    );
+    for m in &report.memory {
+        let _ = writeln!(
+            out,
+            "  pid {}: peak {} at {}, final {}; {}, {}, {} unmatched frees",
+            m.pid,
+            format_bytes(m.peak_device_bytes),
+            at(m.peak_ts_ns),
+            format_bytes(m.final_device_bytes),
+            plural(m.allocations, "allocation"),
+            plural(m.frees, "free"),
+            m.unmatched_frees
+        );
+        if m.peak_host_pinned_bytes > 0 || m.peak_mapped_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "    host pinned: peak {}, final {}; mapped: peak {}, final {}",
+                format_bytes(m.peak_host_pinned_bytes),
+                format_bytes(m.final_host_pinned_bytes),
+                format_bytes(m.peak_mapped_bytes),
+                format_bytes(m.final_mapped_bytes)
+            );
+        }
+        let _ = writeln!(out, "    {}", plural(m.leak_count, "leak"));
+        for leak in m.leaks.iter().take(20) {
+            let address = leak.dptr.or(leak.handle).or(leak.host).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "      {} B {} {:#x} from {} at {}",
+                leak.bytes,
+                leak.kind,
+                address.0,
+                leak.call,
+                at(leak.ts_ns)
+            );
+        }
+        if m.leak_count > 20 {
+            let _ = writeln!(out, "      ... and {} more", m.leak_count - 20);
+        }
+    }
+
+    for p in &report.stages {
+        let _ = writeln!(out, "\nStages, pid {} ({})", p.pid, plural(p.calls, "call"));
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
+            "stage", "start", "duration", "calls", "launches", "HtoD", "DtoH"
+        );
+        for s in &p.stages {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
+                s.name,
+                at(s.start_ns),
+                format_ns(s.duration_ns),
+                s.calls,
+                s.launches,
+                format_bytes(s.htod_bytes),
+                format_bytes(s.dtoh_bytes)
+            );
+        }
+    }
+    out
+}
+
+/// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
+pub fn render_short(report: &Report) -> String {
+    let summary = &report.summary;
+    let mut out = String::new();
+    let top: Vec<String> = summary
+        .functions
+        .iter()
+        .take(5)
+        .map(|f| format!("{} {} ({})", f.name, format_ns(f.total_ns), f.count))
+        .collect();
+    if !top.is_empty() {
+        let _ = writeln!(out, "cudatrace: time in calls: {}", top.join(", "));
+    }
+    if summary.kernel_launches > 0 {
+        let kernels: Vec<String> = summary
+            .kernels
+            .iter()
+            .take(3)
+            .map(|k| {
+                format!(
+                    "{} ×{} ({:.0}%)",
+                    shorten(&k.kernel, 60),
+                    k.launches,
+                    k.share * 100.0
+                )
+            })
+            .collect();
+        let more = summary.kernels.len().saturating_sub(3);
+        let _ = writeln!(
+            out,
+            "cudatrace: {} of {}: {}{}",
+            plural(summary.kernel_launches, "launch"),
+            plural(summary.kernels.len() as u64, "kernel"),
+            kernels.join(", "),
+            if more > 0 {
+                format!(", {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !summary.copies.is_empty() {
+        let copies: Vec<String> = summary
+            .copies
+            .iter()
+            .map(|c| format!("{} {} ×{}", c.kind, format_bytes(c.bytes), c.count))
+            .collect();
+        let _ = writeln!(out, "cudatrace: copies: {}", copies.join(", "));
+    }
+    for m in report.memory.iter().filter(|m| m.allocations > 0).take(4) {
+        let leaks = match m.leak_count {
+            0 => "no leaks".to_owned(),
+            n => format!(
+                "{} ({})",
+                plural(n, "leak"),
+                format_bytes(m.final_device_bytes + m.final_host_pinned_bytes)
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "cudatrace: device memory, pid {}: peak {}, final {}, {leaks}",
+            m.pid,
+            format_bytes(m.peak_device_bytes),
+            format_bytes(m.final_device_bytes),
+        );
+    }
+    for p in report
+        .stages
+        .iter()
+        .filter(|p| p.stages.iter().any(|s| s.launches > 0))
+        .take(4)
+    {
+        let stages: Vec<String> = p
+            .stages
+            .iter()
+            .filter(|s| s.duration_ns > 0 || s.calls > 0)
+            .map(|s| format!("{} {}", s.name, format_ns(s.duration_ns)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cudatrace: stages, pid {}: {}",
+            p.pid,
+            stages.join(", ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        analysis::{Analysis, testing::Script},
+        events::Hex,
+    };
+
+    fn report(script: &Script) -> Report {
+        let mut analysis = Analysis::default();
+        for record in &script.records {
+            analysis.observe(&mut record.clone());
+        }
+        analysis.finish()
+    }
+
+    #[test]
+    fn function_statistics_are_exact() {
+        let mut script = Script::new(5);
+        for dur in [100, 200, 300, 400] {
+            script.call("cuMemcpyHtoD_v2", |r| {
+                r.kind = Some("HtoD".into());
+                r.bytes = Some(1000);
+                r.dur_ns = dur;
+            });
+        }
+        script.call("cuMemcpyHtoD_v2", |r| {
+            r.kind = Some("HtoD".into());
+            r.bytes = Some(5000);
+            r.dur_ns = 1000;
+            r.ret = 1;
+        });
+        script.copy("cuMemcpyDtoHAsync_v2", "DtoH", 64);
+        // Long calls: percentiles within the histogram's 0.1%.
+        for dur in [10_000, 20_000, 30_000, 40_000_000_000] {
+            script.call("cuStreamSynchronize", |r| r.dur_ns = dur);
+        }
+        let summary = report(&script).summary;
+        assert_eq!(summary.calls, 10);
+        assert_eq!(summary.errors, 1);
+        assert_eq!(summary.span_ns, 9000 + 40_000_000_000);
+        let sync = &summary.functions[0];
+        assert_eq!(sync.name, "cuStreamSynchronize");
+        assert_eq!(sync.max_ns, 40_000_000_000);
+        assert_eq!(sync.p99_ns, 40_000_000_000, "capped at the exact maximum");
+        assert!(sync.p50_ns.abs_diff(20_000) <= 20, "{}", sync.p50_ns);
+        let htod = &summary.functions[1];
+        assert_eq!(
+            *htod,
+            FunctionSummary {
+                name: "cuMemcpyHtoD_v2".into(),
+                count: 5,
+                errors: 1,
+                total_ns: 2000,
+                mean_ns: 400,
+                p50_ns: 300,
+                p99_ns: 1000,
+                max_ns: 1000,
+                bytes: Some(4000),
+                // 4000 bytes in the 1000 ns of the successful calls.
+                bandwidth_gb_s: Some(4.0),
+            }
+        );
+        let dtoh = &summary.functions[2];
+        assert_eq!(dtoh.name, "cuMemcpyDtoHAsync_v2");
+        assert_eq!(dtoh.bandwidth_gb_s, None, "asynchronous copies have none");
+        assert_eq!(
+            summary.copies,
+            [
+                CopySummary {
+                    kind: "DtoH".into(),
+                    count: 1,
+                    bytes: 64
+                },
+                CopySummary {
+                    kind: "HtoD".into(),
+                    count: 4,
+                    bytes: 4000
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn kernels_get_launches_shapes_and_shares() {
+        let mut script = Script::new(5);
+        script.call("cuModuleGetFunction", |r| {
+            r.function = Some(Hex(0x10));
+            r.symbol = Some("_Z4gemmv".into());
+        });
+        for i in 0..(MAX_SHAPES as u32 + 2) {
+            script.call("cuLaunchKernel", |r| {
+                r.function = Some(Hex(0x10));
+                r.grid = Some([i + 1, 1, 1]);
+                r.block = Some([128, 1, 1]);
+            });
+        }
+        for _ in 0..2 {
+            script.call("cuLaunchKernel_ptsz", |r| {
+                r.function = Some(Hex(0x10));
+                r.grid = Some([1, 1, 1]);
+                r.block = Some([128, 1, 1]);
+            });
+        }
+        script
+            .launch(0x99)
+            .launch(0x99)
+            .call("cuLaunchKernel", |r| {
+                r.function = Some(Hex(0x99));
+                r.ret = 400;
+            })
+            .call("cuGraphLaunch", |r| r.graph = Some(Hex(0x5)));
+        let summary = report(&script).summary;
+        assert_eq!(summary.kernel_launches, 22);
+        assert_eq!(summary.graph_launches, 1);
+        let gemm = &summary.kernels[0];
+        assert_eq!(gemm.kernel, "gemm()");
+        assert_eq!(gemm.kernel_mangled.as_deref(), Some("_Z4gemmv"));
+        assert_eq!(gemm.launches, 20);
+        assert!((gemm.share - 20.0 / 22.0).abs() < 1e-12);
+        assert_eq!(gemm.shapes.len(), MAX_SHAPES);
+        assert_eq!(
+            gemm.shapes[0],
+            Shape {
+                grid: [1, 1, 1],
+                block: [128, 1, 1],
+                launches: 3
+            }
+        );
+        assert_eq!(gemm.other_shapes, 2);
+        let unknown = &summary.kernels[1];
+        assert_eq!(
+            (unknown.kernel.as_str(), unknown.launches),
+            ("unknown@0x99", 2)
+        );
+        let launch = summary
+            .functions
+            .iter()
+            .find(|f| f.name == "cuLaunchKernel")
+            .unwrap();
+        assert_eq!((launch.count, launch.errors), (21, 1));
+    }
+
+    #[test]
+    fn text_output_names_everything() {
+        let mut script = Script::new(5);
+        script
+            .plain("cuInit")
+            .alloc(0x7f00_0000_0000, 262144)
+            .copy("cuMemcpyHtoD_v2", "HtoD", 262144)
+            .call("cuModuleGetFunction", |r| {
+                r.function = Some(Hex(0x10));
+                r.symbol = Some("_Z10vector_addPKfS0_Pfi".into());
+            })
+            .launch(0x10);
+        let report = report(&script);
+        let info = TraceInfo {
+            file: "t.jsonl".into(),
+            complete: true,
+            ..TraceInfo::default()
+        };
+        let text = render_text(&info, &report);
+        for needle in [
+            "Trace t.jsonl (complete)",
+            "5 calls (0 errors) in 1 process",
+            "vector_add(float const*, float const*, float*, int)",
+            "grid 1x1x1 block 32x1x1 ×1",
+            "HtoD       1 call   256.00 KiB  (262144 B)",
+            "pid 5: peak 256.00 KiB at +1.0 µs, final 256.00 KiB",
+            "262144 B device 0x7f0000000000 from cuMemAlloc_v2 at +1.0 µs",
+            "input preparation",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in\n{text}");
+        }
+        let short = render_short(&report);
+        assert_eq!(short.lines().count(), 5, "{short}");
+        assert!(short.contains(
+            "cudatrace: 1 launch of 1 kernel: vector_add(float const*, float const*, float*, int) ×1 (100%)"
+        ));
+        assert!(short.contains("peak 256.00 KiB, final 256.00 KiB, 1 leak (256.00 KiB)"));
+    }
+
+    #[test]
+    fn units_are_readable() {
+        assert_eq!(format_ns(999), "999 ns");
+        assert_eq!(format_ns(1500), "1.5 µs");
+        assert_eq!(format_ns(2_500_000), "2.50 ms");
+        assert_eq!(format_ns(3_000_000_000), "3.000 s");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(10_506_240), "10.02 MiB");
+        assert_eq!(shorten("abcdef", 4), "abc…");
+    }
+}
