@@ -14,6 +14,8 @@ pub mod kind {
     pub const CALL_DATA: u32 = 2;
     /// A traced process forked, exec'd or exited ([`super::ProcEvent`]).
     pub const PROC: u32 = 3;
+    /// NVIDIA kernel-driver activity: ioctl, mmap, Xid, kprobe ([`super::DriverEvent`]).
+    pub const DRIVER: u32 = 4;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -59,8 +61,10 @@ pub mod counter {
     pub const ENTRIES: u32 = 4;
     /// Ring-buffer reserve failed for a process (fork/exec/exit) event.
     pub const PROC_RING_FULL: u32 = 5;
+    /// Ring-buffer reserve failed for a driver (ioctl/mmap/xid/kprobe) event.
+    pub const DRIVER_RING_FULL: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
 }
 
 /// Which memory a probe captures (at return) into [`CallDataEvent::data`].
@@ -71,6 +75,34 @@ pub mod capture {
     /// `len` bytes pointed to by an argument (`CUlaunchConfig`, `CUDA_MEMCPY2D`...).
     pub const STRUCT: u32 = 2;
 }
+
+/// Driver event subtypes ([`DriverEvent::what`]).
+pub mod driver_event {
+    /// An ioctl on an NVIDIA device file (syscall tracepoints).
+    pub const IOCTL: u32 = 1;
+    /// An mmap of an NVIDIA device file (syscall tracepoints).
+    pub const MMAP: u32 = 2;
+    /// An Xid error (`nvidia:nvidia_dev_xid`).
+    pub const XID: u32 = 3;
+    /// A kernel function call (kprobe + kretprobe).
+    pub const KFUNC: u32 = 4;
+}
+
+/// Which NVIDIA device file an fd refers to ([`DriverEvent::device`]).
+pub mod device_kind {
+    pub const OTHER: u32 = 0;
+    /// `nvidiactl`
+    pub const CTL: u32 = 1;
+    /// `nvidia-uvm`, `nvidia-uvm-tools`
+    pub const UVM: u32 = 2;
+    /// `nvidiaN` (the index is in [`super::DriverEvent::device_index`])
+    pub const GPU: u32 = 3;
+}
+
+/// Bytes of an ioctl's parameter block kept (RM: control command at 8, class at 12).
+pub const IOCTL_PARAMS_LEN: usize = 32;
+/// Bytes of the device path prefix the loader can set (`/dev/nvidia` by default).
+pub const DEVICE_PREFIX_LEN: usize = 64;
 
 /// Process event subtypes ([`ProcEvent::what`]).
 pub mod proc_event {
@@ -158,6 +190,52 @@ pub struct ProcEvent {
     pub name: [u8; 64],
 }
 const _: () = assert!(size_of::<ProcEvent>() == 24 + 8 + 64);
+
+/// Activity of the NVIDIA kernel driver for a traced process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverEvent {
+    /// `ts_ns` is the entry time.
+    pub header: EventHeader,
+    /// One of [`driver_event`].
+    pub what: u32,
+    /// One of [`device_kind`] (ioctl, mmap).
+    pub device: u32,
+    /// The N of `nvidiaN`.
+    pub device_index: u32,
+    /// The file descriptor (ioctl, mmap).
+    pub fd: i32,
+    pub dur_ns: u64,
+    /// Syscall or function return value.
+    pub ret: i64,
+    /// ioctl: cmd; mmap: length; xid: error code; kfunc: function address.
+    pub a: u64,
+    /// ioctl: arg pointer; mmap: file offset; xid: device; kfunc: first argument.
+    pub b: u64,
+    /// mmap: prot; kfunc: second argument.
+    pub c: u64,
+    /// mmap: flags; kfunc: third argument.
+    pub d: u64,
+    /// ioctl: the parameter block (read at exit); xid: the message.
+    pub params: [u8; IOCTL_PARAMS_LEN],
+}
+const _: () = assert!(size_of::<DriverEvent>() == 24 + 16 + 48 + IOCTL_PARAMS_LEN);
+
+/// A driver syscall or function in flight on a thread, from entry to exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyscallFrame {
+    pub ts_ns: u64,
+    pub what: u32,
+    pub device: u32,
+    pub device_index: u32,
+    pub fd: i32,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+}
+const _: () = assert!(size_of::<SyscallFrame>() == 56);
 
 /// Self-test event: the probed test function's arguments or its return value.
 #[repr(C)]

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod calls;
+mod driver;
 mod maps;
 mod process;
 

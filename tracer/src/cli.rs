@@ -87,6 +87,22 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 16384, value_name = "KIB", value_parser = parse_ring_kib)]
     pub ring_kib: u32,
 
+    /// Also record what the NVIDIA kernel module does for the traced processes: ioctls
+    /// (escape code, RM control command or class), mmaps of /dev/nvidia*, Xid errors.
+    #[arg(long)]
+    pub kernel: bool,
+
+    /// How --kernel hooks the driver: `auto` (kprobes where the kernel has them and the
+    /// module is loaded, else the syscall tracepoints), `tracepoint`, `kprobe`, or a
+    /// comma-separated list of kernel functions to kprobe (old names such as nvidia_ioctl
+    /// are accepted as aliases of their replacements).
+    #[arg(long, default_value = "auto", value_name = "HOW")]
+    pub kernel_hooks: crate::kernel_hooks::HookChoice,
+
+    /// Path prefix of NVIDIA device files (tests point it at stand-in files).
+    #[arg(long, hide = true, value_name = "PREFIX")]
+    pub kernel_device_prefix: Option<String>,
+
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

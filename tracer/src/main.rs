@@ -5,6 +5,7 @@ mod catalog;
 mod cli;
 mod events;
 mod exit;
+mod kernel_hooks;
 mod libcuda;
 mod privileges;
 mod probes;

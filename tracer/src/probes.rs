@@ -102,6 +102,8 @@ pub fn plan(lib: &Libcuda) -> AttachPlan {
 pub struct LoadOptions {
     pub trace_all: bool,
     pub ring_bytes: u32,
+    /// Path prefix of NVIDIA device files (`--kernel`; tests point it elsewhere).
+    pub device_prefix: String,
 }
 
 /// Field offsets of the scheduler tracepoints on the running kernel.
@@ -180,7 +182,15 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let tracefs = tracefs()?;
     let offsets = tracepoint_offsets(&tracefs)?;
     let trace_all = u32::from(options.trace_all);
+    let (prefix, prefix_used) = crate::kernel_hooks::prefix_bytes(&options.device_prefix)?;
+    let (xid_code, xid_dev, xid_msg) =
+        crate::kernel_hooks::xid_offsets(&tracefs).unwrap_or((0, 0, 0));
     EbpfLoader::new()
+        .override_global("DEVICE_PREFIX", &prefix, true)
+        .override_global("DEVICE_PREFIX_USED", &prefix_used, true)
+        .override_global("XID_CODE_OFF", &xid_code, true)
+        .override_global("XID_DEV_OFF", &xid_dev, true)
+        .override_global("XID_MSG_OFF", &xid_msg, true)
         .override_global("TRACE_ALL", &trace_all, true)
         .override_global("NEWTASK_PID_OFF", &offsets.newtask_pid, true)
         .override_global("NEWTASK_FLAGS_OFF", &offsets.newtask_flags, true)
@@ -401,6 +411,7 @@ pub struct Counters {
     pub unmatched_returns: u64,
     pub entries: u64,
     pub process_ring_full: u64,
+    pub driver_ring_full: u64,
 }
 
 impl Counters {
@@ -411,7 +422,7 @@ impl Counters {
 
     /// All events the kernel had to drop.
     pub fn lost(&self) -> u64 {
-        self.calls_lost() + self.process_ring_full
+        self.calls_lost() + self.process_ring_full + self.driver_ring_full
     }
 }
 
@@ -438,6 +449,7 @@ impl CounterReader {
             unmatched_returns: sum(counter::UNMATCHED_RETURN)?,
             entries: sum(counter::ENTRIES)?,
             process_ring_full: sum(counter::PROC_RING_FULL)?,
+            driver_ring_full: sum(counter::DRIVER_RING_FULL)?,
         })
     }
 }

@@ -23,15 +23,19 @@ use tokio::{
 };
 use tracer_common::proc_event;
 
+use std::collections::HashMap;
+
 use crate::{
     analysis::summary::render_short,
     catalog::FnSpec,
     cli::RunArgs,
     events::{self, RawEvent, decode_call},
     exit::{ExitCode, Failure},
+    kernel_hooks,
     libcuda::{self, Libcuda},
     privileges::{self, TargetUser},
     probes::{self, AttachPlan, CounterReader, Counters, LoadOptions, MissingProbes},
+    sinks::jsonl::KernelHooksInfo,
     sinks::jsonl::{
         AttachFailureInfo, FORMAT_VERSION, Header, LibcudaInfo, LostLine, ProbeInfo, ProcessLine,
         TraceWriter,
@@ -112,6 +116,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         program,
         header_written: false,
         clocks,
+        kernel_hooks: None,
     };
     let outcome = session.trace(&mut writer);
     let (exit, error) = match outcome {
@@ -308,6 +313,8 @@ struct Session<'a> {
     program: Option<PathBuf>,
     header_written: bool,
     clocks: Clocks,
+    /// `--kernel`: what was chosen and hooked.
+    kernel_hooks: Option<KernelHooksInfo>,
 }
 
 fn uname() -> (String, String) {
@@ -329,6 +336,46 @@ fn uname() -> (String, String) {
 }
 
 impl Session<'_> {
+    fn device_prefix(&self) -> &str {
+        self.args
+            .kernel_device_prefix
+            .as_deref()
+            .unwrap_or(kernel_hooks::DEVICE_PREFIX)
+    }
+
+    /// `--kernel`: picks kprobes or tracepoints, says which and why, attaches them.
+    fn attach_kernel_hooks(&mut self, bpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+        let support = kernel_hooks::KernelSupport::probe(&probes::tracefs()?);
+        let plan = kernel_hooks::plan(&self.args.kernel_hooks, &support)?;
+        let functions = kernel_hooks::attach(bpf, &plan)?;
+        for pid in pids {
+            kernel_hooks::seed_open_fds(bpf, *pid, self.device_prefix())?;
+        }
+        if !self.args.quiet {
+            let what = match plan.mechanism {
+                "kprobe" => format!("kprobes on {}", functions.join(", ")),
+                _ => format!(
+                    "the ioctl/mmap syscall tracepoints on {}*",
+                    self.device_prefix()
+                ),
+            };
+            let xid = if plan.xid {
+                " and nvidia:nvidia_dev_xid"
+            } else {
+                ""
+            };
+            eprintln!("cudatrace: --kernel: {what}{xid} ({})", plan.reason);
+        }
+        self.kernel_hooks = Some(KernelHooksInfo {
+            mechanism: plan.mechanism,
+            reason: plan.reason,
+            functions,
+            xid: plan.xid,
+            device_prefix: self.device_prefix().to_owned(),
+        });
+        Ok(())
+    }
+
     fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
         let (host, kernel) = uname();
         let mode = if self.args.all {
@@ -385,6 +432,7 @@ impl Session<'_> {
             missing_functions: self.plan.missing.clone(),
             aliases: self.plan.aliases.clone(),
             attach_failures: failures,
+            kernel_hooks: self.kernel_hooks.clone(),
         }
     }
 
@@ -393,6 +441,7 @@ impl Session<'_> {
         let mut bpf = probes::load(&LoadOptions {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
+            device_prefix: self.device_prefix().to_owned(),
         })
         .map_err(internal)?;
         let mut attached = probes::Attached::default();
@@ -420,6 +469,10 @@ impl Session<'_> {
         let mut pids = self.args.pids.clone();
         for pid in &pids {
             probes::trace_pid(&mut bpf, *pid).map_err(internal)?;
+        }
+        if self.args.kernel {
+            self.attach_kernel_hooks(&mut bpf, &pids)
+                .map_err(internal)?;
         }
 
         // Fork before any thread exists; the child waits at the gate.
@@ -522,6 +575,8 @@ fn pidfd_open(pid: u32) -> Result<OwnedFd> {
 struct EventSink<'a> {
     plan: &'a AttachPlan,
     undecodable: u64,
+    /// Kernel function names by address, for kprobe events.
+    kernel_functions: HashMap<u64, String>,
 }
 
 impl EventSink<'_> {
@@ -537,6 +592,9 @@ impl EventSink<'_> {
                 // Kernel names and live bytes go into the line itself.
                 writer.analysis.observe(&mut record);
                 writer.call(&record)
+            }
+            Ok(RawEvent::Driver(event)) => {
+                writer.driver(&kernel_hooks::decode(&event, &self.kernel_functions))
             }
             Ok(RawEvent::Proc(event)) => {
                 let text = events::c_string(&event.name);
@@ -581,6 +639,11 @@ fn report_loss(
             last.process_ring_full,
             now.process_ring_full,
         ),
+        (
+            "driver_ring_full",
+            last.driver_ring_full,
+            now.driver_ring_full,
+        ),
     ] {
         if after > before {
             writer.lost(&LostLine {
@@ -596,6 +659,7 @@ fn report_loss(
     writer.footer.lost.too_deep = now.too_deep;
     writer.footer.lost.frames_full = now.frames_full;
     writer.footer.lost.process_ring_full = now.process_ring_full;
+    writer.footer.lost.driver_ring_full = now.driver_ring_full;
     writer.footer.lost.calls = now.calls_lost();
     writer.footer.lost.total = now.lost();
     writer.footer.entries_seen = now.entries;
@@ -637,9 +701,17 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    let kernel_functions = match kernel_hooks::kallsyms() {
+        Ok(symbols) => symbols
+            .into_iter()
+            .map(|(name, address)| (address, name))
+            .collect(),
+        Err(_) => HashMap::new(),
+    };
     let mut sink = EventSink {
         plan,
         undecodable: 0,
+        kernel_functions,
     };
     let mut last = Counters::default();
     let mut progress = Progress::new(quiet);

@@ -8,7 +8,9 @@ pub use call::{CallRecord, Hex, decode_call};
 
 use std::mem::size_of;
 
-use tracer_common::{CallDataEvent, CallEvent, DATA_LEN, EventHeader, ProcEvent, kind};
+use tracer_common::{
+    CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, ProcEvent, kind,
+};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -31,6 +33,7 @@ pub enum RawEvent {
         data: Option<Vec<u8>>,
     },
     Proc(ProcEvent),
+    Driver(DriverEvent),
 }
 
 fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
@@ -63,6 +66,7 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
             })
         }
         kind::PROC => Ok(RawEvent::Proc(read(bytes, "process event")?)),
+        kind::DRIVER => Ok(RawEvent::Driver(read(bytes, "driver event")?)),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }

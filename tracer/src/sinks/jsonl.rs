@@ -62,6 +62,23 @@ pub struct Header {
     pub missing_functions: Vec<&'static str>,
     pub aliases: Vec<(String, String)>,
     pub attach_failures: Vec<AttachFailureInfo>,
+    /// `--kernel`: the driver hooks in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_hooks: Option<KernelHooksInfo>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelHooksInfo {
+    /// `kprobe` or `tracepoint`.
+    pub mechanism: &'static str,
+    /// Why it was chosen.
+    pub reason: String,
+    /// Kernel functions with kprobes (kprobe mechanism).
+    pub functions: Vec<String>,
+    /// Whether `nvidia:nvidia_dev_xid` is attached.
+    pub xid: bool,
+    /// Files whose path starts with this are NVIDIA device files.
+    pub device_prefix: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -74,6 +91,8 @@ pub struct LostCounts {
     pub frames_full: u64,
     /// Process (fork/exec/exit) events dropped because the ring buffer was full.
     pub process_ring_full: u64,
+    /// Driver (`--kernel`) events dropped because the ring buffer was full.
+    pub driver_ring_full: u64,
     /// Call events lost: `ring_full + too_deep + frames_full`.
     pub calls: u64,
     /// Everything lost.
@@ -85,6 +104,8 @@ pub struct EventCounts {
     pub call: u64,
     pub process: u64,
     pub lost: u64,
+    /// `"type":"driver"` lines (`--kernel`).
+    pub driver: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -190,6 +211,11 @@ impl TraceWriter {
     pub fn process(&mut self, line: &ProcessLine<'_>) -> io::Result<()> {
         self.footer.events.process += 1;
         self.line(line)
+    }
+
+    pub fn driver(&mut self, record: &crate::kernel_hooks::DriverRecord) -> io::Result<()> {
+        self.footer.events.driver += 1;
+        self.line(record)
     }
 
     pub fn lost(&mut self, line: &LostLine) -> io::Result<()> {
