@@ -6,9 +6,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{map, uprobe, uretprobe},
+    macros::{fentry, kprobe, map, tracepoint, uprobe, uretprobe},
     maps::RingBuf,
-    programs::{ProbeContext, RetProbeContext},
+    programs::{FEntryContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use aya_log_ebpf::info;
 use tracer_common::{EventHeader, SelftestEvent, kind};
@@ -48,6 +48,23 @@ fn emit(event_kind: u32, arg0: u64, arg1: u64, ret: u64) {
         ret,
     };
     let _ = SELFTEST_EVENTS.output::<SelftestEvent>(&event, 0);
+}
+
+/// `cudatrace doctor` loads and attaches these empty programs to learn what the kernel
+/// allows: each either loads and attaches or fails with the kernel's reason.
+#[kprobe]
+pub fn doctor_kprobe(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[fentry(function = "do_sys_openat2")]
+pub fn doctor_fentry(_ctx: FEntryContext) -> u32 {
+    0
+}
+
+#[tracepoint]
+pub fn doctor_tracepoint(_ctx: TracePointContext) -> u32 {
+    0
 }
 
 #[cfg(not(test))]

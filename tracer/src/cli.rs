@@ -35,6 +35,10 @@ pub enum Command {
     /// Summarise a trace: time per function, kernels, copies, device memory and leaks,
     /// and the stages of the run.
     Summary(SummaryArgs),
+    /// Say what this machine allows: uprobes, uprobe_multi, kprobes, fentry, BTF,
+    /// tracepoints, the NVIDIA module, libcuda and privileges. Each check loads and
+    /// attaches a real program. Exits 0 when `run` can trace here, 1 otherwise.
+    Doctor(crate::doctor::DoctorArgs),
     /// Check that uprobes, the ring buffer and aya-log work here (used by the tests).
     #[command(hide = true)]
     Selftest(crate::selftest::SelftestArgs),

@@ -3,6 +3,7 @@
 mod analysis;
 mod catalog;
 mod cli;
+mod doctor;
 mod events;
 mod exit;
 mod kernel_hooks;
@@ -25,6 +26,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Summary(args) => summary::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
     };
     match result {

@@ -473,6 +473,7 @@ mod tests {
         let mut bpf = probes::load(&LoadOptions {
             trace_all: false,
             ring_bytes: 1 << 22,
+            device_prefix: crate::kernel_hooks::DEVICE_PREFIX.into(),
         })
         .unwrap();
         let mut specs: Array<_, ProbeSpec> =

@@ -1,0 +1,305 @@
+//! `cudatrace doctor`: what this machine allows, and why. Every check that can be tried
+//! is tried for real (a program loaded and attached), not guessed from config files.
+
+use std::{
+    fs,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::RingBuf,
+    programs::{
+        FEntry, KProbe, TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeScope},
+    },
+};
+use clap::Args;
+use serde::Serialize;
+use tracer_common::{SelftestEvent, kind};
+
+use crate::{exit::Failure, kernel_hooks, libcuda, privileges, probes, uprobe_multi};
+
+static SELFTEST_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_SELFTEST_OBJ"));
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The libcuda to check (default: the same search as `run`).
+    #[arg(long, value_name = "PATH")]
+    pub libcuda: Option<std::path::PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    /// What was found, or the kernel's reason for refusing.
+    pub detail: String,
+    /// Whether cudatrace needs this for `run` (without --kernel).
+    pub required: bool,
+}
+
+fn check(name: &'static str, required: bool, result: Result<String>) -> Check {
+    match result {
+        Ok(detail) => Check {
+            name,
+            ok: true,
+            detail,
+            required,
+        },
+        Err(error) => Check {
+            name,
+            ok: false,
+            detail: format!("{error:#}"),
+            required,
+        },
+    }
+}
+
+/// A function in this binary for the uprobe check to probe.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn cudatrace_doctor_target(a: u64, b: u64) -> u64 {
+    std::hint::black_box(a.wrapping_mul(3).wrapping_add(b))
+}
+
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<String>>>);
+
+impl log::Log for Collector {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        self.0.lock().unwrap().push(record.args().to_string());
+    }
+    fn flush(&self) {}
+}
+
+/// uprobe + uretprobe on this binary, ring buffer, aya-log: the whole data path.
+fn uprobe_check(bpf: &mut Ebpf) -> Result<String> {
+    let collector = Collector::default();
+    let mut logger = aya_log::EbpfLogger::init_with_logger(bpf, collector.clone())
+        .context("starting aya-log")?;
+    let exe = fs::read_link("/proc/self/exe").context("reading /proc/self/exe")?;
+    for name in ["selftest_return", "selftest_enter"] {
+        let program: &mut UProbe = bpf
+            .program_mut(name)
+            .context("program missing")?
+            .try_into()?;
+        program.load()?;
+        program.attach(
+            UProbeAttachLocation::Symbol("cudatrace_doctor_target"),
+            &exe,
+            UProbeScope::CallingProcess,
+        )?;
+    }
+    for i in 0..3 {
+        std::hint::black_box(cudatrace_doctor_target(i, 100 + i));
+    }
+    let mut ring = RingBuf::try_from(bpf.take_map("SELFTEST_EVENTS").context("map missing")?)?;
+    let (mut entries, mut returns) = (0, 0);
+    while let Some(item) = ring.next() {
+        if item.len() >= size_of::<SelftestEvent>() {
+            // SAFETY: length checked; SelftestEvent is plain data.
+            let event: SelftestEvent =
+                unsafe { item.as_ptr().cast::<SelftestEvent>().read_unaligned() };
+            match event.header.kind {
+                kind::SELFTEST_ENTRY => entries += 1,
+                kind::SELFTEST_RETURN => returns += 1,
+                _ => {}
+            }
+        }
+    }
+    logger.flush();
+    let logs = collector.0.lock().unwrap().len();
+    if (entries, returns, logs) != (3, 3, 3) {
+        return Err(anyhow!(
+            "3 calls gave {entries} entry events, {returns} return events, {logs} log lines"
+        ));
+    }
+    Ok("3 calls seen at entry and return through the ring buffer; aya-log works".into())
+}
+
+fn kprobe_check(bpf: &mut Ebpf) -> Result<String> {
+    let program: &mut KProbe = bpf
+        .program_mut("doctor_kprobe")
+        .context("program missing")?
+        .try_into()?;
+    program.load()?;
+    program.attach("do_sys_openat2", 0).map_err(|e| {
+        anyhow!("{e:#}: the kernel has no kprobes (CONFIG_KPROBES unset?); --kernel uses the syscall tracepoints instead")
+    })?;
+    Ok("attached a kprobe to do_sys_openat2".into())
+}
+
+fn fentry_check(bpf: &mut Ebpf) -> Result<String> {
+    let btf = Btf::from_sys_fs().context("reading /sys/kernel/btf/vmlinux")?;
+    let program: &mut FEntry = bpf
+        .program_mut("doctor_fentry")
+        .context("program missing")?
+        .try_into()?;
+    program
+        .load("do_sys_openat2", &btf)
+        .map_err(|e| anyhow!("{e:#} (cudatrace does not need fentry)"))?;
+    program.attach()?;
+    Ok("loaded and attached an fentry program on do_sys_openat2".into())
+}
+
+fn tracepoint_check(bpf: &mut Ebpf) -> Result<String> {
+    let program: &mut TracePoint = bpf
+        .program_mut("doctor_tracepoint")
+        .context("program missing")?
+        .try_into()?;
+    program.load()?;
+    program.attach("syscalls", "sys_enter_ioctl")?;
+    Ok("attached to syscalls:sys_enter_ioctl".into())
+}
+
+fn exists(path: &str) -> Result<String> {
+    if Path::new(path).exists() {
+        Ok(path.into())
+    } else {
+        Err(anyhow!("{path} is missing"))
+    }
+}
+
+pub fn checks(args: &DoctorArgs) -> Vec<Check> {
+    let mut checks = vec![check(
+        "privileges",
+        true,
+        privileges::check()
+            .map(|()| "root, or CAP_BPF and CAP_PERFMON".into())
+            .map_err(Into::into),
+    )];
+    let uname = {
+        let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+        // SAFETY: uname fills the struct.
+        unsafe { libc::uname(&mut uts) };
+        let release: Vec<u8> = uts
+            .release
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8_lossy(&release).into_owned()
+    };
+    checks.push(Check {
+        name: "kernel",
+        ok: true,
+        detail: uname,
+        required: false,
+    });
+    checks.push(check("btf", false, exists("/sys/kernel/btf/vmlinux")));
+    checks.push(check(
+        "tracefs",
+        true,
+        probes::tracefs().map(|p| p.display().to_string()),
+    ));
+    let mut bpf = EbpfLoader::new()
+        .load(SELFTEST_OBJECT)
+        .context("loading the self-test object");
+    match &mut bpf {
+        Ok(bpf) => {
+            checks.push(check("uprobes", true, uprobe_check(bpf)));
+            checks.push(check(
+                "uprobe_multi",
+                false,
+                if uprobe_multi::supported() {
+                    Ok("one link per program: fast attach and detach".into())
+                } else {
+                    Err(anyhow!(
+                        "kernel before 6.6: one perf-event link per symbol (slower detach)"
+                    ))
+                },
+            ));
+            checks.push(check("kprobes", false, kprobe_check(bpf)));
+            checks.push(check("fentry", false, fentry_check(bpf)));
+            checks.push(check("syscall_tracepoints", false, tracepoint_check(bpf)));
+        }
+        Err(error) => checks.push(Check {
+            name: "ebpf",
+            ok: false,
+            detail: format!("{error:#}"),
+            required: true,
+        }),
+    }
+    let tracefs = probes::tracefs().unwrap_or_else(|_| "/sys/kernel/tracing".into());
+    let support = kernel_hooks::KernelSupport::probe(&tracefs);
+    checks.push(check(
+        "nvidia_module",
+        false,
+        support
+            .nvidia_module
+            .clone()
+            .map(|version| {
+                let btf = if Path::new("/sys/kernel/btf/nvidia").exists() {
+                    ", module BTF"
+                } else {
+                    ""
+                };
+                format!("loaded, version {version}{btf}")
+            })
+            .ok_or_else(|| anyhow!("not loaded (no /sys/module/nvidia)")),
+    ));
+    checks.push(check(
+        "xid_tracepoint",
+        false,
+        if support.xid_tracepoint {
+            Ok("nvidia:nvidia_dev_xid".into())
+        } else {
+            Err(anyhow!("nvidia:nvidia_dev_xid not present"))
+        },
+    ));
+    let hooks = kernel_hooks::plan(&kernel_hooks::HookChoice::Auto, &support)
+        .map(|plan| format!("--kernel would use {}: {}", plan.mechanism, plan.reason));
+    checks.push(check("kernel_hooks", false, hooks));
+    let lib = libcuda::find(args.libcuda.as_deref())
+        .map_err(anyhow::Error::from)
+        .and_then(|path| libcuda::Libcuda::open(&path).map_err(Into::into))
+        .map(|lib| {
+            let plan = probes::plan(&lib);
+            format!(
+                "{}; {} probe points, {} catalog functions missing",
+                lib.describe(),
+                plan.probes.len(),
+                plan.missing.len()
+            )
+        });
+    checks.push(check("libcuda", true, lib));
+    checks
+}
+
+/// Prints the checks; exits 0 when `run` can work here, 1 otherwise.
+pub fn run(args: DoctorArgs) -> Result<i32, Failure> {
+    let checks = checks(&args);
+    let ready = checks.iter().all(|c| c.ok || !c.required);
+    if args.json {
+        println!("{}", serde_json::json!({"ready": ready, "checks": checks}));
+    } else {
+        for c in &checks {
+            let mark = if c.ok {
+                "ok  "
+            } else if c.required {
+                "FAIL"
+            } else {
+                "no  "
+            };
+            println!("{mark} {:<20} {}", c.name, c.detail);
+        }
+        println!(
+            "{}",
+            if ready {
+                "cudatrace run can trace here."
+            } else {
+                "cudatrace run cannot trace here: fix the FAIL lines."
+            }
+        );
+    }
+    Ok(if ready { 0 } else { 1 })
+}
