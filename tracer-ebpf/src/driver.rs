@@ -99,6 +99,9 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> u32 {
     0
 }
 
+// Inlined: code left in .text would be relinked into every program that uprobe_multi
+// loads by hand, with relocations against maps it does not use.
+#[inline(always)]
 fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     let (_, tgid, tid) = current();
     let filename = *unsafe { PENDING_OPEN.get(&tid) }?;
@@ -228,6 +231,9 @@ pub fn sys_exit_mmap(ctx: TracePointContext) -> u32 {
     0
 }
 
+// Inlined: code left in .text would be relinked into every program that uprobe_multi
+// loads by hand, with relocations against maps it does not use.
+#[inline(always)]
 fn try_sys_exit(ctx: &TracePointContext, what: u32) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
     let (pid_tgid, _, tid) = current();
@@ -295,6 +301,9 @@ pub fn nvidia_dev_xid(ctx: TracePointContext) -> u32 {
     0
 }
 
+// Inlined: code left in .text would be relinked into every program that uprobe_multi
+// loads by hand, with relocations against maps it does not use.
+#[inline(always)]
 fn try_xid(ctx: &TracePointContext) -> Option<()> {
     // Xids are rare and machine-wide news: reported whichever process is running.
     let (pid_tgid, _, _) = current();

@@ -523,4 +523,24 @@ mod tests {
         assert!(!plan.missing.contains(&"cuMemAlloc_v2"));
         assert_eq!(plan.missing.len(), CATALOG.len() - 3);
     }
+
+    #[test]
+    fn shared_text_code_touches_no_maps() {
+        // uprobe_multi relinks every .text function into each program it loads by hand;
+        // a map reference there breaks relocation (keep eBPF helpers inline(always)).
+        use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+        let elf = object::File::parse(PROBES_OBJECT).unwrap();
+        let text = elf.section_by_name(".text").unwrap();
+        for (offset, relocation) in text.relocations() {
+            if let RelocationTarget::Symbol(index) = relocation.target() {
+                let symbol = elf.symbol_by_index(index).unwrap();
+                assert_ne!(
+                    symbol.kind(),
+                    object::SymbolKind::Data,
+                    ".text+{offset:#x} refers to {}",
+                    symbol.name().unwrap()
+                );
+            }
+        }
+    }
 }

@@ -594,7 +594,15 @@ impl EventSink<'_> {
                 writer.call(&record)
             }
             Ok(RawEvent::Driver(event)) => {
-                writer.driver(&kernel_hooks::decode(&event, &self.kernel_functions))
+                let record = kernel_hooks::decode(&event, &self.kernel_functions);
+                // The summary's driver section reads the same fields as `cudatrace summary` does.
+                let line = serde_json::to_value(&record)
+                    .map_err(|e| e.to_string())
+                    .and_then(|value| crate::analysis::driver::DriverLine::from_value(&value));
+                if let Ok(line) = line {
+                    writer.analysis.driver(&line);
+                }
+                writer.driver(&record)
             }
             Ok(RawEvent::Proc(event)) => {
                 let text = events::c_string(&event.name);

@@ -65,6 +65,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             summary: &result.report.summary,
             memory: &result.report.memory,
             stages: &result.report.stages,
+            driver: &result.report.driver,
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;

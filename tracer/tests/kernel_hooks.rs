@@ -111,6 +111,33 @@ fn tracepoints_report_nvidia_ioctls_and_mmaps_with_rm_parameters() {
         assert!(line["dur_ns"].as_u64().unwrap() > 0);
     }
     assert_eq!(trace.last().unwrap()["events"]["driver"], 4);
+
+    let summary = Command::new(CUDATRACE)
+        .args(["summary", "--json"])
+        .arg(&trace_path)
+        .output()
+        .unwrap();
+    assert!(summary.status.success(), "{}", stderr(&summary));
+    let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
+    let driver = &summary["driver"];
+    assert_eq!(driver["events"], 4);
+    let rows = driver["by_call"].as_array().unwrap();
+    let row = |what: &str| {
+        rows.iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("{what}: {rows:?}"))
+    };
+    assert_eq!(
+        (
+            row("NV_ESC_RM_CONTROL")["count"].as_u64(),
+            row("NV_ESC_RM_CONTROL")["errors"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(row("NV_ESC_RM_ALLOC")["count"], 1);
+    assert_eq!(row("UVM_INITIALIZE")["count"], 1);
+    assert_eq!(row("mmap nvidia0")["errors"], 0);
+    assert_eq!(driver["rm_alloc_classes"][0]["what"], "0xc86f");
 }
 
 #[test]

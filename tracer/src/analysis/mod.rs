@@ -6,6 +6,7 @@
 //! therefore compute the same figures. Its memory grows with the number of distinct
 //! functions, kernels, live handles and live allocations, never with the number of calls.
 
+pub mod driver;
 pub mod kernels;
 pub mod memory;
 pub mod reader;
@@ -161,6 +162,7 @@ pub struct Analysis {
     processes: HashMap<u32, ProcessState>,
     finished: Vec<Finished>,
     summary: SummaryAccumulator,
+    driver: driver::DriverAccumulator,
 }
 
 impl Analysis {
@@ -173,6 +175,11 @@ impl Analysis {
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
         self.summary.observe(role, record);
+    }
+
+    /// A `"type":"driver"` line (`--kernel`).
+    pub fn driver(&mut self, line: &driver::DriverLine) {
+        self.driver.observe(line);
     }
 
     /// A `process` line: `exec` and `exit` end the process's handle and memory tables
@@ -209,6 +216,7 @@ impl Analysis {
             summary: self.summary.finish(),
             memory,
             stages,
+            driver: self.driver.finish(),
         }
     }
 }
@@ -218,6 +226,8 @@ pub struct Report {
     pub summary: Summary,
     pub memory: Vec<ProcessMemory>,
     pub stages: Vec<ProcessStages>,
+    /// NVIDIA driver activity (`--kernel` traces).
+    pub driver: driver::DriverSummary,
 }
 
 /// The footer's `memory` object.

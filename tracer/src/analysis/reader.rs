@@ -13,6 +13,8 @@ pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// One line of a trace, as far as the summary needs it.
 #[derive(Debug, PartialEq)]
 pub enum TraceLine {
+    /// A `--kernel` driver line.
+    Driver(super::driver::DriverLine),
     Header {
         command: Vec<String>,
     },
@@ -97,6 +99,7 @@ pub fn parse_line(line: &[u8]) -> Result<TraceLine, String> {
                 event: event.to_owned(),
             })
         }
+        "driver" => super::driver::DriverLine::from_value(&value).map(TraceLine::Driver),
         "lost" => Ok(TraceLine::Lost {
             count: number("count").ok_or("lost line: no \"count\" number")?,
         }),
@@ -197,6 +200,7 @@ pub fn summarise(
         match parsed {
             Ok(TraceLine::Call(mut record)) => analysis.observe(&mut record),
             Ok(TraceLine::Process { pid, event }) => analysis.process_event(pid, &event),
+            Ok(TraceLine::Driver(line)) => analysis.driver(&line),
             Ok(TraceLine::Header { command }) => info.command = command,
             Ok(TraceLine::Lost { count }) => lost_lines = lost_lines.saturating_add(count),
             Ok(TraceLine::Footer { lost, exit_code }) => {

@@ -320,6 +320,49 @@ pub struct SummaryJson<'a> {
     pub summary: &'a Summary,
     pub memory: &'a [ProcessMemory],
     pub stages: &'a [ProcessStages],
+    /// Present for `--kernel` traces.
+    #[serde(skip_serializing_if = "is_empty_driver")]
+    pub driver: &'a super::driver::DriverSummary,
+}
+
+fn is_empty_driver(driver: &&super::driver::DriverSummary) -> bool {
+    driver.events == 0
+}
+
+fn render_driver(out: &mut String, driver: &super::driver::DriverSummary) {
+    if driver.events == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nNVIDIA driver (--kernel): {} in {}",
+        plural(driver.events, "event"),
+        format_ns(driver.total_ns)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<8} {:<40} {:>7} {:>6} {:>11}",
+        "hook", "call", "count", "errors", "total"
+    );
+    for row in driver.by_call.iter().take(25) {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<40} {:>7} {:>6} {:>11}",
+            row.hook,
+            shorten(&row.what, 40),
+            row.count,
+            row.errors,
+            format_ns(row.total_ns)
+        );
+    }
+    if !driver.rm_alloc_classes.is_empty() {
+        let classes: Vec<String> = driver
+            .rm_alloc_classes
+            .iter()
+            .map(|c| format!("{} ×{} ({})", c.what, c.count, format_ns(c.total_ns)))
+            .collect();
+        let _ = writeln!(out, "  NV_ESC_RM_ALLOC by class: {}", classes.join(", "));
+    }
 }
 
 pub fn format_ns(ns: u64) -> String {
@@ -534,10 +577,30 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
             );
         }
     }
+    render_driver(&mut out, &report.driver);
     out
 }
 
 /// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
+fn render_driver_short(out: &mut String, driver: &super::driver::DriverSummary) {
+    if driver.events == 0 {
+        return;
+    }
+    let top: Vec<String> = driver
+        .by_call
+        .iter()
+        .take(4)
+        .map(|r| format!("{} ×{} ({})", r.what, r.count, format_ns(r.total_ns)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "cudatrace: driver: {} in {}: {}",
+        plural(driver.events, "event"),
+        format_ns(driver.total_ns),
+        top.join(", ")
+    );
+}
+
 pub fn render_short(report: &Report) -> String {
     let summary = &report.summary;
     let mut out = String::new();
@@ -622,6 +685,7 @@ pub fn render_short(report: &Report) -> String {
             stages.join(", ")
         );
     }
+    render_driver_short(&mut out, &report.driver);
     out
 }
 
