@@ -17,6 +17,10 @@ def main():
     pids = set()
     header = footer = None
     other_types = collections.Counter()
+    driver = collections.Counter()
+    driver_pids = collections.Counter()
+    rm_classes = collections.Counter()
+    driver_ns = collections.Counter()
     with open(path) as trace:
         for line in trace:
             rec = json.loads(line)
@@ -33,6 +37,15 @@ def main():
                 if "kind" in rec:
                     copies[rec["kind"]][0] += 1
                     copies[rec["kind"]][1] += rec.get("bytes", 0)
+            elif kind == "driver":
+                key = (rec["hook"], rec.get("device"), rec.get("escape_name")
+                       or (f"escape {rec['escape']:#x}" if "escape" in rec else None)
+                       or rec.get("uvm_name") or rec.get("cmd"))
+                driver[key] += 1
+                driver_ns[key] += rec["dur_ns"]
+                driver_pids[rec["pid"]] += 1
+                if "rm_class" in rec:
+                    rm_classes[rec["rm_class"]] += 1
             else:
                 other_types[kind] += 1
     print(f"libcuda: {header['libcuda']}")
@@ -45,6 +58,11 @@ def main():
         print(f"copies {kind}: {count} calls, {nbytes} bytes")
     for (name, err), count in sorted(errors.items()):
         print(f"errors {name} {err}: {count}")
+    if driver:
+        print(f"driver events: {sum(driver.values())}, by pid: {dict(driver_pids)}")
+        for key, count in sorted(driver.items(), key=lambda kv: -kv[1]):
+            print(f"  driver {key}: {count} ({driver_ns[key] / 1e3:.0f} us)")
+        print(f"  RM_ALLOC classes: {dict(rm_classes.most_common())}")
     if footer is None:
         print("NO FOOTER")
     else:

@@ -23,6 +23,11 @@ trace() {
     python3 "$here/trace_counts.py" "$out/$name.jsonl" | tee "$out/$name.counts.txt"
 }
 
+"$cudatrace" doctor | tee "$out/doctor.txt"
 trace simple -- python3 "$here/simple_inference.py"
 trace transformer -- python3 "$here/transformer_inference.py"
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True trace simple_vmm -- python3 "$here/simple_inference.py"
+trace simple_kernel --kernel -- python3 "$here/simple_inference.py"
+for name in simple transformer simple_vmm simple_kernel; do
+    "$cudatrace" summary "$out/$name.jsonl" >"$out/$name.summary.txt" 2>&1
+done
