@@ -757,6 +757,22 @@ EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, si
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                 CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)us; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N,
+                                      CUstream hStream)
+{
+    TOUCH();
+    (void)dstDevice; (void)us; (void)N; (void)hStream;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                  CUstream hStream)
 {
@@ -1075,7 +1091,8 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     X(cuMemcpy3D_v2_ptds) X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz)           \
     X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuMemsetD16_v2) X(cuMemsetD16_v2_ptds)  \
     X(cuMemsetD32_v2) X(cuMemsetD32_v2_ptds) X(cuMemsetD8Async)                      \
-    X(cuMemsetD8Async_ptsz) X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz)             \
+    X(cuMemsetD8Async_ptsz) X(cuMemsetD16Async) X(cuMemsetD16Async_ptsz)             \
+    X(cuMemsetD32Async) X(cuMemsetD32Async_ptsz)                                     \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx)                     \
     X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)                            \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)         \

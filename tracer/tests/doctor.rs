@@ -45,7 +45,7 @@ fn doctor_reports_what_this_kernel_allows() {
     );
     let libcuda = check("libcuda")["detail"].as_str().unwrap();
     assert!(
-        libcuda.contains("STAND-IN") && libcuda.contains("100 probe points"),
+        libcuda.contains("STAND-IN") && libcuda.contains("102 probe points"),
         "{libcuda}"
     );
 

@@ -71,6 +71,9 @@ pub fn demo() -> Result<()> {
              (a fake driver, labelled as such in the trace)"
         );
         args.extend([
+            // The stand-in leaves out the legacy 32-bit entry points on purpose.
+            "--missing-probes".into(),
+            "ignore".into(),
             "--libcuda".into(),
             out.join("libcuda.so.1").display().to_string(),
             "--".into(),
