@@ -6,8 +6,10 @@ mod cli;
 mod doctor;
 mod events;
 mod exit;
+mod export;
 mod kernel_hooks;
 mod libcuda;
+mod plot;
 mod privileges;
 mod probes;
 mod run;
@@ -15,7 +17,13 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
+mod trace_lines;
 mod uprobe_multi;
+
+/// The hand-written traces of the export and plot CLI tests, for their unit tests too.
+#[cfg(test)]
+#[path = "../tests/traces/mod.rs"]
+mod test_traces;
 
 use clap::Parser;
 
@@ -26,6 +34,8 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Summary(args) => summary::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
     };

@@ -168,6 +168,16 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     if !args.quiet {
         eprint!("{}", render_short(&analysis));
     }
+    match (args.export, output_label == "stdout") {
+        (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
+        (Some(format), false) => {
+            let exported = crate::export::after_run(Path::new(&output_label), format);
+            if let (Some(path), Some(user)) = (exported, user.as_ref()) {
+                let _ = privileges::chown_to(&path, user);
+            }
+        }
+        (None, _) => {}
+    }
     Ok(exit.process_exit_code())
 }
 

@@ -82,14 +82,18 @@ impl KernelTable {
                 ) else {
                     return;
                 };
-                let truncated = record.warnings.iter().any(|w| w == "string_truncated");
-                let name = names.get(symbol, truncated);
                 let table = if role == Role::GetFunction {
                     &mut self.functions
                 } else {
                     &mut self.kernels
                 };
-                table.insert(handle, name);
+                // An unreadable name (empty) must not name launches: they stay unknown@.
+                if symbol.is_empty() {
+                    table.remove(&handle);
+                    return;
+                }
+                let truncated = record.warnings.iter().any(|w| w == "string_truncated");
+                table.insert(handle, names.get(symbol, truncated));
             }
             Role::KernelGetFunction if ok => {
                 let (Some(Hex(kernel)), Some(Hex(function))) =
@@ -250,6 +254,23 @@ mod tests {
         let records = analyse(&script);
         assert_eq!(kernel(&records[1]), (Some("unknown@0x3000"), None));
         assert_eq!(kernel(&records[3]), (Some("unknown@0x4000"), None));
+    }
+
+    #[test]
+    fn unreadable_names_leave_launches_unknown() {
+        let mut analysis = Analysis::default();
+        let mut script = Script::new(10);
+        script.call("cuLibraryGetKernel", |r| {
+            r.kernel_handle = Some(Hex(0x5000));
+            r.symbol = Some(String::new());
+            r.warnings.push("entry_read_failed".into());
+        });
+        script.launch(0x5000);
+        let mut records = script.records.clone();
+        for record in &mut records {
+            analysis.observe(record);
+        }
+        assert_eq!(records[1].kernel.as_deref(), Some("unknown@0x5000"));
     }
 
     #[test]

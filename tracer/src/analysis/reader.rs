@@ -119,7 +119,11 @@ pub fn parse_line(line: &[u8]) -> Result<TraceLine, String> {
 
 /// Reads one line into `buf` (newline and a trailing CR removed). `Ok(None)` at the end;
 /// `Ok(Some(false))` for a line over `max` bytes, which is consumed but not kept.
-fn read_line(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Option<bool>> {
+pub fn read_line(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Option<bool>> {
     buf.clear();
     let mut read_any = false;
     let mut too_long = false;

@@ -1,0 +1,202 @@
+//! The few messages of Perfetto's trace format that `--format perfetto` writes, with the
+//! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto and
+//! track_event/{track_event,track_descriptor,process_descriptor,thread_descriptor,
+//! counter_descriptor,debug_annotation}.proto. Fields not listed are never written.
+//!
+//! Self-contained (only `prost`): the CLI tests include this file to decode exports.
+
+use std::collections::HashMap;
+
+/// `Trace`: the file is its `packet` field repeated, so packets can be streamed.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Trace {
+    #[prost(message, repeated, tag = "1")]
+    pub packet: Vec<TracePacket>,
+}
+
+/// Tag of `Trace.packet` (field 1, length-delimited) before each streamed packet.
+pub const TRACE_PACKET_TAG: u8 = (1 << 3) | 2;
+
+/// `TracePacket.sequence_flags`: SEQ_INCREMENTAL_STATE_CLEARED (the first packet) and
+/// SEQ_NEEDS_INCREMENTAL_STATE (packets that refer to interned names).
+pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
+pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TracePacket {
+    /// Nanoseconds, in the trace's default clock domain.
+    #[prost(uint64, optional, tag = "8")]
+    pub timestamp: Option<u64>,
+    #[prost(uint32, optional, tag = "10")]
+    pub trusted_packet_sequence_id: Option<u32>,
+    #[prost(message, optional, tag = "11")]
+    pub track_event: Option<TrackEvent>,
+    /// Names this packet adds to the sequence's interning tables.
+    #[prost(message, optional, tag = "12")]
+    pub interned_data: Option<InternedData>,
+    #[prost(uint32, optional, tag = "13")]
+    pub sequence_flags: Option<u32>,
+    #[prost(message, optional, tag = "60")]
+    pub track_descriptor: Option<TrackDescriptor>,
+}
+
+/// `TrackEvent.Type`.
+pub mod event_type {
+    pub const SLICE_BEGIN: i32 = 1;
+    pub const SLICE_END: i32 = 2;
+    pub const INSTANT: i32 = 3;
+    pub const COUNTER: i32 = 4;
+}
+
+/// Strings sent once per sequence and referred to by their `iid` (never 0) afterwards.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InternedData {
+    #[prost(message, repeated, tag = "1")]
+    pub event_categories: Vec<InternedString>,
+    #[prost(message, repeated, tag = "2")]
+    pub event_names: Vec<InternedString>,
+    #[prost(message, repeated, tag = "3")]
+    pub debug_annotation_names: Vec<InternedString>,
+}
+
+/// `EventCategory`, `EventName` and `DebugAnnotationName` share this shape.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InternedString {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrackEvent {
+    #[prost(uint64, repeated, packed = "false", tag = "3")]
+    pub category_iids: Vec<u64>,
+    #[prost(message, repeated, tag = "4")]
+    pub debug_annotations: Vec<DebugAnnotation>,
+    #[prost(uint64, optional, tag = "10")]
+    pub name_iid: Option<u64>,
+    /// A [`event_type`] value.
+    #[prost(int32, optional, tag = "9")]
+    pub r#type: Option<i32>,
+    #[prost(uint64, optional, tag = "11")]
+    pub track_uuid: Option<u64>,
+    #[prost(string, repeated, tag = "22")]
+    pub categories: Vec<String>,
+    #[prost(string, optional, tag = "23")]
+    pub name: Option<String>,
+    #[prost(int64, optional, tag = "30")]
+    pub counter_value: Option<i64>,
+    /// Declared `repeated fixed64` in proto2: not packed.
+    #[prost(fixed64, repeated, packed = "false", tag = "47")]
+    pub flow_ids: Vec<u64>,
+    #[prost(fixed64, repeated, packed = "false", tag = "48")]
+    pub terminating_flow_ids: Vec<u64>,
+}
+
+/// One argument of an event (a `oneof` value in the proto: exactly one is set).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DebugAnnotation {
+    #[prost(uint64, optional, tag = "1")]
+    pub name_iid: Option<u64>,
+    #[prost(bool, optional, tag = "2")]
+    pub bool_value: Option<bool>,
+    #[prost(uint64, optional, tag = "3")]
+    pub uint_value: Option<u64>,
+    #[prost(int64, optional, tag = "4")]
+    pub int_value: Option<i64>,
+    #[prost(double, optional, tag = "5")]
+    pub double_value: Option<f64>,
+    #[prost(string, optional, tag = "6")]
+    pub string_value: Option<String>,
+    /// Shown as JSON by the viewer (arrays such as `grid`).
+    #[prost(string, optional, tag = "9")]
+    pub legacy_json_value: Option<String>,
+    #[prost(string, optional, tag = "10")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrackDescriptor {
+    #[prost(uint64, optional, tag = "1")]
+    pub uuid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+    #[prost(message, optional, tag = "3")]
+    pub process: Option<ProcessDescriptor>,
+    #[prost(message, optional, tag = "4")]
+    pub thread: Option<ThreadDescriptor>,
+    #[prost(uint64, optional, tag = "5")]
+    pub parent_uuid: Option<u64>,
+    #[prost(message, optional, tag = "8")]
+    pub counter: Option<CounterDescriptor>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessDescriptor {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(string, optional, tag = "6")]
+    pub process_name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ThreadDescriptor {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(int32, optional, tag = "2")]
+    pub tid: Option<i32>,
+    #[prost(string, optional, tag = "5")]
+    pub thread_name: Option<String>,
+}
+
+/// `CounterDescriptor.Unit`: UNIT_SIZE_BYTES.
+pub const UNIT_SIZE_BYTES: i32 = 3;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CounterDescriptor {
+    #[prost(int32, optional, tag = "3")]
+    pub unit: Option<i32>,
+}
+
+/// Puts the interned names back into the events (`name`, `categories`, annotation
+/// `name`), in packet order, to read a decoded trace (the tests).
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "the writer streams packets; tests decode")
+)]
+pub fn resolve_interned(trace: &mut Trace) {
+    let mut names: HashMap<u64, String> = HashMap::new();
+    let mut categories: HashMap<u64, String> = HashMap::new();
+    let mut annotations: HashMap<u64, String> = HashMap::new();
+    for packet in &mut trace.packet {
+        if let Some(data) = &packet.interned_data {
+            for (table, entries) in [
+                (&mut names, &data.event_names),
+                (&mut categories, &data.event_categories),
+                (&mut annotations, &data.debug_annotation_names),
+            ] {
+                for entry in entries {
+                    table.insert(
+                        entry.iid.unwrap_or(0),
+                        entry.name.clone().unwrap_or_default(),
+                    );
+                }
+            }
+        }
+        let Some(event) = &mut packet.track_event else {
+            continue;
+        };
+        if let Some(iid) = event.name_iid {
+            event.name = names.get(&iid).cloned();
+        }
+        for iid in &event.category_iids {
+            event.categories.extend(categories.get(iid).cloned());
+        }
+        for annotation in &mut event.debug_annotations {
+            if let Some(iid) = annotation.name_iid {
+                annotation.name = annotations.get(&iid).cloned();
+            }
+        }
+    }
+}

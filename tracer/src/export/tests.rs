@@ -1,0 +1,483 @@
+//! Exports of a hand-written trace whose slices, counters and flows are known, read back
+//! with serde_json (chrome) and with the writer's own prost messages (perfetto).
+
+use prost::Message;
+use serde_json::Value;
+
+use super::*;
+use crate::export::proto::{Trace, TrackDescriptor, TrackEvent, event_type};
+
+use crate::test_traces as traces;
+
+use traces::{
+    KNOWN_BASE_NS as BASE, KNOWN_CALLS as CALLS, KNOWN_COUNTERS as COUNTERS,
+    KNOWN_DRIVER as DRIVER, KNOWN_FLOWS as FLOWS, known as known_trace,
+};
+
+fn run_export(format: ExportFormat, filters: &Filters) -> (Vec<u8>, ExportStats) {
+    let mut out = Vec::new();
+    let stats = export(
+        known_trace().as_bytes(),
+        "known.jsonl",
+        &mut out,
+        format,
+        filters,
+        false,
+    )
+    .unwrap();
+    (out, stats)
+}
+
+fn chrome_events(filters: &Filters) -> (Vec<Value>, ExportStats) {
+    let (out, stats) = run_export(ExportFormat::Chrome, filters);
+    let json: Value = serde_json::from_slice(&out).expect("valid JSON");
+    assert_eq!(json["displayTimeUnit"], "ns");
+    assert_eq!(json["otherData"]["time_base_monotonic_ns"], BASE);
+    (json["traceEvents"].as_array().unwrap().clone(), stats)
+}
+
+fn with_phase<'a>(events: &'a [Value], phase: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["ph"] == phase).collect()
+}
+
+/// Microseconds as the JSON has them, from a nanosecond offset.
+fn us(offset_ns: u64) -> f64 {
+    offset_ns as f64 / 1000.0
+}
+
+#[test]
+fn chrome_export_has_every_slice_counter_and_flow() {
+    let (events, stats) = chrome_events(&Filters::default());
+    let slices = with_phase(&events, "X");
+    let counters = with_phase(&events, "C");
+    let starts = with_phase(&events, "s");
+    let finishes = with_phase(&events, "f");
+    assert_eq!(slices.len() as u64, CALLS + DRIVER);
+    assert_eq!(counters.len() as u64, COUNTERS);
+    assert_eq!((starts.len() as u64, finishes.len() as u64), (FLOWS, FLOWS));
+    assert_eq!(with_phase(&events, "i").len(), 2, "exec and lost");
+    assert_eq!(
+        stats,
+        ExportStats {
+            lines: traces::KNOWN_LINES,
+            slices: CALLS + DRIVER,
+            driver_slices: DRIVER,
+            instants: 2,
+            counters: COUNTERS,
+            flows: FLOWS,
+            unknown_lines: 1,
+            ..ExportStats::default()
+        }
+    );
+
+    let init = slices.iter().find(|s| s["name"] == "cuInit").unwrap();
+    assert_eq!(init["ts"].as_f64(), Some(us(1_000)));
+    assert_eq!(init["dur"].as_f64(), Some(us(2_500)));
+    assert_eq!(
+        (init["pid"].as_u64(), init["tid"].as_u64()),
+        (Some(100), Some(100))
+    );
+    assert_eq!(init["cat"], "init");
+    assert_eq!(init["args"]["ts_ns"], BASE + 1_000);
+
+    let copy = slices.iter().find(|s| s["cat"] == "copy").unwrap();
+    assert_eq!(copy["name"], "cuMemcpyHtoDAsync_v2 HtoD 4.00 MiB");
+    assert_eq!(copy["args"]["bytes"], 4194304);
+    assert_eq!(copy["args"]["kind"], "HtoD");
+    assert_eq!(copy["tid"], 101);
+
+    let launches: Vec<_> = slices.iter().filter(|s| s["cat"] == "launch").collect();
+    assert_eq!(launches.len(), 7);
+    assert_eq!(
+        launches[0]["name"],
+        "vector_add(float const*, float const*, float*, int)"
+    );
+    assert_eq!(launches[0]["args"]["call"], "cuLaunchKernel");
+    assert_eq!(launches[0]["args"]["grid"], serde_json::json!([4, 1, 1]));
+    assert_eq!(launches[5]["name"], "unknown@0x99");
+    assert_eq!(
+        launches[6]["name"],
+        "vector_add(float const*, float const*, float*, int) → CUDA_ERROR_INVALID_VALUE"
+    );
+
+    let bytes: Vec<(f64, u64)> = counters
+        .iter()
+        .map(|c| {
+            (
+                c["ts"].as_f64().unwrap(),
+                c["args"]["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bytes,
+        [(us(6_000), 4194304), (us(31_000), 0)],
+        "at each call's end"
+    );
+    assert!(
+        counters
+            .iter()
+            .all(|c| c["name"] == "device memory" && c["pid"] == 100)
+    );
+
+    let driver = slices.iter().find(|s| s["cat"] == "driver").unwrap();
+    assert_eq!(driver["name"], "NV_ESC_RM_ALLOC");
+    assert_eq!(driver["tid"], 100 + chrome::DRIVER_TID_OFFSET);
+    assert_eq!(driver["args"]["escape"], 43);
+
+    let lost = events.iter().find(|e| e["cat"] == "lost").unwrap();
+    assert_eq!(
+        (lost["s"].as_str(), lost["name"].as_str()),
+        (Some("g"), Some("lost 3 events (ring_full)"))
+    );
+
+    // Each flow leaves a launch and arrives in a synchronisation, inside both slices.
+    let inside = |slice: &Value, ts: f64| {
+        let start = slice["ts"].as_f64().unwrap();
+        start <= ts && ts <= start + slice["dur"].as_f64().unwrap()
+    };
+    let mut pairs = Vec::new();
+    for start in &starts {
+        let finish = finishes.iter().find(|f| f["id"] == start["id"]).unwrap();
+        assert_eq!(
+            (finish["bp"].as_str(), finish["cat"].as_str()),
+            (Some("e"), Some("flow"))
+        );
+        assert_eq!(start["name"], finish["name"]);
+        let from = launches
+            .iter()
+            .position(|l| l["tid"] == start["tid"] && inside(l, start["ts"].as_f64().unwrap()))
+            .expect("a launch encloses the flow's start");
+        let to = slices
+            .iter()
+            .find(|s| {
+                s["tid"] == finish["tid"]
+                    && s["cat"] == "sync"
+                    && inside(s, finish["ts"].as_f64().unwrap())
+            })
+            .expect("a sync encloses the flow's end");
+        pairs.push((from, to["name"].as_str().unwrap().to_owned()));
+    }
+    pairs.sort();
+    let expected: Vec<(usize, String)> = [
+        (0, "cuStreamSynchronize"),
+        (1, "cuStreamSynchronize"),
+        (2, "cuStreamSynchronize"),
+        (3, "cuCtxSynchronize"),
+        (4, "cuCtxSynchronize"),
+    ]
+    .iter()
+    .map(|(i, s)| (*i, (*s).to_owned()))
+    .collect();
+    assert_eq!(pairs, expected);
+    assert_eq!(
+        starts[0]["ts"].as_f64(),
+        Some(us(10_500)),
+        "the launch slice's middle"
+    );
+
+    // Tracks are named before their first event.
+    let metadata = with_phase(&events, "M");
+    let names: Vec<(&str, u64, &str)> = metadata
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap(),
+                m["tid"].as_u64().unwrap(),
+                m["args"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("process_name", 100, "./app --big"),
+            ("thread_name", 100, "main thread"),
+            ("thread_name", 101, "thread"),
+            ("process_name", 200, "pid 200"),
+            ("thread_name", 200, "main thread"),
+            (
+                "thread_name",
+                100 + u64::from(chrome::DRIVER_TID_OFFSET),
+                "NVIDIA driver, tid 100"
+            ),
+        ]
+    );
+    let first_event = events.iter().position(|e| e["ph"] != "M").unwrap();
+    assert_eq!(events[first_event - 1]["name"], "thread_name");
+}
+
+#[test]
+fn perfetto_export_decodes_to_the_same_timeline() {
+    let (out, stats) = run_export(ExportFormat::Perfetto, &Filters::default());
+    let mut trace = Trace::decode(out.as_slice()).expect("a valid Trace message");
+    let inline_names = trace
+        .packet
+        .iter()
+        .filter_map(|p| p.track_event.as_ref())
+        .filter(|e| e.name.is_some() || !e.categories.is_empty())
+        .count();
+    assert_eq!(inline_names, 0, "names are interned");
+    proto::resolve_interned(&mut trace);
+    let events: Vec<(u64, &TrackEvent)> = trace
+        .packet
+        .iter()
+        .filter_map(|p| Some((p.timestamp?, p.track_event.as_ref()?)))
+        .collect();
+    let of_type = |kind: i32| events.iter().filter(move |(_, e)| e.r#type == Some(kind));
+    assert_eq!(
+        of_type(event_type::SLICE_BEGIN).count() as u64,
+        CALLS + DRIVER
+    );
+    assert_eq!(
+        of_type(event_type::SLICE_END).count() as u64,
+        CALLS + DRIVER
+    );
+    assert_eq!(of_type(event_type::COUNTER).count() as u64, COUNTERS);
+    assert_eq!(of_type(event_type::INSTANT).count(), 2);
+    let flow_ids: Vec<u64> = events
+        .iter()
+        .flat_map(|(_, e)| e.flow_ids.clone())
+        .collect();
+    let terminating: Vec<u64> = events
+        .iter()
+        .flat_map(|(_, e)| e.terminating_flow_ids.clone())
+        .collect();
+    assert_eq!(flow_ids.len(), 6, "every successful launch has an id");
+    assert_eq!(terminating.len() as u64, FLOWS);
+    assert!(terminating.iter().all(|id| flow_ids.contains(id)));
+    assert_eq!(stats.flows, FLOWS);
+
+    // Same timestamps as the JSON, in nanoseconds.
+    let &(init_ts, init) = of_type(event_type::SLICE_BEGIN)
+        .find(|(_, e)| e.name.as_deref() == Some("cuInit"))
+        .unwrap();
+    assert_eq!(init_ts, 1_000);
+    assert_eq!(init.categories, ["init"]);
+    let flags = init
+        .debug_annotations
+        .iter()
+        .find(|a| a.name.as_deref() == Some("flags"))
+        .unwrap();
+    assert_eq!(flags.uint_value, Some(0));
+    let counters: Vec<(u64, Option<i64>)> = of_type(event_type::COUNTER)
+        .map(|(ts, e)| (*ts, e.counter_value))
+        .collect();
+    assert_eq!(counters, [(6_000, Some(4194304)), (31_000, Some(0))]);
+
+    // Descriptors come before the events on their tracks.
+    let descriptors: Vec<&TrackDescriptor> = trace
+        .packet
+        .iter()
+        .filter_map(|p| p.track_descriptor.as_ref())
+        .collect();
+    let process = descriptors
+        .iter()
+        .find(|d| d.process.as_ref().is_some_and(|p| p.pid == Some(100)))
+        .unwrap();
+    assert_eq!(
+        process.process.as_ref().unwrap().process_name.as_deref(),
+        Some("./app --big")
+    );
+    let memory = descriptors.iter().find(|d| d.counter.is_some()).unwrap();
+    assert_eq!(memory.parent_uuid, process.uuid);
+    assert_eq!(
+        memory.counter.as_ref().unwrap().unit,
+        Some(proto::UNIT_SIZE_BYTES)
+    );
+    for (index, packet) in trace.packet.iter().enumerate() {
+        assert_eq!(packet.trusted_packet_sequence_id, Some(1));
+        let flags = match (index, &packet.track_event) {
+            (0, _) => Some(proto::SEQ_INCREMENTAL_STATE_CLEARED),
+            (_, Some(_)) => Some(proto::SEQ_NEEDS_INCREMENTAL_STATE),
+            (_, None) => None,
+        };
+        assert_eq!(packet.sequence_flags, flags, "packet {index}");
+        if let Some(uuid) = packet.track_event.as_ref().and_then(|e| e.track_uuid) {
+            let described = trace.packet[..index].iter().any(|p| {
+                p.track_descriptor
+                    .as_ref()
+                    .is_some_and(|d| d.uuid == Some(uuid))
+            });
+            assert!(
+                described,
+                "packet {index} uses track {uuid} before describing it"
+            );
+        }
+    }
+}
+
+#[test]
+fn filters_keep_pids_names_and_a_time_window() {
+    let only = |filters: Filters| chrome_events(&filters);
+
+    let (events, stats) = only(Filters {
+        pids: vec![200],
+        ..Filters::default()
+    });
+    assert_eq!(with_phase(&events, "X").len(), 1);
+    assert!(with_phase(&events, "C").is_empty());
+    assert_eq!(
+        stats.filtered,
+        CALLS + DRIVER - 1 + 2,
+        "lost and exec markers too"
+    );
+
+    let (events, stats) = only(Filters {
+        names: vec!["vector_add".into(), "Synchronize".into()],
+        ..Filters::default()
+    });
+    let slices = with_phase(&events, "X");
+    assert_eq!(
+        slices.len(),
+        6 + 2,
+        "named launches (one failed) and the syncs"
+    );
+    assert_eq!(stats.flows, FLOWS);
+    assert_eq!(
+        with_phase(&events, "C").len() as u64,
+        COUNTERS,
+        "counters stay"
+    );
+
+    let (events, stats) = only(Filters {
+        names: vec!["vector_add".into()],
+        ..Filters::default()
+    });
+    assert_eq!(with_phase(&events, "X").len(), 6);
+    assert_eq!(stats.flows, 0, "an arrow needs its sync");
+
+    // 12-21 µs: launches 2-4 (launch 2 overlaps the start) and the stream sync.
+    let (events, stats) = only(Filters {
+        start_ns: Some(12_500),
+        end_ns: Some(21_000),
+        ..Filters::default()
+    });
+    let names: Vec<&str> = with_phase(&events, "X")
+        .iter()
+        .map(|s| s["args"]["call"].as_str().or(s["name"].as_str()).unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cuLaunchKernel",
+            "cuLaunchKernel",
+            "cuLaunchKernel",
+            "cuStreamSynchronize"
+        ]
+    );
+    assert_eq!(stats.flows, 2, "launches 2 and 3; launch 1 is outside");
+    // The device bytes held when the window opens.
+    let counters = with_phase(&events, "C");
+    assert_eq!(counters.len(), 1);
+    assert_eq!(counters[0]["ts"].as_f64(), Some(us(12_500)));
+    assert_eq!(counters[0]["args"]["bytes"], 4194304);
+}
+
+#[test]
+fn empty_and_headerless_traces_export() {
+    for format in [ExportFormat::Chrome, ExportFormat::Perfetto] {
+        let mut out = Vec::new();
+        let stats = export(
+            &b""[..],
+            "empty",
+            &mut out,
+            format,
+            &Filters::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(stats, ExportStats::default());
+        if format == ExportFormat::Chrome {
+            let json: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(json["traceEvents"], serde_json::json!([]));
+        } else {
+            assert!(out.is_empty(), "a Trace with no packets");
+        }
+    }
+    // No header: absolute monotonic times.
+    let line =
+        r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":5000,"dur_ns":10,"ret":0}"#;
+    let mut out = Vec::new();
+    export(
+        line.as_bytes(),
+        "t",
+        &mut out,
+        ExportFormat::Chrome,
+        &Filters::default(),
+        false,
+    )
+    .unwrap();
+    let json: Value = serde_json::from_slice(&out).unwrap();
+    let slice = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["ph"] == "X")
+        .unwrap();
+    assert_eq!(slice["ts"].as_f64(), Some(5.0));
+    assert_eq!(slice["dur"].as_f64(), Some(0.01));
+}
+
+#[test]
+fn bad_lines_stop_the_export_unless_skipped() {
+    let text = format!("{}not json\n", known_trace());
+    let error = export(
+        text.as_bytes(),
+        "t.jsonl",
+        Vec::new(),
+        ExportFormat::Chrome,
+        &Filters::default(),
+        false,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            error,
+            ExportError::Read(ReadError::BadLine { line: 21, .. })
+        ),
+        "{error}"
+    );
+    let stats = export(
+        text.as_bytes(),
+        "t.jsonl",
+        Vec::new(),
+        ExportFormat::Perfetto,
+        &Filters::default(),
+        true,
+    )
+    .unwrap();
+    assert_eq!((stats.skipped_lines, stats.slices), (1, CALLS + DRIVER));
+}
+
+#[test]
+fn labels_name_kernels_copies_and_errors() {
+    let record = |name: &str, fill: &dyn Fn(&mut CallRecord)| {
+        let mut record = CallRecord {
+            name: name.into(),
+            ..CallRecord::default()
+        };
+        fill(&mut record);
+        let role = classify(name).0;
+        call_label(&record, role)
+    };
+    assert_eq!(
+        record("cuLaunchKernel", &|r| r.function =
+            Some(crate::events::Hex(0xab))),
+        "function 0xab"
+    );
+    assert_eq!(record("cuLaunchKernel", &|_| {}), "cuLaunchKernel");
+    assert_eq!(
+        record("cuMemcpyDtoH_v2", &|r| {
+            r.kind = Some("DtoH".into());
+            r.bytes = Some(1536);
+        }),
+        "cuMemcpyDtoH_v2 DtoH 1.50 KiB"
+    );
+    assert_eq!(
+        record("cuMemsetD32_v2", &|r| r.bytes = Some(64)),
+        "cuMemsetD32_v2 64 B"
+    );
+    assert_eq!(record("cuInit", &|r| r.ret = 999), "cuInit → error 999");
+}

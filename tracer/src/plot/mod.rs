@@ -1,0 +1,201 @@
+//! `cudatrace plot TRACE.jsonl`: a static timeline picture for reports.
+//!
+//! The trace is read twice: first through `cudatrace summary`'s own analysis (so every
+//! figure in the picture is the summary's), then to bin the calls into pixel columns.
+//! Memory is that of the summary plus the bins, whatever the trace's length.
+
+mod bins;
+mod png;
+mod svg;
+mod tables;
+
+use std::{
+    fs::File,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::anyhow;
+
+use self::bins::{Bins, Columns};
+use crate::{
+    analysis::{
+        Analysis, Report,
+        memory::ProcessMemory,
+        reader::{ReadError, summarise},
+        stages::ProcessStages,
+        summary::TraceInfo,
+    },
+    cli::PlotArgs,
+    exit::{ExitCode, Failure},
+    trace_lines::{Families, Line, TraceLines},
+};
+
+/// What the picture shows.
+pub struct Plot<'a> {
+    pub info: &'a TraceInfo,
+    pub report: &'a Report,
+    pub bins: &'a Bins,
+}
+
+impl Plot<'_> {
+    /// The stages drawn as bands: those of the process with the most calls.
+    pub fn primary_stages(&self) -> Option<&ProcessStages> {
+        self.report
+            .stages
+            .iter()
+            .max_by_key(|process| (process.calls, std::cmp::Reverse(process.pid)))
+    }
+
+    /// A process's memory figures (its latest entry, after an exec).
+    pub fn memory_of(&self, pid: u32) -> Option<&ProcessMemory> {
+        self.report.memory.iter().rev().find(|m| m.pid == pid)
+    }
+}
+
+/// The picture of a trace, and what went into it.
+pub struct Rendered {
+    pub svg: String,
+    pub info: TraceInfo,
+    pub report: Report,
+}
+
+/// Reads the trace at `path` twice and draws it `width` CSS pixels wide.
+pub fn render(
+    path: &Path,
+    label: &str,
+    width: u32,
+    skip_bad_lines: bool,
+) -> Result<Rendered, ReadError> {
+    let open = || {
+        File::open(path)
+            .map(|file| BufReader::with_capacity(1 << 20, file))
+            .map_err(|source| ReadError::Io {
+                file: label.to_owned(),
+                source,
+            })
+    };
+    let summarised = summarise(open()?, label, skip_bad_lines)?;
+    let summary = &summarised.report.summary;
+    let plot_width = f64::from(width) - svg::MARGIN_LEFT_PX - svg::MARGIN_RIGHT_PX;
+    let columns = Columns::new(summary.first_ts_ns, summary.span_ns, plot_width as usize);
+    let bins = bin(open()?, label, skip_bad_lines, columns, &summarised.report)?;
+    let svg = svg::draw(
+        &Plot {
+            info: &summarised.info,
+            report: &summarised.report,
+            bins: &bins,
+        },
+        width,
+    );
+    Ok(Rendered {
+        svg,
+        info: summarised.info,
+        report: summarised.report,
+    })
+}
+
+/// The second pass: every call into its family's lane, device bytes into the curves of
+/// the processes with the highest peaks.
+fn bin(
+    reader: impl BufRead,
+    label: &str,
+    skip_bad_lines: bool,
+    columns: Columns,
+    report: &Report,
+) -> Result<Bins, ReadError> {
+    let mut peaks: Vec<&ProcessMemory> = report.memory.iter().collect();
+    peaks.sort_by_key(|m| (std::cmp::Reverse(m.peak_device_bytes), m.pid));
+    let mut pids: Vec<u32> = Vec::new();
+    for memory in peaks {
+        if memory.peak_device_bytes > 0 && !pids.contains(&memory.pid) {
+            pids.push(memory.pid);
+        }
+    }
+    pids.truncate(svg::MEMORY_CURVES);
+
+    let mut bins = Bins::new(columns, &pids);
+    let mut lines = TraceLines::new(reader, label, skip_bad_lines);
+    let mut families = Families::default();
+    // Traces written before kernel names and live bytes existed get them here.
+    let mut analysis = Analysis::default();
+    while let Some(line) = lines.next_line()? {
+        match line {
+            Line::Header(header) => families = Families::from_header(&header),
+            Line::Call(mut record) => {
+                analysis.observe(&mut record);
+                bins.call(families.of(&record.name), record.ts_ns, record.dur_ns);
+                if let Some(bytes) = record.live_bytes {
+                    let end = record.ts_ns.saturating_add(record.dur_ns);
+                    bins.memory(record.pid, end, bytes);
+                }
+            }
+            Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Lost(_) | Line::Driver(_) | Line::Footer | Line::Unknown => {}
+        }
+    }
+    Ok(bins)
+}
+
+fn default_output(trace: &Path) -> PathBuf {
+    trace.with_extension("svg")
+}
+
+/// Runs `cudatrace plot` and returns the exit code.
+pub fn run(args: PlotArgs) -> Result<i32, Failure> {
+    let started = Instant::now();
+    let label = args.trace.display().to_string();
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(&args.trace));
+    let as_png = output
+        .extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("png"));
+    let rendered =
+        render(&args.trace, &label, args.width, args.skip_bad_lines).map_err(|e| match e {
+            ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
+            ReadError::Io { ref source, .. } => Failure::new(
+                ExitCode::NoSuchProcess,
+                anyhow!("cannot read the trace {label}: {source}"),
+            ),
+        })?;
+    if rendered.info.skipped_lines > 0 {
+        eprintln!(
+            "cudatrace: skipped {} malformed lines of {label}",
+            rendered.info.skipped_lines
+        );
+    }
+    if !rendered.info.complete {
+        eprintln!("cudatrace: warning: {label} has no footer (the trace was cut short)");
+    }
+    let bytes = if as_png {
+        let png = png::rasterise(&rendered.svg).map_err(|e| Failure::new(ExitCode::Internal, e))?;
+        if !png.fonts {
+            eprintln!(
+                "cudatrace: warning: no system fonts found: the PNG has no text (write .svg, \
+                 or install fonts-dejavu-core)"
+            );
+        }
+        png.data
+    } else {
+        rendered.svg.into_bytes()
+    };
+    std::fs::write(&output, bytes).map_err(|e| {
+        Failure::new(
+            ExitCode::OutputNotWritable,
+            anyhow!("cannot write {}: {e}", output.display()),
+        )
+    })?;
+    eprintln!(
+        "cudatrace: wrote {} ({} calls, {:.2} s)",
+        output.display(),
+        rendered.report.summary.calls,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,250 @@
+//! Hand-written traces for the export and plot tests (no root needed). Also included by
+//! the unit tests of `src/export` and `src/plot`, so both test the same traces.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+
+/// Tracing started at 1 ms on the monotonic clock; times in [`known`] are offsets from it.
+pub const KNOWN_BASE_NS: u64 = 1_000_000;
+/// Call lines of [`known`] (each becomes a slice), its driver lines, counter values
+/// (the allocation and the free) and flows.
+pub const KNOWN_CALLS: u64 = 14;
+pub const KNOWN_DRIVER: u64 = 1;
+pub const KNOWN_COUNTERS: u64 = 2;
+pub const KNOWN_FLOWS: u64 = 5;
+pub const KNOWN_LINES: u64 = 20;
+
+/// pid 100 (threads 100 and 101) and pid 200. Launches 1, 2 and 3 on stream 0x10 flow to
+/// the cuStreamSynchronize of 0x10; launch 4 on 0x20 is not synchronised by it: it and
+/// launch 5 flow to cuCtxSynchronize; launch 6 (pid 200) is never synchronised; the failed
+/// launch 7 starts no flow. A driver line, a lost line and a line of an unknown type too.
+pub fn known() -> String {
+    let base = KNOWN_BASE_NS;
+    let call = |name: &str, pid: u32, tid: u32, offset: u64, dur: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":{pid},"tid":{tid},"ts_ns":{},"dur_ns":{dur},"ret":0{extra}}}"#,
+            base + offset
+        )
+    };
+    let launch = |offset: u64, stream: &str| {
+        call(
+            "cuLaunchKernel",
+            100,
+            100,
+            offset,
+            1_000,
+            &format!(r#","grid":[4,1,1],"block":[128,1,1],"stream":"{stream}","function":"0x30""#),
+        )
+    };
+    [
+        format!(
+            r#"{{"type":"header","format":"cudatrace","version":1,"command":["./app","--big"],"pids":[100],"start_monotonic_ns":{base},"probes":[{{"id":0,"symbol":"cuInit","function":"cuInit","family":"init"}}]}}"#
+        ),
+        format!(
+            r#"{{"type":"process","event":"exec","pid":100,"tid":100,"ts_ns":{},"filename":"/bin/app"}}"#,
+            base + 500
+        ),
+        call("cuInit", 100, 100, 1_000, 2_500, r#","flags":0"#),
+        call(
+            "cuMemAlloc_v2",
+            100,
+            100,
+            5_000,
+            1_000,
+            r#","bytes":4194304,"dptr":"0x7f0000000000""#,
+        ),
+        call(
+            "cuMemcpyHtoDAsync_v2",
+            100,
+            101,
+            7_000,
+            2_000,
+            r#","kind":"HtoD","bytes":4194304,"src":"0x5000","dst":"0x7f0000000000","stream":"0x10""#,
+        ),
+        call(
+            "cuModuleGetFunction",
+            100,
+            100,
+            9_500,
+            500,
+            r#","function":"0x30","symbol":"_Z10vector_addPKfS0_Pfi","module":"0x20""#,
+        ),
+        launch(10_000, "0x10"),
+        launch(12_000, "0x10"),
+        launch(14_000, "0x10"),
+        launch(16_000, "0x20"),
+        call(
+            "cuStreamSynchronize",
+            100,
+            100,
+            18_000,
+            3_000,
+            r#","stream":"0x10""#,
+        ),
+        launch(22_000, "0x20"),
+        call("cuCtxSynchronize", 100, 100, 24_000, 4_000, ""),
+        call(
+            "cuLaunchKernel",
+            200,
+            200,
+            25_000,
+            1_000,
+            r#","stream":"0x0","function":"0x99""#,
+        ),
+        format!(
+            r#"{{"type":"call","name":"cuLaunchKernel","pid":100,"tid":100,"ts_ns":{},"dur_ns":700,"ret":1,"ret_name":"CUDA_ERROR_INVALID_VALUE","stream":"0x10","function":"0x30"}}"#,
+            base + 29_000
+        ),
+        format!(
+            r#"{{"type":"lost","ts_ns":{},"reason":"ring_full","count":3,"total":3}}"#,
+            base + 29_500
+        ),
+        call(
+            "cuMemFree_v2",
+            100,
+            100,
+            30_000,
+            1_000,
+            r#","dptr":"0x7f0000000000""#,
+        ),
+        format!(
+            r#"{{"type":"driver","hook":"ioctl","pid":100,"tid":100,"ts_ns":{},"dur_ns":300,"ret":0,"escape":43,"escape_name":"NV_ESC_RM_ALLOC"}}"#,
+            base + 5_200
+        ),
+        r#"{"type":"gpu_metrics","ts_ns":1}"#.to_owned(),
+        r#"{"type":"footer"}"#.to_owned(),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+/// A header for [`inference`]: pid 42 running `python3 infer.py`.
+pub const INFERENCE_HEADER: &str = r#"{"type":"header","format":"cudatrace","version":1,"command":["python3","infer.py"],"pids":[42],"start_monotonic_ns":1000}"#;
+pub const FOOTER: &str = r#"{"type":"footer","lost":{"total":0},"exit_code":0}"#;
+
+/// Call lines of [`inference`] with `iterations` iterations.
+pub fn inference_calls(iterations: u64) -> u64 {
+    4 * iterations + 22
+}
+
+/// The call lines of a run shaped like an inference script, for pid 42: set-up, 112 MiB
+/// of weights, an input, `iterations` × (3 launches of 3 kernels on stream 0x77 and its
+/// synchronisation), the output, cleanup.
+pub fn inference(iterations: u64) -> String {
+    let mut out = String::new();
+    let mut ts = 10_000u64;
+    let mut call = |out: &mut String, name: &str, dur: u64, extra: &str| {
+        let _ = writeln!(
+            out,
+            r#"{{"type":"call","name":"{name}","pid":42,"tid":42,"ts_ns":{ts},"dur_ns":{dur},"ret":0{extra}}}"#
+        );
+        ts += dur + 500;
+    };
+    call(&mut out, "cuInit", 50_000, r#","flags":0"#);
+    call(&mut out, "cuDeviceGet", 1_000, r#","device":0"#);
+    call(
+        &mut out,
+        "cuDevicePrimaryCtxRetain",
+        20_000,
+        r#","context":"0x1","device":0"#,
+    );
+    call(&mut out, "cuCtxSetCurrent", 1_000, r#","context":"0x1""#);
+    for (index, bytes) in [64u64 << 20, 32 << 20, 16 << 20].iter().enumerate() {
+        call(
+            &mut out,
+            "cuMemAlloc_v2",
+            5_000,
+            &format!(r#","bytes":{bytes},"dptr":"0x7f{index:02}00000000""#),
+        );
+        call(
+            &mut out,
+            "cuMemcpyHtoD_v2",
+            200_000,
+            &format!(
+                r#","kind":"HtoD","bytes":{bytes},"src":"0x5000","dst":"0x7f{index:02}00000000""#
+            ),
+        );
+    }
+    for (index, symbol) in ["_Z4gemmPfS_", "_Z4reluPf", "softmax_kernel"]
+        .iter()
+        .enumerate()
+    {
+        call(
+            &mut out,
+            "cuModuleGetFunction",
+            3_000,
+            &format!(
+                r#","function":"0x{:x}","symbol":"{symbol}","module":"0x9""#,
+                0x100 + index
+            ),
+        );
+    }
+    call(
+        &mut out,
+        "cuStreamCreate",
+        2_000,
+        r#","stream":"0x77","flags":0"#,
+    );
+    call(
+        &mut out,
+        "cuMemAlloc_v2",
+        4_000,
+        r#","bytes":1048576,"dptr":"0x7f1000000000""#,
+    );
+    call(
+        &mut out,
+        "cuMemcpyHtoDAsync_v2",
+        3_000,
+        r#","kind":"HtoD","bytes":1048576,"src":"0x6000","dst":"0x7f1000000000","stream":"0x77""#,
+    );
+    for _ in 0..iterations {
+        for function in [0x100, 0x101, 0x102] {
+            call(
+                &mut out,
+                "cuLaunchKernel",
+                4_000,
+                &format!(
+                    r#","grid":[64,1,1],"block":[256,1,1],"shared_mem":0,"stream":"0x77","function":"0x{function:x}""#
+                ),
+            );
+        }
+        call(
+            &mut out,
+            "cuStreamSynchronize",
+            30_000,
+            r#","stream":"0x77""#,
+        );
+    }
+    call(
+        &mut out,
+        "cuMemcpyDtoH_v2",
+        8_000,
+        r#","kind":"DtoH","bytes":4096,"src":"0x7f1000000000","dst":"0x6000""#,
+    );
+    for index in 0..3 {
+        call(
+            &mut out,
+            "cuMemFree_v2",
+            2_000,
+            &format!(r#","dptr":"0x7f{index:02}00000000""#),
+        );
+    }
+    call(
+        &mut out,
+        "cuMemFree_v2",
+        2_000,
+        r#","dptr":"0x7f1000000000""#,
+    );
+    call(
+        &mut out,
+        "cuDevicePrimaryCtxRelease_v2",
+        9_000,
+        r#","device":0"#,
+    );
+    out
+}
+
+/// A whole trace: the inference header, `body`, the footer.
+pub fn with_header(body: &str) -> String {
+    format!("{INFERENCE_HEADER}\n{body}{FOOTER}\n")
+}
