@@ -503,6 +503,22 @@ impl Session<'_> {
                 return Err(internal(e));
             }
         }
+        // Signals and the exit watch are set up before the header: from the moment the
+        // trace file says tracing started, SIGINT/SIGTERM must end in a footer, and a
+        // `-p` target that exits right away must not be missed.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| internal(e.into()))?;
+        let watched = gated
+            .as_ref()
+            .map(|g| g.pid)
+            .or_else(|| self.args.pids.first().copied());
+        let watch_setup = {
+            let _context = runtime.enter();
+            Watches::new(watched)
+        };
+        let watches = watch_setup.map_err(internal)?;
         let failure_info = failures
             .into_iter()
             .map(|f| AttachFailureInfo {
@@ -533,17 +549,12 @@ impl Session<'_> {
                 describe_targets(self.args, &pids)
             );
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| internal(e.into()))?;
-        let watched = child.or_else(|| self.args.pids.first().copied());
         let loop_result = runtime.block_on(event_loop(
             &mut bpf,
             &mut attached,
             writer,
             self.plan,
-            watched,
+            watches,
             child,
             self.args.quiet,
         ));
@@ -571,11 +582,11 @@ fn describe_targets(args: &RunArgs, pids: &[u32]) -> String {
 }
 
 /// A pidfd: readable once the process exits (works for non-children too).
-fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
     if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("pidfd_open");
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd is a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -701,23 +712,53 @@ fn drain(
     Ok(n)
 }
 
+/// SIGINT/SIGTERM streams and the watched process's exit, registered up front.
+struct Watches {
+    sigint: tokio::signal::unix::Signal,
+    sigterm: tokio::signal::unix::Signal,
+    /// Readable once the watched process exits.
+    exit_fd: Option<AsyncFd<OwnedFd>>,
+    /// The watched process had already exited when the watch was set up.
+    already_exited: bool,
+}
+
+impl Watches {
+    /// Must run inside the runtime's context.
+    fn new(watched: Option<u32>) -> Result<Self> {
+        let sigint = signal(SignalKind::interrupt())?;
+        let sigterm = signal(SignalKind::terminate())?;
+        let (exit_fd, already_exited) = match watched.map(pidfd_open) {
+            Some(Ok(fd)) => (Some(watch(fd, "the pidfd")?), false),
+            Some(Err(error)) if error.raw_os_error() == Some(libc::ESRCH) => (None, true),
+            Some(Err(error)) => return Err(anyhow::Error::from(error).context("pidfd_open")),
+            None => (None, false),
+        };
+        Ok(Watches {
+            sigint,
+            sigterm,
+            exit_fd,
+            already_exited,
+        })
+    }
+}
+
 async fn event_loop(
     bpf: &mut Ebpf,
     attached: &mut probes::Attached,
     writer: &mut TraceWriter,
     plan: &AttachPlan,
-    watched: Option<u32>,
+    watches: Watches,
     child: Option<u32>,
     quiet: bool,
 ) -> Result<Outcome> {
     let mut ring = watch(probes::take_ring(bpf)?, "the ring buffer")?;
     let counters = CounterReader::take(bpf)?;
-    let exit_fd = match watched {
-        Some(pid) => Some(watch(pidfd_open(pid)?, "the pidfd")?),
-        None => None,
-    };
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    let Watches {
+        mut sigint,
+        mut sigterm,
+        exit_fd,
+        already_exited,
+    } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
     let kernel_functions = match kernel_hooks::kallsyms() {
         Ok(symbols) => symbols
@@ -735,7 +776,9 @@ async fn event_loop(
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
 
-    loop {
+    // A `-p` target that was gone before the watch started: nothing more will come.
+    let mut running = !already_exited;
+    while running {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
@@ -751,11 +794,11 @@ async fn event_loop(
                     outcome.code = code;
                     outcome.signal = signal;
                 }
-                break;
+                running = false;
             }
             _ = sigint.recv() => {
                 outcome.stopped_by = Some("SIGINT");
-                break;
+                running = false;
             }
             _ = sigterm.recv() => {
                 outcome.stopped_by = Some("SIGTERM");
@@ -763,11 +806,13 @@ async fn event_loop(
                     // SAFETY: kill(2) on our own child.
                     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
                 }
-                break;
+                running = false;
             }
             _ = ticker.tick() => {
                 report_loss(writer, &mut last, counters.read()?)?;
                 progress.update(writer.footer.events.call, last.lost());
+                // A live trace can be followed (`tail -f`) a quarter second behind.
+                writer.flush()?;
             }
         }
     }

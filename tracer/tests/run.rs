@@ -334,7 +334,10 @@ fn sigterm_mid_run_leaves_a_complete_trace() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(&trace_path).map_or(true, |t| !t.contains("cuCtxSynchronize")) {
+    // A call line, not the header (whose probe list names cuCtxSynchronize too).
+    while std::fs::read_to_string(&trace_path).map_or(true, |t| {
+        !t.contains(r#""type":"call","name":"cuCtxSynchronize""#)
+    }) {
         assert!(Instant::now() < deadline, "no calls traced");
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -18,8 +18,14 @@ fn all_traces_processes_outside_the_command_tree() {
     let mut ready = [0u8; 6];
     std::io::Read::read_exact(other.stdout.as_mut().unwrap(), &mut ready).unwrap();
     let other_pid = other.id();
+    let header_path = trace_path.clone();
     let signaller = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(700));
+        // Probes are attached once the header is written (attaching is slow in the VM).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while std::fs::read_to_string(&header_path).map_or(true, |t| !t.contains("\"header\"")) {
+            assert!(std::time::Instant::now() < deadline, "no header");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         unsafe { libc::kill(other_pid as i32, libc::SIGUSR1) };
         other.wait().unwrap()
     });

@@ -4,6 +4,7 @@ mod ebpf;
 mod standin;
 mod tasks;
 mod toolchain;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,18 +26,21 @@ struct Cli {
 enum Command {
     /// Build the eBPF programs (tracer-ebpf) for bpfel-unknown-none.
     BuildEbpf(ebpf::BuildEbpfOptions),
-    /// Run every test (unit and root tests; needs root).
-    Test,
+    /// Run every test: unit, root (real probes), and root again on a 6.1 kernel in QEMU.
+    Test(tasks::TestOptions),
     /// Build everything and record a demo trace into traces/demo.jsonl.
     Demo,
+    /// Run the root tests in a QEMU guest on Debian's 6.1 kernel (needs root).
+    VmTest(vm::VmTestOptions),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::BuildEbpf(opts) => ebpf::build_ebpf(&opts),
-        Command::Test => tasks::test(),
+        Command::Test(opts) => tasks::test(&opts),
         Command::Demo => tasks::demo(),
+        Command::VmTest(opts) => vm::vm_test(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -27,8 +27,16 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Runs every test: unit tests, and the root tests that load and attach real probes.
-pub fn test() -> Result<()> {
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct TestOptions {
+    /// Skip `vm-test` (the root tests again on Debian's 6.1 kernel under QEMU, 3-5 min).
+    #[arg(long)]
+    pub no_vm: bool,
+}
+
+/// Runs every test: unit tests, the root tests that load and attach real probes, and the
+/// root tests again on a second kernel under QEMU (`vm-test`).
+pub fn test(opts: &TestOptions) -> Result<()> {
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
     if !is_root() {
         bail!(
@@ -39,7 +47,12 @@ pub fn test() -> Result<()> {
     run(
         cargo().args(["test", "--workspace", "--locked"]),
         "cargo test --workspace",
-    )
+    )?;
+    if opts.no_vm {
+        eprintln!("xtask: --no-vm: not running the tests on the 6.1 kernel");
+        return Ok(());
+    }
+    crate::vm::vm_test(&crate::vm::VmTestOptions::default())
 }
 
 /// Builds everything and records a demo trace: the real GPU workload where there is one,
