@@ -1,5 +1,6 @@
 //! Developer tasks for cudatrace, run as `cargo xtask <command>`.
 
+mod bench;
 mod ebpf;
 mod standin;
 mod tasks;
@@ -32,6 +33,9 @@ enum Command {
     Demo,
     /// Run the root tests in a QEMU guest on Debian's 6.1 kernel (needs root).
     VmTest(vm::VmTestOptions),
+    /// Benchmarks against the stand-in libcuda (needs root): per-call overhead beside the
+    /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
+    Bench(bench::BenchOptions),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
         Command::Test(opts) => tasks::test(&opts),
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
+        Command::Bench(opts) => bench::bench(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

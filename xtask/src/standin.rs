@@ -30,23 +30,29 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
         ("cudatrace-driver", "cudatrace_driver.c"),
         ("cudatrace-demo", "demo_inference.c"),
     ] {
-        let link_dir = format!("-L{}", out.display());
-        gcc(&[
-            "-O2".as_ref(),
-            "-g".as_ref(),
-            "-Wall".as_ref(),
-            "-Wextra".as_ref(),
-            "-Werror".as_ref(),
-            "-o".as_ref(),
-            out.join(program).as_os_str(),
-            src.join(source).as_os_str(),
-            link_dir.as_ref(),
-            "-l:libcuda.so.1".as_ref(),
-            "-Wl,-rpath,$ORIGIN".as_ref(),
-            "-lpthread".as_ref(),
-        ])?;
+        build_program(root, out, program, source)?;
     }
     Ok(())
+}
+
+/// Builds one program of `standin/` into `out`, linked against the `libcuda.so.1` that
+/// [`build`] put there.
+pub fn build_program(root: &Path, out: &Path, program: &str, source: &str) -> Result<()> {
+    let link_dir = format!("-L{}", out.display());
+    gcc(&[
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-Wall".as_ref(),
+        "-Wextra".as_ref(),
+        "-Werror".as_ref(),
+        "-o".as_ref(),
+        out.join(program).as_os_str(),
+        root.join("standin").join(source).as_os_str(),
+        link_dir.as_ref(),
+        "-l:libcuda.so.1".as_ref(),
+        "-Wl,-rpath,$ORIGIN".as_ref(),
+        "-lpthread".as_ref(),
+    ])
 }
 
 fn gcc(args: &[&std::ffi::OsStr]) -> Result<()> {

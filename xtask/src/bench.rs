@@ -1,0 +1,1739 @@
+//! `cargo xtask bench`: the no-GPU benchmarks of issue 7, against the stand-in libcuda.
+//!
+//! Four parts, each printed as a table at the end and written to target/bench/results.json
+//! (BENCHMARKS.md says what each measures and shows a run):
+//!
+//! - **overhead**: ns per call of `cuCtxSynchronize` in a tight loop
+//!   (`cudatrace-bench-loop`, standin/bench_loop.c) untraced, under the kernel's bare tracefs
+//!   uprobe + uretprobe, under `cudatrace run` and under bpftrace, interleaved round by round;
+//! - **rate**: the loop paced at increasing call rates under `cudatrace run`, with the lost
+//!   calls from the trace footer;
+//! - **resources**: peak RSS and CPU time of the `cudatrace` process while it traces;
+//! - **trace**: `cudatrace summary` and `cudatrace export` on a generated trace of 10M calls.
+//!
+//! Nothing here asserts a timing: targets are reported as met or missed, never failed on.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File, OpenOptions},
+    io::{BufWriter, Read, Seek, SeekFrom, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+
+use crate::{ebpf, standin};
+
+/// The tracefs probe group, and the tracefs instance whose buffer takes its events.
+const GROUP: &str = "cudatrace_bench";
+/// The function every loop calls.
+const FUNCTION: &str = "cuCtxSynchronize";
+/// Untimed calls each loop thread makes first (`WARMUP` in standin/bench_loop.c).
+const WARMUP: u64 = 1000;
+const LOOP_PROGRAM: &str = "cudatrace-bench-loop";
+/// Paced steps, total calls/s over all loop threads; the last is issue 7's target.
+const RATE_STEPS: &[u64] = &[
+    25_000, 50_000, 75_000, 100_000, 125_000, 150_000, 200_000, 300_000, 500_000,
+];
+const RATE_TARGET: u64 = 500_000;
+/// Ring sizes (KiB) tried at the fastest rate, to show how much of the default is needed.
+const RING_STEPS_KIB: &[u64] = &[4096, 1024, 256];
+/// Issue 7's targets.
+const TARGET_FLOOR_RATIO: f64 = 1.25;
+const TARGET_RSS_MIB: f64 = 64.0;
+const TARGET_SUMMARY_S: f64 = 20.0;
+/// Below this much free disk the generated trace is scaled down.
+const MIN_FREE_BYTES: u64 = 5_000_000_000;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchOptions {
+    /// Timed calls per overhead run (each condition, each round).
+    #[arg(long, default_value_t = 200_000)]
+    pub calls: u64,
+    /// Rounds of the four overhead conditions, interleaved (the order rotates each round).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds each paced-rate step aims to last (longer when the loop cannot keep pace).
+    #[arg(long, default_value_t = 5.0)]
+    pub rate_seconds: f64,
+    /// Calls (all threads together) of the resource-use run.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub resource_calls: u64,
+    /// Call events in the generated trace timed with `summary` and `export`.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub trace_events: u64,
+    /// Rounds of the `summary` / `export` timings.
+    #[arg(long, default_value_t = 3)]
+    pub trace_rounds: usize,
+    /// Keep the generated trace (target/bench/generated.jsonl, about 3.9 GB for 10M calls).
+    #[arg(long)]
+    pub keep_trace: bool,
+    /// Run only these parts (comma-separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Overhead,
+    Rate,
+    Resources,
+    Trace,
+}
+
+/// Paths and settings every part uses.
+struct Env {
+    out: PathBuf,
+    cudatrace: PathBuf,
+    libcuda: PathBuf,
+    standin: PathBuf,
+    bench_loop: PathBuf,
+    /// Loop threads for the rate and resource parts: one per CPU.
+    threads: u64,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+pub fn bench(opts: &BenchOptions) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "the benchmark attaches uprobes (tracefs, cudatrace, bpftrace): run `sudo -E cargo xtask bench`"
+        );
+    }
+    ensure!(
+        opts.calls > 0 && opts.rounds > 0,
+        "--calls and --rounds must be positive"
+    );
+    // A handler (not SIG_IGN, which children would inherit): Ctrl-C kills the running
+    // child, and the guards below detach what they attached before the bench exits.
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, on_signal as *const () as libc::sighandler_t) };
+    }
+    let wants = |part| opts.only.is_empty() || opts.only.contains(&part);
+
+    let root = crate::workspace_root();
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    eprintln!("xtask: cargo build --release -p cudatrace --locked");
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--release", "-p", "cudatrace", "--locked"])
+        .current_dir(&root)
+        .status()
+        .context("running cargo build")?;
+    ensure!(
+        status.success(),
+        "cargo build --release -p cudatrace failed"
+    );
+    let standin_dir = standin::out_dir(&root);
+    standin::build(&root, &standin_dir)?;
+    standin::build_program(&root, &standin_dir, LOOP_PROGRAM, "bench_loop.c")?;
+
+    let env = Env {
+        out: root.join("target/bench"),
+        cudatrace: root.join("target/release/cudatrace"),
+        libcuda: fs::canonicalize(standin_dir.join("libcuda.so.1"))?,
+        bench_loop: standin_dir.join(LOOP_PROGRAM),
+        standin: standin_dir,
+        threads: thread::available_parallelism().map_or(2, |n| n.get() as u64),
+    };
+    fs::create_dir_all(&env.out)?;
+    let tracefs = tracefs_dir()?;
+    remove_stale_probes(&tracefs)?;
+
+    let machine = machine();
+    let mut results = json!({
+        "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
+        "machine": machine,
+        "options": {
+            "calls": opts.calls, "rounds": opts.rounds, "rate_seconds": opts.rate_seconds,
+            "resource_calls": opts.resource_calls, "trace_events": opts.trace_events,
+            "trace_rounds": opts.trace_rounds, "threads": env.threads,
+        },
+        "function": FUNCTION,
+        "libcuda": env.libcuda,
+    });
+    let started = Instant::now();
+    let mut outcome = Ok(());
+    for (part, run) in [
+        (
+            Part::Overhead,
+            overhead as fn(&Env, &BenchOptions, &Path) -> Result<Value>,
+        ),
+        (Part::Rate, |env, opts, _| rate(env, opts)),
+        (Part::Resources, |env, opts, _| resources(env, opts)),
+        (Part::Trace, |env, opts, _| trace_tools(env, opts)),
+    ] {
+        if !wants(part) {
+            continue;
+        }
+        let key = format!("{part:?}").to_lowercase();
+        eprintln!("xtask: bench: {key}");
+        match run(&env, opts, &tracefs) {
+            Ok(value) => results[key] = value,
+            Err(e) => {
+                outcome = Err(e.context(format!("bench part {key}")));
+                break;
+            }
+        }
+    }
+    // Whatever happened, nothing of ours may stay in tracefs.
+    let (ours, others) = tracefs_leftovers(&tracefs)?;
+    results["tracefs_after"] = json!({
+        "uprobe_events_empty": ours.is_empty() && others.is_empty(),
+        "ours_left": ours, "others": others,
+        "instance_left": tracefs.join("instances").join(GROUP).exists(),
+    });
+    results["bench_seconds"] = json!(started.elapsed().as_secs_f64());
+    let path = env.out.join("results.json");
+    fs::write(&path, serde_json::to_string_pretty(&results)? + "\n")?;
+    outcome?;
+    print_tables(&results);
+    println!("\nresults: {}", path.display());
+    ensure!(
+        ours.is_empty(),
+        "tracefs still has the bench's probes: {ours:?}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Running programs
+
+/// A finished child: exit code (128 + signal when killed), wall time, and its resource use
+/// (with its waited-for children) from wait4.
+struct Finished {
+    code: i32,
+    wall_s: f64,
+    max_rss_kib: u64,
+    cpu_s: f64,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn ensure_ok(&self, what: &str) -> Result<()> {
+        ensure!(
+            self.code == 0,
+            "{what} exited with {}; stderr:\n{}",
+            self.code,
+            tail(&self.stderr, 2000)
+        );
+        Ok(())
+    }
+}
+
+fn tail(text: &str, max: usize) -> &str {
+    let start = text.len().saturating_sub(max);
+    let start = (start..=text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    &text[start..]
+}
+
+/// Runs `command` with stdout and stderr in files under `out`, waits with wait4 and
+/// returns what it used. With a sampler, polls every 50 ms and calls it with the pid.
+fn run_measured(
+    out: &Path,
+    command: &mut Command,
+    mut sampler: Option<&mut dyn FnMut(u32)>,
+) -> Result<Finished> {
+    check_interrupted()?;
+    let stdout_path = out.join("stdout.txt");
+    let stderr_path = out.join("stderr.txt");
+    command
+        .stdin(Stdio::null())
+        .stdout(File::create(&stdout_path)?)
+        .stderr(File::create(&stderr_path)?);
+    let started = Instant::now();
+    let child = command
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    let pid = child.id();
+    let (code, usage) = loop {
+        if let Some(sample) = sampler.as_deref_mut() {
+            sample(pid);
+            if let Some(done) = wait4(pid, false)? {
+                break done;
+            }
+            thread::sleep(Duration::from_millis(50));
+        } else {
+            break wait4(pid, true)?.expect("a blocking wait4 returns the child");
+        }
+    };
+    let wall_s = started.elapsed().as_secs_f64();
+    // The child is reaped: std's handle must not wait for it again.
+    drop(child);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let finished = Finished {
+        code,
+        wall_s,
+        max_rss_kib: usage.ru_maxrss as u64,
+        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
+        stdout: fs::read_to_string(&stdout_path).unwrap_or_default(),
+        stderr: fs::read_to_string(&stderr_path).unwrap_or_default(),
+    };
+    check_interrupted()?;
+    Ok(finished)
+}
+
+/// wait4 on one child: `None` while it runs (non-blocking), else its exit code and rusage.
+fn wait4(pid: u32, block: bool) -> Result<Option<(i32, libc::rusage)>> {
+    let pid = pid as libc::pid_t;
+    loop {
+        let mut status = 0;
+        // SAFETY: rusage is plain data; wait4 fills it.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let flags = if block { 0 } else { libc::WNOHANG };
+        // SAFETY: valid pointers to locals.
+        let got = unsafe { libc::wait4(pid, &mut status, flags, &mut usage) };
+        if got == pid {
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+            return Ok(Some((code, usage)));
+        }
+        if got == 0 {
+            return Ok(None);
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error).context("wait4");
+        }
+    }
+}
+
+fn command_line(program: &str, args: &[&str]) -> Option<String> {
+    let output = Command::new(program).args(args).output().ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// `cudatrace run` of a command against the stand-in, trace into `trace`.
+fn cudatrace_run(env: &Env, trace: &Path, extra: &[&str], command: &[&Path]) -> Command {
+    let mut cmd = Command::new(&env.cudatrace);
+    cmd.args(["run", "-q", "--missing-probes", "ignore", "-o"])
+        .arg(trace)
+        .arg("--libcuda")
+        .arg(&env.libcuda)
+        .args(extra)
+        .arg("--");
+    cmd.args(command);
+    cmd
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop's report and the trace footer
+
+/// The JSON line `cudatrace-bench-loop` prints.
+#[derive(Clone, Debug)]
+struct LoopReport {
+    calls: u64,
+    threads: u64,
+    ns: u64,
+    ns_per_call: f64,
+    calls_per_s: f64,
+    user_ns: u64,
+    sys_ns: u64,
+    process_cpu_ns: u64,
+}
+
+impl LoopReport {
+    fn parse(stdout: &str) -> Result<Self> {
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("{\"calls\""))
+            .with_context(|| format!("no report from {LOOP_PROGRAM} in {stdout:?}"))?;
+        let v: Value = serde_json::from_str(line)?;
+        let u = |k: &str| v[k].as_u64().with_context(|| format!("{k} in {line}"));
+        let f = |k: &str| v[k].as_f64().with_context(|| format!("{k} in {line}"));
+        Ok(Self {
+            calls: u("calls")?,
+            threads: u("threads")?,
+            ns: u("ns")?,
+            ns_per_call: f("ns_per_call")?,
+            calls_per_s: f("calls_per_s")?,
+            user_ns: u("user_ns")?,
+            sys_ns: u("sys_ns")?,
+            process_cpu_ns: u("process_cpu_ns")?,
+        })
+    }
+
+    /// All calls including the warm-up ones, as the tracers see them.
+    fn traced_calls(&self) -> u64 {
+        self.calls + WARMUP * self.threads
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "calls": self.calls, "threads": self.threads, "ns": self.ns,
+            "ns_per_call": self.ns_per_call, "calls_per_s": self.calls_per_s,
+            "user_ns": self.user_ns, "sys_ns": self.sys_ns,
+            "process_cpu_ns": self.process_cpu_ns,
+        })
+    }
+}
+
+/// What a trace's footer says about calls.
+struct Footer {
+    calls: u64,
+    lost_calls: u64,
+    entries_seen: u64,
+}
+
+fn read_footer(trace: &Path) -> Result<Footer> {
+    let mut file = File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+    let len = file.metadata()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)))?;
+    let mut tail = String::new();
+    file.read_to_string(&mut tail)?;
+    let line = tail
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .context("empty trace")?;
+    let v: Value = serde_json::from_str(line).context("parsing the footer")?;
+    ensure!(v["type"] == "footer", "{} has no footer", trace.display());
+    Ok(Footer {
+        calls: v["events"]["call"].as_u64().unwrap_or(0),
+        lost_calls: v["lost"]["calls"].as_u64().unwrap_or(0),
+        entries_seen: v["entries_seen"].as_u64().unwrap_or(0),
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 1: per-call overhead under four conditions
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Condition {
+    Untraced,
+    Tracefs,
+    Cudatrace,
+    Bpftrace,
+}
+
+impl Condition {
+    const ALL: [Condition; 4] = [
+        Condition::Untraced,
+        Condition::Tracefs,
+        Condition::Cudatrace,
+        Condition::Bpftrace,
+    ];
+
+    fn key(self) -> &'static str {
+        match self {
+            Condition::Untraced => "untraced",
+            Condition::Tracefs => "tracefs_uprobe_uretprobe",
+            Condition::Cudatrace => "cudatrace",
+            Condition::Bpftrace => "bpftrace",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Condition::Untraced => "no tracing",
+            Condition::Tracefs => "tracefs uprobe+uretprobe (floor)",
+            Condition::Cudatrace => "cudatrace run",
+            Condition::Bpftrace => "bpftrace (entry/return pairing)",
+        }
+    }
+}
+
+/// One run of the loop under one condition.
+struct Sample {
+    report: LoopReport,
+    /// IRQ-work and IPI interrupts (all CPUs) from just before to just after the run.
+    interrupts: BTreeMap<String, u64>,
+    /// Events the tracer recorded (tracefs: entry + return records; cudatrace: call lines;
+    /// bpftrace: histogram entries), to check it saw every call.
+    recorded: Option<u64>,
+    lost: Option<u64>,
+}
+
+fn overhead(env: &Env, opts: &BenchOptions, tracefs: &Path) -> Result<Value> {
+    let offset = file_offset(&env.libcuda, FUNCTION)?;
+    let bpftrace = command_line("bpftrace", &["--version"]);
+    if bpftrace.is_none() {
+        eprintln!(
+            "xtask: bench: bpftrace not found, its condition is skipped \
+             (Debian: apt-get install -y bpftrace)"
+        );
+    }
+    let conditions: Vec<Condition> = Condition::ALL
+        .into_iter()
+        .filter(|c| *c != Condition::Bpftrace || bpftrace.is_some())
+        .collect();
+    let mut samples: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
+    let mut retries = Vec::new();
+    for round in 0..opts.rounds {
+        // Rotate the order so no condition always runs first or after the same one.
+        let mut order = conditions.clone();
+        order.rotate_left(round % conditions.len());
+        for condition in order {
+            let mut attempt = 0;
+            let sample = loop {
+                attempt += 1;
+                let result = match condition {
+                    Condition::Untraced => overhead_untraced(env, opts.calls),
+                    Condition::Tracefs => overhead_tracefs(env, tracefs, offset, opts.calls),
+                    Condition::Cudatrace => overhead_cudatrace(env, opts.calls),
+                    Condition::Bpftrace => overhead_bpftrace(env, opts.calls),
+                }
+                .with_context(|| format!("round {}, {}", round + 1, condition.label()));
+                match result {
+                    Ok(sample) => break sample,
+                    // bpftrace 0.17 once ignored SIGINT here; that run is redone (and reported).
+                    Err(e) if condition == Condition::Bpftrace && attempt < 3 => {
+                        check_interrupted()?;
+                        eprintln!("xtask: bench: {e:#}; running it again");
+                        retries.push(format!("{e:#}"));
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            eprintln!(
+                "xtask: bench: round {}/{} {:34} {:>10.1} ns/call",
+                round + 1,
+                opts.rounds,
+                condition.label(),
+                sample.report.ns_per_call
+            );
+            samples.entry(condition.key()).or_default().push(sample);
+        }
+    }
+    let mut by_condition = serde_json::Map::new();
+    for condition in &conditions {
+        let runs = &samples[condition.key()];
+        let per_call = |f: &dyn Fn(&Sample) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
+        let ns = per_call(&|s| s.report.ns_per_call);
+        let sys = per_call(&|s| s.report.sys_ns as f64 / s.report.calls as f64);
+        let irq = per_call(&|s| {
+            s.interrupts.values().sum::<u64>() as f64 / s.report.traced_calls() as f64
+        });
+        by_condition.insert(
+            condition.key().into(),
+            json!({
+                "label": condition.label(),
+                "ns_per_call": stats(&ns),
+                "sys_ns_per_call": stats(&sys),
+                "interrupts_per_call": stats(&irq),
+                "runs": runs.iter().map(|s| json!({
+                    "loop": s.report.to_json(), "interrupts": s.interrupts,
+                    "recorded": s.recorded, "lost": s.lost,
+                })).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    let median = |key: &str| by_condition[key]["ns_per_call"]["median"].as_f64();
+    let base = median("untraced").unwrap_or(0.0);
+    let floor = median("tracefs_uprobe_uretprobe").unwrap_or(f64::NAN);
+    let ratio = |key: &str| median(key).map(|v| (v - base) / (floor - base));
+    // The same ratio within each round (the conditions of a round ran back to back).
+    let paired = |key: &str| -> Value {
+        let (Some(runs), Some(floors), Some(bases)) = (
+            samples.get(key),
+            samples.get(Condition::Tracefs.key()),
+            samples.get(Condition::Untraced.key()),
+        ) else {
+            return Value::Null;
+        };
+        let ratios: Vec<f64> = runs
+            .iter()
+            .zip(floors)
+            .zip(bases)
+            .map(|((r, fl), b)| {
+                (r.report.ns_per_call - b.report.ns_per_call)
+                    / (fl.report.ns_per_call - b.report.ns_per_call)
+            })
+            .collect();
+        stats(&ratios)
+    };
+    Ok(json!({
+        "calls_per_run": opts.calls,
+        "rounds": opts.rounds,
+        "tracefs_offset": format!("0x{offset:x}"),
+        "bpftrace_version": bpftrace,
+        "bpftrace_runs_redone": retries,
+        "conditions": by_condition,
+        "added_ns_ratio_to_floor": {
+            "cudatrace": ratio("cudatrace"),
+            "bpftrace": ratio("bpftrace"),
+        },
+        "added_ns_ratio_to_floor_per_round": {
+            "cudatrace": paired("cudatrace"),
+            "bpftrace": paired("bpftrace"),
+        },
+    }))
+}
+
+fn overhead_untraced(env: &Env, calls: u64) -> Result<Sample> {
+    let before = interrupts();
+    let run = run_measured(
+        &env.out,
+        Command::new(&env.bench_loop).arg(calls.to_string()),
+        None,
+    )?;
+    let after = interrupts();
+    run.ensure_ok(LOOP_PROGRAM)?;
+    Ok(Sample {
+        report: LoopReport::parse(&run.stdout)?,
+        interrupts: difference(&before, &after),
+        recorded: None,
+        lost: None,
+    })
+}
+
+fn overhead_tracefs(env: &Env, tracefs: &Path, offset: u64, calls: u64) -> Result<Sample> {
+    let probes = TracefsProbes::attach(tracefs, &env.libcuda, offset)?;
+    let before = interrupts();
+    let run = run_measured(
+        &env.out,
+        Command::new(&env.bench_loop).arg(calls.to_string()),
+        None,
+    )?;
+    let after = interrupts();
+    let recorded = probes.recorded()?;
+    probes.detach()?;
+    run.ensure_ok(LOOP_PROGRAM)?;
+    let report = LoopReport::parse(&run.stdout)?;
+    ensure!(
+        recorded >= 2 * report.traced_calls(),
+        "the tracefs probes recorded {recorded} events for {} calls (expected 2 per call)",
+        report.traced_calls()
+    );
+    Ok(Sample {
+        report,
+        interrupts: difference(&before, &after),
+        recorded: Some(recorded),
+        lost: None,
+    })
+}
+
+fn overhead_cudatrace(env: &Env, calls: u64) -> Result<Sample> {
+    let trace = env.out.join("overhead.jsonl");
+    let before = interrupts();
+    let calls_arg = PathBuf::from(calls.to_string());
+    let run = run_measured(
+        &env.out,
+        &mut cudatrace_run(env, &trace, &[], &[&env.bench_loop, &calls_arg]),
+        None,
+    )?;
+    let after = interrupts();
+    run.ensure_ok("cudatrace run")?;
+    let report = LoopReport::parse(&run.stdout)?;
+    let footer = read_footer(&trace)?;
+    ensure!(
+        footer.calls + footer.lost_calls == report.traced_calls(),
+        "cudatrace saw {} calls + {} lost for {} made",
+        footer.calls,
+        footer.lost_calls,
+        report.traced_calls()
+    );
+    Ok(Sample {
+        report,
+        interrupts: difference(&before, &after),
+        recorded: Some(footer.calls),
+        lost: Some(footer.lost_calls),
+    })
+}
+
+fn overhead_bpftrace(env: &Env, calls: u64) -> Result<Sample> {
+    let lib = env.libcuda.display();
+    // The same pairing cudatrace does (entry time per thread, duration at return), kept as
+    // a histogram; BEGIN runs once every probe is attached.
+    let script = format!(
+        "BEGIN {{ printf(\"ready\\n\"); }} \
+         uprobe:{lib}:{FUNCTION} {{ @s[tid] = nsecs; }} \
+         uretprobe:{lib}:{FUNCTION} /@s[tid]/ {{ @d = hist(nsecs - @s[tid]); delete(@s[tid]); }} \
+         END {{ clear(@s); }}"
+    );
+    let log = env.out.join("bpftrace.txt");
+    let file = File::create(&log)?;
+    let child = Command::new("bpftrace")
+        .arg("-e")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .context("starting bpftrace")?;
+    let mut bpftrace = Background(Some(child));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        check_interrupted()?;
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().any(|l| l == "ready") {
+            break;
+        }
+        if let Some(status) = bpftrace.try_wait()? {
+            bail!("bpftrace exited ({status}) before attaching:\n{text}");
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "bpftrace did not attach in 120 s:\n{text}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let before = interrupts();
+    let run = run_measured(
+        &env.out,
+        Command::new(&env.bench_loop).arg(calls.to_string()),
+        None,
+    );
+    let after = interrupts();
+    bpftrace.stop()?;
+    let run = run?;
+    run.ensure_ok(LOOP_PROGRAM)?;
+    let report = LoopReport::parse(&run.stdout)?;
+    let text = fs::read_to_string(&log)?;
+    let recorded = histogram_total(&text);
+    ensure!(
+        recorded == report.traced_calls(),
+        "bpftrace's histogram holds {recorded} calls of {}:\n{}",
+        report.traced_calls(),
+        tail(&text, 2000)
+    );
+    Ok(Sample {
+        report,
+        interrupts: difference(&before, &after),
+        recorded: Some(recorded),
+        lost: None,
+    })
+}
+
+/// Sums the counts of a bpftrace histogram (`[8K, 16K)   297165 |@@@@|`).
+fn histogram_total(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with('['))
+        .filter_map(|l| {
+            let close = l.find([')', ']'])?;
+            l[close + 1..]
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// A background child stopped with SIGINT (then SIGKILL) when dropped.
+struct Background(Option<Child>);
+
+impl Background {
+    fn try_wait(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        match self.0.as_mut() {
+            Some(child) => Ok(child.try_wait()?),
+            None => bail!("already stopped"),
+        }
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.0.take() else {
+            return Ok(());
+        };
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        // SAFETY: our own child's pid, not yet reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        // Where it was stuck, for the report.
+        let pid = child.id();
+        let state = status_line(pid, "State:").unwrap_or_default();
+        let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        let stack = fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
+        child.kill()?;
+        child.wait()?;
+        bail!(
+            "bpftrace did not stop on SIGINT in 30 s ({state}, wchan {wchan}; stack: {}); killed",
+            stack.lines().take(6).collect::<Vec<_>>().join(" < ")
+        )
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("xtask: bench: {e:#}");
+        }
+    }
+}
+
+/// The IRQ-work and IPI counters of /proc/interrupts, summed over CPUs.
+fn interrupts() -> BTreeMap<String, u64> {
+    let text = fs::read_to_string("/proc/interrupts").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.trim_start().split_once(':')?;
+            ["IWI", "RES", "CAL"].contains(&name).then(|| {
+                let total = rest
+                    .split_whitespace()
+                    .map_while(|w| w.parse::<u64>().ok())
+                    .sum();
+                (name.to_owned(), total)
+            })
+        })
+        .collect()
+}
+
+fn difference(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.saturating_sub(before.get(k).copied().unwrap_or(0)),
+            )
+        })
+        .collect()
+}
+
+/// The file offset of an exported function: where a uprobe on it attaches.
+fn file_offset(lib: &Path, symbol: &str) -> Result<u64> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let data = fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
+    let elf = object::File::parse(&*data).with_context(|| format!("parsing {}", lib.display()))?;
+    let address = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(symbol) && !s.is_undefined())
+        .with_context(|| format!("{} does not export {symbol}", lib.display()))?
+        .address();
+    elf.segments()
+        .find(|seg| address >= seg.address() && address < seg.address() + seg.size())
+        .map(|seg| address - seg.address() + seg.file_range().0)
+        .with_context(|| format!("{symbol} at {address:#x} is in no segment"))
+}
+
+// ---------------------------------------------------------------------------------------
+// tracefs uprobes: the floor
+
+fn tracefs_dir() -> Result<PathBuf> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.join("uprobe_events").exists())
+        .context("no tracefs with uprobe_events (mount -t tracefs nodev /sys/kernel/tracing)")
+}
+
+fn append(path: &Path, line: &str) -> Result<()> {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .with_context(|| format!("writing {:?} to {}", line.trim_end(), path.display()))
+}
+
+/// A `p:` and an `r:` uprobe event on one function, enabled in a tracefs instance of their
+/// own (so the global trace buffer is left alone). Dropping it disables and removes both.
+struct TracefsProbes {
+    dir: PathBuf,
+    instance: PathBuf,
+    events: Vec<&'static str>,
+    enabled: bool,
+}
+
+impl TracefsProbes {
+    fn attach(dir: &Path, lib: &Path, offset: u64) -> Result<Self> {
+        let path = lib.display().to_string();
+        ensure!(
+            !path.contains(char::is_whitespace),
+            "tracefs cannot take a library path with spaces: {path}"
+        );
+        let mut probes = TracefsProbes {
+            dir: dir.to_owned(),
+            instance: dir.join("instances").join(GROUP),
+            events: Vec::new(),
+            enabled: false,
+        };
+        for (kind, name) in [("p", "entry"), ("r", "ret")] {
+            append(
+                &dir.join("uprobe_events"),
+                &format!("{kind}:{GROUP}/{name} {path}:0x{offset:x}\n"),
+            )?;
+            probes.events.push(name);
+        }
+        fs::create_dir(&probes.instance)
+            .with_context(|| format!("creating {}", probes.instance.display()))?;
+        fs::write(
+            probes.instance.join("events").join(GROUP).join("enable"),
+            "1",
+        )
+        .context("enabling the tracefs uprobes")?;
+        probes.enabled = true;
+        Ok(probes)
+    }
+
+    /// Records the instance's buffer took (kept + overwritten), over all CPUs.
+    fn recorded(&self) -> Result<u64> {
+        let mut total = 0;
+        for entry in fs::read_dir(self.instance.join("per_cpu"))? {
+            let stats = fs::read_to_string(entry?.path().join("stats"))?;
+            for line in stats.lines() {
+                if let Some(n) = line
+                    .strip_prefix("entries: ")
+                    .or_else(|| line.strip_prefix("overrun: "))
+                {
+                    total += n.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    fn detach(mut self) -> Result<()> {
+        self.cleanup()
+    }
+
+    fn cleanup(&mut self) -> Result<()> {
+        let mut first_error = None;
+        let mut note = |r: Result<()>| {
+            if let Err(e) = r {
+                first_error.get_or_insert(e);
+            }
+        };
+        if self.enabled {
+            note(
+                fs::write(self.instance.join("events").join(GROUP).join("enable"), "0")
+                    .context("disabling the tracefs uprobes"),
+            );
+            self.enabled = false;
+        }
+        if self.instance.exists() {
+            note(
+                fs::remove_dir(&self.instance)
+                    .with_context(|| format!("removing {}", self.instance.display())),
+            );
+        }
+        for name in std::mem::take(&mut self.events) {
+            note(append(
+                &self.dir.join("uprobe_events"),
+                &format!("-:{GROUP}/{name}\n"),
+            ));
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for TracefsProbes {
+    fn drop(&mut self) {
+        if let Err(e) = self.cleanup() {
+            eprintln!("xtask: bench: cleaning up tracefs: {e:#}");
+        }
+    }
+}
+
+/// Removes what an interrupted earlier bench may have left.
+fn remove_stale_probes(dir: &Path) -> Result<()> {
+    let instance = dir.join("instances").join(GROUP);
+    let events = ["entry", "ret"]
+        .into_iter()
+        .filter(|name| {
+            fs::read_to_string(dir.join("uprobe_events"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains(&format!(":{GROUP}/{name} ")))
+        })
+        .collect::<Vec<_>>();
+    if !instance.exists() && events.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: bench: removing tracefs probes left by an earlier run");
+    TracefsProbes {
+        dir: dir.to_owned(),
+        enabled: instance.join("events").join(GROUP).exists(),
+        instance,
+        events,
+    }
+    .detach()
+}
+
+/// uprobe_events lines after the bench: the bench's own, and anyone else's.
+fn tracefs_leftovers(dir: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let text = fs::read_to_string(dir.join("uprobe_events"))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .partition(|l| l.contains(&format!(":{GROUP}/"))))
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 2: sustained rate and loss
+
+fn rate(env: &Env, opts: &BenchOptions) -> Result<Value> {
+    let trace = env.out.join("rate.jsonl");
+    let run_step = |target: u64, per_thread: u64, ring_kib: Option<u64>| -> Result<Value> {
+        let ring = ring_kib.map(|k| k.to_string());
+        let mut extra = Vec::new();
+        if let Some(ring) = &ring {
+            extra.extend(["--ring-kib", ring.as_str()]);
+        }
+        let args = [per_thread, target, env.threads].map(|n| PathBuf::from(n.to_string()));
+        let mut command = cudatrace_run(
+            env,
+            &trace,
+            &extra,
+            &[&env.bench_loop, &args[0], &args[1], &args[2]],
+        );
+        let run = run_measured(&env.out, &mut command, None)?;
+        run.ensure_ok("cudatrace run")?;
+        let report = LoopReport::parse(&run.stdout)?;
+        let footer = read_footer(&trace)?;
+        Ok(json!({
+            "target_calls_per_s": target,
+            "achieved_calls_per_s": report.calls_per_s,
+            "kept_pace": report.calls_per_s >= 0.95 * target as f64,
+            "ring_kib": ring_kib.unwrap_or(16384),
+            "calls": report.traced_calls(),
+            "traced_calls": footer.calls,
+            "lost_calls": footer.lost_calls,
+            "entries_seen": footer.entries_seen,
+            "loop": report.to_json(),
+        }))
+    };
+    let mut steps = Vec::new();
+    let mut saturated = false;
+    for &target in RATE_STEPS {
+        // Past the first step the loop cannot keep up with, only the target step is run:
+        // a busy-wait that is always late makes every faster step the same run.
+        if saturated && target != RATE_TARGET {
+            continue;
+        }
+        let per_thread = ((target as f64 * opts.rate_seconds) as u64 / env.threads).max(1);
+        let step = run_step(target, per_thread, None)?;
+        eprintln!(
+            "xtask: bench: rate {target:>7}/s: achieved {:>9.0}/s, lost {}",
+            step["achieved_calls_per_s"].as_f64().unwrap_or(0.0),
+            step["lost_calls"]
+        );
+        saturated |= step["kept_pace"] == false;
+        steps.push(step);
+    }
+    // How much of the default ring the fastest rate needs.
+    let fastest = RATE_TARGET;
+    let per_thread = ((fastest as f64 * opts.rate_seconds / 2.0) as u64 / env.threads).max(1);
+    let mut rings = Vec::new();
+    for &kib in RING_STEPS_KIB {
+        let step = run_step(fastest, per_thread, Some(kib))?;
+        eprintln!(
+            "xtask: bench: ring {kib:>5} KiB at full speed: achieved {:>9.0}/s, lost {}",
+            step["achieved_calls_per_s"].as_f64().unwrap_or(0.0),
+            step["lost_calls"]
+        );
+        rings.push(step);
+    }
+    let clean = |s: &&Value| s["lost_calls"] == 0;
+    let highest_clean = steps
+        .iter()
+        .filter(clean)
+        .map(|s| s["achieved_calls_per_s"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    let first_loss = steps.iter().find(|s| s["lost_calls"] != 0).cloned();
+    Ok(json!({
+        "threads": env.threads,
+        "seconds_per_step": opts.rate_seconds,
+        "steps": steps,
+        "highest_achieved_calls_per_s_with_0_lost": highest_clean,
+        "first_step_with_loss": first_loss,
+        "smaller_rings_at_full_speed": rings,
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 3: the tracer's memory and CPU
+
+/// Resident KiB by mapping kind, from /proc/PID/smaps.
+fn rss_breakdown(pid: u32) -> BTreeMap<String, u64> {
+    let mut kinds = BTreeMap::new();
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return kinds;
+    };
+    let mut kind = String::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: address perms offset dev inode [name].
+            let name = words.nth(4).unwrap_or("");
+            kind = if name.starts_with("anon_inode:") {
+                name.to_owned()
+            } else if name.is_empty() {
+                "anonymous".into()
+            } else if name.starts_with('[') {
+                name.to_owned()
+            } else if name.ends_with("/cudatrace") {
+                "cudatrace binary".into()
+            } else {
+                "other files".into()
+            };
+        } else if first == "Rss:" {
+            let kib = words
+                .next()
+                .and_then(|w| w.parse::<u64>().ok())
+                .unwrap_or(0);
+            *kinds.entry(kind.clone()).or_insert(0) += kib;
+        }
+    }
+    kinds
+}
+
+fn status_line(pid: u32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_owned())
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Runs cudatrace over `command`, sampling its VmHWM and RSS breakdown.
+fn sampled_run(env: &Env, trace: &Path, command: &[&Path]) -> Result<(Finished, Value)> {
+    let mut hwm_kib = 0;
+    let mut samples = 0u64;
+    let mut breakdown = BTreeMap::new();
+    let mut last_breakdown = Instant::now() - Duration::from_secs(10);
+    let mut sampler = |pid: u32| {
+        if let Some(kib) = status_kib(pid, "VmHWM:") {
+            hwm_kib = hwm_kib.max(kib);
+            samples += 1;
+        }
+        if last_breakdown.elapsed() >= Duration::from_millis(500) {
+            let b = rss_breakdown(pid);
+            if b.values().sum::<u64>() >= breakdown.values().sum::<u64>() {
+                breakdown = b;
+            }
+            last_breakdown = Instant::now();
+        }
+    };
+    let run = run_measured(
+        &env.out,
+        &mut cudatrace_run(env, trace, &[], command),
+        Some(&mut sampler),
+    )?;
+    run.ensure_ok("cudatrace run")?;
+    Ok((
+        run,
+        json!({
+            "vm_hwm_kib": hwm_kib, "samples": samples, "rss_breakdown_kib": breakdown,
+        }),
+    ))
+}
+
+fn resources(env: &Env, opts: &BenchOptions) -> Result<Value> {
+    let trace = env.out.join("resources.jsonl");
+    // Idle: attached, tracing a process that calls once per 10 ms for 2 s.
+    let driver = env.standin.join("cudatrace-driver");
+    let (idle_run, idle) =
+        sampled_run(env, &trace, &[&driver, Path::new("sleep"), Path::new("2")])?;
+    // Busy: the loop on every CPU as fast as it goes.
+    let per_thread = (opts.resource_calls / env.threads).max(1);
+    let args = [per_thread, 0, env.threads].map(|n| PathBuf::from(n.to_string()));
+    let (busy_run, busy) = sampled_run(
+        env,
+        &trace,
+        &[&env.bench_loop, &args[0], &args[1], &args[2]],
+    )?;
+    let report = LoopReport::parse(&busy_run.stdout)?;
+    let footer = read_footer(&trace)?;
+    let trace_bytes = fs::metadata(&trace)?.len();
+    // wait4 counts cudatrace with its waited-for child, the loop: take the loop's own off.
+    let tracer_cpu_s = busy_run.cpu_s - report.process_cpu_ns as f64 / 1e9;
+    let mib = |kib: &Value| kib.as_u64().unwrap_or(0) as f64 / 1024.0;
+    Ok(json!({
+        "idle": {
+            "command": "cudatrace-driver sleep 2",
+            "peak_rss_mib": mib(&idle["vm_hwm_kib"]),
+            "wall_s": idle_run.wall_s,
+            "sampled": idle,
+        },
+        "busy": {
+            "command": format!("{LOOP_PROGRAM} {per_thread} 0 {}", env.threads),
+            "calls": report.traced_calls(),
+            "traced_calls": footer.calls,
+            "lost_calls": footer.lost_calls,
+            "trace_bytes": trace_bytes,
+            "wall_s": busy_run.wall_s,
+            "loop_calls_per_s": report.calls_per_s,
+            "peak_rss_mib": mib(&busy["vm_hwm_kib"]),
+            "wait4_max_rss_mib": busy_run.max_rss_kib as f64 / 1024.0,
+            "tracer_cpu_s": tracer_cpu_s,
+            "tracer_cpu_percent_of_one_cpu": 100.0 * tracer_cpu_s / busy_run.wall_s,
+            "tracer_cpu_ns_per_call": tracer_cpu_s * 1e9 / footer.calls.max(1) as f64,
+            "loop_cpu_s": report.process_cpu_ns as f64 / 1e9,
+            "sampled": busy,
+        },
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 4: summary and export on a generated trace
+
+/// A call line split around its `ts_ns` value.
+struct Template {
+    before: Vec<u8>,
+    after: Vec<u8>,
+    ts: u64,
+    name: String,
+}
+
+fn split_ts(line: &str) -> Option<(Vec<u8>, Vec<u8>, u64)> {
+    const KEY: &str = "\"ts_ns\":";
+    let start = line.find(KEY)? + KEY.len();
+    let digits = line[start..].bytes().take_while(u8::is_ascii_digit).count();
+    let ts = line[start..start + digits].parse().ok()?;
+    Some((
+        line.as_bytes()[..start].to_vec(),
+        line.as_bytes()[start + digits..].to_vec(),
+        ts,
+    ))
+}
+
+/// Writes `events` call lines made of the demo trace's calls repeated (the demo's own
+/// spacing, each repetition 50 µs after the last), between its header and process lines
+/// and a footer with the matching counts. Deterministic for a given demo trace.
+fn generate_trace(demo: &Path, out: &Path, events: u64) -> Result<u64> {
+    let text = fs::read_to_string(demo)?;
+    let mut header = None;
+    let mut process = Vec::new();
+    let mut templates = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line)?;
+        match v["type"].as_str() {
+            Some("header") => header = Some(line.to_owned()),
+            Some("process") => process.push(line.to_owned()),
+            Some("call") => {
+                let (before, after, ts) = split_ts(line).context("a call line without ts_ns")?;
+                let name = v["name"].as_str().unwrap_or("").to_owned();
+                templates.push(Template {
+                    before,
+                    after,
+                    ts,
+                    name,
+                });
+            }
+            _ => {}
+        }
+    }
+    let header = header.context("the demo trace has no header")?;
+    ensure!(!templates.is_empty(), "the demo trace has no calls");
+    let first = templates.iter().map(|t| t.ts).min().unwrap_or(0);
+    let last = templates.iter().map(|t| t.ts).max().unwrap_or(0);
+    let period = last - first + 50_000;
+    let mut names: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(out)?);
+    writeln!(w, "{header}")?;
+    if let Some(exec) = process.iter().find(|l| l.contains("\"event\":\"exec\"")) {
+        writeln!(w, "{exec}")?;
+    }
+    let mut ts = first;
+    for i in 0..events {
+        let t = &templates[(i % templates.len() as u64) as usize];
+        ts = first + (i / templates.len() as u64) * period + (t.ts - first);
+        w.write_all(&t.before)?;
+        write!(w, "{ts}")?;
+        w.write_all(&t.after)?;
+        w.write_all(b"\n")?;
+        *names.entry(&t.name).or_insert(0) += 1;
+    }
+    let mut process_lines = 0;
+    if let Some(exit) = process.iter().find(|l| l.contains("\"event\":\"exit\"")) {
+        let (before, after, _) = split_ts(exit).context("an exit line without ts_ns")?;
+        w.write_all(&before)?;
+        write!(w, "{}", ts + 1000)?;
+        w.write_all(&after)?;
+        w.write_all(b"\n")?;
+        process_lines = 2;
+    }
+    let footer = json!({
+        "type": "footer",
+        "end_wall": "2026-11-21T00:00:00Z",
+        "duration_ns": ts + 1000 - first,
+        "events": {"call": events, "process": process_lines, "lost": 0, "driver": 0},
+        "calls_by_name": names,
+        "lost": {"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
+                 "driver_ring_full": 0, "calls": 0, "total": 0},
+        "entries_seen": events,
+        "unmatched_returns": 0,
+        "undecodable": 0,
+        "exit_code": 0,
+        "generated_by": "cargo xtask bench (demo calls repeated)",
+    });
+    writeln!(w, "{footer}")?;
+    w.flush()?;
+    Ok(fs::metadata(out)?.len())
+}
+
+fn free_bytes(path: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs is plain data; the path is a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+    ensure!(
+        rc == 0,
+        "statvfs {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {
+    let demo = env.out.join("demo-source.jsonl");
+    let demo_program = env.standin.join("cudatrace-demo");
+    run_measured(
+        &env.out,
+        &mut cudatrace_run(env, &demo, &[], &[&demo_program]),
+        None,
+    )?
+    .ensure_ok("cudatrace run of the demo")?;
+    let demo_text = fs::read_to_string(&demo)?;
+    let calls: Vec<&str> = demo_text
+        .lines()
+        .filter(|l| l.starts_with("{\"type\":\"call\""))
+        .collect();
+    let mean_line =
+        calls.iter().map(|l| l.len() as u64 + 1).sum::<u64>() / calls.len().max(1) as u64;
+    let free = free_bytes(&env.out)?;
+    let mut events = opts.trace_events;
+    let mut note = None;
+    let estimate = events * mean_line;
+    if free < MIN_FREE_BYTES || estimate > free / 2 {
+        let fits = (free / 2 / mean_line.max(1)).min(events);
+        note = Some(format!(
+            "only {:.1} GB free: scaled down from {} to {} events",
+            free as f64 / 1e9,
+            events,
+            fits
+        ));
+        eprintln!("xtask: bench: {}", note.as_deref().unwrap_or(""));
+        events = fits;
+    }
+    let generated = env.out.join("generated.jsonl");
+    let t = Instant::now();
+    let bytes = generate_trace(&demo, &generated, events)?;
+    let generate_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "xtask: bench: generated {events} calls, {:.2} GB in {generate_s:.1} s",
+        bytes as f64 / 1e9
+    );
+    let tools: [(&str, Vec<&str>); 3] = [
+        ("summary", vec!["summary"]),
+        (
+            "export_chrome",
+            vec!["export", "--format", "chrome", "-o", "/dev/null"],
+        ),
+        (
+            "export_perfetto",
+            vec!["export", "--format", "perfetto", "-o", "/dev/null"],
+        ),
+    ];
+    let mut runs: BTreeMap<&str, Vec<Finished>> = BTreeMap::new();
+    let mut summary_text = String::new();
+    for round in 0..opts.trace_rounds.max(1) {
+        for (key, args) in &tools {
+            let mut command = Command::new(&env.cudatrace);
+            command.args(args).arg(&generated);
+            let run = run_measured(&env.out, &mut command, None)?;
+            run.ensure_ok(&format!("cudatrace {}", args.join(" ")))?;
+            eprintln!(
+                "xtask: bench: round {}/{} {key:16} {:6.2} s, peak RSS {:.1} MiB",
+                round + 1,
+                opts.trace_rounds,
+                run.wall_s,
+                run.max_rss_kib as f64 / 1024.0
+            );
+            if *key == "summary" && summary_text.is_empty() {
+                summary_text = run.stdout.clone();
+            }
+            runs.entry(key).or_default().push(run);
+        }
+    }
+    fs::write(env.out.join("generated-summary.txt"), &summary_text)?;
+    if !opts.keep_trace {
+        fs::remove_file(&generated)?;
+    }
+    let mut by_tool = serde_json::Map::new();
+    for (key, runs) in &runs {
+        let wall: Vec<f64> = runs.iter().map(|r| r.wall_s).collect();
+        let rss: Vec<f64> = runs.iter().map(|r| r.max_rss_kib as f64 / 1024.0).collect();
+        let cpu: Vec<f64> = runs.iter().map(|r| r.cpu_s).collect();
+        let median_wall = stats(&wall)["median"].as_f64().unwrap_or(f64::NAN);
+        by_tool.insert(
+            (*key).into(),
+            json!({
+                "wall_s": stats(&wall),
+                "cpu_s": stats(&cpu),
+                "peak_rss_mib": stats(&rss),
+                "events_per_s": events as f64 / median_wall,
+                "mb_per_s": bytes as f64 / 1e6 / median_wall,
+            }),
+        );
+    }
+    Ok(json!({
+        "events": events,
+        "requested_events": opts.trace_events,
+        "scaled_note": note,
+        "bytes": bytes,
+        "source_calls": calls.len(),
+        "generate_s": generate_s,
+        "free_bytes_before": free,
+        "page_cache": "warm: the trace was just written",
+        "tools": by_tool,
+        "kept": opts.keep_trace.then(|| generated.display().to_string()),
+    }))
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics, machine, report
+
+fn stats(values: &[f64]) -> Value {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return json!({"median": null, "min": null, "max": null, "n": 0});
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    json!({"median": median, "min": v[0], "max": v[n - 1], "n": n, "values": values})
+}
+
+fn machine() -> Value {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+    json!({
+        "cpu": field("model name"),
+        "cpus": thread::available_parallelism().map(|n| n.get()).ok(),
+        "hypervisor": field("flags").map(|f| f.split_whitespace().any(|x| x == "hypervisor")),
+        "mem_gib": mem_kib.map(|k| k as f64 / 1048576.0),
+        "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_owned()),
+        "loadavg_at_start": fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_owned()),
+    })
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// `median [min-max]` of a stats object.
+fn spread(s: &Value, digits: usize) -> String {
+    format!(
+        "{:.*} [{:.*}-{:.*}]",
+        digits,
+        f(&s["median"]),
+        digits,
+        f(&s["min"]),
+        digits,
+        f(&s["max"])
+    )
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
+fn print_tables(r: &Value) {
+    let m = &r["machine"];
+    println!(
+        "\ncudatrace bench, {}: {} x{} ({}), {:.0} GiB, Linux {}",
+        r["date"].as_str().unwrap_or(""),
+        m["cpu"].as_str().unwrap_or("?"),
+        m["cpus"],
+        if m["hypervisor"] == true {
+            "VM"
+        } else {
+            "bare metal"
+        },
+        f(&m["mem_gib"]),
+        m["kernel"].as_str().unwrap_or("?"),
+    );
+    let mut targets: Vec<(String, String, Option<bool>)> = Vec::new();
+    let o = &r["overhead"];
+    if o.is_object() {
+        println!(
+            "\n## Per-call cost: {FUNCTION} in a tight loop, 1 thread, {} calls per run, {} rounds interleaved; median [min-max]",
+            o["calls_per_run"], o["rounds"]
+        );
+        println!(
+            "| condition | ns/call | added ns/call | loop's sys ns/call | IRQ-work+IPI per call |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        let base = f(&o["conditions"]["untraced"]["ns_per_call"]["median"]);
+        for c in Condition::ALL {
+            let s = &o["conditions"][c.key()];
+            if !s.is_object() {
+                continue;
+            }
+            println!(
+                "| {} | {} | {:.0} | {:.0} | {:.2} |",
+                c.label(),
+                spread(&s["ns_per_call"], 1),
+                f(&s["ns_per_call"]["median"]) - base,
+                f(&s["sys_ns_per_call"]["median"]),
+                f(&s["interrupts_per_call"]["median"]),
+            );
+        }
+        let ratio = f(&o["added_ns_ratio_to_floor"]["cudatrace"]);
+        let per_round = &o["added_ns_ratio_to_floor_per_round"];
+        println!(
+            "added ns over the floor's: cudatrace {ratio:.2}x (per round: {}), bpftrace {:.2}x (per round: {})",
+            spread(&per_round["cudatrace"], 2),
+            f(&o["added_ns_ratio_to_floor"]["bpftrace"]),
+            spread(&per_round["bpftrace"], 2),
+        );
+        if let Some(redone) = o["bpftrace_runs_redone"]
+            .as_array()
+            .filter(|r| !r.is_empty())
+        {
+            println!(
+                "bpftrace runs redone: {} (why: results.json overhead.bpftrace_runs_redone)",
+                redone.len()
+            );
+        }
+        targets.push((
+            format!("per-call cost <= {TARGET_FLOOR_RATIO}x the tracefs floor"),
+            format!("{ratio:.2}x"),
+            Some(ratio <= TARGET_FLOOR_RATIO),
+        ));
+    }
+    let rt = &r["rate"];
+    if rt.is_object() {
+        println!(
+            "\n## Sustained rate under cudatrace: {} loop threads, paced by busy-wait, ~{} s per step",
+            rt["threads"], rt["seconds_per_step"]
+        );
+        println!("| target calls/s | achieved calls/s | ring | calls | lost |");
+        println!("|---:|---:|---:|---:|---:|");
+        let rows = rt["steps"].as_array().into_iter().flatten().chain(
+            rt["smaller_rings_at_full_speed"]
+                .as_array()
+                .into_iter()
+                .flatten(),
+        );
+        for s in rows {
+            println!(
+                "| {} | {:.0}{} | {} KiB | {} | {} |",
+                s["target_calls_per_s"],
+                f(&s["achieved_calls_per_s"]),
+                if s["kept_pace"] == true { "" } else { " (max)" },
+                s["ring_kib"],
+                s["calls"],
+                s["lost_calls"],
+            );
+        }
+        let highest = f(&rt["highest_achieved_calls_per_s_with_0_lost"]);
+        let first_loss = &rt["first_step_with_loss"];
+        println!(
+            "highest rate with 0 lost (16 MiB ring): {highest:.0} calls/s; first with loss: {}",
+            if first_loss.is_object() {
+                format!("{:.0} calls/s", f(&first_loss["achieved_calls_per_s"]))
+            } else {
+                "none reached".into()
+            }
+        );
+        let at_target = rt["steps"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["target_calls_per_s"] == RATE_TARGET));
+        let met = at_target.is_some_and(|s| s["kept_pace"] == true && s["lost_calls"] == 0);
+        targets.push((
+            format!("0 lost at {RATE_TARGET} calls/s"),
+            at_target.map_or("not run".into(), |s| {
+                format!(
+                    "{:.0} calls/s reached, {} lost",
+                    f(&s["achieved_calls_per_s"]),
+                    s["lost_calls"]
+                )
+            }),
+            Some(met),
+        ));
+    }
+    let rs = &r["resources"];
+    if rs.is_object() {
+        let busy = &rs["busy"];
+        let idle = &rs["idle"];
+        println!("\n## The cudatrace process while tracing");
+        println!("| run | calls | lost | wall s | peak RSS (VmHWM) | tracer CPU |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        println!(
+            "| {} (idle) | - | - | {:.1} | {:.1} MiB | - |",
+            idle["command"].as_str().unwrap_or(""),
+            f(&idle["wall_s"]),
+            f(&idle["peak_rss_mib"])
+        );
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} MiB | {:.2} s ({:.0}% of a CPU, {:.0} ns/call) |",
+            busy["command"].as_str().unwrap_or(""),
+            busy["calls"],
+            busy["lost_calls"],
+            f(&busy["wall_s"]),
+            f(&busy["peak_rss_mib"]),
+            f(&busy["tracer_cpu_s"]),
+            f(&busy["tracer_cpu_percent_of_one_cpu"]),
+            f(&busy["tracer_cpu_ns_per_call"]),
+        );
+        let breakdown = &busy["sampled"]["rss_breakdown_kib"];
+        if let Some(map) = breakdown.as_object() {
+            let parts: Vec<String> = map
+                .iter()
+                .filter(|(_, v)| v.as_u64().unwrap_or(0) >= 1024)
+                .map(|(k, v)| format!("{k} {:.1} MiB", v.as_u64().unwrap_or(0) as f64 / 1024.0))
+                .collect();
+            println!("RSS by mapping (busy): {}", parts.join(", "));
+        }
+        let peak = f(&busy["peak_rss_mib"]).max(f(&idle["peak_rss_mib"]));
+        targets.push((
+            format!("tracer RSS <= {TARGET_RSS_MIB} MiB"),
+            format!("{peak:.1} MiB"),
+            Some(peak <= TARGET_RSS_MIB),
+        ));
+    }
+    let tt = &r["trace"];
+    if tt.is_object() {
+        println!(
+            "\n## summary and export of a generated trace: {} calls, {:.2} GB (warm page cache); median [min-max] of {} runs",
+            tt["events"],
+            f(&tt["bytes"]) / 1e9,
+            tt["tools"]["summary"]["wall_s"]["n"]
+        );
+        if let Some(note) = tt["scaled_note"].as_str() {
+            println!("NOTE: {note}");
+        }
+        println!("| command | wall s | CPU s | Mevents/s | peak RSS MiB |");
+        println!("|---|---:|---:|---:|---:|");
+        for (key, label) in [
+            ("summary", "cudatrace summary"),
+            (
+                "export_chrome",
+                "cudatrace export --format chrome -o /dev/null",
+            ),
+            (
+                "export_perfetto",
+                "cudatrace export --format perfetto -o /dev/null",
+            ),
+        ] {
+            let t = &tt["tools"][key];
+            println!(
+                "| {label} | {} | {} | {:.2} | {} |",
+                spread(&t["wall_s"], 2),
+                spread(&t["cpu_s"], 2),
+                f(&t["events_per_s"]) / 1e6,
+                spread(&t["peak_rss_mib"], 1),
+            );
+        }
+        let wall = f(&tt["tools"]["summary"]["wall_s"]["median"]);
+        let scaled = tt["events"] != tt["requested_events"];
+        targets.push((
+            format!("summary of 10M events < {TARGET_SUMMARY_S} s"),
+            format!(
+                "{wall:.2} s for {} events{}",
+                tt["events"],
+                if scaled { " (scaled down)" } else { "" }
+            ),
+            (!scaled).then_some(wall < TARGET_SUMMARY_S),
+        ));
+    }
+    println!("\n## Targets (issue 7)");
+    println!("| target | measured | |");
+    println!("|---|---|---|");
+    for (target, measured, met) in targets {
+        println!(
+            "| {target} | {measured} | {} |",
+            met.map_or("not comparable", verdict)
+        );
+    }
+    println!(
+        "tracefs uprobe_events empty after the bench: {}",
+        if r["tracefs_after"]["uprobe_events_empty"] == true {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bpftrace_histogram_counts_are_summed() {
+        let text = "Attaching 4 probes...\nready\n\n\n@d: \n\
+                    [0]                    2 |@        |\n\
+                    [8K, 16K)         297165 |@@@@@@@@@@|\n\
+                    [16K, 32K)          2478 |         |\n\n";
+        assert_eq!(histogram_total(text), 2 + 297165 + 2478);
+    }
+
+    #[test]
+    fn a_call_line_splits_around_its_timestamp() {
+        let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":2283275219678,"dur_ns":47931,"ret":0}"#;
+        let (before, after, ts) = split_ts(line).unwrap();
+        assert_eq!(ts, 2283275219678);
+        let rebuilt = [before, b"42".to_vec(), after].concat();
+        assert_eq!(
+            String::from_utf8(rebuilt).unwrap(),
+            line.replace("2283275219678", "42")
+        );
+    }
+
+    #[test]
+    fn stats_give_median_and_spread() {
+        let s = stats(&[3.0, 1.0, 2.0, 10.0]);
+        assert_eq!(s["median"], 2.5);
+        assert_eq!(s["min"], 1.0);
+        assert_eq!(s["max"], 10.0);
+    }
+}
