@@ -18,7 +18,7 @@ use tracer_common::{
 
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
-use crate::maps::{EVENTS, FRAMES, SPECS, ZERO_STACK, bump, is_traced};
+use crate::maps::{EVENTS, FRAMES, SPECS, ZERO_STACK, bump, is_traced, submit_flags};
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
@@ -208,7 +208,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             return None;
         };
         entry.write(call);
-        entry.submit(0);
+        entry.submit(submit_flags());
     } else {
         call.header.kind = kind::CALL_DATA;
         let Some(mut entry) = EVENTS.reserve::<CallDataEvent>(0) else {
@@ -232,7 +232,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             (*out).data_len = len;
             (*out)._pad = 0;
         }
-        entry.submit(0);
+        entry.submit(submit_flags());
     }
     Some(())
 }

@@ -1,7 +1,7 @@
 //! Maps and load-time constants shared by the programs.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
@@ -30,6 +30,25 @@ pub static ZERO_STACK: Array<FrameStack> = Array::with_max_entries(1, 0);
 /// Loss and activity counters, per CPU (see `tracer_common::counter`).
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Wake the reader only once this many bytes wait in the ring (0: wake on every event).
+/// Each wakeup costs the traced thread an interrupt; the reader also drains on a timer.
+#[unsafe(no_mangle)]
+static WAKEUP_BYTES: u32 = 0;
+
+/// Submit flags for a ring-buffer record: no wakeup until enough data waits.
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    let threshold = u64::from(load_const(&WAKEUP_BYTES));
+    if threshold == 0 {
+        return 0;
+    }
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
 
 /// Set to 1 by the loader for `--all`: trace every process that calls libcuda.
 #[unsafe(no_mangle)]

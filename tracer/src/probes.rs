@@ -192,6 +192,7 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         .override_global("XID_DEV_OFF", &xid_dev, true)
         .override_global("XID_MSG_OFF", &xid_msg, true)
         .override_global("TRACE_ALL", &trace_all, true)
+        .override_global("WAKEUP_BYTES", &(options.ring_bytes / 16), true)
         .override_global("NEWTASK_PID_OFF", &offsets.newtask_pid, true)
         .override_global("NEWTASK_FLAGS_OFF", &offsets.newtask_flags, true)
         .override_global("EXEC_FILENAME_OFF", &offsets.exec_filename, true)

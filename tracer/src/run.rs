@@ -549,11 +549,29 @@ impl Session<'_> {
                 describe_targets(self.args, &pids)
             );
         }
+        // Names of kprobed kernel functions by address; only those, and only with kprobes
+        // (all of /proc/kallsyms costs about 24 MB of heap).
+        let kernel_functions = match &self.kernel_hooks {
+            Some(hooks) if hooks.mechanism == "kprobe" => kernel_hooks::kallsyms()
+                .map_err(internal)?
+                .into_iter()
+                .filter(|(name, _)| {
+                    hooks.functions.contains(name)
+                        || kernel_hooks::INTERRUPT_FUNCTIONS.contains(&name.as_str())
+                })
+                .map(|(name, address)| (address, name))
+                .collect(),
+            _ => HashMap::new(),
+        };
         let loop_result = runtime.block_on(event_loop(
             &mut bpf,
             &mut attached,
             writer,
-            self.plan,
+            EventSink {
+                plan: self.plan,
+                undecodable: 0,
+                kernel_functions,
+            },
             watches,
             child,
             self.args.quiet,
@@ -746,7 +764,7 @@ async fn event_loop(
     bpf: &mut Ebpf,
     attached: &mut probes::Attached,
     writer: &mut TraceWriter,
-    plan: &AttachPlan,
+    mut sink: EventSink<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
@@ -760,18 +778,6 @@ async fn event_loop(
         already_exited,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    let kernel_functions = match kernel_hooks::kallsyms() {
-        Ok(symbols) => symbols
-            .into_iter()
-            .map(|(name, address)| (address, name))
-            .collect(),
-        Err(_) => HashMap::new(),
-    };
-    let mut sink = EventSink {
-        plan,
-        undecodable: 0,
-        kernel_functions,
-    };
     let mut last = Counters::default();
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
@@ -809,6 +815,8 @@ async fn event_loop(
                 running = false;
             }
             _ = ticker.tick() => {
+                // Records below the wakeup threshold raise no readiness: collect them here.
+                drain(ring.get_mut(), &mut sink, writer, usize::MAX)?;
                 report_loss(writer, &mut last, counters.read()?)?;
                 progress.update(writer.footer.events.call, last.lost());
                 // A live trace can be followed (`tail -f`) a quarter second behind.
