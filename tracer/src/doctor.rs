@@ -1,28 +1,22 @@
 //! `cudatrace doctor`: what this machine allows, and why. Every check that can be tried
 //! is tried for real (a program loaded and attached), not guessed from config files.
 
-use std::{
-    fs,
-    path::Path,
-    sync::{Arc, Mutex},
-};
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::RingBuf,
-    programs::{
-        FEntry, KProbe, TracePoint, UProbe,
-        uprobe::{UProbeAttachLocation, UProbeScope},
-    },
+    programs::{FEntry, KProbe, TracePoint, uprobe::UProbeScope},
 };
 use clap::Args;
 use serde::Serialize;
-use tracer_common::{SelftestEvent, kind};
 
-use crate::{exit::Failure, kernel_hooks, libcuda, privileges, probes, uprobe_multi};
-
-static SELFTEST_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_SELFTEST_OBJ"));
+use crate::{
+    exit::Failure,
+    kernel_hooks, libcuda, privileges, probes,
+    selftest::{SELFTEST_OBJECT, SelftestProbe},
+    uprobe_multi,
+};
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -68,69 +62,29 @@ pub extern "C" fn cudatrace_doctor_target(a: u64, b: u64) -> u64 {
     std::hint::black_box(a.wrapping_mul(3).wrapping_add(b))
 }
 
-#[derive(Clone, Default)]
-struct Collector(Arc<Mutex<Vec<String>>>);
-
-impl log::Log for Collector {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push(record.args().to_string());
-    }
-    fn flush(&self) {}
-}
-
 /// uprobe + uretprobe on this binary, ring buffer, aya-log: the whole data path.
-fn uprobe_check(bpf: &mut Ebpf) -> Result<String> {
-    let collector = Collector::default();
-    let mut logger = aya_log::EbpfLogger::init_with_logger(bpf, collector.clone())
-        .context("starting aya-log")?;
+fn uprobe_check() -> Result<String> {
     let exe = fs::read_link("/proc/self/exe").context("reading /proc/self/exe")?;
-    for name in ["selftest_return", "selftest_enter"] {
-        let program: &mut UProbe = bpf
-            .program_mut(name)
-            .context("program missing")?
-            .try_into()?;
-        program.load()?;
-        program.attach(
-            UProbeAttachLocation::Symbol("cudatrace_doctor_target"),
-            &exe,
-            UProbeScope::CallingProcess,
-        )?;
-    }
+    let probe =
+        SelftestProbe::attach(&exe, "cudatrace_doctor_target", UProbeScope::CallingProcess)?;
     for i in 0..3 {
         std::hint::black_box(cudatrace_doctor_target(i, 100 + i));
     }
-    let mut ring = RingBuf::try_from(bpf.take_map("SELFTEST_EVENTS").context("map missing")?)?;
-    let (mut entries, mut returns) = (0, 0);
-    while let Some(item) = ring.next() {
-        if item.len() >= size_of::<SelftestEvent>() {
-            // SAFETY: length checked; SelftestEvent is plain data.
-            let event: SelftestEvent =
-                unsafe { item.as_ptr().cast::<SelftestEvent>().read_unaligned() };
-            match event.header.kind {
-                kind::SELFTEST_ENTRY => entries += 1,
-                kind::SELFTEST_RETURN => returns += 1,
-                _ => {}
-            }
-        }
-    }
-    logger.flush();
-    let logs = collector.0.lock().unwrap().len();
-    if (entries, returns, logs) != (3, 3, 3) {
+    let seen = probe.collect()?;
+    let counts = (seen.entries.len(), seen.returns.len(), seen.logs.len());
+    if counts != (3, 3, 3) {
         return Err(anyhow!(
-            "3 calls gave {entries} entry events, {returns} return events, {logs} log lines"
+            "3 calls gave {} entry events, {} return events, {} log lines",
+            counts.0,
+            counts.1,
+            counts.2
         ));
     }
     Ok("3 calls seen at entry and return through the ring buffer; aya-log works".into())
 }
 
 fn kprobe_check(bpf: &mut Ebpf) -> Result<String> {
-    let program: &mut KProbe = bpf
-        .program_mut("doctor_kprobe")
-        .context("program missing")?
-        .try_into()?;
+    let program: &mut KProbe = probes::program(bpf, "doctor_kprobe")?;
     program.load()?;
     program.attach("do_sys_openat2", 0).map_err(|e| {
         anyhow!("{e:#}: the kernel has no kprobes (CONFIG_KPROBES unset?); --kernel uses the syscall tracepoints instead")
@@ -140,10 +94,7 @@ fn kprobe_check(bpf: &mut Ebpf) -> Result<String> {
 
 fn fentry_check(bpf: &mut Ebpf) -> Result<String> {
     let btf = Btf::from_sys_fs().context("reading /sys/kernel/btf/vmlinux")?;
-    let program: &mut FEntry = bpf
-        .program_mut("doctor_fentry")
-        .context("program missing")?
-        .try_into()?;
+    let program: &mut FEntry = probes::program(bpf, "doctor_fentry")?;
     program
         .load("do_sys_openat2", &btf)
         .map_err(|e| anyhow!("{e:#} (cudatrace does not need fentry)"))?;
@@ -152,10 +103,7 @@ fn fentry_check(bpf: &mut Ebpf) -> Result<String> {
 }
 
 fn tracepoint_check(bpf: &mut Ebpf) -> Result<String> {
-    let program: &mut TracePoint = bpf
-        .program_mut("doctor_tracepoint")
-        .context("program missing")?
-        .try_into()?;
+    let program: &mut TracePoint = probes::program(bpf, "doctor_tracepoint")?;
     program.load()?;
     program.attach("syscalls", "sys_enter_ioctl")?;
     Ok("attached to syscalls:sys_enter_ioctl".into())
@@ -206,7 +154,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
         .context("loading the self-test object");
     match &mut bpf {
         Ok(bpf) => {
-            checks.push(check("uprobes", true, uprobe_check(bpf)));
+            checks.push(check("uprobes", true, uprobe_check()));
             checks.push(check(
                 "uprobe_multi",
                 false,

@@ -13,15 +13,11 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use aya::{
-    Ebpf,
-    maps::HashMap as BpfHashMap,
-    programs::{KProbe, TracePoint},
-};
+use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
 use serde::Serialize;
 use tracer_common::{DEVICE_PREFIX_LEN, DriverEvent, IOCTL_PARAMS_LEN, device_kind, driver_event};
 
-use crate::probes::field_offset;
+use crate::probes::{self, field_offset};
 
 /// The driver functions hooked by default on kernels with kprobes.
 pub const DEFAULT_FUNCTIONS: &[&str] = &[
@@ -199,33 +195,22 @@ pub fn xid_offsets(tracefs: &Path) -> Option<(u32, u32, u32)> {
 /// Attaches the chosen hooks. Returns the functions actually hooked (kprobes).
 pub fn attach(bpf: &mut Ebpf, plan: &HookPlan) -> Result<Vec<String>> {
     let mut tracepoints = vec![
-        ("sys_enter_openat", "syscalls", "sys_enter_openat"),
-        ("sys_exit_openat", "syscalls", "sys_exit_openat"),
-        ("sys_enter_close", "syscalls", "sys_enter_close"),
+        ("syscalls", "sys_enter_openat"),
+        ("syscalls", "sys_exit_openat"),
+        ("syscalls", "sys_enter_close"),
     ];
     if plan.mechanism == "tracepoint" {
         tracepoints.extend([
-            ("sys_enter_ioctl", "syscalls", "sys_enter_ioctl"),
-            ("sys_exit_ioctl", "syscalls", "sys_exit_ioctl"),
-            ("sys_enter_mmap", "syscalls", "sys_enter_mmap"),
-            ("sys_exit_mmap", "syscalls", "sys_exit_mmap"),
+            ("syscalls", "sys_enter_ioctl"),
+            ("syscalls", "sys_exit_ioctl"),
+            ("syscalls", "sys_enter_mmap"),
+            ("syscalls", "sys_exit_mmap"),
         ]);
     }
     if plan.xid {
-        tracepoints.push(("nvidia_dev_xid", "nvidia", "nvidia_dev_xid"));
+        tracepoints.push(("nvidia", "nvidia_dev_xid"));
     }
-    for (program_name, category, event) in tracepoints {
-        let program: &mut TracePoint = bpf
-            .program_mut(program_name)
-            .with_context(|| format!("program {program_name} missing"))?
-            .try_into()?;
-        program
-            .load()
-            .with_context(|| format!("loading {program_name}"))?;
-        program
-            .attach(category, event)
-            .with_context(|| format!("attaching tracepoint {category}:{event}"))?;
-    }
+    probes::attach_tracepoints(bpf, &tracepoints)?;
     if plan.mechanism != "kprobe" {
         return Ok(Vec::new());
     }
@@ -241,10 +226,7 @@ pub fn attach(bpf: &mut Ebpf, plan: &HookPlan) -> Result<Vec<String>> {
     }
     let mut hooked = Vec::new();
     for (program_name, is_return) in [("kfunc_return", true), ("kfunc_enter", false)] {
-        let program: &mut KProbe = bpf
-            .program_mut(program_name)
-            .with_context(|| format!("program {program_name} missing"))?
-            .try_into()?;
+        let program: &mut KProbe = probes::program(bpf, program_name)?;
         program
             .load()
             .with_context(|| format!("loading {program_name}"))?;

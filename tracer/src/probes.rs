@@ -13,7 +13,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        TracePoint, UProbe,
+        Program, ProgramError, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
@@ -299,10 +299,7 @@ fn attach_per_symbol(
     let mut failures = Vec::new();
     let mut failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
     for program_name in ["call_return", "call_enter"] {
-        let program: &mut UProbe = bpf
-            .program_mut(program_name)
-            .with_context(|| format!("program {program_name} missing"))?
-            .try_into()?;
+        let program: &mut UProbe = program(bpf, program_name)?;
         program
             .load()
             .with_context(|| format!("loading {program_name}"))?;
@@ -329,25 +326,39 @@ fn attach_per_symbol(
     Ok(failures)
 }
 
-/// Attaches the process-tree tracepoints.
-pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
-    for (program_name, category, event) in [
-        ("task_newtask", "task", "task_newtask"),
-        ("sched_process_exec", "sched", "sched_process_exec"),
-        ("sched_process_exit", "sched", "sched_process_exit"),
-    ] {
-        let program: &mut TracePoint = bpf
-            .program_mut(program_name)
-            .with_context(|| format!("program {program_name} missing"))?
-            .try_into()?;
-        program
-            .load()
-            .with_context(|| format!("loading {program_name}"))?;
+/// The program `name` of the object, as its type.
+pub fn program<'a, P>(bpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    let program = bpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing"))?;
+    Ok(program.try_into()?)
+}
+
+/// Loads and attaches tracepoint programs; each program is named after its event.
+pub fn attach_tracepoints(bpf: &mut Ebpf, events: &[(&str, &str)]) -> Result<()> {
+    for (category, event) in events {
+        let program: &mut TracePoint = program(bpf, event)?;
+        program.load().with_context(|| format!("loading {event}"))?;
         program
             .attach(category, event)
             .with_context(|| format!("attaching tracepoint {category}:{event}"))?;
     }
     Ok(())
+}
+
+/// Attaches the process-tree tracepoints.
+pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
+    attach_tracepoints(
+        bpf,
+        &[
+            ("task", "task_newtask"),
+            ("sched", "sched_process_exec"),
+            ("sched", "sched_process_exit"),
+        ],
+    )
 }
 
 /// Detaches everything. Each uprobe link close waits for an RCU grace period (about

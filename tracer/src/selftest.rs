@@ -1,16 +1,17 @@
 //! `cudatrace selftest`: proves uprobes, uretprobes, the ring buffer and aya-log work on
 //! this machine, by probing a function of a given library while a command calls it.
-//! Prints one JSON object with every entry, return and log line seen.
+//! Prints one JSON object with every entry, return and log line seen. `doctor` uses the
+//! same [`SelftestProbe`] on a function of this binary.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     sync::{Arc, Mutex},
 };
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, Result, anyhow};
 use aya::{
-    EbpfLoader,
+    Ebpf, EbpfLoader,
     maps::RingBuf,
     programs::{
         UProbe,
@@ -22,9 +23,12 @@ use clap::Args;
 use serde_json::json;
 use tracer_common::{SelftestEvent, kind};
 
-use crate::exit::{ExitCode, Failure};
+use crate::{
+    exit::{ExitCode, Failure},
+    probes,
+};
 
-static SELFTEST_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_SELFTEST_OBJ"));
+pub static SELFTEST_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_SELFTEST_OBJ"));
 
 #[derive(Debug, Args)]
 pub struct SelftestArgs {
@@ -48,79 +52,104 @@ impl log::Log for Collector {
         true
     }
     fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push(format!("{}", record.args()));
+        self.0.lock().unwrap().push(record.args().to_string());
     }
     fn flush(&self) {}
+}
+
+/// What the self-test programs saw.
+pub struct Seen {
+    pub entries: Vec<SelftestEvent>,
+    pub returns: Vec<SelftestEvent>,
+    pub logs: Vec<String>,
+}
+
+/// The self-test uprobe and uretprobe attached to one function, with aya-log running.
+pub struct SelftestProbe {
+    bpf: Ebpf,
+    logger: EbpfLogger<Collector>,
+    collector: Collector,
+}
+
+impl SelftestProbe {
+    pub fn attach(library: &Path, symbol: &str, scope: UProbeScope) -> Result<Self> {
+        let mut bpf = EbpfLoader::new()
+            .load(SELFTEST_OBJECT)
+            .context("loading the selftest object")?;
+        let collector = Collector::default();
+        let logger = EbpfLogger::init_with_logger(&mut bpf, collector.clone())
+            .context("starting aya-log")?;
+        for name in ["selftest_return", "selftest_enter"] {
+            let program: &mut UProbe = probes::program(&mut bpf, name)?;
+            program.load().with_context(|| format!("loading {name}"))?;
+            program
+                .attach(UProbeAttachLocation::Symbol(symbol), library, scope)
+                .with_context(|| {
+                    format!("attaching {name} to {symbol} in {}", library.display())
+                })?;
+        }
+        Ok(SelftestProbe {
+            bpf,
+            logger,
+            collector,
+        })
+    }
+
+    /// Drains the events and log lines recorded so far.
+    pub fn collect(mut self) -> Result<Seen> {
+        let map = self
+            .bpf
+            .take_map("SELFTEST_EVENTS")
+            .ok_or_else(|| anyhow!("map missing"))?;
+        let mut ring = RingBuf::try_from(map)?;
+        let mut seen = Seen {
+            entries: Vec::new(),
+            returns: Vec::new(),
+            logs: Vec::new(),
+        };
+        while let Some(item) = ring.next() {
+            if item.len() < size_of::<SelftestEvent>() {
+                continue;
+            }
+            // SAFETY: length checked; SelftestEvent is plain data.
+            let event: SelftestEvent =
+                unsafe { item.as_ptr().cast::<SelftestEvent>().read_unaligned() };
+            match event.header.kind {
+                kind::SELFTEST_ENTRY => seen.entries.push(event),
+                kind::SELFTEST_RETURN => seen.returns.push(event),
+                _ => {}
+            }
+        }
+        self.logger.flush();
+        seen.logs = self.collector.0.lock().unwrap().clone();
+        Ok(seen)
+    }
 }
 
 pub fn run(args: SelftestArgs) -> Result<i32, Failure> {
     crate::privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
     let internal = |e: anyhow::Error| Failure::new(ExitCode::Internal, e);
-    let mut bpf = EbpfLoader::new()
-        .load(SELFTEST_OBJECT)
-        .context("loading the selftest object")
+    let probe = SelftestProbe::attach(&args.library, &args.symbol, UProbeScope::AllProcesses)
         .map_err(internal)?;
-    let collector = Collector::default();
-    let mut logger = EbpfLogger::init_with_logger(&mut bpf, collector.clone())
-        .context("starting aya-log")
-        .map_err(internal)?;
-    for name in ["selftest_return", "selftest_enter"] {
-        let program: &mut UProbe = bpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("program {name} missing"))
-            .and_then(|p| p.try_into().map_err(anyhow::Error::from))
-            .map_err(internal)?;
-        program
-            .load()
-            .with_context(|| format!("loading {name}"))
-            .map_err(internal)?;
-        program
-            .attach(
-                UProbeAttachLocation::Symbol(&args.symbol),
-                &args.library,
-                UProbeScope::AllProcesses,
-            )
-            .with_context(|| {
-                format!(
-                    "attaching {name} to {} in {}",
-                    args.symbol,
-                    args.library.display()
-                )
-            })
-            .map_err(internal)?;
-    }
     let status = Command::new(&args.command[0])
         .args(&args.command[1..])
         .status()
         .with_context(|| format!("running {}", args.command[0]))
         .map_err(|e| Failure::new(ExitCode::CommandNotFound, e))?;
-    let mut ring = RingBuf::try_from(
-        bpf.take_map("SELFTEST_EVENTS")
-            .ok_or_else(|| internal(anyhow!("map missing")))?,
-    )
-    .map_err(|e| internal(e.into()))?;
-    let (mut entries, mut returns) = (Vec::new(), Vec::new());
-    while let Some(item) = ring.next() {
-        if item.len() < size_of::<SelftestEvent>() {
-            continue;
-        }
-        // SAFETY: length checked; SelftestEvent is plain data.
-        let event: SelftestEvent =
-            unsafe { item.as_ptr().cast::<SelftestEvent>().read_unaligned() };
-        match event.header.kind {
-            kind::SELFTEST_ENTRY => entries
-                .push(json!({"pid": event.header.pid, "arg0": event.arg0, "arg1": event.arg1})),
-            kind::SELFTEST_RETURN => {
-                returns.push(json!({"pid": event.header.pid, "ret": event.ret}))
-            }
-            _ => {}
-        }
-    }
-    logger.flush();
-    let logs = collector.0.lock().unwrap().clone();
+    let seen = probe.collect().map_err(internal)?;
+    let entries: Vec<_> = seen
+        .entries
+        .iter()
+        .map(|e| json!({"pid": e.header.pid, "arg0": e.arg0, "arg1": e.arg1}))
+        .collect();
+    let returns: Vec<_> = seen
+        .returns
+        .iter()
+        .map(|e| json!({"pid": e.header.pid, "ret": e.ret}))
+        .collect();
     println!(
         "{}",
-        json!({"entries": entries, "returns": returns, "logs": logs, "exit_code": status.code()})
+        json!({"entries": entries, "returns": returns, "logs": seen.logs, "exit_code": status.code()})
     );
     Ok(0)
 }
