@@ -634,13 +634,9 @@ impl EventSink<'_> {
             }
             Ok(RawEvent::Driver(event)) => {
                 let record = kernel_hooks::decode(&event, &self.kernel_functions);
-                // The summary's driver section reads the same fields as `cudatrace summary` does.
-                let line = serde_json::to_value(&record)
-                    .map_err(|e| e.to_string())
-                    .and_then(|value| crate::analysis::driver::DriverLine::from_value(&value));
-                if let Ok(line) = line {
-                    writer.analysis.driver(&line);
-                }
+                writer
+                    .analysis
+                    .driver(&crate::analysis::driver::DriverLine::from_record(&record));
                 writer.driver(&record)
             }
             Ok(RawEvent::Proc(event)) => {
