@@ -194,7 +194,22 @@ const LAUNCH_ARGS: &[Arg] = &[
     Skip,
 ];
 
-const LIBRARY_LOAD_TAIL: [Arg; 6] = [Skip, Skip, Num(Count), Skip, Skip, Num(Flags)];
+/// cuLibraryLoadData/FromFile(library*, code or path, jitOptions, jitValues, numJitOptions,
+/// libraryOptions, libraryValues, numLibraryOptions): the last two are stack arguments.
+const fn library_load(source: Arg) -> [Arg; 8] {
+    [
+        OutPtr(Library),
+        source,
+        Skip,
+        Skip,
+        Num(Count),
+        Skip,
+        Skip,
+        Num(Flags),
+    ]
+}
+const LIBRARY_LOAD_DATA: [Arg; 8] = library_load(Ptr(Image));
+const LIBRARY_LOAD_FROM_FILE: [Arg; 8] = library_load(Str(StrField::Path));
 
 /// The catalog. Order is the documentation order.
 pub static CATALOG: &[FnSpec] = &[
@@ -459,22 +474,8 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Launch,
         &[LaunchConfig, Ptr(Function), Skip, Skip],
     ),
-    f(
-        &["cuLaunchCooperativeKernel"],
-        Family::Launch,
-        &[
-            Ptr(Function),
-            Grid(0),
-            Grid(1),
-            Grid(2),
-            Block(0),
-            Block(1),
-            Block(2),
-            Num(SharedMem),
-            Ptr(Stream),
-            Skip,
-        ],
-    ),
+    // Same as cuLaunchKernel less the trailing `extra`, which neither reads.
+    f(&["cuLaunchCooperativeKernel"], Family::Launch, LAUNCH_ARGS),
     f(
         &["cuGraphLaunch"],
         Family::Launch,
@@ -526,33 +527,11 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Module,
         &[OutPtr(Function), Ptr(Module), Str(StrField::Symbol)],
     ),
-    f(
-        &["cuLibraryLoadData"],
-        Family::Module,
-        &[
-            OutPtr(Library),
-            Ptr(Image),
-            LIBRARY_LOAD_TAIL[0],
-            LIBRARY_LOAD_TAIL[1],
-            LIBRARY_LOAD_TAIL[2],
-            LIBRARY_LOAD_TAIL[3],
-            LIBRARY_LOAD_TAIL[4],
-            LIBRARY_LOAD_TAIL[5],
-        ],
-    ),
+    f(&["cuLibraryLoadData"], Family::Module, &LIBRARY_LOAD_DATA),
     f(
         &["cuLibraryLoadFromFile"],
         Family::Module,
-        &[
-            OutPtr(Library),
-            Str(StrField::Path),
-            LIBRARY_LOAD_TAIL[0],
-            LIBRARY_LOAD_TAIL[1],
-            LIBRARY_LOAD_TAIL[2],
-            LIBRARY_LOAD_TAIL[3],
-            LIBRARY_LOAD_TAIL[4],
-            LIBRARY_LOAD_TAIL[5],
-        ],
+        &LIBRARY_LOAD_FROM_FILE,
     ),
     f(&["cuLibraryUnload"], Family::Module, &[Ptr(Library)]),
     f(
@@ -687,6 +666,27 @@ mod tests {
                 nargs: 9,
                 ..ProbeSpec::default()
             }
+        );
+    }
+
+    #[test]
+    fn cooperative_launches_read_what_plain_launches_read() {
+        let plain = lookup("cuLaunchKernel").unwrap().probe_spec();
+        assert_eq!(
+            lookup("cuLaunchCooperativeKernel_ptsz")
+                .unwrap()
+                .probe_spec(),
+            plain
+        );
+        let data = lookup("cuLibraryLoadData").unwrap().probe_spec();
+        assert_eq!(
+            (data.nargs, data.out_args, data.capture),
+            (8, [1, 0], capture::NONE)
+        );
+        let file = lookup("cuLibraryLoadFromFile").unwrap().probe_spec();
+        assert_eq!(
+            (file.nargs, file.capture, file.capture_arg),
+            (8, capture::CSTR, 1)
         );
     }
 
