@@ -52,11 +52,7 @@ fn tracepoints_report_nvidia_ioctls_and_mmaps_with_rm_parameters() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::fs::read_to_string(&trace_path).map_or(true, |t| !t.contains("\"header\"")) {
-        assert!(std::time::Instant::now() < deadline, "no header");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for_trace(&trace_path, HEADER);
     let untraced = Command::new(&program)
         .arg(&prefix)
         .arg(&other)

@@ -6,7 +6,7 @@ mod common;
 use std::{
     os::unix::fs::MetadataExt,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use common::*;
@@ -291,12 +291,7 @@ fn other_processes_are_ignored_and_dash_p_attaches() {
         .args(["-p", &target.id().to_string()])
         .spawn()
         .unwrap();
-    // Wait for the header: probes are attached once it is written.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(&trace_path).map_or(true, |t| !t.contains("\"header\"")) {
-        assert!(Instant::now() < deadline, "no header");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_trace(&trace_path, HEADER);
     unsafe { libc::kill(target.id() as i32, libc::SIGUSR1) };
     assert!(target.wait().unwrap().success());
     assert!(tracer.wait().unwrap().success());
@@ -333,14 +328,8 @@ fn sigterm_mid_run_leaves_a_complete_trace() {
         .args(["sleep", "30"])
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
     // A call line, not the header (whose probe list names cuCtxSynchronize too).
-    while std::fs::read_to_string(&trace_path).map_or(true, |t| {
-        !t.contains(r#""type":"call","name":"cuCtxSynchronize""#)
-    }) {
-        assert!(Instant::now() < deadline, "no calls traced");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_trace(&trace_path, r#""type":"call","name":"cuCtxSynchronize""#);
     unsafe { libc::kill(tracer.id() as i32, libc::SIGTERM) };
     let status = tracer.wait().unwrap();
     assert_eq!(status.code(), Some(143));

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
 use common::*;
 
@@ -21,11 +21,7 @@ fn all_traces_processes_outside_the_command_tree() {
     let header_path = trace_path.clone();
     let signaller = std::thread::spawn(move || {
         // Probes are attached once the header is written (attaching is slow in the VM).
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while std::fs::read_to_string(&header_path).map_or(true, |t| !t.contains("\"header\"")) {
-            assert!(std::time::Instant::now() < deadline, "no header");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for_trace(&header_path, HEADER);
         unsafe { libc::kill(other_pid as i32, libc::SIGUSR1) };
         other.wait().unwrap()
     });

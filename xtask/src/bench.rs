@@ -131,16 +131,12 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
 
     let root = crate::workspace_root();
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
-    eprintln!("xtask: cargo build --release -p cudatrace --locked");
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--release", "-p", "cudatrace", "--locked"])
-        .current_dir(&root)
-        .status()
-        .context("running cargo build")?;
-    ensure!(
-        status.success(),
-        "cargo build --release -p cudatrace failed"
-    );
+    crate::tasks::run(
+        crate::tasks::cargo()
+            .args(["build", "--release", "-p", "cudatrace", "--locked"])
+            .current_dir(&root),
+        "cargo build --release -p cudatrace --locked",
+    )?;
     let standin_dir = standin::out_dir(&root);
     standin::build(&root, &standin_dir)?;
     standin::build_program(&root, &standin_dir, LOOP_PROGRAM, "bench_loop.c")?;

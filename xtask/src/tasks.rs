@@ -9,11 +9,13 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::{ebpf, standin};
 
-fn cargo() -> Command {
+/// The cargo running this xtask.
+pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-fn run(command: &mut Command, what: &str) -> Result<()> {
+/// Runs a command, saying what it does; its failure is an error naming it.
+pub fn run(command: &mut Command, what: &str) -> Result<()> {
     eprintln!("xtask: {what}");
     let status = command
         .status()

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::ebpf;
+use crate::{ebpf, tasks::run};
 
 /// Test targets of the `cudatrace` package run in the guest, in this order. A name whose
 /// test target does not exist (yet) is skipped with a note.
@@ -912,15 +912,6 @@ fn print_tail(path: &Path, lines: usize) {
     for line in &all[all.len().saturating_sub(lines)..] {
         eprintln!("{}", line.trim_end_matches('\r'));
     }
-}
-
-fn run(command: &mut Command, what: &str) -> Result<()> {
-    eprintln!("xtask: {what}");
-    let status = command
-        .status()
-        .with_context(|| format!("starting: {what}"))?;
-    ensure!(status.success(), "{what} failed ({status})");
-    Ok(())
 }
 
 #[cfg(test)]

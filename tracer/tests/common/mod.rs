@@ -122,6 +122,23 @@ pub fn trace_driver(trace: &Path, extra: &[&str], driver_args: &[&str]) -> Outpu
     command.output().expect("running cudatrace")
 }
 
+/// Waits (60 s at most) until the trace file contains `needle`. The header line means the
+/// probes are attached; call lines show up within the 250 ms flush period.
+pub fn wait_for_trace(path: &Path, needle: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::read_to_string(path).map_or(true, |text| !text.contains(needle)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never showed {needle}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Text of the header line, for [`wait_for_trace`].
+pub const HEADER: &str = r#""type":"header""#;
+
 /// The trace's lines as JSON values; fails on any malformed line.
 pub fn read_trace(path: &Path) -> Vec<Value> {
     let text =
