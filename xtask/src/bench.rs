@@ -27,7 +27,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::{ebpf, standin};
+use crate::{cmd, ebpf, standin};
 
 /// The tracefs probe group, and the tracefs instance whose buffer takes its events.
 const GROUP: &str = "cudatrace_bench";
@@ -129,10 +129,10 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
     }
     let wants = |part| opts.only.is_empty() || opts.only.contains(&part);
 
-    let root = crate::workspace_root();
+    let root = cmd::workspace_root();
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
-    crate::tasks::run(
-        crate::tasks::cargo()
+    cmd::run(
+        cmd::cargo()
             .args(["build", "--release", "-p", "cudatrace", "--locked"])
             .current_dir(&root),
         "cargo build --release -p cudatrace --locked",
