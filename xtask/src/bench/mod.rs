@@ -13,29 +13,42 @@
 //!
 //! Nothing here asserts a timing: targets are reported as met or missed, never failed on.
 
+mod bench_loop;
+mod bpftrace;
+mod cudatrace;
+mod env;
+mod generated_trace;
+mod process;
+mod procfs;
+mod stats;
+mod tracefs;
+
 use std::{
     collections::BTreeMap,
-    fs::{self, File, OpenOptions},
-    io::{BufWriter, Read, Seek, SeekFrom, Write},
+    fs::{self, File},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
+use self::{
+    bench_loop::{FUNCTION, LOOP_PROGRAM, LoopReport},
+    bpftrace::histogram_total,
+    cudatrace::{Footer, cudatrace_run},
+    env::Env,
+    generated_trace::generate_trace,
+    process::{Background, Finished, check_interrupted, run_measured, tail},
+    procfs::{Machine, difference, interrupts, rss_breakdown, status_kib},
+    stats::Stats,
+    tracefs::{TracefsAfter, TracefsProbes, file_offset, remove_stale_probes, tracefs_dir},
+};
 use crate::{cmd, ebpf, standin};
 
-/// The tracefs probe group, and the tracefs instance whose buffer takes its events.
-const GROUP: &str = "cudatrace_bench";
-/// The function every loop calls.
-const FUNCTION: &str = "cuCtxSynchronize";
-/// Untimed calls each loop thread makes first (`WARMUP` in standin/bench_loop.c).
-const WARMUP: u64 = 1000;
-const LOOP_PROGRAM: &str = "cudatrace-bench-loop";
 /// Paced steps, total calls/s over all loop threads; the last is issue 7's target.
 const RATE_STEPS: &[u64] = &[
     25_000, 50_000, 75_000, 100_000, 125_000, 150_000, 200_000, 300_000, 500_000,
@@ -86,33 +99,8 @@ pub enum Part {
     Trace,
 }
 
-/// Paths and settings every part uses.
-struct Env {
-    out: PathBuf,
-    cudatrace: PathBuf,
-    libcuda: PathBuf,
-    standin: PathBuf,
-    bench_loop: PathBuf,
-    /// Loop threads for the rate and resource parts: one per CPU.
-    threads: u64,
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
 pub fn bench(opts: &BenchOptions) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !cmd::is_root() {
         bail!(
             "the benchmark attaches uprobes (tracefs, cudatrace, bpftrace): run `sudo -E cargo xtask bench`"
         );
@@ -121,12 +109,7 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         opts.calls > 0 && opts.rounds > 0,
         "--calls and --rounds must be positive"
     );
-    // A handler (not SIG_IGN, which children would inherit): Ctrl-C kills the running
-    // child, and the guards below detach what they attached before the bench exits.
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(signal, on_signal as *const () as libc::sighandler_t) };
-    }
+    process::catch_interrupts();
     let wants = |part| opts.only.is_empty() || opts.only.contains(&part);
 
     let root = cmd::workspace_root();
@@ -153,9 +136,12 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
     let tracefs = tracefs_dir()?;
     remove_stale_probes(&tracefs)?;
 
-    let machine = machine();
+    let machine = Machine::read();
+    let date = cmd::stdout(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"]))
+        .map(|d| d.trim().to_owned())
+        .unwrap_or_default();
     let mut results = json!({
-        "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
+        "date": date,
         "machine": machine,
         "options": {
             "calls": opts.calls, "rounds": opts.rounds, "rate_seconds": opts.rate_seconds,
@@ -190,12 +176,8 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         }
     }
     // Whatever happened, nothing of ours may stay in tracefs.
-    let (ours, others) = tracefs_leftovers(&tracefs)?;
-    results["tracefs_after"] = json!({
-        "uprobe_events_empty": ours.is_empty() && others.is_empty(),
-        "ours_left": ours, "others": others,
-        "instance_left": tracefs.join("instances").join(GROUP).exists(),
-    });
+    let tracefs_after = TracefsAfter::read(&tracefs)?;
+    results["tracefs_after"] = serde_json::to_value(&tracefs_after)?;
     results["bench_seconds"] = json!(started.elapsed().as_secs_f64());
     let path = env.out.join("results.json");
     fs::write(&path, serde_json::to_string_pretty(&results)? + "\n")?;
@@ -203,219 +185,11 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
     print_tables(&results);
     println!("\nresults: {}", path.display());
     ensure!(
-        ours.is_empty(),
-        "tracefs still has the bench's probes: {ours:?}"
+        tracefs_after.ours_left.is_empty(),
+        "tracefs still has the bench's probes: {:?}",
+        tracefs_after.ours_left
     );
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// Running programs
-
-/// A finished child: exit code (128 + signal when killed), wall time, and its resource use
-/// (with its waited-for children) from wait4.
-struct Finished {
-    code: i32,
-    wall_s: f64,
-    max_rss_kib: u64,
-    cpu_s: f64,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn ensure_ok(&self, what: &str) -> Result<()> {
-        ensure!(
-            self.code == 0,
-            "{what} exited with {}; stderr:\n{}",
-            self.code,
-            tail(&self.stderr, 2000)
-        );
-        Ok(())
-    }
-}
-
-fn tail(text: &str, max: usize) -> &str {
-    let start = text.len().saturating_sub(max);
-    let start = (start..=text.len())
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(0);
-    &text[start..]
-}
-
-/// Runs `command` with stdout and stderr in files under `out`, waits with wait4 and
-/// returns what it used. With a sampler, polls every 50 ms and calls it with the pid.
-fn run_measured(
-    out: &Path,
-    command: &mut Command,
-    mut sampler: Option<&mut dyn FnMut(u32)>,
-) -> Result<Finished> {
-    check_interrupted()?;
-    let stdout_path = out.join("stdout.txt");
-    let stderr_path = out.join("stderr.txt");
-    command
-        .stdin(Stdio::null())
-        .stdout(File::create(&stdout_path)?)
-        .stderr(File::create(&stderr_path)?);
-    let started = Instant::now();
-    let child = command
-        .spawn()
-        .with_context(|| format!("starting {command:?}"))?;
-    let pid = child.id();
-    let (code, usage) = loop {
-        if let Some(sample) = sampler.as_deref_mut() {
-            sample(pid);
-            if let Some(done) = wait4(pid, false)? {
-                break done;
-            }
-            thread::sleep(Duration::from_millis(50));
-        } else {
-            break wait4(pid, true)?.expect("a blocking wait4 returns the child");
-        }
-    };
-    let wall_s = started.elapsed().as_secs_f64();
-    // The child is reaped: std's handle must not wait for it again.
-    drop(child);
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let finished = Finished {
-        code,
-        wall_s,
-        max_rss_kib: usage.ru_maxrss as u64,
-        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
-        stdout: fs::read_to_string(&stdout_path).unwrap_or_default(),
-        stderr: fs::read_to_string(&stderr_path).unwrap_or_default(),
-    };
-    check_interrupted()?;
-    Ok(finished)
-}
-
-/// wait4 on one child: `None` while it runs (non-blocking), else its exit code and rusage.
-fn wait4(pid: u32, block: bool) -> Result<Option<(i32, libc::rusage)>> {
-    let pid = pid as libc::pid_t;
-    loop {
-        let mut status = 0;
-        // SAFETY: rusage is plain data; wait4 fills it.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let flags = if block { 0 } else { libc::WNOHANG };
-        // SAFETY: valid pointers to locals.
-        let got = unsafe { libc::wait4(pid, &mut status, flags, &mut usage) };
-        if got == pid {
-            let code = if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            };
-            return Ok(Some((code, usage)));
-        }
-        if got == 0 {
-            return Ok(None);
-        }
-        let error = std::io::Error::last_os_error();
-        if error.kind() != std::io::ErrorKind::Interrupted {
-            return Err(error).context("wait4");
-        }
-    }
-}
-
-fn command_line(program: &str, args: &[&str]) -> Option<String> {
-    let output = Command::new(program).args(args).output().ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-/// `cudatrace run` of a command against the stand-in, trace into `trace`.
-fn cudatrace_run(env: &Env, trace: &Path, extra: &[&str], command: &[&Path]) -> Command {
-    let mut cmd = Command::new(&env.cudatrace);
-    cmd.args(["run", "-q", "--missing-probes", "ignore", "-o"])
-        .arg(trace)
-        .arg("--libcuda")
-        .arg(&env.libcuda)
-        .args(extra)
-        .arg("--");
-    cmd.args(command);
-    cmd
-}
-
-// ---------------------------------------------------------------------------------------
-// The loop's report and the trace footer
-
-/// The JSON line `cudatrace-bench-loop` prints.
-#[derive(Clone, Debug)]
-struct LoopReport {
-    calls: u64,
-    threads: u64,
-    ns: u64,
-    ns_per_call: f64,
-    calls_per_s: f64,
-    user_ns: u64,
-    sys_ns: u64,
-    process_cpu_ns: u64,
-}
-
-impl LoopReport {
-    fn parse(stdout: &str) -> Result<Self> {
-        let line = stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("{\"calls\""))
-            .with_context(|| format!("no report from {LOOP_PROGRAM} in {stdout:?}"))?;
-        let v: Value = serde_json::from_str(line)?;
-        let u = |k: &str| v[k].as_u64().with_context(|| format!("{k} in {line}"));
-        let f = |k: &str| v[k].as_f64().with_context(|| format!("{k} in {line}"));
-        Ok(Self {
-            calls: u("calls")?,
-            threads: u("threads")?,
-            ns: u("ns")?,
-            ns_per_call: f("ns_per_call")?,
-            calls_per_s: f("calls_per_s")?,
-            user_ns: u("user_ns")?,
-            sys_ns: u("sys_ns")?,
-            process_cpu_ns: u("process_cpu_ns")?,
-        })
-    }
-
-    /// All calls including the warm-up ones, as the tracers see them.
-    fn traced_calls(&self) -> u64 {
-        self.calls + WARMUP * self.threads
-    }
-
-    fn to_json(&self) -> Value {
-        json!({
-            "calls": self.calls, "threads": self.threads, "ns": self.ns,
-            "ns_per_call": self.ns_per_call, "calls_per_s": self.calls_per_s,
-            "user_ns": self.user_ns, "sys_ns": self.sys_ns,
-            "process_cpu_ns": self.process_cpu_ns,
-        })
-    }
-}
-
-/// What a trace's footer says about calls.
-struct Footer {
-    calls: u64,
-    lost_calls: u64,
-    entries_seen: u64,
-}
-
-fn read_footer(trace: &Path) -> Result<Footer> {
-    let mut file = File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
-    let len = file.metadata()?.len();
-    file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)))?;
-    let mut tail = String::new();
-    file.read_to_string(&mut tail)?;
-    let line = tail
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .context("empty trace")?;
-    let v: Value = serde_json::from_str(line).context("parsing the footer")?;
-    ensure!(v["type"] == "footer", "{} has no footer", trace.display());
-    Ok(Footer {
-        calls: v["events"]["call"].as_u64().unwrap_or(0),
-        lost_calls: v["lost"]["calls"].as_u64().unwrap_or(0),
-        entries_seen: v["entries_seen"].as_u64().unwrap_or(0),
-    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -469,7 +243,9 @@ struct Sample {
 
 fn overhead(env: &Env, opts: &BenchOptions, tracefs: &Path) -> Result<Value> {
     let offset = file_offset(&env.libcuda, FUNCTION)?;
-    let bpftrace = command_line("bpftrace", &["--version"]);
+    let bpftrace = cmd::stdout(Command::new("bpftrace").arg("--version"))
+        .ok()
+        .map(|v| v.trim().to_owned());
     if bpftrace.is_none() {
         eprintln!(
             "xtask: bench: bpftrace not found, its condition is skipped \
@@ -531,11 +307,11 @@ fn overhead(env: &Env, opts: &BenchOptions, tracefs: &Path) -> Result<Value> {
             condition.key().into(),
             json!({
                 "label": condition.label(),
-                "ns_per_call": stats(&ns),
-                "sys_ns_per_call": stats(&sys),
-                "interrupts_per_call": stats(&irq),
+                "ns_per_call": Stats::of(&ns),
+                "sys_ns_per_call": Stats::of(&sys),
+                "interrupts_per_call": Stats::of(&irq),
                 "runs": runs.iter().map(|s| json!({
-                    "loop": s.report.to_json(), "interrupts": s.interrupts,
+                    "loop": s.report, "interrupts": s.interrupts,
                     "recorded": s.recorded, "lost": s.lost,
                 })).collect::<Vec<_>>(),
             }),
@@ -563,7 +339,7 @@ fn overhead(env: &Env, opts: &BenchOptions, tracefs: &Path) -> Result<Value> {
                     / (fl.report.ns_per_call - b.report.ns_per_call)
             })
             .collect();
-        stats(&ratios)
+        serde_json::to_value(Stats::of(&ratios)).expect("stats serialize")
     };
     Ok(json!({
         "calls_per_run": opts.calls,
@@ -638,19 +414,19 @@ fn overhead_cudatrace(env: &Env, calls: u64) -> Result<Sample> {
     let after = interrupts();
     run.ensure_ok("cudatrace run")?;
     let report = LoopReport::parse(&run.stdout)?;
-    let footer = read_footer(&trace)?;
+    let footer = Footer::read(&trace)?;
     ensure!(
-        footer.calls + footer.lost_calls == report.traced_calls(),
+        footer.events.call + footer.lost.calls == report.traced_calls(),
         "cudatrace saw {} calls + {} lost for {} made",
-        footer.calls,
-        footer.lost_calls,
+        footer.events.call,
+        footer.lost.calls,
         report.traced_calls()
     );
     Ok(Sample {
         report,
         interrupts: difference(&before, &after),
-        recorded: Some(footer.calls),
-        lost: Some(footer.lost_calls),
+        recorded: Some(footer.events.call),
+        lost: Some(footer.lost.calls),
     })
 }
 
@@ -674,7 +450,7 @@ fn overhead_bpftrace(env: &Env, calls: u64) -> Result<Sample> {
         .stderr(file)
         .spawn()
         .context("starting bpftrace")?;
-    let mut bpftrace = Background(Some(child));
+    let mut bpftrace = Background::new(child, "bpftrace");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         check_interrupted()?;
@@ -718,271 +494,6 @@ fn overhead_bpftrace(env: &Env, calls: u64) -> Result<Sample> {
     })
 }
 
-/// Sums the counts of a bpftrace histogram (`[8K, 16K)   297165 |@@@@|`).
-fn histogram_total(text: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with('['))
-        .filter_map(|l| {
-            let close = l.find([')', ']'])?;
-            l[close + 1..]
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
-/// A background child stopped with SIGINT (then SIGKILL) when dropped.
-struct Background(Option<Child>);
-
-impl Background {
-    fn try_wait(&mut self) -> Result<Option<std::process::ExitStatus>> {
-        match self.0.as_mut() {
-            Some(child) => Ok(child.try_wait()?),
-            None => bail!("already stopped"),
-        }
-    }
-
-    fn stop(&mut self) -> Result<()> {
-        let Some(mut child) = self.0.take() else {
-            return Ok(());
-        };
-        if child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        // SAFETY: our own child's pid, not yet reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        // Where it was stuck, for the report.
-        let pid = child.id();
-        let state = status_line(pid, "State:").unwrap_or_default();
-        let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
-        let stack = fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
-        child.kill()?;
-        child.wait()?;
-        bail!(
-            "bpftrace did not stop on SIGINT in 30 s ({state}, wchan {wchan}; stack: {}); killed",
-            stack.lines().take(6).collect::<Vec<_>>().join(" < ")
-        )
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            eprintln!("xtask: bench: {e:#}");
-        }
-    }
-}
-
-/// The IRQ-work and IPI counters of /proc/interrupts, summed over CPUs.
-fn interrupts() -> BTreeMap<String, u64> {
-    let text = fs::read_to_string("/proc/interrupts").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.trim_start().split_once(':')?;
-            ["IWI", "RES", "CAL"].contains(&name).then(|| {
-                let total = rest
-                    .split_whitespace()
-                    .map_while(|w| w.parse::<u64>().ok())
-                    .sum();
-                (name.to_owned(), total)
-            })
-        })
-        .collect()
-}
-
-fn difference(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                v.saturating_sub(before.get(k).copied().unwrap_or(0)),
-            )
-        })
-        .collect()
-}
-
-/// The file offset of an exported function: where a uprobe on it attaches.
-fn file_offset(lib: &Path, symbol: &str) -> Result<u64> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let data = fs::read(lib).with_context(|| format!("reading {}", lib.display()))?;
-    let elf = object::File::parse(&*data).with_context(|| format!("parsing {}", lib.display()))?;
-    let address = elf
-        .dynamic_symbols()
-        .find(|s| s.name() == Ok(symbol) && !s.is_undefined())
-        .with_context(|| format!("{} does not export {symbol}", lib.display()))?
-        .address();
-    elf.segments()
-        .find(|seg| address >= seg.address() && address < seg.address() + seg.size())
-        .map(|seg| address - seg.address() + seg.file_range().0)
-        .with_context(|| format!("{symbol} at {address:#x} is in no segment"))
-}
-
-// ---------------------------------------------------------------------------------------
-// tracefs uprobes: the floor
-
-fn tracefs_dir() -> Result<PathBuf> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|d| d.join("uprobe_events").exists())
-        .context("no tracefs with uprobe_events (mount -t tracefs nodev /sys/kernel/tracing)")
-}
-
-fn append(path: &Path, line: &str) -> Result<()> {
-    OpenOptions::new()
-        .append(true)
-        .open(path)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
-        .with_context(|| format!("writing {:?} to {}", line.trim_end(), path.display()))
-}
-
-/// A `p:` and an `r:` uprobe event on one function, enabled in a tracefs instance of their
-/// own (so the global trace buffer is left alone). Dropping it disables and removes both.
-struct TracefsProbes {
-    dir: PathBuf,
-    instance: PathBuf,
-    events: Vec<&'static str>,
-    enabled: bool,
-}
-
-impl TracefsProbes {
-    fn attach(dir: &Path, lib: &Path, offset: u64) -> Result<Self> {
-        let path = lib.display().to_string();
-        ensure!(
-            !path.contains(char::is_whitespace),
-            "tracefs cannot take a library path with spaces: {path}"
-        );
-        let mut probes = TracefsProbes {
-            dir: dir.to_owned(),
-            instance: dir.join("instances").join(GROUP),
-            events: Vec::new(),
-            enabled: false,
-        };
-        for (kind, name) in [("p", "entry"), ("r", "ret")] {
-            append(
-                &dir.join("uprobe_events"),
-                &format!("{kind}:{GROUP}/{name} {path}:0x{offset:x}\n"),
-            )?;
-            probes.events.push(name);
-        }
-        fs::create_dir(&probes.instance)
-            .with_context(|| format!("creating {}", probes.instance.display()))?;
-        fs::write(
-            probes.instance.join("events").join(GROUP).join("enable"),
-            "1",
-        )
-        .context("enabling the tracefs uprobes")?;
-        probes.enabled = true;
-        Ok(probes)
-    }
-
-    /// Records the instance's buffer took (kept + overwritten), over all CPUs.
-    fn recorded(&self) -> Result<u64> {
-        let mut total = 0;
-        for entry in fs::read_dir(self.instance.join("per_cpu"))? {
-            let stats = fs::read_to_string(entry?.path().join("stats"))?;
-            for line in stats.lines() {
-                if let Some(n) = line
-                    .strip_prefix("entries: ")
-                    .or_else(|| line.strip_prefix("overrun: "))
-                {
-                    total += n.trim().parse::<u64>().unwrap_or(0);
-                }
-            }
-        }
-        Ok(total)
-    }
-
-    fn detach(mut self) -> Result<()> {
-        self.cleanup()
-    }
-
-    fn cleanup(&mut self) -> Result<()> {
-        let mut first_error = None;
-        let mut note = |r: Result<()>| {
-            if let Err(e) = r {
-                first_error.get_or_insert(e);
-            }
-        };
-        if self.enabled {
-            note(
-                fs::write(self.instance.join("events").join(GROUP).join("enable"), "0")
-                    .context("disabling the tracefs uprobes"),
-            );
-            self.enabled = false;
-        }
-        if self.instance.exists() {
-            note(
-                fs::remove_dir(&self.instance)
-                    .with_context(|| format!("removing {}", self.instance.display())),
-            );
-        }
-        for name in std::mem::take(&mut self.events) {
-            note(append(
-                &self.dir.join("uprobe_events"),
-                &format!("-:{GROUP}/{name}\n"),
-            ));
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for TracefsProbes {
-    fn drop(&mut self) {
-        if let Err(e) = self.cleanup() {
-            eprintln!("xtask: bench: cleaning up tracefs: {e:#}");
-        }
-    }
-}
-
-/// Removes what an interrupted earlier bench may have left.
-fn remove_stale_probes(dir: &Path) -> Result<()> {
-    let instance = dir.join("instances").join(GROUP);
-    let events = ["entry", "ret"]
-        .into_iter()
-        .filter(|name| {
-            fs::read_to_string(dir.join("uprobe_events"))
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.contains(&format!(":{GROUP}/{name} ")))
-        })
-        .collect::<Vec<_>>();
-    if !instance.exists() && events.is_empty() {
-        return Ok(());
-    }
-    eprintln!("xtask: bench: removing tracefs probes left by an earlier run");
-    TracefsProbes {
-        dir: dir.to_owned(),
-        enabled: instance.join("events").join(GROUP).exists(),
-        instance,
-        events,
-    }
-    .detach()
-}
-
-/// uprobe_events lines after the bench: the bench's own, and anyone else's.
-fn tracefs_leftovers(dir: &Path) -> Result<(Vec<String>, Vec<String>)> {
-    let text = fs::read_to_string(dir.join("uprobe_events"))?;
-    Ok(text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_owned)
-        .partition(|l| l.contains(&format!(":{GROUP}/"))))
-}
-
 // ---------------------------------------------------------------------------------------
 // Part 2: sustained rate and loss
 
@@ -1004,17 +515,17 @@ fn rate(env: &Env, opts: &BenchOptions) -> Result<Value> {
         let run = run_measured(&env.out, &mut command, None)?;
         run.ensure_ok("cudatrace run")?;
         let report = LoopReport::parse(&run.stdout)?;
-        let footer = read_footer(&trace)?;
+        let footer = Footer::read(&trace)?;
         Ok(json!({
             "target_calls_per_s": target,
             "achieved_calls_per_s": report.calls_per_s,
             "kept_pace": report.calls_per_s >= 0.95 * target as f64,
             "ring_kib": ring_kib.unwrap_or(16384),
             "calls": report.traced_calls(),
-            "traced_calls": footer.calls,
-            "lost_calls": footer.lost_calls,
+            "traced_calls": footer.events.call,
+            "lost_calls": footer.lost.calls,
             "entries_seen": footer.entries_seen,
-            "loop": report.to_json(),
+            "loop": report,
         }))
     };
     let mut steps = Vec::new();
@@ -1068,58 +579,6 @@ fn rate(env: &Env, opts: &BenchOptions) -> Result<Value> {
 // ---------------------------------------------------------------------------------------
 // Part 3: the tracer's memory and CPU
 
-/// Resident KiB by mapping kind, from /proc/PID/smaps.
-fn rss_breakdown(pid: u32) -> BTreeMap<String, u64> {
-    let mut kinds = BTreeMap::new();
-    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/smaps")) else {
-        return kinds;
-    };
-    let mut kind = String::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let first = words.next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            // A mapping's header: address perms offset dev inode [name].
-            let name = words.nth(4).unwrap_or("");
-            kind = if name.starts_with("anon_inode:") {
-                name.to_owned()
-            } else if name.is_empty() {
-                "anonymous".into()
-            } else if name.starts_with('[') {
-                name.to_owned()
-            } else if name.ends_with("/cudatrace") {
-                "cudatrace binary".into()
-            } else {
-                "other files".into()
-            };
-        } else if first == "Rss:" {
-            let kib = words
-                .next()
-                .and_then(|w| w.parse::<u64>().ok())
-                .unwrap_or(0);
-            *kinds.entry(kind.clone()).or_insert(0) += kib;
-        }
-    }
-    kinds
-}
-
-fn status_line(pid: u32, key: &str) -> Option<String> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .map(|v| v.trim().to_owned())
-}
-
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// Runs cudatrace over `command`, sampling its VmHWM and RSS breakdown.
 fn sampled_run(env: &Env, trace: &Path, command: &[&Path]) -> Result<(Finished, Value)> {
     let mut hwm_kib = 0;
@@ -1168,7 +627,7 @@ fn resources(env: &Env, opts: &BenchOptions) -> Result<Value> {
         &[&env.bench_loop, &args[0], &args[1], &args[2]],
     )?;
     let report = LoopReport::parse(&busy_run.stdout)?;
-    let footer = read_footer(&trace)?;
+    let footer = Footer::read(&trace)?;
     let trace_bytes = fs::metadata(&trace)?.len();
     // wait4 counts cudatrace with its waited-for child, the loop: take the loop's own off.
     let tracer_cpu_s = busy_run.cpu_s - report.process_cpu_ns as f64 / 1e9;
@@ -1183,8 +642,8 @@ fn resources(env: &Env, opts: &BenchOptions) -> Result<Value> {
         "busy": {
             "command": format!("{LOOP_PROGRAM} {per_thread} 0 {}", env.threads),
             "calls": report.traced_calls(),
-            "traced_calls": footer.calls,
-            "lost_calls": footer.lost_calls,
+            "traced_calls": footer.events.call,
+            "lost_calls": footer.lost.calls,
             "trace_bytes": trace_bytes,
             "wall_s": busy_run.wall_s,
             "loop_calls_per_s": report.calls_per_s,
@@ -1192,124 +651,11 @@ fn resources(env: &Env, opts: &BenchOptions) -> Result<Value> {
             "wait4_max_rss_mib": busy_run.max_rss_kib as f64 / 1024.0,
             "tracer_cpu_s": tracer_cpu_s,
             "tracer_cpu_percent_of_one_cpu": 100.0 * tracer_cpu_s / busy_run.wall_s,
-            "tracer_cpu_ns_per_call": tracer_cpu_s * 1e9 / footer.calls.max(1) as f64,
+            "tracer_cpu_ns_per_call": tracer_cpu_s * 1e9 / footer.events.call.max(1) as f64,
             "loop_cpu_s": report.process_cpu_ns as f64 / 1e9,
             "sampled": busy,
         },
     }))
-}
-
-// ---------------------------------------------------------------------------------------
-// Part 4: summary and export on a generated trace
-
-/// A call line split around its `ts_ns` value.
-struct Template {
-    before: Vec<u8>,
-    after: Vec<u8>,
-    ts: u64,
-    name: String,
-}
-
-fn split_ts(line: &str) -> Option<(Vec<u8>, Vec<u8>, u64)> {
-    const KEY: &str = "\"ts_ns\":";
-    let start = line.find(KEY)? + KEY.len();
-    let digits = line[start..].bytes().take_while(u8::is_ascii_digit).count();
-    let ts = line[start..start + digits].parse().ok()?;
-    Some((
-        line.as_bytes()[..start].to_vec(),
-        line.as_bytes()[start + digits..].to_vec(),
-        ts,
-    ))
-}
-
-/// Writes `events` call lines made of the demo trace's calls repeated (the demo's own
-/// spacing, each repetition 50 µs after the last), between its header and process lines
-/// and a footer with the matching counts. Deterministic for a given demo trace.
-fn generate_trace(demo: &Path, out: &Path, events: u64) -> Result<u64> {
-    let text = fs::read_to_string(demo)?;
-    let mut header = None;
-    let mut process = Vec::new();
-    let mut templates = Vec::new();
-    for line in text.lines() {
-        let v: Value = serde_json::from_str(line)?;
-        match v["type"].as_str() {
-            Some("header") => header = Some(line.to_owned()),
-            Some("process") => process.push(line.to_owned()),
-            Some("call") => {
-                let (before, after, ts) = split_ts(line).context("a call line without ts_ns")?;
-                let name = v["name"].as_str().unwrap_or("").to_owned();
-                templates.push(Template {
-                    before,
-                    after,
-                    ts,
-                    name,
-                });
-            }
-            _ => {}
-        }
-    }
-    let header = header.context("the demo trace has no header")?;
-    ensure!(!templates.is_empty(), "the demo trace has no calls");
-    let first = templates.iter().map(|t| t.ts).min().unwrap_or(0);
-    let last = templates.iter().map(|t| t.ts).max().unwrap_or(0);
-    let period = last - first + 50_000;
-    let mut names: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut w = BufWriter::with_capacity(1 << 20, File::create(out)?);
-    writeln!(w, "{header}")?;
-    if let Some(exec) = process.iter().find(|l| l.contains("\"event\":\"exec\"")) {
-        writeln!(w, "{exec}")?;
-    }
-    let mut ts = first;
-    for i in 0..events {
-        let t = &templates[(i % templates.len() as u64) as usize];
-        ts = first + (i / templates.len() as u64) * period + (t.ts - first);
-        w.write_all(&t.before)?;
-        write!(w, "{ts}")?;
-        w.write_all(&t.after)?;
-        w.write_all(b"\n")?;
-        *names.entry(&t.name).or_insert(0) += 1;
-    }
-    let mut process_lines = 0;
-    if let Some(exit) = process.iter().find(|l| l.contains("\"event\":\"exit\"")) {
-        let (before, after, _) = split_ts(exit).context("an exit line without ts_ns")?;
-        w.write_all(&before)?;
-        write!(w, "{}", ts + 1000)?;
-        w.write_all(&after)?;
-        w.write_all(b"\n")?;
-        process_lines = 2;
-    }
-    let footer = json!({
-        "type": "footer",
-        "end_wall": "2026-11-21T00:00:00Z",
-        "duration_ns": ts + 1000 - first,
-        "events": {"call": events, "process": process_lines, "lost": 0, "driver": 0},
-        "calls_by_name": names,
-        "lost": {"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
-                 "driver_ring_full": 0, "calls": 0, "total": 0},
-        "entries_seen": events,
-        "unmatched_returns": 0,
-        "undecodable": 0,
-        "exit_code": 0,
-        "generated_by": "cargo xtask bench (demo calls repeated)",
-    });
-    writeln!(w, "{footer}")?;
-    w.flush()?;
-    Ok(fs::metadata(out)?.len())
-}
-
-fn free_bytes(path: &Path) -> Result<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    // SAFETY: statvfs is plain data; the path is a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    ensure!(
-        rc == 0,
-        "statvfs {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {
@@ -1392,13 +738,13 @@ fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {
         let wall: Vec<f64> = runs.iter().map(|r| r.wall_s).collect();
         let rss: Vec<f64> = runs.iter().map(|r| r.max_rss_kib as f64 / 1024.0).collect();
         let cpu: Vec<f64> = runs.iter().map(|r| r.cpu_s).collect();
-        let median_wall = stats(&wall)["median"].as_f64().unwrap_or(f64::NAN);
+        let median_wall = Stats::of(&wall).median_or_nan();
         by_tool.insert(
             (*key).into(),
             json!({
-                "wall_s": stats(&wall),
-                "cpu_s": stats(&cpu),
-                "peak_rss_mib": stats(&rss),
+                "wall_s": Stats::of(&wall),
+                "cpu_s": Stats::of(&cpu),
+                "peak_rss_mib": Stats::of(&rss),
                 "events_per_s": events as f64 / median_wall,
                 "mb_per_s": bytes as f64 / 1e6 / median_wall,
             }),
@@ -1418,46 +764,19 @@ fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {
     }))
 }
 
-// ---------------------------------------------------------------------------------------
-// Statistics, machine, report
-
-fn stats(values: &[f64]) -> Value {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return json!({"median": null, "min": null, "max": null, "n": 0});
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    json!({"median": median, "min": v[0], "max": v[n - 1], "n": n, "values": values})
-}
-
-fn machine() -> Value {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |key: &str| {
-        cpuinfo
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
-    json!({
-        "cpu": field("model name"),
-        "cpus": thread::available_parallelism().map(|n| n.get()).ok(),
-        "hypervisor": field("flags").map(|f| f.split_whitespace().any(|x| x == "hypervisor")),
-        "mem_gib": mem_kib.map(|k| k as f64 / 1048576.0),
-        "kernel": fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_owned()),
-        "loadavg_at_start": fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_owned()),
-    })
+fn free_bytes(path: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs is plain data; the path is a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+    ensure!(
+        rc == 0,
+        "statvfs {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 fn f(v: &Value) -> f64 {
@@ -1466,15 +785,9 @@ fn f(v: &Value) -> f64 {
 
 /// `median [min-max]` of a stats object.
 fn spread(s: &Value, digits: usize) -> String {
-    format!(
-        "{:.*} [{:.*}-{:.*}]",
-        digits,
-        f(&s["median"]),
-        digits,
-        f(&s["min"]),
-        digits,
-        f(&s["max"])
-    )
+    Stats::deserialize(s)
+        .unwrap_or_else(|_| Stats::of(&[]))
+        .spread(digits)
 }
 
 fn verdict(met: bool) -> &'static str {
@@ -1698,38 +1011,4 @@ fn print_tables(r: &Value) {
             "NO"
         }
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bpftrace_histogram_counts_are_summed() {
-        let text = "Attaching 4 probes...\nready\n\n\n@d: \n\
-                    [0]                    2 |@        |\n\
-                    [8K, 16K)         297165 |@@@@@@@@@@|\n\
-                    [16K, 32K)          2478 |         |\n\n";
-        assert_eq!(histogram_total(text), 2 + 297165 + 2478);
-    }
-
-    #[test]
-    fn a_call_line_splits_around_its_timestamp() {
-        let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":2283275219678,"dur_ns":47931,"ret":0}"#;
-        let (before, after, ts) = split_ts(line).unwrap();
-        assert_eq!(ts, 2283275219678);
-        let rebuilt = [before, b"42".to_vec(), after].concat();
-        assert_eq!(
-            String::from_utf8(rebuilt).unwrap(),
-            line.replace("2283275219678", "42")
-        );
-    }
-
-    #[test]
-    fn stats_give_median_and_spread() {
-        let s = stats(&[3.0, 1.0, 2.0, 10.0]);
-        assert_eq!(s["median"], 2.5);
-        assert_eq!(s["min"], 1.0);
-        assert_eq!(s["max"], 10.0);
-    }
 }
