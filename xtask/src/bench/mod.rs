@@ -18,34 +18,36 @@ mod bpftrace;
 mod cudatrace;
 mod env;
 mod generated_trace;
+mod overhead;
 mod process;
 mod procfs;
 mod stats;
 mod tracefs;
+mod tracers;
 
 use std::{
     collections::BTreeMap,
-    fs::{self, File},
+    fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::{
     bench_loop::{FUNCTION, LOOP_PROGRAM, LoopReport},
-    bpftrace::histogram_total,
     cudatrace::{Footer, cudatrace_run},
     env::Env,
     generated_trace::generate_trace,
-    process::{Background, Finished, check_interrupted, run_measured, tail},
-    procfs::{Machine, difference, interrupts, rss_breakdown, status_kib},
+    overhead::CONDITIONS,
+    process::{Finished, run_measured},
+    procfs::{Machine, rss_breakdown, status_kib},
     stats::Stats,
-    tracefs::{TracefsAfter, TracefsProbes, file_offset, remove_stale_probes, tracefs_dir},
+    tracefs::{TracefsAfter, remove_stale_probes, tracefs_dir},
 };
 use crate::{cmd, ebpf, standin};
 
@@ -156,7 +158,14 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
     for (part, run) in [
         (
             Part::Overhead,
-            overhead as fn(&Env, &BenchOptions, &Path) -> Result<Value>,
+            (|env, opts, tracefs| {
+                Ok(serde_json::to_value(overhead::run(
+                    env,
+                    tracefs,
+                    opts.calls,
+                    opts.rounds,
+                )?)?)
+            }) as fn(&Env, &BenchOptions, &Path) -> Result<Value>,
         ),
         (Part::Rate, |env, opts, _| rate(env, opts)),
         (Part::Resources, |env, opts, _| resources(env, opts)),
@@ -190,308 +199,6 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         tracefs_after.ours_left
     );
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// Part 1: per-call overhead under four conditions
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Condition {
-    Untraced,
-    Tracefs,
-    Cudatrace,
-    Bpftrace,
-}
-
-impl Condition {
-    const ALL: [Condition; 4] = [
-        Condition::Untraced,
-        Condition::Tracefs,
-        Condition::Cudatrace,
-        Condition::Bpftrace,
-    ];
-
-    fn key(self) -> &'static str {
-        match self {
-            Condition::Untraced => "untraced",
-            Condition::Tracefs => "tracefs_uprobe_uretprobe",
-            Condition::Cudatrace => "cudatrace",
-            Condition::Bpftrace => "bpftrace",
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Condition::Untraced => "no tracing",
-            Condition::Tracefs => "tracefs uprobe+uretprobe (floor)",
-            Condition::Cudatrace => "cudatrace run",
-            Condition::Bpftrace => "bpftrace (entry/return pairing)",
-        }
-    }
-}
-
-/// One run of the loop under one condition.
-struct Sample {
-    report: LoopReport,
-    /// IRQ-work and IPI interrupts (all CPUs) from just before to just after the run.
-    interrupts: BTreeMap<String, u64>,
-    /// Events the tracer recorded (tracefs: entry + return records; cudatrace: call lines;
-    /// bpftrace: histogram entries), to check it saw every call.
-    recorded: Option<u64>,
-    lost: Option<u64>,
-}
-
-fn overhead(env: &Env, opts: &BenchOptions, tracefs: &Path) -> Result<Value> {
-    let offset = file_offset(&env.libcuda, FUNCTION)?;
-    let bpftrace = cmd::stdout(Command::new("bpftrace").arg("--version"))
-        .ok()
-        .map(|v| v.trim().to_owned());
-    if bpftrace.is_none() {
-        eprintln!(
-            "xtask: bench: bpftrace not found, its condition is skipped \
-             (Debian: apt-get install -y bpftrace)"
-        );
-    }
-    let conditions: Vec<Condition> = Condition::ALL
-        .into_iter()
-        .filter(|c| *c != Condition::Bpftrace || bpftrace.is_some())
-        .collect();
-    let mut samples: BTreeMap<&str, Vec<Sample>> = BTreeMap::new();
-    let mut retries = Vec::new();
-    for round in 0..opts.rounds {
-        // Rotate the order so no condition always runs first or after the same one.
-        let mut order = conditions.clone();
-        order.rotate_left(round % conditions.len());
-        for condition in order {
-            let mut attempt = 0;
-            let sample = loop {
-                attempt += 1;
-                let result = match condition {
-                    Condition::Untraced => overhead_untraced(env, opts.calls),
-                    Condition::Tracefs => overhead_tracefs(env, tracefs, offset, opts.calls),
-                    Condition::Cudatrace => overhead_cudatrace(env, opts.calls),
-                    Condition::Bpftrace => overhead_bpftrace(env, opts.calls),
-                }
-                .with_context(|| format!("round {}, {}", round + 1, condition.label()));
-                match result {
-                    Ok(sample) => break sample,
-                    // bpftrace 0.17 once ignored SIGINT here; that run is redone (and reported).
-                    Err(e) if condition == Condition::Bpftrace && attempt < 3 => {
-                        check_interrupted()?;
-                        eprintln!("xtask: bench: {e:#}; running it again");
-                        retries.push(format!("{e:#}"));
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
-            eprintln!(
-                "xtask: bench: round {}/{} {:34} {:>10.1} ns/call",
-                round + 1,
-                opts.rounds,
-                condition.label(),
-                sample.report.ns_per_call
-            );
-            samples.entry(condition.key()).or_default().push(sample);
-        }
-    }
-    let mut by_condition = serde_json::Map::new();
-    for condition in &conditions {
-        let runs = &samples[condition.key()];
-        let per_call = |f: &dyn Fn(&Sample) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
-        let ns = per_call(&|s| s.report.ns_per_call);
-        let sys = per_call(&|s| s.report.sys_ns as f64 / s.report.calls as f64);
-        let irq = per_call(&|s| {
-            s.interrupts.values().sum::<u64>() as f64 / s.report.traced_calls() as f64
-        });
-        by_condition.insert(
-            condition.key().into(),
-            json!({
-                "label": condition.label(),
-                "ns_per_call": Stats::of(&ns),
-                "sys_ns_per_call": Stats::of(&sys),
-                "interrupts_per_call": Stats::of(&irq),
-                "runs": runs.iter().map(|s| json!({
-                    "loop": s.report, "interrupts": s.interrupts,
-                    "recorded": s.recorded, "lost": s.lost,
-                })).collect::<Vec<_>>(),
-            }),
-        );
-    }
-    let median = |key: &str| by_condition[key]["ns_per_call"]["median"].as_f64();
-    let base = median("untraced").unwrap_or(0.0);
-    let floor = median("tracefs_uprobe_uretprobe").unwrap_or(f64::NAN);
-    let ratio = |key: &str| median(key).map(|v| (v - base) / (floor - base));
-    // The same ratio within each round (the conditions of a round ran back to back).
-    let paired = |key: &str| -> Value {
-        let (Some(runs), Some(floors), Some(bases)) = (
-            samples.get(key),
-            samples.get(Condition::Tracefs.key()),
-            samples.get(Condition::Untraced.key()),
-        ) else {
-            return Value::Null;
-        };
-        let ratios: Vec<f64> = runs
-            .iter()
-            .zip(floors)
-            .zip(bases)
-            .map(|((r, fl), b)| {
-                (r.report.ns_per_call - b.report.ns_per_call)
-                    / (fl.report.ns_per_call - b.report.ns_per_call)
-            })
-            .collect();
-        serde_json::to_value(Stats::of(&ratios)).expect("stats serialize")
-    };
-    Ok(json!({
-        "calls_per_run": opts.calls,
-        "rounds": opts.rounds,
-        "tracefs_offset": format!("0x{offset:x}"),
-        "bpftrace_version": bpftrace,
-        "bpftrace_runs_redone": retries,
-        "conditions": by_condition,
-        "added_ns_ratio_to_floor": {
-            "cudatrace": ratio("cudatrace"),
-            "bpftrace": ratio("bpftrace"),
-        },
-        "added_ns_ratio_to_floor_per_round": {
-            "cudatrace": paired("cudatrace"),
-            "bpftrace": paired("bpftrace"),
-        },
-    }))
-}
-
-fn overhead_untraced(env: &Env, calls: u64) -> Result<Sample> {
-    let before = interrupts();
-    let run = run_measured(
-        &env.out,
-        Command::new(&env.bench_loop).arg(calls.to_string()),
-        None,
-    )?;
-    let after = interrupts();
-    run.ensure_ok(LOOP_PROGRAM)?;
-    Ok(Sample {
-        report: LoopReport::parse(&run.stdout)?,
-        interrupts: difference(&before, &after),
-        recorded: None,
-        lost: None,
-    })
-}
-
-fn overhead_tracefs(env: &Env, tracefs: &Path, offset: u64, calls: u64) -> Result<Sample> {
-    let probes = TracefsProbes::attach(tracefs, &env.libcuda, offset)?;
-    let before = interrupts();
-    let run = run_measured(
-        &env.out,
-        Command::new(&env.bench_loop).arg(calls.to_string()),
-        None,
-    )?;
-    let after = interrupts();
-    let recorded = probes.recorded()?;
-    probes.detach()?;
-    run.ensure_ok(LOOP_PROGRAM)?;
-    let report = LoopReport::parse(&run.stdout)?;
-    ensure!(
-        recorded >= 2 * report.traced_calls(),
-        "the tracefs probes recorded {recorded} events for {} calls (expected 2 per call)",
-        report.traced_calls()
-    );
-    Ok(Sample {
-        report,
-        interrupts: difference(&before, &after),
-        recorded: Some(recorded),
-        lost: None,
-    })
-}
-
-fn overhead_cudatrace(env: &Env, calls: u64) -> Result<Sample> {
-    let trace = env.out.join("overhead.jsonl");
-    let before = interrupts();
-    let calls_arg = PathBuf::from(calls.to_string());
-    let run = run_measured(
-        &env.out,
-        &mut cudatrace_run(env, &trace, &[], &[&env.bench_loop, &calls_arg]),
-        None,
-    )?;
-    let after = interrupts();
-    run.ensure_ok("cudatrace run")?;
-    let report = LoopReport::parse(&run.stdout)?;
-    let footer = Footer::read(&trace)?;
-    ensure!(
-        footer.events.call + footer.lost.calls == report.traced_calls(),
-        "cudatrace saw {} calls + {} lost for {} made",
-        footer.events.call,
-        footer.lost.calls,
-        report.traced_calls()
-    );
-    Ok(Sample {
-        report,
-        interrupts: difference(&before, &after),
-        recorded: Some(footer.events.call),
-        lost: Some(footer.lost.calls),
-    })
-}
-
-fn overhead_bpftrace(env: &Env, calls: u64) -> Result<Sample> {
-    let lib = env.libcuda.display();
-    // The same pairing cudatrace does (entry time per thread, duration at return), kept as
-    // a histogram; BEGIN runs once every probe is attached.
-    let script = format!(
-        "BEGIN {{ printf(\"ready\\n\"); }} \
-         uprobe:{lib}:{FUNCTION} {{ @s[tid] = nsecs; }} \
-         uretprobe:{lib}:{FUNCTION} /@s[tid]/ {{ @d = hist(nsecs - @s[tid]); delete(@s[tid]); }} \
-         END {{ clear(@s); }}"
-    );
-    let log = env.out.join("bpftrace.txt");
-    let file = File::create(&log)?;
-    let child = Command::new("bpftrace")
-        .arg("-e")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("starting bpftrace")?;
-    let mut bpftrace = Background::new(child, "bpftrace");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        check_interrupted()?;
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        if text.lines().any(|l| l == "ready") {
-            break;
-        }
-        if let Some(status) = bpftrace.try_wait()? {
-            bail!("bpftrace exited ({status}) before attaching:\n{text}");
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "bpftrace did not attach in 120 s:\n{text}"
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    let before = interrupts();
-    let run = run_measured(
-        &env.out,
-        Command::new(&env.bench_loop).arg(calls.to_string()),
-        None,
-    );
-    let after = interrupts();
-    bpftrace.stop()?;
-    let run = run?;
-    run.ensure_ok(LOOP_PROGRAM)?;
-    let report = LoopReport::parse(&run.stdout)?;
-    let text = fs::read_to_string(&log)?;
-    let recorded = histogram_total(&text);
-    ensure!(
-        recorded == report.traced_calls(),
-        "bpftrace's histogram holds {recorded} calls of {}:\n{}",
-        report.traced_calls(),
-        tail(&text, 2000)
-    );
-    Ok(Sample {
-        report,
-        interrupts: difference(&before, &after),
-        recorded: Some(recorded),
-        lost: None,
-    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -821,14 +528,14 @@ fn print_tables(r: &Value) {
         );
         println!("|---|---:|---:|---:|---:|");
         let base = f(&o["conditions"]["untraced"]["ns_per_call"]["median"]);
-        for c in Condition::ALL {
-            let s = &o["conditions"][c.key()];
+        for c in CONDITIONS {
+            let s = &o["conditions"][c.key];
             if !s.is_object() {
                 continue;
             }
             println!(
                 "| {} | {} | {:.0} | {:.0} | {:.2} |",
-                c.label(),
+                c.label,
                 spread(&s["ns_per_call"], 1),
                 f(&s["ns_per_call"]["median"]) - base,
                 f(&s["sys_ns_per_call"]["median"]),
