@@ -1,6 +1,7 @@
 //! `cudatrace run` against the stand-in, and what its trace's footer says about calls.
 
 use std::{
+    ffi::OsStr,
     fs::File,
     io::{Read, Seek, SeekFrom},
     path::Path,
@@ -13,7 +14,12 @@ use serde::Deserialize;
 use super::env::Env;
 
 /// `cudatrace run` of a command against the stand-in, trace into `trace`.
-pub fn cudatrace_run(env: &Env, trace: &Path, extra: &[&str], command: &[&Path]) -> Command {
+pub fn cudatrace_run(
+    env: &Env,
+    trace: &Path,
+    extra: &[&str],
+    command: &[impl AsRef<OsStr>],
+) -> Command {
     let mut cmd = Command::new(&env.cudatrace);
     cmd.args(["run", "-q", "--missing-probes", "ignore", "-o"])
         .arg(trace)

@@ -21,43 +21,32 @@ mod generated_trace;
 mod overhead;
 mod process;
 mod procfs;
+mod rate;
+mod resources;
 mod stats;
 mod tracefs;
 mod tracers;
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    path::{Path, PathBuf},
-    process::Command,
-    thread,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fs, path::Path, process::Command, thread, time::Instant};
 
 use anyhow::{Result, bail, ensure};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::{
-    bench_loop::{FUNCTION, LOOP_PROGRAM, LoopReport},
-    cudatrace::{Footer, cudatrace_run},
+    bench_loop::{FUNCTION, LOOP_PROGRAM},
+    cudatrace::cudatrace_run,
     env::Env,
     generated_trace::generate_trace,
     overhead::CONDITIONS,
     process::{Finished, run_measured},
-    procfs::{Machine, rss_breakdown, status_kib},
+    procfs::Machine,
+    rate::RATE_TARGET,
     stats::Stats,
     tracefs::{TracefsAfter, remove_stale_probes, tracefs_dir},
 };
 use crate::{cmd, ebpf, standin};
 
-/// Paced steps, total calls/s over all loop threads; the last is issue 7's target.
-const RATE_STEPS: &[u64] = &[
-    25_000, 50_000, 75_000, 100_000, 125_000, 150_000, 200_000, 300_000, 500_000,
-];
-const RATE_TARGET: u64 = 500_000;
-/// Ring sizes (KiB) tried at the fastest rate, to show how much of the default is needed.
-const RING_STEPS_KIB: &[u64] = &[4096, 1024, 256];
 /// Issue 7's targets.
 const TARGET_FLOOR_RATIO: f64 = 1.25;
 const TARGET_RSS_MIB: f64 = 64.0;
@@ -167,8 +156,15 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
                 )?)?)
             }) as fn(&Env, &BenchOptions, &Path) -> Result<Value>,
         ),
-        (Part::Rate, |env, opts, _| rate(env, opts)),
-        (Part::Resources, |env, opts, _| resources(env, opts)),
+        (Part::Rate, |env, opts, _| {
+            Ok(serde_json::to_value(rate::run(env, opts.rate_seconds)?)?)
+        }),
+        (Part::Resources, |env, opts, _| {
+            Ok(serde_json::to_value(resources::run(
+                env,
+                opts.resource_calls,
+            )?)?)
+        }),
         (Part::Trace, |env, opts, _| trace_tools(env, opts)),
     ] {
         if !wants(part) {
@@ -199,170 +195,6 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         tracefs_after.ours_left
     );
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// Part 2: sustained rate and loss
-
-fn rate(env: &Env, opts: &BenchOptions) -> Result<Value> {
-    let trace = env.out.join("rate.jsonl");
-    let run_step = |target: u64, per_thread: u64, ring_kib: Option<u64>| -> Result<Value> {
-        let ring = ring_kib.map(|k| k.to_string());
-        let mut extra = Vec::new();
-        if let Some(ring) = &ring {
-            extra.extend(["--ring-kib", ring.as_str()]);
-        }
-        let args = [per_thread, target, env.threads].map(|n| PathBuf::from(n.to_string()));
-        let mut command = cudatrace_run(
-            env,
-            &trace,
-            &extra,
-            &[&env.bench_loop, &args[0], &args[1], &args[2]],
-        );
-        let run = run_measured(&env.out, &mut command, None)?;
-        run.ensure_ok("cudatrace run")?;
-        let report = LoopReport::parse(&run.stdout)?;
-        let footer = Footer::read(&trace)?;
-        Ok(json!({
-            "target_calls_per_s": target,
-            "achieved_calls_per_s": report.calls_per_s,
-            "kept_pace": report.calls_per_s >= 0.95 * target as f64,
-            "ring_kib": ring_kib.unwrap_or(16384),
-            "calls": report.traced_calls(),
-            "traced_calls": footer.events.call,
-            "lost_calls": footer.lost.calls,
-            "entries_seen": footer.entries_seen,
-            "loop": report,
-        }))
-    };
-    let mut steps = Vec::new();
-    let mut saturated = false;
-    for &target in RATE_STEPS {
-        // Past the first step the loop cannot keep up with, only the target step is run:
-        // a busy-wait that is always late makes every faster step the same run.
-        if saturated && target != RATE_TARGET {
-            continue;
-        }
-        let per_thread = ((target as f64 * opts.rate_seconds) as u64 / env.threads).max(1);
-        let step = run_step(target, per_thread, None)?;
-        eprintln!(
-            "xtask: bench: rate {target:>7}/s: achieved {:>9.0}/s, lost {}",
-            step["achieved_calls_per_s"].as_f64().unwrap_or(0.0),
-            step["lost_calls"]
-        );
-        saturated |= step["kept_pace"] == false;
-        steps.push(step);
-    }
-    // How much of the default ring the fastest rate needs.
-    let fastest = RATE_TARGET;
-    let per_thread = ((fastest as f64 * opts.rate_seconds / 2.0) as u64 / env.threads).max(1);
-    let mut rings = Vec::new();
-    for &kib in RING_STEPS_KIB {
-        let step = run_step(fastest, per_thread, Some(kib))?;
-        eprintln!(
-            "xtask: bench: ring {kib:>5} KiB at full speed: achieved {:>9.0}/s, lost {}",
-            step["achieved_calls_per_s"].as_f64().unwrap_or(0.0),
-            step["lost_calls"]
-        );
-        rings.push(step);
-    }
-    let clean = |s: &&Value| s["lost_calls"] == 0;
-    let highest_clean = steps
-        .iter()
-        .filter(clean)
-        .map(|s| s["achieved_calls_per_s"].as_f64().unwrap_or(0.0))
-        .fold(0.0, f64::max);
-    let first_loss = steps.iter().find(|s| s["lost_calls"] != 0).cloned();
-    Ok(json!({
-        "threads": env.threads,
-        "seconds_per_step": opts.rate_seconds,
-        "steps": steps,
-        "highest_achieved_calls_per_s_with_0_lost": highest_clean,
-        "first_step_with_loss": first_loss,
-        "smaller_rings_at_full_speed": rings,
-    }))
-}
-
-// ---------------------------------------------------------------------------------------
-// Part 3: the tracer's memory and CPU
-
-/// Runs cudatrace over `command`, sampling its VmHWM and RSS breakdown.
-fn sampled_run(env: &Env, trace: &Path, command: &[&Path]) -> Result<(Finished, Value)> {
-    let mut hwm_kib = 0;
-    let mut samples = 0u64;
-    let mut breakdown = BTreeMap::new();
-    let mut last_breakdown = Instant::now() - Duration::from_secs(10);
-    let mut sampler = |pid: u32| {
-        if let Some(kib) = status_kib(pid, "VmHWM:") {
-            hwm_kib = hwm_kib.max(kib);
-            samples += 1;
-        }
-        if last_breakdown.elapsed() >= Duration::from_millis(500) {
-            let b = rss_breakdown(pid);
-            if b.values().sum::<u64>() >= breakdown.values().sum::<u64>() {
-                breakdown = b;
-            }
-            last_breakdown = Instant::now();
-        }
-    };
-    let run = run_measured(
-        &env.out,
-        &mut cudatrace_run(env, trace, &[], command),
-        Some(&mut sampler),
-    )?;
-    run.ensure_ok("cudatrace run")?;
-    Ok((
-        run,
-        json!({
-            "vm_hwm_kib": hwm_kib, "samples": samples, "rss_breakdown_kib": breakdown,
-        }),
-    ))
-}
-
-fn resources(env: &Env, opts: &BenchOptions) -> Result<Value> {
-    let trace = env.out.join("resources.jsonl");
-    // Idle: attached, tracing a process that calls once per 10 ms for 2 s.
-    let driver = env.standin.join("cudatrace-driver");
-    let (idle_run, idle) =
-        sampled_run(env, &trace, &[&driver, Path::new("sleep"), Path::new("2")])?;
-    // Busy: the loop on every CPU as fast as it goes.
-    let per_thread = (opts.resource_calls / env.threads).max(1);
-    let args = [per_thread, 0, env.threads].map(|n| PathBuf::from(n.to_string()));
-    let (busy_run, busy) = sampled_run(
-        env,
-        &trace,
-        &[&env.bench_loop, &args[0], &args[1], &args[2]],
-    )?;
-    let report = LoopReport::parse(&busy_run.stdout)?;
-    let footer = Footer::read(&trace)?;
-    let trace_bytes = fs::metadata(&trace)?.len();
-    // wait4 counts cudatrace with its waited-for child, the loop: take the loop's own off.
-    let tracer_cpu_s = busy_run.cpu_s - report.process_cpu_ns as f64 / 1e9;
-    let mib = |kib: &Value| kib.as_u64().unwrap_or(0) as f64 / 1024.0;
-    Ok(json!({
-        "idle": {
-            "command": "cudatrace-driver sleep 2",
-            "peak_rss_mib": mib(&idle["vm_hwm_kib"]),
-            "wall_s": idle_run.wall_s,
-            "sampled": idle,
-        },
-        "busy": {
-            "command": format!("{LOOP_PROGRAM} {per_thread} 0 {}", env.threads),
-            "calls": report.traced_calls(),
-            "traced_calls": footer.events.call,
-            "lost_calls": footer.lost.calls,
-            "trace_bytes": trace_bytes,
-            "wall_s": busy_run.wall_s,
-            "loop_calls_per_s": report.calls_per_s,
-            "peak_rss_mib": mib(&busy["vm_hwm_kib"]),
-            "wait4_max_rss_mib": busy_run.max_rss_kib as f64 / 1024.0,
-            "tracer_cpu_s": tracer_cpu_s,
-            "tracer_cpu_percent_of_one_cpu": 100.0 * tracer_cpu_s / busy_run.wall_s,
-            "tracer_cpu_ns_per_call": tracer_cpu_s * 1e9 / footer.events.call.max(1) as f64,
-            "loop_cpu_s": report.process_cpu_ns as f64 / 1e9,
-            "sampled": busy,
-        },
-    }))
 }
 
 fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {

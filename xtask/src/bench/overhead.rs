@@ -168,8 +168,7 @@ pub fn run(env: &Env, tracefs: &Path, calls: u64, rounds: usize) -> Result<Overh
 fn run_once(point: &AttachPoint, tracer: Tracer, calls: u64) -> Result<OverheadRun> {
     let env = point.env;
     let attached = tracer.attach(point)?;
-    let calls_arg = calls.to_string();
-    let loop_command = [env.bench_loop.as_path(), Path::new(&calls_arg)];
+    let loop_command = env.loop_command(&[calls]);
     let before = interrupts();
     let run = run_measured(&env.out, &mut attached.command(env, &loop_command), None);
     let after = interrupts();

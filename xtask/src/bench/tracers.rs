@@ -2,6 +2,7 @@
 //! after it, and asked whether it saw every call.
 
 use std::{
+    ffi::OsString,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -110,11 +111,11 @@ impl Tracer {
 
 impl Attached {
     /// The command that runs the loop (`loop_command`, program first) under this tracer.
-    pub fn command(&self, env: &Env, loop_command: &[&Path]) -> Command {
+    pub fn command(&self, env: &Env, loop_command: &[OsString]) -> Command {
         match self {
             Attached::CudatraceRun { args, trace } => cudatrace_run(env, trace, args, loop_command),
             _ => {
-                let mut command = Command::new(loop_command[0]);
+                let mut command = Command::new(&loop_command[0]);
                 command.args(&loop_command[1..]);
                 command
             }
