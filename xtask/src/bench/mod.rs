@@ -24,10 +24,11 @@ mod procfs;
 mod rate;
 mod resources;
 mod stats;
+mod trace_tools;
 mod tracefs;
 mod tracers;
 
-use std::{collections::BTreeMap, fs, path::Path, process::Command, thread, time::Instant};
+use std::{fs, path::Path, process::Command, thread, time::Instant};
 
 use anyhow::{Result, bail, ensure};
 use serde::Deserialize;
@@ -35,11 +36,8 @@ use serde_json::{Value, json};
 
 use self::{
     bench_loop::{FUNCTION, LOOP_PROGRAM},
-    cudatrace::cudatrace_run,
     env::Env,
-    generated_trace::generate_trace,
     overhead::CONDITIONS,
-    process::{Finished, run_measured},
     procfs::Machine,
     rate::RATE_TARGET,
     stats::Stats,
@@ -51,8 +49,6 @@ use crate::{cmd, ebpf, standin};
 const TARGET_FLOOR_RATIO: f64 = 1.25;
 const TARGET_RSS_MIB: f64 = 64.0;
 const TARGET_SUMMARY_S: f64 = 20.0;
-/// Below this much free disk the generated trace is scaled down.
-const MIN_FREE_BYTES: u64 = 5_000_000_000;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchOptions {
@@ -165,7 +161,14 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
                 opts.resource_calls,
             )?)?)
         }),
-        (Part::Trace, |env, opts, _| trace_tools(env, opts)),
+        (Part::Trace, |env, opts, _| {
+            Ok(serde_json::to_value(trace_tools::run(
+                env,
+                opts.trace_events,
+                opts.trace_rounds,
+                opts.keep_trace,
+            )?)?)
+        }),
     ] {
         if !wants(part) {
             continue;
@@ -195,127 +198,6 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         tracefs_after.ours_left
     );
     Ok(())
-}
-
-fn trace_tools(env: &Env, opts: &BenchOptions) -> Result<Value> {
-    let demo = env.out.join("demo-source.jsonl");
-    let demo_program = env.standin.join("cudatrace-demo");
-    run_measured(
-        &env.out,
-        &mut cudatrace_run(env, &demo, &[], &[&demo_program]),
-        None,
-    )?
-    .ensure_ok("cudatrace run of the demo")?;
-    let demo_text = fs::read_to_string(&demo)?;
-    let calls: Vec<&str> = demo_text
-        .lines()
-        .filter(|l| l.starts_with("{\"type\":\"call\""))
-        .collect();
-    let mean_line =
-        calls.iter().map(|l| l.len() as u64 + 1).sum::<u64>() / calls.len().max(1) as u64;
-    let free = free_bytes(&env.out)?;
-    let mut events = opts.trace_events;
-    let mut note = None;
-    let estimate = events * mean_line;
-    if free < MIN_FREE_BYTES || estimate > free / 2 {
-        let fits = (free / 2 / mean_line.max(1)).min(events);
-        note = Some(format!(
-            "only {:.1} GB free: scaled down from {} to {} events",
-            free as f64 / 1e9,
-            events,
-            fits
-        ));
-        eprintln!("xtask: bench: {}", note.as_deref().unwrap_or(""));
-        events = fits;
-    }
-    let generated = env.out.join("generated.jsonl");
-    let t = Instant::now();
-    let bytes = generate_trace(&demo, &generated, events)?;
-    let generate_s = t.elapsed().as_secs_f64();
-    eprintln!(
-        "xtask: bench: generated {events} calls, {:.2} GB in {generate_s:.1} s",
-        bytes as f64 / 1e9
-    );
-    let tools: [(&str, Vec<&str>); 3] = [
-        ("summary", vec!["summary"]),
-        (
-            "export_chrome",
-            vec!["export", "--format", "chrome", "-o", "/dev/null"],
-        ),
-        (
-            "export_perfetto",
-            vec!["export", "--format", "perfetto", "-o", "/dev/null"],
-        ),
-    ];
-    let mut runs: BTreeMap<&str, Vec<Finished>> = BTreeMap::new();
-    let mut summary_text = String::new();
-    for round in 0..opts.trace_rounds.max(1) {
-        for (key, args) in &tools {
-            let mut command = Command::new(&env.cudatrace);
-            command.args(args).arg(&generated);
-            let run = run_measured(&env.out, &mut command, None)?;
-            run.ensure_ok(&format!("cudatrace {}", args.join(" ")))?;
-            eprintln!(
-                "xtask: bench: round {}/{} {key:16} {:6.2} s, peak RSS {:.1} MiB",
-                round + 1,
-                opts.trace_rounds,
-                run.wall_s,
-                run.max_rss_kib as f64 / 1024.0
-            );
-            if *key == "summary" && summary_text.is_empty() {
-                summary_text = run.stdout.clone();
-            }
-            runs.entry(key).or_default().push(run);
-        }
-    }
-    fs::write(env.out.join("generated-summary.txt"), &summary_text)?;
-    if !opts.keep_trace {
-        fs::remove_file(&generated)?;
-    }
-    let mut by_tool = serde_json::Map::new();
-    for (key, runs) in &runs {
-        let wall: Vec<f64> = runs.iter().map(|r| r.wall_s).collect();
-        let rss: Vec<f64> = runs.iter().map(|r| r.max_rss_kib as f64 / 1024.0).collect();
-        let cpu: Vec<f64> = runs.iter().map(|r| r.cpu_s).collect();
-        let median_wall = Stats::of(&wall).median_or_nan();
-        by_tool.insert(
-            (*key).into(),
-            json!({
-                "wall_s": Stats::of(&wall),
-                "cpu_s": Stats::of(&cpu),
-                "peak_rss_mib": Stats::of(&rss),
-                "events_per_s": events as f64 / median_wall,
-                "mb_per_s": bytes as f64 / 1e6 / median_wall,
-            }),
-        );
-    }
-    Ok(json!({
-        "events": events,
-        "requested_events": opts.trace_events,
-        "scaled_note": note,
-        "bytes": bytes,
-        "source_calls": calls.len(),
-        "generate_s": generate_s,
-        "free_bytes_before": free,
-        "page_cache": "warm: the trace was just written",
-        "tools": by_tool,
-        "kept": opts.keep_trace.then(|| generated.display().to_string()),
-    }))
-}
-
-fn free_bytes(path: &Path) -> Result<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    // SAFETY: statvfs is plain data; the path is a valid C string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    ensure!(
-        rc == 0,
-        "statvfs {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 fn f(v: &Value) -> f64 {

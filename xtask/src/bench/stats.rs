@@ -44,11 +44,6 @@ impl Stats {
         }
     }
 
-    /// The median, NaN where there is none (printed as `NaN`).
-    pub fn median_or_nan(&self) -> f64 {
-        self.median.unwrap_or(f64::NAN)
-    }
-
     /// `median [min-max]` with `digits` decimals.
     pub fn spread(&self, digits: usize) -> String {
         let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
