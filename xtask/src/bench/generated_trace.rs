@@ -119,6 +119,61 @@ mod tests {
     use super::*;
 
     #[test]
+    fn calls_repeat_with_their_spacing_between_the_demos_header_process_lines_and_a_footer() {
+        let dir = std::env::temp_dir().join(format!("xtask-generated-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let demo = dir.join("demo.jsonl");
+        fs::write(
+            &demo,
+            concat!(
+                r#"{"type":"header","version":1}"#,
+                "\n",
+                r#"{"type":"process","event":"exec","pid":7,"ts_ns":50}"#,
+                "\n",
+                r#"{"type":"call","name":"cuInit","pid":7,"ts_ns":100,"dur_ns":5}"#,
+                "\n",
+                r#"{"type":"call","name":"cuMemAlloc_v2","pid":7,"ts_ns":300,"dur_ns":5}"#,
+                "\n",
+                r#"{"type":"process","event":"exit","pid":7,"ts_ns":400}"#,
+                "\n",
+                r#"{"type":"footer","events":{"call":2}}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        let out = dir.join("generated.jsonl");
+        let bytes = generate_trace(&demo, &out, 5).unwrap();
+        let text = fs::read_to_string(&out).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(bytes, text.len() as u64);
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "header", "process", "call", "call", "call", "call", "call", "process", "footer"
+            ]
+        );
+        // Each repetition starts 50 us after the last call of the one before.
+        let call_ts: Vec<u64> = lines[2..7]
+            .iter()
+            .map(|l| l["ts_ns"].as_u64().unwrap())
+            .collect();
+        assert_eq!(call_ts, [100, 300, 50_300, 50_500, 100_500]);
+        assert_eq!(lines[7]["ts_ns"], 101_500);
+        let footer = &lines[8];
+        assert_eq!(footer["events"]["call"], 5);
+        assert_eq!(footer["events"]["process"], 2);
+        assert_eq!(footer["entries_seen"], 5);
+        assert_eq!(footer["calls_by_name"]["cuInit"], 3);
+        assert_eq!(footer["calls_by_name"]["cuMemAlloc_v2"], 2);
+        assert_eq!(footer["duration_ns"], 101_400);
+    }
+
+    #[test]
     fn a_call_line_splits_around_its_timestamp() {
         let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":2283275219678,"dur_ns":47931,"ret":0}"#;
         let (before, after, ts) = split_ts(line).unwrap();
