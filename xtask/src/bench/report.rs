@@ -91,6 +91,15 @@ fn write_tables(out: &mut String, r: &Results) -> std::fmt::Result {
     )
 }
 
+/// A Markdown table's header; the columns from `first_figure` on are right-aligned.
+fn table_head(out: &mut String, columns: &[&str], first_figure: usize) -> std::fmt::Result {
+    writeln!(out, "| {} |", columns.join(" | "))?;
+    let rule: Vec<&str> = (0..columns.len())
+        .map(|i| if i < first_figure { "---" } else { "---:" })
+        .collect();
+    writeln!(out, "|{}|", rule.join("|"))
+}
+
 fn nan_if_none(value: Option<f64>) -> f64 {
     value.unwrap_or(f64::NAN)
 }
@@ -101,11 +110,17 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Target, std::
         "\n## Per-call cost: {FUNCTION} in a tight loop, 1 thread, {} calls per run, {} rounds interleaved; median [min-max]",
         o.calls_per_run, o.rounds
     )?;
-    writeln!(
+    table_head(
         out,
-        "| condition | ns/call | added ns/call | loop's sys ns/call | IRQ-work+IPI per call |"
+        &[
+            "condition",
+            "ns/call",
+            "added ns/call",
+            "loop's sys ns/call",
+            "IRQ-work+IPI per call",
+        ],
+        1,
     )?;
-    writeln!(out, "|---|---:|---:|---:|---:|")?;
     let base = nan_if_none(
         o.conditions
             .get(BASELINE)
@@ -164,11 +179,17 @@ fn rate_table(out: &mut String, rt: &RateResults) -> Result<Target, std::fmt::Er
         "\n## Sustained rate under cudatrace: {} loop threads, paced by busy-wait, ~{:?} s per step",
         rt.threads, rt.seconds_per_step
     )?;
-    writeln!(
+    table_head(
         out,
-        "| target calls/s | achieved calls/s | ring | calls | lost |"
+        &[
+            "target calls/s",
+            "achieved calls/s",
+            "ring",
+            "calls",
+            "lost",
+        ],
+        0,
     )?;
-    writeln!(out, "|---:|---:|---:|---:|---:|")?;
     for s in rt.steps.iter().chain(&rt.smaller_rings_at_full_speed) {
         writeln!(
             out,
@@ -211,11 +232,18 @@ fn rate_table(out: &mut String, rt: &RateResults) -> Result<Target, std::fmt::Er
 fn resources_table(out: &mut String, rs: &ResourceResults) -> Result<Target, std::fmt::Error> {
     let (idle, busy) = (&rs.idle, &rs.busy);
     writeln!(out, "\n## The cudatrace process while tracing")?;
-    writeln!(
+    table_head(
         out,
-        "| run | calls | lost | wall s | peak RSS (VmHWM) | tracer CPU |"
+        &[
+            "run",
+            "calls",
+            "lost",
+            "wall s",
+            "peak RSS (VmHWM)",
+            "tracer CPU",
+        ],
+        1,
     )?;
-    writeln!(out, "|---|---:|---:|---:|---:|---:|")?;
     writeln!(
         out,
         "| {} (idle) | - | - | {:.1} | {:.1} MiB | - |",
@@ -261,11 +289,11 @@ fn trace_table(out: &mut String, tt: &TraceToolResults) -> Result<Target, std::f
     if let Some(note) = &tt.scaled_note {
         writeln!(out, "NOTE: {note}")?;
     }
-    writeln!(
+    table_head(
         out,
-        "| command | wall s | CPU s | Mevents/s | peak RSS MiB |"
+        &["command", "wall s", "CPU s", "Mevents/s", "peak RSS MiB"],
+        1,
     )?;
-    writeln!(out, "|---|---:|---:|---:|---:|")?;
     for tool in TOOLS {
         let Some(t) = tt.tools.get(tool.key) else {
             continue;
