@@ -4,12 +4,15 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 
-use crate::toolchain::{self, BPF_TARGET, CoreSource, PrepareOptions};
+use crate::{
+    cmd,
+    toolchain::{self, BPF_TARGET, CoreSource, PrepareOptions},
+};
 
 /// The probes read x86-64 SysV arguments; aya-ebpf picks its `pt_regs` layout from this cfg.
 const BPF_TARGET_ARCH: &str = "x86_64";
@@ -34,7 +37,7 @@ pub fn object_dir(root: &Path) -> PathBuf {
 
 /// Prepares the toolchain, then builds the eBPF crate's binaries into [`object_dir`].
 pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
-    let root = crate::workspace_root();
+    let root = cmd::workspace_root();
     let crate_dir = opts
         .crate_dir
         .clone()
@@ -69,7 +72,7 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
     // bpf-linker emits BTF only when asked; aya needs it for maps and aya-log.
     rustflags.push("-Clink-arg=--btf".into());
 
-    let mut cargo = Command::new(toolchain::cargo_program());
+    let mut cargo = cmd::cargo();
     cargo
         .current_dir(&crate_dir)
         .args(["build", "--release", "--target", BPF_TARGET])

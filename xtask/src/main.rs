@@ -1,13 +1,13 @@
 //! Developer tasks for cudatrace, run as `cargo xtask <command>`.
 
 mod bench;
+mod cmd;
 mod ebpf;
 mod standin;
 mod tasks;
 mod toolchain;
 mod vm;
 
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -54,12 +54,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The cudatrace workspace root: the directory above this crate.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives inside the workspace")
-        .to_path_buf()
 }

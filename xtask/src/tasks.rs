@@ -5,29 +5,12 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail};
 
-use crate::{ebpf, standin};
-
-/// The cargo running this xtask.
-pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-/// Runs a command, saying what it does; its failure is an error naming it.
-pub fn run(command: &mut Command, what: &str) -> Result<()> {
-    eprintln!("xtask: {what}");
-    let status = command
-        .status()
-        .with_context(|| format!("starting: {what}"))?;
-    ensure!(status.success(), "{what} failed ({status})");
-    Ok(())
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use crate::{
+    cmd::{self, cargo, run},
+    ebpf, standin, vm,
+};
 
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct TestOptions {
@@ -40,7 +23,7 @@ pub struct TestOptions {
 /// root tests again on a second kernel under QEMU (`vm-test`).
 pub fn test(opts: &TestOptions) -> Result<()> {
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
-    if !is_root() {
+    if !cmd::is_root() {
         bail!(
             "the root tests load eBPF programs: run `sudo -E cargo xtask test` \
              (or set CUDATRACE_SKIP_ROOT_TESTS=1 to run only the unprivileged ones)"
@@ -54,13 +37,13 @@ pub fn test(opts: &TestOptions) -> Result<()> {
         eprintln!("xtask: --no-vm: not running the tests on the 6.1 kernel");
         return Ok(());
     }
-    crate::vm::vm_test(&crate::vm::VmTestOptions::default())
+    vm::vm_test(&vm::VmTestOptions::default())
 }
 
 /// Builds everything and records a demo trace: the real GPU workload where there is one,
 /// else the bundled demo against the stand-in libcuda.
 pub fn demo() -> Result<()> {
-    let root = crate::workspace_root();
+    let root = cmd::workspace_root();
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
     run(
         cargo()
@@ -95,7 +78,7 @@ pub fn demo() -> Result<()> {
             out.join("cudatrace-demo").display().to_string(),
         ]);
     }
-    let mut command = if is_root() {
+    let mut command = if cmd::is_root() {
         Command::new(&cudatrace)
     } else {
         eprintln!("xtask: loading eBPF needs root: running cudatrace through sudo");

@@ -18,6 +18,8 @@ use std::{env, process};
 
 use anyhow::{Context, Result, bail, ensure};
 
+use crate::cmd;
+
 pub const BPF_TARGET: &str = "bpfel-unknown-none";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Bump when the cached toolchain would differ for the same rustc (extractor, flags, layout).
@@ -64,7 +66,7 @@ impl Rustc {
     fn detect() -> Result<Self> {
         let program = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
         let version_verbose =
-            command_stdout(Command::new(&program).arg("-vV")).context("running `rustc -vV`")?;
+            cmd::stdout(Command::new(&program).arg("-vV")).context("running `rustc -vV`")?;
         let field = |name: &str| {
             version_verbose
                 .lines()
@@ -83,7 +85,7 @@ impl Rustc {
             .next()
             .and_then(|major| major.parse().ok())
             .with_context(|| format!("unexpected LLVM version `{llvm_version}` from rustc"))?;
-        let sysroot = command_stdout(Command::new(&program).args(["--print", "sysroot"]))
+        let sysroot = cmd::stdout(Command::new(&program).args(["--print", "sysroot"]))
             .context("running `rustc --print sysroot`")?;
         Ok(Self {
             program,
@@ -188,7 +190,7 @@ fn write_stamp(dir: &Path, text: &str) -> Result<()> {
 }
 
 fn bpf_linker_version(linker: &Path) -> Result<String> {
-    let out = command_stdout(Command::new(linker).arg("--version"))
+    let out = cmd::stdout(Command::new(linker).arg("--version"))
         .with_context(|| format!("running `{} --version`", linker.display()))?;
     Ok(out.trim().to_owned())
 }
@@ -247,7 +249,7 @@ fn ensure_bpf_linker(cache: &Path, rustc: &Rustc, opts: &PrepareOptions) -> Resu
         symlink(&libllvm, &link).with_context(|| format!("linking {}", link.display()))?;
     }
 
-    let mut install = Command::new(cargo_program());
+    let mut install = cmd::cargo();
     install
         .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
         .args(["--locked", "--force", "--no-default-features", "--features"])
@@ -261,7 +263,7 @@ fn ensure_bpf_linker(cache: &Path, rustc: &Rustc, opts: &PrepareOptions) -> Resu
         install.arg("-v");
     }
     clean_cargo_env(&mut install);
-    run(&mut install).with_context(|| {
+    cmd::run_quietly(&mut install).with_context(|| {
         format!(
             "building bpf-linker {BPF_LINKER_VERSION} with LLVM {} failed",
             rustc.llvm_major
@@ -382,33 +384,35 @@ fn compile_sysroot_crate(rustc: &Rustc, sysroot: &Path, name: &str, lib_rs: &Pat
     // Debug info names sources as rustc's own std does, not by the staging path that is renamed.
     let mut remap = OsString::from(sysroot.join("src"));
     remap.push(format!("=/rustc/{}", rustc.commit_hash));
-    let mut cmd = Command::new(&rustc.program);
-    cmd.args([
-        "--crate-name",
-        name,
-        "--edition=2024",
-        "--crate-type",
-        "lib",
-    ])
-    .args(["--target", BPF_TARGET])
-    .args([
-        "-C",
-        "opt-level=3",
-        "-C",
-        "panic=abort",
-        "-C",
-        "embed-bitcode=yes",
-    ])
-    .args(["-C", "debuginfo=2", "-Z", "force-unstable-if-unmarked"])
-    .arg("--sysroot")
-    .arg(sysroot)
-    .arg("--remap-path-prefix")
-    .arg(remap)
-    .arg(lib_rs)
-    .arg("--out-dir")
-    .arg(&out_dir)
-    .env("RUSTC_BOOTSTRAP", "1");
-    run(&mut cmd).with_context(|| format!("compiling {name} for {BPF_TARGET} failed"))
+    let mut rustc_command = Command::new(&rustc.program);
+    rustc_command
+        .args([
+            "--crate-name",
+            name,
+            "--edition=2024",
+            "--crate-type",
+            "lib",
+        ])
+        .args(["--target", BPF_TARGET])
+        .args([
+            "-C",
+            "opt-level=3",
+            "-C",
+            "panic=abort",
+            "-C",
+            "embed-bitcode=yes",
+        ])
+        .args(["-C", "debuginfo=2", "-Z", "force-unstable-if-unmarked"])
+        .arg("--sysroot")
+        .arg(sysroot)
+        .arg("--remap-path-prefix")
+        .arg(remap)
+        .arg(lib_rs)
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .env("RUSTC_BOOTSTRAP", "1");
+    cmd::run_quietly(&mut rustc_command)
+        .with_context(|| format!("compiling {name} for {BPF_TARGET} failed"))
 }
 
 /// Removes staging directories left by interrupted runs (the cache lock is held).
@@ -434,11 +438,6 @@ fn remove_if_exists(path: &Path) -> Result<()> {
         Err(e) => Err(e),
     };
     result.with_context(|| format!("removing {}", path.display()))
-}
-
-/// The cargo running this xtask, so that the same toolchain builds the eBPF crate.
-pub fn cargo_program() -> OsString {
-    env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 
 /// Drops inherited settings that would replace or wrap the flags set here.
@@ -486,28 +485,4 @@ pub fn find_on_path(program: &str) -> Option<PathBuf> {
             fs::metadata(path)
                 .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
         })
-}
-
-/// Runs a command with inherited output; a non-zero exit is an error naming the program.
-pub fn run(cmd: &mut Command) -> Result<()> {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let status = cmd
-        .status()
-        .with_context(|| format!("starting `{program}`"))?;
-    ensure!(status.success(), "`{program}` exited with {status}");
-    Ok(())
-}
-
-fn command_stdout(cmd: &mut Command) -> Result<String> {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let out = cmd
-        .output()
-        .with_context(|| format!("starting `{program}`"))?;
-    ensure!(
-        out.status.success(),
-        "`{program}` exited with {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    String::from_utf8(out.stdout).with_context(|| format!("`{program}` printed non-UTF-8"))
 }

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{ebpf, tasks::run};
+use crate::{
+    cmd::{self, run},
+    ebpf,
+};
 
 /// Test targets of the `cudatrace` package run in the guest, in this order. A name whose
 /// test target does not exist (yet) is skipped with a note.
@@ -109,12 +112,11 @@ struct TestBinary {
 
 pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
     let start = Instant::now();
-    // SAFETY: geteuid has no preconditions.
     ensure!(
-        unsafe { libc::geteuid() } == 0,
+        cmd::is_root(),
         "vm-test runs virtiofsd and root tests: run `sudo -E cargo xtask vm-test`"
     );
-    let root = crate::workspace_root();
+    let root = cmd::workspace_root();
     let vm_dir = root.join("target/vm");
     fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     let _lock = lock(&vm_dir.join("lock"))?;
@@ -460,7 +462,7 @@ fn depends(ko: &[u8]) -> Vec<String> {
 
 fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
     eprintln!("xtask: vm-test: cargo test -p cudatrace --no-run");
-    let mut child = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut child = cmd::cargo()
         .args([
             "test",
             "-p",
