@@ -153,8 +153,8 @@ fn assert_driver_gpu_records(records: &[Value], pid: u32) {
 
 #[test]
 fn known_gpu_work_gives_exact_records_on_the_trace_clock() {
-    let standin = common::standin();
-    let run = run_driver("gpu-inject-exact", &standin.cupti, |_| {});
+    let cupti = common::gpu::cupti_standin();
+    let run = run_driver("gpu-inject-exact", &cupti.lib, |_| {});
     assert!(run.output.status.success(), "{}", stderr(&run));
     assert_eq!(stderr(&run), "", "no complaint from the injection library");
     let records = &run.records;
@@ -164,7 +164,7 @@ fn known_gpu_work_gives_exact_records_on_the_trace_clock() {
     assert_eq!(info["what"], gpu_record::INFO);
     assert_eq!(u(&info["flags"]) as u32, gpu_flags::TIMESTAMP_CALLBACK);
     assert_eq!(u(&info["detail"]), 130001, "the stand-in's CUPTI version");
-    assert_eq!(info["text"], standin.cupti.to_str().unwrap());
+    assert_eq!(info["text"], cupti.lib.to_str().unwrap());
     assert_driver_gpu_records(records, run.pid);
 
     // CUPTI stamped everything through the callback: CLOCK_MONOTONIC, no conversion.
@@ -183,10 +183,10 @@ fn known_gpu_work_gives_exact_records_on_the_trace_clock() {
 
 #[test]
 fn without_the_timestamp_callback_clock_pairs_convert_cupti_times() {
-    let standin = common::standin();
+    let cupti = common::gpu::cupti_standin();
     let run = run_driver(
         "gpu-inject-clock",
-        &standin.cupti_without_timestamp_callback,
+        &cupti.without_timestamp_callback,
         |_| {},
     );
     assert!(run.output.status.success(), "{}", stderr(&run));
@@ -245,8 +245,8 @@ fn without_the_timestamp_callback_clock_pairs_convert_cupti_times() {
 
 #[test]
 fn dropped_records_are_one_record_with_their_count() {
-    let standin = common::standin();
-    let run = run_driver("gpu-inject-dropped", &standin.cupti, |command| {
+    let cupti = common::gpu::cupti_standin();
+    let run = run_driver("gpu-inject-dropped", &cupti.lib, |command| {
         command.env("CUPTI_STANDIN_DROPPED", "5");
     });
     assert!(run.output.status.success(), "{}", stderr(&run));
@@ -258,8 +258,8 @@ fn dropped_records_are_one_record_with_their_count() {
 
 #[test]
 fn cupti_refusing_is_one_fatal_error_and_the_program_runs_on() {
-    let standin = common::standin();
-    let run = run_driver("gpu-inject-refused", &standin.cupti, |command| {
+    let cupti = common::gpu::cupti_standin();
+    let run = run_driver("gpu-inject-refused", &cupti.lib, |command| {
         command.env("CUPTI_STANDIN_ENABLE_ERROR", "35");
     });
     assert!(run.output.status.success(), "{}", stderr(&run));
@@ -314,11 +314,11 @@ fn an_unloadable_libcupti_is_one_fatal_error_naming_it() {
 
 #[test]
 fn a_chained_injection_library_is_started_after_ours() {
-    let standin = common::standin();
+    let cupti = common::gpu::cupti_standin();
     let dir = common::scratch("gpu-inject-chain");
     let chained = common::gpu::chained_library(&dir);
     let marker = dir.join("marker");
-    let run = run_driver("gpu-inject-chain-run", &standin.cupti, |command| {
+    let run = run_driver("gpu-inject-chain-run", &cupti.lib, |command| {
         command
             .env("CUDATRACE_INJECT_CHAIN", &chained)
             .env("CHAINED_MARKER", &marker);
@@ -331,7 +331,7 @@ fn a_chained_injection_library_is_started_after_ours() {
     assert_eq!(run.records.len(), DRIVER_GPU_RECORDS);
 
     let missing = dir.join("missing.so");
-    let run = run_driver("gpu-inject-chain-missing", &standin.cupti, |command| {
+    let run = run_driver("gpu-inject-chain-missing", &cupti.lib, |command| {
         command.env("CUDATRACE_INJECT_CHAIN", &missing);
     });
     assert!(run.output.status.success(), "{}", stderr(&run));

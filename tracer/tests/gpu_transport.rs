@@ -44,10 +44,10 @@ fn load(ring_bytes: u32) -> Ebpf {
 /// `TRACED` before it execs (a shell waits on stdin, then execs the driver). Returns the
 /// debug file's records.
 fn run_driver(bpf: &mut Ebpf, name: &str, traced: bool) -> (u32, Vec<Value>) {
-    let standin = common::standin();
+    let cupti = common::gpu::cupti_standin();
     let dir = common::scratch(name);
     let debug = dir.join("records.jsonl");
-    let driver = driver_command(&standin.cupti, &debug);
+    let driver = driver_command(&cupti.lib, &debug);
     let mut command = std::process::Command::new("sh");
     command
         .args(["-c", "read go && exec \"$0\" gpu"])

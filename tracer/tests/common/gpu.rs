@@ -4,6 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
+    sync::OnceLock,
 };
 
 use serde_json::Value;
@@ -11,6 +12,58 @@ use tracer_common::gpu_record;
 
 /// `libcudatrace_inject.so`, as `tracer/build.rs` built it for embedding.
 pub const INJECT_LIB: &str = env!("CUDATRACE_INJECT_LIB");
+
+pub struct CuptiStandin {
+    /// The stand-in libcupti.so.13.
+    pub lib: PathBuf,
+    /// The same without `cuptiActivityRegisterTimestampCallback` (in a folder of its own).
+    pub without_timestamp_callback: PathBuf,
+}
+
+/// The stand-in libcupti, built once per test binary next to the stand-in libcuda, only by
+/// the tests that use it (gcc is slow in vm-test's guest).
+pub fn cupti_standin() -> &'static CuptiStandin {
+    static CUPTI: OnceLock<CuptiStandin> = OnceLock::new();
+    CUPTI.get_or_init(|| {
+        let dir = &super::standin().dir;
+        let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../standin/libcupti_standin.c")
+            .display()
+            .to_string();
+        let nots = dir.join("nots");
+        std::fs::create_dir_all(&nots).unwrap();
+        let lib = dir.join("libcupti.so.13");
+        let without_timestamp_callback = nots.join("libcupti.so.13");
+        for (out, define) in [
+            (&lib, None),
+            (
+                &without_timestamp_callback,
+                Some("-DCUPTI_STANDIN_NO_TIMESTAMP_CALLBACK"),
+            ),
+        ] {
+            let out = out.display().to_string();
+            let mut args = vec![
+                "-shared",
+                "-fPIC",
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wl,-soname,libcupti.so.13",
+                "-o",
+                &out,
+            ];
+            args.extend(define);
+            args.push(&source);
+            super::gcc(&args);
+        }
+        CuptiStandin {
+            lib,
+            without_timestamp_callback,
+        }
+    })
+}
 
 /// `(correlation id, cbid, CUresult)` of the API records of `cudatrace-driver gpu`, in order.
 pub const DRIVER_GPU_CALLS: [(u64, u64, u64); 9] = [

@@ -35,10 +35,6 @@ pub struct Standin {
     pub lib: PathBuf,
     pub driver: PathBuf,
     pub demo: PathBuf,
-    /// The stand-in libcupti.so.13.
-    pub cupti: PathBuf,
-    /// The same without `cuptiActivityRegisterTimestampCallback` (in a folder of its own).
-    pub cupti_without_timestamp_callback: PathBuf,
 }
 
 fn repo() -> PathBuf {
@@ -95,36 +91,7 @@ pub fn standin() -> &'static Standin {
                 "-lpthread",
             ]);
         }
-        let nots = dir.join("nots");
-        std::fs::create_dir_all(&nots).unwrap();
-        for (out, define) in [
-            (dir.join("libcupti.so.13"), None),
-            (
-                nots.join("libcupti.so.13"),
-                Some("-DCUPTI_STANDIN_NO_TIMESTAMP_CALLBACK"),
-            ),
-        ] {
-            let out = out.display().to_string();
-            let source = src.join("libcupti_standin.c").display().to_string();
-            let mut args = vec![
-                "-shared",
-                "-fPIC",
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-Wl,-soname,libcupti.so.13",
-                "-o",
-                &out,
-            ];
-            args.extend(define);
-            args.push(&source);
-            gcc(&args);
-        }
         Standin {
-            cupti: dir.join("libcupti.so.13"),
-            cupti_without_timestamp_callback: nots.join("libcupti.so.13"),
             lib: dir.join("libcuda.so.1"),
             driver: dir.join("cudatrace-driver"),
             demo: dir.join("cudatrace-demo"),
