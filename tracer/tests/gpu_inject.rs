@@ -8,7 +8,7 @@ use common::gpu::{
     DRIVER_GPU_CALLS, DRIVER_GPU_RECORDS, INJECT_LIB, api_record, driver_kernel_names, of_kind,
     run_driver, u,
 };
-use object::{Object, ObjectSymbol};
+use object::{Object, ObjectSymbol, ObjectSymbolTable};
 use serde_json::Value;
 use tracer_common::{ClockPair, GPU_TEXT_LEN, gpu_flags, gpu_record, gpu_stage};
 
@@ -363,4 +363,28 @@ fn the_library_exports_the_injection_entry_and_the_uprobed_function() {
             "{name} not in {exported:?}"
         );
     }
+    // Calls to it are bound at link time (-Bsymbolic-functions): no dynamic relocation
+    // names it, so the loader cannot send the batches to another object's function.
+    let dynamic_symbols = elf.dynamic_symbol_table().expect(".dynsym");
+    let by_name: Vec<String> = elf
+        .dynamic_relocations()
+        .expect("dynamic relocations")
+        .filter_map(|(_, relocation)| match relocation.target() {
+            object::RelocationTarget::Symbol(index) => Some(
+                dynamic_symbols
+                    .symbol_by_index(index)
+                    .ok()?
+                    .name()
+                    .ok()?
+                    .to_owned(),
+            ),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !by_name
+            .iter()
+            .any(|name| name == tracer_common::GPU_RECORDS_SYMBOL),
+        "{by_name:?}"
+    );
 }
