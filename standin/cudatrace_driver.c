@@ -94,6 +94,32 @@
  * MODE `wait-signal` -- installs a SIGUSR1 handler; cuInit(0); prints
  *   "ready\n" to stdout and flushes; waits (sigsuspend, race-free) until
  *   SIGUSR1 arrives; cuMemAlloc_v2(&p, 4242); exit 0.
+ *
+ * MODE `gpu` -- known GPU work, for GPU activity through CUPTI (with the stand-in
+ *   libcupti, the calls marked "corr N" get correlation id N, in this order):
+ *    1  cuInit(0)                     (loads CUDA_INJECTION64_PATH, if set)
+ *    2  cuDeviceGet(&dev, 0); cuDevicePrimaryCtxRetain(&ctx, dev); cuCtxSetCurrent(ctx)
+ *    3  cuMemAlloc_v2(&d, 1048576)                               [d = 0x7f0000000000]
+ *    4  cuStreamCreate(&s, 0)                                    [s = 0x1010]
+ *    5  cuModuleLoadData(&mod, image)                            [mod = 0x1020]
+ *    6  cuModuleGetFunction(&fn, mod, "_Z10vector_addPKfS0_Pfi") [fn = 0x1030]
+ *    7  cuModuleGetFunction(&fn_long, mod, LONG)                 [0x1040]
+ *         LONG = "_Z" + 1,492 x 'a' + "_longv": a 1,500-byte name
+ *    8  cuModuleGetFunction(&fn_huge, mod, HUGE)                 [0x1050]
+ *         HUGE = "_Z" + 4,992 x 'b' + "_hugev": a 5,000-byte name (over 4 KiB)
+ *    9  cuMemcpyHtoD_v2(d, h, 1048576)                                    corr 1
+ *   10  cuLaunchKernel(fn, 4096, 2, 1, 256, 1, 3, 1024, s, params, NULL)  corr 2
+ *   11  cuLaunchKernelEx(&cfg, fn, params, NULL), cfg = {grid 128,64,2;
+ *         block 32,8,4; sharedMemBytes 2048; hStream s}                   corr 3
+ *   12  cuLaunchKernel(fn_long, 7, 1, 1, 64, 1, 1, 0, NULL, params, NULL) corr 4
+ *   13  cuLaunchKernel(fn_huge, 1, 1, 1, 32, 1, 1, 0, s, params, NULL)    corr 5
+ *   14  cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL)
+ *         -> returns 400 (CUDA_ERROR_INVALID_HANDLE): no GPU work        corr 6
+ *   15  cuMemsetD8_v2(d, 0xab, 777)                                       corr 7
+ *   16  cuMemsetD32Async(d, 7, 100, s)            (400 bytes)             corr 8
+ *   17  cuMemcpyDtoHAsync_v2(h, d, 65536, s)                              corr 9
+ *   18  cuStreamSynchronize(s); cuMemFree_v2(d); cuDevicePrimaryCtxRelease_v2(dev)
+ *   exit 0.
  */
 
 #define _GNU_SOURCE
@@ -129,7 +155,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: cudatrace-driver MODE [ARG]\n"
             "modes: sequence | loop N | fork | forkexec PATH_TO_SELF | child |\n"
-            "       threads | exit N | sleep SECS | wait-signal\n");
+            "       threads | exit N | sleep SECS | wait-signal | gpu\n");
     exit(2);
 }
 
@@ -218,6 +244,72 @@ static int mode_sequence(void)
     OK(cuMemFree_v2(d_a));
     OK(cuDevicePrimaryCtxRelease_v2(dev));
 
+    free(h);
+    return 0;
+}
+
+#define GPU_LONG_NAME_LEN 1500
+#define GPU_HUGE_NAME_LEN 5000
+
+/* "_Z" + fill + suffix, exactly len bytes. */
+static char *kernel_name(size_t len, char fill, const char *suffix)
+{
+    char *name = malloc(len + 1);
+    if (name == NULL)
+        exit(1);
+    size_t tail = strlen(suffix);
+    memcpy(name, "_Z", 2);
+    memset(name + 2, fill, len - 2 - tail);
+    memcpy(name + len - tail, suffix, tail + 1);
+    return name;
+}
+
+static int mode_gpu(void)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr d;
+    CUstream s;
+    CUmodule mod;
+    CUfunction fn, fn_long, fn_huge;
+    int n = 262144;
+
+    OK(cuInit(0));
+    OK(cuDeviceGet(&dev, 0));
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+    OK(cuMemAlloc_v2(&d, 1048576));
+    OK(cuStreamCreate(&s, 0));
+    OK(cuModuleLoadData(&mod, k_image));
+    OK(cuModuleGetFunction(&fn, mod, SEQ_MODULE_KERNEL));
+    char *long_name = kernel_name(GPU_LONG_NAME_LEN, 'a', "_longv");
+    char *huge_name = kernel_name(GPU_HUGE_NAME_LEN, 'b', "_hugev");
+    OK(cuModuleGetFunction(&fn_long, mod, long_name));
+    OK(cuModuleGetFunction(&fn_huge, mod, huge_name));
+    free(long_name);
+    free(huge_name);
+
+    unsigned char *h = calloc(1, 1048576);
+    if (h == NULL)
+        return 1;
+    void *params[] = {&d, &d, &d, &n};
+    OK(cuMemcpyHtoD_v2(d, h, 1048576));
+    OK(cuLaunchKernel(fn, 4096, 2, 1, 256, 1, 3, 1024, s, params, NULL));
+    CUlaunchConfig cfg = {
+        .gridDimX = 128, .gridDimY = 64, .gridDimZ = 2,
+        .blockDimX = 32, .blockDimY = 8, .blockDimZ = 4,
+        .sharedMemBytes = 2048, .hStream = s, .attrs = NULL, .numAttrs = 0,
+    };
+    OK(cuLaunchKernelEx(&cfg, fn, params, NULL));
+    OK(cuLaunchKernel(fn_long, 7, 1, 1, 64, 1, 1, 0, NULL, params, NULL));
+    OK(cuLaunchKernel(fn_huge, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+    EXPECT(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_ERROR_INVALID_HANDLE);
+    OK(cuMemsetD8_v2(d, 0xab, 777));
+    OK(cuMemsetD32Async(d, 7, 100, s));
+    OK(cuMemcpyDtoHAsync_v2(h, d, 65536, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuMemFree_v2(d));
+    OK(cuDevicePrimaryCtxRelease_v2(dev));
     free(h);
     return 0;
 }
@@ -396,6 +488,8 @@ int main(int argc, char **argv)
         return mode_sleep(arg);
     if (strcmp(mode, "wait-signal") == 0 && argc == 2)
         return mode_wait_signal();
+    if (strcmp(mode, "gpu") == 0 && argc == 2)
+        return mode_gpu();
     usage();
     return 2;
 }

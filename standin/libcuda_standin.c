@@ -56,6 +56,15 @@
  * The stand-in does NOT require cuInit before other calls and does not track
  * allocations (freeing an unknown pointer succeeds).
  *
+ * Injection and GPU activity (standin/README.md has the details):
+ *  - cuInit(0) loads CUDA_INJECTION64_PATH once and calls its InitializeInjection, as
+ *    the real driver does;
+ *  - the stand-in libcupti registers hooks through the exported
+ *    cudatrace_standin_set_activity_hooks (cupti_standin.h); each launch, copy and memset
+ *    then reports its call (with its CUPTI callback id) and the GPU work it issued, with
+ *    kernel names remembered from cuModuleGetFunction / cuLibraryGetKernel /
+ *    cuKernelGetFunction.
+ *
  * Distinct addresses: every exported function is noinline, touches its own
  * slot of a volatile counter array (so no two bodies are identical), and the
  * library is built with -fno-ipa-icf.  No exported function calls another
@@ -64,10 +73,14 @@
  */
 
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_standin.h"
+#include "cupti_standin.h"
 
 #define EXPORT __attribute__((visibility("default"), noinline))
 
@@ -187,12 +200,174 @@ static CUresult check_launch_ex(const CUlaunchConfig *config, CUfunction f)
     return check_launch(f);
 }
 
+
+/* ==== kernel names, activity hooks, injection ============================ */
+
+/* Kernel names by handle number (handles are BASE + STEP * n), for activity records. */
+#define STANDIN_MAX_NAMED 4096
+static const char *g_handle_names[STANDIN_MAX_NAMED];
+
+static void remember_name(const void *handle, const char *name)
+{
+    unsigned long long n = ((unsigned long long)handle - STANDIN_HANDLE_BASE) / STANDIN_HANDLE_STEP;
+    if (handle == NULL || name == NULL || n >= STANDIN_MAX_NAMED)
+        return;
+    /* Kept for the life of the process: activity records point at it. */
+    __atomic_store_n(&g_handle_names[n], strdup(name), __ATOMIC_RELEASE);
+}
+
+static const char *handle_name(const void *handle)
+{
+    unsigned long long n = ((unsigned long long)handle - STANDIN_HANDLE_BASE) / STANDIN_HANDLE_STEP;
+    if (handle == NULL || n >= STANDIN_MAX_NAMED)
+        return NULL;
+    return __atomic_load_n(&g_handle_names[n], __ATOMIC_ACQUIRE);
+}
+
+/* Set by the stand-in libcupti when activity is enabled (cupti_standin.h). */
+static const struct standin_activity_hooks *g_activity_hooks;
+
+__attribute__((visibility("default"))) void
+cudatrace_standin_set_activity_hooks(const struct standin_activity_hooks *hooks)
+{
+    __atomic_store_n(&g_activity_hooks, hooks, __ATOMIC_RELEASE);
+}
+
+static void activity_enter(uint32_t cbid, struct standin_api_call *call)
+{
+    const struct standin_activity_hooks *hooks =
+        __atomic_load_n(&g_activity_hooks, __ATOMIC_ACQUIRE);
+    call->cbid = cbid;
+    call->correlation_id = 0;
+    call->start = 0;
+    if (hooks != NULL)
+        hooks->api_enter(cbid, call);
+}
+
+static CUresult activity_exit(const struct standin_api_call *call, CUresult r,
+                              const struct standin_gpu_work *work)
+{
+    const struct standin_activity_hooks *hooks =
+        __atomic_load_n(&g_activity_hooks, __ATOMIC_ACQUIRE);
+    if (hooks != NULL && call->correlation_id != 0)
+        hooks->api_exit(call, (uint32_t)r, r == CUDA_SUCCESS ? work : NULL);
+    return r;
+}
+
+static CUresult copy_done(const struct standin_api_call *call, CUresult r,
+                          unsigned long long bytes, uint32_t copy_kind, uint32_t src_kind,
+                          uint32_t dst_kind, CUstream stream, uint32_t async)
+{
+    struct standin_gpu_work work;
+    memset(&work, 0, sizeof(work));
+    work.kind = STANDIN_WORK_MEMCPY;
+    work.bytes = bytes;
+    work.copy_kind = copy_kind;
+    work.src_kind = src_kind;
+    work.dst_kind = dst_kind;
+    work.stream = (uint64_t)(unsigned long)stream;
+    work.async = async;
+    return activity_exit(call, r, &work);
+}
+
+/* CUPTI's memory kind (1 pageable, 3 device) and memcpy kind for CUDA memory types. */
+static uint32_t memory_kind(CUmemorytype type)
+{
+    return type == CU_MEMORYTYPE_HOST ? 1 : 3;
+}
+
+static uint32_t copy_kind(CUmemorytype src, CUmemorytype dst)
+{
+    int src_host = src == CU_MEMORYTYPE_HOST, dst_host = dst == CU_MEMORYTYPE_HOST;
+    return src_host ? (dst_host ? 9 : 1) : (dst_host ? 2 : 8);
+}
+
+static CUresult copy2d_done(const struct standin_api_call *call, const CUDA_MEMCPY2D *p,
+                            CUstream stream, uint32_t async)
+{
+    CUresult r = check_2d(p);
+    if (r != CUDA_SUCCESS)
+        return activity_exit(call, r, NULL);
+    return copy_done(call, r, (unsigned long long)p->WidthInBytes * p->Height,
+                     copy_kind(p->srcMemoryType, p->dstMemoryType),
+                     memory_kind(p->srcMemoryType), memory_kind(p->dstMemoryType), stream, async);
+}
+
+static CUresult copy3d_done(const struct standin_api_call *call, const CUDA_MEMCPY3D *p,
+                            CUstream stream, uint32_t async)
+{
+    CUresult r = check_3d(p);
+    if (r != CUDA_SUCCESS)
+        return activity_exit(call, r, NULL);
+    return copy_done(call, r, (unsigned long long)p->WidthInBytes * p->Height * p->Depth,
+                     copy_kind(p->srcMemoryType, p->dstMemoryType),
+                     memory_kind(p->srcMemoryType), memory_kind(p->dstMemoryType), stream, async);
+}
+
+static CUresult memset_done(const struct standin_api_call *call, CUresult r,
+                            unsigned long long bytes, uint32_t value, CUstream stream,
+                            uint32_t async)
+{
+    struct standin_gpu_work work;
+    memset(&work, 0, sizeof(work));
+    work.kind = STANDIN_WORK_MEMSET;
+    work.bytes = bytes;
+    work.memset_value = value;
+    work.dst_kind = 3; /* device */
+    work.stream = (uint64_t)(unsigned long)stream;
+    work.async = async;
+    return activity_exit(call, r, &work);
+}
+
+static CUresult kernel_done(const struct standin_api_call *call, CUresult r, CUfunction f,
+                            const unsigned int grid[3], const unsigned int block[3],
+                            unsigned int shared, CUstream stream)
+{
+    if (r != CUDA_SUCCESS)
+        return activity_exit(call, r, NULL);
+    struct standin_gpu_work work;
+    memset(&work, 0, sizeof(work));
+    work.kind = STANDIN_WORK_KERNEL;
+    memcpy(work.grid, grid, sizeof(work.grid));
+    memcpy(work.block, block, sizeof(work.block));
+    work.dynamic_shared = shared;
+    work.stream = (uint64_t)(unsigned long)stream;
+    work.name = handle_name(f);
+    return activity_exit(call, r, &work);
+}
+
+/* As the driver does at cuInit: load the library named in CUDA_INJECTION64_PATH and call
+ * its InitializeInjection, once per process.  Failures are reported on stderr and
+ * otherwise ignored (what the real driver does with them is not known). */
+static void load_injection(void)
+{
+    const char *path = getenv("CUDA_INJECTION64_PATH");
+    if (path == NULL || *path == '\0')
+        return;
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+        fprintf(stderr, "stand-in libcuda: cannot load CUDA_INJECTION64_PATH: %s\n", dlerror());
+        return;
+    }
+    int (*initialize)(void) = (int (*)(void))dlsym(library, "InitializeInjection");
+    if (initialize == NULL) {
+        fprintf(stderr, "stand-in libcuda: %s has no InitializeInjection\n", path);
+        return;
+    }
+    initialize();
+}
+
+static pthread_once_t g_injection_once = PTHREAD_ONCE_INIT;
+
 /* ==== init / device / context ============================================ */
 
 EXPORT CUresult cuInit(unsigned int Flags)
 {
     TOUCH();
-    return Flags != 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&g_injection_once, load_injection);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDriverGetVersion(int *driverVersion)
@@ -487,142 +662,184 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 
 /* ==== copies ============================================================== */
 
+/* CUPTI memcpy kinds and memory kinds (cupti_activity.h). */
+#define KIND_HTOD 1, 1, 3
+#define KIND_DTOH 2, 3, 1
+#define KIND_DTOD 8, 3, 3
+#define KIND_PTOP 10, 3, 3
+
 EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     TOUCH();
-    (void)dst; (void)src; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy, &call);
+    (void)dst; (void)src;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     TOUCH();
-    (void)dst; (void)src; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy_ptds, &call);
+    (void)dst; (void)src;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                               CUstream hStream)
 {
     TOUCH();
-    (void)dst; (void)src; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyAsync, &call);
+    (void)dst; (void)src;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                    CUstream hStream)
 {
     TOUCH();
-    (void)dst; (void)src; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyAsync_ptsz, &call);
+    (void)dst; (void)src;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)srcHost; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyHtoD_v2, &call);
+    (void)dstDevice; (void)srcHost;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_HTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost,
                                      size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)srcHost; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyHtoD_v2_ptds, &call);
+    (void)dstDevice; (void)srcHost;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_HTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     TOUCH();
-    (void)dstHost; (void)srcDevice; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoH_v2, &call);
+    (void)dstHost; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOH, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     TOUCH();
-    (void)dstHost; (void)srcDevice; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoH_v2_ptds, &call);
+    (void)dstHost; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOH, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)srcDevice; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoD_v2, &call);
+    (void)dstDevice; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                      size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)srcDevice; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoD_v2_ptds, &call);
+    (void)dstDevice; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
                                      size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)srcHost; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyHtoDAsync_v2, &call);
+    (void)dstDevice; (void)srcHost;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_HTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
                                           size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)srcHost; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyHtoDAsync_v2_ptsz, &call);
+    (void)dstDevice; (void)srcHost;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_HTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                      CUstream hStream)
 {
     TOUCH();
-    (void)dstHost; (void)srcDevice; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoHAsync_v2, &call);
+    (void)dstHost; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOH, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
                                           size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstHost; (void)srcDevice; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoHAsync_v2_ptsz, &call);
+    (void)dstHost; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOH, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                      size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)srcDevice; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoDAsync_v2, &call);
+    (void)dstDevice; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                           size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)srcDevice; (void)ByteCount; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyDtoDAsync_v2_ptsz, &call);
+    (void)dstDevice; (void)srcDevice;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_DTOD, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
                              CUcontext srcContext, size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyPeer, &call);
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_PTOP, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext,
                                   CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
 {
     TOUCH();
-    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyPeer_ptds, &call);
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_PTOP, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
@@ -630,9 +847,10 @@ EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
                                   CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
-    (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyPeerAsync, &call);
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_PTOP, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
@@ -640,61 +858,74 @@ EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstConte
                                        size_t ByteCount, CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext; (void)ByteCount;
-    (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpyPeerAsync_ptsz, &call);
+    (void)dstDevice; (void)dstContext; (void)srcDevice; (void)srcContext;
+    return copy_done(&call, CUDA_SUCCESS, ByteCount, KIND_PTOP, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)
 {
     TOUCH();
-    return check_2d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy2D_v2, &call);
+    return copy2d_done(&call, pCopy, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *pCopy)
 {
     TOUCH();
-    return check_2d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy2D_v2_ptds, &call);
+    return copy2d_done(&call, pCopy, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
 {
     TOUCH();
-    (void)hStream;
-    return check_2d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy2DAsync_v2, &call);
+    return copy2d_done(&call, pCopy, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
 {
     TOUCH();
-    (void)hStream;
-    return check_2d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy2DAsync_v2_ptsz, &call);
+    return copy2d_done(&call, pCopy, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy)
 {
     TOUCH();
-    return check_3d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy3D_v2, &call);
+    return copy3d_done(&call, pCopy, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D *pCopy)
 {
     TOUCH();
-    return check_3d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy3D_v2_ptds, &call);
+    return copy3d_done(&call, pCopy, NULL, 0);
 }
 
 EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
 {
     TOUCH();
-    (void)hStream;
-    return check_3d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy3DAsync_v2, &call);
+    return copy3d_done(&call, pCopy, hStream, 1);
 }
 
 EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hStream)
 {
     TOUCH();
-    (void)hStream;
-    return check_3d(pCopy);
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemcpy3DAsync_v2_ptsz, &call);
+    return copy3d_done(&call, pCopy, hStream, 1);
 }
 
 /* ==== memsets ============================================================= */
@@ -702,91 +933,115 @@ EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D *pCopy, CUstream hSt
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)uc; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD8_v2, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 1, uc, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)uc; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD8_v2_ptds, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 1, uc, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)us; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD16_v2, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 2, us, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)us; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD16_v2_ptds, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 2, us, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)ui; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD32_v2, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 4, ui, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
     TOUCH();
-    (void)dstDevice; (void)ui; (void)N;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD32_v2_ptds, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 4, ui, NULL, 0);
 }
 
 EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                 CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)uc; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD8Async, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 1, uc, hStream, 1);
 }
 
 EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                      CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)uc; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD8Async_ptsz, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 1, uc, hStream, 1);
 }
 
 EXPORT CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N,
                                  CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)us; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD16Async, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 2, us, hStream, 1);
 }
 
 EXPORT CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N,
                                       CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)us; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD16Async_ptsz, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 2, us, hStream, 1);
 }
 
 EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                  CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)ui; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD32Async, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 4, ui, hStream, 1);
 }
 
 EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                       CUstream hStream)
 {
     TOUCH();
-    (void)dstDevice; (void)ui; (void)N; (void)hStream;
-    return CUDA_SUCCESS;
+    struct standin_api_call call;
+    activity_enter(CBID_cuMemsetD32Async_ptsz, &call);
+    (void)dstDevice;
+    return memset_done(&call, CUDA_SUCCESS, (unsigned long long)N * 4, ui, hStream, 1);
 }
 
 /* ==== launches ============================================================ */
@@ -798,10 +1053,12 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
                                void **kernelParams, void **extra)
 {
     TOUCH();
-    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
-    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    return check_launch(f);
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchKernel, &call);
+    (void)kernelParams; (void)extra;
+    const unsigned int grid[3] = {gridDimX, gridDimY, gridDimZ};
+    const unsigned int block[3] = {blockDimX, blockDimY, blockDimZ};
+    return kernel_done(&call, check_launch(f), f, grid, block, sharedMemBytes, hStream);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -811,53 +1068,72 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigne
                                     void **kernelParams, void **extra)
 {
     TOUCH();
-    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
-    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    return check_launch(f);
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchKernel_ptsz, &call);
+    (void)kernelParams; (void)extra;
+    const unsigned int grid[3] = {gridDimX, gridDimY, gridDimZ};
+    const unsigned int block[3] = {blockDimX, blockDimY, blockDimZ};
+    return kernel_done(&call, check_launch(f), f, grid, block, sharedMemBytes, hStream);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                          unsigned int gridDimZ, unsigned int blockDimX,
+                                          unsigned int blockDimY, unsigned int blockDimZ,
+                                          unsigned int sharedMemBytes, CUstream hStream,
+                                          void **kernelParams)
+{
+    TOUCH();
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchCooperativeKernel, &call);
+    (void)kernelParams;
+    const unsigned int grid[3] = {gridDimX, gridDimY, gridDimZ};
+    const unsigned int block[3] = {blockDimX, blockDimY, blockDimZ};
+    return kernel_done(&call, check_launch(f), f, grid, block, sharedMemBytes, hStream);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                               unsigned int gridDimZ, unsigned int blockDimX,
+                                               unsigned int blockDimY, unsigned int blockDimZ,
+                                               unsigned int sharedMemBytes, CUstream hStream,
+                                               void **kernelParams)
+{
+    TOUCH();
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchCooperativeKernel_ptsz, &call);
+    (void)kernelParams;
+    const unsigned int grid[3] = {gridDimX, gridDimY, gridDimZ};
+    const unsigned int block[3] = {blockDimX, blockDimY, blockDimZ};
+    return kernel_done(&call, check_launch(f), f, grid, block, sharedMemBytes, hStream);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
                                  void **kernelParams, void **extra)
 {
     TOUCH();
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchKernelEx, &call);
     (void)kernelParams; (void)extra;
-    return check_launch_ex(config, f);
+    CUresult r = check_launch_ex(config, f);
+    if (r != CUDA_SUCCESS)
+        return kernel_done(&call, r, f, NULL, NULL, 0, NULL);
+    const unsigned int grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const unsigned int block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    return kernel_done(&call, r, f, grid, block, config->sharedMemBytes, config->hStream);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                       void **kernelParams, void **extra)
 {
     TOUCH();
+    struct standin_api_call call;
+    activity_enter(CBID_cuLaunchKernelEx_ptsz, &call);
     (void)kernelParams; (void)extra;
-    return check_launch_ex(config, f);
-}
-
-EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
-                                          unsigned int gridDimY, unsigned int gridDimZ,
-                                          unsigned int blockDimX, unsigned int blockDimY,
-                                          unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                          CUstream hStream, void **kernelParams)
-{
-    TOUCH();
-    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
-    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams;
-    return check_launch(f);
-}
-
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
-                                               unsigned int gridDimY, unsigned int gridDimZ,
-                                               unsigned int blockDimX, unsigned int blockDimY,
-                                               unsigned int blockDimZ,
-                                               unsigned int sharedMemBytes, CUstream hStream,
-                                               void **kernelParams)
-{
-    TOUCH();
-    (void)gridDimX; (void)gridDimY; (void)gridDimZ;
-    (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams;
-    return check_launch(f);
+    CUresult r = check_launch_ex(config, f);
+    if (r != CUDA_SUCCESS)
+        return kernel_done(&call, r, f, NULL, NULL, 0, NULL);
+    const unsigned int grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const unsigned int block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    return kernel_done(&call, r, f, grid, block, config->sharedMemBytes, config->hStream);
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
@@ -1008,7 +1284,10 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
     CUresult r = lookup_name(name);
     if (r != CUDA_SUCCESS)
         return r;
-    return new_handle_out(hfunc);
+    r = new_handle_out(hfunc);
+    if (r == CUDA_SUCCESS)
+        remember_name(*hfunc, name);
+    return r;
 }
 
 EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
@@ -1054,7 +1333,10 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
     CUresult r = lookup_name(name);
     if (r != CUDA_SUCCESS)
         return r;
-    return new_handle_out(pKernel);
+    r = new_handle_out(pKernel);
+    if (r == CUDA_SUCCESS)
+        remember_name(*pKernel, name);
+    return r;
 }
 
 EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
@@ -1062,7 +1344,10 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     TOUCH();
     if (kernel == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    return new_handle_out(pFunc);
+    CUresult r = new_handle_out(pFunc);
+    if (r == CUDA_SUCCESS)
+        remember_name(*pFunc, handle_name(kernel));
+    return r;
 }
 
 /* ==== cuGetProcAddress_v2 ================================================= */

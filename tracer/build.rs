@@ -1,14 +1,18 @@
-//! Embeds the eBPF objects built by `cargo xtask build-ebpf`, or stops with the hint.
+//! Embeds the eBPF objects built by `cargo xtask build-ebpf`, or stops with the hint; and
+//! builds the CUDA injection library (`cupti-inject/`) that `run --gpu` hands to the
+//! traced command, for embedding too.
 
-use std::{env, path::PathBuf, process::exit};
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, exit},
+};
 
 fn main() {
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let dir = env::var_os("CUDATRACE_EBPF_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
-            manifest.join("../target/ebpf/bpfel-unknown-none/release")
-        });
+        .unwrap_or_else(|| manifest.join("../target/ebpf/bpfel-unknown-none/release"));
     println!("cargo:rerun-if-env-changed=CUDATRACE_EBPF_DIR");
     for (object, var) in [
         ("cudatrace-probes", "CUDATRACE_PROBES_OBJ"),
@@ -26,4 +30,63 @@ fn main() {
         println!("cargo:rerun-if-changed={}", path.display());
         println!("cargo:rustc-env={var}={}", path.display());
     }
+    let inject = injection_library(&manifest);
+    println!("cargo:rustc-env=CUDATRACE_INJECT_LIB={}", inject.display());
+}
+
+/// `libcudatrace_inject.so`: `CUDATRACE_INJECT_LIB` when set (a prebuilt one, e.g. for
+/// packagers), else built here by a nested cargo (release, debug info stripped) into
+/// `target/inject`, a target directory of its own so it never waits on this build's lock.
+fn injection_library(manifest: &Path) -> PathBuf {
+    println!("cargo:rerun-if-env-changed=CUDATRACE_INJECT_LIB");
+    if let Some(path) = env::var_os("CUDATRACE_INJECT_LIB") {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            eprintln!(
+                "error: CUDATRACE_INJECT_LIB={} is not a file",
+                path.display()
+            );
+            exit(1);
+        }
+        println!("cargo:rerun-if-changed={}", path.display());
+        return path;
+    }
+    let workspace = manifest.parent().unwrap();
+    for input in ["cupti-inject", "tracer-common", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(input).display());
+    }
+    let target_dir = workspace.join("target/inject");
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--release", "--locked", "-p", "cudatrace-inject"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(workspace)
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
+    // Settings of this build that must not leak into the nested one (clippy's wrapper,
+    // this crate's flags, a --target).
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+    ] {
+        command.env_remove(var);
+    }
+    match command.status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            eprintln!("error: building the injection library (cupti-inject) failed: {status}");
+            exit(1);
+        }
+        Err(e) => {
+            eprintln!("error: running cargo to build the injection library: {e}");
+            exit(1);
+        }
+    }
+    target_dir.join("release/libcudatrace_inject.so")
 }

@@ -6,6 +6,9 @@
 
 use core::mem::size_of;
 
+mod gpu;
+pub use gpu::*;
+
 /// Event kinds. Numbers are stable and never reused.
 pub mod kind {
     /// A driver call with its arguments, paired entry to return ([`super::CallEvent`]).
@@ -16,6 +19,10 @@ pub mod kind {
     pub const PROC: u32 = 3;
     /// NVIDIA kernel-driver activity: ioctl, mmap, Xid, kprobe ([`super::DriverEvent`]).
     pub const DRIVER: u32 = 4;
+    /// One record from the injection library's CUPTI activity ([`super::GpuEvent`]).
+    pub const GPU: u32 = 5;
+    /// A GPU record that carries text: a kernel name, an error message ([`super::GpuTextEvent`]).
+    pub const GPU_TEXT: u32 = 6;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -63,8 +70,13 @@ pub mod counter {
     pub const PROC_RING_FULL: u32 = 5;
     /// Ring-buffer reserve failed for a driver (ioctl/mmap/xid/kprobe) event.
     pub const DRIVER_RING_FULL: u32 = 6;
+    /// Ring-buffer reserve failed for a GPU record: the record is lost.
+    pub const GPU_RING_FULL: u32 = 7;
+    /// A GPU record could not be read from the traced process, or its batch held more than
+    /// [`super::GPU_BATCH_MAX`] records: each such record is lost.
+    pub const GPU_READ_FAILED: u32 = 8;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 9;
 }
 
 /// Which memory a probe captures (at return) into [`CallDataEvent::data`].

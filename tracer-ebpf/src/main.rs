@@ -1,6 +1,7 @@
 //! cudatrace's eBPF side: one generic uprobe/uretprobe pair that every libcuda symbol is
 //! attached to (the attach cookie says which one, and the `SPECS` map how to read its
-//! arguments), plus process-tree tracking from scheduler tracepoints.
+//! arguments), plus process-tree tracking from scheduler tracepoints, and the GPU activity
+//! records the injection library hands over (`gpu.rs`).
 //!
 //! The probe catalog lives in userspace as data; nothing here knows a CUDA function by name.
 #![no_std]
@@ -8,6 +9,7 @@
 
 mod calls;
 mod driver;
+mod gpu;
 mod maps;
 mod process;
 

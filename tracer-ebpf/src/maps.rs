@@ -104,8 +104,13 @@ pub fn is_traced(tgid: u32) -> bool {
 
 #[inline(always)]
 pub fn bump(index: u32) {
+    add(index, 1);
+}
+
+#[inline(always)]
+pub fn add(index: u32, amount: u64) {
     if let Some(count) = COUNTERS.get_ptr_mut(index) {
         // Per-CPU slot: no other writer, no atomic needed.
-        unsafe { *count += 1 };
+        unsafe { *count += amount };
     }
 }

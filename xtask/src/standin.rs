@@ -7,7 +7,8 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 
-/// Builds `libcuda.so.1`, `cudatrace-driver` and `cudatrace-demo` into `out`.
+/// Builds `libcuda.so.1`, `libcupti.so.13`, `cudatrace-driver` and `cudatrace-demo` into
+/// `out`.
 pub fn build(root: &Path, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let src = root.join("standin");
@@ -25,6 +26,20 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
         "-o".as_ref(),
         lib.as_os_str(),
         src.join("libcuda_standin.c").as_os_str(),
+    ])?;
+    let cupti = out.join("libcupti.so.13");
+    gcc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-Wall".as_ref(),
+        "-Wextra".as_ref(),
+        "-Werror".as_ref(),
+        "-Wl,-soname,libcupti.so.13".as_ref(),
+        "-o".as_ref(),
+        cupti.as_os_str(),
+        src.join("libcupti_standin.c").as_os_str(),
     ])?;
     for (program, source) in [
         ("cudatrace-driver", "cudatrace_driver.c"),

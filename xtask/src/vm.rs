@@ -24,7 +24,14 @@ use crate::{
 
 /// Test targets of the `cudatrace` package run in the guest, in this order. A name whose
 /// test target does not exist (yet) is skipped with a note.
-pub const TEST_TARGETS: &[&str] = &["selftest", "run", "run_modes", "kernel_hooks", "doctor"];
+pub const TEST_TARGETS: &[&str] = &[
+    "selftest",
+    "run",
+    "run_modes",
+    "kernel_hooks",
+    "doctor",
+    "gpu_transport",
+];
 
 /// Tests left out in the guest (libtest `--skip`) unless `--no-skip`, with the reason. None is
 /// a difference of 6.1: the guest is much slower than the host (gcc about 40 times), which

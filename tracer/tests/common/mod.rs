@@ -2,6 +2,8 @@
 //! traces. Root tests attach real probes; they run one at a time (a global lock).
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output},

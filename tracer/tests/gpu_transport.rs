@@ -1,0 +1,209 @@
+//! Root: the `gpu_records` uprobe on the injection library's `cudatrace_gpu_records`
+//! copies every record the library sends into the ring buffer, byte for byte, with its
+//! text; it skips processes that are not traced, and counts each record a full ring loses.
+//! (Also proves the kernel's verifier accepts the program.)
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, PerCpuArray, RingBuf},
+    programs::{UProbe, uprobe::UProbeScope},
+};
+use common::gpu::{DRIVER_GPU_RECORDS, INJECT_LIB, driver_command, read_records, u};
+use serde_json::Value;
+use tracer_common::{
+    EventHeader, GPU_RECORDS_SYMBOL, GPU_TEXT_LEN, GpuRecord, counter, flags, gpu_record, kind,
+};
+
+const PROBES: &str = env!("CUDATRACE_PROBES_OBJ");
+
+/// The probes object with a ring of `ring_bytes`, `gpu_records` attached to the library.
+fn load(ring_bytes: u32) -> Ebpf {
+    let object = std::fs::read(PROBES).unwrap();
+    let mut bpf = EbpfLoader::new()
+        .map_max_entries("EVENTS", ring_bytes)
+        .load(&object)
+        .expect("loading the probes object");
+    let program: &mut UProbe = bpf
+        .program_mut("gpu_records")
+        .expect("a gpu_records program")
+        .try_into()
+        .unwrap();
+    program.load().expect("the verifier accepts gpu_records");
+    program
+        .attach(GPU_RECORDS_SYMBOL, INJECT_LIB, UProbeScope::AllProcesses)
+        .expect("attaching to cudatrace_gpu_records");
+    bpf
+}
+
+/// Runs `cudatrace-driver gpu` under the injection library; when `traced`, its pid is in
+/// `TRACED` before it execs (a shell waits on stdin, then execs the driver). Returns the
+/// debug file's records.
+fn run_driver(bpf: &mut Ebpf, name: &str, traced: bool) -> (u32, Vec<Value>) {
+    let cupti = common::gpu::cupti_standin();
+    let dir = common::scratch(name);
+    let debug = dir.join("records.jsonl");
+    let driver = driver_command(&cupti.lib, &debug);
+    let mut command = std::process::Command::new("sh");
+    command
+        .args(["-c", "read go && exec \"$0\" gpu"])
+        .arg(driver.get_program())
+        .envs(driver.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let pid = child.id();
+    if traced {
+        let mut traced_map: BpfHashMap<_, u32, u32> =
+            BpfHashMap::try_from(bpf.map_mut("TRACED").unwrap()).unwrap();
+        traced_map.insert(pid, 1, 0).unwrap();
+    }
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    (pid, read_records(&debug))
+}
+
+/// A ring event: its header, record and text.
+struct Event {
+    header: EventHeader,
+    record: GpuRecord,
+    text: Option<Vec<u8>>,
+}
+
+fn drain(bpf: &mut Ebpf) -> Vec<Event> {
+    let mut ring = RingBuf::try_from(bpf.map_mut("EVENTS").unwrap()).unwrap();
+    let mut events = Vec::new();
+    while let Some(item) = ring.next() {
+        let bytes: &[u8] = &item;
+        // SAFETY: the ring holds whole events; both types are plain old data.
+        let header = unsafe { bytes.as_ptr().cast::<EventHeader>().read_unaligned() };
+        let record = unsafe { bytes[24..].as_ptr().cast::<GpuRecord>().read_unaligned() };
+        let text = match header.kind {
+            kind::GPU => {
+                assert_eq!(bytes.len(), 24 + 160);
+                None
+            }
+            kind::GPU_TEXT => {
+                assert_eq!(bytes.len(), 24 + 160 + GPU_TEXT_LEN);
+                Some(bytes[184..184 + record.text_len as usize].to_vec())
+            }
+            other => panic!("unexpected event kind {other}"),
+        };
+        events.push(Event {
+            header,
+            record,
+            text,
+        });
+    }
+    events
+}
+
+fn counter_sum(bpf: &Ebpf, index: u32) -> u64 {
+    let counters: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(bpf.map("COUNTERS").unwrap()).unwrap();
+    counters.get(&index, 0).unwrap().iter().sum()
+}
+
+/// The debug line's fields against the record that went through the ring.
+fn assert_same(line: &Value, event: &Event) {
+    let r = &event.record;
+    let fields = [
+        ("what", u64::from(r.what)),
+        ("flags", r.flags.into()),
+        ("start", r.start),
+        ("end", r.end),
+        ("correlation_id", r.correlation_id.into()),
+        ("stream_id", r.stream_id.into()),
+        ("bytes", r.bytes),
+        ("dynamic_shared_mem", r.dynamic_shared_mem.into()),
+        ("registers_per_thread", r.registers_per_thread.into()),
+        ("name_id", r.name_id.into()),
+        ("copy_kind", r.copy_kind.into()),
+        ("memset_value", r.memset_value.into()),
+        ("cbid", r.cbid.into()),
+        ("result", r.result.into()),
+        ("record_pid", r.pid.into()),
+        ("tid", r.tid.into()),
+        ("detail", r.detail.into()),
+        ("text_full_len", r.text_full_len.into()),
+    ];
+    for (name, value) in fields {
+        assert_eq!(u(&line[name]), value, "{name} of {line}");
+    }
+    assert_eq!(line["grid"], serde_json::json!(r.grid));
+    assert_eq!(line["block"], serde_json::json!(r.block));
+    match &event.text {
+        None => assert_eq!(line["text"], Value::Null),
+        Some(text) => assert_eq!(line["text"].as_str().unwrap().as_bytes(), &text[..]),
+    }
+}
+
+#[test]
+fn every_record_reaches_the_ring_exactly_and_only_from_traced_processes() {
+    let Some(_guard) = common::root() else {
+        return;
+    };
+    let mut bpf = load(1 << 22);
+
+    let (_, untraced) = run_driver(&mut bpf, "gpu-transport-untraced", false);
+    assert_eq!(untraced.len(), DRIVER_GPU_RECORDS, "the library did send");
+    assert_eq!(drain(&mut bpf).len(), 0, "an untraced process's records");
+
+    let (pid, lines) = run_driver(&mut bpf, "gpu-transport-traced", true);
+    let events = drain(&mut bpf);
+    assert_eq!(lines.len(), DRIVER_GPU_RECORDS);
+    assert_eq!(events.len(), lines.len());
+    for (line, event) in lines.iter().zip(&events) {
+        assert_same(line, event);
+        assert_eq!(event.header.pid, pid);
+        let has_text = line["text"] != Value::Null;
+        assert_eq!(
+            event.header.kind,
+            if has_text { kind::GPU_TEXT } else { kind::GPU }
+        );
+        let cut = u(&line["text_full_len"]) > u(&line["text_len"]);
+        assert_eq!(
+            event.header.flags,
+            if cut { flags::DATA_TRUNCATED } else { 0 }
+        );
+    }
+    // The 5,000-byte kernel name arrived as its first 4 KiB, flagged as cut.
+    let cut: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.header.flags & flags::DATA_TRUNCATED != 0)
+        .collect();
+    assert_eq!(cut.len(), 1);
+    assert_eq!(cut[0].record.what, gpu_record::NAME);
+    assert_eq!(cut[0].text.as_ref().unwrap().len(), GPU_TEXT_LEN);
+    assert_eq!(counter_sum(&bpf, counter::GPU_RING_FULL), 0);
+    assert_eq!(counter_sum(&bpf, counter::GPU_READ_FAILED), 0);
+}
+
+#[test]
+fn a_full_ring_loses_records_and_counts_every_one() {
+    let Some(_guard) = common::root() else {
+        return;
+    };
+    // One page, never read during the runs: a text event (8 + 4,280 bytes) never fits, and
+    // two runs send more plain records than fit.
+    let mut bpf = load(4096);
+    let mut sent = 0;
+    let mut texts = 0;
+    for run in 0..2 {
+        let (_, lines) = run_driver(&mut bpf, &format!("gpu-transport-full-{run}"), true);
+        assert_eq!(lines.len(), DRIVER_GPU_RECORDS);
+        sent += lines.len() as u64;
+        texts += lines.iter().filter(|l| l["text"] != Value::Null).count() as u64;
+    }
+    let received = drain(&mut bpf);
+    let lost = counter_sum(&bpf, counter::GPU_RING_FULL);
+    assert!(received.iter().all(|e| e.header.kind == kind::GPU));
+    // Each plain event takes 8 (ring header) + 184 bytes: 21 fit in 4096.
+    assert_eq!(received.len(), 21);
+    assert_eq!(lost, sent - 21);
+    assert!(lost > texts, "plain records were lost too");
+    assert_eq!(counter_sum(&bpf, counter::GPU_READ_FAILED), 0);
+}
