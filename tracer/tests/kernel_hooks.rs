@@ -4,24 +4,10 @@
 
 mod common;
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
-
-fn fake_nvidia() -> PathBuf {
-    let dir = scratch("fake-nvidia-bin");
-    let program = dir.join("fake-nvidia");
-    gcc(&[
-        "-O2",
-        "-Wall",
-        "-Werror",
-        "-o",
-        program.to_str().unwrap(),
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/fake_nvidia.c"),
-    ]);
-    program
-}
 
 fn driver_lines(trace: &[Value]) -> Vec<&Value> {
     trace.iter().filter(|l| l["type"] == "driver").collect()

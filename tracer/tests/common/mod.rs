@@ -100,6 +100,22 @@ pub fn standin() -> &'static Standin {
     })
 }
 
+/// `tests/c/fake_nvidia.c` built: a process's ioctls and mmap on plain files that play the
+/// NVIDIA device nodes (see the file for the exact calls).
+pub fn fake_nvidia() -> PathBuf {
+    let dir = scratch("fake-nvidia-bin");
+    let program = dir.join("fake-nvidia");
+    gcc(&[
+        "-O2",
+        "-Wall",
+        "-Werror",
+        "-o",
+        program.to_str().unwrap(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/fake_nvidia.c"),
+    ]);
+    program
+}
+
 /// A fresh scratch directory for one test.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
