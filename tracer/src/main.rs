@@ -7,6 +7,7 @@ mod doctor;
 mod events;
 mod exit;
 mod export;
+mod format;
 mod kernel_hooks;
 mod libcuda;
 mod plot;

@@ -12,7 +12,10 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{Report, Role, memory::ProcessMemory, stages::ProcessStages};
-use crate::events::CallRecord;
+use crate::{
+    events::CallRecord,
+    format::{format_bytes, format_ns, plural, shorten},
+};
 
 /// Distinct grid/block shapes listed per kernel; launches with further shapes are counted.
 pub const MAX_SHAPES: usize = 16;
@@ -365,48 +368,8 @@ fn render_driver(out: &mut String, driver: &super::driver::DriverSummary) {
     }
 }
 
-pub fn format_ns(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns} ns"),
-        1_000..1_000_000 => format!("{:.1} µs", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.2} ms", ns as f64 / 1e6),
-        _ => format!("{:.3} s", ns as f64 / 1e9),
-    }
-}
-
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if bytes >= size {
-            return format!("{:.2} {unit}", bytes as f64 / size as f64);
-        }
-    }
-    format!("{bytes} B")
-}
-
-fn shorten(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        return text.to_owned();
-    }
-    let cut: String = text.chars().take(max_chars.saturating_sub(1)).collect();
-    format!("{cut}…")
-}
-
 fn dims(d: [u32; 3]) -> String {
     format!("{}x{}x{}", d[0], d[1], d[2])
-}
-
-fn plural(n: u64, word: &str) -> String {
-    match (n, word.ends_with(['s', 'h'])) {
-        (1, _) => format!("{n} {word}"),
-        (_, true) => format!("{n} {word}es"),
-        _ => format!("{n} {word}s"),
-    }
 }
 
 /// The full human-readable summary (`cudatrace summary`).
@@ -869,16 +832,5 @@ mod tests {
             "cudatrace: 1 launch of 1 kernel: vector_add(float const*, float const*, float*, int) ×1 (100%)"
         ));
         assert!(short.contains("peak 256.00 KiB, final 256.00 KiB, 1 leak (256.00 KiB)"));
-    }
-
-    #[test]
-    fn units_are_readable() {
-        assert_eq!(format_ns(999), "999 ns");
-        assert_eq!(format_ns(1500), "1.5 µs");
-        assert_eq!(format_ns(2_500_000), "2.50 ms");
-        assert_eq!(format_ns(3_000_000_000), "3.000 s");
-        assert_eq!(format_bytes(1023), "1023 B");
-        assert_eq!(format_bytes(10_506_240), "10.02 MiB");
-        assert_eq!(shorten("abcdef", 4), "abc…");
     }
 }

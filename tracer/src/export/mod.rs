@@ -27,10 +27,11 @@ use self::{
     perfetto::PerfettoWriter,
 };
 use crate::{
-    analysis::{Analysis, Role, classify, reader::ReadError, summary::format_bytes},
+    analysis::{Analysis, Role, classify, reader::ReadError},
     cli::ExportArgs,
     events::CallRecord,
     exit::{ExitCode, Failure},
+    format::format_bytes,
     trace_lines::{DriverLine, Families, Header, Line, LostLine, ProcessLine, TraceLines},
 };
 

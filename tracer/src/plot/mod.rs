@@ -5,9 +5,11 @@
 //! Memory is that of the summary plus the bins, whatever the trace's length.
 
 mod bins;
+mod canvas;
 mod png;
 mod svg;
 mod tables;
+mod theme;
 
 use std::{
     fs::File,
@@ -78,7 +80,7 @@ pub fn render(
     };
     let summarised = summarise(open()?, label, skip_bad_lines)?;
     let summary = &summarised.report.summary;
-    let plot_width = f64::from(width) - svg::MARGIN_LEFT_PX - svg::MARGIN_RIGHT_PX;
+    let plot_width = f64::from(width) - theme::MARGIN_LEFT_PX - theme::MARGIN_RIGHT_PX;
     let columns = Columns::new(summary.first_ts_ns, summary.span_ns, plot_width as usize);
     let bins = bin(open()?, label, skip_bad_lines, columns, &summarised.report)?;
     let svg = svg::draw(
@@ -113,7 +115,7 @@ fn bin(
             pids.push(memory.pid);
         }
     }
-    pids.truncate(svg::MEMORY_CURVES);
+    pids.truncate(theme::MEMORY_CURVES);
 
     let mut bins = Bins::new(columns, &pids);
     let mut lines = TraceLines::new(reader, label, skip_bad_lines);
