@@ -5,10 +5,13 @@
 //! memory holds the launches waiting for their synchronisation and a few entries per
 //! process and thread, never the trace.
 
+mod args;
 mod chrome;
 mod flows;
 mod perfetto;
 pub mod proto;
+
+pub use args::{ExportArgs, ExportFormat};
 
 use std::{
     collections::{HashMap, HashSet},
@@ -28,37 +31,11 @@ use self::{
 };
 use crate::{
     analysis::{Analysis, Role, classify, reader::ReadError},
-    cli::ExportArgs,
     events::CallRecord,
     exit::{ExitCode, Failure},
     format::format_bytes,
     trace_lines::{DriverLine, Families, Header, Line, LostLine, ProcessLine, TraceLines},
 };
-
-/// What `--format` writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ExportFormat {
-    /// Trace Event JSON (chrome://tracing, the Perfetto UI, Speedscope...).
-    Chrome,
-    /// Perfetto's protobuf TrackEvent format: smaller and faster to load for large traces.
-    Perfetto,
-}
-
-impl ExportFormat {
-    fn extension(self) -> &'static str {
-        match self {
-            ExportFormat::Chrome => "json",
-            ExportFormat::Perfetto => "pftrace",
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            ExportFormat::Chrome => "Trace Event JSON",
-            ExportFormat::Perfetto => "Perfetto protobuf",
-        }
-    }
-}
 
 /// Which events to keep. Times are nanoseconds since the export's time base.
 #[derive(Clone, Debug, Default)]

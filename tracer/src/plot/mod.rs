@@ -4,6 +4,7 @@
 //! figure in the picture is the summary's), then to bin the calls into pixel columns.
 //! Memory is that of the summary plus the bins, whatever the trace's length.
 
+mod args;
 mod bins;
 mod canvas;
 mod png;
@@ -20,6 +21,7 @@ use std::{
 
 use anyhow::anyhow;
 
+pub use self::args::PlotArgs;
 use self::bins::{Bins, Columns};
 use crate::{
     analysis::{
@@ -29,7 +31,6 @@ use crate::{
         stages::ProcessStages,
         summary::TraceInfo,
     },
-    cli::PlotArgs,
     exit::{ExitCode, Failure},
     trace_lines::{Families, Line, TraceLines},
 };

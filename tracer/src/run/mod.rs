@@ -1,6 +1,10 @@
 //! `cudatrace run`: attach, start the command, stream events to the trace, and finish
 //! cleanly on every exit path.
 
+mod args;
+
+pub use args::RunArgs;
+
 use std::{
     fs::{self, OpenOptions},
     io::{IsTerminal, Write},
@@ -26,9 +30,7 @@ use tracer_common::proc_event;
 use std::collections::HashMap;
 
 use crate::{
-    analysis::summary::render_short,
     catalog::FnSpec,
-    cli::RunArgs,
     events::{self, RawEvent, decode_call},
     exit::{ExitCode, Failure},
     kernel_hooks,
@@ -41,6 +43,7 @@ use crate::{
         TraceWriter,
     },
     spawn,
+    summary::text::render_short,
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
