@@ -17,7 +17,10 @@ use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
 use serde::Serialize;
 use tracer_common::{DEVICE_PREFIX_LEN, DriverEvent, IOCTL_PARAMS_LEN, device_kind, driver_event};
 
-use crate::probes::{self, field_offset};
+use crate::{
+    probes::{self, field_offset},
+    schema::DriverLine,
+};
 
 /// The driver functions hooked by default on kernels with kprobes.
 pub const DEFAULT_FUNCTIONS: &[&str] = &[
@@ -378,77 +381,24 @@ pub fn uvm_name(cmd: u64) -> Option<&'static str> {
     })
 }
 
-/// One `"type":"driver"` line.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct DriverRecord {
-    #[serde(rename = "type")]
-    pub record_type: &'static str,
-    /// `ioctl`, `mmap`, `xid` or `kprobe`.
-    pub hook: &'static str,
-    pub pid: u32,
-    pub tid: u32,
-    pub ts_ns: u64,
-    pub dur_ns: u64,
-    pub ret: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fd: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cmd: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub escape: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub escape_name: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uvm_cmd: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uvm_name: Option<&'static str>,
-    /// RM_CONTROL's command (NVOS54_PARAMETERS.cmd).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rm_control_cmd: Option<String>,
-    /// RM_ALLOC's class (NVOS21/64_PARAMETERS.hClass).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rm_class: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub length: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub offset: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prot: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub flags: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub addr: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub function: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub args: Option<[String; 3]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub xid: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
-
 fn u32_at(bytes: &[u8; IOCTL_PARAMS_LEN], offset: usize) -> u32 {
     u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
 }
 
 /// Decodes a driver event; `functions` names kprobe addresses.
-pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverRecord {
-    let mut record = DriverRecord {
-        record_type: "driver",
+pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverLine {
+    let mut record = DriverLine {
         pid: event.header.pid,
         tid: event.header.tid,
         ts_ns: event.header.ts_ns,
         dur_ns: event.dur_ns,
         ret: event.ret,
-        ..DriverRecord::default()
+        ..DriverLine::default()
     };
     let device = Some(device_name(event.device, event.device_index));
     match event.what {
         driver_event::IOCTL => {
-            record.hook = "ioctl";
+            record.hook = "ioctl".into();
             record.device = device;
             record.fd = Some(event.fd);
             let cmd = event.a as u32;
@@ -456,7 +406,7 @@ pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverRe
             if (cmd >> 8) & 0xff == IOC_TYPE_NVIDIA {
                 let nr = cmd & 0xff;
                 record.escape = Some(nr);
-                record.escape_name = escape_name(nr);
+                record.escape_name = escape_name(nr).map(Into::into);
                 match nr {
                     0x2A => {
                         record.rm_control_cmd = Some(format!("{:#x}", u32_at(&event.params, 8)))
@@ -466,11 +416,11 @@ pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverRe
                 }
             } else if event.device == device_kind::UVM {
                 record.uvm_cmd = Some(event.a);
-                record.uvm_name = uvm_name(event.a);
+                record.uvm_name = uvm_name(event.a).map(Into::into);
             }
         }
         driver_event::MMAP => {
-            record.hook = "mmap";
+            record.hook = "mmap".into();
             record.device = device;
             record.fd = Some(event.fd);
             record.length = Some(event.a);
@@ -482,13 +432,13 @@ pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverRe
             }
         }
         driver_event::XID => {
-            record.hook = "xid";
+            record.hook = "xid".into();
             record.xid = Some(event.a);
             record.device = Some(format!("{:#x}", event.b));
             record.message = Some(crate::events::c_string(&event.params));
         }
         _ => {
-            record.hook = "kprobe";
+            record.hook = "kprobe".into();
             record.function = Some(
                 functions
                     .get(&event.a)
@@ -507,7 +457,7 @@ pub fn decode(event: &DriverEvent, functions: &HashMap<u64, String>) -> DriverRe
             {
                 record.cmd = Some(format!("{cmd:#x}"));
                 record.escape = Some(cmd & 0xff);
-                record.escape_name = escape_name(cmd & 0xff);
+                record.escape_name = escape_name(cmd & 0xff).map(Into::into);
             }
         }
     }
@@ -571,7 +521,7 @@ mod tests {
         };
         event.params[8..12].copy_from_slice(&0x2080_0102u32.to_le_bytes());
         let record = decode(&event, &HashMap::new());
-        assert_eq!(record.escape_name, Some("NV_ESC_RM_CONTROL"));
+        assert_eq!(record.escape_name.as_deref(), Some("NV_ESC_RM_CONTROL"));
         assert_eq!(record.rm_control_cmd.as_deref(), Some("0x20800102"));
         assert_eq!(record.device.as_deref(), Some("nvidiactl"));
         event.a = 0xc030_462b;

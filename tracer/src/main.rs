@@ -13,12 +13,13 @@ mod libcuda;
 mod plot;
 mod privileges;
 mod probes;
+mod reader;
 mod run;
+mod schema;
 mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
-mod trace_lines;
 mod uprobe_multi;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.

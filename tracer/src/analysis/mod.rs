@@ -1,30 +1,29 @@
 //! Meaning from the call stream: kernel names on launches, live device memory, the stages
 //! of a run and per-function/per-kernel statistics.
 //!
-//! [`Analysis`] is fed [`CallRecord`]s one at a time, in trace order, by `cudatrace run`
+//! [`Analysis`] is fed [`CallLine`]s one at a time, in trace order, by `cudatrace run`
 //! (before each line is written) and by `cudatrace summary` (while reading a trace). Both
 //! therefore compute the same figures. Its memory grows with the number of distinct
 //! functions, kernels, live handles and live allocations, never with the number of calls.
 
 pub mod driver;
+pub mod families;
 pub mod kernels;
 pub mod memory;
-pub mod reader;
 pub mod stages;
+pub mod summarise;
 pub mod summary;
 
 use std::{collections::HashMap, sync::OnceLock};
 
-use serde::Serialize;
-
 use crate::{
     catalog::{CATALOG, Family, STREAM_VARIANTS},
-    events::CallRecord,
+    schema::{CallLine, DriverLine, MemoryFooter, ProcessMemory},
 };
 
 use self::{
     kernels::{KernelNames, KernelTable},
-    memory::{MemoryState, ProcessMemory},
+    memory::MemoryState,
     stages::{ProcessStages, StageTracker},
     summary::{Summary, SummaryAccumulator},
 };
@@ -168,7 +167,7 @@ pub struct Analysis {
 impl Analysis {
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
     /// calls, then counts the call. Fields already present (a trace read back) are kept.
-    pub fn observe(&mut self, record: &mut CallRecord) {
+    pub fn observe(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
         process.kernels.observe(&mut self.names, role, record);
@@ -178,7 +177,7 @@ impl Analysis {
     }
 
     /// A `"type":"driver"` line (`--kernel`).
-    pub fn driver(&mut self, line: &driver::DriverLine) {
+    pub fn driver(&mut self, line: &DriverLine) {
         self.driver.observe(line);
     }
 
@@ -230,13 +229,6 @@ pub struct Report {
     pub driver: driver::DriverSummary,
 }
 
-/// The footer's `memory` object.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct MemoryFooter {
-    /// One entry per process (a pid between exec and exit) that made calls.
-    pub processes: Vec<ProcessMemory>,
-}
-
 impl Report {
     pub fn memory_footer(&self) -> MemoryFooter {
         MemoryFooter {
@@ -249,14 +241,14 @@ impl Report {
 pub(crate) mod testing {
     //! Scripted call sequences for the analysis tests.
 
-    use crate::events::{CallRecord, Hex};
+    use crate::schema::{CallLine, Hex};
 
     /// Builds call records with increasing timestamps: each call starts 1000 ns after the
     /// previous one's start and lasts `dur` ns (default 100).
     pub struct Script {
         pub pid: u32,
         pub ts: u64,
-        pub records: Vec<CallRecord>,
+        pub records: Vec<CallLine>,
     }
 
     impl Script {
@@ -268,9 +260,8 @@ pub(crate) mod testing {
             }
         }
 
-        pub fn call(&mut self, name: &str, fill: impl FnOnce(&mut CallRecord)) -> &mut Self {
-            let mut record = CallRecord {
-                record_type: "call".into(),
+        pub fn call(&mut self, name: &str, fill: impl FnOnce(&mut CallLine)) -> &mut Self {
+            let mut record = CallLine {
                 name: name.into(),
                 pid: self.pid,
                 tid: self.pid,

@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::Role;
-use crate::events::CallRecord;
+use crate::schema::CallLine;
 
 /// Distinct grid/block shapes listed per kernel; launches with further shapes are counted.
 pub const MAX_SHAPES: usize = 16;
@@ -66,7 +66,7 @@ pub struct SummaryAccumulator {
 }
 
 /// The bytes a call moves or allocates (pitch allocations: pitch * height).
-fn call_bytes(record: &CallRecord) -> Option<u64> {
+fn call_bytes(record: &CallLine) -> Option<u64> {
     match (record.pitch, record.height, record.bytes) {
         (_, _, Some(bytes)) => Some(bytes),
         (Some(pitch), Some(height), None) => Some(pitch.saturating_mul(height)),
@@ -75,7 +75,7 @@ fn call_bytes(record: &CallRecord) -> Option<u64> {
 }
 
 impl SummaryAccumulator {
-    pub fn observe(&mut self, role: Role, record: &CallRecord) {
+    pub fn observe(&mut self, role: Role, record: &CallLine) {
         let ok = record.ret == 0;
         let end = record.ts_ns.saturating_add(record.dur_ns);
         self.calls += 1;
@@ -291,30 +291,12 @@ pub struct Summary {
     pub copies: Vec<CopySummary>,
 }
 
-/// Where the figures came from.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct TraceInfo {
-    pub file: String,
-    /// The trace ends with its footer (false: cut short, e.g. the tracer was killed).
-    pub complete: bool,
-    pub lines: u64,
-    /// Malformed lines passed over with --skip-bad-lines.
-    pub skipped_lines: u64,
-    /// Lines of a type this version does not know.
-    pub unknown_lines: u64,
-    /// Events the tracer lost (from the footer, else the `lost` lines).
-    pub lost_events: u64,
-    pub command: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{
         analysis::{Analysis, Report, testing::Script},
-        events::Hex,
+        schema::Hex,
     };
 
     fn report(script: &Script) -> Report {

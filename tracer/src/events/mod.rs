@@ -1,10 +1,10 @@
 //! Decoding ring-buffer records: bytes to [`RawEvent`] (pure, total), then calls to
-//! [`CallRecord`]s with named arguments through the catalog.
+//! [`CallLine`]s with named arguments through the catalog.
 
 mod call;
 pub mod cuda_result;
 
-pub use call::{CallRecord, Hex, decode_call};
+pub use call::decode_call;
 
 use std::mem::size_of;
 

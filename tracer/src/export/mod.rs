@@ -30,11 +30,11 @@ use self::{
     perfetto::PerfettoWriter,
 };
 use crate::{
-    analysis::{Analysis, Role, classify, reader::ReadError},
-    events::CallRecord,
+    analysis::{Analysis, Role, classify, families::Families},
     exit::{ExitCode, Failure},
     format::format_bytes,
-    trace_lines::{DriverLine, Families, Header, Line, LostLine, ProcessLine, TraceLines},
+    reader::{ReadError, TraceLines},
+    schema::{CallLine, DriverLine, Header, Line, LostLine, ProcessLine},
 };
 
 /// Which events to keep. Times are nanoseconds since the export's time base.
@@ -222,7 +222,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Process(process) => self.process(&process)?,
                 Line::Lost(lost) => self.lost(&lost)?,
                 Line::Driver(driver) => self.driver(&driver)?,
-                Line::Footer => {}
+                Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
         }
@@ -282,7 +282,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         Ok(())
     }
 
-    fn call(&mut self, record: &mut CallRecord) -> io::Result<()> {
+    fn call(&mut self, record: &mut CallLine) -> io::Result<()> {
         self.analysis.observe(record);
         let (role, _) = classify(&record.name);
         let ts = self.relative(record.ts_ns);
@@ -455,10 +455,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
     fn driver(&mut self, line: &DriverLine) -> io::Result<()> {
         let ts = self.relative(line.ts_ns);
-        let hook = line.args.get("hook").and_then(Value::as_str).unwrap_or("");
+        let name = line.what();
         let kept = self.filters.pid(line.pid)
             && self.filters.span(ts, line.dur_ns)
-            && self.filters.name(hook, &line.name);
+            && self.filters.name(&line.hook, &name);
         if !kept {
             self.stats.filtered += 1;
             return Ok(());
@@ -472,9 +472,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             track,
             ts_ns: ts,
             dur_ns: line.dur_ns,
-            name: &line.name,
+            name: &name,
             category: "driver",
-            args: &line.args,
+            args: &line.details(),
             flow_out: None,
             flows_in: &[],
         })?;
@@ -486,7 +486,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
 /// A call's slice name: launches by kernel, copies and memsets with direction and size,
 /// failures with their error.
-fn call_label(record: &CallRecord, role: Role) -> String {
+fn call_label(record: &CallLine, role: Role) -> String {
     let mut label = match role {
         Role::Launch => match (&record.kernel, record.function) {
             (Some(kernel), _) => kernel.clone(),
@@ -524,7 +524,7 @@ fn call_label(record: &CallRecord, role: Role) -> String {
 }
 
 /// The decoded fields of a call (everything but what the slice itself says).
-fn call_args(record: &CallRecord, role: Role) -> Map<String, Value> {
+fn call_args(record: &CallLine, role: Role) -> Map<String, Value> {
     let mut args = match serde_json::to_value(record) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),

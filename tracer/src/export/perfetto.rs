@@ -22,7 +22,7 @@ use super::{
         ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
     },
 };
-use crate::trace_lines::Header;
+use crate::schema::Header;
 
 /// The one packet sequence of the file.
 const SEQUENCE_ID: u32 = 1;

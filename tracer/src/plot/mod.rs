@@ -26,13 +26,13 @@ use self::bins::{Bins, Columns};
 use crate::{
     analysis::{
         Analysis, Report,
-        memory::ProcessMemory,
-        reader::{ReadError, summarise},
+        families::Families,
         stages::ProcessStages,
-        summary::TraceInfo,
+        summarise::{TraceInfo, summarise},
     },
     exit::{ExitCode, Failure},
-    trace_lines::{Families, Line, TraceLines},
+    reader::{ReadError, TraceLines},
+    schema::{Line, ProcessMemory},
 };
 
 /// What the picture shows.
@@ -135,7 +135,7 @@ fn bin(
                 }
             }
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
-            Line::Lost(_) | Line::Driver(_) | Line::Footer | Line::Unknown => {}
+            Line::Lost(_) | Line::Driver(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }
     Ok(bins)

@@ -30,6 +30,7 @@ use tracer_common::proc_event;
 use std::collections::HashMap;
 
 use crate::{
+    analysis::Analysis,
     catalog::FnSpec,
     events::{self, RawEvent, decode_call},
     exit::{ExitCode, Failure},
@@ -37,11 +38,11 @@ use crate::{
     libcuda::{self, Libcuda},
     privileges::{self, TargetUser},
     probes::{self, AttachPlan, CounterReader, Counters, LoadOptions, MissingProbes},
-    sinks::jsonl::KernelHooksInfo,
-    sinks::jsonl::{
-        AttachFailureInfo, FORMAT_VERSION, Header, LibcudaInfo, LostLine, ProbeInfo, ProcessLine,
-        TraceWriter,
+    schema::{
+        AttachFailureInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo, LostLine,
+        ProbeInfo, ProcessLine,
     },
+    sinks::jsonl::TraceWriter,
     spawn,
     summary::text::render_short,
 };
@@ -120,6 +121,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         header_written: false,
         clocks,
         kernel_hooks: None,
+        analysis: Analysis::default(),
     };
     let outcome = session.trace(&mut writer);
     let (exit, error) = match outcome {
@@ -138,7 +140,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.exit_signal = exit.signal;
     writer.footer.stopped_by = exit.stopped_by;
     writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
-    let analysis = std::mem::take(&mut writer.analysis).finish();
+    let analysis = session.analysis.finish();
     writer.footer.memory = Some(analysis.memory_footer());
     let footer = writer.finish().map_err(|e| {
         Failure::new(
@@ -328,6 +330,8 @@ struct Session<'a> {
     clocks: Clocks,
     /// `--kernel`: what was chosen and hooked.
     kernel_hooks: Option<KernelHooksInfo>,
+    /// Kernel names, live bytes and the summary, from every event as it is written.
+    analysis: Analysis,
 }
 
 fn uname() -> (String, String) {
@@ -380,7 +384,7 @@ impl Session<'_> {
             eprintln!("cudatrace: --kernel: {what}{xid} ({})", plan.reason);
         }
         self.kernel_hooks = Some(KernelHooksInfo {
-            mechanism: plan.mechanism,
+            mechanism: plan.mechanism.to_owned(),
             reason: plan.reason,
             functions,
             xid: plan.xid,
@@ -401,11 +405,10 @@ impl Session<'_> {
         let failed: std::collections::HashSet<&str> =
             failures.iter().map(|f| f.symbol.as_str()).collect();
         Header {
-            record_type: "header",
-            format: "cudatrace",
+            format: "cudatrace".into(),
             version: FORMAT_VERSION,
-            cudatrace_version: env!("CARGO_PKG_VERSION"),
-            mode,
+            cudatrace_version: env!("CARGO_PKG_VERSION").into(),
+            mode: mode.into(),
             command: self
                 .args
                 .command
@@ -420,8 +423,8 @@ impl Session<'_> {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_nanos() as u64,
-            clock: "CLOCK_MONOTONIC",
-            start_monotonic_ns: self.clocks.monotonic_ns,
+            clock: "CLOCK_MONOTONIC".into(),
+            start_monotonic_ns: Some(self.clocks.monotonic_ns),
             host,
             kernel,
             libcuda: LibcudaInfo {
@@ -438,14 +441,15 @@ impl Session<'_> {
                 .map(|p| ProbeInfo {
                     id: p.id,
                     symbol: p.symbol.clone(),
-                    function: p.spec.name(),
-                    family: p.spec.family.as_str(),
+                    function: p.spec.name().into(),
+                    family: p.spec.family.as_str().into(),
                 })
                 .collect(),
-            missing_functions: self.plan.missing.clone(),
+            missing_functions: self.plan.missing.iter().map(|f| f.to_string()).collect(),
             aliases: self.plan.aliases.clone(),
             attach_failures: failures,
             kernel_hooks: self.kernel_hooks.clone(),
+            ..Header::default()
         }
     }
 
@@ -574,6 +578,7 @@ impl Session<'_> {
                 plan: self.plan,
                 undecodable: 0,
                 kernel_functions,
+                analysis: &mut self.analysis,
             },
             watches,
             child,
@@ -619,6 +624,7 @@ struct EventSink<'a> {
     undecodable: u64,
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
+    analysis: &'a mut Analysis,
 }
 
 impl EventSink<'_> {
@@ -632,33 +638,31 @@ impl EventSink<'_> {
                 let spec: &FnSpec = probe.spec;
                 let mut record = decode_call(&call, data.as_deref(), &probe.symbol, spec);
                 // Kernel names and live bytes go into the line itself.
-                writer.analysis.observe(&mut record);
-                writer.call(&record)
+                self.analysis.observe(&mut record);
+                writer.write(&record)
             }
             Ok(RawEvent::Driver(event)) => {
                 let record = kernel_hooks::decode(&event, &self.kernel_functions);
-                writer
-                    .analysis
-                    .driver(&crate::analysis::driver::DriverLine::from_record(&record));
-                writer.driver(&record)
+                self.analysis.driver(&record);
+                writer.write(&record)
             }
             Ok(RawEvent::Proc(event)) => {
                 let text = events::c_string(&event.name);
                 let (what, child_pid, comm, filename) = match event.what {
-                    proc_event::FORK => ("fork", Some(event.child_pid), Some(text.as_str()), None),
-                    proc_event::EXEC => ("exec", None, None, Some(text.as_str())),
-                    _ => ("exit", None, Some(text.as_str()), None),
+                    proc_event::FORK => ("fork", Some(event.child_pid), Some(text), None),
+                    proc_event::EXEC => ("exec", None, None, Some(text)),
+                    _ => ("exit", None, Some(text), None),
                 };
-                writer.analysis.process_event(event.header.pid, what);
-                writer.process(&ProcessLine {
-                    record_type: "process",
-                    event: what,
+                self.analysis.process_event(event.header.pid, what);
+                writer.write(&ProcessLine {
+                    event: what.into(),
                     pid: event.header.pid,
                     tid: event.header.tid,
                     ts_ns: event.header.ts_ns,
                     child_pid,
                     comm,
                     filename,
+                    ..ProcessLine::default()
                 })
             }
             Err(_) => {
@@ -692,12 +696,12 @@ fn report_loss(
         ),
     ] {
         if after > before {
-            writer.lost(&LostLine {
-                record_type: "lost",
+            writer.write(&LostLine {
                 ts_ns,
-                reason,
+                reason: reason.into(),
                 count: after - before,
                 total: now.lost(),
+                ..LostLine::default()
             })?;
         }
     }

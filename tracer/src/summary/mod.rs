@@ -13,8 +13,9 @@ pub mod text;
 pub use args::SummaryArgs;
 
 use crate::{
-    analysis::reader::{ReadError, summarise},
+    analysis::summarise::summarise,
     exit::{ExitCode, Failure},
+    reader::ReadError,
 };
 
 use self::text::{SummaryJson, render_text};

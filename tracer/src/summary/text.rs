@@ -7,13 +7,11 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report,
-        driver::DriverSummary,
-        memory::ProcessMemory,
-        stages::ProcessStages,
-        summary::{Summary, TraceInfo},
+        Report, driver::DriverSummary, stages::ProcessStages, summarise::TraceInfo,
+        summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
+    schema::ProcessMemory,
 };
 
 /// `cudatrace summary --json`.
@@ -358,7 +356,7 @@ mod tests {
     use super::*;
     use crate::{
         analysis::{Analysis, testing::Script},
-        events::Hex,
+        schema::Hex,
     };
 
     fn report(script: &Script) -> Report {
