@@ -57,7 +57,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::probes::MissingProbes;
+    use crate::probes::plan::MissingProbes;
     use clap::CommandFactory;
 
     #[test]

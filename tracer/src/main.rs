@@ -9,7 +9,6 @@ mod exit;
 mod export;
 mod format;
 mod kernel_hooks;
-mod libcuda;
 mod plot;
 mod privileges;
 mod probes;
@@ -20,7 +19,6 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
-mod uprobe_multi;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.
 #[cfg(test)]

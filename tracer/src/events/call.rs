@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use tracer_common::{CallEvent, flags};
 
-use super::{c_string, cuda_result};
+use super::{cuda_result, raw::c_string};
 use crate::{
     catalog::{Arg, CopyKind, Field, FnSpec, StrField},
     schema::{CallLine, Hex},

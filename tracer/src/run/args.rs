@@ -4,7 +4,7 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::Args;
 
-use crate::{export::ExportFormat, kernel_hooks::HookChoice, probes::MissingProbes};
+use crate::{export::ExportFormat, kernel_hooks::HookChoice, probes::plan::MissingProbes};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\

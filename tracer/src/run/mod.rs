@@ -25,7 +25,6 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::proc_event;
 
 use std::collections::HashMap;
 
@@ -35,12 +34,19 @@ use crate::{
     events::{self, RawEvent, decode_call},
     exit::{ExitCode, Failure},
     kernel_hooks,
-    libcuda::{self, Libcuda},
     privileges::{self, TargetUser},
-    probes::{self, AttachPlan, CounterReader, Counters, LoadOptions, MissingProbes},
+    probes::{
+        attach::{self, Attached},
+        library::{self, Library},
+        maps::{self, CounterReader, Counters},
+        object::{self, LoadOptions},
+        plan::{MissingProbes, Plans},
+        probe_set::LIBCUDA,
+        programs, tracefs,
+    },
     schema::{
         AttachFailureInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo, LostLine,
-        ProbeInfo, ProcessLine,
+        ProbeInfo,
     },
     sinks::jsonl::TraceWriter,
     spawn,
@@ -64,14 +70,16 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             ));
         }
     }
-    let lib_path =
-        libcuda::find(args.libcuda.as_deref()).map_err(|e| Failure::new(ExitCode::NoLibcuda, e))?;
-    let lib = Libcuda::open(&lib_path).map_err(|e| Failure::new(ExitCode::NoLibcuda, e))?;
-    let plan = probes::plan(&lib);
+    let lib_path = library::find(&LIBCUDA, args.libcuda.as_deref())
+        .map_err(|e| Failure::new(ExitCode::NoLibcuda, e))?;
+    let lib =
+        Library::open(&LIBCUDA, &lib_path).map_err(|e| Failure::new(ExitCode::NoLibcuda, e))?;
+    let mut plans = Plans::default();
+    let plan = plans.add(&LIBCUDA, &lib);
     if !plan.missing.is_empty() {
         report_missing(
             args.missing_probes,
-            "not exported by libcuda",
+            &format!("not exported by {}", plan.set.library),
             &plan.missing,
         )?;
     }
@@ -79,8 +87,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         return Err(Failure::new(
             ExitCode::NoLibcuda,
             anyhow!(
-                "{} exports none of the CUDA driver functions cudatrace probes",
-                lib.path.display()
+                "{} exports none of the {} cudatrace probes",
+                plan.library.path.display(),
+                plan.set.functions
             ),
         ));
     }
@@ -115,7 +124,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     let mut session = Session {
         args: &args,
         lib: &lib,
-        plan: &plan,
+        plans: &plans,
         user: user.as_ref(),
         program,
         header_written: false,
@@ -322,8 +331,8 @@ fn default_trace_name() -> String {
 
 struct Session<'a> {
     args: &'a RunArgs,
-    lib: &'a Libcuda,
-    plan: &'a AttachPlan,
+    lib: &'a Library,
+    plans: &'a Plans,
     user: Option<&'a TargetUser>,
     program: Option<PathBuf>,
     header_written: bool,
@@ -362,7 +371,7 @@ impl Session<'_> {
 
     /// `--kernel`: picks kprobes or tracepoints, says which and why, attaches them.
     fn attach_kernel_hooks(&mut self, bpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
-        let support = kernel_hooks::KernelSupport::probe(&probes::tracefs()?);
+        let support = kernel_hooks::KernelSupport::probe(&tracefs::tracefs()?);
         let plan = kernel_hooks::plan(&self.args.kernel_hooks, &support)?;
         let functions = kernel_hooks::attach(bpf, &plan)?;
         for pid in pids {
@@ -428,15 +437,14 @@ impl Session<'_> {
             host,
             kernel,
             libcuda: LibcudaInfo {
-                path: self.lib.path.display().to_string(),
-                version: self.lib.version.clone(),
-                standin: self.lib.standin,
+                path: self.lib.file.path.display().to_string(),
+                version: self.lib.file.version.clone(),
+                standin: self.lib.file.standin,
             },
             ring_bytes: self.args.ring_kib * 1024,
             probes: self
-                .plan
-                .probes
-                .iter()
+                .plans
+                .probes()
                 .filter(|p| !failed.contains(p.symbol.as_str()))
                 .map(|p| ProbeInfo {
                     id: p.id,
@@ -445,8 +453,17 @@ impl Session<'_> {
                     family: p.spec.family.as_str().into(),
                 })
                 .collect(),
-            missing_functions: self.plan.missing.iter().map(|f| f.to_string()).collect(),
-            aliases: self.plan.aliases.clone(),
+            missing_functions: self
+                .plans
+                .iter()
+                .flat_map(|plan| &plan.missing)
+                .map(|f| f.to_string())
+                .collect(),
+            aliases: self
+                .plans
+                .iter()
+                .flat_map(|plan| plan.aliases.iter().cloned())
+                .collect(),
             attach_failures: failures,
             kernel_hooks: self.kernel_hooks.clone(),
             ..Header::default()
@@ -455,37 +472,36 @@ impl Session<'_> {
 
     fn trace(&mut self, writer: &mut TraceWriter) -> Result<Outcome, Failure> {
         let internal = |e: anyhow::Error| Failure::new(ExitCode::Internal, e);
-        let mut bpf = probes::load(&LoadOptions {
+        let mut bpf = object::load(&LoadOptions {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
             device_prefix: self.device_prefix().to_owned(),
         })
         .map_err(internal)?;
-        let mut attached = probes::Attached::default();
-        let attach_result =
-            probes::attach_libcuda(&mut bpf, &self.lib.path, self.plan, &mut attached);
+        let mut attached = Attached::default();
+        let attach_result = attach::attach(&mut bpf, self.plans, &mut attached);
         let failures = match attach_result {
             Ok(failures) => failures,
             Err(e) => {
-                probes::detach_all(&mut bpf, &mut attached);
+                attach::detach_all(&mut bpf, &mut attached);
                 return Err(internal(e));
             }
         };
         if !failures.is_empty() {
             let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
             report_missing(self.args.missing_probes, "failed to attach", &names)?;
-            if failures.len() == self.plan.probes.len() {
+            if failures.len() == self.plans.probe_count() {
                 return Err(internal(anyhow!(
                     "no probe could be attached to {}: {}",
-                    self.lib.path.display(),
+                    self.lib.file.path.display(),
                     failures[0].error
                 )));
             }
         }
-        probes::attach_process_tracking(&mut bpf).map_err(internal)?;
+        programs::attach_process_tracking(&mut bpf).map_err(internal)?;
         let mut pids = self.args.pids.clone();
         for pid in &pids {
-            probes::trace_pid(&mut bpf, *pid).map_err(internal)?;
+            maps::trace_pid(&mut bpf, *pid).map_err(internal)?;
         }
         if self.args.kernel {
             self.attach_kernel_hooks(&mut bpf, &pids)
@@ -506,7 +522,7 @@ impl Session<'_> {
         };
         if let Some(gated) = &gated {
             pids.insert(0, gated.pid);
-            if let Err(e) = probes::trace_pid(&mut bpf, gated.pid) {
+            if let Err(e) = maps::trace_pid(&mut bpf, gated.pid) {
                 return Err(internal(e));
             }
         }
@@ -550,9 +566,9 @@ impl Session<'_> {
         if !self.args.quiet {
             eprintln!(
                 "cudatrace: {} probes ({}) on {}; tracing {}",
-                self.plan.probes.len(),
+                self.plans.probe_count(),
                 attached.mechanism(),
-                self.lib.describe(),
+                self.lib.file.describe(),
                 describe_targets(self.args, &pids)
             );
         }
@@ -575,7 +591,7 @@ impl Session<'_> {
             &mut attached,
             writer,
             EventSink {
-                plan: self.plan,
+                plans: self.plans,
                 undecodable: 0,
                 kernel_functions,
                 analysis: &mut self.analysis,
@@ -620,7 +636,7 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
 
 /// Turns ring records into trace lines.
 struct EventSink<'a> {
-    plan: &'a AttachPlan,
+    plans: &'a Plans,
     undecodable: u64,
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
@@ -631,7 +647,7 @@ impl EventSink<'_> {
     fn handle(&mut self, bytes: &[u8], writer: &mut TraceWriter) -> std::io::Result<()> {
         match events::decode(bytes) {
             Ok(RawEvent::Call { call, data }) => {
-                let Some(probe) = self.plan.probes.get(call.probe_id as usize) else {
+                let Some(probe) = self.plans.probe(call.probe_id) else {
                     self.undecodable += 1;
                     return Ok(());
                 };
@@ -642,28 +658,14 @@ impl EventSink<'_> {
                 writer.write(&record)
             }
             Ok(RawEvent::Driver(event)) => {
-                let record = kernel_hooks::decode(&event, &self.kernel_functions);
+                let record = events::decode_driver(&event, &self.kernel_functions);
                 self.analysis.driver(&record);
                 writer.write(&record)
             }
             Ok(RawEvent::Proc(event)) => {
-                let text = events::c_string(&event.name);
-                let (what, child_pid, comm, filename) = match event.what {
-                    proc_event::FORK => ("fork", Some(event.child_pid), Some(text), None),
-                    proc_event::EXEC => ("exec", None, None, Some(text)),
-                    _ => ("exit", None, Some(text), None),
-                };
-                self.analysis.process_event(event.header.pid, what);
-                writer.write(&ProcessLine {
-                    event: what.into(),
-                    pid: event.header.pid,
-                    tid: event.header.tid,
-                    ts_ns: event.header.ts_ns,
-                    child_pid,
-                    comm,
-                    filename,
-                    ..ProcessLine::default()
-                })
+                let line = events::decode_process(&event);
+                self.analysis.process_event(line.pid, &line.event);
+                writer.write(&line)
             }
             Err(_) => {
                 self.undecodable += 1;
@@ -765,14 +767,14 @@ impl Watches {
 
 async fn event_loop(
     bpf: &mut Ebpf,
-    attached: &mut probes::Attached,
+    attached: &mut Attached,
     writer: &mut TraceWriter,
     mut sink: EventSink<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
 ) -> Result<Outcome> {
-    let mut ring = watch(probes::take_ring(bpf)?, "the ring buffer")?;
+    let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
     let counters = CounterReader::take(bpf)?;
     let Watches {
         mut sigint,
@@ -829,7 +831,7 @@ async fn event_loop(
     }
 
     // Detach first so nothing new arrives, then drain what the ring still holds.
-    probes::detach_all(bpf, attached);
+    attach::detach_all(bpf, attached);
     let ring = ring.get_mut();
     while drain(ring, &mut sink, writer, usize::MAX)? > 0 {}
     report_loss(writer, &mut last, counters.read()?)?;

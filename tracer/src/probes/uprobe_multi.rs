@@ -9,8 +9,6 @@
 //! from the object itself (relocated against the maps aya already created, so both share
 //! state and the globals aya patched) and issues `BPF_LINK_CREATE` directly.
 
-// Wired into probes.rs separately; until then the binary does not call it.
-
 use std::{
     collections::HashSet,
     ffi::CString,
@@ -404,8 +402,13 @@ mod tests {
     use super::*;
     use crate::{
         events::{RawEvent, decode},
-        libcuda::Libcuda,
-        probes::{self, AttachPlan, LoadOptions, PROBES_OBJECT},
+        probes::{
+            library::Library,
+            maps,
+            object::{self, LoadOptions, PROBES_OBJECT},
+            plan::Plan,
+            probe_set::LIBCUDA,
+        },
     };
 
     /// Root tests here attach real probes; one at a time keeps the timings honest.
@@ -466,11 +469,11 @@ mod tests {
             .clone()
     }
 
-    fn setup() -> (Ebpf, Libcuda, AttachPlan) {
+    fn setup() -> (Ebpf, Library, Plan) {
         let (lib_path, _) = standin();
-        let lib = Libcuda::open(&lib_path).unwrap();
-        let plan = probes::plan(&lib);
-        let mut bpf = probes::load(&LoadOptions {
+        let lib = Library::open(&LIBCUDA, &lib_path).unwrap();
+        let plan = Plan::new(&LIBCUDA, &lib, 0);
+        let mut bpf = object::load(&LoadOptions {
             trace_all: false,
             ring_bytes: 1 << 22,
             device_prefix: crate::kernel_hooks::DEVICE_PREFIX.into(),
@@ -484,7 +487,7 @@ mod tests {
         (bpf, lib, plan)
     }
 
-    fn offsets_and_cookies(plan: &AttachPlan) -> (Vec<u64>, Vec<u64>) {
+    fn offsets_and_cookies(plan: &Plan) -> (Vec<u64>, Vec<u64>) {
         plan.probes
             .iter()
             .map(|p| (p.file_offset, u64::from(p.id)))
@@ -580,11 +583,11 @@ mod tests {
             .arg(format!("sleep 0.3; exec {} sequence", driver.display()))
             .spawn()
             .unwrap();
-        probes::trace_pid(&mut bpf, child.id()).unwrap();
+        maps::trace_pid(&mut bpf, child.id()).unwrap();
         let status = child.wait().unwrap();
         assert!(status.success(), "driver: {status}");
 
-        let mut ring = probes::take_ring(&mut bpf).unwrap();
+        let mut ring = maps::take_ring(&mut bpf).unwrap();
         let mut calls = Vec::new();
         while let Some(item) = ring.next() {
             if let Ok(RawEvent::Call { call, .. }) = decode(&item) {
@@ -657,7 +660,7 @@ mod tests {
             .arg(format!("sleep 0.3; exec {} sequence", driver.display()))
             .spawn()
             .unwrap();
-        probes::trace_pid(&mut bpf, child.id()).unwrap();
+        maps::trace_pid(&mut bpf, child.id()).unwrap();
         assert!(child.wait().unwrap().success());
         assert!(ring.next().is_none(), "events after the links were dropped");
 
