@@ -2,8 +2,8 @@
 //! of a run and per-function/per-kernel statistics.
 //!
 //! [`Analysis`] is fed [`CallLine`]s one at a time, in trace order, by `cudatrace run`
-//! (before each line is written) and by `cudatrace summary` (while reading a trace). Both
-//! therefore compute the same figures. Its memory grows with the number of distinct
+//! (its enrich stage, before each line is written) and by `cudatrace summary`, `export`
+//! and `plot` (while reading a trace). All therefore compute the same figures. Its memory grows with the number of distinct
 //! functions, kernels, live handles and live allocations, never with the number of calls.
 
 pub mod driver;
@@ -18,6 +18,7 @@ use std::{collections::HashMap, sync::OnceLock};
 
 use crate::{
     catalog::{CATALOG, Family, STREAM_VARIANTS},
+    events::Event,
     schema::{CallLine, DriverLine, MemoryFooter, ProcessMemory},
 };
 
@@ -165,6 +166,16 @@ pub struct Analysis {
 }
 
 impl Analysis {
+    /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
+    /// bytes go into the line itself, and every event counts toward the run's figures.
+    pub fn enrich(&mut self, event: &mut Event) {
+        match event {
+            Event::Call(call) => self.observe(call),
+            Event::Process(process) => self.process_event(process.pid, &process.event),
+            Event::Driver(driver) => self.driver(driver),
+        }
+    }
+
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
     /// calls, then counts the call. Fields already present (a trace read back) are kept.
     pub fn observe(&mut self, record: &mut CallLine) {

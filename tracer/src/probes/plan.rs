@@ -9,7 +9,10 @@ use super::{
     library::{Library, LibraryFile},
     probe_set::ProbeSet,
 };
-use crate::catalog::FnSpec;
+use crate::{
+    catalog::FnSpec,
+    exit::{ExitCode, Failure},
+};
 
 /// What to do when a catalog function is absent from the library or fails to attach.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -20,6 +23,32 @@ pub enum MissingProbes {
     Warn,
     /// Go on silently (they are still listed in the trace header).
     Ignore,
+}
+
+impl MissingProbes {
+    /// Applies the policy to `names`, functions that are `why` (`not exported by libcuda`,
+    /// `failed to attach`).
+    pub fn apply(self, why: &str, names: &[&str]) -> Result<(), Failure> {
+        match self {
+            MissingProbes::Ignore => Ok(()),
+            MissingProbes::Warn => {
+                eprintln!(
+                    "cudatrace: {} functions {why}: {}",
+                    names.len(),
+                    names.join(", ")
+                );
+                Ok(())
+            }
+            MissingProbes::Error => Err(Failure::new(
+                ExitCode::ProbesMissing,
+                anyhow::anyhow!(
+                    "{} functions {why}: {} (--missing-probes warn to go on without them)",
+                    names.len(),
+                    names.join(", ")
+                ),
+            )),
+        }
+    }
 }
 
 /// One symbol to attach.
@@ -107,6 +136,11 @@ impl Plans {
 
     pub fn iter(&self) -> impl Iterator<Item = &Plan> {
         self.plans.iter()
+    }
+
+    /// The plan of `set`, if it was planned.
+    pub fn of(&self, set: &ProbeSet) -> Option<&Plan> {
+        self.plans.iter().find(|plan| std::ptr::eq(plan.set, set))
     }
 
     /// Every planned probe, in id order.

@@ -1,17 +1,21 @@
-//! The JSONL trace: a header line, one line per event, a footer line, each one of the
-//! schema's structs (`crate::schema`; docs/trace-format.md). The writer keeps the footer's
-//! counts of what it wrote.
+//! The JSONL trace, `cudatrace run`'s sink: a header line, one line per event, a footer
+//! line, each one of the schema's structs (`crate::schema`; docs/trace-format.md). The
+//! writer keeps the footer's counts of what it wrote.
 
 use std::io::{self, BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::schema::{EventLine, Footer, Header};
+use crate::{
+    events::Event,
+    schema::{EventLine, Footer, Header},
+};
 
 /// Writes trace lines and keeps the footer's counts.
 pub struct TraceWriter {
     out: BufWriter<Box<dyn Write>>,
     pub footer: Footer,
+    header_written: bool,
 }
 
 impl TraceWriter {
@@ -19,6 +23,7 @@ impl TraceWriter {
         Self {
             out: BufWriter::with_capacity(1 << 20, out),
             footer: Footer::default(),
+            header_written: false,
         }
     }
 
@@ -28,9 +33,23 @@ impl TraceWriter {
     }
 
     pub fn header(&mut self, header: &Header) -> io::Result<()> {
+        self.header_written = true;
         self.line(header)?;
         // The header reaches the disk before the command starts.
         self.out.flush()
+    }
+
+    pub fn header_written(&self) -> bool {
+        self.header_written
+    }
+
+    /// A decoded event, as its line.
+    pub fn event(&mut self, event: &Event) -> io::Result<()> {
+        match event {
+            Event::Call(line) => self.write(line),
+            Event::Process(line) => self.write(line),
+            Event::Driver(line) => self.write(line),
+        }
     }
 
     /// A line between the header and the footer, counted in the footer.
