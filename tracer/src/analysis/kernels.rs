@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::Role;
+use super::role::Role;
 use crate::schema::{CallLine, Hex};
 
 /// A kernel name: what to show, and the raw name where that differs.

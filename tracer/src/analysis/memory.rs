@@ -20,7 +20,7 @@ use std::{
     ops::Bound,
 };
 
-use super::Role;
+use super::role::Role;
 use crate::schema::{CallLine, Hex, Leak, ProcessMemory};
 
 /// At most this many leaks are listed per process (in the footer and `summary --json`);

@@ -24,7 +24,7 @@
 
 use serde::Serialize;
 
-use super::Role;
+use super::role::Role;
 use crate::schema::CallLine;
 
 pub const STAGE_NAMES: [&str; 6] = [

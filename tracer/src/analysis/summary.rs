@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::Role;
+use super::role::Role;
 use crate::schema::CallLine;
 
 /// Distinct grid/block shapes listed per kernel; launches with further shapes are counted.

@@ -10,7 +10,7 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
-use super::{ExportStats, Instant, Slice, TimelineSink, Track};
+use super::timeline::{ExportStats, Instant, Slice, TimelineSink, Track};
 use crate::schema::Header;
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.

@@ -15,12 +15,12 @@ use prost::Message;
 use serde_json::{Map, Value};
 
 use super::{
-    ExportStats, Instant, Slice, TimelineSink, Track,
     proto::{
         CounterDescriptor, DebugAnnotation, InternedData, InternedString, ProcessDescriptor,
         SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG,
         ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
     },
+    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
 };
 use crate::schema::Header;
 

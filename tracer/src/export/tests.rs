@@ -5,7 +5,14 @@ use prost::Message;
 use serde_json::Value;
 
 use super::*;
-use crate::export::proto::{Trace, TrackDescriptor, TrackEvent, event_type};
+use crate::{
+    analysis::classify,
+    export::{
+        exporter::call_label,
+        proto::{Trace, TrackDescriptor, TrackEvent, event_type},
+    },
+    schema::CallLine,
+};
 
 use crate::test_traces as traces;
 

@@ -7,6 +7,7 @@
 mod args;
 mod bins;
 mod canvas;
+mod content;
 mod png;
 mod svg;
 mod tables;
@@ -22,40 +23,20 @@ use std::{
 use anyhow::anyhow;
 
 pub use self::args::PlotArgs;
-use self::bins::{Bins, Columns};
+use self::{
+    bins::{Bins, Columns},
+    content::Plot,
+};
 use crate::{
     analysis::{
         Analysis, Report,
         families::Families,
-        stages::ProcessStages,
         summarise::{TraceInfo, summarise},
     },
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
     schema::{Line, ProcessMemory},
 };
-
-/// What the picture shows.
-pub struct Plot<'a> {
-    pub info: &'a TraceInfo,
-    pub report: &'a Report,
-    pub bins: &'a Bins,
-}
-
-impl Plot<'_> {
-    /// The stages drawn as bands: those of the process with the most calls.
-    pub fn primary_stages(&self) -> Option<&ProcessStages> {
-        self.report
-            .stages
-            .iter()
-            .max_by_key(|process| (process.calls, std::cmp::Reverse(process.pid)))
-    }
-
-    /// A process's memory figures (its latest entry, after an exec).
-    pub fn memory_of(&self, pid: u32) -> Option<&ProcessMemory> {
-        self.report.memory.iter().rev().find(|m| m.pid == pid)
-    }
-}
 
 /// The picture of a trace, and what went into it.
 pub struct Rendered {

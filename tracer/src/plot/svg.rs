@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 
 use super::{
-    Plot,
     bins::{Bins, OTHER_LANE},
     canvas::{Canvas, text_width},
+    content::Plot,
     tables,
     theme::{
         GLYPH_EM, GRID, LANE_H, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, MEMORY_H, MUTED, STRIP_H, TEXT,

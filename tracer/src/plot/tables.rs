@@ -2,8 +2,8 @@
 //! and the copies, the most launched kernels. Each returns the bottom of what it drew.
 
 use super::{
-    Plot,
     canvas::Canvas,
+    content::Plot,
     theme::{GLYPH_EM, MUTED, ROW_H, TEXT, TOP_FUNCTIONS, TOP_KERNELS, family_color, stage_color},
 };
 use crate::format::{format_bytes, format_ns, plural, shorten};
