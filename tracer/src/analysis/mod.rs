@@ -154,7 +154,10 @@ impl Report {
 pub(crate) mod testing {
     //! Scripted call sequences for the analysis tests.
 
-    use crate::schema::{CallLine, Hex};
+    use crate::{
+        analysis::{Analysis, Report},
+        schema::{CallLine, Hex},
+    };
 
     /// Builds call records with increasing timestamps: each call starts 1000 ns after the
     /// previous one's start and lasts `dur` ns (default 100).
@@ -208,6 +211,15 @@ pub(crate) mod testing {
                 r.kind = Some(kind.into());
                 r.bytes = Some(bytes);
             })
+        }
+
+        /// The calls through a fresh analysis.
+        pub fn report(&self) -> Report {
+            let mut analysis = Analysis::default();
+            for record in &self.records {
+                analysis.observe(&mut record.clone());
+            }
+            analysis.finish()
         }
 
         pub fn launch(&mut self, function: u64) -> &mut Self {

@@ -294,18 +294,7 @@ pub struct Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        analysis::{Analysis, Report, testing::Script},
-        schema::Hex,
-    };
-
-    fn report(script: &Script) -> Report {
-        let mut analysis = Analysis::default();
-        for record in &script.records {
-            analysis.observe(&mut record.clone());
-        }
-        analysis.finish()
-    }
+    use crate::{analysis::testing::Script, schema::Hex};
 
     #[test]
     fn function_statistics_are_exact() {
@@ -328,7 +317,7 @@ mod tests {
         for dur in [10_000, 20_000, 30_000, 40_000_000_000] {
             script.call("cuStreamSynchronize", |r| r.dur_ns = dur);
         }
-        let summary = report(&script).summary;
+        let summary = script.report().summary;
         assert_eq!(summary.calls, 10);
         assert_eq!(summary.errors, 1);
         assert_eq!(summary.span_ns, 9000 + 40_000_000_000);
@@ -403,7 +392,7 @@ mod tests {
                 r.ret = 400;
             })
             .call("cuGraphLaunch", |r| r.graph = Some(Hex(0x5)));
-        let summary = report(&script).summary;
+        let summary = script.report().summary;
         assert_eq!(summary.kernel_launches, 22);
         assert_eq!(summary.graph_launches, 1);
         let gemm = &summary.kernels[0];

@@ -12,6 +12,10 @@ use crate::{
 
 /// A decoded record: a line of the trace to be.
 #[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one event at a time, on the stack from decode to write: boxing calls would cost an allocation per call"
+)]
 pub enum Event {
     Call(CallLine),
     Process(ProcessLine),

@@ -354,18 +354,7 @@ pub fn render_short(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        analysis::{Analysis, testing::Script},
-        schema::Hex,
-    };
-
-    fn report(script: &Script) -> Report {
-        let mut analysis = Analysis::default();
-        for record in &script.records {
-            analysis.observe(&mut record.clone());
-        }
-        analysis.finish()
-    }
+    use crate::{analysis::testing::Script, schema::Hex};
 
     #[test]
     fn text_output_names_everything() {
@@ -379,7 +368,7 @@ mod tests {
                 r.symbol = Some("_Z10vector_addPKfS0_Pfi".into());
             })
             .launch(0x10);
-        let report = report(&script);
+        let report = script.report();
         let info = TraceInfo {
             file: "t.jsonl".into(),
             complete: true,
