@@ -13,9 +13,16 @@ use serde::Serialize;
 
 use crate::{
     exit::Failure,
-    kernel_hooks, libcuda, privileges, probes,
+    kernel_hooks, privileges,
+    probes::{
+        library::{self, Library},
+        plan::Plan,
+        probe_set::LIBCUDA,
+        programs::program,
+        tracefs::tracefs,
+        uprobe_multi,
+    },
     selftest::{SELFTEST_OBJECT, SelftestProbe},
-    uprobe_multi,
 };
 
 #[derive(Debug, Args)]
@@ -84,7 +91,7 @@ fn uprobe_check() -> Result<String> {
 }
 
 fn kprobe_check(bpf: &mut Ebpf) -> Result<String> {
-    let program: &mut KProbe = probes::program(bpf, "doctor_kprobe")?;
+    let program: &mut KProbe = program(bpf, "doctor_kprobe")?;
     program.load()?;
     program.attach("do_sys_openat2", 0).map_err(|e| {
         anyhow!("{e:#}: the kernel has no kprobes (CONFIG_KPROBES unset?); --kernel uses the syscall tracepoints instead")
@@ -94,7 +101,7 @@ fn kprobe_check(bpf: &mut Ebpf) -> Result<String> {
 
 fn fentry_check(bpf: &mut Ebpf) -> Result<String> {
     let btf = Btf::from_sys_fs().context("reading /sys/kernel/btf/vmlinux")?;
-    let program: &mut FEntry = probes::program(bpf, "doctor_fentry")?;
+    let program: &mut FEntry = program(bpf, "doctor_fentry")?;
     program
         .load("do_sys_openat2", &btf)
         .map_err(|e| anyhow!("{e:#} (cudatrace does not need fentry)"))?;
@@ -103,7 +110,7 @@ fn fentry_check(bpf: &mut Ebpf) -> Result<String> {
 }
 
 fn tracepoint_check(bpf: &mut Ebpf) -> Result<String> {
-    let program: &mut TracePoint = probes::program(bpf, "doctor_tracepoint")?;
+    let program: &mut TracePoint = program(bpf, "doctor_tracepoint")?;
     program.load()?;
     program.attach("syscalls", "sys_enter_ioctl")?;
     Ok("attached to syscalls:sys_enter_ioctl".into())
@@ -147,7 +154,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
     checks.push(check(
         "tracefs",
         true,
-        probes::tracefs().map(|p| p.display().to_string()),
+        tracefs().map(|p| p.display().to_string()),
     ));
     let mut bpf = EbpfLoader::new()
         .load(SELFTEST_OBJECT)
@@ -177,7 +184,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
             required: true,
         }),
     }
-    let tracefs = probes::tracefs().unwrap_or_else(|_| "/sys/kernel/tracing".into());
+    let tracefs = tracefs().unwrap_or_else(|_| "/sys/kernel/tracing".into());
     let support = kernel_hooks::KernelSupport::probe(&tracefs);
     checks.push(check(
         "nvidia_module",
@@ -207,14 +214,14 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
     let hooks = kernel_hooks::plan(&kernel_hooks::HookChoice::Auto, &support)
         .map(|plan| format!("--kernel would use {}: {}", plan.mechanism, plan.reason));
     checks.push(check("kernel_hooks", false, hooks));
-    let lib = libcuda::find(args.libcuda.as_deref())
+    let lib = library::find(&LIBCUDA, args.libcuda.as_deref())
         .map_err(anyhow::Error::from)
-        .and_then(|path| libcuda::Libcuda::open(&path).map_err(Into::into))
+        .and_then(|path| Library::open(&LIBCUDA, &path).map_err(Into::into))
         .map(|lib| {
-            let plan = probes::plan(&lib);
+            let plan = Plan::new(&LIBCUDA, &lib, 0);
             format!(
                 "{}; {} probe points, {} catalog functions missing",
-                lib.describe(),
+                lib.file.describe(),
                 plan.probes.len(),
                 plan.missing.len()
             )

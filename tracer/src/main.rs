@@ -1,4 +1,11 @@
 //! cudatrace: trace a program's CUDA driver calls with eBPF uprobes.
+//!
+//! Where to start: `cli.rs` assembles the commands, each a module with one entry function
+//! (`run::run`, `summary::run`, `export::run`, `plot::run`, `doctor::run`). The trace
+//! format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans what to
+//! attach (`probes/`, from the `catalog/`), sets up a session, then runs each ring-buffer
+//! record through decode (`events/`), enrich (`analysis/`) and the sinks (`sinks/`).
+//! The readers go through `reader.rs` and the same `analysis/`.
 
 mod analysis;
 mod catalog;
@@ -7,18 +14,18 @@ mod doctor;
 mod events;
 mod exit;
 mod export;
+mod format;
 mod kernel_hooks;
-mod libcuda;
 mod plot;
 mod privileges;
 mod probes;
+mod reader;
 mod run;
+mod schema;
 mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
-mod trace_lines;
-mod uprobe_multi;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.
 #[cfg(test)]

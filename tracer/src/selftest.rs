@@ -25,7 +25,7 @@ use tracer_common::{SelftestEvent, kind};
 
 use crate::{
     exit::{ExitCode, Failure},
-    probes,
+    probes::programs::program,
 };
 
 pub static SELFTEST_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_SELFTEST_OBJ"));
@@ -80,7 +80,7 @@ impl SelftestProbe {
         let logger = EbpfLogger::init_with_logger(&mut bpf, collector.clone())
             .context("starting aya-log")?;
         for name in ["selftest_return", "selftest_enter"] {
-            let program: &mut UProbe = probes::program(&mut bpf, name)?;
+            let program: &mut UProbe = program(&mut bpf, name)?;
             program.load().with_context(|| format!("loading {name}"))?;
             program
                 .attach(UProbeAttachLocation::Symbol(symbol), library, scope)

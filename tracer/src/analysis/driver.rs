@@ -5,17 +5,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-/// What a `"type":"driver"` line contributes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DriverLine {
-    /// `ioctl`, `mmap`, `xid`, `kprobe`.
-    pub hook: String,
-    /// The escape or UVM name, the function, or the raw command.
-    pub what: String,
-    pub rm_class: Option<String>,
-    pub dur_ns: u64,
-    pub failed: bool,
-}
+use crate::schema::DriverLine;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DriverRow {
@@ -44,18 +34,19 @@ pub struct DriverAccumulator {
 
 fn add(row: &mut DriverRow, line: &DriverLine) {
     row.count += 1;
-    row.errors += u64::from(line.failed);
+    row.errors += u64::from(line.failed());
     row.total_ns = row.total_ns.saturating_add(line.dur_ns);
 }
 
 impl DriverAccumulator {
     pub fn observe(&mut self, line: &DriverLine) {
+        let what = line.what();
         let row = self
             .rows
-            .entry((line.hook.clone(), line.what.clone()))
+            .entry((line.hook.to_string(), what.clone()))
             .or_insert_with(|| DriverRow {
-                hook: line.hook.clone(),
-                what: line.what.clone(),
+                hook: line.hook.to_string(),
+                what,
                 ..DriverRow::default()
             });
         add(row, line);
@@ -86,91 +77,6 @@ impl DriverAccumulator {
     }
 }
 
-/// The fields a driver line is summarised by, borrowed from a record or a JSON line.
-pub struct DriverFields<'a> {
-    pub hook: &'a str,
-    pub escape: Option<u64>,
-    pub escape_name: Option<&'a str>,
-    pub uvm_cmd: Option<u64>,
-    pub uvm_name: Option<&'a str>,
-    pub function: Option<&'a str>,
-    pub xid: Option<u64>,
-    pub cmd: Option<&'a str>,
-    pub device: Option<&'a str>,
-    pub rm_class: Option<&'a str>,
-    pub dur_ns: u64,
-    pub ret: i64,
-}
-
-impl DriverLine {
-    /// The one place that decides what a driver line is counted as.
-    pub fn new(f: DriverFields<'_>) -> Self {
-        let what = f
-            .escape_name
-            .map(str::to_owned)
-            .or_else(|| f.escape.map(|e| format!("escape {e:#x}")))
-            .or_else(|| f.uvm_name.map(str::to_owned))
-            .or_else(|| f.uvm_cmd.map(|c| format!("uvm {c:#x}")))
-            .or_else(|| f.function.map(str::to_owned))
-            .or_else(|| f.xid.map(|x| format!("Xid {x}")))
-            .or_else(|| f.cmd.map(str::to_owned))
-            .unwrap_or_else(|| f.hook.to_owned());
-        let what = match (f.hook, f.device) {
-            ("mmap", Some(device)) => format!("mmap {device}"),
-            _ => what,
-        };
-        DriverLine {
-            hook: f.hook.to_owned(),
-            what,
-            rm_class: f.rm_class.map(str::to_owned),
-            dur_ns: f.dur_ns,
-            failed: f.ret < 0,
-        }
-    }
-
-    /// From a record as `cudatrace run` writes it (no JSON round trip on the hot path).
-    pub fn from_record(record: &crate::kernel_hooks::DriverRecord) -> Self {
-        DriverLine::new(DriverFields {
-            hook: record.hook,
-            escape: record.escape.map(u64::from),
-            escape_name: record.escape_name,
-            uvm_cmd: record.uvm_cmd,
-            uvm_name: record.uvm_name,
-            function: record.function.as_deref(),
-            xid: record.xid,
-            cmd: record.cmd.as_deref(),
-            device: record.device.as_deref(),
-            rm_class: record.rm_class.as_deref(),
-            dur_ns: record.dur_ns,
-            ret: record.ret,
-        })
-    }
-
-    /// From a parsed `"type":"driver"` line.
-    pub fn from_value(value: &serde_json::Value) -> Result<Self, String> {
-        let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
-        let number = |key: &str| value.get(key).and_then(serde_json::Value::as_u64);
-        let hook = text("hook").ok_or("driver line: no \"hook\" string")?;
-        Ok(DriverLine::new(DriverFields {
-            hook,
-            escape: number("escape"),
-            escape_name: text("escape_name"),
-            uvm_cmd: number("uvm_cmd"),
-            uvm_name: text("uvm_name"),
-            function: text("function"),
-            xid: number("xid"),
-            cmd: text("cmd"),
-            device: text("device"),
-            rm_class: text("rm_class"),
-            dur_ns: number("dur_ns").unwrap_or(0),
-            ret: value
-                .get("ret")
-                .and_then(serde_json::Value::as_i64)
-                .unwrap_or(0),
-        }))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,7 +104,7 @@ mod tests {
                 (),
             ),
         ] {
-            acc.observe(&DriverLine::from_value(&line).unwrap());
+            acc.observe(&serde_json::from_value::<DriverLine>(line).unwrap());
         }
         let summary = acc.finish();
         assert_eq!(summary.events, 5);
@@ -223,26 +129,31 @@ mod tests {
             ),
             (2, 130)
         );
-        assert!(DriverLine::from_value(&json!({"dur_ns": 1})).is_err());
+        assert_eq!(
+            crate::schema::parse(br#"{"type":"driver","pid":1,"ts_ns":1,"dur_ns":1}"#),
+            Err("driver line: no \"hook\" string".into())
+        );
     }
 
     #[test]
-    fn a_record_and_its_json_line_count_the_same() {
-        use crate::kernel_hooks::DriverRecord;
-        let record = DriverRecord {
-            record_type: "driver",
-            hook: "ioctl",
+    fn a_written_line_reads_back_the_same() {
+        let record = DriverLine {
+            hook: "ioctl".into(),
             dur_ns: 42,
             ret: -25,
             device: Some("nvidia0".into()),
             escape: Some(0x2b),
-            escape_name: Some("NV_ESC_RM_ALLOC"),
+            escape_name: Some("NV_ESC_RM_ALLOC".into()),
             rm_class: Some("0xc86f".into()),
-            ..DriverRecord::default()
+            ..DriverLine::default()
         };
-        let from_json = DriverLine::from_value(&serde_json::to_value(&record).unwrap()).unwrap();
-        assert_eq!(DriverLine::from_record(&record), from_json);
-        assert!(from_json.failed);
-        assert_eq!(from_json.what, "NV_ESC_RM_ALLOC");
+        let text = serde_json::to_string(&record).unwrap();
+        let crate::schema::Line::Driver(read) = crate::schema::parse(text.as_bytes()).unwrap()
+        else {
+            panic!("not a driver line: {text}")
+        };
+        assert_eq!(*read, record);
+        assert!(read.failed());
+        assert_eq!(read.what(), "NV_ESC_RM_ALLOC");
     }
 }

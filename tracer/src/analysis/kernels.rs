@@ -6,8 +6,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::Role;
-use crate::events::{CallRecord, Hex};
+use super::role::Role;
+use crate::schema::{CallLine, Hex};
 
 /// A kernel name: what to show, and the raw name where that differs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +68,7 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// Registers names from successful creation calls; names launches.
-    pub fn observe(&mut self, names: &mut KernelNames, role: Role, record: &mut CallRecord) {
+    pub fn observe(&mut self, names: &mut KernelNames, role: Role, record: &mut CallLine) {
         let ok = record.ret == 0;
         match role {
             Role::GetFunction | Role::GetKernel if ok => {
@@ -143,7 +143,7 @@ mod tests {
     const VECTOR_ADD: &str = "_Z10vector_addPKfS0_Pfi";
     const ADD_KERNEL: &str = "_ZN5torch6native10add_kernelEPKfS2_Pfi";
 
-    fn analyse(script: &Script) -> Vec<CallRecord> {
+    fn analyse(script: &Script) -> Vec<CallLine> {
         let mut analysis = Analysis::default();
         let mut records = script.records.clone();
         for record in &mut records {
@@ -152,7 +152,7 @@ mod tests {
         records
     }
 
-    fn kernel(record: &CallRecord) -> (Option<&str>, Option<&str>) {
+    fn kernel(record: &CallLine) -> (Option<&str>, Option<&str>) {
         (record.kernel.as_deref(), record.kernel_mangled.as_deref())
     }
 
@@ -285,7 +285,7 @@ mod tests {
         other.launch(0x1030);
         let mut again = Script::new(10);
         again.launch(0x1030);
-        let mut records: Vec<CallRecord> = script.records.clone();
+        let mut records: Vec<CallLine> = script.records.clone();
         analysis.observe(&mut records[0]);
         let mut foreign = other.records[0].clone();
         analysis.observe(&mut foreign);

@@ -20,10 +20,8 @@ use std::{
     ops::Bound,
 };
 
-use serde::Serialize;
-
-use super::Role;
-use crate::events::{CallRecord, Hex};
+use super::role::Role;
+use crate::schema::{CallLine, Hex, Leak, ProcessMemory};
 
 /// At most this many leaks are listed per process (in the footer and `summary --json`);
 /// the counts and byte totals cover all of them.
@@ -88,59 +86,9 @@ pub struct MemoryState {
     unmatched_frees: u64,
 }
 
-/// An allocation still live at the end.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Leak {
-    /// `device` (dptr), `physical` (cuMemCreate handle) or `host_pinned` (host).
-    pub kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dptr: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub handle: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<Hex>,
-    pub bytes: u64,
-    /// The allocating call's name.
-    pub call: &'static str,
-    /// When it was allocated.
-    pub ts_ns: u64,
-}
-
-/// The memory figures of one process; also the footer's `memory.processes[]` entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ProcessMemory {
-    pub pid: u32,
-    pub peak_device_bytes: u64,
-    /// `ts_ns` of the call that first reached the peak (0 when nothing was allocated).
-    pub peak_ts_ns: u64,
-    /// Device bytes still held at the end (the leaks' device bytes).
-    pub final_device_bytes: u64,
-    pub peak_host_pinned_bytes: u64,
-    pub final_host_pinned_bytes: u64,
-    pub peak_mapped_bytes: u64,
-    pub final_mapped_bytes: u64,
-    pub final_reserved_bytes: u64,
-    /// Successful allocating calls (device, physical, host pinned).
-    pub allocations: u64,
-    /// Successful frees matched to an allocation.
-    pub frees: u64,
-    /// Successful frees of memory never seen allocated (allocated before attaching).
-    pub unmatched_frees: u64,
-    /// Every allocation never freed (device, physical and host pinned).
-    pub leak_count: u64,
-    pub leaks: Vec<Leak>,
-    /// Leaks beyond the listed [`MAX_LISTED_LEAKS`].
-    #[serde(skip_serializing_if = "is_zero")]
-    pub leaks_not_listed: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
 impl MemoryState {
     /// Accounts a call and sets `live_bytes` on the calls that can change device memory.
-    pub fn observe(&mut self, role: Role, symbol: Option<&'static str>, record: &mut CallRecord) {
+    pub fn observe(&mut self, role: Role, symbol: Option<&'static str>, record: &mut CallLine) {
         if record.ret != 0 {
             return;
         }

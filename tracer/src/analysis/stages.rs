@@ -24,8 +24,8 @@
 
 use serde::Serialize;
 
-use super::Role;
-use crate::events::CallRecord;
+use super::role::Role;
+use crate::schema::CallLine;
 
 pub const STAGE_NAMES: [&str; 6] = [
     "initialisation",
@@ -46,7 +46,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, kind: Kind, record: &CallRecord) {
+    fn add(&mut self, kind: Kind, record: &CallLine) {
         self.calls += 1;
         let ok = record.ret == 0;
         let bytes = record.bytes.unwrap_or(0);
@@ -79,7 +79,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(role: Role, record: &CallRecord) -> Kind {
+    fn of(role: Role, record: &CallLine) -> Kind {
         match role {
             Role::Setup => Kind::Setup,
             Role::Copy => match record.kind.as_deref() {
@@ -172,7 +172,7 @@ pub struct ProcessStages {
 }
 
 impl StageTracker {
-    pub fn observe(&mut self, role: Role, record: &CallRecord) {
+    pub fn observe(&mut self, role: Role, record: &CallLine) {
         let kind = Kind::of(role, record);
         let start = record.ts_ns;
         let end = start.saturating_add(record.dur_ns);
@@ -224,7 +224,7 @@ impl StageTracker {
         }
     }
 
-    fn before_launch(&mut self, kind: Kind, record: &CallRecord, start: u64) {
+    fn before_launch(&mut self, kind: Kind, record: &CallLine, start: u64) {
         if matches!(kind, Kind::Loading | Kind::HostToDevice) {
             let run = self.run.get_or_insert(Run {
                 start,
@@ -259,7 +259,7 @@ impl StageTracker {
         before.add(kind, record);
     }
 
-    fn launch(&mut self, kind: Kind, record: &CallRecord, start: u64, end: u64) {
+    fn launch(&mut self, kind: Kind, record: &CallLine, start: u64, end: u64) {
         if self.first_launch.is_none() {
             self.close_before_launch();
             self.first_launch = Some(start);

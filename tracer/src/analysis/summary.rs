@@ -1,18 +1,15 @@
-//! Per-function, per-kernel and per-direction statistics, and the summary's text.
+//! Per-function, per-kernel and per-direction statistics.
 //!
 //! Latency percentiles come from an HDR histogram per function (3 significant digits:
 //! within 0.1%), so memory depends on the number of functions, not of calls.
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
-    fmt::Write as _,
-};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::{Report, Role, memory::ProcessMemory, stages::ProcessStages};
-use crate::events::CallRecord;
+use super::role::Role;
+use crate::schema::CallLine;
 
 /// Distinct grid/block shapes listed per kernel; launches with further shapes are counted.
 pub const MAX_SHAPES: usize = 16;
@@ -69,7 +66,7 @@ pub struct SummaryAccumulator {
 }
 
 /// The bytes a call moves or allocates (pitch allocations: pitch * height).
-fn call_bytes(record: &CallRecord) -> Option<u64> {
+fn call_bytes(record: &CallLine) -> Option<u64> {
     match (record.pitch, record.height, record.bytes) {
         (_, _, Some(bytes)) => Some(bytes),
         (Some(pitch), Some(height), None) => Some(pitch.saturating_mul(height)),
@@ -78,7 +75,7 @@ fn call_bytes(record: &CallRecord) -> Option<u64> {
 }
 
 impl SummaryAccumulator {
-    pub fn observe(&mut self, role: Role, record: &CallRecord) {
+    pub fn observe(&mut self, role: Role, record: &CallLine) {
         let ok = record.ret == 0;
         let end = record.ts_ns.saturating_add(record.dur_ns);
         self.calls += 1;
@@ -294,416 +291,10 @@ pub struct Summary {
     pub copies: Vec<CopySummary>,
 }
 
-/// Where the figures came from.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct TraceInfo {
-    pub file: String,
-    /// The trace ends with its footer (false: cut short, e.g. the tracer was killed).
-    pub complete: bool,
-    pub lines: u64,
-    /// Malformed lines passed over with --skip-bad-lines.
-    pub skipped_lines: u64,
-    /// Lines of a type this version does not know.
-    pub unknown_lines: u64,
-    /// Events the tracer lost (from the footer, else the `lost` lines).
-    pub lost_events: u64,
-    pub command: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-}
-
-/// `cudatrace summary --json`.
-#[derive(Serialize)]
-pub struct SummaryJson<'a> {
-    pub trace: &'a TraceInfo,
-    #[serde(flatten)]
-    pub summary: &'a Summary,
-    pub memory: &'a [ProcessMemory],
-    pub stages: &'a [ProcessStages],
-    /// Present for `--kernel` traces.
-    #[serde(skip_serializing_if = "is_empty_driver")]
-    pub driver: &'a super::driver::DriverSummary,
-}
-
-fn is_empty_driver(driver: &&super::driver::DriverSummary) -> bool {
-    driver.events == 0
-}
-
-fn render_driver(out: &mut String, driver: &super::driver::DriverSummary) {
-    if driver.events == 0 {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "\nNVIDIA driver (--kernel): {} in {}",
-        plural(driver.events, "event"),
-        format_ns(driver.total_ns)
-    );
-    let _ = writeln!(
-        out,
-        "  {:<8} {:<40} {:>7} {:>6} {:>11}",
-        "hook", "call", "count", "errors", "total"
-    );
-    for row in driver.by_call.iter().take(25) {
-        let _ = writeln!(
-            out,
-            "  {:<8} {:<40} {:>7} {:>6} {:>11}",
-            row.hook,
-            shorten(&row.what, 40),
-            row.count,
-            row.errors,
-            format_ns(row.total_ns)
-        );
-    }
-    if !driver.rm_alloc_classes.is_empty() {
-        let classes: Vec<String> = driver
-            .rm_alloc_classes
-            .iter()
-            .map(|c| format!("{} ×{} ({})", c.what, c.count, format_ns(c.total_ns)))
-            .collect();
-        let _ = writeln!(out, "  NV_ESC_RM_ALLOC by class: {}", classes.join(", "));
-    }
-}
-
-pub fn format_ns(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns} ns"),
-        1_000..1_000_000 => format!("{:.1} µs", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.2} ms", ns as f64 / 1e6),
-        _ => format!("{:.3} s", ns as f64 / 1e9),
-    }
-}
-
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if bytes >= size {
-            return format!("{:.2} {unit}", bytes as f64 / size as f64);
-        }
-    }
-    format!("{bytes} B")
-}
-
-fn shorten(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        return text.to_owned();
-    }
-    let cut: String = text.chars().take(max_chars.saturating_sub(1)).collect();
-    format!("{cut}…")
-}
-
-fn dims(d: [u32; 3]) -> String {
-    format!("{}x{}x{}", d[0], d[1], d[2])
-}
-
-fn plural(n: u64, word: &str) -> String {
-    match (n, word.ends_with(['s', 'h'])) {
-        (1, _) => format!("{n} {word}"),
-        (_, true) => format!("{n} {word}es"),
-        _ => format!("{n} {word}s"),
-    }
-}
-
-/// The full human-readable summary (`cudatrace summary`).
-pub fn render_text(info: &TraceInfo, report: &Report) -> String {
-    let summary = &report.summary;
-    let at = |ts: u64| format!("+{}", format_ns(ts.saturating_sub(summary.first_ts_ns)));
-    let mut out = String::new();
-    let state = if info.complete {
-        "complete"
-    } else {
-        "TRUNCATED: no footer"
-    };
-    let _ = writeln!(out, "Trace {} ({state})", info.file);
-    if !info.command.is_empty() {
-        let _ = writeln!(out, "  command: {}", info.command.join(" "));
-    }
-    let _ = writeln!(
-        out,
-        "  {} ({} errors) in {} over {}; {} lost events",
-        plural(summary.calls, "call"),
-        summary.errors,
-        plural(summary.pids.len() as u64, "process"),
-        format_ns(summary.span_ns),
-        info.lost_events
-    );
-    if info.skipped_lines > 0 {
-        let _ = writeln!(out, "  {} malformed lines skipped", info.skipped_lines);
-    }
-
-    let _ = writeln!(out, "\nFunctions, by total time");
-    let _ = writeln!(
-        out,
-        "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
-        "function", "calls", "errors", "total", "mean", "p50", "p99", "max", "bytes", "bandwidth"
-    );
-    for f in &summary.functions {
-        let _ = writeln!(
-            out,
-            "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
-            f.name,
-            f.count,
-            f.errors,
-            format_ns(f.total_ns),
-            format_ns(f.mean_ns),
-            format_ns(f.p50_ns),
-            format_ns(f.p99_ns),
-            format_ns(f.max_ns),
-            f.bytes.map(format_bytes).unwrap_or_default(),
-            f.bandwidth_gb_s
-                .map(|b| format!("{b:.2} GB/s"))
-                .unwrap_or_default(),
-        );
-    }
-
-    let _ = writeln!(
-        out,
-        "\nKernels: {} in {}{}",
-        plural(summary.kernel_launches, "launch"),
-        plural(summary.kernels.len() as u64, "kernel"),
-        match summary.graph_launches {
-            0 => String::new(),
-            n => format!(", plus {}", plural(n, "graph launch")),
-        }
-    );
-    for k in &summary.kernels {
-        let _ = writeln!(
-            out,
-            "  {:>8} {:>6.1}%  {}",
-            k.launches,
-            k.share * 100.0,
-            k.kernel
-        );
-        let mut shapes: Vec<String> = k
-            .shapes
-            .iter()
-            .map(|s| {
-                format!(
-                    "grid {} block {} ×{}",
-                    dims(s.grid),
-                    dims(s.block),
-                    s.launches
-                )
-            })
-            .collect();
-        if k.other_shapes > 0 {
-            shapes.push(format!("other shapes ×{}", k.other_shapes));
-        }
-        let _ = writeln!(out, "  {:>17}  {}", "", shapes.join("; "));
-    }
-
-    let _ = writeln!(out, "\nCopies, by direction");
-    if summary.copies.is_empty() {
-        let _ = writeln!(out, "  none");
-    }
-    for c in &summary.copies {
-        let _ = writeln!(
-            out,
-            "  {:<8} {:>8} {:>12}  ({} B)",
-            c.kind,
-            plural(c.count, "call"),
-            format_bytes(c.bytes),
-            c.bytes
-        );
-    }
-
-    let _ = writeln!(
-        out,
-        "\nDevice memory (cuMemAlloc* and cuMemCreate bytes held), by process"
-    );
-    for m in &report.memory {
-        let _ = writeln!(
-            out,
-            "  pid {}: peak {} at {}, final {}; {}, {}, {} unmatched frees",
-            m.pid,
-            format_bytes(m.peak_device_bytes),
-            at(m.peak_ts_ns),
-            format_bytes(m.final_device_bytes),
-            plural(m.allocations, "allocation"),
-            plural(m.frees, "free"),
-            m.unmatched_frees
-        );
-        if m.peak_host_pinned_bytes > 0 || m.peak_mapped_bytes > 0 {
-            let _ = writeln!(
-                out,
-                "    host pinned: peak {}, final {}; mapped: peak {}, final {}",
-                format_bytes(m.peak_host_pinned_bytes),
-                format_bytes(m.final_host_pinned_bytes),
-                format_bytes(m.peak_mapped_bytes),
-                format_bytes(m.final_mapped_bytes)
-            );
-        }
-        let _ = writeln!(out, "    {}", plural(m.leak_count, "leak"));
-        for leak in m.leaks.iter().take(20) {
-            let address = leak.dptr.or(leak.handle).or(leak.host).unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "      {} B {} {:#x} from {} at {}",
-                leak.bytes,
-                leak.kind,
-                address.0,
-                leak.call,
-                at(leak.ts_ns)
-            );
-        }
-        if m.leak_count > 20 {
-            let _ = writeln!(out, "      ... and {} more", m.leak_count - 20);
-        }
-    }
-
-    for p in &report.stages {
-        let _ = writeln!(out, "\nStages, pid {} ({})", p.pid, plural(p.calls, "call"));
-        let _ = writeln!(
-            out,
-            "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
-            "stage", "start", "duration", "calls", "launches", "HtoD", "DtoH"
-        );
-        for s in &p.stages {
-            let _ = writeln!(
-                out,
-                "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
-                s.name,
-                at(s.start_ns),
-                format_ns(s.duration_ns),
-                s.calls,
-                s.launches,
-                format_bytes(s.htod_bytes),
-                format_bytes(s.dtoh_bytes)
-            );
-        }
-    }
-    render_driver(&mut out, &report.driver);
-    out
-}
-
-/// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
-fn render_driver_short(out: &mut String, driver: &super::driver::DriverSummary) {
-    if driver.events == 0 {
-        return;
-    }
-    let top: Vec<String> = driver
-        .by_call
-        .iter()
-        .take(4)
-        .map(|r| format!("{} ×{} ({})", r.what, r.count, format_ns(r.total_ns)))
-        .collect();
-    let _ = writeln!(
-        out,
-        "cudatrace: driver: {} in {}: {}",
-        plural(driver.events, "event"),
-        format_ns(driver.total_ns),
-        top.join(", ")
-    );
-}
-
-pub fn render_short(report: &Report) -> String {
-    let summary = &report.summary;
-    let mut out = String::new();
-    let top: Vec<String> = summary
-        .functions
-        .iter()
-        .take(5)
-        .map(|f| format!("{} {} ({})", f.name, format_ns(f.total_ns), f.count))
-        .collect();
-    if !top.is_empty() {
-        let _ = writeln!(out, "cudatrace: time in calls: {}", top.join(", "));
-    }
-    if summary.kernel_launches > 0 {
-        let kernels: Vec<String> = summary
-            .kernels
-            .iter()
-            .take(3)
-            .map(|k| {
-                format!(
-                    "{} ×{} ({:.0}%)",
-                    shorten(&k.kernel, 60),
-                    k.launches,
-                    k.share * 100.0
-                )
-            })
-            .collect();
-        let more = summary.kernels.len().saturating_sub(3);
-        let _ = writeln!(
-            out,
-            "cudatrace: {} of {}: {}{}",
-            plural(summary.kernel_launches, "launch"),
-            plural(summary.kernels.len() as u64, "kernel"),
-            kernels.join(", "),
-            if more > 0 {
-                format!(", {more} more")
-            } else {
-                String::new()
-            }
-        );
-    }
-    if !summary.copies.is_empty() {
-        let copies: Vec<String> = summary
-            .copies
-            .iter()
-            .map(|c| format!("{} {} ×{}", c.kind, format_bytes(c.bytes), c.count))
-            .collect();
-        let _ = writeln!(out, "cudatrace: copies: {}", copies.join(", "));
-    }
-    for m in report.memory.iter().filter(|m| m.allocations > 0).take(4) {
-        let leaks = match m.leak_count {
-            0 => "no leaks".to_owned(),
-            n => format!(
-                "{} ({})",
-                plural(n, "leak"),
-                format_bytes(m.final_device_bytes + m.final_host_pinned_bytes)
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "cudatrace: device memory, pid {}: peak {}, final {}, {leaks}",
-            m.pid,
-            format_bytes(m.peak_device_bytes),
-            format_bytes(m.final_device_bytes),
-        );
-    }
-    for p in report
-        .stages
-        .iter()
-        .filter(|p| p.stages.iter().any(|s| s.launches > 0))
-        .take(4)
-    {
-        let stages: Vec<String> = p
-            .stages
-            .iter()
-            .filter(|s| s.duration_ns > 0 || s.calls > 0)
-            .map(|s| format!("{} {}", s.name, format_ns(s.duration_ns)))
-            .collect();
-        let _ = writeln!(
-            out,
-            "cudatrace: stages, pid {}: {}",
-            p.pid,
-            stages.join(", ")
-        );
-    }
-    render_driver_short(&mut out, &report.driver);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        analysis::{Analysis, testing::Script},
-        events::Hex,
-    };
-
-    fn report(script: &Script) -> Report {
-        let mut analysis = Analysis::default();
-        for record in &script.records {
-            analysis.observe(&mut record.clone());
-        }
-        analysis.finish()
-    }
+    use crate::{analysis::testing::Script, schema::Hex};
 
     #[test]
     fn function_statistics_are_exact() {
@@ -726,7 +317,7 @@ mod tests {
         for dur in [10_000, 20_000, 30_000, 40_000_000_000] {
             script.call("cuStreamSynchronize", |r| r.dur_ns = dur);
         }
-        let summary = report(&script).summary;
+        let summary = script.report().summary;
         assert_eq!(summary.calls, 10);
         assert_eq!(summary.errors, 1);
         assert_eq!(summary.span_ns, 9000 + 40_000_000_000);
@@ -801,7 +392,7 @@ mod tests {
                 r.ret = 400;
             })
             .call("cuGraphLaunch", |r| r.graph = Some(Hex(0x5)));
-        let summary = report(&script).summary;
+        let summary = script.report().summary;
         assert_eq!(summary.kernel_launches, 22);
         assert_eq!(summary.graph_launches, 1);
         let gemm = &summary.kernels[0];
@@ -830,55 +421,5 @@ mod tests {
             .find(|f| f.name == "cuLaunchKernel")
             .unwrap();
         assert_eq!((launch.count, launch.errors), (21, 1));
-    }
-
-    #[test]
-    fn text_output_names_everything() {
-        let mut script = Script::new(5);
-        script
-            .plain("cuInit")
-            .alloc(0x7f00_0000_0000, 262144)
-            .copy("cuMemcpyHtoD_v2", "HtoD", 262144)
-            .call("cuModuleGetFunction", |r| {
-                r.function = Some(Hex(0x10));
-                r.symbol = Some("_Z10vector_addPKfS0_Pfi".into());
-            })
-            .launch(0x10);
-        let report = report(&script);
-        let info = TraceInfo {
-            file: "t.jsonl".into(),
-            complete: true,
-            ..TraceInfo::default()
-        };
-        let text = render_text(&info, &report);
-        for needle in [
-            "Trace t.jsonl (complete)",
-            "5 calls (0 errors) in 1 process",
-            "vector_add(float const*, float const*, float*, int)",
-            "grid 1x1x1 block 32x1x1 ×1",
-            "HtoD       1 call   256.00 KiB  (262144 B)",
-            "pid 5: peak 256.00 KiB at +1.0 µs, final 256.00 KiB",
-            "262144 B device 0x7f0000000000 from cuMemAlloc_v2 at +1.0 µs",
-            "input preparation",
-        ] {
-            assert!(text.contains(needle), "{needle:?} not in\n{text}");
-        }
-        let short = render_short(&report);
-        assert_eq!(short.lines().count(), 5, "{short}");
-        assert!(short.contains(
-            "cudatrace: 1 launch of 1 kernel: vector_add(float const*, float const*, float*, int) ×1 (100%)"
-        ));
-        assert!(short.contains("peak 256.00 KiB, final 256.00 KiB, 1 leak (256.00 KiB)"));
-    }
-
-    #[test]
-    fn units_are_readable() {
-        assert_eq!(format_ns(999), "999 ns");
-        assert_eq!(format_ns(1500), "1.5 µs");
-        assert_eq!(format_ns(2_500_000), "2.50 ms");
-        assert_eq!(format_ns(3_000_000_000), "3.000 s");
-        assert_eq!(format_bytes(1023), "1023 B");
-        assert_eq!(format_bytes(10_506_240), "10.02 MiB");
-        assert_eq!(shorten("abcdef", 4), "abc…");
     }
 }

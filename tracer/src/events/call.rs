@@ -1,137 +1,17 @@
-//! A decoded driver call, serialised as one `"type":"call"` JSON line.
+//! Decoding a call event: its arguments named through the probe catalog, into a
+//! [`CallLine`].
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize, Serializer};
 use tracer_common::{CallEvent, flags};
 
-use super::{c_string, cuda_result};
-use crate::catalog::{Arg, CopyKind, Field, FnSpec, StrField};
+use super::{cuda_result, raw::c_string};
+use crate::{
+    catalog::{Arg, CopyKind, Field, FnSpec, StrField},
+    schema::{CallLine, Hex},
+};
 
-/// A pointer or handle, written as a `"0x..."` string (JSON numbers lose precision past 2^53).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct Hex(pub u64);
-
-impl Serialize for Hex {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{:#x}", self.0))
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Hex {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        let digits = text.strip_prefix("0x").unwrap_or(&text);
-        u64::from_str_radix(digits, 16)
-            .map(Hex)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// One call line. Field names are the stable schema of docs/trace-format.md.
-///
-/// Strings the decoder takes from tables are `Cow::Borrowed`; `cudatrace summary` reads
-/// them back owned.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CallRecord {
-    #[serde(rename = "type")]
-    pub record_type: Cow<'static, str>,
-    pub name: String,
-    pub pid: u32,
-    pub tid: u32,
-    pub ts_ns: u64,
-    pub dur_ns: u64,
-    pub ret: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ret_name: Option<Cow<'static, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<Cow<'static, str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dptr: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub src: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dst: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub src_context: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dst_context: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grid: Option<[u32; 3]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub block: Option<[u32; 3]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shared_mem: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stream: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub function: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_handle: Option<Hex>,
-    /// Launches: the kernel's demangled name, or `unknown@0x...` (added by the analysis).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<String>,
-    /// Launches: the name as the program passed it, where it differs from `kernel`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_mangled: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub symbol: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub library: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub module: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub image: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub context: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub event: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub graph: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pool: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub handle: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub addr: Option<Hex>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub flags: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub offset: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alignment: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pitch: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub width: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub height: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub depth: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<i32>,
-    /// Memory-changing calls: the process's live device bytes after the call (added by
-    /// the analysis).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub live_bytes: Option<u64>,
-    /// Reading user memory failed or a name was cut short; see docs/trace-format.md.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<Cow<'static, str>>,
-}
-
-impl CallRecord {
+impl CallLine {
     fn set_hex(&mut self, field: Field, number: u64) {
         let value = Some(Hex(number));
         match field {
@@ -224,7 +104,7 @@ fn copy_kind(src_type: u32, dst_type: u32) -> CopyKind {
 }
 
 /// CUDA_MEMCPY2D (128 bytes) and CUDA_MEMCPY3D (200 bytes), cuda.h layouts.
-fn decode_memcpy(record: &mut CallRecord, data: &[u8], three_d: bool) -> Option<()> {
+fn decode_memcpy(record: &mut CallLine, data: &[u8], three_d: bool) -> Option<()> {
     let (src, dst, width, height, depth) = if three_d {
         (
             CopySide {
@@ -285,7 +165,7 @@ fn decode_memcpy(record: &mut CallRecord, data: &[u8], three_d: bool) -> Option<
 }
 
 /// CUlaunchConfig: six u32 dimensions, sharedMemBytes at 24, hStream at 32.
-fn decode_launch_config(record: &mut CallRecord, data: &[u8]) -> Option<()> {
+fn decode_launch_config(record: &mut CallLine, data: &[u8]) -> Option<()> {
     let dim = |i: usize| u32_at(data, i * 4);
     record.grid = Some([dim(0)?, dim(1)?, dim(2)?]);
     record.block = Some([dim(3)?, dim(4)?, dim(5)?]);
@@ -295,14 +175,8 @@ fn decode_launch_config(record: &mut CallRecord, data: &[u8]) -> Option<()> {
 }
 
 /// Names a call's arguments through its catalog entry.
-pub fn decode_call(
-    call: &CallEvent,
-    data: Option<&[u8]>,
-    symbol: &str,
-    spec: &FnSpec,
-) -> CallRecord {
-    let mut record = CallRecord {
-        record_type: Cow::Borrowed("call"),
+pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &FnSpec) -> CallLine {
+    let mut record = CallLine {
         name: symbol.to_owned(),
         pid: call.header.pid,
         tid: call.header.tid,
@@ -311,7 +185,7 @@ pub fn decode_call(
         ret: call.ret,
         ret_name: cuda_result::name(call.ret).map(Cow::Borrowed),
         kind: spec.copy.map(|kind| Cow::Borrowed(kind.as_str())),
-        ..CallRecord::default()
+        ..CallLine::default()
     };
     let data = data.unwrap_or(&[]);
     let mut grid = [0u32; 3];
@@ -409,7 +283,7 @@ mod tests {
         }
     }
 
-    fn json(record: &CallRecord) -> String {
+    fn json(record: &CallLine) -> String {
         serde_json::to_string(record).unwrap()
     }
 

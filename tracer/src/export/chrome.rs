@@ -10,8 +10,8 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
-use super::{ExportStats, Instant, Slice, TimelineSink, Track};
-use crate::trace_lines::Header;
+use super::timeline::{ExportStats, Instant, Slice, TimelineSink, Track};
+use crate::schema::Header;
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;

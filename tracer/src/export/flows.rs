@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::events::CallRecord;
+use crate::schema::CallLine;
 
 /// Launches kept per stream while waiting for a synchronisation.
 pub const MAX_PENDING_PER_STREAM: usize = 65_536;
@@ -28,7 +28,7 @@ pub struct StreamKey {
 
 impl StreamKey {
     /// The stream a launch or `cuStreamSynchronize` names, if the line has one.
-    pub fn of(record: &CallRecord) -> Option<StreamKey> {
+    pub fn of(record: &CallLine) -> Option<StreamKey> {
         let stream = record.stream?.0;
         // `_ptsz`/`_ptds` entry points treat stream 0 as the per-thread default stream.
         let per_thread_api = record.name.ends_with("_ptsz") || record.name.ends_with("_ptds");
@@ -145,15 +145,15 @@ fn take_started_before(queue: &mut VecDeque<FlowStart>, ts_ns: u64, out: &mut Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Hex;
+    use crate::schema::Hex;
 
-    fn record(name: &str, tid: u32, stream: u64) -> CallRecord {
-        CallRecord {
+    fn record(name: &str, tid: u32, stream: u64) -> CallLine {
+        CallLine {
             name: name.into(),
             pid: 1,
             tid,
             stream: Some(Hex(stream)),
-            ..CallRecord::default()
+            ..CallLine::default()
         }
     }
 
@@ -181,7 +181,7 @@ mod tests {
             key("cuLaunchKernel_ptsz", 4, 0)
         );
         assert_ne!(key("cuLaunchKernel", 1, 0), key("cuLaunchKernel", 1, 0x50));
-        assert_eq!(StreamKey::of(&CallRecord::default()), None);
+        assert_eq!(StreamKey::of(&CallLine::default()), None);
     }
 
     #[test]

@@ -15,14 +15,14 @@ use prost::Message;
 use serde_json::{Map, Value};
 
 use super::{
-    ExportStats, Instant, Slice, TimelineSink, Track,
     proto::{
         CounterDescriptor, DebugAnnotation, InternedData, InternedString, ProcessDescriptor,
         SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG,
         ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
     },
+    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
 };
-use crate::trace_lines::Header;
+use crate::schema::Header;
 
 /// The one packet sequence of the file.
 const SEQUENCE_ID: u32 = 1;

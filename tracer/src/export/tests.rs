@@ -5,7 +5,14 @@ use prost::Message;
 use serde_json::Value;
 
 use super::*;
-use crate::export::proto::{Trace, TrackDescriptor, TrackEvent, event_type};
+use crate::{
+    analysis::classify,
+    export::{
+        exporter::call_label,
+        proto::{Trace, TrackDescriptor, TrackEvent, event_type},
+    },
+    schema::CallLine,
+};
 
 use crate::test_traces as traces;
 
@@ -453,10 +460,10 @@ fn bad_lines_stop_the_export_unless_skipped() {
 
 #[test]
 fn labels_name_kernels_copies_and_errors() {
-    let record = |name: &str, fill: &dyn Fn(&mut CallRecord)| {
-        let mut record = CallRecord {
+    let record = |name: &str, fill: &dyn Fn(&mut CallLine)| {
+        let mut record = CallLine {
             name: name.into(),
-            ..CallRecord::default()
+            ..CallLine::default()
         };
         fill(&mut record);
         let role = classify(name).0;
@@ -464,7 +471,7 @@ fn labels_name_kernels_copies_and_errors() {
     };
     assert_eq!(
         record("cuLaunchKernel", &|r| r.function =
-            Some(crate::events::Hex(0xab))),
+            Some(crate::schema::Hex(0xab))),
         "function 0xab"
     );
     assert_eq!(record("cuLaunchKernel", &|_| {}), "cuLaunchKernel");

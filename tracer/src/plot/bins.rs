@@ -2,7 +2,7 @@
 //! spent in them per column; per process, the device bytes per column. Memory is fixed by
 //! the picture's width, whatever the trace's length.
 
-use crate::trace_lines::FAMILIES;
+use crate::analysis::families::FAMILIES;
 
 /// Lane of functions no family knows (a newer trace); drawn only when it has calls.
 pub const OTHER_LANE: &str = "other";

@@ -4,10 +4,14 @@
 //! figure in the picture is the summary's), then to bin the calls into pixel columns.
 //! Memory is that of the summary plus the bins, whatever the trace's length.
 
+mod args;
 mod bins;
+mod canvas;
+mod content;
 mod png;
 mod svg;
 mod tables;
+mod theme;
 
 use std::{
     fs::File,
@@ -18,41 +22,21 @@ use std::{
 
 use anyhow::anyhow;
 
-use self::bins::{Bins, Columns};
+pub use self::args::PlotArgs;
+use self::{
+    bins::{Bins, Columns},
+    content::Plot,
+};
 use crate::{
     analysis::{
         Analysis, Report,
-        memory::ProcessMemory,
-        reader::{ReadError, summarise},
-        stages::ProcessStages,
-        summary::TraceInfo,
+        families::Families,
+        summarise::{TraceInfo, summarise},
     },
-    cli::PlotArgs,
     exit::{ExitCode, Failure},
-    trace_lines::{Families, Line, TraceLines},
+    reader::{ReadError, TraceLines},
+    schema::{Line, ProcessMemory},
 };
-
-/// What the picture shows.
-pub struct Plot<'a> {
-    pub info: &'a TraceInfo,
-    pub report: &'a Report,
-    pub bins: &'a Bins,
-}
-
-impl Plot<'_> {
-    /// The stages drawn as bands: those of the process with the most calls.
-    pub fn primary_stages(&self) -> Option<&ProcessStages> {
-        self.report
-            .stages
-            .iter()
-            .max_by_key(|process| (process.calls, std::cmp::Reverse(process.pid)))
-    }
-
-    /// A process's memory figures (its latest entry, after an exec).
-    pub fn memory_of(&self, pid: u32) -> Option<&ProcessMemory> {
-        self.report.memory.iter().rev().find(|m| m.pid == pid)
-    }
-}
 
 /// The picture of a trace, and what went into it.
 pub struct Rendered {
@@ -78,7 +62,7 @@ pub fn render(
     };
     let summarised = summarise(open()?, label, skip_bad_lines)?;
     let summary = &summarised.report.summary;
-    let plot_width = f64::from(width) - svg::MARGIN_LEFT_PX - svg::MARGIN_RIGHT_PX;
+    let plot_width = f64::from(width) - theme::MARGIN_LEFT_PX - theme::MARGIN_RIGHT_PX;
     let columns = Columns::new(summary.first_ts_ns, summary.span_ns, plot_width as usize);
     let bins = bin(open()?, label, skip_bad_lines, columns, &summarised.report)?;
     let svg = svg::draw(
@@ -113,7 +97,7 @@ fn bin(
             pids.push(memory.pid);
         }
     }
-    pids.truncate(svg::MEMORY_CURVES);
+    pids.truncate(theme::MEMORY_CURVES);
 
     let mut bins = Bins::new(columns, &pids);
     let mut lines = TraceLines::new(reader, label, skip_bad_lines);
@@ -132,7 +116,7 @@ fn bin(
                 }
             }
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
-            Line::Lost(_) | Line::Driver(_) | Line::Footer | Line::Unknown => {}
+            Line::Lost(_) | Line::Driver(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }
     Ok(bins)

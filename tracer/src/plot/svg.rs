@@ -4,102 +4,19 @@
 use std::fmt::Write as _;
 
 use super::{
-    Plot,
     bins::{Bins, OTHER_LANE},
+    canvas::{Canvas, text_width},
+    content::Plot,
     tables,
+    theme::{
+        GLYPH_EM, GRID, LANE_H, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, MEMORY_H, MUTED, STRIP_H, TEXT,
+        curve_color, family_color, stage_color,
+    },
 };
-use crate::analysis::{
-    stages::ProcessStages,
-    summary::{format_bytes, format_ns},
+use crate::{
+    analysis::stages::ProcessStages,
+    format::{format_bytes, format_ns, plural, shorten},
 };
-
-const FONT: &str = "DejaVu Sans, Liberation Sans, Arial, Helvetica, sans-serif";
-/// Average glyph width of the font, in ems, to tell whether a label fits.
-pub const GLYPH_EM: f64 = 0.6;
-
-pub const MARGIN_LEFT_PX: f64 = 200.0;
-pub const MARGIN_RIGHT_PX: f64 = 40.0;
-const STRIP_H: f64 = 26.0;
-const LANE_H: f64 = 28.0;
-const MEMORY_H: f64 = 150.0;
-pub const ROW_H: f64 = 19.0;
-/// Kernels listed under the timeline.
-pub const TOP_KERNELS: usize = 10;
-/// Functions listed by time in calls.
-pub const TOP_FUNCTIONS: usize = 6;
-/// Processes whose memory is drawn.
-pub const MEMORY_CURVES: usize = 6;
-
-pub const TEXT: &str = "#222";
-pub const MUTED: &str = "#666";
-const GRID: &str = "#ddd";
-
-pub fn family_color(family: &str) -> &'static str {
-    match family {
-        "init" => "#8c564b",
-        "context" => "#9467bd",
-        "memory" => "#2ca02c",
-        "virtual_memory" => "#17becf",
-        "copy" => "#1f77b4",
-        "memset" => "#bcbd22",
-        "launch" => "#d62728",
-        "sync" => "#ff7f0e",
-        "module" => "#7f7f7f",
-        _ => "#e377c2",
-    }
-}
-
-pub fn stage_color(index: usize) -> &'static str {
-    [
-        "#bdbdbd", "#fdae6b", "#9ecae1", "#a1d99b", "#bcbddc", "#fc9272",
-    ][index % 6]
-}
-
-fn curve_color(index: usize) -> &'static str {
-    [
-        "#2ca02c", "#1f77b4", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-    ][index % MEMORY_CURVES]
-}
-
-/// Text made safe for SVG content and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            // Not allowed in XML 1.0 at all.
-            c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// At most `max_chars` characters, with an ellipsis when cut.
-pub fn shorten(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        return text.to_owned();
-    }
-    let mut cut: String = text.chars().take(max_chars.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
-}
-
-fn text_width(text: &str, size: f64) -> f64 {
-    text.chars().count() as f64 * size * GLYPH_EM
-}
-
-pub fn plural(n: u64, word: &str) -> String {
-    match (n, word.ends_with(['s', 'h'])) {
-        (1, _) => format!("{n} {word}"),
-        (_, true) => format!("{n} {word}es"),
-        _ => format!("{n} {word}s"),
-    }
-}
 
 /// 1, 2 or 5 times a power of ten, near `rough`.
 fn nice_step(rough: f64) -> f64 {
@@ -143,54 +60,6 @@ fn byte_unit(bytes: u64) -> (&'static str, f64) {
     }
 }
 
-pub struct Canvas {
-    body: String,
-    width: f64,
-}
-
-impl Canvas {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one SVG text element's attributes"
-    )]
-    pub fn text(
-        &mut self,
-        x: f64,
-        y: f64,
-        text: &str,
-        size: f64,
-        anchor: &str,
-        weight: &str,
-        fill: &str,
-    ) {
-        let _ = writeln!(
-            self.body,
-            r#"<text x="{x:.1}" y="{y:.1}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" fill="{fill}">{}</text>"#,
-            escape(text)
-        );
-    }
-
-    pub fn label(&mut self, x: f64, y: f64, text: &str) {
-        self.text(x, y, text, 12.0, "start", "normal", TEXT);
-    }
-
-    pub fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, fill: &str, opacity: f64) {
-        let _ = writeln!(
-            self.body,
-            r#"<rect x="{x:.2}" y="{y:.2}" width="{:.2}" height="{:.2}" fill="{fill}" fill-opacity="{opacity:.2}"/>"#,
-            w.max(0.0),
-            h.max(0.0)
-        );
-    }
-
-    fn line(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &str) {
-        let _ = writeln!(
-            self.body,
-            r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" stroke="{stroke}" stroke-width="1"/>"#
-        );
-    }
-}
-
 /// Geometry of the time axis.
 struct TimeAxis {
     left: f64,
@@ -210,10 +79,7 @@ impl TimeAxis {
 pub fn draw(plot: &Plot<'_>, width: u32) -> String {
     let summary = &plot.report.summary;
     let width = f64::from(width);
-    let mut canvas = Canvas {
-        body: String::with_capacity(256 << 10),
-        width,
-    };
+    let mut canvas = Canvas::new(width);
     let axis = TimeAxis {
         left: MARGIN_LEFT_PX,
         width: width - MARGIN_LEFT_PX - MARGIN_RIGHT_PX,
@@ -351,16 +217,7 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
     );
     let height = kernels_end + 20.0;
 
-    format!(
-        r##"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="{FONT}">
-<rect x="0" y="0" width="{w}" height="{h}" fill="#fff"/>
-{body}</svg>
-"##,
-        w = canvas.width,
-        h = height.ceil(),
-        body = canvas.body
-    )
+    canvas.finish(height)
 }
 
 fn index_of(bins: &Bins, family: &str) -> usize {
@@ -548,21 +405,14 @@ fn draw_memory(canvas: &mut Canvas, axis: &TimeAxis, plot: &Plot<'_>, top: f64) 
             let _ = write!(path, " L{x0:.2},{y:.2} L{:.2},{y:.2}", x0 + column_w);
         }
         let _ = write!(path, " L{:.2},{bottom:.2} Z", axis.left + axis.width);
-        let _ = writeln!(
-            canvas.body,
-            r#"<path d="{path}" fill="{color}" fill-opacity="{:.2}" stroke="{color}" stroke-width="1.5"/>"#,
-            if index == 0 { 0.22 } else { 0.08 }
-        );
+        canvas.path(&path, color, if index == 0 { 0.22 } else { 0.08 });
         let Some(memory) = plot.memory_of(curve.pid) else {
             continue;
         };
         // The peak the summary reports, where it reports it.
         let x = axis.x(memory.peak_ts_ns);
         let y = y_of(memory.peak_device_bytes as f64);
-        let _ = writeln!(
-            canvas.body,
-            r##"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{color}" stroke="#fff" stroke-width="1"/>"##
-        );
+        canvas.dot(x, y, color);
         let legend = format!(
             "pid {}: peak {} at +{}, final {}",
             curve.pid,
@@ -620,17 +470,6 @@ fn draw_time_axis(canvas: &mut Canvas, axis: &TimeAxis, y: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn text_is_escaped_and_shortened() {
-        assert_eq!(
-            escape(r#"a<b>&"c"'d'"#),
-            "a&lt;b&gt;&amp;&quot;c&quot;&apos;d&apos;"
-        );
-        assert_eq!(escape("x\u{1}y"), "x\u{fffd}y");
-        assert_eq!(shorten("abcdef", 4), "abc…");
-        assert_eq!(shorten("abc", 4), "abc");
-    }
 
     #[test]
     fn steps_are_round() {

@@ -2,13 +2,11 @@
 //! and the copies, the most launched kernels. Each returns the bottom of what it drew.
 
 use super::{
-    Plot,
-    svg::{
-        Canvas, GLYPH_EM, MUTED, ROW_H, TEXT, TOP_FUNCTIONS, TOP_KERNELS, family_color, plural,
-        shorten, stage_color,
-    },
+    canvas::Canvas,
+    content::Plot,
+    theme::{GLYPH_EM, MUTED, ROW_H, TEXT, TOP_FUNCTIONS, TOP_KERNELS, family_color, stage_color},
 };
-use crate::analysis::summary::{format_bytes, format_ns};
+use crate::format::{format_bytes, format_ns, plural, shorten};
 
 /// Returns the bottom of the table.
 pub fn stages(canvas: &mut Canvas, plot: &Plot<'_>, x: f64, y: f64, width: f64) -> f64 {

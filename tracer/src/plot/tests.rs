@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use resvg::usvg;
 
 use super::*;
-use crate::analysis::summary::{format_bytes, format_ns};
+use crate::format::{format_bytes, format_ns};
 
 use crate::test_traces as traces;
 
@@ -89,7 +89,7 @@ fn a_one_call_trace_draws_it() {
     // The call fills its lane: the only column it covers is the last.
     assert!(
         plot.svg
-            .contains(&format!(r#"fill="{}""#, svg::family_color("init")))
+            .contains(&format!(r#"fill="{}""#, theme::family_color("init")))
     );
 }
 
@@ -162,7 +162,7 @@ fn a_large_trace_shows_the_summary_figures() {
         (inference.name, inference.launches),
         ("inference", 3 * iterations)
     );
-    for function in report.summary.functions.iter().take(svg::TOP_FUNCTIONS) {
+    for function in report.summary.functions.iter().take(theme::TOP_FUNCTIONS) {
         let row = texts.iter().position(|t| *t == function.name).unwrap();
         assert_eq!(texts[row + 1], function.count.to_string());
         assert_eq!(texts[row + 2], format_ns(function.total_ns));

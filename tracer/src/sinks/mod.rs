@@ -1,3 +1,5 @@
-//! Where decoded events go.
+//! Where `cudatrace run`'s events go, last in its pipeline: the JSONL trace (`jsonl.rs`)
+//! and the progress line on stderr (`progress.rs`).
 
 pub mod jsonl;
+pub mod progress;

@@ -7,14 +7,18 @@ use std::{
 
 use anyhow::anyhow;
 
+mod args;
+pub mod text;
+
+pub use args::SummaryArgs;
+
 use crate::{
-    analysis::{
-        reader::{ReadError, summarise},
-        summary::{SummaryJson, render_text},
-    },
-    cli::SummaryArgs,
+    analysis::summarise::summarise,
     exit::{ExitCode, Failure},
+    reader::ReadError,
 };
+
+use self::text::{SummaryJson, render_text};
 
 /// Runs `cudatrace summary` and returns the exit code.
 pub fn run(args: SummaryArgs) -> Result<i32, Failure> {

@@ -1,167 +1,32 @@
-//! Reading a JSONL trace back, one line at a time, into the analysis.
+//! A whole trace read back through the analysis: what `cudatrace summary` prints and
+//! `cudatrace plot` draws. Memory holds the analysis, never the trace.
 
-use std::io::{self, BufRead};
+use std::io::BufRead;
 
-use serde_json::Value;
+use serde::Serialize;
 
-use super::{Analysis, Report, summary::TraceInfo};
-use crate::events::CallRecord;
+use super::{Analysis, Report};
+use crate::{
+    reader::{ReadError, TraceLines},
+    schema::Line,
+};
 
-/// Longer lines are malformed (a footer listing 1000 leaks per process is far shorter).
-pub const MAX_LINE_BYTES: usize = 64 << 20;
-
-/// One line of a trace, as far as the summary needs it.
-#[derive(Debug, PartialEq)]
-pub enum TraceLine {
-    /// A `--kernel` driver line.
-    Driver(super::driver::DriverLine),
-    Header {
-        command: Vec<String>,
-    },
-    Call(Box<CallRecord>),
-    Process {
-        pid: u32,
-        event: String,
-    },
-    Lost {
-        count: u64,
-    },
-    Footer {
-        lost: Option<u64>,
-        exit_code: Option<i32>,
-    },
-    /// A line type this version does not know (a newer trace).
-    Unknown,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("reading {file}: {source}")]
-    Io { file: String, source: io::Error },
-    #[error("{file}:{line}: {message} (--skip-bad-lines reads past malformed lines)")]
-    BadLine {
-        file: String,
-        line: u64,
-        message: String,
-    },
-}
-
-/// serde_json's message with the column; every trace line is one line of text.
-fn describe(error: &serde_json::Error) -> String {
-    let text = error.to_string();
-    if error.line() == 0 {
-        return text;
-    }
-    let message = text
-        .rsplit_once(" at line ")
-        .map_or(text.as_str(), |(message, _)| message);
-    format!("{message} at column {}", error.column())
-}
-
-/// Parses one line (without its newline). Never panics.
-pub fn parse_line(line: &[u8]) -> Result<TraceLine, String> {
-    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass.
-    if line.starts_with(br#"{"type":"call","#) {
-        return serde_json::from_slice::<CallRecord>(line)
-            .map(|record| TraceLine::Call(Box::new(record)))
-            .map_err(|e| describe(&e));
-    }
-    let value: Value = serde_json::from_slice(line).map_err(|e| describe(&e))?;
-    let Some(kind) = value.get("type").and_then(Value::as_str) else {
-        return Err("not a trace line: no \"type\" string".into());
-    };
-    let number = |key: &str| value.get(key).and_then(Value::as_u64);
-    match kind {
-        "call" => serde_json::from_value::<CallRecord>(value)
-            .map(|record| TraceLine::Call(Box::new(record)))
-            .map_err(|e| format!("call line: {}", describe(&e))),
-        "header" => Ok(TraceLine::Header {
-            command: value
-                .get("command")
-                .and_then(Value::as_array)
-                .map(|args| {
-                    args.iter()
-                        .filter_map(|a| a.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        }),
-        "process" => {
-            let pid = number("pid")
-                .and_then(|pid| u32::try_from(pid).ok())
-                .ok_or("process line: no valid \"pid\"")?;
-            let event = value
-                .get("event")
-                .and_then(Value::as_str)
-                .ok_or("process line: no \"event\" string")?;
-            Ok(TraceLine::Process {
-                pid,
-                event: event.to_owned(),
-            })
-        }
-        "driver" => super::driver::DriverLine::from_value(&value).map(TraceLine::Driver),
-        "lost" => Ok(TraceLine::Lost {
-            count: number("count").ok_or("lost line: no \"count\" number")?,
-        }),
-        "footer" => Ok(TraceLine::Footer {
-            lost: value
-                .get("lost")
-                .and_then(|lost| lost.get("total"))
-                .and_then(Value::as_u64),
-            exit_code: value
-                .get("exit_code")
-                .and_then(Value::as_i64)
-                .and_then(|code| i32::try_from(code).ok()),
-        }),
-        _ => Ok(TraceLine::Unknown),
-    }
-}
-
-/// Reads one line into `buf` (newline and a trailing CR removed). `Ok(None)` at the end;
-/// `Ok(Some(false))` for a line over `max` bytes, which is consumed but not kept.
-pub fn read_line(
-    reader: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> io::Result<Option<bool>> {
-    buf.clear();
-    let mut read_any = false;
-    let mut too_long = false;
-    loop {
-        let available = match reader.fill_buf() {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if available.is_empty() {
-            break;
-        }
-        read_any = true;
-        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
-            Some(at) => (&available[..at], Some(at + 1)),
-            None => (available, None),
-        };
-        if !too_long {
-            if buf.len() + chunk.len() > max {
-                too_long = true;
-                buf.clear();
-            } else {
-                buf.extend_from_slice(chunk);
-            }
-        }
-        let used = done.unwrap_or(available.len());
-        reader.consume(used);
-        if done.is_some() {
-            break;
-        }
-    }
-    if !read_any {
-        return Ok(None);
-    }
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    Ok(Some(!too_long))
+/// Where the figures came from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TraceInfo {
+    pub file: String,
+    /// The trace ends with its footer (false: cut short, e.g. the tracer was killed).
+    pub complete: bool,
+    pub lines: u64,
+    /// Malformed lines passed over with --skip-bad-lines.
+    pub skipped_lines: u64,
+    /// Lines of a type this version does not know.
+    pub unknown_lines: u64,
+    /// Events the tracer lost (from the footer, else the `lost` lines).
+    pub lost_events: u64,
+    pub command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
 }
 
 /// What reading a trace gave.
@@ -175,7 +40,7 @@ pub struct Summarised {
 /// Streams a trace through the analysis. A malformed line is an error naming `file` and
 /// the line, unless `skip_bad_lines`.
 pub fn summarise(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     file: &str,
     skip_bad_lines: bool,
 ) -> Result<Summarised, ReadError> {
@@ -184,62 +49,40 @@ pub fn summarise(
         file: file.to_owned(),
         ..TraceInfo::default()
     };
-    let mut skipped = Vec::new();
+    let mut lines = TraceLines::new(reader, file, skip_bad_lines);
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
-    let mut buf = Vec::new();
-    loop {
-        let kept =
-            read_line(&mut reader, &mut buf, MAX_LINE_BYTES).map_err(|source| ReadError::Io {
-                file: file.to_owned(),
-                source,
-            })?;
-        let Some(kept) = kept else { break };
-        info.lines += 1;
-        let parsed = if kept {
-            parse_line(&buf)
-        } else {
-            Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
-        };
-        match parsed {
-            Ok(TraceLine::Call(mut record)) => analysis.observe(&mut record),
-            Ok(TraceLine::Process { pid, event }) => analysis.process_event(pid, &event),
-            Ok(TraceLine::Driver(line)) => analysis.driver(&line),
-            Ok(TraceLine::Header { command }) => info.command = command,
-            Ok(TraceLine::Lost { count }) => lost_lines = lost_lines.saturating_add(count),
-            Ok(TraceLine::Footer { lost, exit_code }) => {
+    while let Some(line) = lines.next_line()? {
+        match line {
+            Line::Call(mut call) => analysis.observe(&mut call),
+            Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Driver(driver) => analysis.driver(&driver),
+            Line::Header(header) => info.command = header.command,
+            Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
+            Line::Footer(figures) => {
                 info.complete = true;
-                footer_lost = lost;
-                info.exit_code = exit_code;
+                footer_lost = figures.lost_total;
+                info.exit_code = figures.exit_code;
             }
-            Ok(TraceLine::Unknown) => info.unknown_lines += 1,
-            Err(message) if skip_bad_lines => {
-                info.skipped_lines += 1;
-                if skipped.len() < 5 {
-                    skipped.push((info.lines, message));
-                }
-            }
-            Err(message) => {
-                return Err(ReadError::BadLine {
-                    file: file.to_owned(),
-                    line: info.lines,
-                    message,
-                });
-            }
+            Line::Unknown => info.unknown_lines += 1,
         }
     }
+    info.lines = lines.lines;
+    info.skipped_lines = lines.skipped_lines;
     info.lost_events = footer_lost.unwrap_or(lost_lines);
     Ok(Summarised {
         info,
         report: analysis.finish(),
-        skipped,
+        skipped: lines.first_skipped,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::{self, Line};
     use proptest::prelude::*;
+    use serde_json::Value;
 
     /// Real lines of `cudatrace-driver sequence` under `cudatrace run`.
     const SAMPLE: &str = r#"{"type":"header","format":"cudatrace","version":1,"cudatrace_version":"0.1.0","mode":"command","command":["/tmp/so/cudatrace-driver","sequence"],"pids":[14859],"start_wall":"2026-11-21T12:53:09.680318868Z","start_wall_ns":1795265589680318868,"clock":"CLOCK_MONOTONIC","start_monotonic_ns":510681023498,"host":"vm","kernel":"Linux 6.18.44","libcuda":{"path":"/tmp/so/libcuda.so.1","version":null,"standin":true},"ring_bytes":16777216,"probes":[],"missing_functions":[],"aliases":[],"attach_failures":[]}
@@ -287,7 +130,7 @@ mod tests {
     #[test]
     fn calls_read_back_equal_what_was_written() {
         for line in SAMPLE.lines().filter(|l| l.contains(r#""type":"call""#)) {
-            let TraceLine::Call(record) = parse_line(line.as_bytes()).unwrap() else {
+            let Line::Call(record) = schema::parse(line.as_bytes()).unwrap() else {
                 panic!("not a call: {line}");
             };
             assert_eq!(serde_json::to_string(&record).unwrap(), line);
@@ -298,7 +141,7 @@ mod tests {
                 reordered.insert(key.clone(), field.clone());
             }
             let text = serde_json::to_string(&reordered).unwrap();
-            assert_eq!(parse_line(text.as_bytes()), Ok(TraceLine::Call(record)));
+            assert_eq!(schema::parse(text.as_bytes()), Ok(Line::Call(record)));
         }
     }
 
@@ -355,18 +198,6 @@ mod tests {
     }
 
     #[test]
-    fn overlong_lines_are_malformed_not_kept() {
-        let mut reader: &[u8] = b"abcdef\nxy\r\nlast";
-        let mut buf = Vec::new();
-        assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), Some(false));
-        assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), Some(true));
-        assert_eq!(buf, b"xy");
-        assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), Some(true));
-        assert_eq!(buf, b"last");
-        assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), None);
-    }
-
-    #[test]
     fn unknown_line_types_are_counted() {
         let result = read(b"{\"type\":\"counter\",\"x\":1}\n", false).unwrap();
         assert_eq!(result.info.unknown_lines, 1);
@@ -409,7 +240,7 @@ mod tests {
         ) {
             let lines: Vec<&str> = SAMPLE.lines().collect();
             let mutated = mutate(lines[index], &ops);
-            let _ = parse_line(&mutated);
+            let _ = schema::parse(&mutated);
             let mut text = lines.join("\n").into_bytes();
             text.push(b'\n');
             text.extend_from_slice(&mutated);

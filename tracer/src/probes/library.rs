@@ -1,16 +1,16 @@
-//! Finding libcuda and reading its exported functions.
+//! Finding a probe set's library file and reading its exported functions.
 
 use std::{
     collections::HashMap,
     env, fs,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::Command,
 };
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
-/// The symbol that marks cudatrace's stand-in library (tests and the no-GPU demo).
-pub const STANDIN_MARKER: &str = "cudatrace_standin_libcuda";
+use super::probe_set::ProbeSet;
 
 /// Directories searched after the ldconfig cache and `LD_LIBRARY_PATH`.
 pub const USUAL_DIRS: &[&str] = &[
@@ -23,18 +23,15 @@ pub const USUAL_DIRS: &[&str] = &[
     "/usr/lib/wsl/lib",
 ];
 
-const NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
-
 #[derive(Debug, thiserror::Error)]
-pub enum LibcudaError {
+pub enum LibraryError {
     #[error(
-        "no libcuda found (searched the ldconfig cache, LD_LIBRARY_PATH and {}): \
-         install the NVIDIA driver or pass --libcuda PATH",
-        USUAL_DIRS.join(", ")
+        "no {} found (searched the ldconfig cache, LD_LIBRARY_PATH and {}): {} or pass {} PATH",
+        .0.library, USUAL_DIRS.join(", "), .0.install_hint, .0.path_flag
     )]
-    NotFound,
-    #[error("--libcuda {0}: {1}")]
-    Unreadable(PathBuf, std::io::Error),
+    NotFound(&'static ProbeSet),
+    #[error("{} {}: {}", .0.path_flag, .1.display(), .2)]
+    Unreadable(&'static ProbeSet, PathBuf, std::io::Error),
     #[error("{0} is not an ELF shared library with dynamic symbols: {1}")]
     NotElf(PathBuf, object::Error),
 }
@@ -46,45 +43,55 @@ pub struct ExportedFn {
     pub file_offset: u64,
 }
 
-/// What cudatrace knows about the library it attaches to.
-#[derive(Clone, Debug)]
-pub struct Libcuda {
+/// One library file: what the probes attach to, and what the trace header says of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LibraryFile {
     /// Canonical path (symlinks resolved): uprobes attach to this inode.
     pub path: PathBuf,
-    /// Driver version from the file name (`libcuda.so.580.159.04`), if any.
+    /// The file's device and inode: the same library reached by two paths is one file.
+    pub device: u64,
+    pub inode: u64,
+    /// Version from the file name (`libcuda.so.580.159.04`), if any.
     pub version: Option<String>,
-    /// True for cudatrace's stand-in library.
+    /// True for cudatrace's stand-in of the library.
     pub standin: bool,
+}
+
+/// A library file and its exported functions.
+#[derive(Clone, Debug)]
+pub struct Library {
+    pub file: LibraryFile,
     /// Exported functions by name.
     pub functions: HashMap<String, ExportedFn>,
 }
 
-/// Finds libcuda: `explicit`, then the ldconfig cache, `LD_LIBRARY_PATH`, the usual places.
-pub fn find(explicit: Option<&Path>) -> Result<PathBuf, LibcudaError> {
+/// Finds `set`'s library: `explicit`, then the ldconfig cache, `LD_LIBRARY_PATH`, the
+/// usual places.
+pub fn find(set: &'static ProbeSet, explicit: Option<&Path>) -> Result<PathBuf, LibraryError> {
     if let Some(path) = explicit {
-        return fs::canonicalize(path).map_err(|e| LibcudaError::Unreadable(path.into(), e));
+        return fs::canonicalize(path).map_err(|e| LibraryError::Unreadable(set, path.into(), e));
     }
-    candidates()
+    candidates(set)
         .into_iter()
         .find(|p| p.is_file())
         .and_then(|p| fs::canonicalize(p).ok())
-        .ok_or(LibcudaError::NotFound)
+        .ok_or(LibraryError::NotFound(set))
 }
 
-fn candidates() -> Vec<PathBuf> {
-    let mut found = ldconfig_cache();
+fn candidates(set: &ProbeSet) -> Vec<PathBuf> {
+    let mut found = ldconfig_cache(set);
     let ld_path = env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
     let dirs = env::split_paths(&ld_path)
         .filter(|d| !d.as_os_str().is_empty())
         .chain(USUAL_DIRS.iter().map(PathBuf::from));
     for dir in dirs {
-        found.extend(NAMES.iter().map(|name| dir.join(name)));
+        found.extend(set.file_names.iter().map(|name| dir.join(name)));
     }
     found
 }
 
 /// `ldconfig -p` lines like `libcuda.so.1 (libc6,x86-64) => /usr/lib/.../libcuda.so.1`.
-fn ldconfig_cache() -> Vec<PathBuf> {
+fn ldconfig_cache(set: &ProbeSet) -> Vec<PathBuf> {
     let output = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"]
         .iter()
         .find_map(|bin| Command::new(bin).arg("-p").output().ok())
@@ -92,16 +99,16 @@ fn ldconfig_cache() -> Vec<PathBuf> {
     let Some(output) = output else {
         return Vec::new();
     };
-    parse_ldconfig(&String::from_utf8_lossy(&output.stdout))
+    parse_ldconfig(set, &String::from_utf8_lossy(&output.stdout))
 }
 
-fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
+fn parse_ldconfig(set: &ProbeSet, text: &str) -> Vec<PathBuf> {
     let mut paths: Vec<(usize, PathBuf)> = text
         .lines()
         .filter_map(|line| {
             let (lib, path) = line.trim().split_once(" => ")?;
             let name = lib.split_whitespace().next()?;
-            let rank = NAMES.iter().position(|n| *n == name)?;
+            let rank = set.file_names.iter().position(|n| *n == name)?;
             if !lib.contains("x86-64") {
                 return None;
             }
@@ -112,14 +119,15 @@ fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
     paths.into_iter().map(|(_, p)| p).collect()
 }
 
-impl Libcuda {
-    /// Reads the library's dynamic symbols.
-    pub fn open(path: &Path) -> Result<Self, LibcudaError> {
-        let file = fs::File::open(path).map_err(|e| LibcudaError::Unreadable(path.into(), e))?;
+impl Library {
+    /// Reads the dynamic symbols of `set`'s library at `path`.
+    pub fn open(set: &'static ProbeSet, path: &Path) -> Result<Self, LibraryError> {
+        let unreadable = |e| LibraryError::Unreadable(set, path.into(), e);
+        let file = fs::File::open(path).map_err(unreadable)?;
+        let metadata = file.metadata().map_err(unreadable)?;
         // SAFETY: read-only mapping of a library file that nothing here writes.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| LibcudaError::Unreadable(path.into(), e))?;
-        let elf = object::File::parse(&*map).map_err(|e| LibcudaError::NotElf(path.into(), e))?;
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(unreadable)?;
+        let elf = object::File::parse(&*map).map_err(|e| LibraryError::NotElf(path.into(), e))?;
         let segments: Vec<(u64, u64, u64)> = elf
             .segments()
             .map(|seg| (seg.address(), seg.size(), seg.file_range().0))
@@ -128,7 +136,7 @@ impl Libcuda {
         let mut standin = false;
         for symbol in elf.dynamic_symbols() {
             let Ok(name) = symbol.name() else { continue };
-            if name == STANDIN_MARKER {
+            if name == set.standin_marker {
                 standin = true;
             }
             if symbol.kind() != SymbolKind::Text || symbol.is_undefined() {
@@ -151,13 +159,22 @@ impl Libcuda {
             );
         }
         Ok(Self {
-            path: path.to_owned(),
-            version: version_from_name(path),
-            standin,
+            file: LibraryFile {
+                path: path.to_owned(),
+                device: metadata.dev(),
+                inode: metadata.ino(),
+                version: path
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .and_then(|name| set.version_in(name)),
+                standin,
+            },
             functions,
         })
     }
+}
 
+impl LibraryFile {
     /// A short human label: path, version, and the stand-in warning where it applies.
     pub fn describe(&self) -> String {
         let version = self
@@ -174,16 +191,10 @@ impl Libcuda {
     }
 }
 
-/// `libcuda.so.580.159.04` gives `580.159.04`; `libcuda.so.1` gives nothing.
-fn version_from_name(path: &Path) -> Option<String> {
-    let name = path.file_name()?.to_str()?;
-    let version = name.strip_prefix("libcuda.so.")?;
-    version.contains('.').then(|| version.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probes::probe_set::LIBCUDA;
 
     #[test]
     fn ldconfig_lines_give_paths_in_preference_order() {
@@ -193,7 +204,7 @@ mod tests {
             \tlibcuda.so.1 (libc6) => /usr/lib32/libcuda.so.1\n\
             \tlibcudart.so.12 (libc6,x86-64) => /usr/lib/libcudart.so.12\n";
         assert_eq!(
-            parse_ldconfig(text),
+            parse_ldconfig(&LIBCUDA, text),
             vec![
                 PathBuf::from("/usr/local/nvidia/lib64/libcuda.so.1"),
                 PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
@@ -202,17 +213,8 @@ mod tests {
     }
 
     #[test]
-    fn version_comes_from_the_real_file_name() {
-        assert_eq!(
-            version_from_name(Path::new("/x/libcuda.so.580.159.04")).as_deref(),
-            Some("580.159.04")
-        );
-        assert_eq!(version_from_name(Path::new("/x/libcuda.so.1")), None);
-    }
-
-    #[test]
     fn explicit_missing_path_is_an_error_naming_it() {
-        let err = find(Some(Path::new("/nonexistent/libcuda.so.1"))).unwrap_err();
+        let err = find(&LIBCUDA, Some(Path::new("/nonexistent/libcuda.so.1"))).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("--libcuda /nonexistent/libcuda.so.1: "),

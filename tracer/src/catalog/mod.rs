@@ -1,0 +1,14 @@
+//! The probe catalog: every libcuda function cudatrace knows, the exported symbols that
+//! implement it, and how to read its arguments (x86-64 SysV order). `spec.rs` has the
+//! description's types, `libcuda.rs` the table.
+//!
+//! Attaching (`probes::probe_set::LIBCUDA`), the eBPF-side `ProbeSpec`s, decoding and the
+//! analysis's roles all come from this table; adding a function is adding a row.
+
+mod libcuda;
+mod spec;
+
+#[cfg(test)]
+pub use libcuda::lookup;
+pub use libcuda::{CATALOG, STREAM_VARIANTS};
+pub use spec::{Arg, CopyKind, Family, Field, FnSpec, StrField};

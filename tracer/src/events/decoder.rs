@@ -1,0 +1,62 @@
+//! The decode stage of `cudatrace run`: a ring-buffer record to a trace line. Calls are
+//! named through the plans (the probe id is the attach cookie), driver events through the
+//! kernel's symbols, process events as they are.
+
+use std::collections::HashMap;
+
+use super::{call::decode_call, driver, process, raw};
+use crate::{
+    probes::plan::Plans,
+    schema::{CallLine, DriverLine, ProcessLine},
+};
+
+/// A decoded record: a line of the trace to be.
+#[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one event at a time, on the stack from decode to write: boxing calls would cost an allocation per call"
+)]
+pub enum Event {
+    Call(CallLine),
+    Process(ProcessLine),
+    Driver(DriverLine),
+}
+
+pub struct Decoder<'a> {
+    plans: &'a Plans,
+    /// Kernel function names by address, for kprobe events.
+    kernel_functions: HashMap<u64, String>,
+    /// Records that could not be decoded (the footer's `undecodable`).
+    pub undecodable: u64,
+}
+
+impl<'a> Decoder<'a> {
+    pub fn new(plans: &'a Plans, kernel_functions: HashMap<u64, String>) -> Self {
+        Decoder {
+            plans,
+            kernel_functions,
+            undecodable: 0,
+        }
+    }
+
+    /// The line a record becomes; `None` (and counted) for a record that makes no sense.
+    pub fn decode(&mut self, bytes: &[u8]) -> Option<Event> {
+        let event = match raw::decode(bytes) {
+            Ok(raw::RawEvent::Call { call, data }) => self
+                .plans
+                .probe(call.probe_id)
+                .map(|probe| decode_call(&call, data.as_deref(), &probe.symbol, probe.spec))
+                .map(Event::Call),
+            Ok(raw::RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
+                &event,
+                &self.kernel_functions,
+            ))),
+            Ok(raw::RawEvent::Proc(event)) => Some(Event::Process(process::decode(&event))),
+            Err(_) => None,
+        };
+        if event.is_none() {
+            self.undecodable += 1;
+        }
+        event
+    }
+}

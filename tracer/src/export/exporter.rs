@@ -1,0 +1,407 @@
+//! A trace's lines drawn as a timeline: each call becomes a slice on its thread's track
+//! (named by kernel, direction and size), driver events slices beside it, process and lost
+//! lines instants, live device bytes a counter, and launches flow arrows to their
+//! synchronisation. The analysis runs along, so traces without kernel names or live bytes
+//! get them.
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::{self, BufRead},
+};
+
+use serde_json::{Map, Value};
+
+use super::{
+    filters::Filters,
+    flows::{FlowStart, FlowTracker, StreamKey},
+    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
+};
+use crate::{
+    analysis::{Analysis, Role, classify, families::Families},
+    format::format_bytes,
+    reader::{ReadError, TraceLines},
+    schema::{CallLine, DriverLine, Header, Line, LostLine, ProcessLine},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("writing the export: {0}")]
+    Write(#[from] io::Error),
+}
+
+/// Process names, announced to the sink when first needed and after a change.
+#[derive(Default)]
+struct Names {
+    /// Current name, and whether it is the command line from the header (kept over exec).
+    processes: HashMap<u32, (String, bool)>,
+    announced: HashMap<u32, String>,
+    threads: HashSet<Track>,
+}
+
+impl Names {
+    fn name(&self, pid: u32) -> String {
+        self.processes
+            .get(&pid)
+            .map_or_else(|| format!("pid {pid}"), |(name, _)| name.clone())
+    }
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+pub struct Exporter<'f, S> {
+    sink: S,
+    filters: &'f Filters,
+    analysis: Analysis,
+    families: Families,
+    flows: FlowTracker,
+    names: Names,
+    /// Trace clock value of time 0: the header's start, else 0.
+    base_ns: u64,
+    stats: ExportStats,
+    /// Device bytes of processes before the time window, drawn at its start.
+    counter_before_window: HashMap<u32, u64>,
+}
+
+impl<'f, S: TimelineSink> Exporter<'f, S> {
+    pub fn new(filters: &'f Filters, sink: S) -> Self {
+        Exporter {
+            sink,
+            filters,
+            analysis: Analysis::default(),
+            families: Families::default(),
+            flows: FlowTracker::default(),
+            names: Names::default(),
+            base_ns: 0,
+            stats: ExportStats::default(),
+            counter_before_window: HashMap::new(),
+        }
+    }
+
+    /// Reads every line and draws it; the sink's `finish` last.
+    pub fn run(mut self, mut lines: TraceLines<impl BufRead>) -> Result<ExportStats, ExportError> {
+        while let Some(line) = lines.next_line()? {
+            match line {
+                Line::Header(header) => self.header(&header)?,
+                Line::Call(mut record) => self.call(&mut record)?,
+                Line::Process(process) => self.process(&process)?,
+                Line::Lost(lost) => self.lost(&lost)?,
+                Line::Driver(driver) => self.driver(&driver)?,
+                Line::Footer(_) => {}
+                Line::Unknown => self.stats.unknown_lines += 1,
+            }
+        }
+        for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {
+            self.counter(pid, self.filters.start_ns.unwrap_or(0), bytes)?;
+        }
+        self.stats.lines = lines.lines;
+        self.stats.skipped_lines = lines.skipped_lines;
+        self.stats.flows_dropped = self.flows.dropped;
+        self.sink.finish(&self.stats)?;
+        Ok(self.stats)
+    }
+
+    fn relative(&self, ts_ns: u64) -> u64 {
+        ts_ns.saturating_sub(self.base_ns)
+    }
+
+    fn header(&mut self, header: &Header) -> io::Result<()> {
+        self.base_ns = header.start_monotonic_ns.unwrap_or(0);
+        self.families = Families::from_header(header);
+        if let (Some(pid), false) = (header.pids.first(), header.command.is_empty()) {
+            let mut name = header.command.join(" ");
+            if name.chars().count() > 80 {
+                name = name.chars().take(79).chain(['…']).collect();
+            }
+            self.names.processes.insert(*pid, (name, true));
+        }
+        self.sink.header(header, self.base_ns)
+    }
+
+    /// Names a process before an event of it, and again after it changed.
+    fn announce_process(&mut self, pid: u32) -> io::Result<()> {
+        let name = self.names.name(pid);
+        if self.names.announced.get(&pid) != Some(&name) {
+            self.sink.process(pid, &name)?;
+            self.names.announced.insert(pid, name);
+        }
+        Ok(())
+    }
+
+    /// Announces the track's process and thread before an event on it.
+    fn track(&mut self, track: Track) -> io::Result<()> {
+        let (pid, tid, driver) = match track {
+            Track::Thread { pid, tid } => (pid, tid, false),
+            Track::Driver { pid, tid } => (pid, tid, true),
+            Track::Global => return Ok(()),
+        };
+        self.announce_process(pid)?;
+        if self.names.threads.insert(track) {
+            let thread_name = match (driver, tid == pid) {
+                (false, true) => "main thread".to_owned(),
+                (false, false) => "thread".to_owned(),
+                (true, _) => format!("NVIDIA driver, tid {tid}"),
+            };
+            self.sink.thread(track, &thread_name)?;
+        }
+        Ok(())
+    }
+
+    fn call(&mut self, record: &mut CallLine) -> io::Result<()> {
+        self.analysis.observe(record);
+        let (role, _) = classify(&record.name);
+        let ts = self.relative(record.ts_ns);
+        let label = call_label(record, role);
+        let pid_kept = self.filters.pid(record.pid);
+        let kept = pid_kept
+            && self.filters.span(ts, record.dur_ns)
+            && self.filters.name(&record.name, &label);
+
+        // Flows follow every call, kept or not: a filtered-out sync still ends its launches'
+        // wait (the arrow needs both ends).
+        let mut flow_out = None;
+        let mut flows_in = Vec::new();
+        match role {
+            Role::Launch | Role::GraphLaunch if record.ret == 0 => {
+                if let Some(stream) = StreamKey::of(record) {
+                    let id = self.flows.next_id();
+                    self.flows.launch(
+                        stream,
+                        FlowStart {
+                            id,
+                            pid: record.pid,
+                            tid: record.tid,
+                            ts_ns: ts + record.dur_ns / 2,
+                            launch_ts_ns: record.ts_ns,
+                            kept,
+                        },
+                    );
+                    flow_out = kept.then_some(id);
+                }
+            }
+            Role::Sync if record.name.starts_with("cuCtxSynchronize") => {
+                flows_in = self.flows.sync_process(record.pid, record.ts_ns);
+            }
+            Role::Sync if record.name.starts_with("cuStreamSynchronize") => {
+                if let Some(stream) = StreamKey::of(record) {
+                    flows_in = self.flows.sync_stream(record.pid, stream, record.ts_ns);
+                }
+            }
+            _ => {}
+        }
+        flows_in.retain(|start| start.kept && kept);
+
+        if kept {
+            let track = Track::Thread {
+                pid: record.pid,
+                tid: record.tid,
+            };
+            self.track(track)?;
+            let args = call_args(record, role);
+            let category = self.families.of(&record.name).unwrap_or("other");
+            self.sink.slice(&Slice {
+                track,
+                ts_ns: ts,
+                dur_ns: record.dur_ns,
+                name: &label,
+                category,
+                args: &args,
+                flow_out,
+                flows_in: &flows_in,
+            })?;
+            self.stats.slices += 1;
+            self.stats.flows += flows_in.len() as u64;
+        } else {
+            self.stats.filtered += 1;
+        }
+
+        if let (Some(bytes), true) = (record.live_bytes, pid_kept) {
+            // The bytes are those after the call.
+            let end = ts.saturating_add(record.dur_ns);
+            if self.filters.before_window(end) {
+                self.counter_before_window.insert(record.pid, bytes);
+            } else if self.filters.span(end, 0) {
+                if let Some(before) = self.counter_before_window.remove(&record.pid) {
+                    self.counter(record.pid, self.filters.start_ns.unwrap_or(0), before)?;
+                }
+                self.counter(record.pid, end, bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()> {
+        self.announce_process(pid)?;
+        self.sink.counter(pid, ts_ns, bytes)?;
+        self.stats.counters += 1;
+        Ok(())
+    }
+
+    fn process(&mut self, line: &ProcessLine) -> io::Result<()> {
+        self.analysis.process_event(line.pid, &line.event);
+        let ts = self.relative(line.ts_ns);
+        let kept = self.filters.pid(line.pid) && self.filters.span(ts, 0);
+        let name = match line.event.as_str() {
+            "fork" => format!("fork: pid {}", line.child_pid.unwrap_or(0)),
+            "exec" => format!("exec {}", line.filename.as_deref().unwrap_or("?")),
+            other => other.to_owned(),
+        };
+        if kept {
+            let track = Track::Thread {
+                pid: line.pid,
+                tid: line.tid,
+            };
+            self.track(track)?;
+            let mut args = Map::new();
+            for (key, value) in [
+                ("child_pid", line.child_pid.map(Value::from)),
+                ("comm", line.comm.clone().map(Value::from)),
+                ("filename", line.filename.clone().map(Value::from)),
+            ] {
+                if let Some(value) = value {
+                    args.insert(key.to_owned(), value);
+                }
+            }
+            self.sink.instant(&Instant {
+                track,
+                ts_ns: ts,
+                name: &name,
+                category: "process",
+                args: &args,
+            })?;
+            self.stats.instants += 1;
+        } else {
+            self.stats.filtered += 1;
+        }
+        // Names take effect for the events after this one.
+        match (
+            line.event.as_str(),
+            line.child_pid,
+            &line.comm,
+            &line.filename,
+        ) {
+            ("fork", Some(child), Some(comm), _) => {
+                self.names.processes.insert(child, (comm.clone(), false));
+            }
+            ("exec", _, _, Some(filename)) => {
+                let from_command = self.names.processes.get(&line.pid).is_some_and(|n| n.1);
+                if !from_command {
+                    let name = basename(filename).to_owned();
+                    self.names.processes.insert(line.pid, (name, false));
+                }
+                self.flows.forget_process(line.pid);
+            }
+            ("exit", ..) => self.flows.forget_process(line.pid),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, line: &LostLine) -> io::Result<()> {
+        let ts = self.relative(line.ts_ns);
+        if !self.filters.span(ts, 0) || !self.filters.pids.is_empty() {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        let name = format!("lost {} events ({})", line.count, line.reason);
+        let mut args = Map::new();
+        args.insert("count".into(), line.count.into());
+        args.insert("reason".into(), line.reason.clone().into());
+        self.sink.instant(&Instant {
+            track: Track::Global,
+            ts_ns: ts,
+            name: &name,
+            category: "lost",
+            args: &args,
+        })?;
+        self.stats.instants += 1;
+        Ok(())
+    }
+
+    fn driver(&mut self, line: &DriverLine) -> io::Result<()> {
+        let ts = self.relative(line.ts_ns);
+        let name = line.what();
+        let kept = self.filters.pid(line.pid)
+            && self.filters.span(ts, line.dur_ns)
+            && self.filters.name(&line.hook, &name);
+        if !kept {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        let track = Track::Driver {
+            pid: line.pid,
+            tid: line.tid,
+        };
+        self.track(track)?;
+        self.sink.slice(&Slice {
+            track,
+            ts_ns: ts,
+            dur_ns: line.dur_ns,
+            name: &name,
+            category: "driver",
+            args: &line.details(),
+            flow_out: None,
+            flows_in: &[],
+        })?;
+        self.stats.slices += 1;
+        self.stats.driver_slices += 1;
+        Ok(())
+    }
+}
+
+/// A call's slice name: launches by kernel, copies and memsets with direction and size,
+/// failures with their error.
+pub fn call_label(record: &CallLine, role: Role) -> String {
+    let mut label = match role {
+        Role::Launch => match (&record.kernel, record.function) {
+            (Some(kernel), _) => kernel.clone(),
+            (None, Some(function)) => format!("function {:#x}", function.0),
+            (None, None) => record.name.clone(),
+        },
+        Role::Copy => {
+            let mut label = record.name.clone();
+            for part in [
+                record.kind.as_deref().map(str::to_owned),
+                record.bytes.map(format_bytes),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                label.push(' ');
+                label.push_str(&part);
+            }
+            label
+        }
+        Role::Memset => match record.bytes {
+            Some(bytes) => format!("{} {}", record.name, format_bytes(bytes)),
+            None => record.name.clone(),
+        },
+        _ => record.name.clone(),
+    };
+    if record.ret != 0 {
+        label.push_str(" → ");
+        match &record.ret_name {
+            Some(name) => label.push_str(name),
+            None => label.push_str(&format!("error {}", record.ret)),
+        }
+    }
+    label
+}
+
+/// The decoded fields of a call (everything but what the slice itself says).
+fn call_args(record: &CallLine, role: Role) -> Map<String, Value> {
+    let mut args = match serde_json::to_value(record) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    for key in ["type", "name", "pid", "tid", "dur_ns"] {
+        args.remove(key);
+    }
+    if role == Role::Launch {
+        args.insert("call".into(), Value::from(record.name.as_str()));
+    }
+    args
+}

@@ -1,0 +1,36 @@
+//! `--pid`, `--name`, `--start-ms` and `--end-ms`: which events an export keeps.
+
+/// Which events to keep. Times are nanoseconds since the export's time base.
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    pub pids: Vec<u32>,
+    /// Substrings of a call's function or slice name (case-sensitive); any one matches.
+    pub names: Vec<String>,
+    pub start_ns: Option<u64>,
+    pub end_ns: Option<u64>,
+}
+
+impl Filters {
+    pub fn pid(&self, pid: u32) -> bool {
+        self.pids.is_empty() || self.pids.contains(&pid)
+    }
+
+    pub fn name(&self, function: &str, label: &str) -> bool {
+        self.names.is_empty()
+            || self
+                .names
+                .iter()
+                .any(|n| function.contains(n.as_str()) || label.contains(n.as_str()))
+    }
+
+    /// A slice overlapping the window is kept whole.
+    pub fn span(&self, ts: u64, dur: u64) -> bool {
+        self.start_ns
+            .is_none_or(|start| ts.saturating_add(dur) >= start)
+            && self.end_ns.is_none_or(|end| ts <= end)
+    }
+
+    pub fn before_window(&self, ts: u64) -> bool {
+        self.start_ns.is_some_and(|start| ts < start)
+    }
+}

@@ -1,0 +1,77 @@
+//! The timeline an export draws, whatever the format: tracks, slices, instants, counters
+//! and flow arrows, and what a format's writer ([`TimelineSink`]) must do with them.
+
+use std::io;
+
+use serde_json::{Map, Value};
+
+use super::flows::FlowStart;
+use crate::schema::Header;
+
+/// Figures of one export, printed on stderr and checked by the tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportStats {
+    pub lines: u64,
+    /// Complete slices: calls and driver events.
+    pub slices: u64,
+    pub driver_slices: u64,
+    /// Process (fork/exec/exit) and lost-event markers.
+    pub instants: u64,
+    pub counters: u64,
+    pub flows: u64,
+    /// Events the filters left out.
+    pub filtered: u64,
+    pub unknown_lines: u64,
+    pub skipped_lines: u64,
+    /// Launches whose arrow was dropped because their stream had too many waiting.
+    pub flows_dropped: u64,
+}
+
+/// Where an event is drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Track {
+    /// A thread's libcuda calls and process events.
+    Thread { pid: u32, tid: u32 },
+    /// What the NVIDIA kernel module did for a thread (`--kernel`), beside its calls.
+    Driver { pid: u32, tid: u32 },
+    /// Trace-wide markers (lost events).
+    Global,
+}
+
+/// A slice: a call or a driver event. Times are ns since the base.
+pub struct Slice<'a> {
+    pub track: Track,
+    pub ts_ns: u64,
+    pub dur_ns: u64,
+    pub name: &'a str,
+    pub category: &'a str,
+    pub args: &'a Map<String, Value>,
+    /// A launch: the flow it starts.
+    pub flow_out: Option<u64>,
+    /// A synchronisation: the launches it waited for.
+    pub flows_in: &'a [FlowStart],
+}
+
+pub struct Instant<'a> {
+    pub track: Track,
+    pub ts_ns: u64,
+    pub name: &'a str,
+    pub category: &'a str,
+    pub args: &'a Map<String, Value>,
+}
+
+/// Where the timeline goes (Trace Event JSON or Perfetto protobuf). The exporter names
+/// a process and a thread before the first event on their tracks.
+pub trait TimelineSink {
+    /// The trace's header, before any event.
+    fn header(&mut self, header: &Header, base_ns: u64) -> io::Result<()>;
+    /// Names (or renames, after an exec) a process.
+    fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
+    /// Names a thread's track (or its driver track).
+    fn thread(&mut self, track: Track, name: &str) -> io::Result<()>;
+    fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()>;
+    fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()>;
+    /// The process's device bytes from `ts_ns` on.
+    fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()>;
+    fn finish(&mut self, stats: &ExportStats) -> io::Result<()>;
+}

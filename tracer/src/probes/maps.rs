@@ -1,0 +1,78 @@
+//! The object's maps as the loader uses them: the traced-process set, the events ring
+//! buffer, and the per-CPU loss and entry counters.
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+};
+use tracer_common::counter;
+
+/// Marks a process as traced (the command, or a `-p` target).
+pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut traced: BpfHashMap<_, u32, u32> =
+        BpfHashMap::try_from(bpf.map_mut("TRACED").context("map TRACED missing")?)?;
+    traced
+        .insert(pid, 1, 0)
+        .context("adding the pid to the traced set")?;
+    Ok(())
+}
+
+/// Takes the events ring buffer out of the object.
+pub fn take_ring(bpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
+    Ok(RingBuf::try_from(
+        bpf.take_map("EVENTS").context("map EVENTS missing")?,
+    )?)
+}
+
+/// Kernel-side counters summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub ring_full: u64,
+    pub too_deep: u64,
+    pub frames_full: u64,
+    pub unmatched_returns: u64,
+    pub entries: u64,
+    pub process_ring_full: u64,
+    pub driver_ring_full: u64,
+}
+
+impl Counters {
+    /// Call events the kernel had to drop.
+    pub fn calls_lost(&self) -> u64 {
+        self.ring_full + self.too_deep + self.frames_full
+    }
+
+    /// All events the kernel had to drop.
+    pub fn lost(&self) -> u64 {
+        self.calls_lost() + self.process_ring_full + self.driver_ring_full
+    }
+}
+
+/// Reads the per-CPU counters.
+pub struct CounterReader {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl CounterReader {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        let map = bpf.take_map("COUNTERS").context("map COUNTERS missing")?;
+        Ok(Self {
+            map: PerCpuArray::try_from(map)?,
+        })
+    }
+
+    pub fn read(&self) -> Result<Counters> {
+        let sum =
+            |index: u32| -> Result<u64> { Ok(self.map.get(&index, 0)?.iter().copied().sum()) };
+        Ok(Counters {
+            ring_full: sum(counter::RING_FULL)?,
+            too_deep: sum(counter::TOO_DEEP)?,
+            frames_full: sum(counter::FRAMES_FULL)?,
+            unmatched_returns: sum(counter::UNMATCHED_RETURN)?,
+            entries: sum(counter::ENTRIES)?,
+            process_ring_full: sum(counter::PROC_RING_FULL)?,
+            driver_ring_full: sum(counter::DRIVER_RING_FULL)?,
+        })
+    }
+}

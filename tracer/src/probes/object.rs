@@ -1,0 +1,124 @@
+//! The eBPF object (`tracer-ebpf`, built by `cargo xtask build-ebpf` and embedded here) and
+//! loading it: its globals are set for this kernel and this run before the programs load.
+
+use std::{fs, path::Path};
+
+use anyhow::{Context, Result, bail};
+use aya::{Ebpf, EbpfLoader};
+use tracer_common::DEVICE_PREFIX_LEN;
+
+use super::tracefs::{field_offset, tracefs};
+
+/// The eBPF object built by `cargo xtask build-ebpf`, embedded at compile time.
+pub static PROBES_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("CUDATRACE_PROBES_OBJ"));
+
+/// Load-time settings of the eBPF object.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub trace_all: bool,
+    pub ring_bytes: u32,
+    /// Path prefix of NVIDIA device files (`--kernel`; tests point it elsewhere).
+    pub device_prefix: String,
+}
+
+/// Field offsets of the scheduler tracepoints on the running kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TracepointOffsets {
+    newtask_pid: u32,
+    newtask_flags: u32,
+    exec_filename: u32,
+    exit_group_dead: u32,
+}
+
+fn tracepoint_offsets(tracefs: &Path) -> Result<TracepointOffsets> {
+    let read = |event: &str| {
+        let path = tracefs.join("events").join(event).join("format");
+        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let newtask = read("task/task_newtask")?;
+    let exec = read("sched/sched_process_exec")?;
+    let exit = read("sched/sched_process_exit")?;
+    let need = |format: &str, field: &str, event: &str| {
+        field_offset(format, field)
+            .with_context(|| format!("tracepoint {event} has no field {field}"))
+    };
+    Ok(TracepointOffsets {
+        newtask_pid: need(&newtask, "pid", "task_newtask")?,
+        newtask_flags: need(&newtask, "clone_flags", "task_newtask")?,
+        exec_filename: need(&exec, "filename", "sched_process_exec")?,
+        exit_group_dead: field_offset(&exit, "group_dead").unwrap_or(0),
+    })
+}
+
+/// Device-path prefix and its length, as the `DEVICE_PREFIX` globals hold them.
+pub fn prefix_bytes(prefix: &str) -> Result<([u8; DEVICE_PREFIX_LEN], u32)> {
+    let bytes = prefix.as_bytes();
+    if bytes.is_empty() || bytes.len() >= DEVICE_PREFIX_LEN {
+        bail!(
+            "device prefix {prefix:?} must be 1 to {} bytes",
+            DEVICE_PREFIX_LEN - 1
+        );
+    }
+    let mut out = [0u8; DEVICE_PREFIX_LEN];
+    out[..bytes.len()].copy_from_slice(bytes);
+    Ok((out, bytes.len() as u32))
+}
+
+/// Offsets of `nvidia:nvidia_dev_xid`'s fields (code, dev, msg), if the tracepoint exists.
+pub fn xid_offsets(tracefs: &Path) -> Option<(u32, u32, u32)> {
+    let format = fs::read_to_string(tracefs.join("events/nvidia/nvidia_dev_xid/format")).ok()?;
+    Some((
+        field_offset(&format, "error_code")?,
+        field_offset(&format, "dev").unwrap_or(0),
+        field_offset(&format, "msg").unwrap_or(0),
+    ))
+}
+
+/// Loads the probes object with its globals set; nothing is attached yet.
+pub fn load(options: &LoadOptions) -> Result<Ebpf> {
+    let tracefs = tracefs()?;
+    let offsets = tracepoint_offsets(&tracefs)?;
+    let trace_all = u32::from(options.trace_all);
+    let (prefix, prefix_used) = prefix_bytes(&options.device_prefix)?;
+    let (xid_code, xid_dev, xid_msg) = xid_offsets(&tracefs).unwrap_or((0, 0, 0));
+    EbpfLoader::new()
+        .override_global("DEVICE_PREFIX", &prefix, true)
+        .override_global("DEVICE_PREFIX_USED", &prefix_used, true)
+        .override_global("XID_CODE_OFF", &xid_code, true)
+        .override_global("XID_DEV_OFF", &xid_dev, true)
+        .override_global("XID_MSG_OFF", &xid_msg, true)
+        .override_global("TRACE_ALL", &trace_all, true)
+        .override_global("WAKEUP_BYTES", &(options.ring_bytes / 16), true)
+        .override_global("NEWTASK_PID_OFF", &offsets.newtask_pid, true)
+        .override_global("NEWTASK_FLAGS_OFF", &offsets.newtask_flags, true)
+        .override_global("EXEC_FILENAME_OFF", &offsets.exec_filename, true)
+        .override_global("EXIT_GROUP_DEAD_OFF", &offsets.exit_group_dead, true)
+        .map_max_entries("EVENTS", options.ring_bytes)
+        .load(PROBES_OBJECT)
+        .context("loading the eBPF probes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_text_code_touches_no_maps() {
+        // uprobe_multi relinks every .text function into each program it loads by hand;
+        // a map reference there breaks relocation (keep eBPF helpers inline(always)).
+        use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+        let elf = object::File::parse(PROBES_OBJECT).unwrap();
+        let text = elf.section_by_name(".text").unwrap();
+        for (offset, relocation) in text.relocations() {
+            if let RelocationTarget::Symbol(index) = relocation.target() {
+                let symbol = elf.symbol_by_index(index).unwrap();
+                assert_ne!(
+                    symbol.kind(),
+                    object::SymbolKind::Data,
+                    ".text+{offset:#x} refers to {}",
+                    symbol.name().unwrap()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Probe sets: the libraries cudatrace probes, as data. A set says how to recognise and find
+//! its library and what to attach in it (its catalog). Planning binds a set to one file;
+//! attaching takes the plans, whatever the library.
+
+use crate::catalog::{CATALOG, FnSpec, STREAM_VARIANTS};
+
+/// A library cudatrace knows how to probe.
+#[derive(Debug)]
+pub struct ProbeSet {
+    /// Its short name, in messages: `libcuda`.
+    pub library: &'static str,
+    /// What its probed functions are, in messages: `CUDA driver functions`.
+    pub functions: &'static str,
+    /// The file name without a version: files named `libcuda.so` or `libcuda.so.*` are
+    /// this library (the pattern `libcuda.so*`).
+    pub soname: &'static str,
+    /// The file names to search for, most preferred first.
+    pub file_names: &'static [&'static str],
+    /// The `run` flag that names the file.
+    pub path_flag: &'static str,
+    /// How to get the library where it is missing.
+    pub install_hint: &'static str,
+    /// The symbol that marks cudatrace's stand-in of this library (tests, the no-GPU demo).
+    pub standin_marker: &'static str,
+    /// The functions to probe and how to read their arguments.
+    pub catalog: &'static [FnSpec],
+    /// Suffixes of variants attached with each catalog symbol where the library exports
+    /// them (libcuda's per-thread default stream entry points).
+    pub variants: &'static [&'static str],
+}
+
+/// The CUDA driver: the first probe set.
+pub static LIBCUDA: ProbeSet = ProbeSet {
+    library: "libcuda",
+    functions: "CUDA driver functions",
+    soname: "libcuda.so",
+    file_names: &["libcuda.so.1", "libcuda.so"],
+    path_flag: "--libcuda",
+    install_hint: "install the NVIDIA driver",
+    standin_marker: "cudatrace_standin_libcuda",
+    catalog: CATALOG,
+    variants: STREAM_VARIANTS,
+};
+
+impl ProbeSet {
+    /// The version in a file name (`libcuda.so.580.159.04` gives `580.159.04`;
+    /// `libcuda.so.1`, the soname's own number, gives nothing).
+    pub fn version_in(&self, file_name: &str) -> Option<String> {
+        let version = file_name.strip_prefix(self.soname)?.strip_prefix('.')?;
+        version.contains('.').then(|| version.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_comes_from_the_real_file_name() {
+        assert_eq!(
+            LIBCUDA.version_in("libcuda.so.580.159.04").as_deref(),
+            Some("580.159.04")
+        );
+        assert_eq!(LIBCUDA.version_in("libcuda.so.1"), None);
+        assert_eq!(LIBCUDA.version_in("libcudart.so.12.8.1"), None);
+    }
+}

@@ -1,0 +1,277 @@
+//! A tracing session, set up in the order that lets the command's first call (`cuInit`) be
+//! seen: load the eBPF object, attach the plans and the process tracking (and `--kernel`'s
+//! hooks), fork the command suspended and mark it traced, watch for signals and its exit,
+//! write the header, release the command; then wire the pipeline and run the event loop.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Result, anyhow};
+use aya::Ebpf;
+
+use super::{
+    args::RunArgs,
+    clock::Clocks,
+    event_loop::{Watches, event_loop},
+    header,
+    outcome::Outcome,
+    pipeline::Pipeline,
+};
+use crate::{
+    analysis::Analysis,
+    events::Decoder,
+    exit::{ExitCode, Failure},
+    kernel_hooks,
+    privileges::{self, TargetUser},
+    probes::{
+        attach::{self, AttachFailure, Attached},
+        maps,
+        object::{self, LoadOptions},
+        plan::Plans,
+        programs, tracefs,
+    },
+    schema::{AttachFailureInfo, Header, KernelHooksInfo},
+    sinks::jsonl::TraceWriter,
+    spawn,
+};
+
+pub struct Session<'a> {
+    pub args: &'a RunArgs,
+    pub plans: &'a Plans,
+    pub user: Option<&'a TargetUser>,
+    /// The command's resolved path (`None` for `-p` and `--all`).
+    pub program: Option<PathBuf>,
+    pub clocks: Clocks,
+    /// `--kernel`: what was chosen and hooked.
+    pub kernel_hooks: Option<KernelHooksInfo>,
+}
+
+fn internal(e: anyhow::Error) -> Failure {
+    Failure::new(ExitCode::Internal, e)
+}
+
+impl Session<'_> {
+    /// The header, for `pids` traced from the start.
+    pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
+        header::header(
+            self.args,
+            self.plans,
+            self.clocks,
+            pids,
+            failures,
+            self.kernel_hooks.clone(),
+        )
+    }
+
+    /// Traces until the command exits or a signal stops it, writing to `writer` through
+    /// `analysis`.
+    pub fn trace(
+        &mut self,
+        writer: &mut TraceWriter,
+        analysis: &mut Analysis,
+    ) -> Result<Outcome, Failure> {
+        let mut bpf = object::load(&LoadOptions {
+            trace_all: self.args.all,
+            ring_bytes: self.args.ring_kib * 1024,
+            device_prefix: self.device_prefix().to_owned(),
+        })
+        .map_err(internal)?;
+        let (mut attached, failures) = self.attach_probes(&mut bpf)?;
+        programs::attach_process_tracking(&mut bpf).map_err(internal)?;
+        let mut pids = self.args.pids.clone();
+        for pid in &pids {
+            maps::trace_pid(&mut bpf, *pid).map_err(internal)?;
+        }
+        if self.args.kernel {
+            self.attach_kernel_hooks(&mut bpf, &pids)
+                .map_err(internal)?;
+        }
+
+        // Fork before any thread exists; the child waits at the gate.
+        let gated = match &self.program {
+            Some(path) => {
+                let env = privileges::command_env(self.user);
+                let redirect = self.args.output.as_deref() == Some(Path::new("-"));
+                Some(
+                    spawn::spawn_gated(path, &self.args.command, &env, self.user, redirect)
+                        .map_err(internal_spawn)?,
+                )
+            }
+            None => None,
+        };
+        if let Some(gated) = &gated {
+            pids.insert(0, gated.pid);
+            maps::trace_pid(&mut bpf, gated.pid).map_err(internal)?;
+        }
+        // Signals and the exit watch are set up before the header: from the moment the
+        // trace file says tracing started, SIGINT/SIGTERM must end in a footer, and a
+        // `-p` target that exits right away must not be missed.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| internal(e.into()))?;
+        let watched = gated
+            .as_ref()
+            .map(|g| g.pid)
+            .or_else(|| self.args.pids.first().copied());
+        let watch_setup = {
+            let _context = runtime.enter();
+            Watches::new(watched)
+        };
+        let watches = watch_setup.map_err(internal)?;
+        let failure_info = failures
+            .into_iter()
+            .map(|f| AttachFailureInfo {
+                symbol: f.symbol,
+                error: f.error,
+            })
+            .collect();
+        writer
+            .header(&self.header(&pids, failure_info))
+            .map_err(|e| {
+                Failure::new(
+                    ExitCode::OutputNotWritable,
+                    anyhow!("writing the trace header: {e}"),
+                )
+            })?;
+
+        let child = match gated {
+            Some(gated) => Some(gated.release().map_err(internal_spawn)?),
+            None => None,
+        };
+        if !self.args.quiet {
+            let libraries: Vec<String> = self
+                .plans
+                .iter()
+                .map(|plan| plan.library.describe())
+                .collect();
+            eprintln!(
+                "cudatrace: {} probes ({}) on {}; tracing {}",
+                self.plans.probe_count(),
+                attached.mechanism(),
+                libraries.join(", "),
+                describe_targets(self.args, &pids)
+            );
+        }
+        let mut pipeline = Pipeline {
+            decoder: Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
+            analysis,
+            writer,
+        };
+        let loop_result = runtime.block_on(event_loop(
+            &mut bpf,
+            &mut attached,
+            &mut pipeline,
+            watches,
+            child,
+            self.args.quiet,
+        ));
+        loop_result.map_err(internal)
+    }
+
+    /// Attaches every plan; symbols that failed are reported by `--missing-probes`.
+    fn attach_probes(&self, bpf: &mut Ebpf) -> Result<(Attached, Vec<AttachFailure>), Failure> {
+        let mut attached = Attached::default();
+        let failures = match attach::attach(bpf, self.plans, &mut attached) {
+            Ok(failures) => failures,
+            Err(e) => {
+                attach::detach_all(bpf, &mut attached);
+                return Err(internal(e));
+            }
+        };
+        if !failures.is_empty() {
+            let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
+            self.args.missing_probes.apply("failed to attach", &names)?;
+            if failures.len() == self.plans.probe_count() {
+                let paths: Vec<String> = self
+                    .plans
+                    .iter()
+                    .map(|plan| plan.library.path.display().to_string())
+                    .collect();
+                return Err(internal(anyhow!(
+                    "no probe could be attached to {}: {}",
+                    paths.join(", "),
+                    failures[0].error
+                )));
+            }
+        }
+        Ok((attached, failures))
+    }
+
+    fn device_prefix(&self) -> &str {
+        self.args
+            .kernel_device_prefix
+            .as_deref()
+            .unwrap_or(kernel_hooks::DEVICE_PREFIX)
+    }
+
+    /// `--kernel`: picks kprobes or tracepoints, says which and why, attaches them.
+    fn attach_kernel_hooks(&mut self, bpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+        let support = kernel_hooks::KernelSupport::probe(&tracefs::tracefs()?);
+        let plan = kernel_hooks::plan(&self.args.kernel_hooks, &support)?;
+        let functions = kernel_hooks::attach(bpf, &plan)?;
+        for pid in pids {
+            kernel_hooks::seed_open_fds(bpf, *pid, self.device_prefix())?;
+        }
+        if !self.args.quiet {
+            let what = match plan.mechanism {
+                "kprobe" => format!("kprobes on {}", functions.join(", ")),
+                _ => format!(
+                    "the ioctl/mmap syscall tracepoints on {}*",
+                    self.device_prefix()
+                ),
+            };
+            let xid = if plan.xid {
+                " and nvidia:nvidia_dev_xid"
+            } else {
+                ""
+            };
+            eprintln!("cudatrace: --kernel: {what}{xid} ({})", plan.reason);
+        }
+        self.kernel_hooks = Some(KernelHooksInfo {
+            mechanism: plan.mechanism.to_owned(),
+            reason: plan.reason,
+            functions,
+            xid: plan.xid,
+            device_prefix: self.device_prefix().to_owned(),
+        });
+        Ok(())
+    }
+
+    /// Names of kprobed kernel functions by address; only those, and only with kprobes
+    /// (all of /proc/kallsyms costs about 24 MB of heap).
+    fn kernel_functions(&self) -> Result<HashMap<u64, String>> {
+        Ok(match &self.kernel_hooks {
+            Some(hooks) if hooks.mechanism == "kprobe" => kernel_hooks::kallsyms()?
+                .into_iter()
+                .filter(|(name, _)| {
+                    hooks.functions.contains(name)
+                        || kernel_hooks::INTERRUPT_FUNCTIONS.contains(&name.as_str())
+                })
+                .map(|(name, address)| (address, name))
+                .collect(),
+            _ => HashMap::new(),
+        })
+    }
+}
+
+fn internal_spawn(e: spawn::SpawnError) -> Failure {
+    let code = match &e {
+        spawn::SpawnError::Exec { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+            ExitCode::CommandNotFound
+        }
+        spawn::SpawnError::Exec { .. } => ExitCode::NotExecutable,
+        _ => ExitCode::Internal,
+    };
+    Failure::new(code, e)
+}
+
+fn describe_targets(args: &RunArgs, pids: &[u32]) -> String {
+    if args.all {
+        return "every process using libcuda".into();
+    }
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    format!("pid {} and its children", list.join(", "))
+}

@@ -1,0 +1,146 @@
+//! `"type":"call"`: one completed driver call, with its decoded arguments.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    fields::{Hex, LineType, Tag, describe},
+    footer::{EventLine, Footer},
+};
+
+/// One completed driver call of a traced process.
+///
+/// Strings the decoder takes from tables are `Cow::Borrowed`; readers get them back owned.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallLine {
+    #[serde(rename = "type")]
+    pub tag: Tag<Self>,
+    pub name: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    pub dur_ns: u64,
+    pub ret: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ret_name: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dptr: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub src: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dst: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub src_context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dst_context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grid: Option<[u32; 3]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<[u32; 3]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_mem: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_handle: Option<Hex>,
+    /// Launches: the kernel's demangled name, or `unknown@0x...` (added by the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Launches: the name as the program passed it, where it differs from `kernel`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_mangled: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flags: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alignment: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pitch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub height: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i32>,
+    /// Memory-changing calls: the process's live device bytes after the call (added by
+    /// the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
+    /// Reading user memory failed or a name was cut short; see docs/trace-format.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Cow<'static, str>>,
+}
+
+impl LineType for CallLine {
+    const TYPE: &'static str = "call";
+}
+
+impl EventLine for CallLine {
+    /// Calls are counted by name too.
+    fn count_in(&self, footer: &mut Footer) {
+        footer.events.call += 1;
+        match footer.calls_by_name.get_mut(&self.name) {
+            Some(count) => *count += 1,
+            None => {
+                footer.calls_by_name.insert(self.name.clone(), 1);
+            }
+        }
+    }
+}
+
+/// The line's opening when the tracer wrote it: the type first. Nearly all lines are calls,
+/// and these parse in one pass, without an intermediate [`Value`].
+pub const FAST_PREFIX: &[u8] = br#"{"type":"call","#;
+
+impl CallLine {
+    /// A line that opens with [`FAST_PREFIX`].
+    pub(super) fn read_fast(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| describe(&e))
+    }
+
+    /// A call line with its keys in another order.
+    pub(super) fn read_value(value: Value) -> Result<Self, String> {
+        serde_json::from_value(value).map_err(|e| format!("call line: {}", describe(&e)))
+    }
+}

@@ -1,0 +1,162 @@
+//! `"type":"footer"`: the trace's last line. What was written and lost, how tracing ended,
+//! and each process's device memory. A trace without it was cut short.
+//!
+//! Readers take only [`FooterFigures`] from it; everything else they recompute from the
+//! lines (the analysis), so the rest of the footer is written, never read.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::fields::{Hex, LineType, Tag};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Footer {
+    #[serde(rename = "type")]
+    pub tag: Tag<Self>,
+    pub end_wall: String,
+    pub duration_ns: u64,
+    /// Lines written per type (`lost` counts `"type":"lost"` lines).
+    pub events: EventCounts,
+    pub calls_by_name: BTreeMap<String, u64>,
+    /// Events the kernel dropped, by reason.
+    pub lost: LostCounts,
+    /// Calls the kernel saw start in traced processes.
+    pub entries_seen: u64,
+    /// Returns with no recorded entry (a call already running when probes attached).
+    pub unmatched_returns: u64,
+    /// Records the loader could not decode.
+    pub undecodable: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Live device memory per process: peaks, final figures and leaks
+    /// (docs/trace-format.md, "Analysis fields").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryFooter>,
+}
+
+impl LineType for Footer {
+    const TYPE: &'static str = "footer";
+}
+
+/// A line between the header and the footer: the footer counts each kind in `events`.
+pub trait EventLine: LineType + Serialize {
+    /// Counts this line in the footer, as it is written.
+    fn count_in(&self, footer: &mut Footer);
+}
+
+/// Lines of each type between the header and the footer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EventCounts {
+    pub call: u64,
+    pub process: u64,
+    pub lost: u64,
+    /// `"type":"driver"` lines (`--kernel`).
+    pub driver: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct LostCounts {
+    /// Call events dropped because the ring buffer was full.
+    pub ring_full: u64,
+    /// Calls nested deeper than the per-thread frame stack.
+    pub too_deep: u64,
+    /// Calls of threads beyond the frame table's capacity.
+    pub frames_full: u64,
+    /// Process (fork/exec/exit) events dropped because the ring buffer was full.
+    pub process_ring_full: u64,
+    /// Driver (`--kernel`) events dropped because the ring buffer was full.
+    pub driver_ring_full: u64,
+    /// Call events lost: `ring_full + too_deep + frames_full`.
+    pub calls: u64,
+    /// Everything lost.
+    pub total: u64,
+}
+
+/// The footer's `memory` object.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryFooter {
+    /// One entry per process (a pid between exec and exit) that made calls.
+    pub processes: Vec<ProcessMemory>,
+}
+
+/// The memory figures of one process; also `cudatrace summary --json`'s `memory` entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    pub peak_device_bytes: u64,
+    /// `ts_ns` of the call that first reached the peak (0 when nothing was allocated).
+    pub peak_ts_ns: u64,
+    /// Device bytes still held at the end (the leaks' device bytes).
+    pub final_device_bytes: u64,
+    pub peak_host_pinned_bytes: u64,
+    pub final_host_pinned_bytes: u64,
+    pub peak_mapped_bytes: u64,
+    pub final_mapped_bytes: u64,
+    pub final_reserved_bytes: u64,
+    /// Successful allocating calls (device, physical, host pinned).
+    pub allocations: u64,
+    /// Successful frees matched to an allocation.
+    pub frees: u64,
+    /// Successful frees of memory never seen allocated (allocated before attaching).
+    pub unmatched_frees: u64,
+    /// Every allocation never freed (device, physical and host pinned).
+    pub leak_count: u64,
+    pub leaks: Vec<Leak>,
+    /// Leaks beyond those listed (the analysis lists at most a thousand per process).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub leaks_not_listed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// An allocation still live at the end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Leak {
+    /// `device` (dptr), `physical` (cuMemCreate handle) or `host_pinned` (host).
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dptr: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<Hex>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<Hex>,
+    pub bytes: u64,
+    /// The allocating call's name.
+    pub call: &'static str,
+    /// When it was allocated.
+    pub ts_ns: u64,
+}
+
+/// What readers take from a footer: the figures the lines alone cannot give. Read
+/// leniently: any footer, even a hand-written or damaged one, still marks a complete trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FooterFigures {
+    /// `lost.total`; without it, readers add up the `lost` lines.
+    pub lost_total: Option<u64>,
+    pub exit_code: Option<i32>,
+}
+
+impl FooterFigures {
+    pub(super) fn read(value: &Value) -> Self {
+        FooterFigures {
+            lost_total: value
+                .get("lost")
+                .and_then(|lost| lost.get("total"))
+                .and_then(Value::as_u64),
+            exit_code: value
+                .get("exit_code")
+                .and_then(Value::as_i64)
+                .and_then(|code| i32::try_from(code).ok()),
+        }
+    }
+}

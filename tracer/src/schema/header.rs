@@ -1,0 +1,112 @@
+//! `"type":"header"`: the trace's first line. What was traced, on which clock, with which
+//! probes on which library.
+//!
+//! Readers take what viewers need (`command`, `pids`, the clock's start, the probes'
+//! families); the other fields are for people and other tools, and are skipped when read,
+//! so a trace stays readable whatever they hold.
+
+use serde::{Deserialize, Serialize};
+
+use super::fields::{LineType, Tag};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Header {
+    #[serde(rename = "type")]
+    pub tag: Tag<Self>,
+    /// Always `cudatrace`.
+    #[serde(skip_deserializing)]
+    pub format: String,
+    /// [`super::FORMAT_VERSION`].
+    #[serde(skip_deserializing)]
+    pub version: u32,
+    #[serde(skip_deserializing)]
+    pub cudatrace_version: String,
+    /// `command`, `pid` (-p) or `all` (--all).
+    #[serde(skip_deserializing)]
+    pub mode: String,
+    pub command: Vec<String>,
+    /// The processes traced from the start, the command's first.
+    pub pids: Vec<u32>,
+    #[serde(skip_deserializing)]
+    pub start_wall: String,
+    #[serde(skip_deserializing)]
+    pub start_wall_ns: u64,
+    /// Event `ts_ns` values are on this clock; wall = start_wall_ns + (ts_ns - start_monotonic_ns).
+    #[serde(skip_deserializing)]
+    pub clock: String,
+    /// Taken before the probes were attached: no event is earlier. Absent from some
+    /// hand-written traces (time 0 then).
+    pub start_monotonic_ns: Option<u64>,
+    #[serde(skip_deserializing)]
+    pub host: String,
+    #[serde(skip_deserializing)]
+    pub kernel: String,
+    #[serde(skip_deserializing)]
+    pub libcuda: LibcudaInfo,
+    #[serde(skip_deserializing)]
+    pub ring_bytes: u32,
+    pub probes: Vec<ProbeInfo>,
+    #[serde(skip_deserializing)]
+    pub missing_functions: Vec<String>,
+    #[serde(skip_deserializing)]
+    pub aliases: Vec<(String, String)>,
+    #[serde(skip_deserializing)]
+    pub attach_failures: Vec<AttachFailureInfo>,
+    /// `--kernel`: the driver hooks in use.
+    #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
+    pub kernel_hooks: Option<KernelHooksInfo>,
+}
+
+impl LineType for Header {
+    const TYPE: &'static str = "header";
+}
+
+impl Header {
+    pub(super) fn read(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("header line: {e}"))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LibcudaInfo {
+    pub path: String,
+    pub version: Option<String>,
+    /// True when tracing cudatrace's stand-in library, not NVIDIA's driver.
+    pub standin: bool,
+}
+
+/// One attached symbol.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeInfo {
+    /// The attach cookie.
+    #[serde(skip_deserializing)]
+    pub id: u32,
+    /// The exported symbol.
+    pub symbol: String,
+    /// The catalog function it belongs to.
+    #[serde(skip_deserializing)]
+    pub function: String,
+    /// `init`, `context`, `memory`, ... (the catalog's `Family`).
+    pub family: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttachFailureInfo {
+    pub symbol: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelHooksInfo {
+    /// `kprobe` or `tracepoint`.
+    pub mechanism: String,
+    /// Why it was chosen.
+    pub reason: String,
+    /// Kernel functions with kprobes (kprobe mechanism).
+    pub functions: Vec<String>,
+    /// Whether `nvidia:nvidia_dev_xid` is attached.
+    pub xid: bool,
+    /// Files whose path starts with this are NVIDIA device files.
+    pub device_prefix: String,
+}

@@ -1,0 +1,45 @@
+//! `"type":"lost"`: events the kernel had to drop since the last look, by reason.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    fields::{LineType, Tag},
+    footer::{EventLine, Footer},
+};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LostLine {
+    #[serde(rename = "type")]
+    pub tag: Tag<Self>,
+    pub ts_ns: u64,
+    /// A counter of the footer's `lost`: `ring_full`, `too_deep`, `frames_full`,
+    /// `process_ring_full` or `driver_ring_full`.
+    pub reason: String,
+    /// Dropped since the previous `lost` line of this reason.
+    pub count: u64,
+    /// Dropped so far, all reasons (readers add up `count`s instead).
+    #[serde(skip_deserializing)]
+    pub total: u64,
+}
+
+impl LineType for LostLine {
+    const TYPE: &'static str = "lost";
+}
+
+impl EventLine for LostLine {
+    fn count_in(&self, footer: &mut Footer) {
+        footer.events.lost += 1;
+    }
+}
+
+impl LostLine {
+    pub(super) fn read(value: &Value, bytes: &[u8]) -> Result<Self, String> {
+        value
+            .get("count")
+            .and_then(Value::as_u64)
+            .ok_or("lost line: no \"count\" number")?;
+        serde_json::from_slice(bytes).map_err(|e| format!("lost line: {e}"))
+    }
+}

@@ -1,0 +1,283 @@
+//! The trace format as types: one struct per kind of line, in one file per kind. The
+//! writer (`sinks::jsonl`) serialises these structs, and every reader (`summary`,
+//! `export`, `plot`) gets the same structs back from [`parse`], so what is written and
+//! what is read cannot drift apart. docs/trace-format.md describes the format for people.
+//!
+//! | file | line | |
+//! |---|---|---|
+//! | `header.rs` | [`Header`] | first line: command, clock, library, probes |
+//! | `call.rs` | [`CallLine`] | one driver call (nearly every line) |
+//! | `process.rs` | [`ProcessLine`] | fork, exec, exit of a traced process |
+//! | `lost.rs` | [`LostLine`] | events the kernel dropped |
+//! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
+//! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
+//!
+//! Rules of the format: keys are written in the struct's field order, `type` first;
+//! optional fields are left out rather than written as `null`; pointers are
+//! [`Hex`] strings. Within a [`FORMAT_VERSION`] fields may be added, never renamed,
+//! removed or given another meaning; readers ignore keys they do not know and count
+//! lines of a type they do not know ([`Line::Unknown`]).
+//!
+//! # Adding a kind of line (`gpu_kernel`, `gpu_copy`, `gpu_memset`, `power`, ...)
+//!
+//! 1. A file here with its struct, deriving `Serialize` and `Deserialize`:
+//!    `#[serde(rename = "type")] pub tag: Tag<Self>` as the first field (`fields.rs`), optional fields
+//!    `Option`s with `skip_serializing_if = "Option::is_none"`, `#[serde(default)]` on the
+//!    struct so that a reader only insists on what it cannot do without. Implement
+//!    [`LineType`] (its `"type"`) and [`EventLine`] (how the footer counts it).
+//! 2. In `footer.rs`, its count in `EventCounts`.
+//! 3. Here, a [`Line`] variant, and in [`parse`] an arm that checks the fields a reader
+//!    cannot do without (with a message naming the line and field) and deserialises it.
+//! 4. The consumers: the writer writes it with `TraceWriter::write`; each reader handles
+//!    (or ignores) the new variant; docs/trace-format.md documents it.
+
+mod call;
+mod driver;
+mod fields;
+mod footer;
+mod header;
+mod lost;
+mod process;
+
+pub use call::CallLine;
+pub use driver::DriverLine;
+pub use fields::{Hex, LineType};
+pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
+pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use lost::LostLine;
+pub use process::ProcessLine;
+
+use serde_json::Value;
+
+/// Bumped on any incompatible change of the line schema.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One line of a trace, as read back.
+#[derive(Debug, PartialEq)]
+pub enum Line {
+    Header(Box<Header>),
+    Call(Box<CallLine>),
+    Process(ProcessLine),
+    Lost(LostLine),
+    Driver(Box<DriverLine>),
+    Footer(FooterFigures),
+    /// A type this version does not know (a newer trace).
+    Unknown,
+}
+
+/// Parses one line (without its newline); the error says what is wrong, and where when
+/// the JSON itself is. Never panics.
+pub fn parse(bytes: &[u8]) -> Result<Line, String> {
+    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass.
+    if bytes.starts_with(call::FAST_PREFIX) {
+        return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
+    }
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| fields::describe(&e))?;
+    let Some(kind) = value.get("type").and_then(Value::as_str) else {
+        return Err("not a trace line: no \"type\" string".into());
+    };
+    Ok(match kind {
+        CallLine::TYPE => Line::Call(Box::new(CallLine::read_value(value)?)),
+        Header::TYPE => Line::Header(Box::new(Header::read(bytes)?)),
+        ProcessLine::TYPE => Line::Process(ProcessLine::read(&value, bytes)?),
+        LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
+        DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
+        Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
+        _ => Line::Unknown,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `line`, checks the exact text, reads it back.
+    fn round_trip<L: serde::Serialize>(line: &L, text: &str) -> Line {
+        assert_eq!(serde_json::to_string(line).unwrap(), text);
+        parse(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn event_lines_are_written_type_first_and_read_back_equal() {
+        let fork = ProcessLine {
+            event: "fork".into(),
+            pid: 7,
+            tid: 8,
+            ts_ns: 9,
+            child_pid: Some(10),
+            comm: Some("app".into()),
+            ..ProcessLine::default()
+        };
+        let read = round_trip(
+            &fork,
+            r#"{"type":"process","event":"fork","pid":7,"tid":8,"ts_ns":9,"child_pid":10,"comm":"app"}"#,
+        );
+        assert_eq!(read, Line::Process(fork));
+
+        let lost = LostLine {
+            ts_ns: 5,
+            reason: "ring_full".into(),
+            count: 2,
+            total: 3,
+            ..LostLine::default()
+        };
+        let read = round_trip(
+            &lost,
+            r#"{"type":"lost","ts_ns":5,"reason":"ring_full","count":2,"total":3}"#,
+        );
+        // `total` is written for people; readers add up the counts.
+        assert_eq!(read, Line::Lost(LostLine { total: 0, ..lost }));
+
+        let mmap = DriverLine {
+            hook: "mmap".into(),
+            pid: 1,
+            tid: 2,
+            ts_ns: 3,
+            dur_ns: 4,
+            ret: 5,
+            device: Some("nvidia0".into()),
+            fd: Some(9),
+            length: Some(4096),
+            ..DriverLine::default()
+        };
+        let read = round_trip(
+            &mmap,
+            r#"{"type":"driver","hook":"mmap","pid":1,"tid":2,"ts_ns":3,"dur_ns":4,"ret":5,"device":"nvidia0","fd":9,"length":4096}"#,
+        );
+        assert_eq!(read, Line::Driver(Box::new(mmap)));
+
+        let call = CallLine {
+            name: "cuMemAlloc_v2".into(),
+            pid: 1,
+            tid: 1,
+            ts_ns: 2,
+            dur_ns: 3,
+            bytes: Some(64),
+            dptr: Some(Hex(0x7f00)),
+            ..CallLine::default()
+        };
+        let read = round_trip(
+            &call,
+            r#"{"type":"call","name":"cuMemAlloc_v2","pid":1,"tid":1,"ts_ns":2,"dur_ns":3,"ret":0,"bytes":64,"dptr":"0x7f00"}"#,
+        );
+        assert_eq!(read, Line::Call(Box::new(call)));
+    }
+
+    #[test]
+    fn the_header_is_written_whole_and_read_for_what_viewers_use() {
+        let header = Header {
+            format: "cudatrace".into(),
+            version: FORMAT_VERSION,
+            mode: "command".into(),
+            command: vec!["./app".into()],
+            pids: vec![7],
+            start_monotonic_ns: Some(100),
+            probes: vec![ProbeInfo {
+                id: 0,
+                symbol: "cuInit".into(),
+                function: "cuInit".into(),
+                family: "init".into(),
+            }],
+            missing_functions: vec!["cuMemAlloc".into()],
+            ..Header::default()
+        };
+        let text = serde_json::to_string(&header).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"header","format":"cudatrace","version":1,"#),
+            "{text}"
+        );
+        assert!(!text.contains("kernel_hooks"), "absent unless --kernel");
+        let Line::Header(read) = parse(text.as_bytes()).unwrap() else {
+            panic!("not a header")
+        };
+        assert_eq!(
+            (&read.command, &read.pids, read.start_monotonic_ns),
+            (&header.command, &header.pids, Some(100))
+        );
+        assert_eq!(read.probes[0].family, "init");
+        // Written for people and other tools, skipped when read.
+        assert_eq!((read.version, read.missing_functions.len()), (0, 0));
+    }
+
+    #[test]
+    fn the_footer_gives_its_figures_leniently() {
+        let footer = Footer {
+            exit_code: Some(3),
+            lost: footer::LostCounts {
+                total: 4,
+                ..Default::default()
+            },
+            ..Footer::default()
+        };
+        let text = serde_json::to_string(&footer).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"footer","end_wall":"#),
+            "{text}"
+        );
+        assert_eq!(
+            parse(text.as_bytes()),
+            Ok(Line::Footer(FooterFigures {
+                lost_total: Some(4),
+                exit_code: Some(3)
+            }))
+        );
+        assert_eq!(
+            parse(br#"{"type":"footer","exit_code":"x","lost":5}"#),
+            Ok(Line::Footer(FooterFigures::default()))
+        );
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        for (line, message) in [
+            (r#"{"x":1}"#, r#"not a trace line: no "type" string"#),
+            (
+                r#"{"type":"process","event":"exec"}"#,
+                r#"process line: no valid "pid""#,
+            ),
+            (
+                r#"{"type":"process","pid":1}"#,
+                r#"process line: no "event" string"#,
+            ),
+            (
+                r#"{"type":"lost","ts_ns":1}"#,
+                r#"lost line: no "count" number"#,
+            ),
+            (
+                r#"{"type":"driver","pid":1,"ts_ns":1}"#,
+                r#"driver line: no "hook" string"#,
+            ),
+            (
+                r#"{"type":"driver","hook":"ioctl","ts_ns":1}"#,
+                r#"driver line: no "pid" number"#,
+            ),
+            (
+                r#"{"type":"driver","hook":"ioctl","pid":1}"#,
+                r#"driver line: no "ts_ns" number"#,
+            ),
+            (
+                r#"{"type":"driver","hook":"ioctl","pid":5000000000,"ts_ns":1}"#,
+                "driver line: pid out of range",
+            ),
+            (
+                r#"{"type":"header","pids":"x"}"#,
+                r#"header line: invalid type: string "x", expected a sequence at line 1 column 27"#,
+            ),
+            (
+                r#"{"name":"cuInit","type":"call","pid":"x"}"#,
+                r#"call line: invalid type: string "x", expected u32"#,
+            ),
+        ] {
+            assert_eq!(parse(line.as_bytes()), Err(message.to_owned()), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_driver_line_without_a_thread_is_its_main_thread() {
+        let Ok(Line::Driver(line)) = parse(br#"{"type":"driver","hook":"xid","pid":4,"ts_ns":1}"#)
+        else {
+            panic!("not a driver line")
+        };
+        assert_eq!((line.pid, line.tid), (4, 4));
+    }
+}

@@ -1,0 +1,397 @@
+//! The summary as text: the whole report (`cudatrace summary`), the few lines
+//! `cudatrace run` prints at the end, and the `--json` object.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{
+    analysis::{
+        Report, driver::DriverSummary, stages::ProcessStages, summarise::TraceInfo,
+        summary::Summary,
+    },
+    format::{format_bytes, format_ns, plural, shorten},
+    schema::ProcessMemory,
+};
+
+/// `cudatrace summary --json`.
+#[derive(Serialize)]
+pub struct SummaryJson<'a> {
+    pub trace: &'a TraceInfo,
+    #[serde(flatten)]
+    pub summary: &'a Summary,
+    pub memory: &'a [ProcessMemory],
+    pub stages: &'a [ProcessStages],
+    /// Present for `--kernel` traces.
+    #[serde(skip_serializing_if = "is_empty_driver")]
+    pub driver: &'a DriverSummary,
+}
+
+fn is_empty_driver(driver: &&DriverSummary) -> bool {
+    driver.events == 0
+}
+
+fn render_driver(out: &mut String, driver: &DriverSummary) {
+    if driver.events == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nNVIDIA driver (--kernel): {} in {}",
+        plural(driver.events, "event"),
+        format_ns(driver.total_ns)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<8} {:<40} {:>7} {:>6} {:>11}",
+        "hook", "call", "count", "errors", "total"
+    );
+    for row in driver.by_call.iter().take(25) {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<40} {:>7} {:>6} {:>11}",
+            row.hook,
+            shorten(&row.what, 40),
+            row.count,
+            row.errors,
+            format_ns(row.total_ns)
+        );
+    }
+    if !driver.rm_alloc_classes.is_empty() {
+        let classes: Vec<String> = driver
+            .rm_alloc_classes
+            .iter()
+            .map(|c| format!("{} ×{} ({})", c.what, c.count, format_ns(c.total_ns)))
+            .collect();
+        let _ = writeln!(out, "  NV_ESC_RM_ALLOC by class: {}", classes.join(", "));
+    }
+}
+
+fn dims(d: [u32; 3]) -> String {
+    format!("{}x{}x{}", d[0], d[1], d[2])
+}
+
+/// The full human-readable summary (`cudatrace summary`).
+pub fn render_text(info: &TraceInfo, report: &Report) -> String {
+    let summary = &report.summary;
+    let at = |ts: u64| format!("+{}", format_ns(ts.saturating_sub(summary.first_ts_ns)));
+    let mut out = String::new();
+    let state = if info.complete {
+        "complete"
+    } else {
+        "TRUNCATED: no footer"
+    };
+    let _ = writeln!(out, "Trace {} ({state})", info.file);
+    if !info.command.is_empty() {
+        let _ = writeln!(out, "  command: {}", info.command.join(" "));
+    }
+    let _ = writeln!(
+        out,
+        "  {} ({} errors) in {} over {}; {} lost events",
+        plural(summary.calls, "call"),
+        summary.errors,
+        plural(summary.pids.len() as u64, "process"),
+        format_ns(summary.span_ns),
+        info.lost_events
+    );
+    if info.skipped_lines > 0 {
+        let _ = writeln!(out, "  {} malformed lines skipped", info.skipped_lines);
+    }
+
+    let _ = writeln!(out, "\nFunctions, by total time");
+    let _ = writeln!(
+        out,
+        "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
+        "function", "calls", "errors", "total", "mean", "p50", "p99", "max", "bytes", "bandwidth"
+    );
+    for f in &summary.functions {
+        let _ = writeln!(
+            out,
+            "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
+            f.name,
+            f.count,
+            f.errors,
+            format_ns(f.total_ns),
+            format_ns(f.mean_ns),
+            format_ns(f.p50_ns),
+            format_ns(f.p99_ns),
+            format_ns(f.max_ns),
+            f.bytes.map(format_bytes).unwrap_or_default(),
+            f.bandwidth_gb_s
+                .map(|b| format!("{b:.2} GB/s"))
+                .unwrap_or_default(),
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nKernels: {} in {}{}",
+        plural(summary.kernel_launches, "launch"),
+        plural(summary.kernels.len() as u64, "kernel"),
+        match summary.graph_launches {
+            0 => String::new(),
+            n => format!(", plus {}", plural(n, "graph launch")),
+        }
+    );
+    for k in &summary.kernels {
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>6.1}%  {}",
+            k.launches,
+            k.share * 100.0,
+            k.kernel
+        );
+        let mut shapes: Vec<String> = k
+            .shapes
+            .iter()
+            .map(|s| {
+                format!(
+                    "grid {} block {} ×{}",
+                    dims(s.grid),
+                    dims(s.block),
+                    s.launches
+                )
+            })
+            .collect();
+        if k.other_shapes > 0 {
+            shapes.push(format!("other shapes ×{}", k.other_shapes));
+        }
+        let _ = writeln!(out, "  {:>17}  {}", "", shapes.join("; "));
+    }
+
+    let _ = writeln!(out, "\nCopies, by direction");
+    if summary.copies.is_empty() {
+        let _ = writeln!(out, "  none");
+    }
+    for c in &summary.copies {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:>8} {:>12}  ({} B)",
+            c.kind,
+            plural(c.count, "call"),
+            format_bytes(c.bytes),
+            c.bytes
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nDevice memory (cuMemAlloc* and cuMemCreate bytes held), by process"
+    );
+    for m in &report.memory {
+        let _ = writeln!(
+            out,
+            "  pid {}: peak {} at {}, final {}; {}, {}, {} unmatched frees",
+            m.pid,
+            format_bytes(m.peak_device_bytes),
+            at(m.peak_ts_ns),
+            format_bytes(m.final_device_bytes),
+            plural(m.allocations, "allocation"),
+            plural(m.frees, "free"),
+            m.unmatched_frees
+        );
+        if m.peak_host_pinned_bytes > 0 || m.peak_mapped_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "    host pinned: peak {}, final {}; mapped: peak {}, final {}",
+                format_bytes(m.peak_host_pinned_bytes),
+                format_bytes(m.final_host_pinned_bytes),
+                format_bytes(m.peak_mapped_bytes),
+                format_bytes(m.final_mapped_bytes)
+            );
+        }
+        let _ = writeln!(out, "    {}", plural(m.leak_count, "leak"));
+        for leak in m.leaks.iter().take(20) {
+            let address = leak.dptr.or(leak.handle).or(leak.host).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "      {} B {} {:#x} from {} at {}",
+                leak.bytes,
+                leak.kind,
+                address.0,
+                leak.call,
+                at(leak.ts_ns)
+            );
+        }
+        if m.leak_count > 20 {
+            let _ = writeln!(out, "      ... and {} more", m.leak_count - 20);
+        }
+    }
+
+    for p in &report.stages {
+        let _ = writeln!(out, "\nStages, pid {} ({})", p.pid, plural(p.calls, "call"));
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
+            "stage", "start", "duration", "calls", "launches", "HtoD", "DtoH"
+        );
+        for s in &p.stages {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
+                s.name,
+                at(s.start_ns),
+                format_ns(s.duration_ns),
+                s.calls,
+                s.launches,
+                format_bytes(s.htod_bytes),
+                format_bytes(s.dtoh_bytes)
+            );
+        }
+    }
+    render_driver(&mut out, &report.driver);
+    out
+}
+
+/// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
+fn render_driver_short(out: &mut String, driver: &DriverSummary) {
+    if driver.events == 0 {
+        return;
+    }
+    let top: Vec<String> = driver
+        .by_call
+        .iter()
+        .take(4)
+        .map(|r| format!("{} ×{} ({})", r.what, r.count, format_ns(r.total_ns)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "cudatrace: driver: {} in {}: {}",
+        plural(driver.events, "event"),
+        format_ns(driver.total_ns),
+        top.join(", ")
+    );
+}
+
+pub fn render_short(report: &Report) -> String {
+    let summary = &report.summary;
+    let mut out = String::new();
+    let top: Vec<String> = summary
+        .functions
+        .iter()
+        .take(5)
+        .map(|f| format!("{} {} ({})", f.name, format_ns(f.total_ns), f.count))
+        .collect();
+    if !top.is_empty() {
+        let _ = writeln!(out, "cudatrace: time in calls: {}", top.join(", "));
+    }
+    if summary.kernel_launches > 0 {
+        let kernels: Vec<String> = summary
+            .kernels
+            .iter()
+            .take(3)
+            .map(|k| {
+                format!(
+                    "{} ×{} ({:.0}%)",
+                    shorten(&k.kernel, 60),
+                    k.launches,
+                    k.share * 100.0
+                )
+            })
+            .collect();
+        let more = summary.kernels.len().saturating_sub(3);
+        let _ = writeln!(
+            out,
+            "cudatrace: {} of {}: {}{}",
+            plural(summary.kernel_launches, "launch"),
+            plural(summary.kernels.len() as u64, "kernel"),
+            kernels.join(", "),
+            if more > 0 {
+                format!(", {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !summary.copies.is_empty() {
+        let copies: Vec<String> = summary
+            .copies
+            .iter()
+            .map(|c| format!("{} {} ×{}", c.kind, format_bytes(c.bytes), c.count))
+            .collect();
+        let _ = writeln!(out, "cudatrace: copies: {}", copies.join(", "));
+    }
+    for m in report.memory.iter().filter(|m| m.allocations > 0).take(4) {
+        let leaks = match m.leak_count {
+            0 => "no leaks".to_owned(),
+            n => format!(
+                "{} ({})",
+                plural(n, "leak"),
+                format_bytes(m.final_device_bytes + m.final_host_pinned_bytes)
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "cudatrace: device memory, pid {}: peak {}, final {}, {leaks}",
+            m.pid,
+            format_bytes(m.peak_device_bytes),
+            format_bytes(m.final_device_bytes),
+        );
+    }
+    for p in report
+        .stages
+        .iter()
+        .filter(|p| p.stages.iter().any(|s| s.launches > 0))
+        .take(4)
+    {
+        let stages: Vec<String> = p
+            .stages
+            .iter()
+            .filter(|s| s.duration_ns > 0 || s.calls > 0)
+            .map(|s| format!("{} {}", s.name, format_ns(s.duration_ns)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cudatrace: stages, pid {}: {}",
+            p.pid,
+            stages.join(", ")
+        );
+    }
+    render_driver_short(&mut out, &report.driver);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{analysis::testing::Script, schema::Hex};
+
+    #[test]
+    fn text_output_names_everything() {
+        let mut script = Script::new(5);
+        script
+            .plain("cuInit")
+            .alloc(0x7f00_0000_0000, 262144)
+            .copy("cuMemcpyHtoD_v2", "HtoD", 262144)
+            .call("cuModuleGetFunction", |r| {
+                r.function = Some(Hex(0x10));
+                r.symbol = Some("_Z10vector_addPKfS0_Pfi".into());
+            })
+            .launch(0x10);
+        let report = script.report();
+        let info = TraceInfo {
+            file: "t.jsonl".into(),
+            complete: true,
+            ..TraceInfo::default()
+        };
+        let text = render_text(&info, &report);
+        for needle in [
+            "Trace t.jsonl (complete)",
+            "5 calls (0 errors) in 1 process",
+            "vector_add(float const*, float const*, float*, int)",
+            "grid 1x1x1 block 32x1x1 ×1",
+            "HtoD       1 call   256.00 KiB  (262144 B)",
+            "pid 5: peak 256.00 KiB at +1.0 µs, final 256.00 KiB",
+            "262144 B device 0x7f0000000000 from cuMemAlloc_v2 at +1.0 µs",
+            "input preparation",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in\n{text}");
+        }
+        let short = render_short(&report);
+        assert_eq!(short.lines().count(), 5, "{short}");
+        assert!(short.contains(
+            "cudatrace: 1 launch of 1 kernel: vector_add(float const*, float const*, float*, int) ×1 (100%)"
+        ));
+        assert!(short.contains("peak 256.00 KiB, final 256.00 KiB, 1 leak (256.00 KiB)"));
+    }
+}
