@@ -10,7 +10,7 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
-use super::timeline::{ExportStats, Instant, Slice, TimelineSink, Track};
+use super::timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track};
 use crate::schema::Header;
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
@@ -113,8 +113,9 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         Ok(())
     }
 
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
-        self.metadata("process_name", pid, pid, name)
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        // Viewers take the last `process_name`: a rename is the same event again.
+        self.metadata("process_name", process.pid, process.pid, process.name)
     }
 
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()> {

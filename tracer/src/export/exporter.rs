@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use super::{
     filters::Filters,
     flows::{FlowStart, FlowTracker, StreamKey},
-    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
+    timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
@@ -36,6 +36,8 @@ pub enum ExportError {
 struct Names {
     /// Current name, and whether it is the command line from the header (kept over exec).
     processes: HashMap<u32, (String, bool)>,
+    /// The process that forked each process, where the trace saw the fork.
+    parents: HashMap<u32, u32>,
     announced: HashMap<u32, String>,
     threads: HashSet<Track>,
 }
@@ -125,7 +127,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     fn announce_process(&mut self, pid: u32) -> io::Result<()> {
         let name = self.names.name(pid);
         if self.names.announced.get(&pid) != Some(&name) {
-            self.sink.process(pid, &name)?;
+            self.sink.process(&ProcessName {
+                pid,
+                name: &name,
+                parent: self.names.parents.get(&pid).copied(),
+            })?;
             self.names.announced.insert(pid, name);
         }
         Ok(())
@@ -283,8 +289,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             &line.comm,
             &line.filename,
         ) {
-            ("fork", Some(child), Some(comm), _) => {
-                self.names.processes.insert(child, (comm.clone(), false));
+            ("fork", Some(child), comm, _) => {
+                self.names.parents.insert(child, line.pid);
+                if let Some(comm) = comm {
+                    self.names.processes.insert(child, (comm.clone(), false));
+                }
             }
             ("exec", _, _, Some(filename)) => {
                 let from_command = self.names.processes.get(&line.pid).is_some_and(|n| n.1);

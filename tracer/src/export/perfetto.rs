@@ -17,10 +17,11 @@ use serde_json::{Map, Value};
 use super::{
     proto::{
         CounterDescriptor, DebugAnnotation, InternedData, InternedString, ProcessDescriptor,
-        SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG,
-        ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
+        ProcessTree, ProcessTreeProcess, SEQ_INCREMENTAL_STATE_CLEARED,
+        SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG, ThreadDescriptor, TracePacket,
+        TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
     },
-    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
+    timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
 };
 use crate::schema::Header;
 
@@ -67,6 +68,8 @@ pub struct PerfettoWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
     packets: u64,
+    /// The latest event timestamp written.
+    latest_ts_ns: u64,
     uuids: HashMap<TrackKey, u64>,
     names: Interner,
     categories: Interner,
@@ -79,6 +82,7 @@ impl<W: Write> PerfettoWriter<W> {
             out,
             buf: Vec::with_capacity(4096),
             packets: 0,
+            latest_ts_ns: 0,
             uuids: HashMap::new(),
             names: Interner::default(),
             categories: Interner::default(),
@@ -143,6 +147,7 @@ impl<W: Write> PerfettoWriter<W> {
         event: TrackEvent,
         interned_data: Option<InternedData>,
     ) -> io::Result<()> {
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
         self.packet(TracePacket {
             timestamp: Some(ts_ns),
             track_event: Some(event),
@@ -215,16 +220,37 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
         Ok(())
     }
 
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
-        // Described again with the same uuid after a rename.
-        let (uuid, _) = self.uuid(TrackKey::Process(pid));
-        self.describe(TrackDescriptor {
-            uuid: Some(uuid),
-            process: Some(ProcessDescriptor {
-                pid: Some(pid as i32),
-                process_name: Some(name.to_owned()),
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        let (uuid, new) = self.uuid(TrackKey::Process(process.pid));
+        if new {
+            return self.describe(TrackDescriptor {
+                uuid: Some(uuid),
+                process: Some(ProcessDescriptor {
+                    pid: Some(process.pid as i32),
+                    process_name: Some(process.name.to_owned()),
+                }),
+                ..TrackDescriptor::default()
+            });
+        }
+        // A rename: the trace processor keeps a process descriptor's first name, but takes
+        // a process tree's, at its timestamp (after the events written so far).
+        let mut cmdline = vec![process.name.to_owned()];
+        if process.name.contains(' ') {
+            // A lone cmdline entry is cut at its first space (programs that rewrite their
+            // cmdline with spaces); a second, empty entry keeps the whole name.
+            cmdline.push(String::new());
+        }
+        self.packet(TracePacket {
+            timestamp: Some(self.latest_ts_ns),
+            process_tree: Some(ProcessTree {
+                processes: vec![ProcessTreeProcess {
+                    pid: Some(process.pid as i32),
+                    // 0 (the trace processor's placeholder) where the fork was not seen.
+                    ppid: Some(process.parent.map_or(0, |parent| parent as i32)),
+                    cmdline,
+                }],
             }),
-            ..TrackDescriptor::default()
+            ..TracePacket::default()
         })
     }
 

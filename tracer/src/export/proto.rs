@@ -1,7 +1,8 @@
 //! The few messages of Perfetto's trace format that `--format perfetto` writes, with the
-//! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto and
+//! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto,
 //! track_event/{track_event,track_descriptor,process_descriptor,thread_descriptor,
-//! counter_descriptor,debug_annotation}.proto. Fields not listed are never written.
+//! counter_descriptor,debug_annotation}.proto and ps/process_tree.proto. Fields not listed
+//! are never written.
 //!
 //! Self-contained (only `prost`): the CLI tests include this file to decode exports.
 
@@ -24,6 +25,9 @@ pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TracePacket {
+    /// A process renamed by an exec (see [`ProcessTree`]).
+    #[prost(message, optional, tag = "2")]
+    pub process_tree: Option<ProcessTree>,
     /// Nanoseconds, in the trace's default clock domain.
     #[prost(uint64, optional, tag = "8")]
     pub timestamp: Option<u64>,
@@ -148,6 +152,26 @@ pub struct ThreadDescriptor {
     pub tid: Option<i32>,
     #[prost(string, optional, tag = "5")]
     pub thread_name: Option<String>,
+}
+
+/// Processes as a system probe lists them. The trace processor takes a process's name from
+/// the first `ProcessDescriptor` only (later ones never override it), but from each
+/// `ProcessTree` in timestamp order: an exec's new name is sent this way.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessTree {
+    #[prost(message, repeated, tag = "1")]
+    pub processes: Vec<ProcessTreeProcess>,
+}
+
+/// `ProcessTree.Process`: the trace processor names the process after `cmdline[0]`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessTreeProcess {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(int32, optional, tag = "2")]
+    pub ppid: Option<i32>,
+    #[prost(string, repeated, tag = "3")]
+    pub cmdline: Vec<String>,
 }
 
 /// `CounterDescriptor.Unit`: UNIT_SIZE_BYTES.

@@ -52,6 +52,14 @@ pub struct Slice<'a> {
     pub flows_in: &'a [FlowStart],
 }
 
+/// A process's name, given before its first event and again after an exec renamed it.
+pub struct ProcessName<'a> {
+    pub pid: u32,
+    pub name: &'a str,
+    /// The process that forked it, where the trace saw the fork.
+    pub parent: Option<u32>,
+}
+
 pub struct Instant<'a> {
     pub track: Track,
     pub ts_ns: u64,
@@ -66,7 +74,7 @@ pub trait TimelineSink {
     /// The trace's header, before any event.
     fn header(&mut self, header: &Header, base_ns: u64) -> io::Result<()>;
     /// Names (or renames, after an exec) a process.
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()>;
     /// Names a thread's track (or its driver track).
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()>;
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()>;
