@@ -52,19 +52,43 @@ impl<R: BufRead> TraceLines<R> {
     /// line, unless `skip_bad_lines`.
     pub fn next_line(&mut self) -> Result<Option<Line>, ReadError> {
         loop {
-            let kept =
-                read_line(&mut self.reader, &mut self.buf, MAX_LINE_BYTES).map_err(|source| {
-                    ReadError::Io {
+            // Nearly every line lies whole in the reader's buffer: parsed where it is.
+            let in_buffer = match self.reader.fill_buf() {
+                Ok(available) => memchr::memchr(b'\n', available).map(|end| {
+                    let line = available[..end]
+                        .strip_suffix(b"\r")
+                        .unwrap_or(&available[..end]);
+                    (schema::parse(line), end + 1)
+                }),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(ReadError::Io {
                         file: self.file.clone(),
                         source,
+                    });
+                }
+            };
+            let parsed = match in_buffer {
+                Some((parsed, used)) => {
+                    self.reader.consume(used);
+                    self.lines += 1;
+                    parsed
+                }
+                None => {
+                    let kept = read_line(&mut self.reader, &mut self.buf, MAX_LINE_BYTES).map_err(
+                        |source| ReadError::Io {
+                            file: self.file.clone(),
+                            source,
+                        },
+                    )?;
+                    let Some(kept) = kept else { return Ok(None) };
+                    self.lines += 1;
+                    if kept {
+                        schema::parse(&self.buf)
+                    } else {
+                        Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
                     }
-                })?;
-            let Some(kept) = kept else { return Ok(None) };
-            self.lines += 1;
-            let parsed = if kept {
-                schema::parse(&self.buf)
-            } else {
-                Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
+                }
             };
             match parsed {
                 Ok(line) => return Ok(Some(line)),
@@ -106,7 +130,7 @@ pub fn read_line(
             break;
         }
         read_any = true;
-        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+        let (chunk, done) = match memchr::memchr(b'\n', available) {
             Some(at) => (&available[..at], Some(at + 1)),
             None => (available, None),
         };

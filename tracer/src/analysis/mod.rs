@@ -29,7 +29,7 @@ pub mod summary;
 
 pub use role::{Role, classify};
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::{
     events::Event,

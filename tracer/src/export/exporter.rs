@@ -4,10 +4,9 @@
 //! synchronisation. The analysis runs along, so traces without kernel names or live bytes
 //! get them.
 
-use std::{
-    collections::{HashMap, HashSet},
-    io::{self, BufRead},
-};
+use std::io::{self, BufRead};
+
+use foldhash::{HashMap, HashSet};
 
 use serde_json::{Map, Value};
 
@@ -79,7 +78,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             names: Names::default(),
             base_ns: 0,
             stats: ExportStats::default(),
-            counter_before_window: HashMap::new(),
+            counter_before_window: HashMap::default(),
         }
     }
 

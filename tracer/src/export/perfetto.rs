@@ -6,10 +6,9 @@
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 
-use std::{
-    collections::HashMap,
-    io::{self, Write},
-};
+use std::io::{self, Write};
+
+use foldhash::HashMap;
 
 use prost::Message;
 use serde_json::{Map, Value};
@@ -83,7 +82,7 @@ impl<W: Write> PerfettoWriter<W> {
             buf: Vec::with_capacity(4096),
             packets: 0,
             latest_ts_ns: 0,
-            uuids: HashMap::new(),
+            uuids: HashMap::default(),
             names: Interner::default(),
             categories: Interner::default(),
             annotation_names: Interner::default(),

@@ -1,9 +1,12 @@
 //! What lines share: the `"type"` each opens with, pointers as hex strings, and how a JSON
 //! error in a line is worded.
 
-use std::{borrow::Cow, fmt, marker::PhantomData};
+use std::{fmt, marker::PhantomData};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de::IgnoredAny};
+use serde::{
+    Deserialize, Deserializer, Serialize, Serializer,
+    de::{self, IgnoredAny, Visitor},
+};
 
 /// A kind of line: the value of its `"type"` key.
 pub trait LineType {
@@ -74,11 +77,23 @@ impl Serialize for Hex {
 
 impl<'de> Deserialize<'de> for Hex {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = <Cow<'de, str>>::deserialize(deserializer)?;
-        let digits = text.strip_prefix("0x").unwrap_or(&text);
-        u64::from_str_radix(digits, 16)
-            .map(Hex)
-            .map_err(serde::de::Error::custom)
+        deserializer.deserialize_str(HexVisitor)
+    }
+}
+
+/// Reads the string where it lies (a `String` would be allocated for each pointer).
+struct HexVisitor;
+
+impl Visitor<'_> for HexVisitor {
+    type Value = Hex;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Hex, E> {
+        let digits = text.strip_prefix("0x").unwrap_or(text);
+        u64::from_str_radix(digits, 16).map(Hex).map_err(E::custom)
     }
 }
 
