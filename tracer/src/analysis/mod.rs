@@ -89,6 +89,15 @@ impl Analysis {
         self.summary.observe(role, record);
     }
 
+    /// Only what [`observe`](Analysis::observe) adds to the line (kernel names, live
+    /// bytes), without counting it: for readers that draw lines rather than sum them up.
+    pub fn annotate(&mut self, record: &mut CallLine) {
+        let (role, symbol) = classify(&record.name);
+        let process = self.processes.entry(record.pid).or_default();
+        process.kernels.observe(&mut self.names, role, record);
+        process.memory.observe(role, symbol, record);
+    }
+
     /// A `"type":"driver"` line (`--kernel`).
     pub fn driver(&mut self, line: &DriverLine) {
         self.driver.observe(line);

@@ -37,27 +37,22 @@ pub struct Summarised {
     pub skipped: Vec<(u64, String)>,
 }
 
-/// Streams a trace through the analysis. A malformed line is an error naming `file` and
-/// the line, unless `skip_bad_lines`.
-pub fn summarise(
-    reader: impl BufRead,
-    file: &str,
-    skip_bad_lines: bool,
-) -> Result<Summarised, ReadError> {
+/// Streams a trace through the analysis. A malformed line is an error naming the file and
+/// the line, unless the lines skip them.
+pub fn summarise(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadError> {
     let mut analysis = Analysis::default();
     let mut info = TraceInfo {
-        file: file.to_owned(),
+        file: lines.label().to_owned(),
         ..TraceInfo::default()
     };
-    let mut lines = TraceLines::new(reader, file, skip_bad_lines);
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
     while let Some(line) = lines.next_line()? {
         match line {
-            Line::Call(mut call) => analysis.observe(&mut call),
+            Line::Call(call) => analysis.observe(call),
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
-            Line::Driver(driver) => analysis.driver(&driver),
-            Line::Header(header) => info.command = header.command,
+            Line::Driver(driver) => analysis.driver(driver),
+            Line::Header(header) => info.command = std::mem::take(&mut header.command),
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;
@@ -102,7 +97,7 @@ mod tests {
 "#;
 
     fn read(text: &[u8], skip: bool) -> Result<Summarised, ReadError> {
-        summarise(text, "trace.jsonl", skip)
+        summarise(TraceLines::new(text, "trace.jsonl", skip))
     }
 
     #[test]

@@ -4,13 +4,16 @@
 //! synchronisation. The analysis runs along, so traces without kernel names or live bytes
 //! get them.
 
-use std::io::{self, BufRead};
+use std::{
+    borrow::Cow,
+    io::{self, BufRead},
+};
 
 use foldhash::{HashMap, HashSet};
-
 use serde_json::{Map, Value};
 
 use super::{
+    arguments::Arguments,
     filters::Filters,
     flows::{FlowStart, FlowTracker, StreamKey},
     timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
@@ -39,13 +42,16 @@ struct Names {
     parents: HashMap<u32, u32>,
     announced: HashMap<u32, String>,
     threads: HashSet<Track>,
+    /// The track of the last event, announced under its process's current name.
+    current: Option<Track>,
 }
 
 impl Names {
-    fn name(&self, pid: u32) -> String {
-        self.processes
-            .get(&pid)
-            .map_or_else(|| format!("pid {pid}"), |(name, _)| name.clone())
+    fn name(&self, pid: u32) -> Cow<'_, str> {
+        match self.processes.get(&pid) {
+            Some((name, _)) => Cow::Borrowed(name),
+            None => Cow::Owned(format!("pid {pid}")),
+        }
     }
 }
 
@@ -65,6 +71,8 @@ pub struct Exporter<'f, S> {
     stats: ExportStats,
     /// Device bytes of processes before the time window, drawn at its start.
     counter_before_window: HashMap<u32, u64>,
+    /// A call's arguments, reused from call to call.
+    args: Arguments,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -79,6 +87,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             base_ns: 0,
             stats: ExportStats::default(),
             counter_before_window: HashMap::default(),
+            args: Arguments::default(),
         }
     }
 
@@ -86,11 +95,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     pub fn run(mut self, mut lines: TraceLines<impl BufRead>) -> Result<ExportStats, ExportError> {
         while let Some(line) = lines.next_line()? {
             match line {
-                Line::Header(header) => self.header(&header)?,
-                Line::Call(mut record) => self.call(&mut record)?,
-                Line::Process(process) => self.process(&process)?,
-                Line::Lost(lost) => self.lost(&lost)?,
-                Line::Driver(driver) => self.driver(&driver)?,
+                Line::Header(header) => self.header(header)?,
+                Line::Call(record) => self.call(record)?,
+                Line::Process(process) => self.process(process)?,
+                Line::Lost(lost) => self.lost(lost)?,
+                Line::Driver(driver) => self.driver(driver)?,
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
@@ -125,19 +134,25 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     /// Names a process before an event of it, and again after it changed.
     fn announce_process(&mut self, pid: u32) -> io::Result<()> {
         let name = self.names.name(pid);
-        if self.names.announced.get(&pid) != Some(&name) {
-            self.sink.process(&ProcessName {
-                pid,
-                name: &name,
-                parent: self.names.parents.get(&pid).copied(),
-            })?;
-            self.names.announced.insert(pid, name);
+        if self.names.announced.get(&pid).map(String::as_str) == Some(&*name) {
+            return Ok(());
         }
+        let name = name.into_owned();
+        self.sink.process(&ProcessName {
+            pid,
+            name: &name,
+            parent: self.names.parents.get(&pid).copied(),
+        })?;
+        self.names.announced.insert(pid, name);
         Ok(())
     }
 
     /// Announces the track's process and thread before an event on it.
     fn track(&mut self, track: Track) -> io::Result<()> {
+        // Runs of events on one thread: nothing to announce after the first.
+        if self.names.current == Some(track) {
+            return Ok(());
+        }
         let (pid, tid, driver) = match track {
             Track::Thread { pid, tid } => (pid, tid, false),
             Track::Driver { pid, tid } => (pid, tid, true),
@@ -152,11 +167,12 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.sink.thread(track, &thread_name)?;
         }
+        self.names.current = Some(track);
         Ok(())
     }
 
     fn call(&mut self, record: &mut CallLine) -> io::Result<()> {
-        self.analysis.observe(record);
+        self.analysis.annotate(record);
         let (role, _) = classify(&record.name);
         let ts = self.relative(record.ts_ns);
         let label = call_label(record, role);
@@ -205,7 +221,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 tid: record.tid,
             };
             self.track(track)?;
-            let args = call_args(record, role);
+            call_args(record, role, &mut self.args);
             let category = self.families.of(&record.name).unwrap_or("other");
             self.sink.slice(&Slice {
                 track,
@@ -213,7 +229,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 dur_ns: record.dur_ns,
                 name: &label,
                 category,
-                args: &args,
+                args: &self.args,
                 flow_out,
                 flows_in: &flows_in,
             })?;
@@ -270,6 +286,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     args.insert(key.to_owned(), value);
                 }
             }
+            let args = Arguments::from_map(&args);
             self.sink.instant(&Instant {
                 track,
                 ts_ns: ts,
@@ -282,6 +299,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
         }
         // Names take effect for the events after this one.
+        self.names.current = None;
         match (
             line.event.as_str(),
             line.child_pid,
@@ -318,6 +336,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let mut args = Map::new();
         args.insert("count".into(), line.count.into());
         args.insert("reason".into(), line.reason.clone().into());
+        let args = Arguments::from_map(&args);
         self.sink.instant(&Instant {
             track: Track::Global,
             ts_ns: ts,
@@ -350,7 +369,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             dur_ns: line.dur_ns,
             name: &name,
             category: "driver",
-            args: &line.details(),
+            args: &Arguments::from_map(&line.details()),
             flow_out: None,
             flows_in: &[],
         })?;
@@ -362,12 +381,12 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
 /// A call's slice name: launches by kernel, copies and memsets with direction and size,
 /// failures with their error.
-pub fn call_label(record: &CallLine, role: Role) -> String {
+pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
     let mut label = match role {
         Role::Launch => match (&record.kernel, record.function) {
-            (Some(kernel), _) => kernel.clone(),
-            (None, Some(function)) => format!("function {:#x}", function.0),
-            (None, None) => record.name.clone(),
+            (Some(kernel), _) => Cow::Borrowed(kernel.as_str()),
+            (None, Some(function)) => Cow::Owned(format!("function {:#x}", function.0)),
+            (None, None) => Cow::Borrowed(record.name.as_str()),
         },
         Role::Copy => {
             let mut label = record.name.clone();
@@ -381,15 +400,16 @@ pub fn call_label(record: &CallLine, role: Role) -> String {
                 label.push(' ');
                 label.push_str(&part);
             }
-            label
+            Cow::Owned(label)
         }
         Role::Memset => match record.bytes {
-            Some(bytes) => format!("{} {}", record.name, format_bytes(bytes)),
-            None => record.name.clone(),
+            Some(bytes) => Cow::Owned(format!("{} {}", record.name, format_bytes(bytes))),
+            None => Cow::Borrowed(record.name.as_str()),
         },
-        _ => record.name.clone(),
+        _ => Cow::Borrowed(record.name.as_str()),
     };
     if record.ret != 0 {
+        let label = label.to_mut();
         label.push_str(" → ");
         match &record.ret_name {
             Some(name) => label.push_str(name),
@@ -399,17 +419,14 @@ pub fn call_label(record: &CallLine, role: Role) -> String {
     label
 }
 
-/// The decoded fields of a call (everything but what the slice itself says).
-fn call_args(record: &CallLine, role: Role) -> Map<String, Value> {
-    let mut args = match serde_json::to_value(record) {
-        Ok(Value::Object(map)) => map,
-        _ => Map::new(),
-    };
-    for key in ["type", "name", "pid", "tid", "dur_ns"] {
-        args.remove(key);
-    }
+/// The decoded fields of a call (everything but what the slice itself says), into `args`.
+fn call_args(record: &CallLine, role: Role, args: &mut Arguments) {
+    args.clear();
+    args.fill(record, |key| {
+        matches!(key, "type" | "name" | "pid" | "tid" | "dur_ns")
+    });
     if role == Role::Launch {
-        args.insert("call".into(), Value::from(record.name.as_str()));
+        args.insert_text("call", &record.name);
     }
-    args
+    args.sort();
 }

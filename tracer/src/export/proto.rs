@@ -15,8 +15,43 @@ pub struct Trace {
     pub packet: Vec<TracePacket>,
 }
 
-/// Tag of `Trace.packet` (field 1, length-delimited) before each streamed packet.
+/// `Trace.packet`, and its tag (field 1, length-delimited) before each streamed packet.
+pub const TRACE_PACKET_FIELD: u32 = 1;
 pub const TRACE_PACKET_TAG: u8 = (1 << 3) | 2;
+
+/// Field numbers of the messages below, for the writer's hand encoding of track event
+/// packets (tested against these messages' own encoding).
+pub mod packet_field {
+    pub const TIMESTAMP: u32 = 8;
+    pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
+    pub const TRACK_EVENT: u32 = 11;
+    pub const INTERNED_DATA: u32 = 12;
+    pub const SEQUENCE_FLAGS: u32 = 13;
+}
+
+pub mod event_field {
+    pub const CATEGORY_IIDS: u32 = 3;
+    pub const DEBUG_ANNOTATIONS: u32 = 4;
+    pub const TYPE: u32 = 9;
+    pub const NAME_IID: u32 = 10;
+    pub const TRACK_UUID: u32 = 11;
+    pub const CATEGORIES: u32 = 22;
+    pub const NAME: u32 = 23;
+    pub const COUNTER_VALUE: u32 = 30;
+    pub const FLOW_IDS: u32 = 47;
+    pub const TERMINATING_FLOW_IDS: u32 = 48;
+}
+
+pub mod annotation_field {
+    pub const NAME_IID: u32 = 1;
+    pub const BOOL_VALUE: u32 = 2;
+    pub const UINT_VALUE: u32 = 3;
+    pub const INT_VALUE: u32 = 4;
+    pub const DOUBLE_VALUE: u32 = 5;
+    pub const STRING_VALUE: u32 = 6;
+    pub const LEGACY_JSON_VALUE: u32 = 9;
+    pub const NAME: u32 = 10;
+}
 
 /// `TracePacket.sequence_flags`: SEQ_INCREMENTAL_STATE_CLEARED (the first packet) and
 /// SEQ_NEEDS_INCREMENTAL_STATE (packets that refer to interned names).

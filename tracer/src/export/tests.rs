@@ -467,7 +467,7 @@ fn labels_name_kernels_copies_and_errors() {
         };
         fill(&mut record);
         let role = classify(name).0;
-        call_label(&record, role)
+        call_label(&record, role).into_owned()
     };
     assert_eq!(
         record("cuLaunchKernel", &|r| r.function =

@@ -3,9 +3,7 @@
 
 use std::io;
 
-use serde_json::{Map, Value};
-
-use super::flows::FlowStart;
+use super::{arguments::Arguments, flows::FlowStart};
 use crate::schema::Header;
 
 /// Figures of one export, printed on stderr and checked by the tests.
@@ -45,7 +43,8 @@ pub struct Slice<'a> {
     pub dur_ns: u64,
     pub name: &'a str,
     pub category: &'a str,
-    pub args: &'a Map<String, Value>,
+    /// In key order ([`Arguments::sort`]).
+    pub args: &'a Arguments,
     /// A launch: the flow it starts.
     pub flow_out: Option<u64>,
     /// A synchronisation: the launches it waited for.
@@ -65,7 +64,7 @@ pub struct Instant<'a> {
     pub ts_ns: u64,
     pub name: &'a str,
     pub category: &'a str,
-    pub args: &'a Map<String, Value>,
+    pub args: &'a Arguments,
 }
 
 /// Where the timeline goes (Trace Event JSON or Perfetto protobuf). The exporter names

@@ -63,6 +63,42 @@ fn find_quotes(line: &[u8], quotes: &mut [u32; MAX_QUOTES]) -> Option<usize> {
     Some(count)
 }
 
+/// Whether JSON writes `text` as it is between quotes: no quote, backslash or control
+/// character (what serde_json escapes). Kernel names are long and written millions of
+/// times: four blocks are tested at once.
+pub fn plain(text: &[u8]) -> bool {
+    let mut runs = text.chunks_exact(4 * BLOCK);
+    for run in &mut runs {
+        let (first, rest) = run.split_at(BLOCK);
+        let (second, rest) = rest.split_at(BLOCK);
+        let (third, fourth) = rest.split_at(BLOCK);
+        let blocks = [first, second, third, fourth].map(|block| block.try_into().ok());
+        let [Some(a), Some(b), Some(c), Some(d)] = blocks else {
+            return false;
+        };
+        if escaped(a) | escaped(b) | escaped(c) | escaped(d) {
+            return false;
+        }
+    }
+    let mut blocks = runs.remainder().chunks_exact(BLOCK);
+    for block in &mut blocks {
+        match block.try_into() {
+            Ok(block) if !escaped(block) => {}
+            _ => return false,
+        }
+    }
+    // The rest, padded with spaces (plain).
+    let mut last = [b' '; BLOCK];
+    last[..blocks.remainder().len()].copy_from_slice(blocks.remainder());
+    !escaped(&last)
+}
+
+/// Whether `block` holds a quote, a backslash or a control character.
+fn escaped(block: &[u8; BLOCK]) -> bool {
+    let (quotes, unusual) = classify(block);
+    quotes != 0 || unusual
+}
+
 const BLOCK: usize = 16;
 
 /// A bit per quote in `block`, and whether it holds a backslash or a control character.

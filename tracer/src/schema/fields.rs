@@ -70,8 +70,20 @@ impl<'de, L> Deserialize<'de> for Tag<L> {
 pub struct Hex(pub u64);
 
 impl Serialize for Hex {
+    /// `{:#x}`, written by hand: every call line has a few, and the formatting machinery
+    /// costs more than the digits.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{:#x}", self.0))
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 18];
+        let width = (64 - (self.0 | 1).leading_zeros()).div_ceil(4) as usize;
+        text[..2].copy_from_slice(b"0x");
+        for (index, byte) in text[2..2 + width].iter_mut().enumerate() {
+            let shift = 4 * (width - 1 - index);
+            *byte = DIGITS[(self.0 >> shift) as usize & 0xf];
+        }
+        // ASCII digits.
+        let text = std::str::from_utf8(&text[..2 + width]).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(text)
     }
 }
 
@@ -107,4 +119,19 @@ pub fn describe(error: &serde_json::Error) -> String {
         .rsplit_once(" at line ")
         .map_or(text.as_str(), |(message, _)| message);
     format!("{message} at column {}", error.column())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Hex;
+
+    #[test]
+    fn pointers_are_written_as_format_writes_them() {
+        for value in [0, 1, 0xf, 0x10, 0x7f00_0000_0000, u64::MAX, 1 << 63, 0xabc] {
+            assert_eq!(
+                serde_json::to_string(&Hex(value)).unwrap(),
+                format!("\"{value:#x}\"")
+            );
+        }
+    }
 }

@@ -33,7 +33,7 @@
 //!    (or ignores) the new variant; docs/trace-format.md documents it.
 
 mod call;
-mod compact;
+pub mod compact;
 mod driver;
 mod fields;
 mod footer;

@@ -1,9 +1,6 @@
 //! `cudatrace summary TRACE.jsonl`: read a trace back and print what it means.
 
-use std::{
-    fs::File,
-    io::{BufReader, Write},
-};
+use std::{fs::File, io::Write};
 
 use anyhow::anyhow;
 
@@ -15,7 +12,7 @@ pub use args::SummaryArgs;
 use crate::{
     analysis::summarise::summarise,
     exit::{ExitCode, Failure},
-    reader::ReadError,
+    reader::{ReadError, TraceLines},
 };
 
 use self::text::{SummaryJson, render_text};
@@ -29,15 +26,12 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             anyhow!("cannot open the trace {label}: {e}"),
         )
     })?;
-    let result = summarise(
-        BufReader::with_capacity(1 << 20, file),
-        &label,
-        args.skip_bad_lines,
-    )
-    .map_err(|e| match e {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
-    })?;
+    let result = summarise(TraceLines::from_file(file, &label, args.skip_bad_lines)).map_err(
+        |e| match e {
+            ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
+            ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
+        },
+    )?;
 
     for (line, message) in &result.skipped {
         eprintln!("cudatrace: skipped {label}:{line}: {message}");
