@@ -58,7 +58,9 @@ pub struct NotFound {
 pub fn load(requested: Option<&Path>) -> Result<Loaded, NotFound> {
     let mut attempts = Vec::new();
     if let Some(path) = requested {
-        return start(path).map_err(|why| NotFound {
+        // A path, never a name for the loader to search (`--nvml libnvidia-ml.so.1`).
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        return start(&absolute).map_err(|why| NotFound {
             attempts: vec![format!("--nvml {}: {why}", path.display())],
         });
     }
