@@ -2,9 +2,10 @@
 //! stage, energy per kernel name, and the power before the first launch.
 //!
 //! Fed `power` lines (and the header's `power` object) as they come, and the launches and
-//! synchronisations of the call stream. Memory: every sample's time and energy per device
-//! (16 bytes a sample: about 48 KB per GPU-minute at the default 20 ms), and the launch
-//! windows not yet covered by samples (a few hundred milliseconds' worth); never the calls.
+//! synchronisations of the call stream. Memory: every sample's time and energy per device,
+//! from the counter and from integrated power (32 bytes a sample: about 100 KB per
+//! GPU-minute at the default 20 ms), and the launch windows not yet covered by samples (a
+//! few hundred milliseconds' worth); never the calls.
 //!
 //! Without `--gpu`, energy per kernel name is an **estimate by launch windows**: a window
 //! opens at a launch and closes at the next launch or at the end of the next
