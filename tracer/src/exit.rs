@@ -15,6 +15,8 @@ pub enum ExitCode {
     NoLibcuda = 69,
     /// eBPF load/attach or another internal failure.
     Internal = 70,
+    /// `--power` and no NVML can be loaded and started (or it sees no GPU).
+    NoNvml = 72,
     /// The trace cannot be written.
     OutputNotWritable = 73,
     /// Not root and without CAP_BPF + CAP_PERFMON.

@@ -17,6 +17,7 @@ mod export;
 mod format;
 mod kernel_hooks;
 mod plot;
+mod power;
 mod privileges;
 mod probes;
 mod reader;

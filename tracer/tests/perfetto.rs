@@ -274,7 +274,23 @@ struct Facts {
     markers: u64,
     /// (pid, time since the base at the call's return, live_bytes).
     memory: Vec<(u64, u64, u64)>,
+    /// `--power`: the GPUs sampled (each a process-like group of counter tracks).
+    gpus: BTreeSet<u64>,
+    /// `--power`: counter values the samples give (each field present, and the energy).
+    power_values: u64,
 }
+
+/// The fields of a power line that become counter values, besides the energy.
+const POWER_FIELDS: [&str; 8] = [
+    "power_mw",
+    "power_instant_mw",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "gpu_util_pct",
+    "mem_util_pct",
+    "temperature_c",
+    "memory_used_bytes",
+];
 
 fn facts(lines: &[Value]) -> Facts {
     let base_ns = lines[0]["start_monotonic_ns"].as_u64().unwrap_or(0);
@@ -286,7 +302,19 @@ fn facts(lines: &[Value]) -> Facts {
         driver: 0,
         markers: 0,
         memory: Vec::new(),
+        gpus: BTreeSet::new(),
+        power_values: 0,
     };
+    let counter_gpus: Vec<&Value> = lines[0]["power"]["devices"]
+        .as_array()
+        .map(|devices| {
+            devices
+                .iter()
+                .filter(|d| d["energy_counter"] == true)
+                .map(|d| &d["index"])
+                .collect()
+        })
+        .unwrap_or_default();
     // Hand-written traces have no live_bytes: cudatrace computes them, and so does this,
     // for the plain cuMemAlloc_v2/cuMemFree_v2 they use.
     let mut live = BTreeMap::<u64, u64>::new();
@@ -333,6 +361,22 @@ fn facts(lines: &[Value]) -> Facts {
                 facts.pids.insert(pid.unwrap());
             }
             Some("lost") => facts.markers += 1,
+            Some("power") => {
+                facts.gpus.insert(line["device"].as_u64().unwrap());
+                let present = POWER_FIELDS
+                    .iter()
+                    .filter(|f| line.get(**f).is_some())
+                    .count();
+                // Energy: the counter's reading, or integrated power.
+                let energy = if counter_gpus.contains(&&line["device"]) {
+                    line.get("energy_mj").is_some()
+                } else {
+                    line.get("power_instant_mw")
+                        .or(line.get("power_mw"))
+                        .is_some()
+                };
+                facts.power_values += present as u64 + u64::from(energy);
+            }
             _ => {}
         }
     }
@@ -348,7 +392,10 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         "cudatrace wrote a slice per call and driver line"
     );
     assert_eq!(written.markers, facts.markers);
-    assert_eq!(written.counters, facts.memory.len() as u64);
+    assert_eq!(
+        written.counters,
+        facts.memory.len() as u64 + facts.power_values
+    );
     let driver_tracks = facts.driver_threads.len() as u64;
     let (thread_tracks, driver_track_sql) = match format {
         // The JSON has only thread tracks: a driver track is a thread of its own.
@@ -418,9 +465,9 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         ),
         count("driver tracks", driver_track_sql, driver_tracks),
         count(
-            "processes (pid 0 is the trace processor's own placeholder)",
+            "processes and GPUs (pid 0 is the trace processor's own placeholder)",
             "select count(*) from process where pid != 0",
-            facts.pids.len() as u64,
+            facts.pids.len() as u64 + facts.gpus.len() as u64,
         ),
         check(
             "threads with slices: (pid, tid)",
@@ -888,5 +935,162 @@ fn truncated_exports_are_rejected() {
         // The whole file loads: the cut is what fails.
         let whole = trace_processor(&file, &[]);
         assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
+    });
+}
+
+// ---- --power: each GPU's counter tracks ----
+
+/// A GPU's pid in the exports: this plus its NVML index (above any Linux pid).
+const GPU_PID_BASE: u64 = 1 << 30;
+
+/// Each power field's counter track, as both formats name it.
+const POWER_TRACKS: [(&str, &str); 8] = [
+    ("power_mw", "power W"),
+    ("power_instant_mw", "instant power W"),
+    ("sm_clock_mhz", "SM clock MHz"),
+    ("mem_clock_mhz", "memory clock MHz"),
+    ("gpu_util_pct", "GPU utilisation %"),
+    ("mem_util_pct", "memory utilisation %"),
+    ("temperature_c", "temperature C"),
+    ("memory_used_bytes", "memory used bytes"),
+];
+
+/// The GPUs' groups, their tracks with the number of values each, and the power values
+/// (mW, from the JSON's W), all from the trace's lines.
+fn power_checks(lines: &[Value]) -> Vec<Check> {
+    let base_ns = lines[0]["start_monotonic_ns"].as_u64().unwrap_or(0);
+    let devices = lines[0]["power"]["devices"].as_array().unwrap();
+    let groups: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            json!([
+                GPU_PID_BASE + d["index"].as_u64().unwrap(),
+                format!("GPU {}: {}", d["index"], d["name"].as_str().unwrap())
+            ])
+        })
+        .collect();
+    let mut tracks = BTreeMap::<(u64, &str), u64>::new();
+    let mut power = BTreeMap::new();
+    for line in lines.iter().filter(|l| l["type"] == "power") {
+        let pid = GPU_PID_BASE + line["device"].as_u64().unwrap();
+        for (field, track) in POWER_TRACKS {
+            if line.get(field).is_some() {
+                *tracks.entry((pid, track)).or_default() += 1;
+            }
+        }
+        *tracks.entry((pid, "energy J")).or_default() += 1;
+        if let Some(mw) = line.get("power_mw") {
+            let ts = line["ts_ns"].as_u64().unwrap() - base_ns;
+            power.insert((pid, ts), json!([pid, ts, mw]));
+        }
+    }
+    vec![
+        check(
+            "GPU groups: pid, name",
+            format!("select pid, name from process where pid >= {GPU_PID_BASE}"),
+            groups,
+        ),
+        check(
+            "GPU counter tracks: pid, name, values",
+            format!(
+                "select p.pid, t.name, count(*) from counter c \
+                 join process_counter_track t on c.track_id = t.id join process p using (upid) \
+                 where p.pid >= {GPU_PID_BASE} group by 1, 2"
+            ),
+            tracks
+                .into_iter()
+                .map(|((pid, track), n)| json!([pid, track, n]))
+                .collect(),
+        ),
+        ordered(check(
+            "power: pid, time since tracing started, mW",
+            "select p.pid, c.ts, cast(round(c.value * 1000) as int) from counter c \
+             join process_counter_track t on c.track_id = t.id join process p using (upid) \
+             where t.name = 'power W' order by p.pid, c.ts",
+            power.into_values().collect(),
+        )),
+    ]
+}
+
+#[test]
+fn a_power_trace_loads_with_each_gpus_counter_tracks() {
+    let trace = write_trace("power", &traces::power());
+    let lines = read_trace(&trace);
+    let facts = facts(&lines);
+    assert_eq!(facts.gpus.len(), 2);
+    assert_eq!(facts.power_values, traces::POWER_COUNTERS);
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend(power_checks(&lines));
+        checks.extend([
+            ordered(check(
+                "GPU 0's energy: its counter less the first reading (10 mJ a sample), in mJ",
+                format!(
+                    "select cast(round(c.value * 1000) as int) from counter c \
+                     join process_counter_track t on c.track_id = t.id join process p \
+                     using (upid) where p.pid = {GPU_PID_BASE} and t.name = 'energy J' \
+                     order by c.ts"
+                ),
+                (0..traces::POWER_SAMPLES)
+                    .map(|k| json!([k * 10]))
+                    .collect(),
+            )),
+            ordered(check(
+                "GPU 1's energy: 250 W integrated (25 mJ a sample), in mJ",
+                format!(
+                    "select cast(round(c.value * 1000) as int) from counter c \
+                     join process_counter_track t on c.track_id = t.id join process p \
+                     using (upid) where p.pid = {} and t.name = 'energy J' order by c.ts",
+                    GPU_PID_BASE + 1
+                ),
+                (0..traces::POWER_SAMPLES)
+                    .map(|k| json!([k * 25]))
+                    .collect(),
+            )),
+        ]);
+        assert_checks(&file, &checks);
+    });
+}
+
+#[test]
+fn a_recorded_power_trace_loads_with_each_gpus_counter_tracks() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-power");
+    let trace = dir.join("power.jsonl");
+    // Two stand-in GPUs (NOT NVIDIA's NVML), the second without an energy counter.
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--power=5", "--nvml"])
+        .arg(&common::power::nvml_standin().lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().demo)
+        .env("NVML_STANDIN_DEVICES", "2")
+        .env("NVML_STANDIN_NO_ENERGY", "1")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines = read_trace(&trace);
+    assert_complete(&lines);
+    let facts = facts(&lines);
+    assert_eq!(facts.gpus.len(), 2);
+    // 9 values a sample on each GPU: 8 fields and the energy (GPU 1's integrated).
+    let samples = lines.iter().filter(|l| l["type"] == "power").count() as u64;
+    assert_eq!(facts.power_values, samples * 9);
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend(power_checks(&lines));
+        checks.push(check(
+            "every power value is the stand-in's: 100 W and 200 W",
+            "select distinct p.pid, cast(round(c.value) as int) from counter c \
+             join process_counter_track t on c.track_id = t.id join process p using (upid) \
+             where t.name in ('power W', 'instant power W')",
+            vec![json!([GPU_PID_BASE, 100]), json!([GPU_PID_BASE + 1, 200])],
+        ));
+        assert_checks(&file, &checks);
     });
 }

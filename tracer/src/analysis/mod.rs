@@ -15,13 +15,16 @@
 //! | `stages.rs` | the stages of a run (initialisation ... cleanup) |
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
+//! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod driver;
+pub mod energy;
 pub mod families;
 pub mod kernels;
 pub mod memory;
+pub mod power;
 mod role;
 pub mod stages;
 pub mod summarise;
@@ -33,7 +36,7 @@ use std::collections::HashMap;
 
 use crate::{
     events::Event,
-    schema::{CallLine, DriverLine, MemoryFooter, ProcessMemory},
+    schema::{CallLine, DriverLine, MemoryFooter, PowerInfo, PowerLine, ProcessMemory},
 };
 
 use self::{
@@ -65,6 +68,7 @@ pub struct Analysis {
     finished: Vec<Finished>,
     summary: SummaryAccumulator,
     driver: driver::DriverAccumulator,
+    power: power::PowerAccumulator,
 }
 
 impl Analysis {
@@ -87,6 +91,17 @@ impl Analysis {
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
         self.summary.observe(role, record);
+        self.power.call(role, record);
+    }
+
+    /// The header's `power` object (`--power`).
+    pub fn power_header(&mut self, info: &PowerInfo) {
+        self.power.header(info);
+    }
+
+    /// A `"type":"power"` line (`--power`).
+    pub fn power_sample(&mut self, line: &PowerLine) {
+        self.power.sample(line);
     }
 
     /// A `"type":"driver"` line (`--kernel`).
@@ -118,7 +133,7 @@ impl Analysis {
                 stages: process.stages.report(pid),
             });
         }
-        let (memory, stages) = self
+        let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished
             .into_iter()
             .filter(|f| f.stages.calls > 0)
@@ -127,6 +142,7 @@ impl Analysis {
         Report {
             summary: self.summary.finish(),
             memory,
+            power: self.power.finish(&stages),
             stages,
             driver: self.driver.finish(),
         }
@@ -140,6 +156,8 @@ pub struct Report {
     pub stages: Vec<ProcessStages>,
     /// NVIDIA driver activity (`--kernel` traces).
     pub driver: driver::DriverSummary,
+    /// Energy and power (`--power` traces).
+    pub power: Option<power::PowerReport>,
 }
 
 impl Report {

@@ -57,7 +57,13 @@ pub fn summarise(
             Line::Call(mut call) => analysis.observe(&mut call),
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
             Line::Driver(driver) => analysis.driver(&driver),
-            Line::Header(header) => info.command = header.command,
+            Line::Header(header) => {
+                if let Some(power) = &header.power {
+                    analysis.power_header(power);
+                }
+                info.command = header.command;
+            }
+            Line::Power(power) => analysis.power_sample(&power),
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;

@@ -10,7 +10,7 @@ use std::{
 
 use serde_json::{Map, Value, json};
 
-use super::timeline::{ExportStats, Instant, Slice, TimelineSink, Track};
+use super::timeline::{ExportStats, GPU_PID_BASE, GpuCounter, Instant, Slice, TimelineSink, Track};
 use crate::schema::Header;
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
@@ -167,6 +167,32 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
             ",\"cat\":\"memory\",\"ts\":{},\"pid\":{pid},\"args\":{{\"bytes\":{bytes}}}}}",
             Micros(ts_ns)
         )
+    }
+
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
+        let pid = GPU_PID_BASE + device;
+        self.metadata("process_name", pid, pid, name)
+    }
+
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()> {
+        let (name, unit) = counter.name_and_unit();
+        self.open(name, "C")?;
+        write!(
+            self.out,
+            ",\"cat\":\"power\",\"ts\":{},\"pid\":{},\"args\":{{",
+            Micros(ts_ns),
+            GPU_PID_BASE + device
+        )?;
+        serde_json::to_writer(&mut self.out, unit)?;
+        self.out.write_all(b":")?;
+        serde_json::to_writer(&mut self.out, &value)?;
+        self.out.write_all(b"}}")
     }
 
     fn finish(&mut self, stats: &ExportStats) -> io::Result<()> {

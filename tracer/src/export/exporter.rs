@@ -14,13 +14,14 @@ use serde_json::{Map, Value};
 use super::{
     filters::Filters,
     flows::{FlowStart, FlowTracker, StreamKey},
+    power::GpuTracks,
     timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
     format::format_bytes,
     reader::{ReadError, TraceLines},
-    schema::{CallLine, DriverLine, Header, Line, LostLine, ProcessLine},
+    schema::{CallLine, DriverLine, Header, Line, LostLine, PowerLine, ProcessLine},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +65,8 @@ pub struct Exporter<'f, S> {
     stats: ExportStats,
     /// Device bytes of processes before the time window, drawn at its start.
     counter_before_window: HashMap<u32, u64>,
+    /// `--power`: the GPUs' counter tracks.
+    gpus: GpuTracks,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -78,6 +81,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             base_ns: 0,
             stats: ExportStats::default(),
             counter_before_window: HashMap::new(),
+            gpus: GpuTracks::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Process(process) => self.process(&process)?,
                 Line::Lost(lost) => self.lost(&lost)?,
                 Line::Driver(driver) => self.driver(&driver)?,
+                Line::Power(power) => self.power(&power)?,
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
@@ -111,6 +116,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     fn header(&mut self, header: &Header) -> io::Result<()> {
         self.base_ns = header.start_monotonic_ns.unwrap_or(0);
         self.families = Families::from_header(header);
+        self.gpus.header(header);
         if let (Some(pid), false) = (header.pids.first(), header.command.is_empty()) {
             let mut name = header.command.join(" ");
             if name.chars().count() > 80 {
@@ -296,6 +302,25 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             }
             ("exit", ..) => self.flows.forget_process(line.pid),
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// A `--power` sample: a value on each of its GPU's counter tracks. The GPU's tracks
+    /// are not any process's: `--pid` and `--name` keep them; the time window applies.
+    fn power(&mut self, line: &PowerLine) -> io::Result<()> {
+        let values = self.gpus.values(line);
+        let ts = self.relative(line.ts_ns);
+        if !self.filters.span(ts, 0) {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        if self.gpus.first_sight(line.device) {
+            self.sink.gpu(line.device, &self.gpus.name(line.device))?;
+        }
+        for (counter, value) in values {
+            self.sink.gpu_counter(line.device, counter, ts, value)?;
+            self.stats.counters += 1;
         }
         Ok(())
     }

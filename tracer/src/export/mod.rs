@@ -12,6 +12,7 @@
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
 //! | `chrome.rs`, `perfetto.rs` (`proto.rs`) | the two formats |
 //! | `flows.rs` | launch → synchronisation arrows |
+//! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
 
 mod args;
@@ -20,6 +21,7 @@ mod exporter;
 mod filters;
 mod flows;
 mod perfetto;
+mod power;
 pub mod proto;
 mod timeline;
 

@@ -20,7 +20,7 @@ use super::{
         SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG,
         ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
     },
-    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
+    timeline::{ExportStats, GPU_PID_BASE, GpuCounter, Instant, Slice, TimelineSink, Track},
 };
 use crate::schema::Header;
 
@@ -61,6 +61,8 @@ enum TrackKey {
     Process(u32),
     Event(Track),
     Memory(u32),
+    /// A GPU counter (`--power`): its device's group is `Process(GPU_PID_BASE + device)`.
+    Gpu(u32, GpuCounter),
 }
 
 pub struct PerfettoWriter<W: Write> {
@@ -313,6 +315,39 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 r#type: Some(event_type::COUNTER),
                 track_uuid: Some(uuid),
                 counter_value: Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
+                ..TrackEvent::default()
+            },
+        )
+    }
+
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
+        self.process(GPU_PID_BASE + device, name)
+    }
+
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()> {
+        let (uuid, new) = self.uuid(TrackKey::Gpu(device, counter));
+        if new {
+            let parent = self.uuid(TrackKey::Process(GPU_PID_BASE + device)).0;
+            self.describe(TrackDescriptor {
+                uuid: Some(uuid),
+                parent_uuid: Some(parent),
+                name: Some(counter.track_name()),
+                counter: Some(CounterDescriptor::default()),
+                ..TrackDescriptor::default()
+            })?;
+        }
+        self.event(
+            ts_ns,
+            TrackEvent {
+                r#type: Some(event_type::COUNTER),
+                track_uuid: Some(uuid),
+                double_counter_value: Some(value),
                 ..TrackEvent::default()
             },
         )

@@ -38,6 +38,50 @@ pub enum Track {
     Global,
 }
 
+/// A GPU's counter track (`--power` traces), drawn under the GPU's own process-like group
+/// (pid [`GPU_PID_BASE`] + NVML index, named `GPU N: NAME`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuCounter {
+    /// `power_mw`: NVML's power reading (a 1 s average on Ampere and newer but GA100).
+    Power,
+    /// `power_instant_mw`.
+    InstantPower,
+    /// Energy since the first sample: the counter's, or integrated power's.
+    Energy,
+    SmClock,
+    MemClock,
+    GpuUtilization,
+    MemUtilization,
+    Temperature,
+    MemoryUsed,
+}
+
+/// Pids of GPU groups start here: above any Linux pid (at most 2^22).
+pub const GPU_PID_BASE: u32 = 1 << 30;
+
+impl GpuCounter {
+    /// The counter's name and unit. Its track is named `NAME UNIT` in both formats (the
+    /// JSON's counter event `NAME` with the series `UNIT`, as the trace processor names it).
+    pub fn name_and_unit(self) -> (&'static str, &'static str) {
+        match self {
+            GpuCounter::Power => ("power", "W"),
+            GpuCounter::InstantPower => ("instant power", "W"),
+            GpuCounter::Energy => ("energy", "J"),
+            GpuCounter::SmClock => ("SM clock", "MHz"),
+            GpuCounter::MemClock => ("memory clock", "MHz"),
+            GpuCounter::GpuUtilization => ("GPU utilisation", "%"),
+            GpuCounter::MemUtilization => ("memory utilisation", "%"),
+            GpuCounter::Temperature => ("temperature", "C"),
+            GpuCounter::MemoryUsed => ("memory used", "bytes"),
+        }
+    }
+
+    pub fn track_name(self) -> String {
+        let (name, unit) = self.name_and_unit();
+        format!("{name} {unit}")
+    }
+}
+
 /// A slice: a call or a driver event. Times are ns since the base.
 pub struct Slice<'a> {
     pub track: Track,
@@ -73,5 +117,15 @@ pub trait TimelineSink {
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()>;
     /// The process's device bytes from `ts_ns` on.
     fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()>;
+    /// Names GPU `device`'s group (`--power`), before its first counter.
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()>;
+    /// A GPU counter's value from `ts_ns` on.
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()>;
     fn finish(&mut self, stats: &ExportStats) -> io::Result<()>;
 }

@@ -127,11 +127,34 @@ impl MemoryCurve {
     }
 }
 
+/// One GPU's power (`--power`) per column: the mean of the samples in it.
+pub struct PowerCurve {
+    pub device: u32,
+    sum_mw: Vec<u64>,
+    samples: Vec<u32>,
+}
+
+impl PowerCurve {
+    /// Watts per column; `None` where no sample fell.
+    pub fn watts(&self) -> Vec<Option<f64>> {
+        self.sum_mw
+            .iter()
+            .zip(&self.samples)
+            .map(|(sum, n)| (*n > 0).then(|| *sum as f64 / f64::from(*n) / 1e3))
+            .collect()
+    }
+}
+
+/// GPUs whose power is drawn.
+pub const POWER_CURVES: usize = 8;
+
 pub struct Bins {
     pub columns: Columns,
     /// The families in lane order, then [`OTHER_LANE`].
     pub lanes: Vec<Lane>,
     pub memory: Vec<MemoryCurve>,
+    /// By device index.
+    pub power: Vec<PowerCurve>,
 }
 
 impl Bins {
@@ -153,7 +176,40 @@ impl Bins {
                     last: vec![None; columns.count],
                 })
                 .collect(),
+            power: Vec::new(),
         }
+    }
+
+    /// GPU `device` drew `power_mw` at `ts` (samples outside the picture's span are left
+    /// out, not piled into its first or last column).
+    pub fn power(&mut self, device: u32, ts: u64, power_mw: u32) {
+        let span_end = self.columns.t0.saturating_add(self.columns.span_ns);
+        if ts < self.columns.t0 || ts > span_end {
+            return;
+        }
+        let column = self.columns.of(ts);
+        let at = match self
+            .power
+            .binary_search_by_key(&device, |curve| curve.device)
+        {
+            Ok(at) => at,
+            Err(_) if self.power.len() >= POWER_CURVES => return,
+            Err(at) => {
+                let count = self.columns.count;
+                self.power.insert(
+                    at,
+                    PowerCurve {
+                        device,
+                        sum_mw: vec![0; count],
+                        samples: vec![0; count],
+                    },
+                );
+                at
+            }
+        };
+        let curve = &mut self.power[at];
+        curve.sum_mw[column] += u64::from(power_mw);
+        curve.samples[column] += 1;
     }
 
     pub fn call(&mut self, family: Option<&str>, ts: u64, dur: u64) {
@@ -211,6 +267,23 @@ mod tests {
         assert_eq!(sync.starts[0..3], [1, 1, 0]);
         assert_eq!(bins.lanes[9].family, OTHER_LANE);
         assert_eq!(bins.lanes[9].calls, 1);
+    }
+
+    #[test]
+    fn power_is_averaged_per_column_and_kept_inside_the_span() {
+        let mut bins = Bins::new(Columns::new(1000, 100, 4), &[]);
+        bins.power(1, 1000, 100_000);
+        bins.power(1, 1010, 200_000);
+        bins.power(1, 1080, 50_000);
+        bins.power(0, 1030, 70_000);
+        bins.power(0, 999, 1);
+        bins.power(0, 1101, 1);
+        assert_eq!(
+            bins.power.iter().map(|c| c.device).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(bins.power[1].watts(), [Some(150.0), None, None, Some(50.0)]);
+        assert_eq!(bins.power[0].watts(), [None, Some(70.0), None, None]);
     }
 
     #[test]

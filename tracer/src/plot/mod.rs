@@ -116,6 +116,11 @@ fn bin(
                 }
             }
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Power(power) => {
+                if let Some(mw) = power.best_power_mw() {
+                    bins.power(power.device, power.ts_ns, mw);
+                }
+            }
             Line::Lost(_) | Line::Driver(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }

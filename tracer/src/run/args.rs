@@ -69,6 +69,26 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "PREFIX")]
     pub kernel_device_prefix: Option<String>,
 
+    /// Also sample every GPU's power, energy counter, clocks, utilisation, temperature and
+    /// memory through NVML every MS milliseconds (default 20, 1 to 60000), as `power`
+    /// lines; `summary` then gives energy per GPU, stage and kernel. Write `--power=MS`.
+    #[arg(
+        long,
+        value_name = "MS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "20",
+        value_parser = crate::power::parse_period
+    )]
+    pub power: Option<u32>,
+
+    /// The NVML library for --power. Default: the loader's search for libnvidia-ml.so.1
+    /// (LD_LIBRARY_PATH, the ldconfig cache), then /usr/local/nvidia/lib64,
+    /// /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib, /usr/lib/wsl/lib; never a file
+    /// in a `stubs` directory.
+    #[arg(long, value_name = "PATH", requires = "power")]
+    pub nvml: Option<PathBuf>,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
     /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]

@@ -1,6 +1,6 @@
-//! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM
-//! and a quarter-second tick; on any ending, detaches, drains the ring and settles the
-//! losses, so the footer that follows is complete.
+//! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM,
+//! `--power`'s samples and a quarter-second tick; on any ending, detaches, drains the ring,
+//! settles the losses and stops the sampler, so the footer that follows is complete.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -14,7 +14,7 @@ use tokio::{
     signal::unix::{Signal, SignalKind, signal},
 };
 
-use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline};
+use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline, power_feed::PowerFeed};
 use crate::{
     probes::{
         attach::{self, Attached},
@@ -62,6 +62,7 @@ pub async fn event_loop(
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
+    mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
     let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
     let counters = CounterReader::take(bpf)?;
@@ -108,6 +109,17 @@ pub async fn event_loop(
                 }
                 running = false;
             }
+            batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
+                match batch {
+                    Some(lines) => pipeline.power(&lines)?,
+                    // The sampler ended on its own: its figures say why.
+                    None => {
+                        if let Some(feed) = power.take() {
+                            pipeline.writer.footer.power = Some(feed.sampler.join());
+                        }
+                    }
+                }
+            }
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.
                 pipeline.drain(ring.get_mut(), usize::MAX)?;
@@ -124,6 +136,9 @@ pub async fn event_loop(
     let ring = ring.get_mut();
     while pipeline.drain(ring, usize::MAX)? > 0 {}
     loss.update(counters.read()?, pipeline.writer)?;
+    if let Some(feed) = power {
+        pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
+    }
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     progress.finish();
     pipeline.writer.flush()?;

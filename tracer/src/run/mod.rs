@@ -10,16 +10,18 @@
 //! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends |
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
+//! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
 
 mod args;
-mod clock;
+pub(crate) mod clock;
 mod event_loop;
 mod header;
 mod loss;
 mod outcome;
 mod output;
 mod pipeline;
+mod power_feed;
 mod session;
 
 pub use args::RunArgs;
@@ -35,12 +37,14 @@ use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Sessio
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
+    power::{PowerSetup, sampler::describe_errors},
     privileges,
     probes::{
         library::{self, Library},
         plan::Plans,
         probe_set::LIBCUDA,
     },
+    schema::PowerFooter,
     sinks::jsonl::TraceWriter,
     spawn,
     summary::text::render_short,
@@ -64,6 +68,18 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         }
     }
     let plans = plan_libraries(&args)?;
+    // NVML is started before anything else happens, so its absence stops the run early.
+    let power = match args.power {
+        Some(period_ms) => Some(
+            PowerSetup::prepare(args.nvml.as_deref(), period_ms).map_err(|why| {
+                Failure::new(
+                    ExitCode::NoNvml,
+                    anyhow!("--power: {why}; pass --nvml PATH, or run without --power"),
+                )
+            })?,
+        ),
+        None => None,
+    };
     let user = if args.as_root {
         None
     } else {
@@ -90,7 +106,13 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     let started = Instant::now();
 
     // From here on every failure still completes the trace with a footer.
+    let mut analysis = Analysis::default();
+    if let Some(setup) = &power {
+        analysis.power_header(&setup.info);
+    }
     let mut session = Session {
+        power_info: power.as_ref().map(|setup| setup.info.clone()),
+        power,
         args: &args,
         plans: &plans,
         user: user.as_ref(),
@@ -98,7 +120,6 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         clocks: Clocks::now(),
         kernel_hooks: None,
     };
-    let mut analysis = Analysis::default();
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
         Ok(exit) => (exit, None),
         Err(failure) => {
@@ -144,6 +165,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             args.ring_kib.saturating_mul(4).min(1 << 20)
         );
     }
+    if let Some(power) = &footer.power {
+        warn_power(power);
+    }
     if !args.quiet {
         eprint!("{}", render_short(&report));
     }
@@ -185,4 +209,32 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
         ));
     }
     Ok(plans)
+}
+
+/// `--power`: what the sampler could not do, on stderr (also in the footer and summary).
+fn warn_power(power: &PowerFooter) {
+    if let Some(error) = &power.error {
+        eprintln!("cudatrace: WARNING: --power: {error}");
+    }
+    if !power.read_errors.is_empty() {
+        eprintln!(
+            "cudatrace: WARNING: --power: NVML errors while sampling (those fields are missing \
+             from those samples): {}",
+            describe_errors(&power.read_errors)
+        );
+    }
+    if power.dropped_samples > 0 {
+        eprintln!(
+            "cudatrace: WARNING: --power: {} samples dropped: the event loop fell behind",
+            power.dropped_samples
+        );
+    }
+    if power.skipped_ticks > 0 {
+        eprintln!(
+            "cudatrace: --power: {} ticks skipped: reading NVML took longer than the period \
+             (up to {} µs a GPU)",
+            power.skipped_ticks,
+            power.read_ns_max / 1000
+        );
+    }
 }

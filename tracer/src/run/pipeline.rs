@@ -2,13 +2,14 @@
 //! (`events::Decoder`: the probe catalog names each call's arguments) → **enrich**
 //! (`analysis::Analysis`: kernel names and live device bytes into the line; the run's
 //! stages and figures) → **sinks** (`sinks::jsonl::TraceWriter`; the progress line reads its
-//! counts). Each stage knows only the one before it; this file wires them.
+//! counts). Each stage knows only the one before it; this file wires them. `--power`'s
+//! sampler is a second source: its lines need no decoding and go through enrich and sinks.
 
 use std::io;
 
 use aya::maps::{MapData, RingBuf};
 
-use crate::{analysis::Analysis, events::Decoder, sinks::jsonl::TraceWriter};
+use crate::{analysis::Analysis, events::Decoder, schema::PowerLine, sinks::jsonl::TraceWriter};
 
 pub struct Pipeline<'a> {
     pub decoder: Decoder<'a>,
@@ -36,5 +37,14 @@ impl Pipeline<'_> {
         };
         self.analysis.enrich(&mut event);
         self.writer.event(&event)
+    }
+
+    /// `--power`: one tick's lines through enrich and the sinks.
+    pub fn power(&mut self, lines: &[PowerLine]) -> io::Result<()> {
+        for line in lines {
+            self.analysis.power_sample(line);
+            self.writer.write(line)?;
+        }
+        Ok(())
     }
 }

@@ -18,12 +18,14 @@ use super::{
     header,
     outcome::Outcome,
     pipeline::Pipeline,
+    power_feed::PowerFeed,
 };
 use crate::{
     analysis::Analysis,
     events::Decoder,
     exit::{ExitCode, Failure},
     kernel_hooks,
+    power::PowerSetup,
     privileges::{self, TargetUser},
     probes::{
         attach::{self, AttachFailure, Attached},
@@ -32,7 +34,7 @@ use crate::{
         plan::Plans,
         programs, tracefs,
     },
-    schema::{AttachFailureInfo, Header, KernelHooksInfo},
+    schema::{AttachFailureInfo, Header, KernelHooksInfo, PowerInfo},
     sinks::jsonl::TraceWriter,
     spawn,
 };
@@ -46,6 +48,10 @@ pub struct Session<'a> {
     pub clocks: Clocks,
     /// `--kernel`: what was chosen and hooked.
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--power`: NVML started, until the sampler starts.
+    pub power: Option<PowerSetup>,
+    /// `--power`: the header's `power` object.
+    pub power_info: Option<PowerInfo>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -55,14 +61,17 @@ fn internal(e: anyhow::Error) -> Failure {
 impl Session<'_> {
     /// The header, for `pids` traced from the start.
     pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
-        header::header(
-            self.args,
-            self.plans,
-            self.clocks,
-            pids,
-            failures,
-            self.kernel_hooks.clone(),
-        )
+        Header {
+            power: self.power_info.clone(),
+            ..header::header(
+                self.args,
+                self.plans,
+                self.clocks,
+                pids,
+                failures,
+                self.kernel_hooks.clone(),
+            )
+        }
     }
 
     /// Traces until the command exits or a signal stops it, writing to `writer` through
@@ -137,6 +146,20 @@ impl Session<'_> {
                 )
             })?;
 
+        // The sampler starts before the command does: its first samples are the GPUs'
+        // power before the command touched them.
+        let power = match self.power.take() {
+            Some(setup) => {
+                if !self.args.quiet {
+                    eprintln!("cudatrace: --power: {}", setup.describe());
+                }
+                let (sampler, receiver) = setup
+                    .start()
+                    .map_err(|e| internal(anyhow!("starting the NVML sampler: {e}")))?;
+                Some(PowerFeed { sampler, receiver })
+            }
+            None => None,
+        };
         let child = match gated {
             Some(gated) => Some(gated.release().map_err(internal_spawn)?),
             None => None,
@@ -167,6 +190,7 @@ impl Session<'_> {
             watches,
             child,
             self.args.quiet,
+            power,
         ));
         loop_result.map_err(internal)
     }

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::fields::{Hex, LineType, Tag};
+use super::{
+    fields::{Hex, LineType, Tag},
+    power::PowerFooter,
+};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Footer {
@@ -40,6 +43,9 @@ pub struct Footer {
     /// (docs/trace-format.md, "Analysis fields").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryFooter>,
+    /// `--power`: the NVML sampler's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerFooter>,
 }
 
 impl LineType for Footer {
@@ -60,6 +66,8 @@ pub struct EventCounts {
     pub lost: u64,
     /// `"type":"driver"` lines (`--kernel`).
     pub driver: u64,
+    /// `"type":"power"` lines (`--power`).
+    pub power: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]

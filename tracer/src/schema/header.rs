@@ -7,7 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fields::{LineType, Tag};
+use super::{
+    fields::{LineType, Tag},
+    power::PowerInfo,
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -56,6 +59,9 @@ pub struct Header {
     /// `--kernel`: the driver hooks in use.
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--power`: the NVML library and the sampled GPUs (readers use it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerInfo>,
 }
 
 impl LineType for Header {

@@ -10,6 +10,7 @@
 //! | `process.rs` | [`ProcessLine`] | fork, exec, exit of a traced process |
 //! | `lost.rs` | [`LostLine`] | events the kernel dropped |
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
+//! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -37,6 +38,7 @@ mod fields;
 mod footer;
 mod header;
 mod lost;
+mod power;
 mod process;
 
 pub use call::CallLine;
@@ -45,6 +47,10 @@ pub use fields::{Hex, LineType};
 pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
 pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
 pub use lost::LostLine;
+pub use power::{
+    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
+    PowerLine,
+};
 pub use process::ProcessLine;
 
 use serde_json::Value;
@@ -60,6 +66,7 @@ pub enum Line {
     Process(ProcessLine),
     Lost(LostLine),
     Driver(Box<DriverLine>),
+    Power(Box<PowerLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -82,6 +89,7 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         ProcessLine::TYPE => Line::Process(ProcessLine::read(&value, bytes)?),
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
+        PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
         _ => Line::Unknown,
     })

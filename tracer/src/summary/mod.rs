@@ -8,6 +8,7 @@ use std::{
 use anyhow::anyhow;
 
 mod args;
+mod power;
 pub mod text;
 
 pub use args::SummaryArgs;
@@ -55,6 +56,15 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.lines
         );
     }
+    if let Some(power) = &result.report.power
+        && power.read_errors > 0
+    {
+        eprintln!(
+            "cudatrace: warning: {} NVML reads failed while sampling power: those samples \
+             lack those fields (see Energy)",
+            power.read_errors
+        );
+    }
     if result.info.lost_events > 0 {
         eprintln!(
             "cudatrace: warning: the tracer lost {} events: counts are lower bounds and \
@@ -70,6 +80,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             memory: &result.report.memory,
             stages: &result.report.stages,
             driver: &result.report.driver,
+            power: result.report.power.as_ref(),
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;

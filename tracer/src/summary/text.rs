@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report, driver::DriverSummary, stages::ProcessStages, summarise::TraceInfo,
-        summary::Summary,
+        Report, driver::DriverSummary, power::PowerReport, stages::ProcessStages,
+        summarise::TraceInfo, summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
     schema::ProcessMemory,
@@ -25,6 +25,9 @@ pub struct SummaryJson<'a> {
     /// Present for `--kernel` traces.
     #[serde(skip_serializing_if = "is_empty_driver")]
     pub driver: &'a DriverSummary,
+    /// Present for `--power` traces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<&'a PowerReport>,
 }
 
 fn is_empty_driver(driver: &&DriverSummary) -> bool {
@@ -240,6 +243,9 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         }
     }
     render_driver(&mut out, &report.driver);
+    if let Some(power) = &report.power {
+        super::power::render(&mut out, power, &report.stages, summary.first_ts_ns);
+    }
     out
 }
 
@@ -348,6 +354,9 @@ pub fn render_short(report: &Report) -> String {
         );
     }
     render_driver_short(&mut out, &report.driver);
+    if let Some(power) = &report.power {
+        super::power::render_short(&mut out, power);
+    }
     out
 }
 

@@ -248,3 +248,53 @@ pub fn inference(iterations: u64) -> String {
 pub fn with_header(body: &str) -> String {
     format!("{INFERENCE_HEADER}\n{body}{FOOTER}\n")
 }
+
+/// Samples in [`power`]: every 100 µs from the trace's start (ts 1000) for 2 ms.
+pub const POWER_SAMPLES: u64 = 21;
+/// Counter values [`power`] exports: GPU 0 gives 9 fields a sample (instant power
+/// included), GPU 1 8 (no instant power; its energy is integrated).
+pub const POWER_COUNTERS: u64 = POWER_SAMPLES * (9 + 8);
+
+/// A `--power` trace of two GPUs: [`inference`] with 2 iterations (calls from ts 10 µs
+/// to about 1.1 ms), sampled every 100 µs from ts 1000 for 2 ms. GPU 0 ("test GPU A")
+/// draws 100 W and counts energy (10 mJ a sample, from 5000 mJ); GPU 1 ("test GPU B") draws
+/// 250 W and has no energy counter.
+pub fn power() -> String {
+    let header = r#"{"type":"header","format":"cudatrace","version":1,"command":["python3","infer.py"],"pids":[42],"start_monotonic_ns":1000,"power":{"period_ms":1,"nvml":{"path":"/x/libnvidia-ml.so.1","version":"12.580","driver_version":"580.159.04","standin":false},"devices":[{"index":0,"name":"test GPU A","uuid":"GPU-a","power_limit_mw":700000,"energy_counter":true,"energy_source":"counter","unsupported":[]},{"index":1,"name":"test GPU B","uuid":"GPU-b","energy_counter":false,"energy_source":"integrated power","unsupported":["energy_mj: NOT_SUPPORTED","power_instant_mw: NOT_SUPPORTED"]}]}}"#;
+    let mut out = format!("{header}\n");
+    let body = inference(2);
+    let mut calls = body.lines().peekable();
+    let ts_of = |line: &str| -> u64 {
+        let at = line.find("\"ts_ns\":").expect("a call line") + 8;
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    for seq in 0..POWER_SAMPLES {
+        let ts = 1000 + seq * 100_000;
+        // The calls before this sample first, as the tracer would write them.
+        while let Some(line) = calls.next_if(|line| ts_of(line) < ts) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            r#"{{"type":"power","device":0,"seq":{seq},"ts_ns":{ts},"read_ns":40000,"power_mw":100000,"power_instant_mw":100000,"energy_mj":{},"sm_clock_mhz":1980,"mem_clock_mhz":2619,"gpu_util_pct":{},"mem_util_pct":17,"temperature_c":60,"memory_used_bytes":1048576}}"#,
+            5000 + seq * 10,
+            seq * 5
+        );
+        let _ = writeln!(
+            out,
+            r#"{{"type":"power","device":1,"seq":{seq},"ts_ns":{ts},"read_ns":30000,"power_mw":250000,"sm_clock_mhz":1410,"mem_clock_mhz":1593,"gpu_util_pct":0,"mem_util_pct":0,"temperature_c":40,"memory_used_bytes":0}}"#
+        );
+    }
+    for line in calls {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(FOOTER);
+    out.push('\n');
+    out
+}
