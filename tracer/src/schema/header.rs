@@ -56,6 +56,9 @@ pub struct Header {
     /// `--kernel`: the driver hooks in use.
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--gpu`: what was injected. Readers take its presence: GPU lines will follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuHeaderInfo>,
 }
 
 impl LineType for Header {
@@ -109,4 +112,17 @@ pub struct KernelHooksInfo {
     pub xid: bool,
     /// Files whose path starts with this are NVIDIA device files.
     pub device_prefix: String,
+}
+
+/// `--gpu`: the injection library and the libcupti it loads in the traced processes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuHeaderInfo {
+    /// The injection library as written for this run (removed at its end).
+    pub library: String,
+    /// The libcupti named to it.
+    pub libcupti: String,
+    /// Where that libcupti was found: `--cupti`, `python wheels (PYTHON)`, `CUDA toolkit`
+    /// or `loader`.
+    pub libcupti_from: String,
 }

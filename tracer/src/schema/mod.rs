@@ -10,6 +10,7 @@
 //! | `process.rs` | [`ProcessLine`] | fork, exec, exit of a traced process |
 //! | `lost.rs` | [`LostLine`] | events the kernel dropped |
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
+//! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -35,6 +36,7 @@ mod call;
 mod driver;
 mod fields;
 mod footer;
+pub mod gpu;
 mod header;
 mod lost;
 mod process;
@@ -42,8 +44,13 @@ mod process;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
-pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use footer::{EventLine, Footer, FooterFigures, GpuFooter, Leak, MemoryFooter, ProcessMemory};
+pub use gpu::{
+    GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
+};
+pub use header::{
+    AttachFailureInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+};
 pub use lost::LostLine;
 pub use process::ProcessLine;
 
@@ -60,6 +67,8 @@ pub enum Line {
     Process(ProcessLine),
     Lost(LostLine),
     Driver(Box<DriverLine>),
+    /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
+    Gpu(Box<GpuLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -72,6 +81,11 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
     if bytes.starts_with(call::FAST_PREFIX) {
         return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
     }
+    for (prefix, kind) in gpu::FAST_PREFIXES {
+        if bytes.starts_with(prefix) {
+            return read_gpu(kind, bytes);
+        }
+    }
     let value: Value = serde_json::from_slice(bytes).map_err(|e| fields::describe(&e))?;
     let Some(kind) = value.get("type").and_then(Value::as_str) else {
         return Err("not a trace line: no \"type\" string".into());
@@ -83,8 +97,18 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
-        _ => Line::Unknown,
+        other => match GpuLine::read(other, bytes) {
+            Some(line) => Line::Gpu(Box::new(line?)),
+            None => Line::Unknown,
+        },
     })
+}
+
+fn read_gpu(kind: &str, bytes: &[u8]) -> Result<Line, String> {
+    match GpuLine::read(kind, bytes) {
+        Some(line) => line.map(|line| Line::Gpu(Box::new(line))),
+        None => Ok(Line::Unknown),
+    }
 }
 
 #[cfg(test)]
