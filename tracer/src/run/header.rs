@@ -6,7 +6,10 @@ use std::{collections::HashSet, time::UNIX_EPOCH};
 use super::{args::RunArgs, clock::Clocks};
 use crate::{
     probes::{plan::Plans, probe_set::LIBCUDA},
-    schema::{AttachFailureInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo},
+    schema::{
+        AttachFailureInfo, FORMAT_VERSION, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo,
+        ProbeInfo,
+    },
 };
 
 /// The header of a run. `pids` are the processes traced from the start (the command's
@@ -18,6 +21,7 @@ pub fn header(
     pids: &[u32],
     failures: Vec<AttachFailureInfo>,
     kernel_hooks: Option<KernelHooksInfo>,
+    gpu: Option<GpuHeaderInfo>,
 ) -> Header {
     let (host, kernel) = uname();
     let mode = if args.all {
@@ -79,6 +83,7 @@ pub fn header(
             .collect(),
         attach_failures: failures,
         kernel_hooks,
+        gpu,
         ..Header::default()
     }
 }

@@ -11,6 +11,9 @@
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
 //! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//!
+//! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
+//! `crate::inject`; its records go down the same pipeline.
 
 mod args;
 mod clock;
@@ -35,15 +38,17 @@ use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Sessio
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
+    inject::{self, GpuInjection},
     privileges,
     probes::{
         library::{self, Library},
         plan::Plans,
-        probe_set::LIBCUDA,
+        probe_set::{INJECTION, LIBCUDA},
     },
+    schema::Footer,
     sinks::jsonl::TraceWriter,
     spawn,
-    summary::text::render_short,
+    summary::text::{render_gpu_short, render_short},
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
@@ -63,7 +68,10 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             ));
         }
     }
-    let plans = plan_libraries(&args)?;
+    if args.gpu {
+        inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
+    }
+    let mut plans = plan_libraries(&args)?;
     let user = if args.as_root {
         None
     } else {
@@ -84,6 +92,23 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         None => None,
     };
 
+    // `--gpu`: everything that can fail does so before the trace file exists.
+    let gpu = match args.gpu {
+        true => {
+            let env = privileges::command_env(user.as_ref());
+            inject::check_environment(&env)?;
+            let injection = inject::prepare(
+                args.cupti.as_deref(),
+                program.as_deref(),
+                &env,
+                user.as_ref(),
+            )?;
+            plan_injection(&mut plans, &injection)?;
+            Some(injection)
+        }
+        false => None,
+    };
+
     let (output, output_label) = open_output(args.output.as_deref(), user.as_ref())
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let mut writer = TraceWriter::new(output);
@@ -97,8 +122,13 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         program,
         clocks: Clocks::now(),
         kernel_hooks: None,
+        gpu: gpu.as_ref(),
     };
-    let mut analysis = Analysis::default();
+    let mut analysis = if args.gpu {
+        Analysis::with_gpu_linking()
+    } else {
+        Analysis::default()
+    };
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
         Ok(exit) => (exit, None),
         Err(failure) => {
@@ -114,6 +144,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.exit_signal = exit.signal;
     writer.footer.stopped_by = exit.stopped_by;
     writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
+    writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
     let footer = writer.finish().map_err(|e| {
@@ -136,17 +167,23 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     if lost > 0 {
         eprintln!(
             "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}); try --ring-kib {}",
+             table {}; process events {}{}); try --ring-kib {}",
             footer.lost.ring_full,
             footer.lost.too_deep,
             footer.lost.frames_full,
             footer.lost.process_ring_full,
+            gpu_losses(&footer),
             args.ring_kib.saturating_mul(4).min(1 << 20)
         );
     }
     if !args.quiet {
         eprint!("{}", render_short(&report));
     }
+    if let Some(gpu) = &footer.gpu {
+        eprint!("{}", render_gpu_short(&report.gpu, gpu));
+    }
+    // Dropping the injection removes its directory; the command is gone by now.
+    drop(gpu);
     match (args.export, output_label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
@@ -157,7 +194,51 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         (None, _) => {}
     }
-    Ok(exit.process_exit_code())
+    let code = exit.process_exit_code();
+    match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {
+        Some(fatal) if fatal > 0 && code == 0 => {
+            eprintln!(
+                "cudatrace: GPU recording failed in {} (see the gpu_error lines): exit code {}",
+                crate::format::plural(fatal, "process"),
+                ExitCode::GpuRecordingFailed as i32
+            );
+            Ok(ExitCode::GpuRecordingFailed as i32)
+        }
+        _ => Ok(code),
+    }
+}
+
+/// `; GPU records: ring full N, unreadable N, dropped by CUPTI N` when any were lost.
+fn gpu_losses(footer: &Footer) -> String {
+    let lost = &footer.lost;
+    let figures = [lost.gpu_ring_full, lost.gpu_read_failed, lost.cupti_dropped];
+    if figures.iter().all(|n| n.unwrap_or(0) == 0) {
+        return String::new();
+    }
+    format!(
+        "; GPU records: ring full {}, unreadable {}, dropped by CUPTI {}",
+        figures[0].unwrap_or(0),
+        figures[1].unwrap_or(0),
+        figures[2].unwrap_or(0)
+    )
+}
+
+/// `--gpu`: the injection library as written for this run, planned like any library.
+fn plan_injection(plans: &mut Plans, injection: &GpuInjection) -> Result<(), Failure> {
+    let internal = |e| Failure::new(ExitCode::Internal, e);
+    let library = Library::open(&INJECTION, injection.library_path()).map_err(internal)?;
+    let plan = plans.add(&INJECTION, &library);
+    if plan.probes.is_empty() {
+        return Err(Failure::new(
+            ExitCode::Internal,
+            anyhow!(
+                "the injection library {} lacks {}: rebuild cudatrace",
+                plan.library.path.display(),
+                tracer_common::GPU_RECORDS_SYMBOL
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Finds libcuda and plans its probes; a function it lacks is reported by

@@ -23,6 +23,7 @@ use crate::{
     analysis::Analysis,
     events::Decoder,
     exit::{ExitCode, Failure},
+    inject::{self, GpuInjection},
     kernel_hooks,
     privileges::{self, TargetUser},
     probes::{
@@ -46,6 +47,8 @@ pub struct Session<'a> {
     pub clocks: Clocks,
     /// `--kernel`: what was chosen and hooked.
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--gpu`: what goes into the command.
+    pub gpu: Option<&'a GpuInjection>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -62,6 +65,7 @@ impl Session<'_> {
             pids,
             failures,
             self.kernel_hooks.clone(),
+            self.gpu.map(GpuInjection::header),
         )
     }
 
@@ -92,7 +96,10 @@ impl Session<'_> {
         // Fork before any thread exists; the child waits at the gate.
         let gated = match &self.program {
             Some(path) => {
-                let env = privileges::command_env(self.user);
+                let mut env = privileges::command_env(self.user);
+                if let Some(gpu) = self.gpu {
+                    env = inject::with_vars(env, gpu.env());
+                }
                 let redirect = self.args.output.as_deref() == Some(Path::new("-"));
                 Some(
                     spawn::spawn_gated(path, &self.args.command, &env, self.user, redirect)
@@ -154,12 +161,21 @@ impl Session<'_> {
                 libraries.join(", "),
                 describe_targets(self.args, &pids)
             );
+            if let Some(gpu) = self.gpu {
+                eprintln!(
+                    "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
+                    gpu.library.path.display(),
+                    gpu.cupti.path.display(),
+                    gpu.cupti.from
+                );
+            }
         }
-        let mut pipeline = Pipeline {
-            decoder: Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
+        let mut pipeline = Pipeline::new(
+            Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
             analysis,
             writer,
-        };
+            self.gpu.is_some(),
+        );
         let loop_result = runtime.block_on(event_loop(
             &mut bpf,
             &mut attached,
