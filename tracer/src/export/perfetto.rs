@@ -2,7 +2,7 @@
 //! time (track descriptors first, then track events), on one packet sequence.
 //!
 //! Slices are a `TYPE_SLICE_BEGIN`/`TYPE_SLICE_END` pair; flows are `flow_ids` on the
-//! launch and `terminating_flow_ids` on its synchronisation. Timestamps are nanoseconds
+//! launch and `terminating_flow_ids` on its synchronisation (or, `--gpu`, its GPU work). Timestamps are nanoseconds
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 
@@ -61,6 +61,8 @@ enum TrackKey {
     Process(u32),
     Event(Track),
     Memory(u32),
+    /// `--gpu`: the group of a GPU's stream tracks.
+    Gpu(u32),
 }
 
 pub struct PerfettoWriter<W: Write> {
@@ -248,6 +250,23 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 name: Some(name.to_owned()),
                 ..TrackDescriptor::default()
             },
+            // A stream track in its GPU's group, described first.
+            Track::Gpu { device, .. } => {
+                let (group, new) = self.uuid(TrackKey::Gpu(device));
+                if new {
+                    self.describe(TrackDescriptor {
+                        uuid: Some(group),
+                        name: Some(format!("GPU {device}")),
+                        ..TrackDescriptor::default()
+                    })?;
+                }
+                TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(group),
+                    name: Some(name.to_owned()),
+                    ..TrackDescriptor::default()
+                }
+            }
             Track::Global => return Ok(()),
         };
         self.describe(descriptor)
@@ -260,7 +279,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
             TrackEvent {
                 r#type: Some(event_type::SLICE_BEGIN),
                 track_uuid: Some(track_uuid),
-                flow_ids: slice.flow_out.into_iter().collect(),
+                flow_ids: slice.flow_out.to_vec(),
                 terminating_flow_ids: slice.flows_in.iter().map(|start| start.id).collect(),
                 ..TrackEvent::default()
             },

@@ -25,6 +25,8 @@ pub struct ExportStats {
     pub skipped_lines: u64,
     /// Launches whose arrow was dropped because their stream had too many waiting.
     pub flows_dropped: u64,
+    /// `--gpu`: kernels, copies and memsets drawn on the GPU tracks (among `slices`).
+    pub gpu_slices: u64,
 }
 
 /// Where an event is drawn.
@@ -36,6 +38,8 @@ pub enum Track {
     Driver { pid: u32, tid: u32 },
     /// Trace-wide markers (lost events).
     Global,
+    /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids).
+    Gpu { device: u32, pid: u32, stream: u32 },
 }
 
 /// A slice: a call or a driver event. Times are ns since the base.
@@ -46,8 +50,8 @@ pub struct Slice<'a> {
     pub name: &'a str,
     pub category: &'a str,
     pub args: &'a Map<String, Value>,
-    /// A launch: the flow it starts.
-    pub flow_out: Option<u64>,
+    /// A launch: the flows it starts (to its synchronisation, to its GPU work).
+    pub flow_out: &'a [u64],
     /// A synchronisation: the launches it waited for.
     pub flows_in: &'a [FlowStart],
 }
@@ -67,7 +71,8 @@ pub trait TimelineSink {
     fn header(&mut self, header: &Header, base_ns: u64) -> io::Result<()>;
     /// Names (or renames, after an exec) a process.
     fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
-    /// Names a thread's track (or its driver track).
+    /// Names a thread's track (or its driver track, or a GPU stream's track: then `name`
+    /// is the stream's, and the GPU is named `GPU <device>`).
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()>;
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()>;
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()>;
