@@ -61,6 +61,8 @@ pub struct Exporter<'f, S> {
     flows: FlowTracker,
     /// `--gpu` traces (the header says so): calls waiting for their GPU work's arrow.
     gpu_flows: Option<GpuFlows>,
+    /// `--gpu`: per (device, pid, stream), where each lane's last slice ends.
+    gpu_lanes: HashMap<(u32, u32, u32), Vec<u64>>,
     names: Names,
     /// Trace clock value of time 0: the header's start, else 0.
     base_ns: u64,
@@ -78,6 +80,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             families: Families::default(),
             flows: FlowTracker::default(),
             gpu_flows: None,
+            gpu_lanes: HashMap::new(),
             names: Names::default(),
             base_ns: 0,
             stats: ExportStats::default(),
@@ -145,9 +148,14 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let (pid, tid, driver) = match track {
             Track::Thread { pid, tid } => (pid, tid, false),
             Track::Driver { pid, tid } => (pid, tid, true),
-            Track::Gpu { pid, stream, .. } => {
+            Track::Gpu {
+                pid, stream, lane, ..
+            } => {
                 if self.names.threads.insert(track) {
-                    let name = format!("stream {stream}, pid {pid} ({})", self.names.name(pid));
+                    let mut name = format!("stream {stream}, pid {pid} ({})", self.names.name(pid));
+                    if lane > 0 {
+                        name.push_str(&format!(", overlapping {lane}"));
+                    }
                     self.sink.thread(track, &name)?;
                 }
                 return Ok(());
@@ -411,10 +419,24 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
             return Ok(());
         }
+        // The first lane of the stream whose last slice ended by this one's start.
+        let lanes = self
+            .gpu_lanes
+            .entry((work.device, work.pid, work.stream))
+            .or_default();
+        let lane = match lanes.iter().position(|end| *end <= ts) {
+            Some(lane) => lane,
+            None => {
+                lanes.push(0);
+                lanes.len() - 1
+            }
+        };
+        lanes[lane] = ts.saturating_add(work.dur_ns);
         let track = Track::Gpu {
             device: work.device,
             pid: work.pid,
             stream: work.stream,
+            lane: lane as u32,
         };
         self.announce_process(work.pid)?;
         self.track(track)?;

@@ -38,8 +38,15 @@ pub enum Track {
     Driver { pid: u32, tid: u32 },
     /// Trace-wide markers (lost events).
     Global,
-    /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids).
-    Gpu { device: u32, pid: u32, stream: u32 },
+    /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids). Work of
+    /// one stream that overlaps (programmatic dependent launch, or clock jitter) goes to
+    /// `lane` 1, 2, ... beside it: viewers drop slices that overlap on one track.
+    Gpu {
+        device: u32,
+        pid: u32,
+        stream: u32,
+        lane: u32,
+    },
 }
 
 /// A slice: a call or a driver event. Times are ns since the base.

@@ -70,6 +70,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     }
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
+        // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
+        inject::check_environment(&privileges::command_env(None))?;
     }
     let mut plans = plan_libraries(&args)?;
     let user = if args.as_root {
@@ -96,7 +98,6 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     let gpu = match args.gpu {
         true => {
             let env = privileges::command_env(user.as_ref());
-            inject::check_environment(&env)?;
             let injection = inject::prepare(
                 args.cupti.as_deref(),
                 program.as_deref(),
@@ -165,22 +166,30 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         exit.describe()
     );
     if lost > 0 {
+        let cupti_only = footer.lost.cupti_dropped == Some(lost);
         eprintln!(
             "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}{}); try --ring-kib {}",
+             table {}; process events {}{}){}",
             footer.lost.ring_full,
             footer.lost.too_deep,
             footer.lost.frames_full,
             footer.lost.process_ring_full,
             gpu_losses(&footer),
-            args.ring_kib.saturating_mul(4).min(1 << 20)
+            if cupti_only {
+                String::new()
+            } else {
+                format!(
+                    "; try --ring-kib {}",
+                    args.ring_kib.saturating_mul(4).min(1 << 20)
+                )
+            }
         );
     }
     if !args.quiet {
         eprint!("{}", render_short(&report));
-    }
-    if let Some(gpu) = &footer.gpu {
-        eprint!("{}", render_gpu_short(&report.gpu, gpu));
+        if let Some(gpu) = &footer.gpu {
+            eprint!("{}", render_gpu_short(&report.gpu, gpu));
+        }
     }
     // Dropping the injection removes its directory; the command is gone by now.
     drop(gpu);
