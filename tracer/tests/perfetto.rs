@@ -1066,17 +1066,16 @@ fn a_recorded_gpu_run_loads_with_a_track_per_stream() {
                 .into_iter()
                 .find(|c| c["tid"] == w["call_tid"] && c["ts_ns"] == w["call_ts_ns"])
                 .expect("every work line links to a call line");
+            let name = call["name"].as_str().unwrap();
+            let family = if name.starts_with("cuLaunch") {
+                "launch"
+            } else if name.starts_with("cuMemset") {
+                "memset"
+            } else {
+                "copy"
+            };
             json!([
-                call["name"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("cuLaunch")
-                    .then_some("launch")
-                    .unwrap_or(if call["name"].as_str().unwrap().starts_with("cuMemset") {
-                        "memset"
-                    } else {
-                        "copy"
-                    }),
+                family,
                 call["ts_ns"].as_u64().unwrap() - base,
                 slices
                     .iter()
