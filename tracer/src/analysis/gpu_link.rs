@@ -28,10 +28,13 @@ pub const CALL_WINDOW: usize = 1 << 18;
 /// API records' links kept per process (the work of a call arrives after its API record,
 /// within a few flushes).
 pub const API_WINDOW: usize = 1 << 18;
-/// How long a GPU record waits for its API record before it is written unlinked.
+/// How long a GPU record waits for its API record before it is written unlinked, provided
+/// API records of its process kept coming after it (its own should have been among them).
 pub const PENDING_NS: u64 = 2_000_000_000;
+/// How long it waits at most, whatever came.
+pub const PENDING_MAX_NS: u64 = 30_000_000_000;
 /// GPU records waiting per process; beyond, the oldest are written unlinked.
-pub const PENDING_MAX: usize = 1 << 16;
+pub const PENDING_MAX: usize = 1 << 17;
 
 /// A call kept for linking.
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +68,8 @@ struct Process {
     pending: HashMap<u32, Vec<(u64, GpuLine)>>,
     pending_order: VecDeque<(u64, u32)>,
     pending_count: usize,
+    /// When the latest API record came.
+    last_api_ns: u64,
 }
 
 /// The enrich stage's linking state (`cudatrace run --gpu` only: a trace read back is
@@ -120,10 +125,12 @@ impl GpuLinker {
             });
     }
 
-    /// CUPTI's record of a call: its link, and the work that waited for it, into `out`.
-    pub fn api(&mut self, api: ApiRecord, out: &mut Vec<GpuLine>) {
+    /// CUPTI's record of a call, come at `arrived_ns`: its link, and the work that waited
+    /// for it, into `out`.
+    pub fn api(&mut self, api: ApiRecord, arrived_ns: u64, out: &mut Vec<GpuLine>) {
         self.counts.api_records += 1;
         let process = self.processes.entry(api.pid).or_default();
+        process.last_api_ns = process.last_api_ns.max(arrived_ns);
         let call = match process.threads.get(&api.tid) {
             Some(thread) => thread
                 .enclosing(api.start_ns, api.end_ns)
@@ -173,18 +180,22 @@ impl GpuLinker {
         process.pending_order.push_back((arrived_ns, id));
         process.pending_count += 1;
         if process.pending_count > PENDING_MAX {
-            release_oldest(process, &mut self.counts, u64::MAX, 1, out);
+            release_oldest(process, &mut self.counts, Release::Oldest(1), out);
         }
     }
 
-    /// Writes unlinked the work that waited longer than [`PENDING_NS`] by `now_ns`.
+    /// Writes unlinked the work that waited longer than [`PENDING_NS`] by `now_ns` while
+    /// API records kept coming after it, or longer than [`PENDING_MAX_NS`].
     pub fn expire(&mut self, now_ns: u64, out: &mut Vec<GpuLine>) {
-        let before = now_ns.saturating_sub(PENDING_NS);
+        let release = Release::Expired {
+            before: now_ns.saturating_sub(PENDING_NS),
+            hard_before: now_ns.saturating_sub(PENDING_MAX_NS),
+        };
         let mut pids: Vec<u32> = self.processes.keys().copied().collect();
         pids.sort_unstable();
         for pid in pids {
             if let Some(process) = self.processes.get_mut(&pid) {
-                release_oldest(process, &mut self.counts, before, usize::MAX, out);
+                release_oldest(process, &mut self.counts, release, out);
             }
         }
     }
@@ -192,7 +203,7 @@ impl GpuLinker {
     /// A process exec'd or exited: nothing more will come for its work.
     pub fn end_process(&mut self, pid: u32, out: &mut Vec<GpuLine>) {
         if let Some(mut process) = self.processes.remove(&pid) {
-            release_oldest(&mut process, &mut self.counts, u64::MAX, usize::MAX, out);
+            release_oldest(&mut process, &mut self.counts, Release::All, out);
         }
     }
 
@@ -206,20 +217,38 @@ impl GpuLinker {
     }
 }
 
-/// Writes unlinked up to `limit` waiting records that came before `before`, oldest first.
+/// Which waiting records [`release_oldest`] writes unlinked.
+#[derive(Clone, Copy)]
+enum Release {
+    /// This many, oldest first.
+    Oldest(usize),
+    /// Those that came before `before` with API records after them, or before
+    /// `hard_before`.
+    Expired {
+        before: u64,
+        hard_before: u64,
+    },
+    All,
+}
+
+/// Writes unlinked the waiting records `release` names, oldest first.
 fn release_oldest(
     process: &mut Process,
     counts: &mut GpuFooter,
-    before: u64,
-    limit: usize,
+    release: Release,
     out: &mut Vec<GpuLine>,
 ) {
     let mut released = 0;
-    while released < limit {
-        let Some(&(arrived, id)) = process.pending_order.front() else {
-            break;
+    while let Some(&(arrived, id)) = process.pending_order.front() {
+        let due = match release {
+            Release::Oldest(limit) => released < limit,
+            Release::Expired {
+                before,
+                hard_before,
+            } => arrived < hard_before || (arrived < before && process.last_api_ns > arrived),
+            Release::All => true,
         };
-        if arrived >= before {
+        if !due {
             break;
         }
         process.pending_order.pop_front();
@@ -316,23 +345,23 @@ mod tests {
         linker.call(1, 1, 150, 100);
         linker.call(1, 1, 100, 300);
         linker.call(1, 2, 120, 180);
-        linker.api(api(1, 5, 160, 240), &mut out);
+        linker.api(api(1, 5, 160, 240), 0, &mut out);
         assert!(out.is_empty());
         linker.work(kernel(1, 5, 1240), 0, &mut out);
         assert_eq!(link(&out[0]), (Some((1, 150)), Some(1000), None));
         // The work first, then its API record.
         linker.work(kernel(1, 6, 500), 0, &mut out);
         assert_eq!(out.len(), 1);
-        linker.api(api(1, 6, 110, 390), &mut out);
+        linker.api(api(1, 6, 110, 390), 0, &mut out);
         assert_eq!(link(&out[1]), (Some((1, 100)), Some(110), None));
         // Another thread's call; graph kernels share their call.
-        linker.api(api(2, 7, 130, 290), &mut out);
+        linker.api(api(2, 7, 130, 290), 0, &mut out);
         linker.work(kernel(1, 7, 280), 0, &mut out);
         linker.work(kernel(1, 7, 300), 0, &mut out);
         assert_eq!(link(&out[2]), (Some((2, 120)), Some(-10), None));
         assert_eq!(link(&out[3]).0, Some((2, 120)));
         // An API record no call encloses.
-        linker.api(api(2, 8, 50, 60), &mut out);
+        linker.api(api(2, 8, 50, 60), 0, &mut out);
         linker.work(kernel(1, 8, 70), 0, &mut out);
         assert_eq!(link(&out[4]), (None, Some(10), Some("no_call")));
         assert_eq!(linker.counts.linked, 4);
@@ -347,7 +376,14 @@ mod tests {
         linker.work(kernel(1, 1, 10), 1_000, &mut out);
         linker.work(kernel(1, 2, 20), 2_000_000_000, &mut out);
         linker.work(kernel(2, 3, 30), 5, &mut out);
+        // Without API records since, waiting work stays (its record may be late)...
         linker.expire(PENDING_NS + 1_500, &mut out);
+        assert!(out.is_empty());
+        // ...until API records of its process come after it, or it waited too long.
+        linker.api(api(1, 9, 1, 2), 3_000, &mut out);
+        linker.expire(PENDING_NS + 1_500, &mut out);
+        assert_eq!(out.len(), 1);
+        linker.expire(PENDING_MAX_NS + 10, &mut out);
         let first: Vec<_> = out.iter().map(|l| (l.pid(), link(l).2)).collect();
         assert_eq!(
             first,
@@ -376,10 +412,10 @@ mod tests {
         for i in 0..=CALL_WINDOW as u64 {
             linker.call(1, 1, i * 10, 5);
         }
-        linker.api(api(1, 1, 1, 2), &mut out);
+        linker.api(api(1, 1, 1, 2), 0, &mut out);
         linker.work(kernel(1, 1, 100), 0, &mut out);
         assert_eq!(link(&out[0]).2, Some("beyond_window"));
-        linker.api(api(1, 2, 11, 12), &mut out);
+        linker.api(api(1, 2, 11, 12), 0, &mut out);
         linker.work(kernel(1, 2, 100), 0, &mut out);
         assert_eq!(link(&out[1]).0, Some((1, 10)));
         assert_eq!(linker.counts.unlinked.beyond_window, 1);

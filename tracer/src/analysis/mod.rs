@@ -126,7 +126,7 @@ impl Analysis {
                 out.push(line);
             }
             GpuEvent::Line(work) => linker.work(work, arrived_ns, out),
-            GpuEvent::Api(api) => linker.api(api, out),
+            GpuEvent::Api(api) => linker.api(api, arrived_ns, out),
             GpuEvent::Dropped { .. } => {}
         }
         self.finish_gpu_lines(out, first);
