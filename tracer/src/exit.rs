@@ -23,6 +23,12 @@ pub enum ExitCode {
     NotPrivileged = 77,
     /// `--missing-probes error` and a function is missing or failed to attach.
     ProbesMissing = 78,
+    /// `--gpu`: no libcupti found.
+    NoCupti = 80,
+    /// `--gpu`: the environment already names an injection library (`CUDA_INJECTION64_PATH`).
+    InjectionPathSet = 81,
+    /// `--gpu`: GPU recording failed in a process (CUPTI refused), and the command exited 0.
+    GpuRecordingFailed = 82,
     /// The command exists but cannot be executed.
     NotExecutable = 126,
     /// The command was not found.

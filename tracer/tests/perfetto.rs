@@ -1094,3 +1094,206 @@ fn a_recorded_power_trace_loads_with_each_gpus_counter_tracks() {
         assert_checks(&file, &checks);
     });
 }
+
+// ---- --gpu: a track per GPU and stream, an arrow from each call to its work ----
+
+/// GPU work slices: (GPU, stream track, name, ts, dur), as the format files them: threads
+/// of a `GPU N` process in the JSON, child tracks of a `GPU N` track in the protobuf.
+fn gpu_slices(format: Format, rows: Vec<Value>) -> Check {
+    let sql = match format {
+        Format::Chrome => {
+            "select p.name, t.name, s.name, s.ts, s.dur from slice s \
+             join thread_track tt on s.track_id = tt.id join thread t using (utid) \
+             join process p using (upid) where s.category = 'gpu' and s.dur > 0"
+        }
+        Format::Perfetto => {
+            "select g.name, t.name, s.name, s.ts, s.dur from slice s \
+             join track t on s.track_id = t.id join track g on t.parent_id = g.id \
+             where s.category = 'gpu' and s.dur > 0"
+        }
+    };
+    check("GPU slices: GPU, stream track, name, ts, dur", sql, rows)
+}
+
+/// Arrows into GPU work: (the call slice's category and start, the work's name and start).
+fn gpu_flows(rows: Vec<Value>) -> Check {
+    check(
+        "flows from a call to its GPU work",
+        "select o.category, o.ts, i.name, i.ts from flow f join slice o on f.slice_out = o.id \
+         join slice i on f.slice_in = i.id where i.category = 'gpu'",
+        rows,
+    )
+}
+
+#[test]
+fn a_gpu_trace_loads_with_gpu_tracks_and_call_to_gpu_flows() {
+    let trace = write_trace("gpu", &traces::gpu());
+    let stream = |n: u32| format!("stream {n}, pid 300 (python3 train.py)");
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    let slices: Vec<Value> = [
+        (13, "HtoD 1.00 MiB", 7_500, 2_000),
+        (13, "memset 3.91 KiB", 9_600, 400),
+        (13, vector_add, 11_500, 5_000),
+        (14, "gemm()", 15_500, 2_000),
+        (13, vector_add, 16_500, 3_000),
+        (13, "DtoH 4.00 KiB", 62_000, 1_000),
+        (13, vector_add, 64_000, 500),
+    ]
+    .iter()
+    .map(|(s, name, ts, dur)| json!(["GPU 0", stream(*s), name, ts, dur]))
+    .collect();
+    let flows: Vec<Value> = [
+        ("copy", 6_000, "HtoD 1.00 MiB", 7_500),
+        ("memset", 9_000, "memset 3.91 KiB", 9_600),
+        ("launch", 10_000, vector_add, 11_500),
+        ("launch", 12_000, vector_add, 16_500),
+        ("launch", 14_000, "gemm()", 15_500),
+        ("copy", 60_000, "DtoH 4.00 KiB", 62_000),
+    ]
+    .iter()
+    .map(|(category, ts, name, gpu_ts)| json!([category, ts, name, gpu_ts]))
+    .collect();
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        // 11 calls and 7 pieces of work; 6 arrows to work and 2 launch → sync.
+        assert_eq!((written.slices, written.flows, written.markers), (18, 8, 1));
+        assert_checks(
+            &file,
+            &[
+                gpu_slices(format, slices.clone()),
+                gpu_flows(flows.clone()),
+                count("flows", "select count(*) from flow", 8),
+                count(
+                    "the recording-start marker",
+                    "select count(*) from slice where name = 'GPU recording: CUPTI 130001' \
+                     and dur = 0",
+                    1,
+                ),
+                check(
+                    "a kernel's arguments",
+                    format!(
+                        "select extract_arg(arg_set_id, '{}'), extract_arg(arg_set_id, '{}'), \
+                         extract_arg(arg_set_id, '{}') from slice where name = 'gemm()'",
+                        format.arg("kernel_mangled"),
+                        format.arg("queued_ns"),
+                        format.arg("call_tid")
+                    ),
+                    vec![json!(["_Z4gemmv", -200, 301])],
+                ),
+            ],
+        );
+    });
+}
+
+#[test]
+fn a_recorded_gpu_run_loads_with_a_track_per_stream() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-gpu-run");
+    let trace = dir.join("gpu.jsonl");
+    let cupti = common::gpu::cupti_standin();
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--gpu", "--cupti"])
+        .arg(&cupti.lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().driver)
+        .arg("gpu")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines = read_trace(&trace);
+    let base = lines[0]["start_monotonic_ns"].as_u64().unwrap();
+    let pid = lines[0]["pids"][0].as_u64().unwrap();
+    let work: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            matches!(
+                l["type"].as_str(),
+                Some("gpu_kernel" | "gpu_copy" | "gpu_memset")
+            )
+        })
+        .collect();
+    assert_eq!(work.len(), 8, "4 kernels, 2 copies, 2 memsets");
+    let comm = lines[0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    // The stand-in's work of one stream overlaps (it does not serialise streams): the
+    // export puts a slice that starts before the previous one ends on a lane beside it.
+    let mut lanes = BTreeMap::<(u64, u64), Vec<u64>>::new();
+    let slices: Vec<Value> = work
+        .iter()
+        .map(|w| {
+            let (ts, dur) = (
+                w["ts_ns"].as_u64().unwrap() - base,
+                w["dur_ns"].as_u64().unwrap(),
+            );
+            let ends = lanes
+                .entry((w["device"].as_u64().unwrap(), w["stream"].as_u64().unwrap()))
+                .or_default();
+            let lane = ends.iter().position(|end| *end <= ts).unwrap_or_else(|| {
+                ends.push(0);
+                ends.len() - 1
+            });
+            ends[lane] = ts + dur;
+            let overlapping = match lane {
+                0 => String::new(),
+                n => format!(", overlapping {n}"),
+            };
+            let name = match w["type"].as_str().unwrap() {
+                "gpu_kernel" => w["kernel"].as_str().unwrap().to_owned(),
+                "gpu_copy" if w["bytes"] == 1048576 => {
+                    format!("{} 1.00 MiB", w["kind"].as_str().unwrap())
+                }
+                "gpu_copy" => format!("{} 64.00 KiB", w["kind"].as_str().unwrap()),
+                _ => format!("memset {} B", w["bytes"]),
+            };
+            json!([
+                format!("GPU {}", w["device"]),
+                format!("stream {}, pid {pid} ({comm}){overlapping}", w["stream"]),
+                name,
+                w["ts_ns"].as_u64().unwrap() - base,
+                w["dur_ns"]
+            ])
+        })
+        .collect();
+    let flows: Vec<Value> = work
+        .iter()
+        .map(|w| {
+            let call = calls(&lines)
+                .into_iter()
+                .find(|c| c["tid"] == w["call_tid"] && c["ts_ns"] == w["call_ts_ns"])
+                .expect("every work line links to a call line");
+            let name = call["name"].as_str().unwrap();
+            let family = if name.starts_with("cuLaunch") {
+                "launch"
+            } else if name.starts_with("cuMemset") {
+                "memset"
+            } else {
+                "copy"
+            };
+            json!([
+                family,
+                call["ts_ns"].as_u64().unwrap() - base,
+                slices
+                    .iter()
+                    .find(|s| s[3] == w["ts_ns"].as_u64().unwrap() - base)
+                    .unwrap()[2],
+                w["ts_ns"].as_u64().unwrap() - base
+            ])
+        })
+        .collect();
+    each_format(|format| {
+        let (file, _) = export(&trace, format);
+        assert_checks(
+            &file,
+            &[gpu_slices(format, slices.clone()), gpu_flows(flows.clone())],
+        );
+    });
+}

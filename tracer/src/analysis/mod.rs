@@ -16,12 +16,18 @@
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
 //! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
+//! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
+//! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod driver;
 pub mod energy;
 pub mod families;
+pub mod gpu;
+pub mod gpu_context;
+pub mod gpu_link;
 pub mod kernels;
 pub mod memory;
 pub mod power;
@@ -35,11 +41,15 @@ pub use role::{Role, classify};
 use std::collections::HashMap;
 
 use crate::{
-    events::Event,
-    schema::{CallLine, DriverLine, MemoryFooter, PowerInfo, PowerLine, ProcessMemory},
+    events::{Event, gpu::GpuEvent},
+    schema::{
+        CallLine, DriverLine, GpuFooter, GpuLine, MemoryFooter, PowerInfo, PowerLine, ProcessMemory,
+    },
 };
 
 use self::{
+    gpu::{GpuAccumulator, GpuSummary},
+    gpu_link::GpuLinker,
     kernels::{KernelNames, KernelTable},
     memory::MemoryState,
     stages::{ProcessStages, StageTracker},
@@ -69,17 +79,112 @@ pub struct Analysis {
     summary: SummaryAccumulator,
     driver: driver::DriverAccumulator,
     power: power::PowerAccumulator,
+    gpu: GpuAccumulator,
+    /// `cudatrace run --gpu`: linking GPU work to calls.
+    gpu_link: Option<GpuLinker>,
 }
 
 impl Analysis {
+    /// The analysis of `cudatrace run --gpu`: it also links GPU work to calls.
+    pub fn with_gpu_linking() -> Self {
+        Analysis {
+            gpu_link: Some(GpuLinker::default()),
+            ..Analysis::default()
+        }
+    }
+
     /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
     /// bytes go into the line itself, and every event counts toward the run's figures.
+    /// GPU records go through [`Self::enrich_gpu`] instead.
     pub fn enrich(&mut self, event: &mut Event) {
         match event {
-            Event::Call(call) => self.observe(call),
+            Event::Call(call) => {
+                self.observe(call);
+                if let Some(linker) = &mut self.gpu_link
+                    && call.ret == 0
+                    && matches!(
+                        classify(&call.name).0,
+                        Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
+                    )
+                {
+                    linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns);
+                }
+            }
             Event::Process(process) => self.process_event(process.pid, &process.event),
             Event::Driver(driver) => self.driver(driver),
+            Event::Gpu(_) => {}
         }
+    }
+
+    /// `cudatrace run --gpu`'s enrich stage for a GPU record that came at `arrived_ns`:
+    /// work is linked to its call (or kept until it can be), kernels are named, and the
+    /// lines ready to write go to `out`, counted toward the figures.
+    pub fn enrich_gpu(&mut self, event: GpuEvent, arrived_ns: u64, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        let linker = self.gpu_link.get_or_insert_with(GpuLinker::default);
+        match event {
+            GpuEvent::Line(line @ (GpuLine::Info(_) | GpuLine::Error(_))) => {
+                if let GpuLine::Error(error) = &line {
+                    linker.counts.fatal_errors += u64::from(error.fatal);
+                } else {
+                    linker.counts.processes += 1;
+                }
+                out.push(line);
+            }
+            GpuEvent::Line(work) => linker.work(work, arrived_ns, out),
+            GpuEvent::Api(api) => linker.api(api, arrived_ns, out),
+            GpuEvent::Dropped { .. } => {}
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// `--gpu`: writes unlinked the work that waited too long for its call's record.
+    pub fn expire_gpu(&mut self, now_ns: u64, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        if let Some(linker) = &mut self.gpu_link {
+            linker.expire(now_ns, out);
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// `--gpu`: a process exec'd or exited, or (`None`) tracing ended: its (every) waiting
+    /// work goes out unlinked.
+    pub fn end_gpu(&mut self, pid: Option<u32>, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        if let Some(linker) = &mut self.gpu_link {
+            match pid {
+                Some(pid) => linker.end_process(pid, out),
+                None => linker.finish(out),
+            }
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// The footer's `gpu` figures (`run --gpu`).
+    pub fn gpu_footer(&self) -> Option<GpuFooter> {
+        self.gpu_link.as_ref().map(|linker| linker.counts.clone())
+    }
+
+    fn finish_gpu_lines(&mut self, out: &mut [GpuLine], first: usize) {
+        for line in &mut out[first..] {
+            if let GpuLine::Kernel(kernel) = line
+                && kernel.kernel_mangled.is_none()
+                && kernel.kernel != "unknown"
+            {
+                let truncated = kernel.link.warnings.iter().any(|w| w == "name_truncated");
+                let name = self.names.get(&kernel.kernel, truncated);
+                if let Some(mangled) = &name.mangled {
+                    kernel.kernel = name.display.to_string();
+                    kernel.kernel_mangled = Some(mangled.to_string());
+                }
+            }
+            self.gpu.observe(line);
+        }
+    }
+
+    /// A `--gpu` line of a trace read back.
+    pub fn gpu_line(&mut self, line: &GpuLine) {
+        self.gpu.observe(line);
     }
 
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
@@ -139,12 +244,18 @@ impl Analysis {
             .filter(|f| f.stages.calls > 0)
             .map(|f| (f.memory, f.stages))
             .unzip();
+        let summary = self.summary.finish();
+        let calls_first = (summary.calls > 0).then_some(summary.first_ts_ns);
+        let gpu = self
+            .gpu
+            .finish(calls_first, summary.first_ts_ns + summary.span_ns);
         Report {
-            summary: self.summary.finish(),
+            summary,
             memory,
             power: self.power.finish(&stages),
             stages,
             driver: self.driver.finish(),
+            gpu,
         }
     }
 }
@@ -158,6 +269,8 @@ pub struct Report {
     pub driver: driver::DriverSummary,
     /// Energy and power (`--power` traces).
     pub power: Option<power::PowerReport>,
+    /// What the GPU ran (`--gpu` traces).
+    pub gpu: GpuSummary,
 }
 
 impl Report {

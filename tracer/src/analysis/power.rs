@@ -570,6 +570,7 @@ mod tests {
                     launches: 0,
                     htod_bytes: 0,
                     dtoh_bytes: 0,
+                    gpu_busy_ns: None,
                 },
                 crate::analysis::stages::Stage {
                     name: "cleanup",
@@ -579,6 +580,7 @@ mod tests {
                     launches: 0,
                     htod_bytes: 0,
                     dtoh_bytes: 0,
+                    gpu_busy_ns: None,
                 },
             ],
         }];

@@ -5,7 +5,7 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::{Analysis, Report};
+use super::{Analysis, Report, gpu_context::GpuContext};
 use crate::{
     reader::{ReadError, TraceLines},
     schema::Line,
@@ -37,9 +37,33 @@ pub struct Summarised {
     pub skipped: Vec<(u64, String)>,
 }
 
-/// Streams a trace through the analysis. A malformed line is an error naming `file` and
-/// the line, unless `skip_bad_lines`.
-pub fn summarise(
+/// Streams a trace through the analysis; `open` gives its lines from the start (twice for
+/// a `--gpu` trace: the second pass finds what the CPU did in the GPU's idle gaps and the
+/// GPU's busy time per stage, `gpu_context.rs`). A malformed line is an error naming `file`
+/// and the line, unless `skip_bad_lines`.
+pub fn summarise<R: BufRead>(
+    mut open: impl FnMut() -> Result<R, ReadError>,
+    file: &str,
+    skip_bad_lines: bool,
+) -> Result<Summarised, ReadError> {
+    let mut summarised = first_pass(open()?, file, skip_bad_lines)?;
+    let report = &mut summarised.report;
+    if GpuContext::wanted(&report.gpu) {
+        let mut context = GpuContext::new(&report.gpu, &report.stages);
+        let mut lines = TraceLines::new(open()?, file, skip_bad_lines);
+        while let Some(line) = lines.next_line()? {
+            match line {
+                Line::Call(call) => context.call(&call),
+                Line::Gpu(gpu) => context.gpu(&gpu),
+                _ => {}
+            }
+        }
+        context.finish(&mut report.gpu, &mut report.stages);
+    }
+    Ok(summarised)
+}
+
+fn first_pass(
     reader: impl BufRead,
     file: &str,
     skip_bad_lines: bool,
@@ -57,6 +81,7 @@ pub fn summarise(
             Line::Call(mut call) => analysis.observe(&mut call),
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
             Line::Driver(driver) => analysis.driver(&driver),
+            Line::Gpu(gpu) => analysis.gpu_line(&gpu),
             Line::Header(header) => {
                 if let Some(power) = &header.power {
                     analysis.power_header(power);
@@ -108,7 +133,7 @@ mod tests {
 "#;
 
     fn read(text: &[u8], skip: bool) -> Result<Summarised, ReadError> {
-        summarise(text, "trace.jsonl", skip)
+        summarise(|| Ok(text), "trace.jsonl", skip)
     }
 
     #[test]

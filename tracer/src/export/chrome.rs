@@ -4,6 +4,7 @@
 //! Times are microseconds with three decimals, so nanoseconds survive exactly.
 
 use std::{
+    collections::HashMap,
     fmt,
     io::{self, Write},
 };
@@ -16,8 +17,7 @@ use crate::schema::Header;
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
 
-/// The name and category both ends of a flow share (viewers pair them by these and the id).
-pub const FLOW_NAME: &str = "launch → sync";
+/// The category both ends of a flow share (viewers pair them by it, the name and the id).
 pub const FLOW_CATEGORY: &str = "flow";
 
 /// Nanoseconds written as microseconds, exactly.
@@ -29,18 +29,12 @@ impl fmt::Display for Micros {
     }
 }
 
-fn pid_tid(track: Track) -> (u32, u32) {
-    match track {
-        Track::Thread { pid, tid } => (pid, tid),
-        Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
-        Track::Global => (0, 0),
-    }
-}
-
 pub struct ChromeWriter<W: Write> {
     out: W,
     events: u64,
     header: Option<Value>,
+    /// `--gpu`: stream tracks, threads of their GPU's group, by tid from 1.
+    gpu_tids: HashMap<Track, u32>,
 }
 
 impl<W: Write> ChromeWriter<W> {
@@ -50,7 +44,21 @@ impl<W: Write> ChromeWriter<W> {
             out,
             events: 0,
             header: None,
+            gpu_tids: HashMap::new(),
         })
+    }
+
+    fn pid_tid(&mut self, track: Track) -> (u32, u32) {
+        match track {
+            Track::Thread { pid, tid } => (pid, tid),
+            Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
+            Track::Global => (0, 0),
+            Track::Gpu { device, .. } => {
+                let next = self.gpu_tids.len() as u32 + 1;
+                let tid = *self.gpu_tids.entry(track).or_insert(next);
+                (GPU_PID_BASE.saturating_add(device), tid)
+            }
+        }
     }
 
     /// Starts an event: the separator, then `{"name":NAME,"ph":PH`.
@@ -88,8 +96,15 @@ impl<W: Write> ChromeWriter<W> {
 
     /// One end of a flow arrow: `s` binds to the launch slice enclosing it, `f` (with
     /// `"bp":"e"`) to the synchronisation slice enclosing it.
-    fn flow_end(&mut self, phase: &str, id: u64, pid: u32, tid: u32, ts: u64) -> io::Result<()> {
-        self.open(FLOW_NAME, phase)?;
+    fn flow_end(
+        &mut self,
+        name: &str,
+        phase: &str,
+        id: u64,
+        (pid, tid): (u32, u32),
+        ts: u64,
+    ) -> io::Result<()> {
+        self.open(name, phase)?;
         self.string_field("cat", FLOW_CATEGORY)?;
         write!(
             self.out,
@@ -118,12 +133,12 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
     }
 
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()> {
-        let (pid, tid) = pid_tid(track);
+        let (pid, tid) = self.pid_tid(track);
         self.metadata("thread_name", pid, tid, name)
     }
 
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()> {
-        let (pid, tid) = pid_tid(slice.track);
+        let (pid, tid) = self.pid_tid(slice.track);
         self.open(slice.name, "X")?;
         self.string_field("cat", slice.category)?;
         write!(
@@ -136,14 +151,15 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         self.out.write_all(b"}")?;
         let arrives = slice.ts_ns + slice.dur_ns / 2;
         for start in slice.flows_in {
-            self.flow_end("s", start.id, start.pid, start.tid, start.ts_ns)?;
-            self.flow_end("f", start.id, pid, tid, arrives)?;
+            let from = (start.pid, start.tid);
+            self.flow_end(start.name, "s", start.id, from, start.ts_ns)?;
+            self.flow_end(start.name, "f", start.id, (pid, tid), arrives)?;
         }
         Ok(())
     }
 
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()> {
-        let (pid, tid) = pid_tid(instant.track);
+        let (pid, tid) = self.pid_tid(instant.track);
         let scope = if instant.track == Track::Global {
             "g"
         } else {
@@ -170,8 +186,8 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
     }
 
     fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
-        let pid = GPU_PID_BASE + device;
-        self.metadata("process_name", pid, pid, name)
+        // Its stream threads are numbered from 1: tid 0 is the group itself.
+        self.metadata("process_name", GPU_PID_BASE + device, 0, name)
     }
 
     fn gpu_counter(

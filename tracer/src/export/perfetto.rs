@@ -2,7 +2,7 @@
 //! time (track descriptors first, then track events), on one packet sequence.
 //!
 //! Slices are a `TYPE_SLICE_BEGIN`/`TYPE_SLICE_END` pair; flows are `flow_ids` on the
-//! launch and `terminating_flow_ids` on its synchronisation. Timestamps are nanoseconds
+//! launch and `terminating_flow_ids` on its synchronisation (or, `--gpu`, its GPU work). Timestamps are nanoseconds
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 
@@ -61,8 +61,10 @@ enum TrackKey {
     Process(u32),
     Event(Track),
     Memory(u32),
-    /// A GPU counter (`--power`): its device's group is `Process(GPU_PID_BASE + device)`.
+    /// A GPU counter (`--power`) in its GPU's group, `Process(GPU_PID_BASE + device)`.
     Gpu(u32, GpuCounter),
+    /// `--gpu`: the track holding a GPU's stream tracks, in its GPU's group.
+    GpuStreams(u32),
 }
 
 pub struct PerfettoWriter<W: Write> {
@@ -70,6 +72,8 @@ pub struct PerfettoWriter<W: Write> {
     buf: Vec<u8>,
     packets: u64,
     uuids: HashMap<TrackKey, u64>,
+    /// GPU groups' names, by device.
+    gpu_names: HashMap<u32, String>,
     names: Interner,
     categories: Interner,
     annotation_names: Interner,
@@ -82,6 +86,7 @@ impl<W: Write> PerfettoWriter<W> {
             buf: Vec::with_capacity(4096),
             packets: 0,
             uuids: HashMap::new(),
+            gpu_names: HashMap::new(),
             names: Interner::default(),
             categories: Interner::default(),
             annotation_names: Interner::default(),
@@ -250,6 +255,28 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 name: Some(name.to_owned()),
                 ..TrackDescriptor::default()
             },
+            // A stream track in its GPU's group (named by `gpu` first), under a track
+            // that holds the GPU's streams: the trace processor links a track to a
+            // process's track only as that process's, not as its child.
+            Track::Gpu { device, .. } => {
+                let (streams, new) = self.uuid(TrackKey::GpuStreams(device));
+                if new {
+                    let process = self.uuid(TrackKey::Process(GPU_PID_BASE + device)).0;
+                    let name = self.gpu_names.get(&device).cloned();
+                    self.describe(TrackDescriptor {
+                        uuid: Some(streams),
+                        parent_uuid: Some(process),
+                        name: Some(name.unwrap_or_else(|| format!("GPU {device}"))),
+                        ..TrackDescriptor::default()
+                    })?;
+                }
+                TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(streams),
+                    name: Some(name.to_owned()),
+                    ..TrackDescriptor::default()
+                }
+            }
             Track::Global => return Ok(()),
         };
         self.describe(descriptor)
@@ -262,7 +289,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
             TrackEvent {
                 r#type: Some(event_type::SLICE_BEGIN),
                 track_uuid: Some(track_uuid),
-                flow_ids: slice.flow_out.into_iter().collect(),
+                flow_ids: slice.flow_out.to_vec(),
                 terminating_flow_ids: slice.flows_in.iter().map(|start| start.id).collect(),
                 ..TrackEvent::default()
             },
@@ -321,6 +348,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
     }
 
     fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
+        self.gpu_names.insert(device, name.to_owned());
         self.process(GPU_PID_BASE + device, name)
     }
 

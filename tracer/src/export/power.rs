@@ -1,5 +1,6 @@
-//! `--power` lines as counter tracks: each GPU a group of its own (`GPU N: NAME`) with
-//! power, instant power, energy, clocks, utilisation, temperature and memory used.
+//! `--power` lines as counter tracks: each GPU a group of its own (`GPU N: NAME`, shared
+//! with `--gpu`'s stream tracks) with power, instant power, energy, clocks, utilisation,
+//! temperature and memory used.
 
 use std::collections::HashMap;
 

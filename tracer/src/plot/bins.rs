@@ -1,6 +1,7 @@
 //! Calls binned into the picture's pixel columns: per API family, the calls and the time
-//! spent in them per column; per process, the device bytes per column. Memory is fixed by
-//! the picture's width, whatever the trace's length.
+//! spent in them per column; per process, the device bytes per column; per GPU (`--gpu`),
+//! the time its work ran per column. Memory is fixed by the picture's width, whatever the
+//! trace's length.
 
 use crate::analysis::families::FAMILIES;
 
@@ -153,13 +154,18 @@ pub struct Bins {
     /// The families in lane order, then [`OTHER_LANE`].
     pub lanes: Vec<Lane>,
     pub memory: Vec<MemoryCurve>,
-    /// By device index.
+    /// `--power`: one power curve per device (NVML index), by index.
     pub power: Vec<PowerCurve>,
+    /// `--gpu`: one lane per device (its kernels, copies and memsets), by device id.
+    pub gpus: Vec<(u32, Lane)>,
 }
+
+/// The family name of GPU lanes (their colour).
+pub const GPU_LANE: &str = "gpu";
 
 impl Bins {
     /// Bins for the calls of `t0..t0 + span_ns`, with memory curves for `memory_pids`.
-    pub fn new(columns: Columns, memory_pids: &[u32]) -> Self {
+    pub fn new(columns: Columns, memory_pids: &[u32], gpus: &[u32]) -> Self {
         let mut lanes: Vec<Lane> = FAMILIES
             .iter()
             .map(|family| Lane::new(family, columns.count))
@@ -177,6 +183,17 @@ impl Bins {
                 })
                 .collect(),
             power: Vec::new(),
+            gpus: gpus
+                .iter()
+                .map(|&device| (device, Lane::new(GPU_LANE, columns.count)))
+                .collect(),
+        }
+    }
+
+    /// Work that ran on GPU `device` from `ts` for `dur` ns.
+    pub fn gpu(&mut self, device: u32, ts: u64, dur: u64) {
+        if let Some((_, lane)) = self.gpus.iter_mut().find(|(d, _)| *d == device) {
+            lane.add(&self.columns, ts, dur);
         }
     }
 
@@ -253,7 +270,7 @@ mod tests {
     #[test]
     fn busy_time_covers_long_calls_without_visiting_each_column() {
         let columns = Columns::new(0, 1000, 10);
-        let mut bins = Bins::new(columns, &[]);
+        let mut bins = Bins::new(columns, &[], &[0]);
         bins.call(Some("sync"), 150, 700); // 150..850: half of 1, 2..7 whole, half of 8.
         bins.call(Some("sync"), 10, 20);
         bins.call(Some("cuNew"), 10, 20);
@@ -267,11 +284,16 @@ mod tests {
         assert_eq!(sync.starts[0..3], [1, 1, 0]);
         assert_eq!(bins.lanes[9].family, OTHER_LANE);
         assert_eq!(bins.lanes[9].calls, 1);
+        bins.gpu(0, 100, 300);
+        bins.gpu(1, 100, 300);
+        let gpu = bins.gpus[0].1.busy_fractions(&columns);
+        assert_eq!((gpu[0], gpu[1], gpu[2], gpu[3]), (0.0, 1.0, 1.0, 1.0));
+        assert_eq!(bins.gpus.len(), 1);
     }
 
     #[test]
     fn power_is_averaged_per_column_and_kept_inside_the_span() {
-        let mut bins = Bins::new(Columns::new(1000, 100, 4), &[]);
+        let mut bins = Bins::new(Columns::new(1000, 100, 4), &[], &[]);
         bins.power(1, 1000, 100_000);
         bins.power(1, 1010, 200_000);
         bins.power(1, 1080, 50_000);
@@ -288,7 +310,7 @@ mod tests {
 
     #[test]
     fn memory_levels_keep_peaks_and_carry_values() {
-        let mut bins = Bins::new(Columns::new(0, 100, 5), &[7]);
+        let mut bins = Bins::new(Columns::new(0, 100, 5), &[7], &[]);
         bins.memory(7, 5, 100);
         bins.memory(7, 6, 300);
         bins.memory(7, 7, 50);

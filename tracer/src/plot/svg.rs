@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    bins::{Bins, OTHER_LANE},
+    bins::{Bins, GPU_LANE, Lane, OTHER_LANE},
     canvas::{Canvas, text_width},
     content::Plot,
     tables,
@@ -121,6 +121,14 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
     if let Some(peak) = plot.report.memory.iter().map(|m| m.peak_device_bytes).max() {
         facts.push(format!("device memory peak {}", format_bytes(peak)));
     }
+    let gpu = &plot.report.gpu;
+    if gpu.work > 0 {
+        facts.push(format!(
+            "GPU busy {:.1}% ({} kernels)",
+            gpu.busy_ns as f64 * 100.0 / gpu.run_ns.max(1) as f64,
+            gpu.kernels
+        ));
+    }
     if let Some(power) = &plot.report.power {
         facts.push(format!(
             "GPU energy {} (mean {:.1} W)",
@@ -159,7 +167,8 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
         .iter()
         .filter(|lane| lane.family != OTHER_LANE || lane.calls > 0)
         .collect();
-    let lanes_bottom = lanes_top + LANE_H * visible_lanes.len() as f64;
+    let family_lanes_bottom = lanes_top + LANE_H * visible_lanes.len() as f64;
+    let lanes_bottom = family_lanes_bottom + LANE_H * plot.bins.gpus.len() as f64;
     let memory_top = lanes_bottom + 14.0;
     let memory_bottom = memory_top + MEMORY_H;
 
@@ -210,6 +219,41 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
             index_of(plot.bins, lane.family),
             top,
         );
+    }
+    // --gpu: a lane per GPU, its work's time per column; the summary's busy share beside.
+    for (index, (device, lane)) in plot.bins.gpus.iter().enumerate() {
+        let top = family_lanes_bottom + LANE_H * index as f64;
+        canvas.line(axis.left, top, axis.left + axis.width, top, GRID);
+        let baseline = top + LANE_H / 2.0 + 4.0;
+        canvas.rect(
+            20.0,
+            baseline - 9.0,
+            10.0,
+            10.0,
+            family_color(GPU_LANE),
+            0.9,
+        );
+        canvas.text(
+            36.0,
+            baseline,
+            &format!("GPU {device}"),
+            12.0,
+            "start",
+            "bold",
+            TEXT,
+        );
+        let busy = gpu.devices.iter().find(|d| d.device == *device);
+        let share = busy.map_or(0.0, |d| d.share_of_run * 100.0);
+        canvas.text(
+            axis.left - 10.0,
+            baseline,
+            &format!("busy {share:.1}%"),
+            11.0,
+            "end",
+            "normal",
+            MUTED,
+        );
+        draw_lane_of(&mut canvas, &axis, plot.bins, lane, top);
     }
     canvas.line(
         axis.left,
@@ -328,7 +372,10 @@ fn draw_stage_strip(canvas: &mut Canvas, axis: &TimeAxis, stages: Option<&Proces
 }
 
 fn draw_lane(canvas: &mut Canvas, axis: &TimeAxis, bins: &Bins, lane: usize, top: f64) {
-    let lane = &bins.lanes[lane];
+    draw_lane_of(canvas, axis, bins, &bins.lanes[lane], top);
+}
+
+fn draw_lane_of(canvas: &mut Canvas, axis: &TimeAxis, bins: &Bins, lane: &Lane, top: f64) {
     let color = family_color(lane.family);
     let fractions = lane.busy_fractions(&bins.columns);
     let column_w = axis.width / bins.columns.count as f64;

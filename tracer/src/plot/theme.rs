@@ -39,6 +39,8 @@ pub fn family_color(family: &str) -> &'static str {
         "launch" => "#d62728",
         "sync" => "#ff7f0e",
         "module" => "#7f7f7f",
+        // `--gpu`: the GPU lanes.
+        "gpu" => "#006d2c",
         _ => "#e377c2",
     }
 }

@@ -73,7 +73,7 @@ pub async fn event_loop(
         already_exited,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    let mut loss = LossAccount::default();
+    let mut loss = LossAccount::new(pipeline.gpu);
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
 
@@ -123,7 +123,8 @@ pub async fn event_loop(
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.
                 pipeline.drain(ring.get_mut(), usize::MAX)?;
-                loss.update(counters.read()?, pipeline.writer)?;
+                pipeline.tick()?;
+                loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
                 progress.update(pipeline.writer.footer.events.call, loss.lost());
                 // A live trace can be followed (`tail -f`) a quarter second behind.
                 pipeline.writer.flush()?;
@@ -135,7 +136,8 @@ pub async fn event_loop(
     attach::detach_all(bpf, attached);
     let ring = ring.get_mut();
     while pipeline.drain(ring, usize::MAX)? > 0 {}
-    loss.update(counters.read()?, pipeline.writer)?;
+    pipeline.finish()?;
+    loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
     if let Some(feed) = power {
         pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
     }

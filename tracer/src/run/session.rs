@@ -24,6 +24,7 @@ use crate::{
     analysis::Analysis,
     events::Decoder,
     exit::{ExitCode, Failure},
+    inject::{self, GpuInjection},
     kernel_hooks,
     power::PowerSetup,
     privileges::{self, TargetUser},
@@ -52,6 +53,8 @@ pub struct Session<'a> {
     pub power: Option<PowerSetup>,
     /// `--power`: the header's `power` object.
     pub power_info: Option<PowerInfo>,
+    /// `--gpu`: what goes into the command.
+    pub gpu: Option<&'a GpuInjection>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -61,8 +64,10 @@ fn internal(e: anyhow::Error) -> Failure {
 impl Session<'_> {
     /// The header, for `pids` traced from the start.
     pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
+        // The objects of `--power` and `--gpu` come from their own set-up.
         Header {
             power: self.power_info.clone(),
+            gpu: self.gpu.map(GpuInjection::header),
             ..header::header(
                 self.args,
                 self.plans,
@@ -101,7 +106,10 @@ impl Session<'_> {
         // Fork before any thread exists; the child waits at the gate.
         let gated = match &self.program {
             Some(path) => {
-                let env = privileges::command_env(self.user);
+                let mut env = privileges::command_env(self.user);
+                if let Some(gpu) = self.gpu {
+                    env = inject::with_vars(env, gpu.env());
+                }
                 let redirect = self.args.output.as_deref() == Some(Path::new("-"));
                 Some(
                     spawn::spawn_gated(path, &self.args.command, &env, self.user, redirect)
@@ -177,12 +185,21 @@ impl Session<'_> {
                 libraries.join(", "),
                 describe_targets(self.args, &pids)
             );
+            if let Some(gpu) = self.gpu {
+                eprintln!(
+                    "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
+                    gpu.library.path.display(),
+                    gpu.cupti.path.display(),
+                    gpu.cupti.from
+                );
+            }
         }
-        let mut pipeline = Pipeline {
-            decoder: Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
+        let mut pipeline = Pipeline::new(
+            Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
             analysis,
             writer,
-        };
+            self.gpu.is_some(),
+        );
         let loop_result = runtime.block_on(event_loop(
             &mut bpf,
             &mut attached,

@@ -62,6 +62,9 @@ pub struct Header {
     /// `--power`: the NVML library and the sampled GPUs (readers use it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub power: Option<PowerInfo>,
+    /// `--gpu`: what was injected. Readers take its presence: GPU lines will follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuHeaderInfo>,
 }
 
 impl LineType for Header {
@@ -115,4 +118,17 @@ pub struct KernelHooksInfo {
     pub xid: bool,
     /// Files whose path starts with this are NVIDIA device files.
     pub device_prefix: String,
+}
+
+/// `--gpu`: the injection library and the libcupti it loads in the traced processes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuHeaderInfo {
+    /// The injection library as written for this run (removed at its end).
+    pub library: String,
+    /// The libcupti named to it.
+    pub libcupti: String,
+    /// Where that libcupti was found: `--cupti`, `python wheels (PYTHON)`, `CUDA toolkit`
+    /// or `loader`.
+    pub libcupti_from: String,
 }

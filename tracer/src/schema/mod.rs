@@ -11,6 +11,7 @@
 //! | `lost.rs` | [`LostLine`] | events the kernel dropped |
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
 //! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
+//! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -36,6 +37,7 @@ mod call;
 mod driver;
 mod fields;
 mod footer;
+pub mod gpu;
 mod header;
 mod lost;
 mod power;
@@ -44,8 +46,13 @@ mod process;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
-pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use footer::{EventLine, Footer, FooterFigures, GpuFooter, Leak, MemoryFooter, ProcessMemory};
+pub use gpu::{
+    GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
+};
+pub use header::{
+    AttachFailureInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+};
 pub use lost::LostLine;
 pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
@@ -67,6 +74,8 @@ pub enum Line {
     Lost(LostLine),
     Driver(Box<DriverLine>),
     Power(Box<PowerLine>),
+    /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
+    Gpu(Box<GpuLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -78,6 +87,11 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
     // The tracer writes `type` first: call lines (nearly all of them) parse in one pass.
     if bytes.starts_with(call::FAST_PREFIX) {
         return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
+    }
+    for (prefix, kind) in gpu::FAST_PREFIXES {
+        if bytes.starts_with(prefix) {
+            return read_gpu(kind, bytes);
+        }
     }
     let value: Value = serde_json::from_slice(bytes).map_err(|e| fields::describe(&e))?;
     let Some(kind) = value.get("type").and_then(Value::as_str) else {
@@ -91,8 +105,18 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
         PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
-        _ => Line::Unknown,
+        other => match GpuLine::read(other, bytes) {
+            Some(line) => Line::Gpu(Box::new(line?)),
+            None => Line::Unknown,
+        },
     })
+}
+
+fn read_gpu(kind: &str, bytes: &[u8]) -> Result<Line, String> {
+    match GpuLine::read(kind, bytes) {
+        Some(line) => line.map(|line| Line::Gpu(Box::new(line))),
+        None => Ok(Line::Unknown),
+    }
 }
 
 #[cfg(test)]

@@ -30,12 +30,19 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             anyhow!("cannot open the trace {label}: {e}"),
         )
     })?;
-    let result = summarise(
-        BufReader::with_capacity(1 << 20, file),
-        &label,
-        args.skip_bad_lines,
-    )
-    .map_err(|e| match e {
+    // The first pass reads the file opened here; a `--gpu` trace is read again.
+    let mut first = Some(file);
+    let open = || {
+        let file = match first.take() {
+            Some(file) => file,
+            None => File::open(&args.trace).map_err(|source| ReadError::Io {
+                file: label.clone(),
+                source,
+            })?,
+        };
+        Ok(BufReader::with_capacity(1 << 20, file))
+    };
+    let result = summarise(open, &label, args.skip_bad_lines).map_err(|e| match e {
         ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
         ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
     })?;
@@ -80,6 +87,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             memory: &result.report.memory,
             stages: &result.report.stages,
             driver: &result.report.driver,
+            gpu: &result.report.gpu,
             power: result.report.power.as_ref(),
         };
         let mut text =
