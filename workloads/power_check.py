@@ -310,6 +310,8 @@ def report(args) -> None:
         kernels = s["power"]["kernels"]
         print(f"  {name}: {kernels['method']}; outside any window {kernels.get('outside_windows_j', 0):.3f} J "
               f"of {s['power']['energy_j']:.3f} J")
+        for d in kernels.get("devices", []):
+            print(f"    CUDA device {d['cuda_device']} = NVML GPU {d.get('nvml_index', '?')}: {d['how']}")
         for k in kernels["kernels"][:8]:
             print(f"    {k['energy_j']:9.4f} J {k['share'] * 100:5.1f}% {k['launches']:6} launches  {k['kernel'][:90]}")
 

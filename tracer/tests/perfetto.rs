@@ -1297,3 +1297,32 @@ fn a_recorded_gpu_run_loads_with_a_track_per_stream() {
         );
     });
 }
+
+// ---- --power --gpu: each GPU's streams and counters in one group ----
+
+#[test]
+fn a_power_gpu_trace_puts_each_gpus_streams_and_counters_in_one_group() {
+    let trace = write_trace("power-gpu", &traces::gpu_power());
+    let lines = read_trace(&trace);
+    let group = "GPU 0: test GPU A";
+    let stream = |n: u32| format!("stream {n}, pid 300 (python3 train.py)");
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    let slices: Vec<Value> = [
+        (13, "HtoD 1.00 MiB", 7_500, 2_000),
+        (13, "memset 3.91 KiB", 9_600, 400),
+        (13, vector_add, 11_500, 5_000),
+        (14, "gemm()", 15_500, 2_000),
+        (13, vector_add, 16_500, 3_000),
+        (13, "DtoH 4.00 KiB", 62_000, 1_000),
+        (13, vector_add, 64_000, 500),
+    ]
+    .iter()
+    .map(|(s, name, ts, dur)| json!([group, stream(*s), name, ts, dur]))
+    .collect();
+    each_format(|format| {
+        let (file, _) = export(&trace, format);
+        let mut checks = power_checks(&lines);
+        checks.push(gpu_slices(format, slices.clone()));
+        assert_checks(&file, &checks);
+    });
+}

@@ -5,10 +5,11 @@
 //!   counter or from integrating power ([`Integrator`], the trapezoid rule). Between two
 //!   samples energy is interpolated linearly (power taken as constant over the interval);
 //!   outside the samples nothing is known and nothing is counted.
-//! - [`split_by_gpu_time`]: each sample interval's energy shared over the GPU kernels that
-//!   ran in it, by their share of the kernel time in it (`--gpu`).
+//! - [`GpuTimeSplitter`] (`split_by_gpu_time` all at once, in the tests): each sample
+//!   interval's energy shared over the GPU kernels that ran in it, by their share of the
+//!   kernel time in it (`--gpu`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// mW × ns in mJ.
 const MW_NS_PER_MJ: f64 = 1e9;
@@ -129,7 +130,7 @@ pub struct KernelInterval<'a> {
     pub device: u32,
 }
 
-/// What [`split_by_gpu_time`] found for one kernel name.
+/// What [`GpuTimeSplitter`] found for one kernel name.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KernelShare {
     pub energy_mj: f64,
@@ -144,66 +145,175 @@ pub struct GpuTimeSplit {
     pub by_name: BTreeMap<String, KernelShare>,
     /// Energy of sample intervals in which no kernel ran.
     pub idle_mj: f64,
-    /// Kernel time outside its device's samples (or on a device without samples): no
-    /// energy is given for it.
+    /// Kernel time outside its device's samples (or on a device without samples, or whose
+    /// device is not known): no energy is given for it.
     pub unsampled_ns: u64,
+    /// Kernel time in intervals already shared out when the kernel came
+    /// ([`GpuTimeSplitter`]): no energy is given for it.
+    pub late_ns: u64,
 }
 
 /// Shares each sample interval's energy over the kernels that ran in it, by their share
 /// of the kernel time in it: a kernel that ran `o` ns of an interval whose kernels ran
 /// `B` ns in all (concurrent kernels each count their own time) gets `o / B` of the
 /// interval's energy. An interval without kernels is idle. Every sampled millijoule goes
-/// to a kernel or to idle: `sum(by_name) + idle == sum(series totals)`.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "for --gpu's gpu_kernel lines (issue 11), not on main yet"
-    )
-)]
+/// to a kernel or to idle: `sum(by_name) + idle == sum(series totals)`. All at once; the
+/// summary streams the kernels through [`GpuTimeSplitter`], which this wraps.
+#[cfg(test)]
 pub fn split_by_gpu_time(
     series: &BTreeMap<u32, EnergySeries>,
     kernels: &[KernelInterval<'_>],
 ) -> GpuTimeSplit {
-    let mut split = GpuTimeSplit::default();
-    for (device, energy) in series {
-        let points = energy.points();
-        let intervals = points.len().saturating_sub(1);
-        // Kernel time per interval, then each kernel's share of it.
-        let mut busy = vec![0u64; intervals];
-        let on_device = || kernels.iter().filter(|k| k.device == *device);
-        for kernel in on_device() {
-            for_each_overlap(points, kernel, |interval, overlap| {
-                busy[interval] += overlap
-            });
+    let mut splitter = GpuTimeSplitter::new(series.clone(), u64::MAX);
+    for kernel in kernels {
+        splitter.kernel(kernel);
+    }
+    splitter.finish()
+}
+
+/// `split_by_gpu_time` fed one kernel at a time, in bounded memory: an interval's
+/// energy is shared out once kernels that ended `hold_ns` after it have been seen on its
+/// device (kernels come roughly in time order), and only the intervals still open hold
+/// kernel time (per kernel name). A kernel's time in an interval already shared out gets
+/// no energy and is counted in `late_ns`. With `hold_ns` at `u64::MAX` nothing is shared
+/// out before [`Self::finish`]: the kernels may come in any order.
+pub struct GpuTimeSplitter {
+    devices: BTreeMap<u32, DeviceSplit>,
+    hold_ns: u64,
+    index: HashMap<String, usize>,
+    names: Vec<String>,
+    shares: Vec<KernelShare>,
+    idle_mj: f64,
+    unsampled_ns: u64,
+    late_ns: u64,
+}
+
+struct DeviceSplit {
+    series: EnergySeries,
+    /// Kernel time per open interval (by its index): in all, and per kernel name.
+    open: BTreeMap<usize, OpenInterval>,
+    /// Intervals before this one are shared out.
+    closed_before: usize,
+    latest_end_ns: u64,
+}
+
+#[derive(Default)]
+struct OpenInterval {
+    busy_ns: u64,
+    by_name: HashMap<usize, u64>,
+}
+
+impl GpuTimeSplitter {
+    pub fn new(series: BTreeMap<u32, EnergySeries>, hold_ns: u64) -> Self {
+        GpuTimeSplitter {
+            devices: series
+                .into_iter()
+                .map(|(device, series)| {
+                    let split = DeviceSplit {
+                        series,
+                        open: BTreeMap::new(),
+                        closed_before: 0,
+                        latest_end_ns: 0,
+                    };
+                    (device, split)
+                })
+                .collect(),
+            hold_ns,
+            index: HashMap::new(),
+            names: Vec::new(),
+            shares: Vec::new(),
+            idle_mj: 0.0,
+            unsampled_ns: 0,
+            late_ns: 0,
         }
-        for kernel in on_device() {
-            let share = split.by_name.entry(kernel.name.to_owned()).or_default();
-            share.kernels += 1;
-            let mut inside = 0;
-            for_each_overlap(points, kernel, |interval, overlap| {
-                let interval_mj = points[interval + 1].1 - points[interval].1;
-                share.energy_mj += interval_mj * overlap as f64 / busy[interval] as f64;
-                inside += overlap;
-            });
-            share.gpu_ns += inside;
-            split.unsampled_ns += kernel.end_ns.saturating_sub(kernel.start_ns) - inside;
+    }
+
+    fn name(&mut self, name: &str) -> usize {
+        if let Some(&at) = self.index.get(name) {
+            return at;
         }
-        for (interval, kernel_ns) in busy.iter().enumerate() {
-            if *kernel_ns == 0 {
-                split.idle_mj += points[interval + 1].1 - points[interval].1;
+        self.names.push(name.to_owned());
+        self.shares.push(KernelShare::default());
+        self.index.insert(name.to_owned(), self.names.len() - 1);
+        self.names.len() - 1
+    }
+
+    /// A kernel that ran on `kernel.device` (NVML's index).
+    pub fn kernel(&mut self, kernel: &KernelInterval<'_>) {
+        let name = self.name(kernel.name);
+        let duration = kernel.end_ns.saturating_sub(kernel.start_ns);
+        self.shares[name].kernels += 1;
+        let Some(device) = self.devices.get_mut(&kernel.device) else {
+            self.unsampled_ns += duration;
+            return;
+        };
+        let (mut inside, mut late) = (0, 0);
+        for_each_overlap(device.series.points(), kernel, |interval, overlap| {
+            inside += overlap;
+            if interval < device.closed_before {
+                late += overlap;
+                return;
+            }
+            let open = device.open.entry(interval).or_default();
+            open.busy_ns += overlap;
+            *open.by_name.entry(name).or_default() += overlap;
+        });
+        self.shares[name].gpu_ns += inside - late;
+        self.late_ns += late;
+        self.unsampled_ns += duration - inside;
+        device.latest_end_ns = device.latest_end_ns.max(kernel.end_ns);
+        let until = device.latest_end_ns.saturating_sub(self.hold_ns);
+        let points = device.series.points();
+        // Intervals that ended `hold_ns` before the latest kernel's end.
+        let closing = points
+            .partition_point(|&(t, _)| t <= until)
+            .saturating_sub(1);
+        Self::close(device, closing, &mut self.shares, &mut self.idle_mj);
+    }
+
+    /// A kernel that cannot be placed on a sampled GPU (its GPU is not known): counted,
+    /// without energy.
+    pub fn unplaced(&mut self, name: &str, duration_ns: u64) {
+        let name = self.name(name);
+        self.shares[name].kernels += 1;
+        self.unsampled_ns += duration_ns;
+    }
+
+    /// Shares out the device's intervals before `until` (an interval index).
+    fn close(
+        device: &mut DeviceSplit,
+        until: usize,
+        shares: &mut [KernelShare],
+        idle_mj: &mut f64,
+    ) {
+        let points = device.series.points();
+        for interval in device.closed_before..until {
+            let interval_mj = points[interval + 1].1 - points[interval].1;
+            match device.open.remove(&interval) {
+                Some(open) if open.busy_ns > 0 => {
+                    for (name, overlap) in open.by_name {
+                        shares[name].energy_mj +=
+                            interval_mj * overlap as f64 / open.busy_ns as f64;
+                    }
+                }
+                _ => *idle_mj += interval_mj,
             }
         }
+        device.closed_before = device.closed_before.max(until);
     }
-    for kernel in kernels.iter().filter(|k| !series.contains_key(&k.device)) {
-        split
-            .by_name
-            .entry(kernel.name.to_owned())
-            .or_default()
-            .kernels += 1;
-        split.unsampled_ns += kernel.end_ns.saturating_sub(kernel.start_ns);
+
+    pub fn finish(mut self) -> GpuTimeSplit {
+        for device in self.devices.values_mut() {
+            let intervals = device.series.points().len().saturating_sub(1);
+            Self::close(device, intervals, &mut self.shares, &mut self.idle_mj);
+        }
+        GpuTimeSplit {
+            by_name: self.names.into_iter().zip(self.shares).collect(),
+            idle_mj: self.idle_mj,
+            unsampled_ns: self.unsampled_ns,
+            late_ns: self.late_ns,
+        }
     }
-    split
 }
 
 /// Calls `f(interval, overlap_ns)` for each sample interval the kernel overlaps.
@@ -354,6 +464,58 @@ mod tests {
         );
         assert_eq!(split.idle_mj, 0.0);
         assert_eq!(split.unsampled_ns, 5_000_000 + 5_000_000);
+    }
+
+    #[test]
+    fn streamed_intervals_are_shared_out_behind_the_hold_and_late_time_is_counted() {
+        // Three intervals of 100, 200 and 300 mJ; shared out 5 ns behind the latest
+        // kernel's end.
+        let mut devices = BTreeMap::new();
+        devices.insert(
+            0,
+            series(&[(0, 0.0), (10, 100.0), (20, 300.0), (30, 600.0)]),
+        );
+        let mut splitter = GpuTimeSplitter::new(devices, 5);
+        // Ends at 18: interval 0 (to 10) is shared out, idle.
+        splitter.kernel(&kernel(12, 18, "a", 0));
+        // Ends at 28: interval 1 (to 20) goes to a, alone in it.
+        splitter.kernel(&kernel(25, 28, "b", 0));
+        // In intervals 0 and 1, both shared out: 10 ns late, no energy.
+        splitter.kernel(&kernel(5, 15, "c", 0));
+        // No samples for device 3; nothing known about the other.
+        splitter.kernel(&kernel(0, 4, "c", 3));
+        splitter.unplaced("d", 7);
+        let split = splitter.finish();
+        let energy = |name: &str| split.by_name[name].energy_mj;
+        assert_eq!((energy("a"), energy("b"), energy("c")), (200.0, 300.0, 0.0));
+        assert_eq!(split.by_name["c"].kernels, 2);
+        assert_eq!(split.by_name["c"].gpu_ns, 0);
+        assert_eq!(split.by_name["d"].kernels, 1);
+        assert_eq!(split.idle_mj, 100.0);
+        assert_eq!((split.late_ns, split.unsampled_ns), (10, 4 + 7));
+    }
+
+    #[test]
+    fn kernels_in_order_stream_to_the_same_split_as_all_at_once() {
+        let mut devices = BTreeMap::new();
+        devices.insert(0, series(&[(0, 0.0), (10, 70.0), (20, 100.0), (30, 130.0)]));
+        let kernels = [
+            kernel(1, 4, "k", 0),
+            kernel(3, 12, "m", 0),
+            kernel(12, 14, "k", 0),
+            kernel(29, 40, "m", 0),
+        ];
+        let mut splitter = GpuTimeSplitter::new(devices.clone(), 1);
+        for kernel in &kernels {
+            splitter.kernel(kernel);
+        }
+        let streamed = splitter.finish();
+        assert_eq!(streamed, split_by_gpu_time(&devices, &kernels));
+        assert_eq!(streamed.late_ns, 0);
+        // 70 mJ: k 3 of 10 ns, m 7; 30: m 2 of 4, k 2; 30: m alone.
+        assert_eq!(streamed.by_name["k"].energy_mj, 21.0 + 15.0);
+        assert_eq!(streamed.by_name["m"].energy_mj, 49.0 + 15.0 + 30.0);
+        assert_eq!(streamed.unsampled_ns, 10);
     }
 
     #[test]

@@ -16,12 +16,14 @@
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
 //! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `device_map.rs` | `--power --gpu`: which NVML GPU each CUDA device is |
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
+pub mod device_map;
 pub mod driver;
 pub mod energy;
 pub mod families;
@@ -43,7 +45,8 @@ use std::collections::HashMap;
 use crate::{
     events::{Event, gpu::GpuEvent},
     schema::{
-        CallLine, DriverLine, GpuFooter, GpuLine, MemoryFooter, PowerInfo, PowerLine, ProcessMemory,
+        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, MemoryFooter, PowerInfo,
+        PowerLine, ProcessMemory,
     },
 };
 
@@ -80,6 +83,8 @@ pub struct Analysis {
     driver: driver::DriverAccumulator,
     power: power::PowerAccumulator,
     gpu: GpuAccumulator,
+    /// The header's `gpu` object (a `--gpu` trace).
+    gpu_header: Option<GpuHeaderInfo>,
     /// `cudatrace run --gpu`: linking GPU work to calls.
     gpu_link: Option<GpuLinker>,
 }
@@ -204,6 +209,11 @@ impl Analysis {
         self.power.header(info);
     }
 
+    /// The header's `gpu` object (`--gpu`).
+    pub fn gpu_header(&mut self, info: &GpuHeaderInfo) {
+        self.gpu_header = Some(info.clone());
+    }
+
     /// A `"type":"power"` line (`--power`).
     pub fn power_sample(&mut self, line: &PowerLine) {
         self.power.sample(line);
@@ -249,10 +259,17 @@ impl Analysis {
         let gpu = self
             .gpu
             .finish(calls_first, summary.first_ts_ns + summary.span_ns);
+        let (power, series) = self.power.finish_with_series(&stages);
+        // A `--power --gpu` trace: energy per kernel by GPU time, from a second reading.
+        let kernel_energy = power
+            .as_ref()
+            .filter(|_| self.gpu_header.is_some() || gpu.kernels > 0)
+            .map(|power| power::GpuTimeEnergy::new(power, series, self.gpu_header.as_ref()));
         Report {
             summary,
             memory,
-            power: self.power.finish(&stages),
+            power,
+            kernel_energy,
             stages,
             driver: self.driver.finish(),
             gpu,
@@ -269,6 +286,9 @@ pub struct Report {
     pub driver: driver::DriverSummary,
     /// Energy and power (`--power` traces).
     pub power: Option<power::PowerReport>,
+    /// `--power --gpu` traces: energy per kernel by GPU time, waiting for the trace's
+    /// `gpu_kernel` lines (`summarise.rs` reads them again), then put in `power`.
+    pub kernel_energy: Option<power::GpuTimeEnergy>,
     /// What the GPU ran (`--gpu` traces).
     pub gpu: GpuSummary,
 }

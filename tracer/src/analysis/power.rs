@@ -10,23 +10,34 @@
 //! Without `--gpu`, energy per kernel name is an **estimate by launch windows**: a window
 //! opens at a launch and closes at the next launch or at the end of the next
 //! synchronisation (any process); its energy, summed over the GPUs, goes to the kernel
-//! launched. docs/power.md says what this can and cannot tell.
+//! launched. docs/power.md says what this can and cannot tell. With `--gpu` it is **by GPU
+//! time** instead ([`GpuTimeEnergy`]): each sample interval's energy goes to the kernels
+//! that ran in it (`energy::GpuTimeSplitter`), from a second reading of the trace's
+//! `gpu_kernel` lines, each on the NVML GPU its CUDA device is (`device_map.rs`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 
 use super::{
-    energy::{EnergySeries, Integrator},
+    device_map::{DeviceMap, DeviceMatch},
+    energy::{EnergySeries, GpuTimeSplitter, Integrator, KernelInterval},
     role::Role,
     stages::ProcessStages,
 };
 use crate::schema::{
-    CallLine, ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerInfo, PowerLine,
+    CallLine, ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, GpuHeaderInfo, GpuKernelLine, NvmlInfo,
+    PowerInfo, PowerLine,
 };
 
 /// The label of the launch-window estimate.
 pub const LAUNCH_WINDOWS: &str = "launch windows (estimate: no --gpu)";
+/// The label of the split by GPU time (`--gpu`).
+pub const GPU_TIME: &str = "GPU time (--gpu)";
+/// A sample interval's energy is shared out once a kernel that ended this long after it
+/// has been read on its GPU: `run` writes a kernel's line at most about 30 s after it
+/// ended (the linker's longest wait), so later kernel time in it is not expected.
+pub const KERNEL_HOLD_NS: u64 = 60_000_000_000;
 
 /// One device's samples.
 #[derive(Default)]
@@ -222,9 +233,19 @@ impl PowerAccumulator {
     }
 
     /// The figures, with the stages the analysis found.
-    pub fn finish(mut self, stages: &[ProcessStages]) -> Option<PowerReport> {
+    #[cfg(test)]
+    pub fn finish(self, stages: &[ProcessStages]) -> Option<PowerReport> {
+        self.finish_with_series(stages).0
+    }
+
+    /// The figures, with the stages the analysis found, and each device's energy series
+    /// (for [`GpuTimeEnergy`]).
+    pub fn finish_with_series(
+        mut self,
+        stages: &[ProcessStages],
+    ) -> (Option<PowerReport>, BTreeMap<u32, EnergySeries>) {
         if self.devices.is_empty() && self.info.is_none() {
-            return None;
+            return (None, BTreeMap::new());
         }
         if let Some((_, ts, sum)) = self.tick.take() {
             Self::keep_peak(&mut self.peak_tick, sum, ts);
@@ -319,7 +340,7 @@ impl PowerAccumulator {
         });
         let in_windows: f64 = kernels.iter().map(|k| k.energy_j).sum();
         let read_errors = devices.iter().flat_map(|d| d.errors.values()).sum();
-        Some(PowerReport {
+        let report = PowerReport {
             period_ms: (info.period_ms > 0).then_some(info.period_ms),
             nvml: (!info.nvml.path.is_empty()).then_some(info.nvml),
             energy_j,
@@ -340,8 +361,110 @@ impl PowerAccumulator {
                 estimate: true,
                 outside_windows_j: (energy_j - in_windows).max(0.0),
                 kernels,
+                devices: Vec::new(),
+                unsampled_ns: 0,
+                late_ns: 0,
             },
-        })
+        };
+        let series = std::mem::take(&mut self.devices)
+            .into_iter()
+            .map(|(index, state)| {
+                let series = if state.uses_counter() {
+                    state.counter
+                } else {
+                    state.integrated
+                };
+                (index, series)
+            })
+            .collect();
+        (Some(report), series)
+    }
+}
+
+/// `--power --gpu`: energy per kernel name by GPU time, fed the `gpu_kernel` lines of a
+/// second reading of the trace (the energy series are whole by then). Memory: the series,
+/// and the kernel time per name of the sample intervals not yet shared out (about a
+/// minute's, [`KERNEL_HOLD_NS`]); never the kernels.
+pub struct GpuTimeEnergy {
+    map: DeviceMap,
+    matches: BTreeMap<u32, DeviceMatch>,
+    splitter: GpuTimeSplitter,
+}
+
+impl GpuTimeEnergy {
+    /// For the GPUs of `power` and their energy `series`; `gpu`: the trace's `gpu` header
+    /// (how the command numbered its CUDA devices).
+    pub fn new(
+        power: &PowerReport,
+        series: BTreeMap<u32, EnergySeries>,
+        gpu: Option<&GpuHeaderInfo>,
+    ) -> Self {
+        let nvml = power
+            .devices
+            .iter()
+            .map(|d| (d.index, d.uuid.clone()))
+            .collect();
+        GpuTimeEnergy {
+            map: DeviceMap::new(
+                nvml,
+                gpu.and_then(|g| g.cuda_visible_devices.as_deref()),
+                gpu.and_then(|g| g.cuda_device_order.as_deref()),
+            ),
+            matches: BTreeMap::new(),
+            splitter: GpuTimeSplitter::new(series, KERNEL_HOLD_NS),
+        }
+    }
+
+    pub fn kernel(&mut self, line: &GpuKernelLine) {
+        let found = self
+            .matches
+            .entry(line.device)
+            .or_insert_with(|| self.map.nvml(line.device));
+        match found.nvml_index {
+            // Untimed kernels (no_timestamps, no_clock) count, with no GPU time.
+            Some(device) if line.link.timed() => self.splitter.kernel(&KernelInterval {
+                start_ns: line.ts_ns,
+                end_ns: line.ts_ns.saturating_add(line.dur_ns),
+                name: &line.kernel,
+                device,
+            }),
+            Some(_) => self.splitter.unplaced(&line.kernel, 0),
+            None => self.splitter.unplaced(&line.kernel, line.dur_ns),
+        }
+    }
+
+    /// Puts the split in `power.kernels`, in place of the launch-window estimate.
+    pub fn finish(self, power: &mut PowerReport) {
+        let split = self.splitter.finish();
+        let mut kernels: Vec<KernelEnergy> = split
+            .by_name
+            .into_iter()
+            .map(|(kernel, share)| KernelEnergy {
+                share: if power.energy_j > 0.0 {
+                    share.energy_mj / 1e3 / power.energy_j
+                } else {
+                    0.0
+                },
+                energy_j: share.energy_mj / 1e3,
+                launches: share.kernels,
+                window_ns: share.gpu_ns,
+                kernel,
+            })
+            .collect();
+        kernels.sort_by(|a, b| {
+            b.energy_j
+                .total_cmp(&a.energy_j)
+                .then_with(|| a.kernel.cmp(&b.kernel))
+        });
+        power.kernels = KernelEnergyReport {
+            method: GPU_TIME,
+            estimate: false,
+            outside_windows_j: split.idle_mj / 1e3,
+            kernels,
+            devices: self.matches.into_values().collect(),
+            unsampled_ns: split.unsampled_ns,
+            late_ns: split.late_ns,
+        };
     }
 }
 
@@ -484,15 +607,33 @@ pub struct StageEnergy {
     pub mean_w: f64,
 }
 
+/// Energy per kernel name. A kernel's window is, with [`LAUNCH_WINDOWS`], from its launch
+/// to the next launch or synchronisation; with [`GPU_TIME`], its run on the GPU.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KernelEnergyReport {
-    /// How energy was given to kernels ([`LAUNCH_WINDOWS`]).
+    /// How energy was given to kernels ([`LAUNCH_WINDOWS`] or [`GPU_TIME`]).
     pub method: &'static str,
     pub estimate: bool,
-    /// Energy in no window (before the first launch, after synchronisations).
+    /// Energy in no window: before the first launch and after synchronisations (launch
+    /// windows); sample intervals in which no kernel ran (GPU time).
     pub outside_windows_j: f64,
     /// By energy, most first.
     pub kernels: Vec<KernelEnergy>,
+    /// GPU time: the NVML GPU of each CUDA device the kernels ran on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceMatch>,
+    /// GPU time: kernel time that got no energy: outside its GPU's samples, or on a CUDA
+    /// device not matched to an NVML GPU.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unsampled_ns: u64,
+    /// GPU time: kernel time read after its sample interval was shared out
+    /// ([`KERNEL_HOLD_NS`]); it got no energy.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub late_ns: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -501,8 +642,9 @@ pub struct KernelEnergy {
     pub energy_j: f64,
     /// Of the run's energy (0..1).
     pub share: f64,
+    /// Its launches; with GPU time, the times it ran (`gpu_kernel` lines).
     pub launches: u64,
-    /// The time of its windows.
+    /// The time of its windows; with GPU time, its GPU time inside the samples.
     pub window_ns: u64,
 }
 
@@ -511,7 +653,7 @@ mod tests {
     use super::*;
     use crate::{
         analysis::{classify, testing::Script},
-        schema::PowerDevice,
+        schema::{GpuKernelLine, PowerDevice},
     };
 
     fn line(device: u32, seq: u64, ts_ns: u64, power_mw: u32, energy_mj: Option<u64>) -> PowerLine {
@@ -669,6 +811,62 @@ mod tests {
             (before.duration_ns, before.energy_j, before.mean_w),
             (30_000_000, 9.0, 300.0)
         );
+    }
+
+    fn kernel_line(device: u32, ts_ns: u64, dur_ns: u64, kernel: &str) -> GpuKernelLine {
+        GpuKernelLine {
+            device,
+            ts_ns,
+            dur_ns,
+            kernel: kernel.into(),
+            ..GpuKernelLine::default()
+        }
+    }
+
+    #[test]
+    fn with_gpu_kernels_get_the_energy_of_their_gpu_by_gpu_time() {
+        let mut accumulator = PowerAccumulator::default();
+        sampled(&mut accumulator);
+        let (report, series) = accumulator.finish_with_series(&[]);
+        let mut report = report.unwrap();
+        // The command saw NVML GPU 1 (200 W, 2 J per 10 ms interval) as CUDA device 0.
+        let header = GpuHeaderInfo {
+            cuda_visible_devices: Some("1".into()),
+            ..GpuHeaderInfo::default()
+        };
+        let mut energy = GpuTimeEnergy::new(&report, series, Some(&header));
+        // 15..24 ms: alone in 10..20 ms (2 J), half the kernel time of 20..30 ms (1 J).
+        energy.kernel(&kernel_line(0, 15_000_000, 9_000_000, "gemm"));
+        // 26..30 ms: the other half.
+        energy.kernel(&kernel_line(0, 26_000_000, 4_000_000, "relu"));
+        // CUDA device 1 is not visible to the command: no GPU, no energy.
+        energy.kernel(&kernel_line(1, 50_000_000, 1_000_000, "stray"));
+        energy.finish(&mut report);
+        let kernels = &report.kernels;
+        assert_eq!((kernels.method, kernels.estimate), (GPU_TIME, false));
+        let rows: Vec<(&str, f64, u64, u64)> = kernels
+            .kernels
+            .iter()
+            .map(|k| (k.kernel.as_str(), k.energy_j, k.launches, k.window_ns))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("gemm", 3.0, 1, 9_000_000),
+                ("relu", 1.0, 1, 4_000_000),
+                ("stray", 0.0, 1, 0),
+            ]
+        );
+        // Everything else of the 30 J is idle: GPU 0 all of it, GPU 1 but 10..30 ms.
+        assert_eq!(kernels.outside_windows_j, 26.0);
+        assert_eq!(kernels.kernels[0].share, 0.1);
+        assert_eq!((kernels.unsampled_ns, kernels.late_ns), (1_000_000, 0));
+        let matched: Vec<(u32, Option<u32>, bool)> = kernels
+            .devices
+            .iter()
+            .map(|d| (d.cuda_device, d.nvml_index, d.assumed))
+            .collect();
+        assert_eq!(matched, [(0, Some(1), true), (1, None, false)]);
     }
 
     #[test]

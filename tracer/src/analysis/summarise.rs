@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{Analysis, Report, gpu_context::GpuContext};
 use crate::{
     reader::{ReadError, TraceLines},
-    schema::Line,
+    schema::{GpuLine, Line},
 };
 
 /// Where the figures came from.
@@ -39,8 +39,9 @@ pub struct Summarised {
 
 /// Streams a trace through the analysis; `open` gives its lines from the start (twice for
 /// a `--gpu` trace: the second pass finds what the CPU did in the GPU's idle gaps and the
-/// GPU's busy time per stage, `gpu_context.rs`). A malformed line is an error naming `file`
-/// and the line, unless `skip_bad_lines`.
+/// GPU's busy time per stage, `gpu_context.rs`, and, with `--power`, shares the sampled
+/// energy over the kernels, `power::GpuTimeEnergy`; both need the whole first pass). A
+/// malformed line is an error naming `file` and the line, unless `skip_bad_lines`.
 pub fn summarise<R: BufRead>(
     mut open: impl FnMut() -> Result<R, ReadError>,
     file: &str,
@@ -48,17 +49,31 @@ pub fn summarise<R: BufRead>(
 ) -> Result<Summarised, ReadError> {
     let mut summarised = first_pass(open()?, file, skip_bad_lines)?;
     let report = &mut summarised.report;
-    if GpuContext::wanted(&report.gpu) {
-        let mut context = GpuContext::new(&report.gpu, &report.stages);
+    let mut context =
+        GpuContext::wanted(&report.gpu).then(|| GpuContext::new(&report.gpu, &report.stages));
+    let mut energy = report.kernel_energy.take();
+    if context.is_some() || (energy.is_some() && report.gpu.kernels > 0) {
         let mut lines = TraceLines::new(open()?, file, skip_bad_lines);
         while let Some(line) = lines.next_line()? {
-            match line {
-                Line::Call(call) => context.call(&call),
-                Line::Gpu(gpu) => context.gpu(&gpu),
+            match (line, &mut context) {
+                (Line::Call(call), Some(context)) => context.call(&call),
+                (Line::Gpu(gpu), context) => {
+                    if let Some(context) = context {
+                        context.gpu(&gpu);
+                    }
+                    if let (GpuLine::Kernel(kernel), Some(energy)) = (&*gpu, &mut energy) {
+                        energy.kernel(kernel);
+                    }
+                }
                 _ => {}
             }
         }
+    }
+    if let Some(context) = context {
         context.finish(&mut report.gpu, &mut report.stages);
+    }
+    if let (Some(energy), Some(power)) = (energy, &mut report.power) {
+        energy.finish(power);
     }
     Ok(summarised)
 }
@@ -85,6 +100,9 @@ fn first_pass(
             Line::Header(header) => {
                 if let Some(power) = &header.power {
                     analysis.power_header(power);
+                }
+                if let Some(gpu) = &header.gpu {
+                    analysis.gpu_header(gpu);
                 }
                 info.command = header.command;
             }

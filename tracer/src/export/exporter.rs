@@ -464,7 +464,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         };
         lanes[lane] = ts.saturating_add(work.dur_ns);
         let track = Track::Gpu {
-            device: work.device,
+            device: self.gpus.group_of(work.device),
             pid: work.pid,
             stream: work.stream,
             lane: lane as u32,

@@ -6,9 +6,12 @@ use std::collections::HashMap;
 
 use super::timeline::GpuCounter;
 use crate::{
-    analysis::energy::Integrator,
+    analysis::{device_map::DeviceMap, energy::Integrator},
     schema::{Header, PowerInfo, PowerLine},
 };
+
+/// Groups of CUDA devices that match no NVML GPU (`--power --gpu`) are numbered from here.
+const UNMATCHED_GROUPS: u32 = 1 << 16;
 
 #[derive(Default)]
 struct DeviceTrack {
@@ -18,20 +21,53 @@ struct DeviceTrack {
     integrator: Integrator,
 }
 
-/// The GPUs' tracks: their names and the energy drawn so far.
+/// The GPUs' groups and tracks: their names, the energy drawn so far, and (`--power
+/// --gpu`) which group each CUDA device's streams go to.
 #[derive(Default)]
 pub struct GpuTracks {
     info: Option<PowerInfo>,
     devices: HashMap<u32, DeviceTrack>,
+    /// `--power --gpu`: which NVML GPU each CUDA device is.
+    map: Option<DeviceMap>,
+    groups: HashMap<u32, u32>,
 }
 
 impl GpuTracks {
     pub fn header(&mut self, header: &Header) {
         self.info = header.power.clone();
+        self.map = match (&header.power, &header.gpu) {
+            (Some(power), Some(gpu)) => Some(DeviceMap::new(
+                power
+                    .devices
+                    .iter()
+                    .map(|d| (d.index, d.uuid.clone()))
+                    .collect(),
+                gpu.cuda_visible_devices.as_deref(),
+                gpu.cuda_device_order.as_deref(),
+            )),
+            _ => None,
+        };
+    }
+
+    /// The group of CUDA device `cuda_device`'s streams: its NVML GPU's in a `--power`
+    /// trace (as the summary matches them: `analysis::device_map`), a group of its own
+    /// where it matches none; without `--power`, the device's number.
+    pub fn group_of(&mut self, cuda_device: u32) -> u32 {
+        let Some(map) = &self.map else {
+            return cuda_device;
+        };
+        *self.groups.entry(cuda_device).or_insert_with(|| {
+            map.nvml(cuda_device)
+                .nvml_index
+                .unwrap_or(UNMATCHED_GROUPS + cuda_device)
+        })
     }
 
     /// The group's name: `GPU 0: NVIDIA H100 80GB HBM3`.
     pub fn name(&self, device: u32) -> String {
+        if let Some(cuda_device) = device.checked_sub(UNMATCHED_GROUPS) {
+            return format!("CUDA device {cuda_device} (matches no NVML GPU)");
+        }
         let name = self
             .info
             .as_ref()
@@ -90,5 +126,52 @@ impl GpuTracks {
         .into_iter()
         .filter_map(|(counter, value)| value.map(|value| (counter, value)))
         .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{GpuHeaderInfo, PowerDevice};
+
+    fn header(gpus: u32, visible: Option<&str>, power: bool) -> Header {
+        Header {
+            power: power.then(|| PowerInfo {
+                devices: (0..gpus)
+                    .map(|index| PowerDevice {
+                        index,
+                        name: format!("gpu{index}"),
+                        ..PowerDevice::default()
+                    })
+                    .collect(),
+                ..PowerInfo::default()
+            }),
+            gpu: Some(GpuHeaderInfo {
+                cuda_visible_devices: visible.map(str::to_owned),
+                ..GpuHeaderInfo::default()
+            }),
+            ..Header::default()
+        }
+    }
+
+    #[test]
+    fn cuda_devices_join_the_group_of_their_nvml_gpu() {
+        let mut tracks = GpuTracks::default();
+        tracks.header(&header(2, Some("1,MIG-x"), true));
+        assert_eq!(tracks.group_of(0), 1);
+        assert_eq!(tracks.name(1), "GPU 1: gpu1");
+        let unmatched = tracks.group_of(1);
+        assert_eq!(unmatched, UNMATCHED_GROUPS + 1);
+        assert_eq!(
+            tracks.name(unmatched),
+            "CUDA device 1 (matches no NVML GPU)"
+        );
+        // Without --power, a CUDA device is its own group, by its number.
+        let mut tracks = GpuTracks::default();
+        tracks.header(&header(2, Some("1"), false));
+        assert_eq!(
+            (tracks.group_of(0), tracks.name(0)),
+            (0, "GPU 0".to_owned())
+        );
     }
 }

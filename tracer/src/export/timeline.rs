@@ -39,7 +39,7 @@ pub enum Track {
     /// Trace-wide markers (lost events).
     Global,
     /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids), in the
-    /// GPU's group. Work of one stream that overlaps (programmatic dependent launch, or
+    /// GPU's group (`device`: the group's number, the NVML GPU's in a `--power` trace). Work of one stream that overlaps (programmatic dependent launch, or
     /// clock jitter) goes to `lane` 1, 2, ... beside it: viewers drop slices that overlap
     /// on one track.
     Gpu {

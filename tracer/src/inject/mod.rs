@@ -40,6 +40,10 @@ pub const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
 pub struct GpuInjection {
     pub library: PrivateLibrary,
     pub cupti: cupti::Found,
+    /// The command's `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`: how its CUDA devices
+    /// are numbered (the header keeps them to match `--power`'s GPUs).
+    pub cuda_visible_devices: Option<String>,
+    pub cuda_device_order: Option<String>,
 }
 
 /// `-p`/`--all` with `--gpu`: nothing can be injected into a process that already runs.
@@ -114,7 +118,18 @@ pub fn prepare(
     .map_err(|e| Failure::new(ExitCode::NoCupti, e))?;
     let library = private_dir::write(user.is_some())
         .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
-    Ok(GpuInjection { library, cupti })
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.to_string_lossy().into_owned())
+    };
+    Ok(GpuInjection {
+        library,
+        cupti,
+        cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order: var("CUDA_DEVICE_ORDER"),
+    })
 }
 
 impl GpuInjection {
@@ -132,6 +147,8 @@ impl GpuInjection {
             library: self.library.path.display().to_string(),
             libcupti: self.cupti.path.display().to_string(),
             libcupti_from: self.cupti.from.clone(),
+            cuda_visible_devices: self.cuda_visible_devices.clone(),
+            cuda_device_order: self.cuda_device_order.clone(),
         }
     }
 

@@ -233,15 +233,20 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
             family_color(GPU_LANE),
             0.9,
         );
-        canvas.text(
-            36.0,
-            baseline,
-            &format!("GPU {device}"),
-            12.0,
-            "start",
-            "bold",
-            TEXT,
-        );
+        // Named as its power curve is (NVML's index) where the two differ (--power).
+        let nvml = plot.report.power.as_ref().and_then(|power| {
+            let matched = power
+                .kernels
+                .devices
+                .iter()
+                .find(|d| d.cuda_device == *device);
+            matched.and_then(|d| d.nvml_index)
+        });
+        let name = match nvml {
+            Some(index) if index != *device => format!("GPU {index} (CUDA {device})"),
+            _ => format!("GPU {device}"),
+        };
+        canvas.text(36.0, baseline, &name, 12.0, "start", "bold", TEXT);
         let busy = gpu.devices.iter().find(|d| d.device == *device);
         let share = busy.map_or(0.0, |d| d.share_of_run * 100.0);
         canvas.text(

@@ -131,4 +131,11 @@ pub struct GpuHeaderInfo {
     /// Where that libcupti was found: `--cupti`, `python wheels (PYTHON)`, `CUDA toolkit`
     /// or `loader`.
     pub libcupti_from: String,
+    /// The command's `CUDA_VISIBLE_DEVICES` when the run started (absent: unset): which
+    /// GPU each CUDA device of the `gpu_*` lines is (`analysis::device_map`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_visible_devices: Option<String>,
+    /// The command's `CUDA_DEVICE_ORDER` (absent: unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_device_order: Option<String>,
 }

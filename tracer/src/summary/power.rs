@@ -4,7 +4,10 @@
 use std::fmt::Write as _;
 
 use crate::{
-    analysis::{power::PowerReport, stages::ProcessStages},
+    analysis::{
+        power::{KernelEnergyReport, PowerReport},
+        stages::ProcessStages,
+    },
     format::{format_ns, plural, shorten},
 };
 
@@ -157,7 +160,11 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
         }
     }
 
-    let kernels = &power.kernels;
+    render_kernels(out, &power.kernels);
+}
+
+/// Energy per kernel name: by launch windows (an estimate) or, with `--gpu`, by GPU time.
+fn render_kernels(out: &mut String, kernels: &KernelEnergyReport) {
     let _ = writeln!(
         out,
         "\nEnergy by kernel name ({}), {}",
@@ -170,11 +177,33 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
             "  ESTIMATE: a window runs from a launch to the next launch or the end of the next \
              synchronisation; the GPU may run the kernel later (docs/power.md)"
         );
+    } else {
+        let _ = writeln!(
+            out,
+            "  each sample interval's energy goes to the kernels that ran in it, by their GPU \
+             time in it (docs/power.md)"
+        );
+        for device in &kernels.devices {
+            let nvml = match device.nvml_index {
+                Some(index) => format!("= NVML GPU {index}"),
+                None => "matches no NVML GPU: its kernels get no energy".into(),
+            };
+            let _ = writeln!(
+                out,
+                "  CUDA device {} {nvml} ({})",
+                device.cuda_device, device.how
+            );
+        }
     }
+    let (count, time) = if kernels.estimate {
+        ("launches", "windows")
+    } else {
+        ("runs", "GPU time")
+    };
     let _ = writeln!(
         out,
         "  {:>12} {:>7} {:>9} {:>11}  kernel",
-        "energy", "share", "launches", "windows"
+        "energy", "share", count, time
     );
     for kernel in kernels.kernels.iter().take(KERNELS_SHOWN) {
         let _ = writeln!(
@@ -194,11 +223,32 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
             kernels.kernels.len() - KERNELS_SHOWN
         );
     }
+    let outside = if kernels.estimate {
+        "outside any launch window"
+    } else {
+        "in sample intervals without a kernel (idle)"
+    };
     let _ = writeln!(
         out,
-        "  {:>12}          outside any launch window",
+        "  {:>12}          {outside}",
         joules(kernels.outside_windows_j)
     );
+    if kernels.unsampled_ns > 0 {
+        let _ = writeln!(
+            out,
+            "  {:>12}          of kernel time got no energy: outside its GPU's samples, or \
+             on a CUDA device matched to no NVML GPU",
+            format_ns(kernels.unsampled_ns)
+        );
+    }
+    if kernels.late_ns > 0 {
+        let _ = writeln!(
+            out,
+            "  {:>12}          of kernel time got no energy: its line came after its \
+             interval was shared out (over a minute out of order)",
+            format_ns(kernels.late_ns)
+        );
+    }
 }
 
 /// `cudatrace run`'s closing line for `--power`.

@@ -455,3 +455,30 @@ pub fn gpu() -> String {
     .join("\n")
         + "\n"
 }
+
+/// [`gpu`] with `--power` samples of its one GPU ("test GPU A", 1000 W, with an energy
+/// counter): every 10 µs from the start (offsets 0 to 80,000: 9 samples), 10 mJ apart.
+///
+/// By GPU time, interval 10,000-20,000 goes to vector_add A (5,000 ns of its 10,000 ns of
+/// kernel time), gemm (2,000) and vector_add B (3,000): 5, 2 and 3 mJ; 60,000-70,000 to
+/// vector_add D, alone: 10 mJ. The six other intervals ran no kernel (the copies and the
+/// memset are not kernels): 60 mJ idle. vector_add: 18 mJ, 3 runs, 8,500 ns; gemm: 2 mJ.
+pub fn gpu_power() -> String {
+    let power = r#","power":{"period_ms":1,"nvml":{"path":"/x/libnvidia-ml.so.1","version":"12.580","driver_version":"580.159.04","standin":false},"devices":[{"index":0,"name":"test GPU A","uuid":"GPU-a","power_limit_mw":700000,"energy_counter":true,"energy_source":"counter","unsupported":[]}]}}"#;
+    let mut lines: Vec<String> = gpu().lines().map(str::to_owned).collect();
+    let header = lines[0]
+        .strip_suffix('}')
+        .expect("a JSON object")
+        .to_owned();
+    lines[0] = format!("{header}{power}");
+    let footer = lines.pop().expect("the footer");
+    for seq in 0..9u64 {
+        lines.push(format!(
+            r#"{{"type":"power","device":0,"seq":{seq},"ts_ns":{},"read_ns":20000,"power_mw":1000000,"energy_mj":{}}}"#,
+            GPU_BASE_NS + seq * 10_000,
+            7000 + seq * 10
+        ));
+    }
+    lines.push(footer);
+    lines.join("\n") + "\n"
+}
