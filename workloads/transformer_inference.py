@@ -10,9 +10,14 @@ produced (no EOS stopping) and to stay robust across transformers versions.
 
 Prints per-stage timings, one line each, in this order:
 init, weight_loading, input_preparation, inference, output_retrieval, cleanup
-(e.g. "stage init: 123.4 ms"), then the number of generated tokens.
+(e.g. "stage init: 123.4 ms"), then the number of generated tokens and the time per
+generated token ("per token: 1.234 ms", the inference stage divided by --tokens).
 
-Usage: python3 transformer_inference.py [--device cuda] [--tokens 20]
+With --profiler the inference stage runs inside torch.profiler.profile(CPU, CUDA), for
+comparing its cost; entering and leaving the profiler are not in the stage's time, and the
+time spent leaving it (its post-processing) is printed as "profiler post-processing: X s".
+
+Usage: python3 transformer_inference.py [--device cuda] [--tokens 20] [--profiler]
 """
 
 import os
@@ -48,6 +53,8 @@ def main() -> None:
                         help="torch device, e.g. cuda, cuda:0 or cpu (default cuda)")
     parser.add_argument("--tokens", type=int, default=20,
                         help="number of new tokens to generate (default 20)")
+    parser.add_argument("--profiler", action="store_true",
+                        help="run the inference stage inside torch.profiler.profile(CPU, CUDA)")
     args = parser.parse_args()
     if args.tokens < 1:
         parser.error("--tokens must be >= 1")
@@ -94,6 +101,14 @@ def main() -> None:
     report("input_preparation", t)
 
     # inference: greedy decode with the KV cache, exactly args.tokens tokens.
+    prof = None
+    if args.profiler:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        prof = profile(activities=activities)
+        prof.__enter__()
     t = time.perf_counter()
     generated = []
     with torch.inference_mode():
@@ -108,7 +123,13 @@ def main() -> None:
         new_tokens = torch.cat(generated, dim=1)
         sequence = torch.cat([input_ids, new_tokens], dim=1)
     sync(device)
+    inference_s = time.perf_counter() - t
     report("inference", t)
+    if prof is not None:
+        t_exit = time.perf_counter()
+        prof.__exit__(None, None, None)
+        print(f"profiler post-processing: {time.perf_counter() - t_exit:.3f} s", flush=True)
+        del prof
 
     # output_retrieval: generated ids back to the host.
     t = time.perf_counter()
@@ -126,6 +147,7 @@ def main() -> None:
     n_generated = sequence_cpu.shape[1] - PROMPT_LEN
     assert n_generated == args.tokens, (n_generated, args.tokens)
     print(f"generated tokens: {n_generated}")
+    print(f"per token: {inference_s * 1e3 / n_generated:.3f} ms")
     print(f"generated ids: {sequence_cpu[0, PROMPT_LEN:].tolist()}")
 
 

@@ -17,15 +17,19 @@ use crate::{
     after_help = "Examples:\n  \
         sudo cudatrace run -- python3 simple_inference.py\n  \
         sudo cudatrace run -o trace.jsonl -- ./my_cuda_app --size 4096\n  \
+        sudo cudatrace run --gpu -- python3 train.py   # also what the GPU ran, kernel by kernel\n  \
         sudo cudatrace run -p 12345            # attach to a running process\n  \
         sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n  \
+        sudo cudatrace run --power -- python3 infer.py   # and GPU power and energy every 20 ms\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
-        66 no such process or trace file, 69 no libcuda, 70 internal error, 73 output not\n\
-        writable, 77 not privileged, 78 probes missing (--missing-probes error), 126 command\n\
-        not executable, 127 command not found."
+        66 no such process or trace file, 69 no libcuda, 70 internal error, 72 no usable\n\
+        NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
+        (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
+        set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
+        command not found."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -15,12 +15,20 @@ pub enum ExitCode {
     NoLibcuda = 69,
     /// eBPF load/attach or another internal failure.
     Internal = 70,
+    /// `--power` and no NVML can be loaded and started (or it sees no GPU).
+    NoNvml = 72,
     /// The trace cannot be written.
     OutputNotWritable = 73,
     /// Not root and without CAP_BPF + CAP_PERFMON.
     NotPrivileged = 77,
     /// `--missing-probes error` and a function is missing or failed to attach.
     ProbesMissing = 78,
+    /// `--gpu`: no libcupti found.
+    NoCupti = 80,
+    /// `--gpu`: the environment already names an injection library (`CUDA_INJECTION64_PATH`).
+    InjectionPathSet = 81,
+    /// `--gpu`: GPU recording failed in a process (CUPTI refused), and the command exited 0.
+    GpuRecordingFailed = 82,
     /// The command exists but cannot be executed.
     NotExecutable = 126,
     /// The command was not found.

@@ -5,7 +5,8 @@
 //! format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans what to
 //! attach (`probes/`, from the `catalog/`), sets up a session, then runs each ring-buffer
 //! record through decode (`events/`), enrich (`analysis/`) and the sinks (`sinks/`).
-//! The readers go through `reader.rs` and the same `analysis/`.
+//! The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s set-up
+//! (libcupti, the injection library) is `inject/`.
 
 mod analysis;
 mod catalog;
@@ -15,8 +16,10 @@ mod events;
 mod exit;
 mod export;
 mod format;
+mod inject;
 mod kernel_hooks;
 mod plot;
+mod power;
 mod privileges;
 mod probes;
 mod reader;

@@ -274,7 +274,23 @@ struct Facts {
     markers: u64,
     /// (pid, time since the base at the call's return, live_bytes).
     memory: Vec<(u64, u64, u64)>,
+    /// `--power`: the GPUs sampled (each a process-like group of counter tracks).
+    gpus: BTreeSet<u64>,
+    /// `--power`: counter values the samples give (each field present, and the energy).
+    power_values: u64,
 }
+
+/// The fields of a power line that become counter values, besides the energy.
+const POWER_FIELDS: [&str; 8] = [
+    "power_mw",
+    "power_instant_mw",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "gpu_util_pct",
+    "mem_util_pct",
+    "temperature_c",
+    "memory_used_bytes",
+];
 
 fn facts(lines: &[Value]) -> Facts {
     let base_ns = lines[0]["start_monotonic_ns"].as_u64().unwrap_or(0);
@@ -286,7 +302,19 @@ fn facts(lines: &[Value]) -> Facts {
         driver: 0,
         markers: 0,
         memory: Vec::new(),
+        gpus: BTreeSet::new(),
+        power_values: 0,
     };
+    let counter_gpus: Vec<&Value> = lines[0]["power"]["devices"]
+        .as_array()
+        .map(|devices| {
+            devices
+                .iter()
+                .filter(|d| d["energy_counter"] == true)
+                .map(|d| &d["index"])
+                .collect()
+        })
+        .unwrap_or_default();
     // Hand-written traces have no live_bytes: cudatrace computes them, and so does this,
     // for the plain cuMemAlloc_v2/cuMemFree_v2 they use.
     let mut live = BTreeMap::<u64, u64>::new();
@@ -333,6 +361,22 @@ fn facts(lines: &[Value]) -> Facts {
                 facts.pids.insert(pid.unwrap());
             }
             Some("lost") => facts.markers += 1,
+            Some("power") => {
+                facts.gpus.insert(line["device"].as_u64().unwrap());
+                let present = POWER_FIELDS
+                    .iter()
+                    .filter(|f| line.get(**f).is_some())
+                    .count();
+                // Energy: the counter's reading, or integrated power.
+                let energy = if counter_gpus.contains(&&line["device"]) {
+                    line.get("energy_mj").is_some()
+                } else {
+                    line.get("power_instant_mw")
+                        .or(line.get("power_mw"))
+                        .is_some()
+                };
+                facts.power_values += present as u64 + u64::from(energy);
+            }
             _ => {}
         }
     }
@@ -348,7 +392,10 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         "cudatrace wrote a slice per call and driver line"
     );
     assert_eq!(written.markers, facts.markers);
-    assert_eq!(written.counters, facts.memory.len() as u64);
+    assert_eq!(
+        written.counters,
+        facts.memory.len() as u64 + facts.power_values
+    );
     let driver_tracks = facts.driver_threads.len() as u64;
     let (thread_tracks, driver_track_sql) = match format {
         // The JSON has only thread tracks: a driver track is a thread of its own.
@@ -418,9 +465,9 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         ),
         count("driver tracks", driver_track_sql, driver_tracks),
         count(
-            "processes (pid 0 is the trace processor's own placeholder)",
+            "processes and GPUs (pid 0 is the trace processor's own placeholder)",
             "select count(*) from process where pid != 0",
-            facts.pids.len() as u64,
+            facts.pids.len() as u64 + facts.gpus.len() as u64,
         ),
         check(
             "threads with slices: (pid, tid)",
@@ -915,5 +962,394 @@ fn truncated_exports_are_rejected() {
         // The whole file loads: the cut is what fails.
         let whole = trace_processor(&file, &[]);
         assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
+    });
+}
+
+// ---- --power: each GPU's counter tracks ----
+
+/// A GPU's pid in the exports: this plus its NVML index (above any Linux pid).
+const GPU_PID_BASE: u64 = 1 << 30;
+
+/// Each power field's counter track, as both formats name it.
+const POWER_TRACKS: [(&str, &str); 8] = [
+    ("power_mw", "power W"),
+    ("power_instant_mw", "instant power W"),
+    ("sm_clock_mhz", "SM clock MHz"),
+    ("mem_clock_mhz", "memory clock MHz"),
+    ("gpu_util_pct", "GPU utilisation %"),
+    ("mem_util_pct", "memory utilisation %"),
+    ("temperature_c", "temperature C"),
+    ("memory_used_bytes", "memory used bytes"),
+];
+
+/// The GPUs' groups, their tracks with the number of values each, and the power values
+/// (mW, from the JSON's W), all from the trace's lines.
+fn power_checks(lines: &[Value]) -> Vec<Check> {
+    let base_ns = lines[0]["start_monotonic_ns"].as_u64().unwrap_or(0);
+    let devices = lines[0]["power"]["devices"].as_array().unwrap();
+    let groups: Vec<Value> = devices
+        .iter()
+        .map(|d| {
+            json!([
+                GPU_PID_BASE + d["index"].as_u64().unwrap(),
+                format!("GPU {}: {}", d["index"], d["name"].as_str().unwrap())
+            ])
+        })
+        .collect();
+    let mut tracks = BTreeMap::<(u64, &str), u64>::new();
+    let mut power = BTreeMap::new();
+    for line in lines.iter().filter(|l| l["type"] == "power") {
+        let pid = GPU_PID_BASE + line["device"].as_u64().unwrap();
+        for (field, track) in POWER_TRACKS {
+            if line.get(field).is_some() {
+                *tracks.entry((pid, track)).or_default() += 1;
+            }
+        }
+        *tracks.entry((pid, "energy J")).or_default() += 1;
+        if let Some(mw) = line.get("power_mw") {
+            let ts = line["ts_ns"].as_u64().unwrap() - base_ns;
+            power.insert((pid, ts), json!([pid, ts, mw]));
+        }
+    }
+    vec![
+        check(
+            "GPU groups: pid, name",
+            format!("select pid, name from process where pid >= {GPU_PID_BASE}"),
+            groups,
+        ),
+        check(
+            "GPU counter tracks: pid, name, values",
+            format!(
+                "select p.pid, t.name, count(*) from counter c \
+                 join process_counter_track t on c.track_id = t.id join process p using (upid) \
+                 where p.pid >= {GPU_PID_BASE} group by 1, 2"
+            ),
+            tracks
+                .into_iter()
+                .map(|((pid, track), n)| json!([pid, track, n]))
+                .collect(),
+        ),
+        ordered(check(
+            "power: pid, time since tracing started, mW",
+            "select p.pid, c.ts, cast(round(c.value * 1000) as int) from counter c \
+             join process_counter_track t on c.track_id = t.id join process p using (upid) \
+             where t.name = 'power W' order by p.pid, c.ts",
+            power.into_values().collect(),
+        )),
+    ]
+}
+
+#[test]
+fn a_power_trace_loads_with_each_gpus_counter_tracks() {
+    let trace = write_trace("power", &traces::power());
+    let lines = read_trace(&trace);
+    let facts = facts(&lines);
+    assert_eq!(facts.gpus.len(), 2);
+    assert_eq!(facts.power_values, traces::POWER_COUNTERS);
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend(power_checks(&lines));
+        checks.extend([
+            ordered(check(
+                "GPU 0's energy: its counter less the first reading (10 mJ a sample), in mJ",
+                format!(
+                    "select cast(round(c.value * 1000) as int) from counter c \
+                     join process_counter_track t on c.track_id = t.id join process p \
+                     using (upid) where p.pid = {GPU_PID_BASE} and t.name = 'energy J' \
+                     order by c.ts"
+                ),
+                (0..traces::POWER_SAMPLES)
+                    .map(|k| json!([k * 10]))
+                    .collect(),
+            )),
+            ordered(check(
+                "GPU 1's energy: 250 W integrated (25 mJ a sample), in mJ",
+                format!(
+                    "select cast(round(c.value * 1000) as int) from counter c \
+                     join process_counter_track t on c.track_id = t.id join process p \
+                     using (upid) where p.pid = {} and t.name = 'energy J' order by c.ts",
+                    GPU_PID_BASE + 1
+                ),
+                (0..traces::POWER_SAMPLES)
+                    .map(|k| json!([k * 25]))
+                    .collect(),
+            )),
+        ]);
+        assert_checks(&file, &checks);
+    });
+}
+
+#[test]
+fn a_recorded_power_trace_loads_with_each_gpus_counter_tracks() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-power");
+    let trace = dir.join("power.jsonl");
+    // Two stand-in GPUs (NOT NVIDIA's NVML), the second without an energy counter.
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--power=5", "--nvml"])
+        .arg(&common::power::nvml_standin().lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().demo)
+        .env("NVML_STANDIN_DEVICES", "2")
+        .env("NVML_STANDIN_NO_ENERGY", "1")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines = read_trace(&trace);
+    assert_complete(&lines);
+    let facts = facts(&lines);
+    assert_eq!(facts.gpus.len(), 2);
+    // 9 values a sample on each GPU: 8 fields and the energy (GPU 1's integrated).
+    let samples = lines.iter().filter(|l| l["type"] == "power").count() as u64;
+    assert_eq!(facts.power_values, samples * 9);
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend(power_checks(&lines));
+        checks.push(check(
+            "every power value is the stand-in's: 100 W and 200 W",
+            "select distinct p.pid, cast(round(c.value) as int) from counter c \
+             join process_counter_track t on c.track_id = t.id join process p using (upid) \
+             where t.name in ('power W', 'instant power W')",
+            vec![json!([GPU_PID_BASE, 100]), json!([GPU_PID_BASE + 1, 200])],
+        ));
+        assert_checks(&file, &checks);
+    });
+}
+
+// ---- --gpu: a track per GPU and stream, an arrow from each call to its work ----
+
+/// GPU work slices: (GPU, stream track, name, ts, dur), as the format files them: threads
+/// of a `GPU N` process in the JSON, child tracks of a `GPU N` track in the protobuf.
+fn gpu_slices(format: Format, rows: Vec<Value>) -> Check {
+    let sql = match format {
+        Format::Chrome => {
+            "select p.name, t.name, s.name, s.ts, s.dur from slice s \
+             join thread_track tt on s.track_id = tt.id join thread t using (utid) \
+             join process p using (upid) where s.category = 'gpu' and s.dur > 0"
+        }
+        Format::Perfetto => {
+            "select g.name, t.name, s.name, s.ts, s.dur from slice s \
+             join track t on s.track_id = t.id join track g on t.parent_id = g.id \
+             where s.category = 'gpu' and s.dur > 0"
+        }
+    };
+    check("GPU slices: GPU, stream track, name, ts, dur", sql, rows)
+}
+
+/// Arrows into GPU work: (the call slice's category and start, the work's name and start).
+fn gpu_flows(rows: Vec<Value>) -> Check {
+    check(
+        "flows from a call to its GPU work",
+        "select o.category, o.ts, i.name, i.ts from flow f join slice o on f.slice_out = o.id \
+         join slice i on f.slice_in = i.id where i.category = 'gpu'",
+        rows,
+    )
+}
+
+#[test]
+fn a_gpu_trace_loads_with_gpu_tracks_and_call_to_gpu_flows() {
+    let trace = write_trace("gpu", &traces::gpu());
+    let stream = |n: u32| format!("stream {n}, pid 300 (python3 train.py)");
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    let slices: Vec<Value> = [
+        (13, "HtoD 1.00 MiB", 7_500, 2_000),
+        (13, "memset 3.91 KiB", 9_600, 400),
+        (13, vector_add, 11_500, 5_000),
+        (14, "gemm()", 15_500, 2_000),
+        (13, vector_add, 16_500, 3_000),
+        (13, "DtoH 4.00 KiB", 62_000, 1_000),
+        (13, vector_add, 64_000, 500),
+    ]
+    .iter()
+    .map(|(s, name, ts, dur)| json!(["GPU 0", stream(*s), name, ts, dur]))
+    .collect();
+    let flows: Vec<Value> = [
+        ("copy", 6_000, "HtoD 1.00 MiB", 7_500),
+        ("memset", 9_000, "memset 3.91 KiB", 9_600),
+        ("launch", 10_000, vector_add, 11_500),
+        ("launch", 12_000, vector_add, 16_500),
+        ("launch", 14_000, "gemm()", 15_500),
+        ("copy", 60_000, "DtoH 4.00 KiB", 62_000),
+    ]
+    .iter()
+    .map(|(category, ts, name, gpu_ts)| json!([category, ts, name, gpu_ts]))
+    .collect();
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        // 11 calls and 7 pieces of work; 6 arrows to work and 2 launch → sync.
+        assert_eq!((written.slices, written.flows, written.markers), (18, 8, 1));
+        assert_checks(
+            &file,
+            &[
+                gpu_slices(format, slices.clone()),
+                gpu_flows(flows.clone()),
+                count("flows", "select count(*) from flow", 8),
+                count(
+                    "the recording-start marker",
+                    "select count(*) from slice where name = 'GPU recording: CUPTI 130001' \
+                     and dur = 0",
+                    1,
+                ),
+                check(
+                    "a kernel's arguments",
+                    format!(
+                        "select extract_arg(arg_set_id, '{}'), extract_arg(arg_set_id, '{}'), \
+                         extract_arg(arg_set_id, '{}') from slice where name = 'gemm()'",
+                        format.arg("kernel_mangled"),
+                        format.arg("queued_ns"),
+                        format.arg("call_tid")
+                    ),
+                    vec![json!(["_Z4gemmv", -200, 301])],
+                ),
+            ],
+        );
+    });
+}
+
+#[test]
+fn a_recorded_gpu_run_loads_with_a_track_per_stream() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-gpu-run");
+    let trace = dir.join("gpu.jsonl");
+    let cupti = common::gpu::cupti_standin();
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--gpu", "--cupti"])
+        .arg(&cupti.lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().driver)
+        .arg("gpu")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines = read_trace(&trace);
+    let base = lines[0]["start_monotonic_ns"].as_u64().unwrap();
+    let pid = lines[0]["pids"][0].as_u64().unwrap();
+    let work: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            matches!(
+                l["type"].as_str(),
+                Some("gpu_kernel" | "gpu_copy" | "gpu_memset")
+            )
+        })
+        .collect();
+    assert_eq!(work.len(), 8, "4 kernels, 2 copies, 2 memsets");
+    let comm = lines[0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    // The stand-in's work of one stream overlaps (it does not serialise streams): the
+    // export puts a slice that starts before the previous one ends on a lane beside it.
+    let mut lanes = BTreeMap::<(u64, u64), Vec<u64>>::new();
+    let slices: Vec<Value> = work
+        .iter()
+        .map(|w| {
+            let (ts, dur) = (
+                w["ts_ns"].as_u64().unwrap() - base,
+                w["dur_ns"].as_u64().unwrap(),
+            );
+            let ends = lanes
+                .entry((w["device"].as_u64().unwrap(), w["stream"].as_u64().unwrap()))
+                .or_default();
+            let lane = ends.iter().position(|end| *end <= ts).unwrap_or_else(|| {
+                ends.push(0);
+                ends.len() - 1
+            });
+            ends[lane] = ts + dur;
+            let overlapping = match lane {
+                0 => String::new(),
+                n => format!(", overlapping {n}"),
+            };
+            let name = match w["type"].as_str().unwrap() {
+                "gpu_kernel" => w["kernel"].as_str().unwrap().to_owned(),
+                "gpu_copy" if w["bytes"] == 1048576 => {
+                    format!("{} 1.00 MiB", w["kind"].as_str().unwrap())
+                }
+                "gpu_copy" => format!("{} 64.00 KiB", w["kind"].as_str().unwrap()),
+                _ => format!("memset {} B", w["bytes"]),
+            };
+            json!([
+                format!("GPU {}", w["device"]),
+                format!("stream {}, pid {pid} ({comm}){overlapping}", w["stream"]),
+                name,
+                w["ts_ns"].as_u64().unwrap() - base,
+                w["dur_ns"]
+            ])
+        })
+        .collect();
+    let flows: Vec<Value> = work
+        .iter()
+        .map(|w| {
+            let call = calls(&lines)
+                .into_iter()
+                .find(|c| c["tid"] == w["call_tid"] && c["ts_ns"] == w["call_ts_ns"])
+                .expect("every work line links to a call line");
+            let name = call["name"].as_str().unwrap();
+            let family = if name.starts_with("cuLaunch") {
+                "launch"
+            } else if name.starts_with("cuMemset") {
+                "memset"
+            } else {
+                "copy"
+            };
+            json!([
+                family,
+                call["ts_ns"].as_u64().unwrap() - base,
+                slices
+                    .iter()
+                    .find(|s| s[3] == w["ts_ns"].as_u64().unwrap() - base)
+                    .unwrap()[2],
+                w["ts_ns"].as_u64().unwrap() - base
+            ])
+        })
+        .collect();
+    each_format(|format| {
+        let (file, _) = export(&trace, format);
+        assert_checks(
+            &file,
+            &[gpu_slices(format, slices.clone()), gpu_flows(flows.clone())],
+        );
+    });
+}
+
+// ---- --power --gpu: each GPU's streams and counters in one group ----
+
+#[test]
+fn a_power_gpu_trace_puts_each_gpus_streams_and_counters_in_one_group() {
+    let trace = write_trace("power-gpu", &traces::gpu_power());
+    let lines = read_trace(&trace);
+    let group = "GPU 0: test GPU A";
+    let stream = |n: u32| format!("stream {n}, pid 300 (python3 train.py)");
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    let slices: Vec<Value> = [
+        (13, "HtoD 1.00 MiB", 7_500, 2_000),
+        (13, "memset 3.91 KiB", 9_600, 400),
+        (13, vector_add, 11_500, 5_000),
+        (14, "gemm()", 15_500, 2_000),
+        (13, vector_add, 16_500, 3_000),
+        (13, "DtoH 4.00 KiB", 62_000, 1_000),
+        (13, vector_add, 64_000, 500),
+    ]
+    .iter()
+    .map(|(s, name, ts, dur)| json!([group, stream(*s), name, ts, dur]))
+    .collect();
+    each_format(|format| {
+        let (file, _) = export(&trace, format);
+        let mut checks = power_checks(&lines);
+        checks.push(gpu_slices(format, slices.clone()));
+        assert_checks(&file, &checks);
     });
 }

@@ -7,8 +7,8 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 
-/// Builds `libcuda.so.1`, `libcupti.so.13`, `cudatrace-driver` and `cudatrace-demo` into
-/// `out`.
+/// Builds `libcuda.so.1`, `libcupti.so.13`, `libnvidia-ml.so.1` (the stand-in NVML, for
+/// `run --power`), `cudatrace-driver` and `cudatrace-demo` into `out`.
 pub fn build(root: &Path, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let src = root.join("standin");
@@ -40,6 +40,20 @@ pub fn build(root: &Path, out: &Path) -> Result<()> {
         "-o".as_ref(),
         cupti.as_os_str(),
         src.join("libcupti_standin.c").as_os_str(),
+    ])?;
+    let nvml = out.join("libnvidia-ml.so.1");
+    gcc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-Wall".as_ref(),
+        "-Wextra".as_ref(),
+        "-Werror".as_ref(),
+        "-Wl,-soname,libnvidia-ml.so.1".as_ref(),
+        "-o".as_ref(),
+        nvml.as_os_str(),
+        src.join("libnvml_standin.c").as_os_str(),
     ])?;
     for (program, source) in [
         ("cudatrace-driver", "cudatrace_driver.c"),

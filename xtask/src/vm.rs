@@ -31,6 +31,7 @@ pub const TEST_TARGETS: &[&str] = &[
     "kernel_hooks",
     "doctor",
     "gpu_transport",
+    "gpu_run",
 ];
 
 /// Tests left out in the guest (libtest `--skip`) unless `--no-skip`, with the reason. None is

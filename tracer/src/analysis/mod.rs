@@ -15,13 +15,24 @@
 //! | `stages.rs` | the stages of a run (initialisation ... cleanup) |
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
+//! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `device_map.rs` | `--power --gpu`: which NVML GPU each CUDA device is |
+//! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
+//! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
+//! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
+pub mod device_map;
 pub mod driver;
+pub mod energy;
 pub mod families;
+pub mod gpu;
+pub mod gpu_context;
+pub mod gpu_link;
 pub mod kernels;
 pub mod memory;
+pub mod power;
 mod role;
 pub mod stages;
 pub mod summarise;
@@ -32,11 +43,16 @@ pub use role::{Role, classify};
 use foldhash::HashMap;
 
 use crate::{
-    events::Event,
-    schema::{CallLine, DriverLine, MemoryFooter, ProcessMemory},
+    events::{Event, gpu::GpuEvent},
+    schema::{
+        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, MemoryFooter, PowerInfo,
+        PowerLine, ProcessMemory,
+    },
 };
 
 use self::{
+    gpu::{GpuAccumulator, GpuSummary},
+    gpu_link::GpuLinker,
     kernels::{KernelNames, KernelTable},
     memory::MemoryState,
     stages::{ProcessStages, StageTracker},
@@ -65,17 +81,115 @@ pub struct Analysis {
     finished: Vec<Finished>,
     summary: SummaryAccumulator,
     driver: driver::DriverAccumulator,
+    power: power::PowerAccumulator,
+    gpu: GpuAccumulator,
+    /// The header's `gpu` object (a `--gpu` trace).
+    gpu_header: Option<GpuHeaderInfo>,
+    /// `cudatrace run --gpu`: linking GPU work to calls.
+    gpu_link: Option<GpuLinker>,
 }
 
 impl Analysis {
+    /// The analysis of `cudatrace run --gpu`: it also links GPU work to calls.
+    pub fn with_gpu_linking() -> Self {
+        Analysis {
+            gpu_link: Some(GpuLinker::default()),
+            ..Analysis::default()
+        }
+    }
+
     /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
     /// bytes go into the line itself, and every event counts toward the run's figures.
+    /// GPU records go through [`Self::enrich_gpu`] instead.
     pub fn enrich(&mut self, event: &mut Event) {
         match event {
-            Event::Call(call) => self.observe(call),
+            Event::Call(call) => {
+                self.observe(call);
+                if let Some(linker) = &mut self.gpu_link
+                    && call.ret == 0
+                    && matches!(
+                        classify(&call.name).0,
+                        Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
+                    )
+                {
+                    linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns);
+                }
+            }
             Event::Process(process) => self.process_event(process.pid, &process.event),
             Event::Driver(driver) => self.driver(driver),
+            Event::Gpu(_) => {}
         }
+    }
+
+    /// `cudatrace run --gpu`'s enrich stage for a GPU record that came at `arrived_ns`:
+    /// work is linked to its call (or kept until it can be), kernels are named, and the
+    /// lines ready to write go to `out`, counted toward the figures.
+    pub fn enrich_gpu(&mut self, event: GpuEvent, arrived_ns: u64, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        let linker = self.gpu_link.get_or_insert_with(GpuLinker::default);
+        match event {
+            GpuEvent::Line(line @ (GpuLine::Info(_) | GpuLine::Error(_))) => {
+                if let GpuLine::Error(error) = &line {
+                    linker.counts.fatal_errors += u64::from(error.fatal);
+                } else {
+                    linker.counts.processes += 1;
+                }
+                out.push(line);
+            }
+            GpuEvent::Line(work) => linker.work(work, arrived_ns, out),
+            GpuEvent::Api(api) => linker.api(api, arrived_ns, out),
+            GpuEvent::Dropped { .. } => {}
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// `--gpu`: writes unlinked the work that waited too long for its call's record.
+    pub fn expire_gpu(&mut self, now_ns: u64, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        if let Some(linker) = &mut self.gpu_link {
+            linker.expire(now_ns, out);
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// `--gpu`: a process exec'd or exited, or (`None`) tracing ended: its (every) waiting
+    /// work goes out unlinked.
+    pub fn end_gpu(&mut self, pid: Option<u32>, out: &mut Vec<GpuLine>) {
+        let first = out.len();
+        if let Some(linker) = &mut self.gpu_link {
+            match pid {
+                Some(pid) => linker.end_process(pid, out),
+                None => linker.finish(out),
+            }
+        }
+        self.finish_gpu_lines(out, first);
+    }
+
+    /// The footer's `gpu` figures (`run --gpu`).
+    pub fn gpu_footer(&self) -> Option<GpuFooter> {
+        self.gpu_link.as_ref().map(|linker| linker.counts.clone())
+    }
+
+    fn finish_gpu_lines(&mut self, out: &mut [GpuLine], first: usize) {
+        for line in &mut out[first..] {
+            if let GpuLine::Kernel(kernel) = line
+                && kernel.kernel_mangled.is_none()
+                && kernel.kernel != "unknown"
+            {
+                let truncated = kernel.link.warnings.iter().any(|w| w == "name_truncated");
+                let name = self.names.get(&kernel.kernel, truncated);
+                if let Some(mangled) = &name.mangled {
+                    kernel.kernel = name.display.to_string();
+                    kernel.kernel_mangled = Some(mangled.to_string());
+                }
+            }
+            self.gpu.observe(line);
+        }
+    }
+
+    /// A `--gpu` line of a trace read back.
+    pub fn gpu_line(&mut self, line: &GpuLine) {
+        self.gpu.observe(line);
     }
 
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
@@ -87,6 +201,22 @@ impl Analysis {
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
         self.summary.observe(role, record);
+        self.power.call(role, record);
+    }
+
+    /// The header's `power` object (`--power`).
+    pub fn power_header(&mut self, info: &PowerInfo) {
+        self.power.header(info);
+    }
+
+    /// The header's `gpu` object (`--gpu`).
+    pub fn gpu_header(&mut self, info: &GpuHeaderInfo) {
+        self.gpu_header = Some(info.clone());
+    }
+
+    /// A `"type":"power"` line (`--power`).
+    pub fn power_sample(&mut self, line: &PowerLine) {
+        self.power.sample(line);
     }
 
     /// Only what [`observe`](Analysis::observe) adds to the line (kernel names, live
@@ -127,17 +257,31 @@ impl Analysis {
                 stages: process.stages.report(pid),
             });
         }
-        let (memory, stages) = self
+        let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished
             .into_iter()
             .filter(|f| f.stages.calls > 0)
             .map(|f| (f.memory, f.stages))
             .unzip();
+        let summary = self.summary.finish();
+        let calls_first = (summary.calls > 0).then_some(summary.first_ts_ns);
+        let gpu = self
+            .gpu
+            .finish(calls_first, summary.first_ts_ns + summary.span_ns);
+        let (power, series) = self.power.finish_with_series(&stages);
+        // A `--power --gpu` trace: energy per kernel by GPU time, from a second reading.
+        let kernel_energy = power
+            .as_ref()
+            .filter(|_| self.gpu_header.is_some() || gpu.kernels > 0)
+            .map(|power| power::GpuTimeEnergy::new(power, series, self.gpu_header.as_ref()));
         Report {
-            summary: self.summary.finish(),
+            summary,
             memory,
+            power,
+            kernel_energy,
             stages,
             driver: self.driver.finish(),
+            gpu,
         }
     }
 }
@@ -149,6 +293,13 @@ pub struct Report {
     pub stages: Vec<ProcessStages>,
     /// NVIDIA driver activity (`--kernel` traces).
     pub driver: driver::DriverSummary,
+    /// Energy and power (`--power` traces).
+    pub power: Option<power::PowerReport>,
+    /// `--power --gpu` traces: energy per kernel by GPU time, waiting for the trace's
+    /// `gpu_kernel` lines (`summarise.rs` reads them again), then put in `power`.
+    pub kernel_energy: Option<power::GpuTimeEnergy>,
+    /// What the GPU ran (`--gpu` traces).
+    pub gpu: GpuSummary,
 }
 
 impl Report {

@@ -84,7 +84,9 @@ impl Role {
                 Family::Memset => Role::Memset,
                 Family::Launch => Role::Launch,
                 Family::Module => Role::ModuleLoad,
-                Family::Memory | Family::VirtualMemory | Family::Sync => Role::Other,
+                Family::Memory | Family::VirtualMemory | Family::Sync | Family::GpuRecords => {
+                    Role::Other
+                }
             },
         }
     }

@@ -161,6 +161,10 @@ pub struct Stage {
     pub launches: u64,
     pub htod_bytes: u64,
     pub dtoh_bytes: u64,
+    /// `--gpu` traces: the process's GPU busy time in the stage (its work's union clipped
+    /// to the stage; `analysis::gpu_context`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_busy_ns: Option<u64>,
 }
 
 /// The stages of one process.
@@ -340,6 +344,7 @@ impl StageTracker {
                 launches: tally.launches,
                 htod_bytes: tally.htod_bytes,
                 dtoh_bytes: tally.dtoh_bytes,
+                gpu_busy_ns: None,
             })
             .collect();
         ProcessStages {

@@ -5,10 +5,10 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::{Analysis, Report};
+use super::{Analysis, Report, gpu_context::GpuContext};
 use crate::{
     reader::{ReadError, TraceLines},
-    schema::Line,
+    schema::{GpuLine, Line},
 };
 
 /// Where the figures came from.
@@ -37,9 +37,46 @@ pub struct Summarised {
     pub skipped: Vec<(u64, String)>,
 }
 
-/// Streams a trace through the analysis. A malformed line is an error naming the file and
-/// the line, unless the lines skip them.
-pub fn summarise(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadError> {
+/// Streams a trace through the analysis; `open` gives its lines from the start (twice for
+/// a `--gpu` trace: the second pass finds what the CPU did in the GPU's idle gaps and the
+/// GPU's busy time per stage, `gpu_context.rs`, and, with `--power`, shares the sampled
+/// energy over the kernels, `power::GpuTimeEnergy`; both need the whole first pass). A
+/// malformed line is an error naming the file and the line, unless the lines skip them.
+pub fn summarise<R: BufRead>(
+    mut open: impl FnMut() -> Result<TraceLines<R>, ReadError>,
+) -> Result<Summarised, ReadError> {
+    let mut summarised = first_pass(open()?)?;
+    let report = &mut summarised.report;
+    let mut context =
+        GpuContext::wanted(&report.gpu).then(|| GpuContext::new(&report.gpu, &report.stages));
+    let mut energy = report.kernel_energy.take();
+    if context.is_some() || (energy.is_some() && report.gpu.kernels > 0) {
+        let mut lines = open()?;
+        while let Some(line) = lines.next_line()? {
+            match (line, &mut context) {
+                (Line::Call(call), Some(context)) => context.call(call),
+                (Line::Gpu(gpu), context) => {
+                    if let Some(context) = context {
+                        context.gpu(gpu);
+                    }
+                    if let (GpuLine::Kernel(kernel), Some(energy)) = (&**gpu, &mut energy) {
+                        energy.kernel(kernel);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(context) = context {
+        context.finish(&mut report.gpu, &mut report.stages);
+    }
+    if let (Some(energy), Some(power)) = (energy, &mut report.power) {
+        energy.finish(power);
+    }
+    Ok(summarised)
+}
+
+fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadError> {
     let mut analysis = Analysis::default();
     let mut info = TraceInfo {
         file: lines.label().to_owned(),
@@ -52,7 +89,17 @@ pub fn summarise(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, Read
             Line::Call(call) => analysis.observe(call),
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
             Line::Driver(driver) => analysis.driver(driver),
-            Line::Header(header) => info.command = std::mem::take(&mut header.command),
+            Line::Gpu(gpu) => analysis.gpu_line(gpu),
+            Line::Header(header) => {
+                if let Some(power) = &header.power {
+                    analysis.power_header(power);
+                }
+                if let Some(gpu) = &header.gpu {
+                    analysis.gpu_header(gpu);
+                }
+                info.command = std::mem::take(&mut header.command);
+            }
+            Line::Power(power) => analysis.power_sample(power),
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;
@@ -97,7 +144,7 @@ mod tests {
 "#;
 
     fn read(text: &[u8], skip: bool) -> Result<Summarised, ReadError> {
-        summarise(TraceLines::new(text, "trace.jsonl", skip))
+        summarise(|| Ok(TraceLines::new(text, "trace.jsonl", skip)))
     }
 
     #[test]

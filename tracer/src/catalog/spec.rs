@@ -15,6 +15,8 @@ pub enum Family {
     Launch,
     Sync,
     Module,
+    /// Not a libcuda function: the injection library's delivery of GPU records (`--gpu`).
+    GpuRecords,
 }
 
 impl Family {
@@ -29,6 +31,7 @@ impl Family {
             Family::Launch => "launch",
             Family::Sync => "sync",
             Family::Module => "module",
+            Family::GpuRecords => "gpu_records",
         }
     }
 }

@@ -1,10 +1,16 @@
 //! The decode stage of `cudatrace run`: a ring-buffer record to a trace line. Calls are
 //! named through the plans (the probe id is the attach cookie), driver events through the
-//! kernel's symbols, process events as they are.
+//! kernel's symbols, process events as they are, GPU records (`--gpu`) through each
+//! process's kernel names and clock (`gpu.rs`).
 
 use std::collections::HashMap;
 
-use super::{call::decode_call, driver, process, raw};
+use super::{
+    call::decode_call,
+    driver,
+    gpu::{GpuDecoded, GpuDecoder, GpuEvent},
+    process, raw,
+};
 use crate::{
     probes::plan::Plans,
     schema::{CallLine, DriverLine, ProcessLine},
@@ -20,12 +26,15 @@ pub enum Event {
     Call(CallLine),
     Process(ProcessLine),
     Driver(DriverLine),
+    /// A GPU record, for the enrich stage to link (`--gpu`).
+    Gpu(GpuEvent),
 }
 
 pub struct Decoder<'a> {
     plans: &'a Plans,
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
+    gpu: GpuDecoder,
     /// Records that could not be decoded (the footer's `undecodable`).
     pub undecodable: u64,
 }
@@ -35,11 +44,13 @@ impl<'a> Decoder<'a> {
         Decoder {
             plans,
             kernel_functions,
+            gpu: GpuDecoder::default(),
             undecodable: 0,
         }
     }
 
-    /// The line a record becomes; `None` (and counted) for a record that makes no sense.
+    /// The line a record becomes; `None` for a record that makes no sense (counted), or
+    /// one kept for later records (a GPU kernel name or clock pair).
     pub fn decode(&mut self, bytes: &[u8]) -> Option<Event> {
         let event = match raw::decode(bytes) {
             Ok(raw::RawEvent::Call { call, data }) => self
@@ -51,7 +62,18 @@ impl<'a> Decoder<'a> {
                 &event,
                 &self.kernel_functions,
             ))),
-            Ok(raw::RawEvent::Proc(event)) => Some(Event::Process(process::decode(&event))),
+            Ok(raw::RawEvent::Proc(event)) => {
+                let line = process::decode(&event);
+                if matches!(line.event.as_str(), "exec" | "exit") {
+                    self.gpu.forget(line.pid);
+                }
+                Some(Event::Process(line))
+            }
+            Ok(raw::RawEvent::Gpu(record)) => match self.gpu.decode(record) {
+                GpuDecoded::Event(event) => Some(Event::Gpu(event)),
+                GpuDecoded::Consumed => return None,
+                GpuDecoded::Unknown => None,
+            },
             Err(_) => None,
         };
         if event.is_none() {

@@ -2,12 +2,13 @@
 //! ring, before the analysis). [`Decoder`] (`decoder.rs`) drives it: a record's bytes
 //! become a `RawEvent` (`raw.rs`), then a line of the schema: calls with their arguments
 //! named through the probe catalog (`call.rs`, CUDA error names from `cuda_result.rs`),
-//! driver events (`driver.rs`) and process events (`process.rs`).
+//! driver events (`driver.rs`), process events (`process.rs`) and GPU records (`gpu.rs`).
 
 mod call;
 pub mod cuda_result;
 mod decoder;
 mod driver;
+pub mod gpu;
 mod process;
 mod raw;
 

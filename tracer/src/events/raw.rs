@@ -4,7 +4,8 @@
 use std::mem::size_of;
 
 use tracer_common::{
-    CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, ProcEvent, kind,
+    CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, GPU_TEXT_LEN, GpuEvent,
+    GpuRecord, GpuTextEvent, ProcEvent, kind,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,6 +30,18 @@ pub enum RawEvent {
     },
     Proc(ProcEvent),
     Driver(DriverEvent),
+    /// A GPU record from the injection library (`--gpu`), with its text if it has one.
+    Gpu(RawGpu),
+}
+
+/// A GPU record as the `gpu_records` uprobe wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawGpu {
+    /// `pid` is the process the record came from; `tid` the thread that delivered it.
+    pub header: EventHeader,
+    pub record: GpuRecord,
+    /// `record.text_len` bytes of text (kernel name, message, libcupti path).
+    pub text: Option<Vec<u8>>,
 }
 
 fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
@@ -62,6 +75,23 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
         }
         kind::PROC => Ok(RawEvent::Proc(read(bytes, "process event")?)),
         kind::DRIVER => Ok(RawEvent::Driver(read(bytes, "driver event")?)),
+        kind::GPU => {
+            let event: GpuEvent = read(bytes, "GPU event")?;
+            Ok(RawEvent::Gpu(RawGpu {
+                header: event.header,
+                record: event.record,
+                text: None,
+            }))
+        }
+        kind::GPU_TEXT => {
+            let event: GpuTextEvent = read(bytes, "GPU text event")?;
+            let len = (event.record.text_len as usize).min(GPU_TEXT_LEN);
+            Ok(RawEvent::Gpu(RawGpu {
+                header: event.header,
+                record: event.record,
+                text: Some(event.text[..len].to_vec()),
+            }))
+        }
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -131,6 +161,46 @@ mod tests {
     }
 
     #[test]
+    fn gpu_records_keep_their_text_cut_to_its_length() {
+        let mut event = GpuTextEvent {
+            header: EventHeader {
+                kind: kind::GPU_TEXT,
+                pid: 7,
+                ..EventHeader::default()
+            },
+            record: GpuRecord {
+                what: 5,
+                name_id: 1,
+                text_len: 3,
+                ..GpuRecord::default()
+            },
+            text: [b'x'; GPU_TEXT_LEN],
+        };
+        let Ok(RawEvent::Gpu(gpu)) = decode(&as_bytes(&event)) else {
+            panic!("not a GPU record")
+        };
+        assert_eq!(gpu.text.as_deref(), Some(&b"xxx"[..]));
+        assert_eq!((gpu.header.pid, gpu.record.name_id), (7, 1));
+        event.record.text_len = 100_000;
+        let Ok(RawEvent::Gpu(gpu)) = decode(&as_bytes(&event)) else {
+            panic!("not a GPU record")
+        };
+        assert_eq!(gpu.text.unwrap().len(), GPU_TEXT_LEN);
+        let plain = GpuEvent {
+            header: EventHeader {
+                kind: kind::GPU,
+                ..EventHeader::default()
+            },
+            record: GpuRecord::default(),
+        };
+        let Ok(RawEvent::Gpu(gpu)) = decode(&as_bytes(&plain)) else {
+            panic!("not a GPU record")
+        };
+        assert_eq!(gpu.text, None);
+        assert!(decode(&as_bytes(&plain)[..100]).is_err());
+    }
+
+    #[test]
     fn short_and_unknown_records_are_errors() {
         assert_eq!(
             decode(&[1, 0, 0, 0]),
@@ -170,7 +240,7 @@ mod tests {
                 })
                 .collect();
             if len >= 4 {
-                bytes[0] = (len % 5) as u8;
+                bytes[0] = (len % 7) as u8;
                 bytes[1..4].fill(0);
             }
             let _ = decode(&bytes);

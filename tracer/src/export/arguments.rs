@@ -10,7 +10,7 @@ use std::{borrow::Cow, fmt::Write as _, ops::Range};
 
 use serde::{
     Serialize, Serializer,
-    ser::{self, Impossible, SerializeStruct},
+    ser::{self, Impossible, SerializeMap, SerializeStruct},
 };
 use serde_json::{Map, Value};
 
@@ -266,17 +266,10 @@ struct FieldCollector<'a, F> {
     skip: F,
 }
 
-impl<F: Fn(&str) -> bool> SerializeStruct for FieldCollector<'_, F> {
-    type Ok = ();
-    type Error = NotAScalar;
-
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), NotAScalar> {
-        if (self.skip)(key) {
-            return Ok(());
+impl<F: Fn(&str) -> bool> FieldCollector<'_, F> {
+    fn add<T: ?Sized + Serialize>(&mut self, key: Cow<'static, str>, value: &T) {
+        if (self.skip)(&key) {
+            return;
         }
         let start = self.arguments.text.len();
         let stored = match value.serialize(ScalarCollector {
@@ -288,19 +281,85 @@ impl<F: Fn(&str) -> bool> SerializeStruct for FieldCollector<'_, F> {
                 self.arguments.text.truncate(start);
                 match serde_json::to_value(value) {
                     Ok(value) => self.arguments.store(&value),
-                    Err(_) => return Ok(()),
+                    Err(_) => return,
                 }
             }
         };
-        self.arguments
-            .entries
-            .push(Entry::new(Cow::Borrowed(key), stored));
+        self.arguments.entries.push(Entry::new(key, stored));
+    }
+}
+
+impl<F: Fn(&str) -> bool> SerializeStruct for FieldCollector<'_, F> {
+    type Ok = ();
+    type Error = NotAScalar;
+
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), NotAScalar> {
+        self.add(Cow::Borrowed(key), value);
         Ok(())
     }
 
     fn end(self) -> Result<(), NotAScalar> {
         Ok(())
     }
+}
+
+/// A struct with a `#[serde(flatten)]` field (the GPU activity lines) serialises as a map.
+impl<F: Fn(&str) -> bool> SerializeMap for FieldCollector<'_, F> {
+    type Ok = ();
+    type Error = NotAScalar;
+
+    fn serialize_key<T: ?Sized + Serialize>(&mut self, _: &T) -> Result<(), NotAScalar> {
+        // Entries come whole (serialize_entry): a lone key is not expected.
+        Err(NotAScalar)
+    }
+
+    fn serialize_value<T: ?Sized + Serialize>(&mut self, _: &T) -> Result<(), NotAScalar> {
+        Err(NotAScalar)
+    }
+
+    fn serialize_entry<K: ?Sized + Serialize, V: ?Sized + Serialize>(
+        &mut self,
+        key: &K,
+        value: &V,
+    ) -> Result<(), NotAScalar> {
+        let mut name = String::new();
+        let Ok(Stored::Text(_)) = key.serialize(ScalarCollector { text: &mut name }) else {
+            return Err(NotAScalar);
+        };
+        self.add(interned(&name), value);
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), NotAScalar> {
+        Ok(())
+    }
+}
+
+/// Map keys most interned (each kept for the life of the process).
+const MAX_INTERNED_KEYS: usize = 1024;
+
+/// A map key as a `'static` string, so that remembered sort orders and annotation names
+/// work for maps as for structs: a map line's keys are its field names, a few dozen.
+fn interned(key: &str) -> Cow<'static, str> {
+    use std::{cell::RefCell, collections::HashSet};
+    thread_local! {
+        static KEYS: RefCell<HashSet<&'static str>> = RefCell::new(HashSet::new());
+    }
+    KEYS.with_borrow_mut(|keys| {
+        if let Some(known) = keys.get(key) {
+            return Cow::Borrowed(*known);
+        }
+        if keys.len() >= MAX_INTERNED_KEYS {
+            return Cow::Owned(key.to_owned());
+        }
+        let leaked: &'static str = Box::leak(key.into());
+        keys.insert(leaked);
+        Cow::Borrowed(leaked)
+    })
 }
 
 /// A value that is not a scalar (or a line that is not a struct).
@@ -570,7 +629,7 @@ impl<'a, F: Fn(&str) -> bool> Serializer for FieldCollector<'a, F> {
     type SerializeTuple = Impossible<(), NotAScalar>;
     type SerializeTupleStruct = Impossible<(), NotAScalar>;
     type SerializeTupleVariant = Impossible<(), NotAScalar>;
-    type SerializeMap = Impossible<(), NotAScalar>;
+    type SerializeMap = Self;
     type SerializeStruct = Self;
     type SerializeStructVariant = Impossible<(), NotAScalar>;
 
@@ -678,8 +737,8 @@ impl<'a, F: Fn(&str) -> bool> Serializer for FieldCollector<'a, F> {
     ) -> Result<Self::SerializeTupleVariant, NotAScalar> {
         Err(NotAScalar)
     }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotAScalar> {
-        Err(NotAScalar)
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, NotAScalar> {
+        Ok(self)
     }
     fn serialize_struct_variant(
         self,
@@ -821,6 +880,46 @@ mod tests {
             if let Arg::Json(json) = arg {
                 assert_eq!(json, expected[key].to_string(), "{key}");
             }
+        }
+    }
+
+    /// A struct with a flattened part serialises as a map: its entries, as `to_value` has
+    /// them, and a second line of the same shape the same way.
+    #[test]
+    fn a_flattened_struct_gives_what_to_value_gives() {
+        #[derive(Serialize)]
+        struct Link {
+            zeta: u32,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            beta: Option<i64>,
+        }
+        #[derive(Serialize)]
+        struct Line {
+            kernel: String,
+            pid: u32,
+            #[serde(flatten)]
+            link: Link,
+        }
+        for beta in [Some(-200), None, Some(5)] {
+            let line = Line {
+                kernel: "k".into(),
+                pid: 7,
+                link: Link { zeta: 3, beta },
+            };
+            let mut arguments = Arguments::default();
+            arguments.fill(&line, |key| key == "pid");
+            arguments.sort();
+            let Value::Object(mut expected) = serde_json::to_value(&line).unwrap() else {
+                panic!()
+            };
+            expected.remove("pid");
+            let got: Vec<(String, Value)> = arguments
+                .iter()
+                .map(|(k, v)| (k.to_owned(), as_value(v)))
+                .collect();
+            let want: Vec<(String, Value)> = expected.into_iter().collect();
+            assert_eq!(got, want);
+            assert_eq!(got.len(), 2 + usize::from(beta.is_some()));
         }
     }
 

@@ -5,28 +5,22 @@
 
 use std::io::{self, Write};
 
+use foldhash::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::{
     arguments::{Arg, Arguments},
-    timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
+    timeline::{
+        ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
+    },
 };
 use crate::schema::{Header, compact};
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
 
-/// The name and category both ends of a flow share (viewers pair them by these and the id).
-pub const FLOW_NAME: &str = "launch → sync";
+/// The category both ends of a flow share (viewers pair them by it, the name and the id).
 pub const FLOW_CATEGORY: &str = "flow";
-
-fn pid_tid(track: Track) -> (u32, u32) {
-    match track {
-        Track::Thread { pid, tid } => (pid, tid),
-        Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
-        Track::Global => (0, 0),
-    }
-}
 
 /// Output is gathered here and handed to the writer in blocks of this size.
 const FLUSH_BYTES: usize = 256 << 10;
@@ -36,8 +30,8 @@ pub struct ChromeWriter<W: Write> {
     buf: Vec<u8>,
     events: u64,
     header: Option<Value>,
-    /// The start of a flow's two ends, up to the id: the same every time.
-    flow_starts: [Vec<u8>; 2],
+    /// `--gpu`: stream tracks, threads of their GPU's group, by tid from 1.
+    gpu_tids: HashMap<Track, u32>,
 }
 
 impl<W: Write> ChromeWriter<W> {
@@ -47,17 +41,9 @@ impl<W: Write> ChromeWriter<W> {
             buf: Vec::new(),
             events: 0,
             header: None,
-            flow_starts: [Vec::new(), Vec::new()],
+            gpu_tids: HashMap::default(),
         };
-        for (index, phase) in ["s", "f"].into_iter().enumerate() {
-            writer.events = 1;
-            writer.open(FLOW_NAME, phase);
-            writer.category(FLOW_CATEGORY);
-            writer.raw(b",\"id\":");
-            writer.flow_starts[index] = std::mem::take(&mut writer.buf);
-        }
-        writer.events = 0;
-        writer.buf = Vec::with_capacity(FLUSH_BYTES + 4096);
+        writer.buf.reserve(FLUSH_BYTES + 4096);
         writer.raw(b"{\"traceEvents\":[\n");
         Ok(writer)
     }
@@ -102,6 +88,19 @@ impl<W: Write> ChromeWriter<W> {
             self.buf.clear();
         }
         Ok(())
+    }
+
+    fn pid_tid(&mut self, track: Track) -> (u32, u32) {
+        match track {
+            Track::Thread { pid, tid } => (pid, tid),
+            Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
+            Track::Global => (0, 0),
+            Track::Gpu { device, .. } => {
+                let next = self.gpu_tids.len() as u32 + 1;
+                let tid = *self.gpu_tids.entry(track).or_insert(next);
+                (GPU_PID_BASE.saturating_add(device), tid)
+            }
+        }
     }
 
     /// Starts an event: the separator, then `{"name":NAME,"ph":PH`.
@@ -162,13 +161,18 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     /// One end of a flow arrow: its start (`s`) binds to the launch slice enclosing it, its
-    /// finish (`f`, with `"bp":"e"`) to the synchronisation slice enclosing it. Always
-    /// after a slice, so after a separator.
-    fn flow_end(&mut self, finish: bool, id: u64, pid: u32, tid: u32, ts: u64) -> io::Result<()> {
-        // `,\n{"name":...,"ph":...,"cat":...,"id":`, written by `open` once in `new`.
-        self.buf
-            .extend_from_slice(&self.flow_starts[usize::from(finish)]);
-        self.events += 1;
+    /// finish (`f`, with `"bp":"e"`) to the synchronisation slice enclosing it.
+    fn flow_end(
+        &mut self,
+        name: &str,
+        finish: bool,
+        id: u64,
+        (pid, tid): (u32, u32),
+        ts: u64,
+    ) -> io::Result<()> {
+        self.open(name, if finish { "f" } else { "s" });
+        self.category(FLOW_CATEGORY);
+        self.raw(b",\"id\":");
         self.number(id);
         self.raw(b",\"ts\":");
         self.micros(ts);
@@ -204,12 +208,12 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
     }
 
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()> {
-        let (pid, tid) = pid_tid(track);
+        let (pid, tid) = self.pid_tid(track);
         self.metadata("thread_name", pid, tid, name)
     }
 
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()> {
-        let (pid, tid) = pid_tid(slice.track);
+        let (pid, tid) = self.pid_tid(slice.track);
         self.open(slice.name, "X");
         self.category(slice.category);
         self.raw(b",\"ts\":");
@@ -221,14 +225,15 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         self.close()?;
         let arrives = slice.ts_ns + slice.dur_ns / 2;
         for start in slice.flows_in {
-            self.flow_end(false, start.id, start.pid, start.tid, start.ts_ns)?;
-            self.flow_end(true, start.id, pid, tid, arrives)?;
+            let from = (start.pid, start.tid);
+            self.flow_end(start.name, false, start.id, from, start.ts_ns)?;
+            self.flow_end(start.name, true, start.id, (pid, tid), arrives)?;
         }
         Ok(())
     }
 
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()> {
-        let (pid, tid) = pid_tid(instant.track);
+        let (pid, tid) = self.pid_tid(instant.track);
         let scope: &[u8] = if instant.track == Track::Global {
             b"g"
         } else {
@@ -253,6 +258,32 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         self.number(pid);
         self.raw(b",\"args\":{\"bytes\":");
         self.number(bytes);
+        self.buf.push(b'}');
+        self.close()
+    }
+
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
+        // Its stream threads are numbered from 1: tid 0 is the group itself.
+        self.metadata("process_name", GPU_PID_BASE + device, 0, name)
+    }
+
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()> {
+        let (name, unit) = counter.name_and_unit();
+        self.open(name, "C");
+        self.raw(b",\"cat\":\"power\",\"ts\":");
+        self.micros(ts_ns);
+        self.raw(b",\"pid\":");
+        self.number(GPU_PID_BASE + device);
+        self.raw(b",\"args\":{");
+        self.string(unit);
+        self.buf.push(b':');
+        serde_json::to_writer(&mut self.buf, &value)?;
         self.buf.push(b'}');
         self.close()
     }

@@ -1,8 +1,9 @@
 //! A trace's lines drawn as a timeline: each call becomes a slice on its thread's track
 //! (named by kernel, direction and size), driver events slices beside it, process and lost
 //! lines instants, live device bytes a counter, and launches flow arrows to their
-//! synchronisation. The analysis runs along, so traces without kernel names or live bytes
-//! get them.
+//! synchronisation. `--gpu` traces add a track per GPU and stream with the kernels, copies
+//! and memsets that ran there, and an arrow from each call to the work it issued. The
+//! analysis runs along, so traces without kernel names or live bytes get them.
 
 use std::{
     borrow::Cow,
@@ -15,14 +16,15 @@ use serde_json::{Map, Value};
 use super::{
     arguments::Arguments,
     filters::Filters,
-    flows::{FlowStart, FlowTracker, StreamKey},
+    flows::{FlowStart, FlowTracker, GpuFlows, StreamKey, TO_GPU, TO_SYNC},
+    power::GpuTracks,
     timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
     format::format_bytes,
     reader::{ReadError, TraceLines},
-    schema::{CallLine, DriverLine, Header, Line, LostLine, ProcessLine},
+    schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -65,14 +67,20 @@ pub struct Exporter<'f, S> {
     analysis: Analysis,
     families: Families,
     flows: FlowTracker,
+    /// `--gpu` traces (the header says so): calls waiting for their GPU work's arrow.
+    gpu_flows: Option<GpuFlows>,
+    /// `--gpu`: per (device, pid, stream), where each lane's last slice ends.
+    gpu_lanes: HashMap<(u32, u32, u32), Vec<u64>>,
     names: Names,
     /// Trace clock value of time 0: the header's start, else 0.
     base_ns: u64,
     stats: ExportStats,
     /// Device bytes of processes before the time window, drawn at its start.
     counter_before_window: HashMap<u32, u64>,
-    /// A call's arguments, reused from call to call.
+    /// A call's (or GPU activity's) arguments, reused from line to line.
     args: Arguments,
+    /// The GPUs' groups (named from `--power`'s header) and `--power`'s counter tracks.
+    gpus: GpuTracks,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -83,11 +91,14 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             analysis: Analysis::default(),
             families: Families::default(),
             flows: FlowTracker::default(),
+            gpu_flows: None,
+            gpu_lanes: HashMap::default(),
             names: Names::default(),
             base_ns: 0,
             stats: ExportStats::default(),
             counter_before_window: HashMap::default(),
             args: Arguments::default(),
+            gpus: GpuTracks::default(),
         }
     }
 
@@ -100,6 +111,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Process(process) => self.process(process)?,
                 Line::Lost(lost) => self.lost(lost)?,
                 Line::Driver(driver) => self.driver(driver)?,
+                Line::Power(power) => self.power(power)?,
+                Line::Gpu(gpu) => self.gpu(gpu)?,
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
@@ -109,7 +122,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         self.stats.lines = lines.lines;
         self.stats.skipped_lines = lines.skipped_lines;
-        self.stats.flows_dropped = self.flows.dropped;
+        self.stats.flows_dropped =
+            self.flows.dropped + self.gpu_flows.as_ref().map_or(0, |f| f.dropped);
         self.sink.finish(&self.stats)?;
         Ok(self.stats)
     }
@@ -121,6 +135,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     fn header(&mut self, header: &Header) -> io::Result<()> {
         self.base_ns = header.start_monotonic_ns.unwrap_or(0);
         self.families = Families::from_header(header);
+        self.gpus.header(header);
+        if header.gpu.is_some() {
+            self.gpu_flows = Some(GpuFlows::default());
+        }
         if let (Some(pid), false) = (header.pids.first(), header.command.is_empty()) {
             let mut name = header.command.join(" ");
             if name.chars().count() > 80 {
@@ -156,6 +174,24 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let (pid, tid, driver) = match track {
             Track::Thread { pid, tid } => (pid, tid, false),
             Track::Driver { pid, tid } => (pid, tid, true),
+            Track::Gpu {
+                device,
+                pid,
+                stream,
+                lane,
+            } => {
+                if self.gpus.first_sight(device) {
+                    self.sink.gpu(device, &self.gpus.name(device))?;
+                }
+                if self.names.threads.insert(track) {
+                    let mut name = format!("stream {stream}, pid {pid} ({})", self.names.name(pid));
+                    if lane > 0 {
+                        name.push_str(&format!(", overlapping {lane}"));
+                    }
+                    self.sink.thread(track, &name)?;
+                }
+                return Ok(());
+            }
             Track::Global => return Ok(()),
         };
         self.announce_process(pid)?;
@@ -183,24 +219,38 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
         // Flows follow every call, kept or not: a filtered-out sync still ends its launches'
         // wait (the arrow needs both ends).
-        let mut flow_out = None;
+        let mut flow_out = Vec::new();
         let mut flows_in = Vec::new();
+        let start = |id, name| FlowStart {
+            id,
+            pid: record.pid,
+            tid: record.tid,
+            ts_ns: ts + record.dur_ns / 2,
+            launch_ts_ns: record.ts_ns,
+            kept,
+            name,
+        };
+        if let Some(gpu_flows) = &mut self.gpu_flows
+            && record.ret == 0
+            && matches!(
+                role,
+                Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
+            )
+        {
+            let id = self.flows.next_id();
+            gpu_flows.call(start(id, TO_GPU));
+            if kept {
+                flow_out.push(id);
+            }
+        }
         match role {
             Role::Launch | Role::GraphLaunch if record.ret == 0 => {
                 if let Some(stream) = StreamKey::of(record) {
                     let id = self.flows.next_id();
-                    self.flows.launch(
-                        stream,
-                        FlowStart {
-                            id,
-                            pid: record.pid,
-                            tid: record.tid,
-                            ts_ns: ts + record.dur_ns / 2,
-                            launch_ts_ns: record.ts_ns,
-                            kept,
-                        },
-                    );
-                    flow_out = kept.then_some(id);
+                    self.flows.launch(stream, start(id, TO_SYNC));
+                    if kept {
+                        flow_out.push(id);
+                    }
                 }
             }
             Role::Sync if record.name.starts_with("cuCtxSynchronize") => {
@@ -230,7 +280,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 name: &label,
                 category,
                 args: &self.args,
-                flow_out,
+                flow_out: &flow_out,
                 flows_in: &flows_in,
             })?;
             self.stats.slices += 1;
@@ -323,6 +373,30 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             ("exit", ..) => self.flows.forget_process(line.pid),
             _ => {}
         }
+        if matches!(line.event.as_str(), "exec" | "exit")
+            && let Some(gpu_flows) = &mut self.gpu_flows
+        {
+            gpu_flows.forget_process(line.pid);
+        }
+        Ok(())
+    }
+
+    /// A `--power` sample: a value on each of its GPU's counter tracks. The GPU's tracks
+    /// are not any process's: `--pid` and `--name` keep them; the time window applies.
+    fn power(&mut self, line: &PowerLine) -> io::Result<()> {
+        let values = self.gpus.values(line);
+        let ts = self.relative(line.ts_ns);
+        if !self.filters.span(ts, 0) {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        if self.gpus.first_sight(line.device) {
+            self.sink.gpu(line.device, &self.gpus.name(line.device))?;
+        }
+        for (counter, value) in values {
+            self.sink.gpu_counter(line.device, counter, ts, value)?;
+            self.stats.counters += 1;
+        }
         Ok(())
     }
 
@@ -370,12 +444,139 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &name,
             category: "driver",
             args: &Arguments::from_map(&line.details()),
-            flow_out: None,
+            flow_out: &[],
             flows_in: &[],
         })?;
         self.stats.slices += 1;
         self.stats.driver_slices += 1;
         Ok(())
+    }
+
+    /// A `--gpu` line: work as a slice on its GPU stream's track, with the arrow from its
+    /// call; a recording start or error as a marker on the process's main thread.
+    fn gpu(&mut self, line: &GpuLine) -> io::Result<()> {
+        let Some(work) = line.work() else {
+            return self.gpu_status(line);
+        };
+        let ts = self.relative(work.ts_ns);
+        let label = gpu_label(line);
+        let kind = match line {
+            GpuLine::Kernel(_) => "gpu_kernel",
+            GpuLine::Copy(_) => "gpu_copy",
+            _ => "gpu_memset",
+        };
+        let kept = self.filters.pid(work.pid)
+            && self.filters.span(ts, work.dur_ns)
+            && self.filters.name(kind, &label)
+            && work.link.timed();
+        let flow = match (work.link.call(), &mut self.gpu_flows) {
+            (Some((tid, call_ts)), Some(flows)) => flows.work(work.pid, tid, call_ts),
+            _ => None,
+        };
+        if !kept {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        // The first lane of the stream whose last slice ended by this one's start.
+        let lanes = self
+            .gpu_lanes
+            .entry((work.device, work.pid, work.stream))
+            .or_default();
+        let lane = match lanes.iter().position(|end| *end <= ts) {
+            Some(lane) => lane,
+            None => {
+                lanes.push(0);
+                lanes.len() - 1
+            }
+        };
+        lanes[lane] = ts.saturating_add(work.dur_ns);
+        let track = Track::Gpu {
+            device: self.gpus.group_of(work.device),
+            pid: work.pid,
+            stream: work.stream,
+            lane: lane as u32,
+        };
+        self.announce_process(work.pid)?;
+        self.track(track)?;
+        let flows_in: Vec<FlowStart> = flow.into_iter().filter(|start| start.kept).collect();
+        // Kernels can be as many as launches: their fields go into the reused arguments.
+        let args = &mut self.args;
+        args.clear();
+        let skip = |key: &str| matches!(key, "type" | "pid" | "ts_ns" | "dur_ns");
+        match line {
+            GpuLine::Kernel(k) => args.fill(k, skip),
+            GpuLine::Copy(c) => args.fill(c, skip),
+            GpuLine::Memset(m) => args.fill(m, skip),
+            GpuLine::Info(_) | GpuLine::Error(_) => {}
+        }
+        args.sort();
+        self.sink.slice(&Slice {
+            track,
+            ts_ns: ts,
+            dur_ns: work.dur_ns,
+            name: &label,
+            category: "gpu",
+            args: &self.args,
+            flow_out: &[],
+            flows_in: &flows_in,
+        })?;
+        self.stats.slices += 1;
+        self.stats.gpu_slices += 1;
+        self.stats.flows += flows_in.len() as u64;
+        Ok(())
+    }
+
+    fn gpu_status(&mut self, line: &GpuLine) -> io::Result<()> {
+        let (pid, ts_ns, name, args) = match line {
+            GpuLine::Info(info) => (
+                info.pid,
+                info.ts_ns,
+                format!("GPU recording: CUPTI {}", info.cupti_version),
+                serde_json::to_value(info),
+            ),
+            GpuLine::Error(error) => (
+                error.pid,
+                error.ts_ns,
+                format!("GPU recording error ({}): {}", error.stage, error.message),
+                serde_json::to_value(error),
+            ),
+            _ => return Ok(()),
+        };
+        let ts = self.relative(ts_ns);
+        if !self.filters.pid(pid) || !self.filters.span(ts, 0) {
+            self.stats.filtered += 1;
+            return Ok(());
+        }
+        let mut args = match args {
+            Ok(Value::Object(map)) => map,
+            _ => Map::new(),
+        };
+        for key in ["type", "pid", "ts_ns"] {
+            args.remove(key);
+        }
+        let track = Track::Thread { pid, tid: pid };
+        self.track(track)?;
+        self.sink.instant(&Instant {
+            track,
+            ts_ns: ts,
+            name: &name,
+            category: "gpu",
+            args: &Arguments::from_map(&args),
+        })?;
+        self.stats.instants += 1;
+        Ok(())
+    }
+}
+
+/// A GPU work slice's name: the kernel, or the copy's direction and size, or the memset's
+/// size.
+pub fn gpu_label(line: &GpuLine) -> String {
+    match line {
+        GpuLine::Kernel(k) => k.kernel.clone(),
+        GpuLine::Copy(c) => format!("{} {}", c.kind, format_bytes(c.bytes)),
+        GpuLine::Memset(m) => format!("memset {}", format_bytes(m.bytes)),
+        GpuLine::Info(_) => "GPU recording".into(),
+        GpuLine::Error(e) => format!("GPU recording error ({})", e.stage),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Flow arrows from each kernel launch to the next synchronisation that waits for it:
 //! `cuStreamSynchronize` on the launch's stream, or `cuCtxSynchronize*`, which waits for
-//! every stream of the process.
+//! every stream of the process. In `--gpu` traces also from each launch, copy and memset
+//! call to the GPU work it issued ([`GpuFlows`]).
 //!
 //! Launches wait here until their synchronisation comes, so memory holds the launches not
 //! yet synchronised, at most [`MAX_PENDING_PER_STREAM`] per stream (older ones are
@@ -69,6 +70,55 @@ pub struct FlowStart {
     pub launch_ts_ns: u64,
     /// Whether the launch's slice passed the filters (an arrow needs both ends).
     pub kept: bool,
+    /// What the arrow shows: [`TO_SYNC`] or [`TO_GPU`].
+    pub name: &'static str,
+}
+
+/// The arrow from a launch to the synchronisation that waited for it.
+pub const TO_SYNC: &str = "launch → sync";
+/// `--gpu`: the arrow from a launch, copy or memset call to the GPU work it issued.
+pub const TO_GPU: &str = "call → GPU";
+
+/// `--gpu`: calls whose GPU work has not come yet, kept for their arrow, at most this many
+/// (older ones lose it, counted).
+pub const MAX_WAITING_FOR_GPU: usize = 1 << 20;
+
+/// `--gpu`: each launch, copy and memset call waits here for its first GPU work, by
+/// `(pid, tid, ts_ns)` (the link a GPU line carries).
+#[derive(Default)]
+pub struct GpuFlows {
+    waiting: HashMap<(u32, u32, u64), FlowStart>,
+    order: VecDeque<(u32, u32, u64)>,
+    /// Calls whose arrow was dropped because too many waited.
+    pub dropped: u64,
+}
+
+impl GpuFlows {
+    pub fn call(&mut self, start: FlowStart) {
+        let key = (start.pid, start.tid, start.launch_ts_ns);
+        if self.waiting.insert(key, start).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > MAX_WAITING_FOR_GPU {
+            if let Some(old) = self.order.pop_front()
+                && self.waiting.remove(&old).is_some()
+            {
+                self.dropped += 1;
+            }
+        }
+    }
+
+    /// The call `(pid, tid, ts_ns)` whose GPU work came: its flow, the first time only
+    /// (the kernels of a graph share one call).
+    pub fn work(&mut self, pid: u32, tid: u32, ts_ns: u64) -> Option<FlowStart> {
+        self.waiting.remove(&(pid, tid, ts_ns))
+    }
+
+    /// The process exec'd or exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.waiting.retain(|key, _| key.0 != pid);
+        self.order.retain(|key| key.0 != pid);
+    }
 }
 
 #[derive(Default)]
@@ -167,6 +217,7 @@ mod tests {
             ts_ns: ts,
             launch_ts_ns: ts,
             kept: true,
+            name: TO_SYNC,
         }
     }
 

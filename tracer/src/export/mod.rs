@@ -13,6 +13,7 @@
 //! | `arguments.rs` | a slice's arguments, from any serialisable line, without a JSON map |
 //! | `chrome.rs`, `perfetto.rs` (`proto.rs`) | the two formats |
 //! | `flows.rs` | launch → synchronisation arrows |
+//! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
 
 mod args;
@@ -22,6 +23,7 @@ mod exporter;
 mod filters;
 mod flows;
 mod perfetto;
+mod power;
 pub mod proto;
 mod timeline;
 

@@ -2,7 +2,7 @@
 //! time (track descriptors first, then track events), on one packet sequence.
 //!
 //! Slices are a `TYPE_SLICE_BEGIN`/`TYPE_SLICE_END` pair; flows are `flow_ids` on the
-//! launch and `terminating_flow_ids` on its synchronisation. Timestamps are nanoseconds
+//! launch and `terminating_flow_ids` on its synchronisation (or, `--gpu`, its GPU work). Timestamps are nanoseconds
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 
@@ -19,9 +19,11 @@ use super::{
         CounterDescriptor, InternedData, InternedString, ProcessDescriptor, ProcessTree,
         ProcessTreeProcess, SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,
         TRACE_PACKET_FIELD, TRACE_PACKET_TAG, ThreadDescriptor, TracePacket, TrackDescriptor,
-        UNIT_SIZE_BYTES, annotation_field, event_field, event_type, packet_field,
+        TrackEvent, UNIT_SIZE_BYTES, annotation_field, event_field, event_type, packet_field,
     },
-    timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
+    timeline::{
+        ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
+    },
 };
 use crate::schema::Header;
 
@@ -62,6 +64,10 @@ enum TrackKey {
     Process(u32),
     Event(Track),
     Memory(u32),
+    /// A GPU counter (`--power`) in its GPU's group, `Process(GPU_PID_BASE + device)`.
+    Gpu(u32, GpuCounter),
+    /// `--gpu`: the track holding a GPU's stream tracks, in its GPU's group.
+    GpuStreams(u32),
 }
 
 /// Output is gathered here and handed to the writer in blocks of this size.
@@ -74,6 +80,8 @@ pub struct PerfettoWriter<W: Write> {
     /// The latest event timestamp written.
     latest_ts_ns: u64,
     uuids: HashMap<TrackKey, u64>,
+    /// GPU groups' names, by device.
+    gpu_names: HashMap<u32, String>,
     names: Interner,
     categories: Interner,
     annotation_names: Interner,
@@ -122,6 +130,7 @@ impl<W: Write> PerfettoWriter<W> {
             packets: 0,
             latest_ts_ns: 0,
             uuids: HashMap::default(),
+            gpu_names: HashMap::default(),
             names: Interner::default(),
             categories: Interner::default(),
             annotation_names: Interner::default(),
@@ -267,8 +276,8 @@ impl<W: Write> PerfettoWriter<W> {
             if name_iid.is_none() {
                 wire::string(track_event, event_field::NAME, event.name);
             }
-            if let Some(id) = event.flow_out {
-                wire::fixed64(track_event, event_field::FLOW_IDS, id);
+            for id in event.flow_out {
+                wire::fixed64(track_event, event_field::FLOW_IDS, *id);
             }
             for start in event.flows_in {
                 wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
@@ -333,7 +342,7 @@ struct NamedEvent<'a> {
     track_uuid: u64,
     name: &'a str,
     category: &'a str,
-    flow_out: Option<u64>,
+    flow_out: &'a [u64],
     flows_in: &'a [FlowStart],
 }
 
@@ -482,6 +491,28 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 name: Some(name.to_owned()),
                 ..TrackDescriptor::default()
             },
+            // A stream track in its GPU's group (named by `gpu` first), under a track
+            // that holds the GPU's streams: the trace processor links a track to a
+            // process's track only as that process's, not as its child.
+            Track::Gpu { device, .. } => {
+                let (streams, new) = self.uuid(TrackKey::GpuStreams(device));
+                if new {
+                    let process = self.uuid(TrackKey::Process(GPU_PID_BASE + device)).0;
+                    let name = self.gpu_names.get(&device).cloned();
+                    self.describe(TrackDescriptor {
+                        uuid: Some(streams),
+                        parent_uuid: Some(process),
+                        name: Some(name.unwrap_or_else(|| format!("GPU {device}"))),
+                        ..TrackDescriptor::default()
+                    })?;
+                }
+                TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(streams),
+                    name: Some(name.to_owned()),
+                    ..TrackDescriptor::default()
+                }
+            }
             Track::Global => return Ok(()),
         };
         self.describe(descriptor)
@@ -518,7 +549,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 track_uuid,
                 name: instant.name,
                 category: instant.category,
-                flow_out: None,
+                flow_out: &[],
                 flows_in: &[],
             },
             instant.args,
@@ -545,6 +576,47 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
             uuid,
             Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
         )
+    }
+
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
+        self.gpu_names.insert(device, name.to_owned());
+        self.process(&ProcessName {
+            pid: GPU_PID_BASE + device,
+            name,
+            parent: None,
+        })
+    }
+
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()> {
+        let (uuid, new) = self.uuid(TrackKey::Gpu(device, counter));
+        if new {
+            let parent = self.uuid(TrackKey::Process(GPU_PID_BASE + device)).0;
+            self.describe(TrackDescriptor {
+                uuid: Some(uuid),
+                parent_uuid: Some(parent),
+                name: Some(counter.track_name()),
+                counter: Some(CounterDescriptor::default()),
+                ..TrackDescriptor::default()
+            })?;
+        }
+        // A sample every few milliseconds at most: built as a message.
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
+        self.packet(TracePacket {
+            timestamp: Some(ts_ns),
+            track_event: Some(TrackEvent {
+                r#type: Some(event_type::COUNTER),
+                track_uuid: Some(uuid),
+                double_counter_value: Some(value),
+                ..TrackEvent::default()
+            }),
+            ..TracePacket::default()
+        })
     }
 
     fn finish(&mut self, _stats: &ExportStats) -> io::Result<()> {

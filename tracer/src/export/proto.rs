@@ -126,6 +126,8 @@ pub struct TrackEvent {
     pub name: Option<String>,
     #[prost(int64, optional, tag = "30")]
     pub counter_value: Option<i64>,
+    #[prost(double, optional, tag = "44")]
+    pub double_counter_value: Option<f64>,
     /// Declared `repeated fixed64` in proto2: not packed.
     #[prost(fixed64, repeated, packed = "false", tag = "47")]
     pub flow_ids: Vec<u64>,

@@ -569,3 +569,171 @@ fn an_exec_renames_the_process_in_both_formats() {
     assert_eq!((process.pid, process.ppid), (Some(9), Some(0)));
     assert_eq!(process.cmdline, ["other"]);
 }
+
+/// A GPU counter value: (pid, track, ts since the base, value).
+type GpuValue = (u32, String, u64, f64);
+
+/// The `--power` trace's GPU counter values and the GPU groups (pid, name), both formats.
+fn power_counters(format: ExportFormat) -> (Vec<GpuValue>, Vec<(u32, String)>) {
+    let mut out = Vec::new();
+    let stats = export(
+        traces::power().as_bytes(),
+        "power.jsonl",
+        &mut out,
+        format,
+        &Filters::default(),
+        false,
+    )
+    .unwrap();
+    // The device-memory values (4 allocations, 4 frees), then the GPUs'.
+    let memory = stats.counters - traces::POWER_COUNTERS;
+    assert_eq!(memory, 8, "{stats:?}");
+    let mut counters = Vec::new();
+    let mut groups = Vec::new();
+    match format {
+        ExportFormat::Chrome => {
+            let json: Value = serde_json::from_slice(&out).unwrap();
+            for event in json["traceEvents"].as_array().unwrap() {
+                let pid = event["pid"].as_u64().unwrap() as u32;
+                match event["ph"].as_str().unwrap() {
+                    "C" if event["cat"] == "power" => {
+                        let (unit, value) =
+                            event["args"].as_object().unwrap().iter().next().unwrap();
+                        let ts = (event["ts"].as_f64().unwrap() * 1000.0).round() as u64;
+                        let track = format!("{} {unit}", event["name"].as_str().unwrap());
+                        counters.push((pid, track, ts, value.as_f64().unwrap()));
+                    }
+                    "M" if pid >= timeline::GPU_PID_BASE => {
+                        groups.push((pid, event["args"]["name"].as_str().unwrap().to_owned()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        ExportFormat::Perfetto => {
+            let trace = Trace::decode(out.as_slice()).unwrap();
+            let mut tracks = std::collections::HashMap::new();
+            let mut pids = std::collections::HashMap::new();
+            for packet in &trace.packet {
+                if let Some(d) = &packet.track_descriptor {
+                    if let Some(process) = &d.process {
+                        let pid = process.pid.unwrap() as u32;
+                        pids.insert(d.uuid.unwrap(), pid);
+                        if pid >= timeline::GPU_PID_BASE {
+                            groups.push((pid, process.process_name.clone().unwrap()));
+                        }
+                    } else if let Some(parent) = d.parent_uuid {
+                        tracks.insert(
+                            d.uuid.unwrap(),
+                            (parent, d.name.clone().unwrap_or_default()),
+                        );
+                    }
+                }
+                if let (Some(ts), Some(event)) = (packet.timestamp, &packet.track_event)
+                    && let Some(value) = event.double_counter_value
+                {
+                    let (parent, name) = &tracks[&event.track_uuid.unwrap()];
+                    counters.push((pids[parent], name.clone(), ts, value));
+                }
+            }
+        }
+    }
+    (counters, groups)
+}
+
+#[test]
+fn power_lines_become_each_gpus_counter_tracks() {
+    for format in [ExportFormat::Chrome, ExportFormat::Perfetto] {
+        let (counters, groups) = power_counters(format);
+        let gpu0 = timeline::GPU_PID_BASE;
+        assert_eq!(
+            groups,
+            [
+                (gpu0, "GPU 0: test GPU A".to_owned()),
+                (gpu0 + 1, "GPU 1: test GPU B".to_owned())
+            ],
+            "{format:?}"
+        );
+        assert_eq!(counters.len() as u64, traces::POWER_COUNTERS, "{format:?}");
+        let track = |pid: u32, name: &str| -> Vec<(u64, f64)> {
+            counters
+                .iter()
+                .filter(|(p, n, _, _)| *p == pid && n == name)
+                .map(|(_, _, ts, value)| (*ts, *value))
+                .collect()
+        };
+        // Times from the header's start (1000): the samples every 100 µs from 0.
+        let times: Vec<u64> = (0..traces::POWER_SAMPLES).map(|k| k * 100_000).collect();
+        let values = |track: &[(u64, f64)]| track.iter().map(|p| p.1).collect::<Vec<_>>();
+        let power0 = track(gpu0, "power W");
+        assert_eq!(
+            power0.iter().map(|p| p.0).collect::<Vec<_>>(),
+            times,
+            "{format:?}"
+        );
+        assert!(values(&power0).iter().all(|w| *w == 100.0));
+        assert!(
+            values(&track(gpu0, "instant power W"))
+                .iter()
+                .all(|w| *w == 100.0)
+        );
+        assert!(track(gpu0 + 1, "instant power W").is_empty());
+        // Energy: GPU 0's counter less its first reading, GPU 1's integrated power.
+        let energy0 = values(&track(gpu0, "energy J"));
+        let energy1 = values(&track(gpu0 + 1, "energy J"));
+        for k in 0..traces::POWER_SAMPLES as usize {
+            assert_eq!(energy0[k], k as f64 * 10.0 / 1e3, "{format:?} sample {k}");
+            assert!(
+                (energy1[k] - k as f64 * 25.0 / 1e3).abs() < 1e-12,
+                "{format:?} {k}"
+            );
+        }
+        let utilization = values(&track(gpu0, "GPU utilisation %"));
+        assert_eq!(
+            utilization,
+            (0..21).map(|k| f64::from(k * 5)).collect::<Vec<_>>()
+        );
+        for (pid, name, value) in [
+            (gpu0, "SM clock MHz", 1980.0),
+            (gpu0, "memory clock MHz", 2619.0),
+            (gpu0, "memory utilisation %", 17.0),
+            (gpu0, "temperature C", 60.0),
+            (gpu0, "memory used bytes", 1048576.0),
+            (gpu0 + 1, "power W", 250.0),
+            (gpu0 + 1, "SM clock MHz", 1410.0),
+        ] {
+            let track = track(pid, name);
+            assert_eq!(
+                track.len() as u64,
+                traces::POWER_SAMPLES,
+                "{format:?} {name}"
+            );
+            assert!(
+                track.iter().all(|p| p.1 == value),
+                "{format:?} {name}: {track:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_time_window_applies_to_power_samples() {
+    let mut out = Vec::new();
+    let filters = Filters {
+        start_ns: Some(1_000_000),
+        end_ns: Some(1_500_000),
+        pids: vec![7],
+        ..Filters::default()
+    };
+    let stats = export(
+        traces::power().as_bytes(),
+        "power.jsonl",
+        &mut out,
+        ExportFormat::Chrome,
+        &filters,
+        false,
+    )
+    .unwrap();
+    // Samples 10 to 15 of both GPUs; --pid keeps GPU tracks (they are no process's).
+    assert_eq!(stats.counters, 6 * (9 + 8));
+}

@@ -23,6 +23,8 @@ pub struct ExportStats {
     pub skipped_lines: u64,
     /// Launches whose arrow was dropped because their stream had too many waiting.
     pub flows_dropped: u64,
+    /// `--gpu`: kernels, copies and memsets drawn on the GPU tracks (among `slices`).
+    pub gpu_slices: u64,
 }
 
 /// Where an event is drawn.
@@ -34,6 +36,61 @@ pub enum Track {
     Driver { pid: u32, tid: u32 },
     /// Trace-wide markers (lost events).
     Global,
+    /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids), in the
+    /// GPU's group (`device`: the group's number, the NVML GPU's in a `--power` trace). Work of one stream that overlaps (programmatic dependent launch, or
+    /// clock jitter) goes to `lane` 1, 2, ... beside it: viewers drop slices that overlap
+    /// on one track.
+    Gpu {
+        device: u32,
+        pid: u32,
+        stream: u32,
+        lane: u32,
+    },
+}
+
+/// A GPU's counter track (`--power` traces), drawn in the GPU's group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GpuCounter {
+    /// `power_mw`: NVML's power reading (a 1 s average on Ampere and newer but GA100).
+    Power,
+    /// `power_instant_mw`.
+    InstantPower,
+    /// Energy since the first sample: the counter's, or integrated power's.
+    Energy,
+    SmClock,
+    MemClock,
+    GpuUtilization,
+    MemUtilization,
+    Temperature,
+    MemoryUsed,
+}
+
+/// Each GPU is a process-like group of its own, pid this plus the device (above any Linux
+/// pid, at most 2^22), named `GPU N: NAME` (`GPU N` where the trace has no name for it):
+/// its `--power` counters and its `--gpu` stream tracks.
+pub const GPU_PID_BASE: u32 = 1 << 30;
+
+impl GpuCounter {
+    /// The counter's name and unit. Its track is named `NAME UNIT` in both formats (the
+    /// JSON's counter event `NAME` with the series `UNIT`, as the trace processor names it).
+    pub fn name_and_unit(self) -> (&'static str, &'static str) {
+        match self {
+            GpuCounter::Power => ("power", "W"),
+            GpuCounter::InstantPower => ("instant power", "W"),
+            GpuCounter::Energy => ("energy", "J"),
+            GpuCounter::SmClock => ("SM clock", "MHz"),
+            GpuCounter::MemClock => ("memory clock", "MHz"),
+            GpuCounter::GpuUtilization => ("GPU utilisation", "%"),
+            GpuCounter::MemUtilization => ("memory utilisation", "%"),
+            GpuCounter::Temperature => ("temperature", "C"),
+            GpuCounter::MemoryUsed => ("memory used", "bytes"),
+        }
+    }
+
+    pub fn track_name(self) -> String {
+        let (name, unit) = self.name_and_unit();
+        format!("{name} {unit}")
+    }
 }
 
 /// A slice: a call or a driver event. Times are ns since the base.
@@ -45,8 +102,8 @@ pub struct Slice<'a> {
     pub category: &'a str,
     /// In key order ([`Arguments::sort`]).
     pub args: &'a Arguments,
-    /// A launch: the flow it starts.
-    pub flow_out: Option<u64>,
+    /// A launch: the flows it starts (to its synchronisation, to its GPU work).
+    pub flow_out: &'a [u64],
     /// A synchronisation: the launches it waited for.
     pub flows_in: &'a [FlowStart],
 }
@@ -74,11 +131,22 @@ pub trait TimelineSink {
     fn header(&mut self, header: &Header, base_ns: u64) -> io::Result<()>;
     /// Names (or renames, after an exec) a process.
     fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()>;
-    /// Names a thread's track (or its driver track).
+    /// Names a thread's track (or its driver track, or a GPU stream's track: then `name`
+    /// is the stream's, and its GPU's group was named first by [`Self::gpu`]).
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()>;
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()>;
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()>;
     /// The process's device bytes from `ts_ns` on.
     fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()>;
+    /// Names GPU `device`'s group, before its first counter or stream track.
+    fn gpu(&mut self, device: u32, name: &str) -> io::Result<()>;
+    /// A GPU counter's value from `ts_ns` on.
+    fn gpu_counter(
+        &mut self,
+        device: u32,
+        counter: GpuCounter,
+        ts_ns: u64,
+        value: f64,
+    ) -> io::Result<()>;
     fn finish(&mut self, stats: &ExportStats) -> io::Result<()>;
 }

@@ -1,6 +1,7 @@
 //! Calls binned into the picture's pixel columns: per API family, the calls and the time
-//! spent in them per column; per process, the device bytes per column. Memory is fixed by
-//! the picture's width, whatever the trace's length.
+//! spent in them per column; per process, the device bytes per column; per GPU (`--gpu`),
+//! the time its work ran per column. Memory is fixed by the picture's width, whatever the
+//! trace's length.
 
 use crate::analysis::families::FAMILIES;
 
@@ -127,16 +128,44 @@ impl MemoryCurve {
     }
 }
 
+/// One GPU's power (`--power`) per column: the mean of the samples in it.
+pub struct PowerCurve {
+    pub device: u32,
+    sum_mw: Vec<u64>,
+    samples: Vec<u32>,
+}
+
+impl PowerCurve {
+    /// Watts per column; `None` where no sample fell.
+    pub fn watts(&self) -> Vec<Option<f64>> {
+        self.sum_mw
+            .iter()
+            .zip(&self.samples)
+            .map(|(sum, n)| (*n > 0).then(|| *sum as f64 / f64::from(*n) / 1e3))
+            .collect()
+    }
+}
+
+/// GPUs whose power is drawn.
+pub const POWER_CURVES: usize = 8;
+
 pub struct Bins {
     pub columns: Columns,
     /// The families in lane order, then [`OTHER_LANE`].
     pub lanes: Vec<Lane>,
     pub memory: Vec<MemoryCurve>,
+    /// `--power`: one power curve per device (NVML index), by index.
+    pub power: Vec<PowerCurve>,
+    /// `--gpu`: one lane per device (its kernels, copies and memsets), by device id.
+    pub gpus: Vec<(u32, Lane)>,
 }
+
+/// The family name of GPU lanes (their colour).
+pub const GPU_LANE: &str = "gpu";
 
 impl Bins {
     /// Bins for the calls of `t0..t0 + span_ns`, with memory curves for `memory_pids`.
-    pub fn new(columns: Columns, memory_pids: &[u32]) -> Self {
+    pub fn new(columns: Columns, memory_pids: &[u32], gpus: &[u32]) -> Self {
         let mut lanes: Vec<Lane> = FAMILIES
             .iter()
             .map(|family| Lane::new(family, columns.count))
@@ -153,7 +182,51 @@ impl Bins {
                     last: vec![None; columns.count],
                 })
                 .collect(),
+            power: Vec::new(),
+            gpus: gpus
+                .iter()
+                .map(|&device| (device, Lane::new(GPU_LANE, columns.count)))
+                .collect(),
         }
+    }
+
+    /// Work that ran on GPU `device` from `ts` for `dur` ns.
+    pub fn gpu(&mut self, device: u32, ts: u64, dur: u64) {
+        if let Some((_, lane)) = self.gpus.iter_mut().find(|(d, _)| *d == device) {
+            lane.add(&self.columns, ts, dur);
+        }
+    }
+
+    /// GPU `device` drew `power_mw` at `ts` (samples outside the picture's span are left
+    /// out, not piled into its first or last column).
+    pub fn power(&mut self, device: u32, ts: u64, power_mw: u32) {
+        let span_end = self.columns.t0.saturating_add(self.columns.span_ns);
+        if ts < self.columns.t0 || ts > span_end {
+            return;
+        }
+        let column = self.columns.of(ts);
+        let at = match self
+            .power
+            .binary_search_by_key(&device, |curve| curve.device)
+        {
+            Ok(at) => at,
+            Err(_) if self.power.len() >= POWER_CURVES => return,
+            Err(at) => {
+                let count = self.columns.count;
+                self.power.insert(
+                    at,
+                    PowerCurve {
+                        device,
+                        sum_mw: vec![0; count],
+                        samples: vec![0; count],
+                    },
+                );
+                at
+            }
+        };
+        let curve = &mut self.power[at];
+        curve.sum_mw[column] += u64::from(power_mw);
+        curve.samples[column] += 1;
     }
 
     pub fn call(&mut self, family: Option<&str>, ts: u64, dur: u64) {
@@ -197,7 +270,7 @@ mod tests {
     #[test]
     fn busy_time_covers_long_calls_without_visiting_each_column() {
         let columns = Columns::new(0, 1000, 10);
-        let mut bins = Bins::new(columns, &[]);
+        let mut bins = Bins::new(columns, &[], &[0]);
         bins.call(Some("sync"), 150, 700); // 150..850: half of 1, 2..7 whole, half of 8.
         bins.call(Some("sync"), 10, 20);
         bins.call(Some("cuNew"), 10, 20);
@@ -211,11 +284,33 @@ mod tests {
         assert_eq!(sync.starts[0..3], [1, 1, 0]);
         assert_eq!(bins.lanes[9].family, OTHER_LANE);
         assert_eq!(bins.lanes[9].calls, 1);
+        bins.gpu(0, 100, 300);
+        bins.gpu(1, 100, 300);
+        let gpu = bins.gpus[0].1.busy_fractions(&columns);
+        assert_eq!((gpu[0], gpu[1], gpu[2], gpu[3]), (0.0, 1.0, 1.0, 1.0));
+        assert_eq!(bins.gpus.len(), 1);
+    }
+
+    #[test]
+    fn power_is_averaged_per_column_and_kept_inside_the_span() {
+        let mut bins = Bins::new(Columns::new(1000, 100, 4), &[], &[]);
+        bins.power(1, 1000, 100_000);
+        bins.power(1, 1010, 200_000);
+        bins.power(1, 1080, 50_000);
+        bins.power(0, 1030, 70_000);
+        bins.power(0, 999, 1);
+        bins.power(0, 1101, 1);
+        assert_eq!(
+            bins.power.iter().map(|c| c.device).collect::<Vec<_>>(),
+            [0, 1]
+        );
+        assert_eq!(bins.power[1].watts(), [Some(150.0), None, None, Some(50.0)]);
+        assert_eq!(bins.power[0].watts(), [None, Some(70.0), None, None]);
     }
 
     #[test]
     fn memory_levels_keep_peaks_and_carry_values() {
-        let mut bins = Bins::new(Columns::new(0, 100, 5), &[7]);
+        let mut bins = Bins::new(Columns::new(0, 100, 5), &[7], &[]);
         bins.memory(7, 5, 100);
         bins.memory(7, 6, 300);
         bins.memory(7, 7, 50);

@@ -69,6 +69,14 @@ impl Canvas {
         );
     }
 
+    /// A stroked, unfilled path (`d` in SVG path syntax).
+    pub fn polyline(&mut self, d: &str, color: &str) {
+        let _ = writeln!(
+            self.body,
+            r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"/>"#
+        );
+    }
+
     /// A marker dot with a white rim.
     pub fn dot(&mut self, x: f64, y: f64, color: &str) {
         let _ = writeln!(

@@ -1,7 +1,8 @@
 //! `cudatrace plot TRACE.jsonl`: a static timeline picture for reports.
 //!
 //! The trace is read twice: first through `cudatrace summary`'s own analysis (so every
-//! figure in the picture is the summary's), then to bin the calls into pixel columns.
+//! figure in the picture is the summary's), then to bin the calls (and `--gpu` work) into
+//! pixel columns.
 //! Memory is that of the summary plus the bins, whatever the trace's length.
 
 mod args;
@@ -60,10 +61,17 @@ pub fn render(
                 source,
             })
     };
-    let summarised = summarise(open()?)?;
+    let summarised = summarise(open)?;
     let summary = &summarised.report.summary;
+    let gpu = &summarised.report.gpu;
     let plot_width = f64::from(width) - theme::MARGIN_LEFT_PX - theme::MARGIN_RIGHT_PX;
-    let columns = Columns::new(summary.first_ts_ns, summary.span_ns, plot_width as usize);
+    // A --gpu trace's run spans its GPU work too.
+    let (t0, span) = if gpu.work > gpu.untimed {
+        (gpu.run_start_ns, gpu.run_ns)
+    } else {
+        (summary.first_ts_ns, summary.span_ns)
+    };
+    let columns = Columns::new(t0, span, plot_width as usize);
     let bins = bin(open()?, columns, &summarised.report)?;
     let svg = svg::draw(
         &Plot {
@@ -97,7 +105,8 @@ fn bin(
     }
     pids.truncate(theme::MEMORY_CURVES);
 
-    let mut bins = Bins::new(columns, &pids);
+    let gpus: Vec<u32> = report.gpu.devices.iter().map(|d| d.device).collect();
+    let mut bins = Bins::new(columns, &pids, &gpus);
     let mut families = Families::default();
     // Traces written before kernel names and live bytes existed get them here.
     let mut analysis = Analysis::default();
@@ -113,6 +122,18 @@ fn bin(
                 }
             }
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Power(power) => {
+                if let Some(mw) = power.best_power_mw() {
+                    bins.power(power.device, power.ts_ns, mw);
+                }
+            }
+            Line::Gpu(gpu) => {
+                if let Some(work) = gpu.work()
+                    && work.link.timed()
+                {
+                    bins.gpu(work.device, work.ts_ns, work.dur_ns);
+                }
+            }
             Line::Lost(_) | Line::Driver(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }

@@ -1,16 +1,17 @@
-//! Drawing the timeline as SVG text: a title, the stage strip, one lane per API family,
-//! the device-memory panel, the time axis, then the stage table and the top kernels.
+//! Drawing the timeline as SVG text: a title, the stage strip, the GPUs' power under it
+//! (`--power` traces), one lane per API family, the device-memory panel, the time axis,
+//! then the stage table and the top kernels.
 
 use std::fmt::Write as _;
 
 use super::{
-    bins::{Bins, OTHER_LANE},
+    bins::{Bins, GPU_LANE, Lane, OTHER_LANE},
     canvas::{Canvas, text_width},
     content::Plot,
     tables,
     theme::{
-        GLYPH_EM, GRID, LANE_H, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, MEMORY_H, MUTED, STRIP_H, TEXT,
-        curve_color, family_color, stage_color,
+        GLYPH_EM, GRID, LANE_H, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, MEMORY_H, MUTED, POWER_H, STRIP_H,
+        TEXT, curve_color, family_color, stage_color,
     },
 };
 use crate::{
@@ -120,6 +121,21 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
     if let Some(peak) = plot.report.memory.iter().map(|m| m.peak_device_bytes).max() {
         facts.push(format!("device memory peak {}", format_bytes(peak)));
     }
+    let gpu = &plot.report.gpu;
+    if gpu.work > 0 {
+        facts.push(format!(
+            "GPU busy {:.1}% ({} kernels)",
+            gpu.busy_ns as f64 * 100.0 / gpu.run_ns.max(1) as f64,
+            gpu.kernels
+        ));
+    }
+    if let Some(power) = &plot.report.power {
+        facts.push(format!(
+            "GPU energy {} (mean {:.1} W)",
+            format_joules(power.energy_j),
+            power.mean_w
+        ));
+    }
     facts.push(plural(plot.info.lost_events, "lost event"));
     if !plot.info.complete {
         facts.push("TRUNCATED: no footer".into());
@@ -137,14 +153,22 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
     let mut y = 72.0;
     let stages = plot.primary_stages();
     let timeline_top = y;
-    let lanes_top = y + STRIP_H + 8.0;
+    // `--power`: the GPUs' power right under the stages, inside their bands.
+    let power_top = y + STRIP_H + 8.0;
+    let power_shown = plot.report.power.is_some();
+    let lanes_top = if power_shown {
+        power_top + POWER_H + 10.0
+    } else {
+        y + STRIP_H + 8.0
+    };
     let visible_lanes: Vec<_> = plot
         .bins
         .lanes
         .iter()
         .filter(|lane| lane.family != OTHER_LANE || lane.calls > 0)
         .collect();
-    let lanes_bottom = lanes_top + LANE_H * visible_lanes.len() as f64;
+    let family_lanes_bottom = lanes_top + LANE_H * visible_lanes.len() as f64;
+    let lanes_bottom = family_lanes_bottom + LANE_H * plot.bins.gpus.len() as f64;
     let memory_top = lanes_bottom + 14.0;
     let memory_bottom = memory_top + MEMORY_H;
 
@@ -153,6 +177,9 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
         draw_stage_bands(&mut canvas, &axis, process, timeline_top, memory_bottom);
     }
     draw_stage_strip(&mut canvas, &axis, stages, y);
+    if power_shown {
+        draw_power(&mut canvas, &axis, plot, power_top);
+    }
     y = lanes_top;
 
     for (index, lane) in visible_lanes.iter().enumerate() {
@@ -192,6 +219,46 @@ pub fn draw(plot: &Plot<'_>, width: u32) -> String {
             index_of(plot.bins, lane.family),
             top,
         );
+    }
+    // --gpu: a lane per GPU, its work's time per column; the summary's busy share beside.
+    for (index, (device, lane)) in plot.bins.gpus.iter().enumerate() {
+        let top = family_lanes_bottom + LANE_H * index as f64;
+        canvas.line(axis.left, top, axis.left + axis.width, top, GRID);
+        let baseline = top + LANE_H / 2.0 + 4.0;
+        canvas.rect(
+            20.0,
+            baseline - 9.0,
+            10.0,
+            10.0,
+            family_color(GPU_LANE),
+            0.9,
+        );
+        // Named as its power curve is (NVML's index) where the two differ (--power).
+        let nvml = plot.report.power.as_ref().and_then(|power| {
+            let matched = power
+                .kernels
+                .devices
+                .iter()
+                .find(|d| d.cuda_device == *device);
+            matched.and_then(|d| d.nvml_index)
+        });
+        let name = match nvml {
+            Some(index) if index != *device => format!("GPU {index} (CUDA {device})"),
+            _ => format!("GPU {device}"),
+        };
+        canvas.text(36.0, baseline, &name, 12.0, "start", "bold", TEXT);
+        let busy = gpu.devices.iter().find(|d| d.device == *device);
+        let share = busy.map_or(0.0, |d| d.share_of_run * 100.0);
+        canvas.text(
+            axis.left - 10.0,
+            baseline,
+            &format!("busy {share:.1}%"),
+            11.0,
+            "end",
+            "normal",
+            MUTED,
+        );
+        draw_lane_of(&mut canvas, &axis, plot.bins, lane, top);
     }
     canvas.line(
         axis.left,
@@ -310,7 +377,10 @@ fn draw_stage_strip(canvas: &mut Canvas, axis: &TimeAxis, stages: Option<&Proces
 }
 
 fn draw_lane(canvas: &mut Canvas, axis: &TimeAxis, bins: &Bins, lane: usize, top: f64) {
-    let lane = &bins.lanes[lane];
+    draw_lane_of(canvas, axis, bins, &bins.lanes[lane], top);
+}
+
+fn draw_lane_of(canvas: &mut Canvas, axis: &TimeAxis, bins: &Bins, lane: &Lane, top: f64) {
     let color = family_color(lane.family);
     let fractions = lane.busy_fractions(&bins.columns);
     let column_w = axis.width / bins.columns.count as f64;
@@ -420,6 +490,105 @@ fn draw_memory(canvas: &mut Canvas, axis: &TimeAxis, plot: &Plot<'_>, top: f64) 
             format_ns(memory.peak_ts_ns.saturating_sub(axis.t0)),
             format_bytes(memory.final_device_bytes)
         );
+        canvas.rect(legend_x, top + 3.0, 10.0, 10.0, color, 0.9);
+        canvas.text(
+            legend_x + 14.0,
+            top + 12.0,
+            &legend,
+            12.0,
+            "start",
+            "normal",
+            TEXT,
+        );
+        legend_x += text_width(&legend, 12.0) + 34.0;
+    }
+}
+
+/// J with a sensible precision.
+fn format_joules(joules: f64) -> String {
+    if joules.abs() >= 100.0 {
+        format!("{joules:.0} J")
+    } else {
+        format!("{joules:.2} J")
+    }
+}
+
+/// `--power`: each GPU's power (the mean of its samples per column) on a W axis, with the
+/// summary's figures as the legend.
+fn draw_power(canvas: &mut Canvas, axis: &TimeAxis, plot: &Plot<'_>, top: f64) {
+    let bottom = top + POWER_H;
+    canvas.text(20.0, top + 12.0, "GPU power", 12.0, "start", "bold", TEXT);
+    canvas.line(axis.left, bottom, axis.left + axis.width, bottom, MUTED);
+    let curves: Vec<(u32, Vec<Option<f64>>)> = plot
+        .bins
+        .power
+        .iter()
+        .map(|curve| (curve.device, curve.watts()))
+        .collect();
+    let peak = curves
+        .iter()
+        .flat_map(|(_, watts)| watts.iter().flatten())
+        .fold(0.0f64, |peak, w| peak.max(*w));
+    if peak <= 0.0 {
+        canvas.text(
+            axis.left + 8.0,
+            top + POWER_H / 2.0,
+            "no power sample between the first call and the last",
+            12.0,
+            "start",
+            "normal",
+            MUTED,
+        );
+        return;
+    }
+    let step = nice_step(peak / 3.0);
+    let top_value = (peak / step).ceil() * step;
+    let plot_top = top + 30.0;
+    let y_of = |watts: f64| bottom - watts / top_value * (bottom - plot_top);
+    let mut tick = 0.0;
+    while tick <= top_value + step / 2.0 {
+        let y = y_of(tick);
+        canvas.line(axis.left, y, axis.left + axis.width, y, GRID);
+        canvas.text(
+            axis.left - 6.0,
+            y + 4.0,
+            &format!("{:.*} W", decimals(step), tick),
+            11.0,
+            "end",
+            "normal",
+            MUTED,
+        );
+        tick += step;
+    }
+    let column_w = axis.width / plot.bins.columns.count as f64;
+    let mut legend_x = axis.left + 8.0;
+    for (index, (device, watts)) in curves.iter().enumerate() {
+        let color = curve_color(index);
+        let mut path = String::new();
+        for (column, value) in watts.iter().enumerate() {
+            let Some(value) = value else { continue };
+            let x = axis.left + (column as f64 + 0.5) * column_w;
+            let command = if path.is_empty() { 'M' } else { 'L' };
+            let _ = write!(path, "{command}{x:.2},{:.2} ", y_of(*value));
+        }
+        if !path.is_empty() {
+            canvas.polyline(path.trim_end(), color);
+        }
+        let figures = plot
+            .report
+            .power
+            .as_ref()
+            .and_then(|power| power.devices.iter().find(|d| d.index == *device));
+        let legend = match figures {
+            Some(d) => format!(
+                "GPU {device}: mean {:.1} W, peak {:.1} W, {} ({})",
+                d.mean_w,
+                d.peak_w,
+                format_joules(d.energy_j),
+                d.energy_source
+            ),
+            None => format!("GPU {device}"),
+        };
         canvas.rect(legend_x, top + 3.0, 10.0, 10.0, color, 0.9);
         canvas.text(
             legend_x + 14.0,

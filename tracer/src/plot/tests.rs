@@ -183,3 +183,46 @@ fn png_output_has_the_picture_size() {
     let width = u32::from_be_bytes(png.data[16..20].try_into().unwrap());
     assert_eq!(width, 2800, "twice the SVG's width");
 }
+
+#[test]
+fn a_power_trace_draws_each_gpus_power_under_the_stages() {
+    let dir = std::env::temp_dir().join(format!("cudatrace-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("power.jsonl");
+    std::fs::write(&path, traces::power()).unwrap();
+    let picture = render(&path, "power.jsonl", 1400, false).unwrap();
+    let _ = std::fs::remove_file(&path);
+    usvg::Tree::from_str(&picture.svg, &usvg::Options::default()).expect("well-formed SVG");
+    let shown = texts(&picture.svg);
+    assert_has(&shown, "GPU power");
+    assert_has(&shown, "GPU energy 0.70 J (mean 350.0 W)");
+    assert_has(
+        &shown,
+        "GPU 0: mean 100.0 W, peak 100.0 W, 0.20 J (counter)",
+    );
+    assert_has(
+        &shown,
+        "GPU 1: mean 250.0 W, peak 250.0 W, 0.50 J (integrated power)",
+    );
+    // The W axis reaches the highest sample (250 W) in round steps.
+    assert_has(&shown, "300 W");
+    // Two curves: one stroked path per GPU, a point per column with a sample inside the
+    // calls' span (samples at 100 µs steps from ts 1000; calls from 10 µs to the end).
+    let curves: Vec<&str> = picture
+        .svg
+        .lines()
+        .filter(|l| l.contains(r#"fill="none""#))
+        .collect();
+    assert_eq!(curves.len(), 2, "{curves:?}");
+    let summary = &picture.report.summary;
+    let inside = (0..traces::POWER_SAMPLES)
+        .map(|k| 1000 + k * 100_000)
+        .filter(|ts| *ts >= summary.first_ts_ns && *ts <= summary.first_ts_ns + summary.span_ns)
+        .count();
+    for curve in curves {
+        assert_eq!(curve.matches(['M', 'L']).count(), inside, "{curve}");
+    }
+    // Without --power, no panel.
+    let plain = rendered("plain.jsonl", &inference_trace(2));
+    assert!(!texts(&plain.svg).iter().any(|t| t == "GPU power"));
+}

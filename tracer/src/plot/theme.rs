@@ -10,6 +10,8 @@ pub const MARGIN_RIGHT_PX: f64 = 40.0;
 pub const STRIP_H: f64 = 26.0;
 /// One API family's lane.
 pub const LANE_H: f64 = 28.0;
+/// The GPU power panel (`--power` traces).
+pub const POWER_H: f64 = 110.0;
 /// The device-memory panel.
 pub const MEMORY_H: f64 = 150.0;
 /// One row of a table.
@@ -37,6 +39,8 @@ pub fn family_color(family: &str) -> &'static str {
         "launch" => "#d62728",
         "sync" => "#ff7f0e",
         "module" => "#7f7f7f",
+        // `--gpu`: the GPU lanes.
+        "gpu" => "#006d2c",
         _ => "#e377c2",
     }
 }

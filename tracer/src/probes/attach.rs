@@ -1,7 +1,8 @@
-//! Attaching plans: the generic entry and return programs on every planned symbol, each
-//! with its probe id as the attach cookie. One uprobe_multi link per program and plan where
-//! the kernel has them (6.6+), else one perf-event link per symbol and program; detaching
-//! everything at the end.
+//! Attaching plans: the programs of each plan's probe set on every planned symbol, each
+//! with its probe id as the attach cookie: the generic entry and return programs (libcuda),
+//! or a set's own entry program (the injection library's `gpu_records`). One uprobe_multi
+//! link per program and plan where the kernel has them (6.6+), else one perf-event link per
+//! symbol and program; detaching everything at the end.
 
 use std::{collections::HashSet, path::Path};
 
@@ -19,6 +20,7 @@ use tracer_common::{MAX_PROBES, ProbeSpec};
 use super::{
     object::PROBES_OBJECT,
     plan::{Plan, Plans},
+    probe_set::Programs,
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -77,6 +79,14 @@ pub fn attach(
     Ok(failures)
 }
 
+/// The programs of a plan, return probes first; whether each is a return probe.
+fn programs_of(plan: &Plan) -> Vec<(&'static str, bool)> {
+    match plan.set.programs {
+        Programs::Calls => vec![("call_return", true), ("call_enter", false)],
+        Programs::Entry(program) => vec![(program, false)],
+    }
+}
+
 fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<Vec<AttachFailure>> {
     if uprobe_multi::supported() {
         match attach_multi(bpf, &plan.library.path, plan) {
@@ -91,29 +101,25 @@ fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<V
     attach_per_symbol(bpf, &plan.library.path, plan, attached)
 }
 
-/// Two links for all symbols: returns first, so no entry is pushed without its return.
+/// One link per program for all symbols: returns first, so no entry is pushed without its
+/// return.
 fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &Plan) -> Result<Vec<MultiLink>> {
     let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
     let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
-    let returns = uprobe_multi::attach(
-        bpf,
-        PROBES_OBJECT,
-        "call_return",
-        lib_path,
-        &offsets,
-        &cookies,
-        true,
-    )?;
-    let entries = uprobe_multi::attach(
-        bpf,
-        PROBES_OBJECT,
-        "call_enter",
-        lib_path,
-        &offsets,
-        &cookies,
-        false,
-    )?;
-    Ok(vec![returns, entries])
+    programs_of(plan)
+        .iter()
+        .map(|&(program, retprobe)| {
+            uprobe_multi::attach(
+                bpf,
+                PROBES_OBJECT,
+                program,
+                lib_path,
+                &offsets,
+                &cookies,
+                retprobe,
+            )
+        })
+        .collect()
 }
 
 /// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
@@ -126,7 +132,7 @@ fn attach_per_symbol(
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
-    for program_name in ["call_return", "call_enter"] {
+    for (program_name, _) in programs_of(plan) {
         let program: &mut UProbe = program(bpf, program_name)?;
         // A second plan finds the programs loaded already.
         if program.fd().is_err() {

@@ -136,7 +136,7 @@ impl Library {
         let mut standin = false;
         for symbol in elf.dynamic_symbols() {
             let Ok(name) = symbol.name() else { continue };
-            if name == set.standin_marker {
+            if !set.standin_marker.is_empty() && name == set.standin_marker {
                 standin = true;
             }
             if symbol.kind() != SymbolKind::Text || symbol.is_undefined() {

@@ -35,6 +35,11 @@ pub struct Counters {
     pub entries: u64,
     pub process_ring_full: u64,
     pub driver_ring_full: u64,
+    /// `--gpu`: GPU records the ring refused, or that could not be read.
+    pub gpu_ring_full: u64,
+    pub gpu_read_failed: u64,
+    /// `--gpu`: records CUPTI dropped, as its DROPPED records said (counted in userspace).
+    pub cupti_dropped: u64,
 }
 
 impl Counters {
@@ -43,9 +48,14 @@ impl Counters {
         self.ring_full + self.too_deep + self.frames_full
     }
 
-    /// All events the kernel had to drop.
+    /// GPU records lost on their way: in the ring, reading them, or in CUPTI.
+    pub fn gpu_lost(&self) -> u64 {
+        self.gpu_ring_full + self.gpu_read_failed + self.cupti_dropped
+    }
+
+    /// All events lost.
     pub fn lost(&self) -> u64 {
-        self.calls_lost() + self.process_ring_full + self.driver_ring_full
+        self.calls_lost() + self.process_ring_full + self.driver_ring_full + self.gpu_lost()
     }
 }
 
@@ -73,6 +83,9 @@ impl CounterReader {
             entries: sum(counter::ENTRIES)?,
             process_ring_full: sum(counter::PROC_RING_FULL)?,
             driver_ring_full: sum(counter::DRIVER_RING_FULL)?,
+            gpu_ring_full: sum(counter::GPU_RING_FULL)?,
+            gpu_read_failed: sum(counter::GPU_READ_FAILED)?,
+            cupti_dropped: 0,
         })
     }
 }

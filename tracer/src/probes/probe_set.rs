@@ -2,7 +2,19 @@
 //! its library and what to attach in it (its catalog). Planning binds a set to one file;
 //! attaching takes the plans, whatever the library.
 
-use crate::catalog::{CATALOG, FnSpec, STREAM_VARIANTS};
+use tracer_common::GPU_RECORDS_SYMBOL;
+
+use crate::catalog::{Arg, CATALOG, Family, FnSpec, STREAM_VARIANTS};
+
+/// What runs on a set's symbols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Programs {
+    /// The generic entry and return pair, reading arguments as the catalog says, one call
+    /// line per call.
+    Calls,
+    /// One entry program of the object, by name, that reads its arguments itself.
+    Entry(&'static str),
+}
 
 /// A library cudatrace knows how to probe.
 #[derive(Debug)]
@@ -27,6 +39,8 @@ pub struct ProbeSet {
     /// Suffixes of variants attached with each catalog symbol where the library exports
     /// them (libcuda's per-thread default stream entry points).
     pub variants: &'static [&'static str],
+    /// The programs attached to each planned symbol.
+    pub programs: Programs,
 }
 
 /// The CUDA driver: the first probe set.
@@ -40,7 +54,33 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     standin_marker: "cudatrace_standin_libcuda",
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
+    programs: Programs::Calls,
 };
+
+/// `--gpu`: cudatrace's injection library, written for the run (`inject/`). Its one symbol
+/// is the no-op the library calls with each batch of GPU records; the `gpu_records`
+/// program copies them into the ring. A set of its own rather than a special case: it is
+/// found in its file, planned and attached like libcuda, and listed in the header.
+pub static INJECTION: ProbeSet = ProbeSet {
+    library: "libcudatrace_inject",
+    functions: "GPU record deliveries",
+    soname: "libcudatrace_inject.so",
+    file_names: &["libcudatrace_inject.so"],
+    path_flag: "--gpu",
+    install_hint: "rebuild cudatrace",
+    standin_marker: "",
+    catalog: GPU_RECORDS_CATALOG,
+    variants: &[],
+    programs: Programs::Entry("gpu_records"),
+};
+
+/// `cudatrace_gpu_records(const GpuRecord *records, uint32_t count)`.
+static GPU_RECORDS_CATALOG: &[FnSpec] = &[FnSpec {
+    symbols: &[GPU_RECORDS_SYMBOL],
+    family: Family::GpuRecords,
+    args: &[Arg::Skip, Arg::Skip],
+    copy: None,
+}];
 
 impl ProbeSet {
     /// The version in a file name (`libcuda.so.580.159.04` gives `580.159.04`;

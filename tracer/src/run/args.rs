@@ -17,7 +17,16 @@ and the trace file belongs to them; --as-root keeps root.
 
 When the command exits, cudatrace detaches, drains the ring buffer, writes the footer
 and exits with the command's exit code. Ctrl-C (SIGINT) and SIGTERM do the same and
-exit 130/143; SIGTERM is passed on to the command.")]
+exit 130/143; SIGTERM is passed on to the command.
+
+--gpu also records what the GPU ran: gpu_kernel, gpu_copy and gpu_memset lines with GPU
+start and duration, each linked to the call that issued it (docs/gpu.md). Without --gpu
+nothing is put into the command: no library, no environment variable.
+
+Exit codes of --gpu: 80 no libcupti found (before the command starts), 81 the
+environment already has CUDA_INJECTION64_PATH, 82 GPU recording failed in a process
+(CUPTI refused; only when the command itself exited 0); -p/--all with --gpu is a usage
+error (2).")]
 pub struct RunArgs {
     /// Attach to a running process (and the children it starts from now on). Repeatable.
     #[arg(short = 'p', long = "pid", value_name = "PID")]
@@ -68,6 +77,43 @@ pub struct RunArgs {
     /// Path prefix of NVIDIA device files (tests point it at stand-in files).
     #[arg(long, hide = true, value_name = "PREFIX")]
     pub kernel_device_prefix: Option<String>,
+
+    /// Also sample every GPU's power, energy counter, clocks, utilisation, temperature and
+    /// memory through NVML every MS milliseconds (default 20, 1 to 60000), as `power`
+    /// lines; `summary` then gives energy per GPU, stage and kernel. Write `--power=MS`.
+    #[arg(
+        long,
+        value_name = "MS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "20",
+        value_parser = crate::power::parse_period
+    )]
+    pub power: Option<u32>,
+
+    /// The NVML library for --power. Default: the loader's search for libnvidia-ml.so.1
+    /// (LD_LIBRARY_PATH, the ldconfig cache), then /usr/local/nvidia/lib64,
+    /// /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib, /usr/lib/wsl/lib; never a file
+    /// in a `stubs` directory.
+    #[arg(long, value_name = "PATH", requires = "power")]
+    pub nvml: Option<PathBuf>,
+
+    /// Also record what the GPU ran: every kernel, copy and memset, with its GPU start and
+    /// duration, linked to the call that issued it. This injects a library into the
+    /// command (CUDA_INJECTION64_PATH, NVIDIA's documented hook: libcuda loads it at
+    /// cuInit), which runs NVIDIA's CUPTI activity API there; nothing is injected without
+    /// --gpu. Cost: CUPTI's own, in the program (per launch, plus a flush every 200 ms),
+    /// and one more trace line per kernel, copy and memset. Needs a command (not -p or
+    /// --all) and a libcupti (see --cupti).
+    #[arg(long)]
+    pub gpu: bool,
+
+    /// The libcupti for --gpu. Default: the one of the Python the command runs (the
+    /// NVIDIA wheels in its site-packages: nvidia/cu13/lib, nvidia/cuda_cupti/lib), then the
+    /// CUDA toolkit (/usr/local/cuda*/extras/CUPTI/lib64, /usr/local/cuda*/targets/*/lib),
+    /// then the loader's search (ldconfig cache, LD_LIBRARY_PATH).
+    #[arg(long, value_name = "PATH", requires = "gpu")]
+    pub cupti: Option<PathBuf>,
 
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
     /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.

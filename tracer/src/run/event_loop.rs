@@ -1,6 +1,6 @@
-//! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM
-//! and a quarter-second tick; on any ending, detaches, drains the ring and settles the
-//! losses, so the footer that follows is complete.
+//! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM,
+//! `--power`'s samples and a quarter-second tick; on any ending, detaches, drains the ring,
+//! settles the losses and stops the sampler, so the footer that follows is complete.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -14,7 +14,7 @@ use tokio::{
     signal::unix::{Signal, SignalKind, signal},
 };
 
-use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline};
+use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline, power_feed::PowerFeed};
 use crate::{
     probes::{
         attach::{self, Attached},
@@ -62,6 +62,7 @@ pub async fn event_loop(
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
+    mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
     let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
     let counters = CounterReader::take(bpf)?;
@@ -72,7 +73,7 @@ pub async fn event_loop(
         already_exited,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    let mut loss = LossAccount::default();
+    let mut loss = LossAccount::new(pipeline.gpu);
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
 
@@ -108,10 +109,22 @@ pub async fn event_loop(
                 }
                 running = false;
             }
+            batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
+                match batch {
+                    Some(lines) => pipeline.power(&lines)?,
+                    // The sampler ended on its own: its figures say why.
+                    None => {
+                        if let Some(feed) = power.take() {
+                            pipeline.writer.footer.power = Some(feed.sampler.join());
+                        }
+                    }
+                }
+            }
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.
                 pipeline.drain(ring.get_mut(), usize::MAX)?;
-                loss.update(counters.read()?, pipeline.writer)?;
+                pipeline.tick()?;
+                loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
                 progress.update(pipeline.writer.footer.events.call, loss.lost());
                 // A live trace can be followed (`tail -f`) a quarter second behind.
                 pipeline.writer.flush()?;
@@ -123,7 +136,11 @@ pub async fn event_loop(
     attach::detach_all(bpf, attached);
     let ring = ring.get_mut();
     while pipeline.drain(ring, usize::MAX)? > 0 {}
-    loss.update(counters.read()?, pipeline.writer)?;
+    pipeline.finish()?;
+    loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
+    if let Some(feed) = power {
+        pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
+    }
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     progress.finish();
     pipeline.writer.flush()?;

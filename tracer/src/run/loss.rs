@@ -10,9 +10,18 @@ use crate::{probes::maps::Counters, schema::LostLine, sinks::jsonl::TraceWriter}
 #[derive(Default)]
 pub struct LossAccount {
     last: Counters,
+    /// `--gpu`: the GPU figures are written (as 0 too).
+    gpu: bool,
 }
 
 impl LossAccount {
+    pub fn new(gpu: bool) -> Self {
+        LossAccount {
+            last: Counters::default(),
+            gpu,
+        }
+    }
+
     /// Everything lost so far.
     pub fn lost(&self) -> u64 {
         self.last.lost()
@@ -37,6 +46,9 @@ impl LossAccount {
                 last.driver_ring_full,
                 now.driver_ring_full,
             ),
+            ("gpu_ring_full", last.gpu_ring_full, now.gpu_ring_full),
+            ("gpu_read_failed", last.gpu_read_failed, now.gpu_read_failed),
+            ("cupti_dropped", last.cupti_dropped, now.cupti_dropped),
         ] {
             if after > before {
                 writer.write(&LostLine {
@@ -54,6 +66,11 @@ impl LossAccount {
         footer.lost.frames_full = now.frames_full;
         footer.lost.process_ring_full = now.process_ring_full;
         footer.lost.driver_ring_full = now.driver_ring_full;
+        if self.gpu || now.gpu_lost() > 0 {
+            footer.lost.gpu_ring_full = Some(now.gpu_ring_full);
+            footer.lost.gpu_read_failed = Some(now.gpu_read_failed);
+            footer.lost.cupti_dropped = Some(now.cupti_dropped);
+        }
         footer.lost.calls = now.calls_lost();
         footer.lost.total = now.lost();
         footer.entries_seen = now.entries;

@@ -10,16 +10,21 @@
 //! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends |
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
+//! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//!
+//! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
+//! `crate::inject`; its records go down the same pipeline.
 
 mod args;
-mod clock;
+pub(crate) mod clock;
 mod event_loop;
 mod header;
 mod loss;
 mod outcome;
 mod output;
 mod pipeline;
+mod power_feed;
 mod session;
 
 pub use args::RunArgs;
@@ -35,15 +40,18 @@ use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Sessio
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
+    inject::{self, GpuInjection},
+    power::{PowerSetup, sampler::describe_errors},
     privileges,
     probes::{
         library::{self, Library},
         plan::Plans,
-        probe_set::LIBCUDA,
+        probe_set::{INJECTION, LIBCUDA},
     },
+    schema::{Footer, PowerFooter},
     sinks::jsonl::TraceWriter,
     spawn,
-    summary::text::render_short,
+    summary::text::{render_gpu_short, render_short},
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
@@ -63,7 +71,24 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             ));
         }
     }
-    let plans = plan_libraries(&args)?;
+    if args.gpu {
+        inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
+        // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
+        inject::check_environment(&privileges::command_env(None))?;
+    }
+    let mut plans = plan_libraries(&args)?;
+    // NVML is started before anything else happens, so its absence stops the run early.
+    let power = match args.power {
+        Some(period_ms) => Some(
+            PowerSetup::prepare(args.nvml.as_deref(), period_ms).map_err(|why| {
+                Failure::new(
+                    ExitCode::NoNvml,
+                    anyhow!("--power: {why}; pass --nvml PATH, or run without --power"),
+                )
+            })?,
+        ),
+        None => None,
+    };
     let user = if args.as_root {
         None
     } else {
@@ -84,21 +109,47 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         None => None,
     };
 
+    // `--gpu`: everything that can fail does so before the trace file exists.
+    let gpu = match args.gpu {
+        true => {
+            let env = privileges::command_env(user.as_ref());
+            let injection = inject::prepare(
+                args.cupti.as_deref(),
+                program.as_deref(),
+                &env,
+                user.as_ref(),
+            )?;
+            plan_injection(&mut plans, &injection)?;
+            Some(injection)
+        }
+        false => None,
+    };
+
     let (output, output_label) = open_output(args.output.as_deref(), user.as_ref())
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let mut writer = TraceWriter::new(output);
     let started = Instant::now();
 
     // From here on every failure still completes the trace with a footer.
+    let mut analysis = if args.gpu {
+        Analysis::with_gpu_linking()
+    } else {
+        Analysis::default()
+    };
+    if let Some(setup) = &power {
+        analysis.power_header(&setup.info);
+    }
     let mut session = Session {
+        power_info: power.as_ref().map(|setup| setup.info.clone()),
+        power,
         args: &args,
         plans: &plans,
         user: user.as_ref(),
         program,
         clocks: Clocks::now(),
         kernel_hooks: None,
+        gpu: gpu.as_ref(),
     };
-    let mut analysis = Analysis::default();
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
         Ok(exit) => (exit, None),
         Err(failure) => {
@@ -114,6 +165,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.exit_signal = exit.signal;
     writer.footer.stopped_by = exit.stopped_by;
     writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
+    writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
     let footer = writer.finish().map_err(|e| {
@@ -134,19 +186,36 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         exit.describe()
     );
     if lost > 0 {
+        let cupti_only = footer.lost.cupti_dropped == Some(lost);
         eprintln!(
             "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}); try --ring-kib {}",
+             table {}; process events {}{}){}",
             footer.lost.ring_full,
             footer.lost.too_deep,
             footer.lost.frames_full,
             footer.lost.process_ring_full,
-            args.ring_kib.saturating_mul(4).min(1 << 20)
+            gpu_losses(&footer),
+            if cupti_only {
+                String::new()
+            } else {
+                format!(
+                    "; try --ring-kib {}",
+                    args.ring_kib.saturating_mul(4).min(1 << 20)
+                )
+            }
         );
+    }
+    if let Some(power) = &footer.power {
+        warn_power(power);
     }
     if !args.quiet {
         eprint!("{}", render_short(&report));
+        if let Some(gpu) = &footer.gpu {
+            eprint!("{}", render_gpu_short(&report.gpu, gpu));
+        }
     }
+    // Dropping the injection removes its directory; the command is gone by now.
+    drop(gpu);
     match (args.export, output_label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
@@ -157,7 +226,51 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         (None, _) => {}
     }
-    Ok(exit.process_exit_code())
+    let code = exit.process_exit_code();
+    match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {
+        Some(fatal) if fatal > 0 && code == 0 => {
+            eprintln!(
+                "cudatrace: GPU recording failed in {} (see the gpu_error lines): exit code {}",
+                crate::format::plural(fatal, "process"),
+                ExitCode::GpuRecordingFailed as i32
+            );
+            Ok(ExitCode::GpuRecordingFailed as i32)
+        }
+        _ => Ok(code),
+    }
+}
+
+/// `; GPU records: ring full N, unreadable N, dropped by CUPTI N` when any were lost.
+fn gpu_losses(footer: &Footer) -> String {
+    let lost = &footer.lost;
+    let figures = [lost.gpu_ring_full, lost.gpu_read_failed, lost.cupti_dropped];
+    if figures.iter().all(|n| n.unwrap_or(0) == 0) {
+        return String::new();
+    }
+    format!(
+        "; GPU records: ring full {}, unreadable {}, dropped by CUPTI {}",
+        figures[0].unwrap_or(0),
+        figures[1].unwrap_or(0),
+        figures[2].unwrap_or(0)
+    )
+}
+
+/// `--gpu`: the injection library as written for this run, planned like any library.
+fn plan_injection(plans: &mut Plans, injection: &GpuInjection) -> Result<(), Failure> {
+    let internal = |e| Failure::new(ExitCode::Internal, e);
+    let library = Library::open(&INJECTION, injection.library_path()).map_err(internal)?;
+    let plan = plans.add(&INJECTION, &library);
+    if plan.probes.is_empty() {
+        return Err(Failure::new(
+            ExitCode::Internal,
+            anyhow!(
+                "the injection library {} lacks {}: rebuild cudatrace",
+                plan.library.path.display(),
+                tracer_common::GPU_RECORDS_SYMBOL
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Finds libcuda and plans its probes; a function it lacks is reported by
@@ -185,4 +298,32 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
         ));
     }
     Ok(plans)
+}
+
+/// `--power`: what the sampler could not do, on stderr (also in the footer and summary).
+fn warn_power(power: &PowerFooter) {
+    if let Some(error) = &power.error {
+        eprintln!("cudatrace: WARNING: --power: {error}");
+    }
+    if !power.read_errors.is_empty() {
+        eprintln!(
+            "cudatrace: WARNING: --power: NVML errors while sampling (those fields are missing \
+             from those samples): {}",
+            describe_errors(&power.read_errors)
+        );
+    }
+    if power.dropped_samples > 0 {
+        eprintln!(
+            "cudatrace: WARNING: --power: {} samples dropped: the event loop fell behind",
+            power.dropped_samples
+        );
+    }
+    if power.skipped_ticks > 0 {
+        eprintln!(
+            "cudatrace: --power: {} ticks skipped: reading NVML took longer than the period \
+             (up to {} µs a GPU)",
+            power.skipped_ticks,
+            power.read_ns_max / 1000
+        );
+    }
 }

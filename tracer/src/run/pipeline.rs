@@ -1,22 +1,59 @@
 //! `cudatrace run`'s pipeline, top to bottom: **source** (the ring buffer) → **decode**
-//! (`events::Decoder`: the probe catalog names each call's arguments) → **enrich**
-//! (`analysis::Analysis`: kernel names and live device bytes into the line; the run's
-//! stages and figures) → **sinks** (`sinks::jsonl::TraceWriter`; the progress line reads its
-//! counts). Each stage knows only the one before it; this file wires them.
+//! (`events::Decoder`: the probe catalog names each call's arguments; GPU records get their
+//! process's kernel names and clock) → **enrich** (`analysis::Analysis`: kernel names and
+//! live device bytes into the line; GPU work linked to its call; the run's stages and
+//! figures) → **sinks** (`sinks::jsonl::TraceWriter`; the progress line reads its counts).
+//! Each stage knows only the one before it; this file wires them. `--power`'s sampler is a
+//! second source: its lines need no decoding and go through enrich and sinks.
 
 use std::io;
 
 use aya::maps::{MapData, RingBuf};
 
-use crate::{analysis::Analysis, events::Decoder, sinks::jsonl::TraceWriter};
+use super::clock::monotonic_ns;
+use crate::{
+    analysis::Analysis,
+    events::{Decoder, Event, gpu::GpuEvent},
+    probes::maps::Counters,
+    schema::{GpuLine, PowerLine},
+    sinks::jsonl::TraceWriter,
+};
 
 pub struct Pipeline<'a> {
     pub decoder: Decoder<'a>,
     pub analysis: &'a mut Analysis,
     pub writer: &'a mut TraceWriter,
+    /// `--gpu` lines the enrich stage released, on their way to the writer.
+    pub gpu_lines: Vec<GpuLine>,
+    /// Records CUPTI said it dropped (`--gpu`), for the loss accounting.
+    pub cupti_dropped: u64,
+    /// `--gpu` was given.
+    pub gpu: bool,
 }
 
-impl Pipeline<'_> {
+impl<'a> Pipeline<'a> {
+    pub fn new(
+        decoder: Decoder<'a>,
+        analysis: &'a mut Analysis,
+        writer: &'a mut TraceWriter,
+        gpu: bool,
+    ) -> Self {
+        Pipeline {
+            decoder,
+            analysis,
+            writer,
+            gpu_lines: Vec::new(),
+            cupti_dropped: 0,
+            gpu,
+        }
+    }
+
+    /// The kernel's counters with the losses only userspace sees (CUPTI's).
+    pub fn counters(&self, mut kernel: Counters) -> Counters {
+        kernel.cupti_dropped = self.cupti_dropped;
+        kernel
+    }
+
     /// The source: passes up to `budget` records from the ring down the pipeline; returns
     /// how many.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>, budget: usize) -> io::Result<usize> {
@@ -34,7 +71,64 @@ impl Pipeline<'_> {
         let Some(mut event) = self.decoder.decode(bytes) else {
             return Ok(());
         };
+        if let Event::Gpu(gpu) = event {
+            return self.gpu(gpu);
+        }
         self.analysis.enrich(&mut event);
-        self.writer.event(&event)
+        self.writer.event(&event)?;
+        if let Event::Process(process) = &event
+            && matches!(process.event.as_str(), "exec" | "exit")
+        {
+            self.analysis
+                .end_gpu(Some(process.pid), &mut self.gpu_lines);
+            self.write_gpu_lines()?;
+        }
+        Ok(())
+    }
+
+    fn gpu(&mut self, event: GpuEvent) -> io::Result<()> {
+        if let GpuEvent::Dropped { count, .. } = event {
+            self.cupti_dropped += count;
+            return Ok(());
+        }
+        self.analysis
+            .enrich_gpu(event, monotonic_ns(), &mut self.gpu_lines);
+        self.write_gpu_lines()
+    }
+
+    /// Every tick: GPU work that waited too long for its call's record goes out unlinked.
+    pub fn tick(&mut self) -> io::Result<()> {
+        self.analysis
+            .expire_gpu(monotonic_ns(), &mut self.gpu_lines);
+        self.write_gpu_lines()
+    }
+
+    /// Tracing ended and the ring is drained: whatever still waits goes out.
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.analysis.end_gpu(None, &mut self.gpu_lines);
+        self.write_gpu_lines()
+    }
+
+    fn write_gpu_lines(&mut self) -> io::Result<()> {
+        for line in self.gpu_lines.drain(..) {
+            if let GpuLine::Error(error) = &line {
+                // Errors print even with -q: the user asked for GPU activity.
+                eprintln!(
+                    "cudatrace: GPU recording, pid {} ({}): {}",
+                    error.pid, error.stage, error.message
+                );
+            }
+            self.writer.gpu(&line)?;
+        }
+        Ok(())
+    }
+
+    /// `--power`: one tick's lines through enrich and the sinks.
+    pub fn power(&mut self, lines: &[PowerLine]) -> io::Result<()> {
+        for line in lines {
+            self.analysis.power_sample(line);
+            self.writer.write(line)?;
+        }
+        Ok(())
     }
 }

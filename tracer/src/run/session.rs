@@ -18,12 +18,15 @@ use super::{
     header,
     outcome::Outcome,
     pipeline::Pipeline,
+    power_feed::PowerFeed,
 };
 use crate::{
     analysis::Analysis,
     events::Decoder,
     exit::{ExitCode, Failure},
+    inject::{self, GpuInjection},
     kernel_hooks,
+    power::PowerSetup,
     privileges::{self, TargetUser},
     probes::{
         attach::{self, AttachFailure, Attached},
@@ -32,7 +35,7 @@ use crate::{
         plan::Plans,
         programs, tracefs,
     },
-    schema::{AttachFailureInfo, Header, KernelHooksInfo},
+    schema::{AttachFailureInfo, Header, KernelHooksInfo, PowerInfo},
     sinks::jsonl::TraceWriter,
     spawn,
 };
@@ -46,6 +49,12 @@ pub struct Session<'a> {
     pub clocks: Clocks,
     /// `--kernel`: what was chosen and hooked.
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--power`: NVML started, until the sampler starts.
+    pub power: Option<PowerSetup>,
+    /// `--power`: the header's `power` object.
+    pub power_info: Option<PowerInfo>,
+    /// `--gpu`: what goes into the command.
+    pub gpu: Option<&'a GpuInjection>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -55,14 +64,19 @@ fn internal(e: anyhow::Error) -> Failure {
 impl Session<'_> {
     /// The header, for `pids` traced from the start.
     pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
-        header::header(
-            self.args,
-            self.plans,
-            self.clocks,
-            pids,
-            failures,
-            self.kernel_hooks.clone(),
-        )
+        // The objects of `--power` and `--gpu` come from their own set-up.
+        Header {
+            power: self.power_info.clone(),
+            gpu: self.gpu.map(GpuInjection::header),
+            ..header::header(
+                self.args,
+                self.plans,
+                self.clocks,
+                pids,
+                failures,
+                self.kernel_hooks.clone(),
+            )
+        }
     }
 
     /// Traces until the command exits or a signal stops it, writing to `writer` through
@@ -92,7 +106,10 @@ impl Session<'_> {
         // Fork before any thread exists; the child waits at the gate.
         let gated = match &self.program {
             Some(path) => {
-                let env = privileges::command_env(self.user);
+                let mut env = privileges::command_env(self.user);
+                if let Some(gpu) = self.gpu {
+                    env = inject::with_vars(env, gpu.env());
+                }
                 let redirect = self.args.output.as_deref() == Some(Path::new("-"));
                 Some(
                     spawn::spawn_gated(path, &self.args.command, &env, self.user, redirect)
@@ -137,6 +154,20 @@ impl Session<'_> {
                 )
             })?;
 
+        // The sampler starts before the command does: its first samples are the GPUs'
+        // power before the command touched them.
+        let power = match self.power.take() {
+            Some(setup) => {
+                if !self.args.quiet {
+                    eprintln!("cudatrace: --power: {}", setup.describe());
+                }
+                let (sampler, receiver) = setup
+                    .start()
+                    .map_err(|e| internal(anyhow!("starting the NVML sampler: {e}")))?;
+                Some(PowerFeed { sampler, receiver })
+            }
+            None => None,
+        };
         let child = match gated {
             Some(gated) => Some(gated.release().map_err(internal_spawn)?),
             None => None,
@@ -154,12 +185,21 @@ impl Session<'_> {
                 libraries.join(", "),
                 describe_targets(self.args, &pids)
             );
+            if let Some(gpu) = self.gpu {
+                eprintln!(
+                    "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
+                    gpu.library.path.display(),
+                    gpu.cupti.path.display(),
+                    gpu.cupti.from
+                );
+            }
         }
-        let mut pipeline = Pipeline {
-            decoder: Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
+        let mut pipeline = Pipeline::new(
+            Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
             analysis,
             writer,
-        };
+            self.gpu.is_some(),
+        );
         let loop_result = runtime.block_on(event_loop(
             &mut bpf,
             &mut attached,
@@ -167,6 +207,7 @@ impl Session<'_> {
             watches,
             child,
             self.args.quiet,
+            power,
         ));
         loop_result.map_err(internal)
     }

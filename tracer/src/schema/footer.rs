@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::fields::{Hex, LineType, Tag};
+use super::{
+    fields::{Hex, LineType, Tag},
+    power::PowerFooter,
+};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Footer {
@@ -40,6 +43,12 @@ pub struct Footer {
     /// (docs/trace-format.md, "Analysis fields").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryFooter>,
+    /// `--power`: the NVML sampler's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerFooter>,
+    /// `--gpu`: how GPU records were linked to calls, and whether recording failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuFooter>,
 }
 
 impl LineType for Footer {
@@ -60,6 +69,19 @@ pub struct EventCounts {
     pub lost: u64,
     /// `"type":"driver"` lines (`--kernel`).
     pub driver: u64,
+    /// `"type":"power"` lines (`--power`).
+    pub power: u64,
+    /// `--gpu` lines: kernels, copies and memsets that ran, recording starts and errors.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_kernel: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_copy: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_memset: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_info: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_error: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -74,10 +96,48 @@ pub struct LostCounts {
     pub process_ring_full: u64,
     /// Driver (`--kernel`) events dropped because the ring buffer was full.
     pub driver_ring_full: u64,
+    /// `--gpu`: GPU records dropped because the ring buffer was full.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_ring_full: Option<u64>,
+    /// `--gpu`: GPU records that could not be read from the traced process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_read_failed: Option<u64>,
+    /// `--gpu`: records CUPTI itself dropped (its buffers were full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cupti_dropped: Option<u64>,
     /// Call events lost: `ring_full + too_deep + frames_full`.
     pub calls: u64,
     /// Everything lost.
     pub total: u64,
+}
+
+/// The footer's `gpu` object (`--gpu`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GpuFooter {
+    /// CUPTI's records of the driver calls that issued GPU work.
+    pub api_records: u64,
+    /// Kernel, copy and memset lines linked to their call.
+    pub linked: u64,
+    /// Those written without a link, by reason (never dropped).
+    pub unlinked: UnlinkedCounts,
+    /// Processes where GPU recording started (`gpu_info` lines).
+    pub processes: u64,
+    /// Processes where it failed for good (`gpu_error` lines with `fatal`).
+    pub fatal_errors: u64,
+}
+
+/// GPU lines written without a link to their call, by reason (`schema::gpu::unlinked`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UnlinkedCounts {
+    pub no_api_record: u64,
+    pub no_call: u64,
+    pub beyond_window: u64,
+}
+
+impl UnlinkedCounts {
+    pub fn total(&self) -> u64 {
+        self.no_api_record + self.no_call + self.beyond_window
+    }
 }
 
 /// The footer's `memory` object.

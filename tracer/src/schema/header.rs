@@ -7,7 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::fields::{LineType, Tag};
+use super::{
+    fields::{LineType, Tag},
+    power::PowerInfo,
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -56,6 +59,12 @@ pub struct Header {
     /// `--kernel`: the driver hooks in use.
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// `--power`: the NVML library and the sampled GPUs (readers use it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerInfo>,
+    /// `--gpu`: what was injected. Readers take its presence: GPU lines will follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuHeaderInfo>,
 }
 
 impl LineType for Header {
@@ -109,4 +118,24 @@ pub struct KernelHooksInfo {
     pub xid: bool,
     /// Files whose path starts with this are NVIDIA device files.
     pub device_prefix: String,
+}
+
+/// `--gpu`: the injection library and the libcupti it loads in the traced processes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuHeaderInfo {
+    /// The injection library as written for this run (removed at its end).
+    pub library: String,
+    /// The libcupti named to it.
+    pub libcupti: String,
+    /// Where that libcupti was found: `--cupti`, `python wheels (PYTHON)`, `CUDA toolkit`
+    /// or `loader`.
+    pub libcupti_from: String,
+    /// The command's `CUDA_VISIBLE_DEVICES` when the run started (absent: unset): which
+    /// GPU each CUDA device of the `gpu_*` lines is (`analysis::device_map`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_visible_devices: Option<String>,
+    /// The command's `CUDA_DEVICE_ORDER` (absent: unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_device_order: Option<String>,
 }

@@ -15,7 +15,8 @@ pub struct LostLine {
     pub tag: Tag<Self>,
     pub ts_ns: u64,
     /// A counter of the footer's `lost`: `ring_full`, `too_deep`, `frames_full`,
-    /// `process_ring_full` or `driver_ring_full`.
+    /// `process_ring_full`, `driver_ring_full`, or (`--gpu`) `gpu_ring_full`,
+    /// `gpu_read_failed`, `cupti_dropped`.
     pub reason: String,
     /// Dropped since the previous `lost` line of this reason.
     pub count: u64,

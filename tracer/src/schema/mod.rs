@@ -10,6 +10,8 @@
 //! | `process.rs` | [`ProcessLine`] | fork, exec, exit of a traced process |
 //! | `lost.rs` | [`LostLine`] | events the kernel dropped |
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
+//! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
+//! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //! | `compact.rs` | | a fast reader for lines exactly as the writer writes them |
 //!
@@ -37,16 +39,27 @@ pub mod compact;
 mod driver;
 mod fields;
 mod footer;
+pub mod gpu;
 mod header;
 mod lost;
+mod power;
 mod process;
 
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
-pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use footer::{EventLine, Footer, FooterFigures, GpuFooter, Leak, MemoryFooter, ProcessMemory};
+pub use gpu::{
+    GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
+};
+pub use header::{
+    AttachFailureInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+};
 pub use lost::LostLine;
+pub use power::{
+    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
+    PowerLine,
+};
 pub use process::ProcessLine;
 
 use serde_json::Value;
@@ -62,6 +75,9 @@ pub enum Line {
     Process(ProcessLine),
     Lost(LostLine),
     Driver(Box<DriverLine>),
+    Power(Box<PowerLine>),
+    /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
+    Gpu(Box<GpuLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -81,6 +97,11 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         }
         return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
     }
+    for (prefix, kind) in gpu::FAST_PREFIXES {
+        if bytes.starts_with(prefix) {
+            return read_gpu(kind, bytes);
+        }
+    }
     let value: Value = serde_json::from_slice(bytes).map_err(|e| fields::describe(&e))?;
     let Some(kind) = value.get("type").and_then(Value::as_str) else {
         return Err("not a trace line: no \"type\" string".into());
@@ -91,9 +112,20 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         ProcessLine::TYPE => Line::Process(ProcessLine::read(&value, bytes)?),
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
+        PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
-        _ => Line::Unknown,
+        other => match GpuLine::read(other, bytes) {
+            Some(line) => Line::Gpu(Box::new(line?)),
+            None => Line::Unknown,
+        },
     })
+}
+
+fn read_gpu(kind: &str, bytes: &[u8]) -> Result<Line, String> {
+    match GpuLine::read(kind, bytes) {
+        Some(line) => line.map(|line| Line::Gpu(Box::new(line))),
+        None => Ok(Line::Unknown),
+    }
 }
 
 #[cfg(test)]

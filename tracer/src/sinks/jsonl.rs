@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     events::Event,
-    schema::{EventLine, Footer, Header},
+    schema::{EventLine, Footer, GpuLine, Header},
 };
 
 /// Writes trace lines and keeps the footer's counts.
@@ -49,6 +49,19 @@ impl TraceWriter {
             Event::Call(line) => self.write(line),
             Event::Process(line) => self.write(line),
             Event::Driver(line) => self.write(line),
+            // The enrich stage turns GPU records into `GpuLine`s (see `gpu`).
+            Event::Gpu(_) => Ok(()),
+        }
+    }
+
+    /// A `--gpu` line.
+    pub fn gpu(&mut self, line: &GpuLine) -> io::Result<()> {
+        match line {
+            GpuLine::Kernel(line) => self.write(line),
+            GpuLine::Copy(line) => self.write(line),
+            GpuLine::Memset(line) => self.write(line),
+            GpuLine::Info(line) => self.write(line),
+            GpuLine::Error(line) => self.write(line),
         }
     }
 

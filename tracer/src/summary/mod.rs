@@ -5,6 +5,7 @@ use std::{fs::File, io::Write};
 use anyhow::anyhow;
 
 mod args;
+mod power;
 pub mod text;
 
 pub use args::SummaryArgs;
@@ -26,12 +27,22 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             anyhow!("cannot open the trace {label}: {e}"),
         )
     })?;
-    let result = summarise(TraceLines::from_file(file, &label, args.skip_bad_lines)).map_err(
-        |e| match e {
-            ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-            ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
-        },
-    )?;
+    // The first pass reads the file opened here; a `--gpu` trace is read again.
+    let mut first = Some(file);
+    let open = || {
+        let file = match first.take() {
+            Some(file) => file,
+            None => File::open(&args.trace).map_err(|source| ReadError::Io {
+                file: label.clone(),
+                source,
+            })?,
+        };
+        Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
+    };
+    let result = summarise(open).map_err(|e| match e {
+        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
+        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
+    })?;
 
     for (line, message) in &result.skipped {
         eprintln!("cudatrace: skipped {label}:{line}: {message}");
@@ -49,6 +60,15 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.lines
         );
     }
+    if let Some(power) = &result.report.power
+        && power.read_errors > 0
+    {
+        eprintln!(
+            "cudatrace: warning: {} NVML reads failed while sampling power: those samples \
+             lack those fields (see Energy)",
+            power.read_errors
+        );
+    }
     if result.info.lost_events > 0 {
         eprintln!(
             "cudatrace: warning: the tracer lost {} events: counts are lower bounds and \
@@ -64,6 +84,8 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             memory: &result.report.memory,
             stages: &result.report.stages,
             driver: &result.report.driver,
+            gpu: &result.report.gpu,
+            power: result.report.power.as_ref(),
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;

@@ -7,11 +7,11 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report, driver::DriverSummary, stages::ProcessStages, summarise::TraceInfo,
-        summary::Summary,
+        Report, driver::DriverSummary, gpu::GpuSummary, power::PowerReport, stages::ProcessStages,
+        summarise::TraceInfo, summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
-    schema::ProcessMemory,
+    schema::{GpuFooter, ProcessMemory},
 };
 
 /// `cudatrace summary --json`.
@@ -25,6 +25,16 @@ pub struct SummaryJson<'a> {
     /// Present for `--kernel` traces.
     #[serde(skip_serializing_if = "is_empty_driver")]
     pub driver: &'a DriverSummary,
+    /// Present for `--gpu` traces.
+    #[serde(skip_serializing_if = "is_empty_gpu")]
+    pub gpu: &'a GpuSummary,
+    /// Present for `--power` traces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power: Option<&'a PowerReport>,
+}
+
+fn is_empty_gpu(gpu: &&GpuSummary) -> bool {
+    gpu.work == 0 && gpu.processes.is_empty() && gpu.errors.is_empty()
 }
 
 fn is_empty_driver(driver: &&DriverSummary) -> bool {
@@ -220,15 +230,30 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
 
     for p in &report.stages {
         let _ = writeln!(out, "\nStages, pid {} ({})", p.pid, plural(p.calls, "call"));
+        let gpu = p.stages.iter().any(|s| s.gpu_busy_ns.is_some());
         let _ = writeln!(
             out,
-            "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
-            "stage", "start", "duration", "calls", "launches", "HtoD", "DtoH"
+            "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}{}",
+            "stage",
+            "start",
+            "duration",
+            "calls",
+            "launches",
+            "HtoD",
+            "DtoH",
+            if gpu { "    GPU busy" } else { "" }
         );
         for s in &p.stages {
+            let busy = match s.gpu_busy_ns {
+                Some(busy) => format!(
+                    " {:>11}",
+                    format!("{:.1}%", busy as f64 * 100.0 / s.duration_ns.max(1) as f64)
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}",
+                "  {:<18} {:>11} {:>11} {:>7} {:>8} {:>11} {:>11}{busy}",
                 s.name,
                 at(s.start_ns),
                 format_ns(s.duration_ns),
@@ -240,7 +265,156 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         }
     }
     render_driver(&mut out, &report.driver);
+    render_gpu(&mut out, &report.gpu);
+    if let Some(power) = &report.power {
+        super::power::render(&mut out, power, &report.stages, summary.first_ts_ns);
+    }
     out
+}
+
+fn copies(n: u64) -> String {
+    format!("{n} {}", if n == 1 { "copy" } else { "copies" })
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    format!("{:.1}%", part as f64 * 100.0 / whole.max(1) as f64)
+}
+
+/// The `--gpu` section of the full summary.
+fn render_gpu(out: &mut String, gpu: &GpuSummary) {
+    if gpu.work == 0 && gpu.processes.is_empty() && gpu.errors.is_empty() {
+        return;
+    }
+    let at = |ts: u64| format!("+{}", format_ns(ts.saturating_sub(gpu.run_start_ns)));
+    let _ = writeln!(
+        out,
+        "\nGPU (--gpu): {}, {}, {}; {} linked to their call, {} not{}",
+        plural(gpu.kernels, "kernel"),
+        copies(gpu.copies),
+        plural(gpu.memsets, "memset"),
+        gpu.linked,
+        gpu.unlinked,
+        match gpu.untimed {
+            0 => String::new(),
+            n => format!("; {n} without GPU times"),
+        }
+    );
+    for info in &gpu.processes {
+        let _ = writeln!(
+            out,
+            "  pid {}: CUPTI {} ({}), times {}",
+            info.pid, info.cupti_version, info.libcupti, info.clock
+        );
+    }
+    for error in &gpu.errors {
+        let _ = writeln!(
+            out,
+            "  pid {}: {}ERROR ({}): {}",
+            error.pid,
+            if error.fatal { "FATAL " } else { "" },
+            error.stage,
+            error.message
+        );
+    }
+    for device in &gpu.devices {
+        let _ = writeln!(
+            out,
+            "  device {}: busy {} of the run's {} ({}), {} of work from {} to {}{}",
+            device.device,
+            format_ns(device.busy_ns),
+            format_ns(gpu.run_ns),
+            percent(device.busy_ns, gpu.run_ns),
+            plural(device.work, "piece"),
+            at(device.first_ns),
+            at(device.last_end_ns),
+            match device.late_ns {
+                0 => String::new(),
+                late => format!(" ({} of work came too late to count)", format_ns(late)),
+            }
+        );
+        if !device.gaps.is_empty() {
+            let _ = writeln!(out, "    largest idle gaps, and the CPU meanwhile:");
+        }
+        for gap in &device.gaps {
+            let mut line = format!(
+                "    {:>10} at {:>11}",
+                format_ns(gap.duration_ns),
+                at(gap.start_ns)
+            );
+            if let Some(cpu) = &gap.cpu {
+                let functions: Vec<String> = cpu
+                    .functions
+                    .iter()
+                    .map(|f| format!("{} {} ×{}", f.name, format_ns(f.in_gap_ns), f.calls))
+                    .collect();
+                line.push_str(&format!(
+                    ": {} in driver calls ({}){}{}",
+                    format_ns(cpu.in_calls_ns),
+                    percent(cpu.in_calls_ns, gap.duration_ns),
+                    if functions.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", functions.join(", "))
+                    },
+                    if cpu.stages.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {}", cpu.stages.join(", "))
+                    }
+                ));
+            }
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if let Some(queued) = &gpu.queued {
+        let _ = writeln!(
+            out,
+            "  launch to GPU start: p50 {}, p99 {}, max {} ({} started before their call returned)",
+            format_ns(queued.p50_ns),
+            format_ns(queued.p99_ns),
+            format_ns(queued.max_ns),
+            queued.started_before_return
+        );
+    }
+    if !gpu.kernel_time.is_empty() {
+        let _ = writeln!(out, "\n  GPU time by kernel");
+        let _ = writeln!(
+            out,
+            "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}  kernel",
+            "count", "total", "mean", "p50", "p99", "max", "busy"
+        );
+        for k in &gpu.kernel_time {
+            let _ = writeln!(
+                out,
+                "  {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}  {}",
+                k.count,
+                format_ns(k.total_ns),
+                format_ns(k.mean_ns),
+                format_ns(k.p50_ns),
+                format_ns(k.p99_ns),
+                format_ns(k.max_ns),
+                format!("{:.1}%", k.share_of_busy * 100.0),
+                k.kernel
+            );
+        }
+    }
+    let transfers: Vec<_> = gpu.copy_time.iter().chain(&gpu.memset_time).collect();
+    if !transfers.is_empty() {
+        let _ = writeln!(out, "\n  Copies and memsets on the GPU");
+        for t in transfers {
+            let _ = writeln!(
+                out,
+                "  {:<8} {:>8} {:>11} in {:>10}  {}",
+                t.kind,
+                t.count,
+                format_bytes(t.bytes),
+                format_ns(t.gpu_ns),
+                t.bandwidth_gb_s
+                    .map(|b| format!("{b:.2} GB/s"))
+                    .unwrap_or_default()
+            );
+        }
+    }
 }
 
 /// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
@@ -261,6 +435,52 @@ fn render_driver_short(out: &mut String, driver: &DriverSummary) {
         format_ns(driver.total_ns),
         top.join(", ")
     );
+}
+
+/// `cudatrace run --gpu`'s closing lines: what the GPU ran, and how linking went.
+pub fn render_gpu_short(gpu: &GpuSummary, footer: &GpuFooter) -> String {
+    let mut out = String::new();
+    let unlinked = &footer.unlinked;
+    let _ = writeln!(
+        out,
+        "cudatrace: GPU: {}, {}, {} ({} linked to their call, {} not: no API record {}, no \
+         call {}, beyond the window {}); busy {} ({:.1}% of the run)",
+        plural(gpu.kernels, "kernel"),
+        copies(gpu.copies),
+        plural(gpu.memsets, "memset"),
+        footer.linked,
+        unlinked.total(),
+        unlinked.no_api_record,
+        unlinked.no_call,
+        unlinked.beyond_window,
+        format_ns(gpu.busy_ns),
+        gpu.busy_ns as f64 * 100.0 / gpu.run_ns.max(1) as f64
+    );
+    let top: Vec<String> = gpu
+        .kernel_time
+        .iter()
+        .take(3)
+        .map(|k| {
+            format!(
+                "{} {} ×{} ({:.0}%)",
+                shorten(&k.kernel, 60),
+                format_ns(k.total_ns),
+                k.count,
+                k.share_of_busy * 100.0
+            )
+        })
+        .collect();
+    if !top.is_empty() {
+        let _ = writeln!(out, "cudatrace: GPU time by kernel: {}", top.join(", "));
+    }
+    if footer.processes == 0 && footer.fatal_errors == 0 {
+        let _ = writeln!(
+            out,
+            "cudatrace: --gpu: no process started GPU recording (none called cuInit, or the \
+             driver did not load the injection library)"
+        );
+    }
+    out
 }
 
 pub fn render_short(report: &Report) -> String {
@@ -348,6 +568,9 @@ pub fn render_short(report: &Report) -> String {
         );
     }
     render_driver_short(&mut out, &report.driver);
+    if let Some(power) = &report.power {
+        super::power::render_short(&mut out, power);
+    }
     out
 }
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod power;
 
 use std::{
     path::{Path, PathBuf},
@@ -208,7 +209,7 @@ pub fn cudatrace_program_ids() -> Vec<u32> {
         .filter(|p| {
             matches!(
                 p.name_as_str(),
-                Some("call_enter" | "call_return" | "task_newtask")
+                Some("call_enter" | "call_return" | "task_newtask" | "gpu_records")
             )
         })
         .map(|p| p.id())

@@ -248,3 +248,237 @@ pub fn inference(iterations: u64) -> String {
 pub fn with_header(body: &str) -> String {
     format!("{INFERENCE_HEADER}\n{body}{FOOTER}\n")
 }
+
+/// Samples in [`power`]: every 100 µs from the trace's start (ts 1000) for 2 ms.
+pub const POWER_SAMPLES: u64 = 21;
+/// Counter values [`power`] exports: GPU 0 gives 9 fields a sample (instant power
+/// included), GPU 1 8 (no instant power; its energy is integrated).
+pub const POWER_COUNTERS: u64 = POWER_SAMPLES * (9 + 8);
+
+/// A `--power` trace of two GPUs: [`inference`] with 2 iterations (calls from ts 10 µs
+/// to about 1.1 ms), sampled every 100 µs from ts 1000 for 2 ms. GPU 0 ("test GPU A")
+/// draws 100 W and counts energy (10 mJ a sample, from 5000 mJ); GPU 1 ("test GPU B") draws
+/// 250 W and has no energy counter.
+pub fn power() -> String {
+    let header = r#"{"type":"header","format":"cudatrace","version":1,"command":["python3","infer.py"],"pids":[42],"start_monotonic_ns":1000,"power":{"period_ms":1,"nvml":{"path":"/x/libnvidia-ml.so.1","version":"12.580","driver_version":"580.159.04","standin":false},"devices":[{"index":0,"name":"test GPU A","uuid":"GPU-a","power_limit_mw":700000,"energy_counter":true,"energy_source":"counter","unsupported":[]},{"index":1,"name":"test GPU B","uuid":"GPU-b","energy_counter":false,"energy_source":"integrated power","unsupported":["energy_mj: NOT_SUPPORTED","power_instant_mw: NOT_SUPPORTED"]}]}}"#;
+    let mut out = format!("{header}\n");
+    let body = inference(2);
+    let mut calls = body.lines().peekable();
+    let ts_of = |line: &str| -> u64 {
+        let at = line.find("\"ts_ns\":").expect("a call line") + 8;
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    for seq in 0..POWER_SAMPLES {
+        let ts = 1000 + seq * 100_000;
+        // The calls before this sample first, as the tracer would write them.
+        while let Some(line) = calls.next_if(|line| ts_of(line) < ts) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            r#"{{"type":"power","device":0,"seq":{seq},"ts_ns":{ts},"read_ns":40000,"power_mw":100000,"power_instant_mw":100000,"energy_mj":{},"sm_clock_mhz":1980,"mem_clock_mhz":2619,"gpu_util_pct":{},"mem_util_pct":17,"temperature_c":60,"memory_used_bytes":1048576}}"#,
+            5000 + seq * 10,
+            seq * 5
+        );
+        let _ = writeln!(
+            out,
+            r#"{{"type":"power","device":1,"seq":{seq},"ts_ns":{ts},"read_ns":30000,"power_mw":250000,"sm_clock_mhz":1410,"mem_clock_mhz":1593,"gpu_util_pct":0,"mem_util_pct":0,"temperature_c":40,"memory_used_bytes":0}}"#
+        );
+    }
+    for line in calls {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(FOOTER);
+    out.push('\n');
+    out
+}
+
+/// `--gpu`: tracing started at 1 ms, like [`known`]; times in [`gpu`] are offsets from it.
+pub const GPU_BASE_NS: u64 = 1_000_000;
+/// [`gpu`]'s call lines, GPU work lines, and work lines linked to a call.
+pub const GPU_CALLS: u64 = 11;
+pub const GPU_WORK: u64 = 7;
+pub const GPU_LINKED: u64 = 6;
+
+/// A `--gpu` trace of pid 300 (threads 300 and 301) with known figures. GPU work (device
+/// 0; stream 13 for 0x10, 14 for 0x20), each line after its call as `run` writes them:
+///
+/// | work | GPU time | call |
+/// |---|---|---|
+/// | HtoD copy, 1 MiB | 7,500 + 2,000 | cuMemcpyHtoDAsync_v2 at 6,000 |
+/// | memset, 4,000 B | 9,600 + 400 | cuMemsetD32Async at 9,000 |
+/// | vector_add (A) | 11,500 + 5,000 | cuLaunchKernel at 10,000 |
+/// | vector_add (B) | 16,500 + 3,000 | cuLaunchKernel at 12,000 |
+/// | gemm (C), stream 14 | 15,500 + 2,000 | cuLaunchKernel at 14,000, thread 301 |
+/// | DtoH copy, 4,096 B | 62,000 + 1,000 | cuMemcpyDtoHAsync_v2 at 60,000 |
+/// | vector_add (D) | 64,000 + 500 | none: `no_api_record` |
+///
+/// Busy: 7,500-9,500, 9,600-10,000, 11,500-19,500, 62,000-63,000, 64,000-64,500: 11,900 ns
+/// of the run's 70,000 (1,000 to 71,000). Idle gaps: 42,500 at 19,500 (the CPU in
+/// cuStreamSynchronize 20,000-50,000 and cuMemcpyDtoHAsync_v2 60,000-61,000), 1,500 at
+/// 10,000, 1,000 at 63,000, 100 at 9,500. Queueing: 500, 100, 500, 3,500, -200, 1,000.
+pub fn gpu() -> String {
+    let base = GPU_BASE_NS;
+    let call = |name: &str, tid: u32, offset: u64, dur: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":300,"tid":{tid},"ts_ns":{},"dur_ns":{dur},"ret":0{extra}}}"#,
+            base + offset
+        )
+    };
+    let launch = |tid: u32, offset: u64, stream: &str, function: &str| {
+        call(
+            "cuLaunchKernel",
+            tid,
+            offset,
+            1_000,
+            &format!(
+                r#","grid":[4,1,1],"block":[128,1,1],"stream":"{stream}","function":"{function}""#
+            ),
+        )
+    };
+    let link = |correlation: u32, tid: u32, call_offset: u64, queued: i64| {
+        format!(
+            r#""correlation_id":{correlation},"call_tid":{tid},"call_ts_ns":{},"queued_ns":{queued}"#,
+            base + call_offset
+        )
+    };
+    let kernel = |offset: u64, dur: u64, stream: u32, name: &str, mangled: &str, link: &str| {
+        format!(
+            r#"{{"type":"gpu_kernel","pid":300,"device":0,"context":1,"stream":{stream},"ts_ns":{},"dur_ns":{dur},"kernel":"{name}","kernel_mangled":"{mangled}","grid":[4,1,1],"block":[128,1,1],"static_shared_mem":0,"dynamic_shared_mem":0,"registers_per_thread":32,{link}}}"#,
+            base + offset
+        )
+    };
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    [
+        format!(
+            r#"{{"type":"header","format":"cudatrace","version":1,"command":["python3","train.py"],"pids":[300],"start_monotonic_ns":{base},"probes":[],"gpu":{{"library":"/tmp/cudatrace-gpu-x/libcudatrace_inject.so","libcupti":"/x/libcupti.so.13","libcupti_from":"--cupti"}}}}"#
+        ),
+        call("cuInit", 300, 1_000, 2_000, r#","flags":0"#),
+        format!(
+            r#"{{"type":"gpu_info","pid":300,"ts_ns":{},"cupti_version":130001,"libcupti":"/x/libcupti.so.13","clock":"monotonic"}}"#,
+            base + 2_500
+        ),
+        call(
+            "cuMemAlloc_v2",
+            300,
+            4_000,
+            1_000,
+            r#","bytes":1048576,"dptr":"0x7f0000000000""#,
+        ),
+        call(
+            "cuMemcpyHtoDAsync_v2",
+            300,
+            6_000,
+            1_000,
+            r#","kind":"HtoD","bytes":1048576,"src":"0x5000","dst":"0x7f0000000000","stream":"0x10""#,
+        ),
+        call(
+            "cuModuleGetFunction",
+            300,
+            8_000,
+            500,
+            r#","function":"0x30","symbol":"_Z10vector_addPKfS0_Pfi","module":"0x20""#,
+        ),
+        call(
+            "cuMemsetD32Async",
+            300,
+            9_000,
+            500,
+            r#","dptr":"0x7f0000000000","value":0,"count":1000,"bytes":4000,"stream":"0x10""#,
+        ),
+        launch(300, 10_000, "0x10", "0x30"),
+        launch(300, 12_000, "0x10", "0x30"),
+        launch(301, 14_000, "0x20", "0x40"),
+        format!(
+            r#"{{"type":"gpu_copy","pid":300,"device":0,"context":1,"stream":13,"ts_ns":{},"dur_ns":2000,"kind":"HtoD","bytes":1048576,"src_kind":"pageable","dst_kind":"device","async":true,{}}}"#,
+            base + 7_500,
+            link(1, 300, 6_000, 500)
+        ),
+        format!(
+            r#"{{"type":"gpu_memset","pid":300,"device":0,"context":1,"stream":13,"ts_ns":{},"dur_ns":400,"bytes":4000,"value":0,"memory":"device","async":true,{}}}"#,
+            base + 9_600,
+            link(2, 300, 9_000, 100)
+        ),
+        kernel(
+            11_500,
+            5_000,
+            13,
+            vector_add,
+            "_Z10vector_addPKfS0_Pfi",
+            &link(3, 300, 10_000, 500),
+        ),
+        kernel(15_500, 2_000, 14, "gemm()", "_Z4gemmv", &link(5, 301, 14_000, -200)),
+        kernel(
+            16_500,
+            3_000,
+            13,
+            vector_add,
+            "_Z10vector_addPKfS0_Pfi",
+            &link(4, 300, 12_000, 3_500),
+        ),
+        call("cuStreamSynchronize", 300, 20_000, 30_000, r#","stream":"0x10""#),
+        call(
+            "cuMemcpyDtoHAsync_v2",
+            300,
+            60_000,
+            1_000,
+            r#","kind":"DtoH","bytes":4096,"src":"0x7f0000000000","dst":"0x6000","stream":"0x10""#,
+        ),
+        call(
+            "cuMemFree_v2",
+            300,
+            70_000,
+            1_000,
+            r#","dptr":"0x7f0000000000""#,
+        ),
+        format!(
+            r#"{{"type":"gpu_copy","pid":300,"device":0,"context":1,"stream":13,"ts_ns":{},"dur_ns":1000,"kind":"DtoH","bytes":4096,"src_kind":"device","dst_kind":"pageable","async":true,{}}}"#,
+            base + 62_000,
+            link(6, 300, 60_000, 1_000)
+        ),
+        kernel(
+            64_000,
+            500,
+            13,
+            vector_add,
+            "_Z10vector_addPKfS0_Pfi",
+            r#""correlation_id":7,"unlinked":"no_api_record""#,
+        ),
+        r#"{"type":"footer","lost":{"total":0},"exit_code":0}"#.to_owned(),
+    ]
+    .join("\n")
+        + "\n"
+}
+
+/// [`gpu`] with `--power` samples of its one GPU ("test GPU A", 1000 W, with an energy
+/// counter): every 10 µs from the start (offsets 0 to 80,000: 9 samples), 10 mJ apart.
+///
+/// By GPU time, interval 10,000-20,000 goes to vector_add A (5,000 ns of its 10,000 ns of
+/// kernel time), gemm (2,000) and vector_add B (3,000): 5, 2 and 3 mJ; 60,000-70,000 to
+/// vector_add D, alone: 10 mJ. The six other intervals ran no kernel (the copies and the
+/// memset are not kernels): 60 mJ idle. vector_add: 18 mJ, 3 runs, 8,500 ns; gemm: 2 mJ.
+pub fn gpu_power() -> String {
+    let power = r#","power":{"period_ms":1,"nvml":{"path":"/x/libnvidia-ml.so.1","version":"12.580","driver_version":"580.159.04","standin":false},"devices":[{"index":0,"name":"test GPU A","uuid":"GPU-a","power_limit_mw":700000,"energy_counter":true,"energy_source":"counter","unsupported":[]}]}}"#;
+    let mut lines: Vec<String> = gpu().lines().map(str::to_owned).collect();
+    let header = lines[0]
+        .strip_suffix('}')
+        .expect("a JSON object")
+        .to_owned();
+    lines[0] = format!("{header}{power}");
+    let footer = lines.pop().expect("the footer");
+    for seq in 0..9u64 {
+        lines.push(format!(
+            r#"{{"type":"power","device":0,"seq":{seq},"ts_ns":{},"read_ns":20000,"power_mw":1000000,"energy_mj":{}}}"#,
+            GPU_BASE_NS + seq * 10_000,
+            7000 + seq * 10
+        ));
+    }
+    lines.push(footer);
+    lines.join("\n") + "\n"
+}

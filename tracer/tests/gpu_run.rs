@@ -1,0 +1,721 @@
+//! Root: `cudatrace run --gpu` end to end against the stand-in libcuda and libcupti
+//! (standin/README.md has their rules: GPU start = API end + 1000 ns, kernel duration =
+//! gridX*gridY*gridZ ns, copy and memset duration = bytes ns). Exact GPU lines and their
+//! links to the call lines, the clock conversion, counted drops, every error with its exit
+//! code and message, and nothing injected without `--gpu`.
+
+mod common;
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use common::{gpu::cupti_standin, *};
+use serde_json::{Value, json};
+
+/// `cudatrace run --gpu -q --libcuda STANDIN [extra] -o TRACE -- CMD...` with `envs`.
+fn run_gpu(trace: &Path, extra: &[&str], envs: &[(&str, &str)], command: &[&str]) -> Output {
+    let mut run = Command::new(CUDATRACE);
+    // The stand-in leaves out the legacy 32-bit entry points on purpose.
+    run.args([
+        "run",
+        "--gpu",
+        "-q",
+        "--missing-probes",
+        "ignore",
+        "--libcuda",
+    ])
+    .arg(&standin().lib)
+    .args(extra)
+    .arg("-o")
+    .arg(trace)
+    .arg("--")
+    .args(command)
+    .env_remove("CUDA_INJECTION64_PATH")
+    .env_remove("CUPTI_STANDIN_DROPPED")
+    .env_remove("CUPTI_STANDIN_ENABLE_ERROR");
+    for (key, value) in envs {
+        run.env(key, value);
+    }
+    run.output().expect("running cudatrace")
+}
+
+/// `cudatrace run --gpu --cupti STANDIN -- cudatrace-driver gpu`, with `cupti` and `envs`.
+fn trace_gpu(name: &str, cupti: &Path, envs: &[(&str, &str)]) -> (Output, Vec<Value>) {
+    let trace = scratch(name).join("trace.jsonl");
+    let driver = standin().driver.display().to_string();
+    let output = assert_no_probe_outlives(|| {
+        run_gpu(
+            &trace,
+            &["--cupti", cupti.to_str().unwrap()],
+            envs,
+            &[&driver, "gpu"],
+        )
+    });
+    (output, read_trace(&trace))
+}
+
+/// The trace path [`trace_gpu`] writes for `name`.
+fn scratch_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-{}", std::process::id()))
+        .join("trace.jsonl")
+}
+
+fn of_type<'a>(trace: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    trace.iter().filter(|l| l["type"] == kind).collect()
+}
+
+fn u(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{value} is not a u64"))
+}
+
+/// The 1,500- and 5,000-byte names of `cudatrace-driver gpu`; the second as the first
+/// 4 KiB that reach cudatrace.
+fn long_names() -> (String, String) {
+    let [_, long, huge] = common::gpu::driver_kernel_names();
+    (long, huge[..4096].to_owned())
+}
+
+/// Every check of the GPU lines of `cudatrace-driver gpu`, whatever the clock they came on.
+fn assert_driver_gpu_lines(trace: &[Value]) {
+    assert_complete(trace);
+    let header = &trace[0];
+    let footer = trace.last().unwrap();
+    let pid = u(&header["pids"][0]);
+    let vector_add = "vector_add(float const*, float const*, float*, int)";
+    let (long, huge) = long_names();
+
+    // (correlation id, name, mangled, grid, block, dynamic shared memory, stream, duration)
+    let kernels: Vec<Value> = of_type(trace, "gpu_kernel")
+        .iter()
+        .map(|k| {
+            assert_eq!(
+                (
+                    &k["pid"],
+                    &k["device"],
+                    &k["context"],
+                    &k["static_shared_mem"],
+                    &k["registers_per_thread"]
+                ),
+                (&json!(pid), &json!(0), &json!(1), &json!(512), &json!(40)),
+                "{k}"
+            );
+            json!([
+                k["correlation_id"],
+                k["kernel"],
+                k["kernel_mangled"],
+                k["grid"],
+                k["block"],
+                k["dynamic_shared_mem"],
+                k["stream"],
+                k["dur_ns"],
+                k["warnings"]
+            ])
+        })
+        .collect();
+    assert_eq!(
+        kernels,
+        [
+            json!([
+                2,
+                vector_add,
+                "_Z10vector_addPKfS0_Pfi",
+                [4096, 2, 1],
+                [256, 1, 3],
+                1024,
+                0x1010,
+                8192,
+                null
+            ]),
+            json!([
+                3,
+                vector_add,
+                "_Z10vector_addPKfS0_Pfi",
+                [128, 64, 2],
+                [32, 8, 4],
+                2048,
+                0x1010,
+                16384,
+                null
+            ]),
+            json!([4, long, null, [7, 1, 1], [64, 1, 1], 0, 7, 7, null]),
+            json!([
+                5,
+                huge,
+                null,
+                [1, 1, 1],
+                [32, 1, 1],
+                0,
+                0x1010,
+                1,
+                ["name_truncated"]
+            ]),
+        ]
+    );
+    // (correlation id, kind, bytes, source, destination, async, stream, duration)
+    let copies: Vec<Value> = of_type(trace, "gpu_copy")
+        .iter()
+        .map(|c| {
+            json!([
+                c["correlation_id"],
+                c["kind"],
+                c["bytes"],
+                c["src_kind"],
+                c["dst_kind"],
+                c["async"],
+                c["stream"],
+                c["dur_ns"]
+            ])
+        })
+        .collect();
+    assert_eq!(
+        copies,
+        [
+            json!([1, "HtoD", 1048576, "pageable", "device", null, 7, 1048576]),
+            json!([9, "DtoH", 65536, "device", "pageable", true, 0x1010, 65536]),
+        ]
+    );
+    // (correlation id, bytes, value, memory, async, stream, duration)
+    let memsets: Vec<Value> = of_type(trace, "gpu_memset")
+        .iter()
+        .map(|m| {
+            json!([
+                m["correlation_id"],
+                m["bytes"],
+                m["value"],
+                m["memory"],
+                m["async"],
+                m["stream"],
+                m["dur_ns"]
+            ])
+        })
+        .collect();
+    assert_eq!(
+        memsets,
+        [
+            json!([7, 777, 171, "device", null, 7, 777]),
+            json!([8, 400, 7, "device", true, 0x1010, 400]),
+        ]
+    );
+
+    // Each piece of work links to the call that issued it: correlation ids follow the
+    // driver's calls in order (standin/cudatrace_driver.c).
+    let issuing = [
+        (1, "cuMemcpyHtoD_v2", 0),
+        (2, "cuLaunchKernel", 0),
+        (3, "cuLaunchKernelEx", 0),
+        (4, "cuLaunchKernel", 1),
+        (5, "cuLaunchKernel", 2),
+        (7, "cuMemsetD8_v2", 0),
+        (8, "cuMemsetD32Async", 0),
+        (9, "cuMemcpyDtoHAsync_v2", 0),
+    ];
+    let calls = calls(trace);
+    let start = u(&header["start_monotonic_ns"]);
+    let end = start + u(&footer["duration_ns"]);
+    let mut work: Vec<&Value> = trace
+        .iter()
+        .filter(|l| {
+            matches!(
+                l["type"].as_str(),
+                Some("gpu_kernel" | "gpu_copy" | "gpu_memset")
+            )
+        })
+        .collect();
+    work.sort_by_key(|w| u(&w["correlation_id"]));
+    assert_eq!(work.len(), issuing.len());
+    for (line, (correlation, name, nth)) in work.iter().zip(issuing) {
+        let call = calls
+            .iter()
+            .filter(|c| c["name"] == name)
+            .nth(nth)
+            .unwrap_or_else(|| panic!("no call {name} #{nth}"));
+        assert_eq!(u(&line["correlation_id"]), correlation);
+        assert_eq!(
+            (&line["call_tid"], &line["call_ts_ns"], &line["unlinked"]),
+            (&call["tid"], &call["ts_ns"], &Value::Null),
+            "{line} links to {call}"
+        );
+        // The GPU starts 1000 ns after CUPTI's end of the call, inside the call's return.
+        assert_eq!(line["queued_ns"], 1000, "{line}");
+        let (ts, call_ts) = (u(&line["ts_ns"]), u(&call["ts_ns"]));
+        assert!(call_ts + 1000 < ts, "{line} starts after {call}");
+        assert!(
+            ts <= call_ts + u(&call["dur_ns"]) + 1000,
+            "{line} vs {call}"
+        );
+        assert!(
+            start < ts && ts + u(&line["dur_ns"]) < end,
+            "{line} in the run"
+        );
+    }
+
+    let info = of_type(trace, "gpu_info");
+    assert_eq!(info.len(), 1);
+    assert_eq!(info[0]["pid"], pid);
+    assert_eq!(info[0]["cupti_version"], 130001);
+    assert!(of_type(trace, "gpu_error").is_empty());
+
+    let events = &footer["events"];
+    assert_eq!(
+        (
+            &events["gpu_kernel"],
+            &events["gpu_copy"],
+            &events["gpu_memset"],
+            &events["gpu_info"]
+        ),
+        (&json!(4), &json!(2), &json!(2), &json!(1))
+    );
+    assert_eq!(
+        footer["gpu"],
+        json!({"api_records": 9, "linked": 8, "processes": 1, "fatal_errors": 0,
+               "unlinked": {"no_api_record": 0, "no_call": 0, "beyond_window": 0}})
+    );
+    // The injection library as a probe set of its own, listed with the libcuda probes.
+    let probes = header["probes"].as_array().unwrap();
+    let delivery: Vec<&Value> = probes
+        .iter()
+        .filter(|p| p["family"] == "gpu_records")
+        .collect();
+    assert_eq!(delivery.len(), 1);
+    assert_eq!(delivery[0]["symbol"], "cudatrace_gpu_records");
+}
+
+/// The header's injection library: written into a `cudatrace-gpu-*` directory, gone now.
+fn assert_library_removed(header: &Value) -> PathBuf {
+    let library = PathBuf::from(header["gpu"]["library"].as_str().unwrap());
+    assert_eq!(library.file_name().unwrap(), "libcudatrace_inject.so");
+    let dir = library.parent().unwrap();
+    assert!(
+        dir.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("cudatrace-gpu-"),
+        "{}",
+        dir.display()
+    );
+    assert!(!dir.exists(), "{} outlived the run", dir.display());
+    library
+}
+
+#[test]
+fn gpu_lines_are_exact_and_linked_to_their_calls() {
+    let Some(_guard) = root() else { return };
+    let cupti = cupti_standin();
+    let (output, trace) = trace_gpu("gpu-run-exact", &cupti.lib, &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_driver_gpu_lines(&trace);
+    let info = of_type(&trace, "gpu_info");
+    assert_eq!(info[0]["clock"], "monotonic", "CUPTI stamps with our clock");
+    let real = std::fs::canonicalize(&cupti.lib).unwrap();
+    assert_eq!(info[0]["libcupti"], real.display().to_string());
+    assert_eq!(
+        (
+            &trace[0]["gpu"]["libcupti"],
+            &trace[0]["gpu"]["libcupti_from"]
+        ),
+        (&json!(real.display().to_string()), &json!("--cupti"))
+    );
+    let footer = trace.last().unwrap();
+    assert_eq!(
+        footer["lost"],
+        json!({"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
+               "driver_ring_full": 0, "gpu_ring_full": 0, "gpu_read_failed": 0,
+               "cupti_dropped": 0, "calls": 0, "total": 0})
+    );
+    assert_library_removed(&trace[0]);
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: 22 calls, 0 lost, 2 process events -> {} (command exited with 0)\n",
+            scratch_path("gpu-run-exact").display()
+        ),
+        "-q: the closing line only"
+    );
+}
+
+#[test]
+fn without_the_timestamp_callback_cupti_times_are_converted_to_the_trace_clock() {
+    let Some(_guard) = root() else { return };
+    let cupti = cupti_standin();
+    let (output, trace) = trace_gpu("gpu-run-clock", &cupti.without_timestamp_callback, &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The same exact lines: durations, links, and GPU starts 1000 ns after the calls'
+    // ends, all on CLOCK_MONOTONIC inside the run, from CUPTI's CLOCK_REALTIME.
+    assert_driver_gpu_lines(&trace);
+    assert_eq!(of_type(&trace, "gpu_info")[0]["clock"], "converted");
+}
+
+#[test]
+fn cupti_drops_are_counted_like_every_loss() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("gpu-run-drops").join("trace.jsonl");
+    let driver = standin().driver.display().to_string();
+    let output = run_gpu(
+        &trace_path,
+        &["--cupti", cupti_standin().lib.to_str().unwrap()],
+        &[("CUPTI_STANDIN_DROPPED", "7")],
+        &[&driver, "gpu"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let lost = of_type(&trace, "lost");
+    assert_eq!(lost.len(), 1);
+    assert_eq!(
+        (&lost[0]["reason"], &lost[0]["count"], &lost[0]["total"]),
+        (&json!("cupti_dropped"), &json!(7), &json!(7))
+    );
+    let footer = trace.last().unwrap();
+    assert_eq!(
+        (&footer["lost"]["cupti_dropped"], &footer["lost"]["total"]),
+        (&json!(7), &json!(7))
+    );
+    // What CUPTI did keep is all there.
+    assert_eq!(of_type(&trace, "gpu_kernel").len(), 4);
+    let err = stderr(&output);
+    assert!(
+        err.contains(
+            "cudatrace: WARNING: 7 events lost (calls: ring full 0, nesting 0, frame table 0; \
+             process events 0; GPU records: ring full 0, unreadable 0, dropped by CUPTI 7)\n"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_cupti_refusal_is_a_gpu_error_and_exit_code_82_unless_the_command_failed() {
+    let Some(_guard) = root() else { return };
+    let cupti = cupti_standin().lib.to_str().unwrap().to_owned();
+    let driver = standin().driver.display().to_string();
+    let refuse = [("CUPTI_STANDIN_ENABLE_ERROR", "35")];
+    let trace_path = scratch("gpu-run-refused").join("trace.jsonl");
+    let output = run_gpu(
+        &trace_path,
+        &["--cupti", &cupti],
+        &refuse,
+        &[&driver, "gpu"],
+    );
+    assert_eq!(output.status.code(), Some(82), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = u(&trace[0]["pids"][0]);
+    let errors = of_type(&trace, "gpu_error");
+    assert_eq!(errors.len(), 1);
+    let message = "CUPTI refused to record kernel activity: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES \
+                   (GPU profiling is restricted to admin users: run as root, or load the nvidia \
+                   module with NVreg_RestrictProfilingToAdminUsers=0): GPU activity is not recorded";
+    assert_eq!(
+        (
+            &errors[0]["pid"],
+            &errors[0]["stage"],
+            &errors[0]["result"],
+            &errors[0]["fatal"],
+            &errors[0]["message"]
+        ),
+        (
+            &json!(pid),
+            &json!("enable_activity"),
+            &json!(35),
+            &json!(true),
+            &json!(message)
+        )
+    );
+    assert!(of_type(&trace, "gpu_kernel").is_empty());
+    assert_eq!(trace.last().unwrap()["gpu"]["fatal_errors"], 1);
+    assert_eq!(trace.last().unwrap()["exit_code"], 0);
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: GPU recording, pid {pid} (enable_activity): {message}\n\
+             cudatrace: 22 calls, 0 lost, 2 process events -> {} (command exited with 0)\n\
+             cudatrace: GPU recording failed in 1 process (see the gpu_error lines): exit code 82\n",
+            trace_path.display()
+        ),
+        "one line for the error, one for the exit code; the library's own stays quiet"
+    );
+
+    // The command's own failure wins: its code, not 82.
+    let output = run_gpu(
+        &trace_path,
+        &["--cupti", &cupti],
+        &refuse,
+        &[&driver, "exit", "3"],
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(of_type(&read_trace(&trace_path), "gpu_error").len(), 1);
+}
+
+#[test]
+fn errors_before_the_command_starts_have_their_exit_codes() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("gpu-run-errors");
+    let trace = dir.join("trace.jsonl");
+    let driver = standin().driver.display().to_string();
+    let expect = |output: Output, code: i32, message: &str| {
+        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        let err = stderr(&output);
+        assert!(err.starts_with(message), "{err}");
+        assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+        assert!(!trace.exists(), "no trace file when nothing started");
+    };
+
+    for (flag, name) in [("-p", "-p"), ("--all", "--all")] {
+        let mut command = Command::new(CUDATRACE);
+        command.args(["run", "--gpu", "-o"]).arg(&trace).arg(flag);
+        if flag == "-p" {
+            command.arg(std::process::id().to_string());
+        }
+        expect(
+            command.output().unwrap(),
+            2,
+            &format!(
+                "cudatrace: error: --gpu needs a command to start: {name} traces processes that \
+                 already run, and nothing can be injected into them (CUPTI starts at cuInit)"
+            ),
+        );
+    }
+    expect(
+        run_gpu(
+            &trace,
+            &["--cupti", cupti_standin().lib.to_str().unwrap()],
+            &[("CUDA_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")],
+            &[&driver, "gpu"],
+        ),
+        81,
+        "cudatrace: error: CUDA_INJECTION64_PATH is already set to \
+         /opt/nsys/libToolsInjection64.so (Nsight Systems' injection library): --gpu injects \
+         its own library through it",
+    );
+    expect(
+        run_gpu(
+            &trace,
+            &["--cupti", "/nonexistent/libcupti.so.13"],
+            &[],
+            &[&driver, "gpu"],
+        ),
+        80,
+        "cudatrace: error: --cupti /nonexistent/libcupti.so.13: No such file or directory",
+    );
+    // No Python on PATH, no toolkit, nothing in the loader's search: nothing to load.
+    if machine_has_cupti() {
+        eprintln!("skipped the no-libcupti case: this machine has CUPTI");
+    } else {
+        expect(
+            run_gpu(
+                &trace,
+                &[],
+                &[("PATH", "/nonexistent"), ("LD_LIBRARY_PATH", "")],
+                &[&driver, "gpu"],
+            ),
+            80,
+            "cudatrace: error: no libcupti found for --gpu (looked in /usr/local/cuda*/",
+        );
+    }
+    // --cupti means nothing without --gpu.
+    let output = Command::new(CUDATRACE)
+        .args(["run", "--cupti", "/x", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("--gpu"), "{}", stderr(&output));
+}
+
+/// A CUDA toolkit or a libcupti in the ldconfig cache, which the search would find first.
+fn machine_has_cupti() -> bool {
+    let toolkit = ["/usr/local", "/opt"].iter().any(|root| {
+        std::fs::read_dir(root).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("cuda"))
+        })
+    });
+    let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"].iter().any(|bin| {
+        Command::new(bin)
+            .arg("-p")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("libcupti"))
+    });
+    toolkit || ldconfig
+}
+
+/// A stand-in Python in `dir/bin`: asked for its `sys.path` (`-c ...`) it names `site`;
+/// otherwise it runs `cudatrace-driver gpu`.
+fn fake_python(dir: &Path, site: &Path) -> PathBuf {
+    let python = dir.join("bin/python3");
+    std::fs::create_dir_all(python.parent().unwrap()).unwrap();
+    std::fs::write(
+        &python,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -c ]; then echo {}; exit 0; fi\nexec {} gpu\n",
+            site.display(),
+            standin().driver.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    python
+}
+
+#[test]
+fn libcupti_is_found_in_the_commands_python_wheels_then_the_library_path() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("gpu-run-wheels");
+    let site = dir.join("site-packages");
+    let wheel = site.join("nvidia/cu13/lib");
+    std::fs::create_dir_all(&wheel).unwrap();
+    std::fs::copy(&cupti_standin().lib, wheel.join("libcupti.so.13")).unwrap();
+    let python = fake_python(&dir, &site);
+    let trace_path = dir.join("trace.jsonl");
+    let output = run_gpu(
+        &trace_path,
+        &[],
+        &[("PATH", "/nonexistent"), ("LD_LIBRARY_PATH", "")],
+        &[python.to_str().unwrap(), "train.py"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_eq!(
+        (
+            &trace[0]["gpu"]["libcupti"],
+            &trace[0]["gpu"]["libcupti_from"]
+        ),
+        (
+            &json!(wheel.join("libcupti.so.13").display().to_string()),
+            &json!(format!("the NVIDIA wheels of {}", python.display()))
+        )
+    );
+    assert_eq!(of_type(&trace, "gpu_kernel").len(), 4);
+    assert_eq!(trace.last().unwrap()["gpu"]["linked"], 8);
+
+    // Not a Python, none on PATH: the command's LD_LIBRARY_PATH (after the toolkit and the
+    // ldconfig cache, which CI lacks).
+    if machine_has_cupti() {
+        eprintln!("skipped the LD_LIBRARY_PATH case: this machine has CUPTI");
+        return;
+    }
+    let driver = standin().driver.display().to_string();
+    let output = run_gpu(
+        &trace_path,
+        &[],
+        &[
+            ("PATH", "/nonexistent"),
+            ("LD_LIBRARY_PATH", wheel.to_str().unwrap()),
+        ],
+        &[&driver, "gpu"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_eq!(trace[0]["gpu"]["libcupti_from"], "LD_LIBRARY_PATH");
+    assert_eq!(of_type(&trace, "gpu_kernel").len(), 4);
+}
+
+/// The variables cudatrace puts into the command for `--gpu`.
+const INJECTED: [&str; 3] = [
+    "CUDA_INJECTION64_PATH",
+    "CUDATRACE_CUPTI",
+    "CUDATRACE_INJECT_STDERR",
+];
+
+/// Runs `sh -c 'env; stat ...'` under `cudatrace run [extra]`, returns the command's
+/// output lines and the trace.
+fn command_environment(name: &str, extra: &[&str]) -> (Vec<String>, Vec<Value>) {
+    let trace = scratch(name).join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--libcuda"])
+        .arg(&standin().lib)
+        .args(extra)
+        .arg("-o")
+        .arg(&trace)
+        .args(["--", "sh", "-c"])
+        .arg(
+            "env; if [ -n \"$CUDA_INJECTION64_PATH\" ]; then \
+             stat -c 'mode %a %U' \"$(dirname \"$CUDA_INJECTION64_PATH\")\" \"$CUDA_INJECTION64_PATH\"; fi",
+        )
+        .env_remove("CUDA_INJECTION64_PATH")
+        .env_remove("CUDATRACE_CUPTI")
+        .env_remove("CUDATRACE_INJECT_STDERR")
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let lines = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    (lines, read_trace(&trace))
+}
+
+#[test]
+fn nothing_is_injected_without_gpu() {
+    let Some(_guard) = root() else { return };
+    let (env, trace) = command_environment("gpu-run-no-inject", &[]);
+    for var in INJECTED {
+        assert!(
+            !env.iter().any(|line| line.starts_with(&format!("{var}="))),
+            "{var} in the command's environment without --gpu"
+        );
+    }
+    assert!(env.iter().any(|line| line.starts_with("PATH=")), "env ran");
+    assert!(trace[0].get("gpu").is_none());
+    assert!(trace.last().unwrap().get("gpu").is_none());
+    let probes = trace[0]["probes"].as_array().unwrap();
+    assert!(probes.iter().all(|p| p["family"] != "gpu_records"));
+
+    // With --gpu: exactly these, the library readable by all and writable by its owner only.
+    let cupti = cupti_standin().lib.to_str().unwrap().to_owned();
+    let (env, trace) = command_environment("gpu-run-inject", &["--gpu", "--cupti", &cupti]);
+    let library = assert_library_removed(&trace[0]);
+    let get = |var: &str| {
+        env.iter()
+            .find_map(|line| line.strip_prefix(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("no {var}"))
+            .to_owned()
+    };
+    assert_eq!(get("CUDA_INJECTION64_PATH"), library.display().to_string());
+    assert_eq!(
+        get("CUDATRACE_CUPTI"),
+        std::fs::canonicalize(&cupti).unwrap().display().to_string()
+    );
+    assert_eq!(get("CUDATRACE_INJECT_STDERR"), "0");
+    let modes: Vec<&String> = env.iter().filter(|l| l.starts_with("mode ")).collect();
+    assert_eq!(modes, ["mode 755 root", "mode 644 root"]);
+    // The shell never called cuInit: no GPU recording, said in the footer.
+    assert_eq!(trace.last().unwrap()["gpu"]["processes"], 0);
+}
+
+#[test]
+fn the_library_is_removed_when_a_signal_stops_tracing() {
+    let Some(_guard) = root() else { return };
+    let trace = scratch("gpu-run-signal").join("trace.jsonl");
+    let mut child = Command::new(CUDATRACE)
+        .args(["run", "-q", "--gpu", "--cupti"])
+        .arg(&cupti_standin().lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().driver)
+        .args(["sleep", "30"])
+        .env_remove("CUDA_INJECTION64_PATH")
+        .spawn()
+        .unwrap();
+    wait_for_trace(&trace, "gpu_info");
+    let header = read_trace(&trace)[0].clone();
+    let library = PathBuf::from(header["gpu"]["library"].as_str().unwrap());
+    assert!(library.is_file(), "the library exists while tracing");
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    std::thread::sleep(Duration::from_millis(10));
+    assert_library_removed(&header);
+}
