@@ -374,8 +374,36 @@ impl<'de> de::Deserializer<'de> for &mut Compact<'de, '_> {
         Err(GiveUp)
     }
 
+    /// A value of a type the reader does not name: `#[serde(flatten)]` fields (GPU lines)
+    /// are read this way. Numbers as serde_json gives them: unsigned unless negative.
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        match self.peek()? {
+            b'"' => visitor.visit_borrowed_str(self.string()?),
+            b'-' => visitor.visit_i64(self.signed()?),
+            b'0'..=b'9' => visitor.visit_u64(self.unsigned()?),
+            b'[' => self.deserialize_seq(visitor),
+            b'{' => self.deserialize_map(visitor),
+            b't' | b'f' => self.deserialize_bool(visitor),
+            // null: left to serde_json.
+            _ => Err(GiveUp),
+        }
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        let rest = &self.bytes[self.at..];
+        let (value, length) = if rest.starts_with(b"true") {
+            (true, 4)
+        } else if rest.starts_with(b"false") {
+            (false, 5)
+        } else {
+            return Err(GiveUp);
+        };
+        self.at += length;
+        visitor.visit_bool(value)
+    }
+
     give_up! {
-        deserialize_any deserialize_bool deserialize_f32 deserialize_f64 deserialize_char
+        deserialize_f32 deserialize_f64 deserialize_char
         deserialize_bytes deserialize_byte_buf deserialize_unit
     }
 
@@ -497,6 +525,62 @@ mod tests {
         let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"new":"x","newer":-5}"#;
         assert_eq!(from_str::<CallLine>(line), serde_json_reads(line));
         assert!(from_str::<CallLine>(line).is_some());
+    }
+
+    /// GPU activity lines (a flattened part, booleans, negative numbers), as the writer
+    /// writes them and as the test traces have them: read whole, as serde_json reads them.
+    #[test]
+    fn gpu_lines_are_read_as_serde_json_reads_them() {
+        use crate::schema::{GpuCopyLine, GpuKernelLine, GpuLink, GpuMemsetLine};
+        let link = GpuLink {
+            correlation_id: 9,
+            graph_id: Some(2),
+            call_tid: Some(301),
+            call_ts_ns: Some(u64::MAX),
+            queued_ns: Some(-200),
+            unlinked: None,
+            warnings: vec!["name_truncated".into()],
+        };
+        let kernel = GpuKernelLine {
+            pid: 300,
+            stream: 7,
+            ts_ns: 5,
+            dur_ns: 6,
+            kernel: "gemm()".into(),
+            kernel_mangled: Some("_Z4gemmv".into()),
+            grid: [4, 1, 1],
+            link: link.clone(),
+            ..GpuKernelLine::default()
+        };
+        let copy = GpuCopyLine {
+            pid: 300,
+            kind: "HtoD".into(),
+            bytes: 4096,
+            is_async: true,
+            link: GpuLink {
+                unlinked: Some("no_call_record".into()),
+                ..GpuLink::default()
+            },
+            ..GpuCopyLine::default()
+        };
+        let line = serde_json::to_string(&kernel).unwrap();
+        assert_eq!(from_str::<GpuKernelLine>(&line), Some(kernel));
+        let line = serde_json::to_string(&copy).unwrap();
+        assert_eq!(from_str::<GpuCopyLine>(&line), Some(copy));
+        let mut read = 0;
+        for line in crate::test_traces::gpu().lines() {
+            let kernel = from_str::<GpuKernelLine>(line);
+            let copy = from_str::<GpuCopyLine>(line);
+            let memset = from_str::<GpuMemsetLine>(line);
+            if line.starts_with(r#"{"type":"gpu_kernel""#) {
+                assert!(kernel.is_some(), "{line}");
+            }
+            read += usize::from(kernel.is_some() || copy.is_some() || memset.is_some());
+            assert_eq!(kernel, serde_json::from_str(line).ok(), "{line}");
+            assert_eq!(copy, serde_json::from_str(line).ok(), "{line}");
+            assert_eq!(memset, serde_json::from_str(line).ok(), "{line}");
+        }
+        assert!(read >= 3, "{read} GPU lines read");
     }
 
     fn text() -> impl Strategy<Value = String> {
