@@ -29,6 +29,7 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
+mod view;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.
 #[cfg(test)]
@@ -51,6 +52,7 @@ fn main() {
         Command::Summary(args) => summary::run(args),
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::View(args) => view::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
     };

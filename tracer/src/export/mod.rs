@@ -28,6 +28,7 @@ pub mod proto;
 mod timeline;
 
 pub use args::{ExportArgs, ExportFormat};
+pub use filters::Filters;
 
 use std::{
     fs::File,
@@ -41,7 +42,6 @@ use anyhow::anyhow;
 use self::{
     chrome::ChromeWriter,
     exporter::{ExportError, Exporter},
-    filters::Filters,
     perfetto::PerfettoWriter,
     timeline::ExportStats,
 };
@@ -157,7 +157,7 @@ pub fn after_run(trace: &Path, format: ExportFormat) -> Option<PathBuf> {
 }
 
 /// Exports `trace` to `output` (`-`: stdout) and says what was written on stderr.
-fn export_file(
+pub fn export_file(
     trace: &Path,
     output: &Path,
     format: ExportFormat,
