@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     doctor::DoctorArgs, export::ExportArgs, plot::PlotArgs, run::RunArgs, selftest::SelftestArgs,
-    summary::SummaryArgs,
+    summary::SummaryArgs, view::ViewArgs,
 };
 
 /// Trace what a program does with the GPU: every CUDA driver call, with no change to
@@ -47,6 +47,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Draw a trace's timeline as an SVG or PNG picture, for reports.
     Plot(PlotArgs),
+    /// Open a trace in the Perfetto UI: exported if it is JSONL, served once on
+    /// 127.0.0.1:9001, opened in your browser (or the URL printed).
+    View(ViewArgs),
     /// Say what this machine allows: uprobes, uprobe_multi, kprobes, fentry, BTF,
     /// tracepoints, the NVIDIA module, libcuda and privileges. Each check loads and
     /// attaches a real program. Exits 0 when `run` can trace here, 1 otherwise.

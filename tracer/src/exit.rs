@@ -19,6 +19,8 @@ pub enum ExitCode {
     NoNvml = 72,
     /// The trace cannot be written.
     OutputNotWritable = 73,
+    /// `cudatrace view`: port 9001 on 127.0.0.1 is taken (try again once it is free).
+    PortBusy = 75,
     /// Not root and without CAP_BPF + CAP_PERFMON.
     NotPrivileged = 77,
     /// `--missing-probes error` and a function is missing or failed to attach.

@@ -1,12 +1,12 @@
 //! cudatrace: trace a program's CUDA driver calls with eBPF uprobes.
 //!
 //! Where to start: `cli.rs` assembles the commands, each a module with one entry function
-//! (`run::run`, `summary::run`, `export::run`, `plot::run`, `doctor::run`). The trace
-//! format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans what to
-//! attach (`probes/`, from the `catalog/`), sets up a session, then runs each ring-buffer
-//! record through decode (`events/`), enrich (`analysis/`) and the sinks (`sinks/`).
-//! The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s set-up
-//! (libcupti, the injection library) is `inject/`.
+//! (`run::run`, `summary::run`, `export::run`, `plot::run`, `view::run`, `doctor::run`).
+//! The trace format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans
+//! what to attach (`probes/`, from the `catalog/`), sets up a session, then runs each
+//! ring-buffer record through decode (`events/`), enrich (`analysis/`) and the sinks
+//! (`sinks/`). The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s
+//! set-up (libcupti, the injection library) is `inject/`.
 
 mod analysis;
 mod catalog;
@@ -29,6 +29,7 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
+mod view;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.
 #[cfg(test)]
@@ -39,6 +40,11 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
+/// The readers allocate a few strings per trace line on worker threads and free them in
+/// batches: mimalloc's per-thread heaps make that about a third cheaper than glibc's arenas.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -46,6 +52,7 @@ fn main() {
         Command::Summary(args) => summary::run(args),
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::View(args) => view::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
     };

@@ -2,7 +2,10 @@
 //! memory at a time, each parsed by [`schema::parse`]. A malformed line is an error naming
 //! the file and the line, or, with `--skip-bad-lines`, counted and passed over.
 
-use std::io::{self, BufRead};
+use std::{
+    fs::File,
+    io::{self, BufRead},
+};
 
 use crate::schema::{self, Line};
 
@@ -23,9 +26,8 @@ pub enum ReadError {
 
 /// The lines of a trace, one at a time.
 pub struct TraceLines<R> {
-    reader: R,
+    source: Source<R>,
     file: String,
-    buf: Vec<u8>,
     skip_bad_lines: bool,
     /// Lines read so far.
     pub lines: u64,
@@ -35,12 +37,29 @@ pub struct TraceLines<R> {
     pub first_skipped: Vec<(u64, String)>,
 }
 
+enum Source<R> {
+    /// Read and parsed on this thread.
+    Here {
+        reader: R,
+        buf: Vec<u8>,
+        current: Option<Line>,
+    },
+    /// Read and parsed on worker threads (a file).
+    Workers(pipeline::Pipeline),
+}
+
+/// A line's bytes read and parsed (or why it is malformed).
+type Parsed = Result<Line, String>;
+
 impl<R: BufRead> TraceLines<R> {
     pub fn new(reader: R, file: &str, skip_bad_lines: bool) -> Self {
         TraceLines {
-            reader,
+            source: Source::Here {
+                reader,
+                buf: Vec::new(),
+                current: None,
+            },
             file: file.to_owned(),
-            buf: Vec::new(),
             skip_bad_lines,
             lines: 0,
             skipped_lines: 0,
@@ -48,26 +67,36 @@ impl<R: BufRead> TraceLines<R> {
         }
     }
 
+    /// The file's name as errors give it.
+    pub fn label(&self) -> &str {
+        &self.file
+    }
+
     /// The next line, `None` at the end. A malformed line is an error naming the file and
-    /// line, unless `skip_bad_lines`.
-    pub fn next_line(&mut self) -> Result<Option<Line>, ReadError> {
+    /// line, unless `skip_bad_lines`. The line is lent: take what is to be kept (it is
+    /// dropped with its block of lines, on the thread that parsed it).
+    pub fn next_line(&mut self) -> Result<Option<&mut Line>, ReadError> {
         loop {
-            let kept =
-                read_line(&mut self.reader, &mut self.buf, MAX_LINE_BYTES).map_err(|source| {
-                    ReadError::Io {
-                        file: self.file.clone(),
-                        source,
-                    }
-                })?;
-            let Some(kept) = kept else { return Ok(None) };
-            self.lines += 1;
-            let parsed = if kept {
-                schema::parse(&self.buf)
-            } else {
-                Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
+            // Whether the next line is there and well-formed; the line itself is lent below.
+            let next = match &mut self.source {
+                Source::Here {
+                    reader,
+                    buf,
+                    current,
+                } => read_here(reader, buf)
+                    .map(|parsed| parsed.map(|parsed| parsed.map(|line| *current = Some(line)))),
+                Source::Workers(pipeline) => pipeline.advance(),
             };
-            match parsed {
-                Ok(line) => return Ok(Some(line)),
+            let next = next.map_err(|source| ReadError::Io {
+                file: self.file.clone(),
+                source,
+            })?;
+            let Some(next) = next else {
+                return Ok(None);
+            };
+            self.lines += 1;
+            match next {
+                Ok(()) => break,
                 Err(message) if self.skip_bad_lines => {
                     self.skipped_lines += 1;
                     if self.first_skipped.len() < 5 {
@@ -81,6 +110,314 @@ impl<R: BufRead> TraceLines<R> {
                         message,
                     });
                 }
+            }
+        }
+        Ok(match &mut self.source {
+            Source::Here { current, .. } => current.as_mut(),
+            Source::Workers(pipeline) => pipeline.current(),
+        })
+    }
+}
+
+impl TraceLines<io::Empty> {
+    /// A trace file read and parsed on worker threads while the caller uses the lines:
+    /// the same lines, errors and line numbers as [`TraceLines::new`], in order, faster
+    /// where there is more than one core. Memory holds a few blocks of lines.
+    pub fn from_file(file: File, label: &str, skip_bad_lines: bool) -> Self {
+        TraceLines {
+            source: Source::Workers(pipeline::Pipeline::start(file)),
+            file: label.to_owned(),
+            skip_bad_lines,
+            lines: 0,
+            skipped_lines: 0,
+            first_skipped: Vec::new(),
+        }
+    }
+}
+
+/// Parses a line, without its newline and a trailing CR.
+fn parse_line(line: &[u8]) -> Parsed {
+    schema::parse(line.strip_suffix(b"\r").unwrap_or(line))
+}
+
+fn too_long() -> Parsed {
+    Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
+}
+
+/// The next line of `reader`, parsed; `None` at the end.
+fn read_here(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Parsed>> {
+    loop {
+        // Nearly every line lies whole in the reader's buffer: parsed where it is.
+        let available = match reader.fill_buf() {
+            Ok(available) => available,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(end) = memchr::memchr(b'\n', available) {
+            // A reader with a large buffer (a slice) may hold an over-long line whole.
+            let parsed = match end > MAX_LINE_BYTES {
+                true => too_long(),
+                false => parse_line(&available[..end]),
+            };
+            reader.consume(end + 1);
+            return Ok(Some(parsed));
+        }
+        return Ok(read_line(reader, buf, MAX_LINE_BYTES)?
+            .map(|kept| if kept { schema::parse(buf) } else { too_long() }));
+    }
+}
+
+/// Reading and parsing on worker threads: one thread cuts the file into blocks of whole
+/// lines, workers parse the blocks in turn, and the reader takes their lines back in order.
+mod pipeline {
+    use std::{
+        fs::File,
+        io::{self, Read},
+        sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel},
+        thread,
+    };
+
+    use super::{Line, MAX_LINE_BYTES, Parsed, parse_line, too_long};
+
+    /// Bytes read for a block; it is cut after its last newline.
+    const BLOCK_BYTES: usize = 256 << 10;
+    /// Most parser threads (the callers do little per line besides).
+    const MAX_WORKERS: usize = 4;
+
+    enum Block {
+        /// Whole lines, each ending with a newline but perhaps the file's last.
+        Lines(Vec<u8>),
+        /// A line over [`MAX_LINE_BYTES`], skipped.
+        TooLong,
+        Failed(io::Error),
+    }
+
+    enum Batch {
+        Lines(Vec<Parsed>),
+        Failed(io::Error),
+        /// The file ended: sent by the worker whose turn came after the last block.
+        End,
+    }
+
+    pub struct Pipeline {
+        /// Each worker's parsed blocks; block `n` comes from worker `n % workers`.
+        batches: Vec<Receiver<Batch>>,
+        /// Blocks of lines used up, back to the worker that parsed them: their memory is
+        /// freed (and reused) there.
+        used: Vec<Sender<Vec<Parsed>>>,
+        next_worker: usize,
+        /// The block being read, from `worker`, and the line lent.
+        current: Vec<Parsed>,
+        worker: usize,
+        position: Option<usize>,
+        ended: bool,
+        /// The thread cutting the file into blocks, joined at the end.
+        reading: Option<thread::JoinHandle<()>>,
+    }
+
+    impl Pipeline {
+        pub fn start(file: File) -> Pipeline {
+            let workers = thread::available_parallelism()
+                .map_or(1, usize::from)
+                .clamp(1, MAX_WORKERS);
+            let mut blocks = Vec::with_capacity(workers);
+            let mut batches = Vec::with_capacity(workers);
+            let mut used = Vec::with_capacity(workers);
+            for _ in 0..workers {
+                let (block_sender, block_receiver) = sync_channel::<Block>(1);
+                let (batch_sender, batch_receiver) = sync_channel::<Batch>(1);
+                let (used_sender, used_receiver) = channel::<Vec<Parsed>>();
+                thread::spawn(move || {
+                    parse_blocks(&block_receiver, &batch_sender, &used_receiver);
+                });
+                blocks.push(block_sender);
+                batches.push(batch_receiver);
+                used.push(used_sender);
+            }
+            let reading = thread::spawn(move || cut_blocks(file, &blocks));
+            Pipeline {
+                batches,
+                used,
+                next_worker: 0,
+                current: Vec::new(),
+                worker: 0,
+                position: None,
+                ended: false,
+                reading: Some(reading),
+            }
+        }
+
+        /// Moves to the next line: `Ok(())` if it is well-formed (see
+        /// [`current`](Pipeline::current)), else why not; `None` at the end.
+        pub fn advance(&mut self) -> io::Result<Option<Result<(), String>>> {
+            loop {
+                let next = self.position.map_or(0, |position| position + 1);
+                if let Some(parsed) = self.current.get_mut(next) {
+                    self.position = Some(next);
+                    return Ok(Some(match parsed {
+                        Ok(_) => Ok(()),
+                        Err(message) => Err(std::mem::take(message)),
+                    }));
+                }
+                if self.ended {
+                    return Ok(None);
+                }
+                // A worker gone (the lines no longer wanted) frees nothing more.
+                let used = std::mem::take(&mut self.current);
+                let _ = self.used[self.worker].send(used);
+                self.position = None;
+                match self.batches[self.next_worker].recv() {
+                    Ok(Batch::Lines(lines)) => {
+                        self.current = lines;
+                        self.worker = self.next_worker;
+                        self.next_worker = (self.next_worker + 1) % self.batches.len();
+                    }
+                    Ok(Batch::Failed(error)) => {
+                        self.ended = true;
+                        return Err(error);
+                    }
+                    Ok(Batch::End) => {
+                        self.ended = true;
+                        // It has returned (its blocks are all taken), unless it panicked.
+                        if self
+                            .reading
+                            .take()
+                            .is_some_and(|reading| reading.join().is_err())
+                        {
+                            return Err(io::Error::other("the reading thread stopped"));
+                        }
+                    }
+                    // A worker gone without saying the file ended (it panicked): the lines
+                    // after its last block would be missing.
+                    Err(_) => {
+                        self.ended = true;
+                        return Err(io::Error::other("a reader thread stopped before the end"));
+                    }
+                }
+            }
+        }
+
+        /// The line [`advance`](Pipeline::advance) moved to, if well-formed.
+        pub fn current(&mut self) -> Option<&mut Line> {
+            match self.current.get_mut(self.position?) {
+                Some(Ok(line)) => Some(line),
+                _ => None,
+            }
+        }
+    }
+
+    /// A worker: parses the blocks it is given until there are no more, or the lines are
+    /// no longer wanted.
+    fn parse_blocks(
+        blocks: &Receiver<Block>,
+        batches: &SyncSender<Batch>,
+        used: &Receiver<Vec<Parsed>>,
+    ) {
+        let mut spare = Vec::new();
+        for block in blocks {
+            // Lines used up are dropped here, where they were allocated.
+            while let Ok(mut lines) = used.try_recv() {
+                lines.clear();
+                spare = lines;
+            }
+            let batch = match block {
+                Block::Lines(bytes) => {
+                    let mut lines = std::mem::take(&mut spare);
+                    let mut start = 0;
+                    let line = |line: &[u8]| match line.len() > MAX_LINE_BYTES {
+                        true => too_long(),
+                        false => parse_line(line),
+                    };
+                    for end in memchr::memchr_iter(b'\n', &bytes) {
+                        lines.push(line(&bytes[start..end]));
+                        start = end + 1;
+                    }
+                    if start < bytes.len() {
+                        lines.push(line(&bytes[start..]));
+                    }
+                    Batch::Lines(lines)
+                }
+                Block::TooLong => Batch::Lines(vec![too_long()]),
+                Block::Failed(error) => Batch::Failed(error),
+            };
+            if batches.send(batch).is_err() {
+                return;
+            }
+        }
+        // No more blocks: the file ended (or the lines are no longer wanted).
+        let _ = batches.send(Batch::End);
+    }
+
+    /// The reading thread: blocks of whole lines to the workers in turn.
+    fn cut_blocks(mut file: File, workers: &[SyncSender<Block>]) {
+        let mut turn = 0;
+        let mut send = |block: Block| -> bool {
+            let sent = workers[turn].send(block).is_ok();
+            turn = (turn + 1) % workers.len();
+            sent
+        };
+        // The start of a line that the last block did not finish.
+        let mut carry: Vec<u8> = Vec::new();
+        loop {
+            let mut block = std::mem::take(&mut carry);
+            let ended = match fill(&mut file, &mut block, BLOCK_BYTES) {
+                Ok(ended) => ended,
+                Err(error) => {
+                    send(Block::Failed(error));
+                    return;
+                }
+            };
+            match memchr::memrchr(b'\n', &block) {
+                Some(last) if !ended => carry = block.split_off(last + 1),
+                // A line longer than a block: read on until it ends.
+                None if !ended => {
+                    carry = block;
+                    if carry.len() > MAX_LINE_BYTES {
+                        match skip_line(&mut file, &mut carry) {
+                            Ok(()) => {}
+                            Err(error) => {
+                                send(Block::Failed(error));
+                                return;
+                            }
+                        }
+                        if !send(Block::TooLong) {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !block.is_empty() && !send(Block::Lines(block)) {
+                return;
+            }
+            if ended {
+                return;
+            }
+        }
+    }
+
+    /// Reads until `block` holds `want` more bytes or the file ends (`true`).
+    fn fill(file: &mut File, block: &mut Vec<u8>, want: usize) -> io::Result<bool> {
+        let start = block.len();
+        block.reserve(want);
+        let read = file.by_ref().take(want as u64).read_to_end(block)?;
+        debug_assert_eq!(block.len(), start + read);
+        Ok(read < want)
+    }
+
+    /// Reads past the rest of an over-long line; `carry` becomes what follows it.
+    fn skip_line(file: &mut File, carry: &mut Vec<u8>) -> io::Result<()> {
+        carry.clear();
+        loop {
+            let ended = fill(file, carry, BLOCK_BYTES)?;
+            if let Some(end) = memchr::memchr(b'\n', carry) {
+                carry.drain(..=end);
+                return Ok(());
+            }
+            carry.clear();
+            if ended {
+                return Ok(());
             }
         }
     }
@@ -106,7 +443,7 @@ pub fn read_line(
             break;
         }
         read_any = true;
-        let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+        let (chunk, done) = match memchr::memchr(b'\n', available) {
             Some(at) => (&available[..at], Some(at + 1)),
             None => (available, None),
         };
@@ -142,9 +479,115 @@ mod tests {
         let mut reader = TraceLines::new(text.as_bytes(), "t.jsonl", skip);
         let mut out = Vec::new();
         while let Some(line) = reader.next_line()? {
-            out.push(line);
+            out.push(std::mem::replace(line, Line::Unknown));
         }
         Ok(out)
+    }
+
+    /// Everything a reader gives: each line (as text), then how it ended, and the counts.
+    fn outcome<R: BufRead>(mut reader: TraceLines<R>) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            match reader.next_line() {
+                Ok(Some(line)) => seen.push(format!("{line:?}")),
+                Ok(None) => {
+                    seen.push("end".into());
+                    break;
+                }
+                Err(e) => {
+                    seen.push(e.to_string());
+                    break;
+                }
+            }
+        }
+        seen.push(format!(
+            "{} lines, {} skipped, first {:?}",
+            reader.lines, reader.skipped_lines, reader.first_skipped
+        ));
+        seen
+    }
+
+    /// A file with `text`, removed when dropped.
+    struct TempTrace(std::path::PathBuf);
+
+    impl TempTrace {
+        fn new(name: &str, text: &[u8]) -> TempTrace {
+            let path = std::env::temp_dir().join(format!(
+                "cudatrace-reader-{}-{name}.jsonl",
+                std::process::id()
+            ));
+            std::fs::write(&path, text).unwrap();
+            TempTrace(path)
+        }
+
+        fn open(&self, skip: bool) -> TraceLines<io::Empty> {
+            TraceLines::from_file(File::open(&self.0).unwrap(), "t.jsonl", skip)
+        }
+    }
+
+    impl Drop for TempTrace {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// Several blocks of lines, with CRLF, empty and malformed lines among them and no
+    /// newline at the end: the workers give what this thread gives, in order.
+    #[test]
+    fn the_workers_read_what_this_thread_reads() {
+        let mut text = String::new();
+        for index in 0..6000u64 {
+            match index % 997 {
+                13 => text.push_str("not json\n"),
+                14 => text.push('\n'),
+                15 => text.push_str("{\"type\":\"footer\"}\r\n"),
+                _ => text.push_str(&format!(
+                    "{{\"type\":\"call\",\"name\":\"cuInit\",\"pid\":1,\"tid\":1,\"ts_ns\":{index},\"dur_ns\":1,\"ret\":0,\"kernel\":\"{}\"}}\n",
+                    "k".repeat(index as usize % 200)
+                )),
+            }
+        }
+        text.push_str("{\"type\":\"footer\"}");
+        assert!(text.len() > 3 * (256 << 10), "several blocks");
+        let file = TempTrace::new("blocks", text.as_bytes());
+        for skip in [false, true] {
+            let here = outcome(TraceLines::new(text.as_bytes(), "t.jsonl", skip));
+            let workers = outcome(file.open(skip));
+            assert_eq!(here.len(), workers.len(), "skip {skip}");
+            assert!(here == workers, "skip {skip}");
+        }
+        let all = outcome(file.open(true));
+        assert_eq!(all.len(), 6000 - 2 * 7 + 1 + 2);
+        assert_eq!(
+            all.last().unwrap(),
+            "6001 lines, 14 skipped, first [(14, \"expected ident at column 2\"), \
+             (15, \"EOF while parsing a value at column 0\"), \
+             (1011, \"expected ident at column 2\"), \
+             (1012, \"EOF while parsing a value at column 0\"), \
+             (2008, \"expected ident at column 2\")]"
+        );
+    }
+
+    #[test]
+    fn the_workers_skip_overlong_lines_and_report_missing_files() {
+        let mut text = vec![b'x'; MAX_LINE_BYTES + 1];
+        text.extend_from_slice(b"\n{\"type\":\"footer\"}\n");
+        let file = TempTrace::new("long", &text);
+        let here = outcome(TraceLines::new(&text[..], "t.jsonl", true));
+        let workers = outcome(file.open(true));
+        assert_eq!(here, workers);
+        assert_eq!(
+            workers,
+            [
+                "Footer(FooterFigures { lost_total: None, exit_code: None })",
+                "end",
+                "2 lines, 1 skipped, first [(1, \"line longer than 64 MiB\")]"
+            ]
+        );
+        assert_eq!(
+            outcome(file.open(false))[0],
+            "t.jsonl:1: line longer than 64 MiB (--skip-bad-lines reads past malformed lines)"
+        );
     }
 
     #[test]

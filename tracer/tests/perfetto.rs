@@ -733,6 +733,28 @@ fn a_kernel_trace_loads_with_its_driver_tracks() {
     let mmap = lines.iter().find(|l| l["hook"] == "mmap").unwrap();
     assert!(mmap["ret"].as_u64().unwrap() > 0, "{mmap}");
     let launches = launches_of(&lines, |c| c["kernel"].as_str().unwrap().to_owned());
+    // The shell is named by the command line (cut at 80 characters), and keeps that name
+    // when it execs; the child, forked as `sh`, is renamed by its exec.
+    let shell = lines[0]["pids"][0].as_u64().unwrap();
+    let command: Vec<&str> = lines[0]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|part| part.as_str().unwrap())
+        .collect();
+    let command = command.join(" ");
+    let shell_name = match command.chars().count() {
+        0..=80 => command,
+        _ => command.chars().take(79).chain(['…']).collect(),
+    };
+    let child_exec = lines
+        .iter()
+        .find(|l| l["event"] == "exec" && l["pid"] == child.0)
+        .unwrap()["filename"]
+        .as_str()
+        .unwrap();
+    let child_name = child_exec.rsplit('/').next().unwrap().to_owned();
+    assert_eq!(child_name, "fake-nvidia");
 
     each_format(|format| {
         let (file, written) = export(&trace, format);
@@ -780,6 +802,11 @@ fn a_kernel_trace_loads_with_its_driver_tracks() {
                         .to_owned(),
                 },
                 vec![json!([child.0, format!("NVIDIA driver, tid {}", child.1)])],
+            ),
+            check(
+                "process names: the command line, and the child's after its exec",
+                "select pid, name from process where pid != 0",
+                vec![json!([shell, shell_name]), json!([child.0, child_name])],
             ),
             check(
                 "process markers",

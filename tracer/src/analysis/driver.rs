@@ -1,7 +1,7 @@
 //! The driver section of a summary (`--kernel` traces): NVIDIA ioctls by escape code,
 //! RM_ALLOC by class, mmaps and kprobed functions, each with count, errors and time.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use serde::Serialize;
 

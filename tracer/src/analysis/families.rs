@@ -2,10 +2,9 @@
 //! `copy`, `memset`, `launch`, `sync`, `module`): the export's categories and the plot's
 //! lanes.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, OnceLock},
-};
+use std::sync::{Arc, OnceLock};
+
+use foldhash::HashMap;
 
 use crate::{
     catalog::{CATALOG, STREAM_VARIANTS},

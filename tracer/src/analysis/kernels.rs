@@ -4,7 +4,9 @@
 //! CUfunction). Since CUDA 12 a CUkernel may be launched where a CUfunction is expected,
 //! so a launch's handle is looked up in both tables.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
+
+use foldhash::HashMap;
 
 use super::role::Role;
 use crate::schema::{CallLine, Hex};

@@ -15,10 +15,9 @@
 //! (`cuMemAddressReserve` until `cuMemAddressFree`). Failed calls change nothing. Frees of
 //! addresses never seen allocated (made before attaching) are counted as unmatched.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    ops::Bound,
-};
+use std::{collections::BTreeMap, ops::Bound};
+
+use foldhash::HashMap;
 
 use super::role::Role;
 use crate::schema::{CallLine, Hex, Leak, ProcessMemory};

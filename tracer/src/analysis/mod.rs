@@ -40,7 +40,7 @@ pub mod summary;
 
 pub use role::{Role, classify};
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use crate::{
     events::{Event, gpu::GpuEvent},
@@ -217,6 +217,15 @@ impl Analysis {
     /// A `"type":"power"` line (`--power`).
     pub fn power_sample(&mut self, line: &PowerLine) {
         self.power.sample(line);
+    }
+
+    /// Only what [`observe`](Analysis::observe) adds to the line (kernel names, live
+    /// bytes), without counting it: for readers that draw lines rather than sum them up.
+    pub fn annotate(&mut self, record: &mut CallLine) {
+        let (role, symbol) = classify(&record.name);
+        let process = self.processes.entry(record.pid).or_default();
+        process.kernels.observe(&mut self.names, role, record);
+        process.memory.observe(role, symbol, record);
     }
 
     /// A `"type":"driver"` line (`--kernel`).

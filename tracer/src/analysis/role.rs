@@ -1,7 +1,9 @@
 //! What each driver function does, as far as the analysis is concerned: its [`Role`], from
 //! the catalog's families and a few names.
 
-use std::{collections::HashMap, sync::OnceLock};
+use std::sync::OnceLock;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::catalog::{CATALOG, Family, STREAM_VARIANTS};
 

@@ -41,27 +41,25 @@ pub struct Summarised {
 /// a `--gpu` trace: the second pass finds what the CPU did in the GPU's idle gaps and the
 /// GPU's busy time per stage, `gpu_context.rs`, and, with `--power`, shares the sampled
 /// energy over the kernels, `power::GpuTimeEnergy`; both need the whole first pass). A
-/// malformed line is an error naming `file` and the line, unless `skip_bad_lines`.
+/// malformed line is an error naming the file and the line, unless the lines skip them.
 pub fn summarise<R: BufRead>(
-    mut open: impl FnMut() -> Result<R, ReadError>,
-    file: &str,
-    skip_bad_lines: bool,
+    mut open: impl FnMut() -> Result<TraceLines<R>, ReadError>,
 ) -> Result<Summarised, ReadError> {
-    let mut summarised = first_pass(open()?, file, skip_bad_lines)?;
+    let mut summarised = first_pass(open()?)?;
     let report = &mut summarised.report;
     let mut context =
         GpuContext::wanted(&report.gpu).then(|| GpuContext::new(&report.gpu, &report.stages));
     let mut energy = report.kernel_energy.take();
     if context.is_some() || (energy.is_some() && report.gpu.kernels > 0) {
-        let mut lines = TraceLines::new(open()?, file, skip_bad_lines);
+        let mut lines = open()?;
         while let Some(line) = lines.next_line()? {
             match (line, &mut context) {
-                (Line::Call(call), Some(context)) => context.call(&call),
+                (Line::Call(call), Some(context)) => context.call(call),
                 (Line::Gpu(gpu), context) => {
                     if let Some(context) = context {
-                        context.gpu(&gpu);
+                        context.gpu(gpu);
                     }
-                    if let (GpuLine::Kernel(kernel), Some(energy)) = (&*gpu, &mut energy) {
+                    if let (GpuLine::Kernel(kernel), Some(energy)) = (&**gpu, &mut energy) {
                         energy.kernel(kernel);
                     }
                 }
@@ -78,25 +76,20 @@ pub fn summarise<R: BufRead>(
     Ok(summarised)
 }
 
-fn first_pass(
-    reader: impl BufRead,
-    file: &str,
-    skip_bad_lines: bool,
-) -> Result<Summarised, ReadError> {
+fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadError> {
     let mut analysis = Analysis::default();
     let mut info = TraceInfo {
-        file: file.to_owned(),
+        file: lines.label().to_owned(),
         ..TraceInfo::default()
     };
-    let mut lines = TraceLines::new(reader, file, skip_bad_lines);
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
     while let Some(line) = lines.next_line()? {
         match line {
-            Line::Call(mut call) => analysis.observe(&mut call),
+            Line::Call(call) => analysis.observe(call),
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
-            Line::Driver(driver) => analysis.driver(&driver),
-            Line::Gpu(gpu) => analysis.gpu_line(&gpu),
+            Line::Driver(driver) => analysis.driver(driver),
+            Line::Gpu(gpu) => analysis.gpu_line(gpu),
             Line::Header(header) => {
                 if let Some(power) = &header.power {
                     analysis.power_header(power);
@@ -104,9 +97,9 @@ fn first_pass(
                 if let Some(gpu) = &header.gpu {
                     analysis.gpu_header(gpu);
                 }
-                info.command = header.command;
+                info.command = std::mem::take(&mut header.command);
             }
-            Line::Power(power) => analysis.power_sample(&power),
+            Line::Power(power) => analysis.power_sample(power),
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;
@@ -151,7 +144,7 @@ mod tests {
 "#;
 
     fn read(text: &[u8], skip: bool) -> Result<Summarised, ReadError> {
-        summarise(|| Ok(text), "trace.jsonl", skip)
+        summarise(|| Ok(TraceLines::new(text, "trace.jsonl", skip)))
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Latency percentiles come from an HDR histogram per function (3 significant digits:
 //! within 0.1%), so memory depends on the number of functions, not of calls.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;

@@ -3,16 +3,18 @@
 //!
 //! Times are microseconds with three decimals, so nanoseconds survive exactly.
 
-use std::{
-    collections::HashMap,
-    fmt,
-    io::{self, Write},
-};
+use std::io::{self, Write};
 
+use foldhash::HashMap;
 use serde_json::{Map, Value, json};
 
-use super::timeline::{ExportStats, GPU_PID_BASE, GpuCounter, Instant, Slice, TimelineSink, Track};
-use crate::schema::Header;
+use super::{
+    arguments::{Arg, Arguments},
+    timeline::{
+        ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
+    },
+};
+use crate::schema::{Header, compact};
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
@@ -20,17 +22,12 @@ pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
 /// The category both ends of a flow share (viewers pair them by it, the name and the id).
 pub const FLOW_CATEGORY: &str = "flow";
 
-/// Nanoseconds written as microseconds, exactly.
-struct Micros(u64);
-
-impl fmt::Display for Micros {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
-    }
-}
+/// Output is gathered here and handed to the writer in blocks of this size.
+const FLUSH_BYTES: usize = 256 << 10;
 
 pub struct ChromeWriter<W: Write> {
     out: W,
+    buf: Vec<u8>,
     events: u64,
     header: Option<Value>,
     /// `--gpu`: stream tracks, threads of their GPU's group, by tid from 1.
@@ -38,14 +35,59 @@ pub struct ChromeWriter<W: Write> {
 }
 
 impl<W: Write> ChromeWriter<W> {
-    pub fn new(mut out: W) -> io::Result<Self> {
-        out.write_all(b"{\"traceEvents\":[\n")?;
-        Ok(ChromeWriter {
+    pub fn new(out: W) -> io::Result<Self> {
+        let mut writer = ChromeWriter {
             out,
+            buf: Vec::new(),
             events: 0,
             header: None,
-            gpu_tids: HashMap::new(),
-        })
+            gpu_tids: HashMap::default(),
+        };
+        writer.buf.reserve(FLUSH_BYTES + 4096);
+        writer.raw(b"{\"traceEvents\":[\n");
+        Ok(writer)
+    }
+
+    fn raw(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn number(&mut self, number: impl itoa::Integer) {
+        self.raw(itoa::Buffer::new().format(number).as_bytes());
+    }
+
+    /// Nanoseconds written as microseconds, exactly (three decimals).
+    fn micros(&mut self, ns: u64) {
+        self.number(ns / 1000);
+        let fraction = (ns % 1000) as u16;
+        self.raw(&[
+            b'.',
+            b'0' + (fraction / 100) as u8,
+            b'0' + (fraction / 10 % 10) as u8,
+            b'0' + (fraction % 10) as u8,
+        ]);
+    }
+
+    /// A JSON string, escaped as serde_json escapes it.
+    fn string(&mut self, text: &str) {
+        if compact::plain(text.as_bytes()) {
+            self.buf.push(b'"');
+            self.raw(text.as_bytes());
+            self.buf.push(b'"');
+        } else {
+            // Writing into a Vec does not fail.
+            let _ = serde_json::to_writer(&mut self.buf, text);
+        }
+    }
+
+    /// Ends an event: hands the output on once a block is full.
+    fn close(&mut self) -> io::Result<()> {
+        self.buf.push(b'}');
+        if self.buf.len() >= FLUSH_BYTES {
+            self.out.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
     }
 
     fn pid_tid(&mut self, track: Track) -> (u32, u32) {
@@ -62,59 +104,91 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     /// Starts an event: the separator, then `{"name":NAME,"ph":PH`.
-    fn open(&mut self, name: &str, phase: &str) -> io::Result<()> {
+    fn open(&mut self, name: &str, phase: &str) {
         if self.events > 0 {
-            self.out.write_all(b",\n")?;
+            self.raw(b",\n");
         }
         self.events += 1;
-        self.out.write_all(b"{\"name\":")?;
-        serde_json::to_writer(&mut self.out, name)?;
-        write!(self.out, ",\"ph\":\"{phase}\"")
+        self.raw(b"{\"name\":");
+        self.string(name);
+        self.raw(b",\"ph\":\"");
+        self.raw(phase.as_bytes());
+        self.buf.push(b'"');
     }
 
-    fn string_field(&mut self, key: &str, text: &str) -> io::Result<()> {
-        write!(self.out, ",\"{key}\":")?;
-        serde_json::to_writer(&mut self.out, text)?;
-        Ok(())
+    fn category(&mut self, category: &str) {
+        self.raw(b",\"cat\":");
+        self.string(category);
     }
 
-    fn args(&mut self, args: &Map<String, Value>) -> io::Result<()> {
-        self.out.write_all(b",\"args\":")?;
-        serde_json::to_writer(&mut self.out, args)?;
-        Ok(())
+    fn write_pid_tid(&mut self, pid: u32, tid: u32) {
+        self.raw(b",\"pid\":");
+        self.number(pid);
+        self.raw(b",\"tid\":");
+        self.number(tid);
+    }
+
+    /// `,"args":{...}`, as serde_json writes a map.
+    fn args(&mut self, args: &Arguments) {
+        self.raw(b",\"args\":{");
+        for (index, (key, value)) in args.iter().enumerate() {
+            if index > 0 {
+                self.buf.push(b',');
+            }
+            self.string(key);
+            self.buf.push(b':');
+            match value {
+                Arg::Unsigned(n) => self.number(n),
+                Arg::Signed(n) => self.number(n),
+                Arg::Float(x) => {
+                    let _ = serde_json::to_writer(&mut self.buf, &x);
+                }
+                Arg::Bool(b) => self.raw(if b { b"true" } else { b"false" }),
+                Arg::Text(text) => self.string(text),
+                Arg::Json(json) => self.raw(json.as_bytes()),
+            }
+        }
+        self.buf.push(b'}');
     }
 
     fn metadata(&mut self, kind: &str, pid: u32, tid: u32, name: &str) -> io::Result<()> {
-        self.open(kind, "M")?;
-        write!(
-            self.out,
-            ",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":"
-        )?;
-        serde_json::to_writer(&mut self.out, name)?;
-        self.out.write_all(b"}}")
+        self.open(kind, "M");
+        self.write_pid_tid(pid, tid);
+        self.raw(b",\"args\":{\"name\":");
+        self.string(name);
+        self.buf.push(b'}');
+        self.close()
     }
 
-    /// One end of a flow arrow: `s` binds to the launch slice enclosing it, `f` (with
-    /// `"bp":"e"`) to the synchronisation slice enclosing it.
+    /// One end of a flow arrow: its start (`s`) binds to the launch slice enclosing it, its
+    /// finish (`f`, with `"bp":"e"`) to the synchronisation slice enclosing it.
     fn flow_end(
         &mut self,
         name: &str,
-        phase: &str,
+        finish: bool,
         id: u64,
         (pid, tid): (u32, u32),
         ts: u64,
     ) -> io::Result<()> {
-        self.open(name, phase)?;
-        self.string_field("cat", FLOW_CATEGORY)?;
-        write!(
-            self.out,
-            ",\"id\":{id},\"ts\":{},\"pid\":{pid},\"tid\":{tid}",
-            Micros(ts)
-        )?;
-        if phase == "f" {
-            self.out.write_all(b",\"bp\":\"e\"")?;
+        self.open(name, if finish { "f" } else { "s" });
+        self.category(FLOW_CATEGORY);
+        self.raw(b",\"id\":");
+        self.number(id);
+        self.raw(b",\"ts\":");
+        self.micros(ts);
+        self.write_pid_tid(pid, tid);
+        if finish {
+            self.raw(b",\"bp\":\"e\"");
         }
-        self.out.write_all(b"}")
+        self.close()
+    }
+}
+
+/// Like a `BufWriter`, what was gathered is handed on when the writer is dropped (after a
+/// failed read, the events before it).
+impl<W: Write> Drop for ChromeWriter<W> {
+    fn drop(&mut self) {
+        let _ = self.out.write_all(&self.buf);
     }
 }
 
@@ -128,8 +202,9 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         Ok(())
     }
 
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
-        self.metadata("process_name", pid, pid, name)
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        // Viewers take the last `process_name`: a rename is the same event again.
+        self.metadata("process_name", process.pid, process.pid, process.name)
     }
 
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()> {
@@ -139,50 +214,52 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
 
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()> {
         let (pid, tid) = self.pid_tid(slice.track);
-        self.open(slice.name, "X")?;
-        self.string_field("cat", slice.category)?;
-        write!(
-            self.out,
-            ",\"ts\":{},\"dur\":{},\"pid\":{pid},\"tid\":{tid}",
-            Micros(slice.ts_ns),
-            Micros(slice.dur_ns)
-        )?;
-        self.args(slice.args)?;
-        self.out.write_all(b"}")?;
+        self.open(slice.name, "X");
+        self.category(slice.category);
+        self.raw(b",\"ts\":");
+        self.micros(slice.ts_ns);
+        self.raw(b",\"dur\":");
+        self.micros(slice.dur_ns);
+        self.write_pid_tid(pid, tid);
+        self.args(slice.args);
+        self.close()?;
         let arrives = slice.ts_ns + slice.dur_ns / 2;
         for start in slice.flows_in {
             let from = (start.pid, start.tid);
-            self.flow_end(start.name, "s", start.id, from, start.ts_ns)?;
-            self.flow_end(start.name, "f", start.id, (pid, tid), arrives)?;
+            self.flow_end(start.name, false, start.id, from, start.ts_ns)?;
+            self.flow_end(start.name, true, start.id, (pid, tid), arrives)?;
         }
         Ok(())
     }
 
     fn instant(&mut self, instant: &Instant<'_>) -> io::Result<()> {
         let (pid, tid) = self.pid_tid(instant.track);
-        let scope = if instant.track == Track::Global {
-            "g"
+        let scope: &[u8] = if instant.track == Track::Global {
+            b"g"
         } else {
-            "t"
+            b"t"
         };
-        self.open(instant.name, "i")?;
-        self.string_field("cat", instant.category)?;
-        write!(
-            self.out,
-            ",\"s\":\"{scope}\",\"ts\":{},\"pid\":{pid},\"tid\":{tid}",
-            Micros(instant.ts_ns)
-        )?;
-        self.args(instant.args)?;
-        self.out.write_all(b"}")
+        self.open(instant.name, "i");
+        self.category(instant.category);
+        self.raw(b",\"s\":\"");
+        self.raw(scope);
+        self.raw(b"\",\"ts\":");
+        self.micros(instant.ts_ns);
+        self.write_pid_tid(pid, tid);
+        self.args(instant.args);
+        self.close()
     }
 
     fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()> {
-        self.open("device memory", "C")?;
-        write!(
-            self.out,
-            ",\"cat\":\"memory\",\"ts\":{},\"pid\":{pid},\"args\":{{\"bytes\":{bytes}}}}}",
-            Micros(ts_ns)
-        )
+        self.open("device memory", "C");
+        self.raw(b",\"cat\":\"memory\",\"ts\":");
+        self.micros(ts_ns);
+        self.raw(b",\"pid\":");
+        self.number(pid);
+        self.raw(b",\"args\":{\"bytes\":");
+        self.number(bytes);
+        self.buf.push(b'}');
+        self.close()
     }
 
     fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
@@ -198,17 +275,17 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         value: f64,
     ) -> io::Result<()> {
         let (name, unit) = counter.name_and_unit();
-        self.open(name, "C")?;
-        write!(
-            self.out,
-            ",\"cat\":\"power\",\"ts\":{},\"pid\":{},\"args\":{{",
-            Micros(ts_ns),
-            GPU_PID_BASE + device
-        )?;
-        serde_json::to_writer(&mut self.out, unit)?;
-        self.out.write_all(b":")?;
-        serde_json::to_writer(&mut self.out, &value)?;
-        self.out.write_all(b"}}")
+        self.open(name, "C");
+        self.raw(b",\"cat\":\"power\",\"ts\":");
+        self.micros(ts_ns);
+        self.raw(b",\"pid\":");
+        self.number(GPU_PID_BASE + device);
+        self.raw(b",\"args\":{");
+        self.string(unit);
+        self.buf.push(b':');
+        serde_json::to_writer(&mut self.buf, &value)?;
+        self.buf.push(b'}');
+        self.close()
     }
 
     fn finish(&mut self, stats: &ExportStats) -> io::Result<()> {
@@ -227,10 +304,11 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         other.insert("slices".into(), stats.slices.into());
         other.insert("counters".into(), stats.counters.into());
         other.insert("flows".into(), stats.flows.into());
-        self.out
-            .write_all(b"\n],\"displayTimeUnit\":\"ns\",\"otherData\":")?;
-        serde_json::to_writer(&mut self.out, &other)?;
-        self.out.write_all(b"}\n")?;
+        self.raw(b"\n],\"displayTimeUnit\":\"ns\",\"otherData\":");
+        serde_json::to_writer(&mut self.buf, &other)?;
+        self.raw(b"}\n");
+        self.out.write_all(&self.buf)?;
+        self.buf.clear();
         self.out.flush()
     }
 }

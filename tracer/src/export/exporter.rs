@@ -6,17 +6,19 @@
 //! analysis runs along, so traces without kernel names or live bytes get them.
 
 use std::{
-    collections::{HashMap, HashSet},
+    borrow::Cow,
     io::{self, BufRead},
 };
 
+use foldhash::{HashMap, HashSet};
 use serde_json::{Map, Value};
 
 use super::{
+    arguments::Arguments,
     filters::Filters,
     flows::{FlowStart, FlowTracker, GpuFlows, StreamKey, TO_GPU, TO_SYNC},
     power::GpuTracks,
-    timeline::{ExportStats, Instant, Slice, TimelineSink, Track},
+    timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
@@ -38,15 +40,20 @@ pub enum ExportError {
 struct Names {
     /// Current name, and whether it is the command line from the header (kept over exec).
     processes: HashMap<u32, (String, bool)>,
+    /// The process that forked each process, where the trace saw the fork.
+    parents: HashMap<u32, u32>,
     announced: HashMap<u32, String>,
     threads: HashSet<Track>,
+    /// The track of the last event, announced under its process's current name.
+    current: Option<Track>,
 }
 
 impl Names {
-    fn name(&self, pid: u32) -> String {
-        self.processes
-            .get(&pid)
-            .map_or_else(|| format!("pid {pid}"), |(name, _)| name.clone())
+    fn name(&self, pid: u32) -> Cow<'_, str> {
+        match self.processes.get(&pid) {
+            Some((name, _)) => Cow::Borrowed(name),
+            None => Cow::Owned(format!("pid {pid}")),
+        }
     }
 }
 
@@ -70,6 +77,8 @@ pub struct Exporter<'f, S> {
     stats: ExportStats,
     /// Device bytes of processes before the time window, drawn at its start.
     counter_before_window: HashMap<u32, u64>,
+    /// A call's (or GPU activity's) arguments, reused from line to line.
+    args: Arguments,
     /// The GPUs' groups (named from `--power`'s header) and `--power`'s counter tracks.
     gpus: GpuTracks,
 }
@@ -83,11 +92,12 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             families: Families::default(),
             flows: FlowTracker::default(),
             gpu_flows: None,
-            gpu_lanes: HashMap::new(),
+            gpu_lanes: HashMap::default(),
             names: Names::default(),
             base_ns: 0,
             stats: ExportStats::default(),
-            counter_before_window: HashMap::new(),
+            counter_before_window: HashMap::default(),
+            args: Arguments::default(),
             gpus: GpuTracks::default(),
         }
     }
@@ -96,13 +106,13 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     pub fn run(mut self, mut lines: TraceLines<impl BufRead>) -> Result<ExportStats, ExportError> {
         while let Some(line) = lines.next_line()? {
             match line {
-                Line::Header(header) => self.header(&header)?,
-                Line::Call(mut record) => self.call(&mut record)?,
-                Line::Process(process) => self.process(&process)?,
-                Line::Lost(lost) => self.lost(&lost)?,
-                Line::Driver(driver) => self.driver(&driver)?,
-                Line::Power(power) => self.power(&power)?,
-                Line::Gpu(gpu) => self.gpu(&gpu)?,
+                Line::Header(header) => self.header(header)?,
+                Line::Call(record) => self.call(record)?,
+                Line::Process(process) => self.process(process)?,
+                Line::Lost(lost) => self.lost(lost)?,
+                Line::Driver(driver) => self.driver(driver)?,
+                Line::Power(power) => self.power(power)?,
+                Line::Gpu(gpu) => self.gpu(gpu)?,
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
@@ -142,15 +152,25 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     /// Names a process before an event of it, and again after it changed.
     fn announce_process(&mut self, pid: u32) -> io::Result<()> {
         let name = self.names.name(pid);
-        if self.names.announced.get(&pid) != Some(&name) {
-            self.sink.process(pid, &name)?;
-            self.names.announced.insert(pid, name);
+        if self.names.announced.get(&pid).map(String::as_str) == Some(&*name) {
+            return Ok(());
         }
+        let name = name.into_owned();
+        self.sink.process(&ProcessName {
+            pid,
+            name: &name,
+            parent: self.names.parents.get(&pid).copied(),
+        })?;
+        self.names.announced.insert(pid, name);
         Ok(())
     }
 
     /// Announces the track's process and thread before an event on it.
     fn track(&mut self, track: Track) -> io::Result<()> {
+        // Runs of events on one thread: nothing to announce after the first.
+        if self.names.current == Some(track) {
+            return Ok(());
+        }
         let (pid, tid, driver) = match track {
             Track::Thread { pid, tid } => (pid, tid, false),
             Track::Driver { pid, tid } => (pid, tid, true),
@@ -183,11 +203,12 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.sink.thread(track, &thread_name)?;
         }
+        self.names.current = Some(track);
         Ok(())
     }
 
     fn call(&mut self, record: &mut CallLine) -> io::Result<()> {
-        self.analysis.observe(record);
+        self.analysis.annotate(record);
         let (role, _) = classify(&record.name);
         let ts = self.relative(record.ts_ns);
         let label = call_label(record, role);
@@ -250,7 +271,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 tid: record.tid,
             };
             self.track(track)?;
-            let args = call_args(record, role);
+            call_args(record, role, &mut self.args);
             let category = self.families.of(&record.name).unwrap_or("other");
             self.sink.slice(&Slice {
                 track,
@@ -258,7 +279,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 dur_ns: record.dur_ns,
                 name: &label,
                 category,
-                args: &args,
+                args: &self.args,
                 flow_out: &flow_out,
                 flows_in: &flows_in,
             })?;
@@ -315,6 +336,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     args.insert(key.to_owned(), value);
                 }
             }
+            let args = Arguments::from_map(&args);
             self.sink.instant(&Instant {
                 track,
                 ts_ns: ts,
@@ -327,14 +349,18 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
         }
         // Names take effect for the events after this one.
+        self.names.current = None;
         match (
             line.event.as_str(),
             line.child_pid,
             &line.comm,
             &line.filename,
         ) {
-            ("fork", Some(child), Some(comm), _) => {
-                self.names.processes.insert(child, (comm.clone(), false));
+            ("fork", Some(child), comm, _) => {
+                self.names.parents.insert(child, line.pid);
+                if let Some(comm) = comm {
+                    self.names.processes.insert(child, (comm.clone(), false));
+                }
             }
             ("exec", _, _, Some(filename)) => {
                 let from_command = self.names.processes.get(&line.pid).is_some_and(|n| n.1);
@@ -384,6 +410,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let mut args = Map::new();
         args.insert("count".into(), line.count.into());
         args.insert("reason".into(), line.reason.clone().into());
+        let args = Arguments::from_map(&args);
         self.sink.instant(&Instant {
             track: Track::Global,
             ts_ns: ts,
@@ -416,7 +443,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             dur_ns: line.dur_ns,
             name: &name,
             category: "driver",
-            args: &line.details(),
+            args: &Arguments::from_map(&line.details()),
             flow_out: &[],
             flows_in: &[],
         })?;
@@ -472,28 +499,24 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         self.announce_process(work.pid)?;
         self.track(track)?;
         let flows_in: Vec<FlowStart> = flow.into_iter().filter(|start| start.kept).collect();
-        let mut args = match line {
-            GpuLine::Kernel(k) => serde_json::to_value(k),
-            GpuLine::Copy(c) => serde_json::to_value(c),
-            GpuLine::Memset(m) => serde_json::to_value(m),
-            GpuLine::Info(_) | GpuLine::Error(_) => Ok(Value::Null),
+        // Kernels can be as many as launches: their fields go into the reused arguments.
+        let args = &mut self.args;
+        args.clear();
+        let skip = |key: &str| matches!(key, "type" | "pid" | "ts_ns" | "dur_ns");
+        match line {
+            GpuLine::Kernel(k) => args.fill(k, skip),
+            GpuLine::Copy(c) => args.fill(c, skip),
+            GpuLine::Memset(m) => args.fill(m, skip),
+            GpuLine::Info(_) | GpuLine::Error(_) => {}
         }
-        .ok()
-        .and_then(|value| match value {
-            Value::Object(map) => Some(map),
-            _ => None,
-        })
-        .unwrap_or_default();
-        for key in ["type", "pid", "ts_ns", "dur_ns"] {
-            args.remove(key);
-        }
+        args.sort();
         self.sink.slice(&Slice {
             track,
             ts_ns: ts,
             dur_ns: work.dur_ns,
             name: &label,
             category: "gpu",
-            args: &args,
+            args: &self.args,
             flow_out: &[],
             flows_in: &flows_in,
         })?;
@@ -538,7 +561,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             ts_ns: ts,
             name: &name,
             category: "gpu",
-            args: &args,
+            args: &Arguments::from_map(&args),
         })?;
         self.stats.instants += 1;
         Ok(())
@@ -559,12 +582,12 @@ pub fn gpu_label(line: &GpuLine) -> String {
 
 /// A call's slice name: launches by kernel, copies and memsets with direction and size,
 /// failures with their error.
-pub fn call_label(record: &CallLine, role: Role) -> String {
+pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
     let mut label = match role {
         Role::Launch => match (&record.kernel, record.function) {
-            (Some(kernel), _) => kernel.clone(),
-            (None, Some(function)) => format!("function {:#x}", function.0),
-            (None, None) => record.name.clone(),
+            (Some(kernel), _) => Cow::Borrowed(kernel.as_str()),
+            (None, Some(function)) => Cow::Owned(format!("function {:#x}", function.0)),
+            (None, None) => Cow::Borrowed(record.name.as_str()),
         },
         Role::Copy => {
             let mut label = record.name.clone();
@@ -578,15 +601,16 @@ pub fn call_label(record: &CallLine, role: Role) -> String {
                 label.push(' ');
                 label.push_str(&part);
             }
-            label
+            Cow::Owned(label)
         }
         Role::Memset => match record.bytes {
-            Some(bytes) => format!("{} {}", record.name, format_bytes(bytes)),
-            None => record.name.clone(),
+            Some(bytes) => Cow::Owned(format!("{} {}", record.name, format_bytes(bytes))),
+            None => Cow::Borrowed(record.name.as_str()),
         },
-        _ => record.name.clone(),
+        _ => Cow::Borrowed(record.name.as_str()),
     };
     if record.ret != 0 {
+        let label = label.to_mut();
         label.push_str(" → ");
         match &record.ret_name {
             Some(name) => label.push_str(name),
@@ -596,17 +620,14 @@ pub fn call_label(record: &CallLine, role: Role) -> String {
     label
 }
 
-/// The decoded fields of a call (everything but what the slice itself says).
-fn call_args(record: &CallLine, role: Role) -> Map<String, Value> {
-    let mut args = match serde_json::to_value(record) {
-        Ok(Value::Object(map)) => map,
-        _ => Map::new(),
-    };
-    for key in ["type", "name", "pid", "tid", "dur_ns"] {
-        args.remove(key);
-    }
+/// The decoded fields of a call (everything but what the slice itself says), into `args`.
+fn call_args(record: &CallLine, role: Role, args: &mut Arguments) {
+    args.clear();
+    args.fill(record, |key| {
+        matches!(key, "type" | "name" | "pid" | "tid" | "dur_ns")
+    });
     if role == Role::Launch {
-        args.insert("call".into(), Value::from(record.name.as_str()));
+        args.insert_text("call", &record.name);
     }
-    args
+    args.sort();
 }

@@ -7,7 +7,9 @@
 //! yet synchronised, at most [`MAX_PENDING_PER_STREAM`] per stream (older ones are
 //! dropped and counted: a program that never synchronises a stream gets no arrows).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 use crate::schema::CallLine;
 

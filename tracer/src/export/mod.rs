@@ -10,12 +10,14 @@
 //! | `args.rs` | the flags and formats |
 //! | `exporter.rs` | trace lines → timeline events |
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
+//! | `arguments.rs` | a slice's arguments, from any serialisable line, without a JSON map |
 //! | `chrome.rs`, `perfetto.rs` (`proto.rs`) | the two formats |
 //! | `flows.rs` | launch → synchronisation arrows |
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
 
 mod args;
+mod arguments;
 mod chrome;
 mod exporter;
 mod filters;
@@ -26,10 +28,11 @@ pub mod proto;
 mod timeline;
 
 pub use args::{ExportArgs, ExportFormat};
+pub use filters::Filters;
 
 use std::{
     fs::File,
-    io::{self, BufRead, BufReader, BufWriter, Write},
+    io::{self, BufRead, Write},
     path::{Path, PathBuf},
     time::Instant as Clock,
 };
@@ -39,7 +42,6 @@ use anyhow::anyhow;
 use self::{
     chrome::ChromeWriter,
     exporter::{ExportError, Exporter},
-    filters::Filters,
     perfetto::PerfettoWriter,
     timeline::ExportStats,
 };
@@ -49,6 +51,10 @@ use crate::{
 };
 
 /// Exports a whole trace to `out` in `format`.
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "files are read by export_lines")
+)]
 pub fn export(
     reader: impl BufRead,
     label: &str,
@@ -58,6 +64,16 @@ pub fn export(
     skip_bad_lines: bool,
 ) -> Result<ExportStats, ExportError> {
     let lines = TraceLines::new(reader, label, skip_bad_lines);
+    export_lines(lines, out, format, filters)
+}
+
+/// Exports the trace's `lines` to `out` in `format`.
+pub fn export_lines(
+    lines: TraceLines<impl BufRead>,
+    out: impl Write,
+    format: ExportFormat,
+    filters: &Filters,
+) -> Result<ExportStats, ExportError> {
     match format {
         ExportFormat::Chrome => Exporter::new(filters, ChromeWriter::new(out)?).run(lines),
         ExportFormat::Perfetto => Exporter::new(filters, PerfettoWriter::new(out)).run(lines),
@@ -141,7 +157,7 @@ pub fn after_run(trace: &Path, format: ExportFormat) -> Option<PathBuf> {
 }
 
 /// Exports `trace` to `output` (`-`: stdout) and says what was written on stderr.
-fn export_file(
+pub fn export_file(
     trace: &Path,
     output: &Path,
     format: ExportFormat,
@@ -162,14 +178,13 @@ fn export_file(
         ));
     }
     let started = Clock::now();
-    let out = BufWriter::with_capacity(1 << 20, open_output(output)?);
-    let stats = export(
-        BufReader::with_capacity(1 << 20, file),
-        &label,
+    // The writers gather their output in blocks of their own.
+    let out = open_output(output)?;
+    let stats = export_lines(
+        TraceLines::from_file(file, &label, skip_bad_lines),
         out,
         format,
         filters,
-        skip_bad_lines,
     )
     .map_err(|e| match e {
         ExportError::Read(ReadError::BadLine { .. }) => Failure::new(ExitCode::BadInput, e),

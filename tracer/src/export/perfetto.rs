@@ -6,21 +6,24 @@
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 
-use std::{
-    collections::HashMap,
-    io::{self, Write},
-};
+use std::io::{self, Write};
+
+use foldhash::HashMap;
 
 use prost::Message;
-use serde_json::{Map, Value};
 
 use super::{
+    arguments::{Arg, Arguments},
+    flows::FlowStart,
     proto::{
-        CounterDescriptor, DebugAnnotation, InternedData, InternedString, ProcessDescriptor,
-        SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE, TRACE_PACKET_TAG,
-        ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent, UNIT_SIZE_BYTES, event_type,
+        CounterDescriptor, InternedData, InternedString, ProcessDescriptor, ProcessTree,
+        ProcessTreeProcess, SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE,
+        TRACE_PACKET_FIELD, TRACE_PACKET_TAG, ThreadDescriptor, TracePacket, TrackDescriptor,
+        TrackEvent, UNIT_SIZE_BYTES, annotation_field, event_field, event_type, packet_field,
     },
-    timeline::{ExportStats, GPU_PID_BASE, GpuCounter, Instant, Slice, TimelineSink, Track},
+    timeline::{
+        ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
+    },
 };
 use crate::schema::Header;
 
@@ -67,46 +70,135 @@ enum TrackKey {
     GpuStreams(u32),
 }
 
+/// Output is gathered here and handed to the writer in blocks of this size.
+const FLUSH_BYTES: usize = 256 << 10;
+
 pub struct PerfettoWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
     packets: u64,
+    /// The latest event timestamp written.
+    latest_ts_ns: u64,
     uuids: HashMap<TrackKey, u64>,
     /// GPU groups' names, by device.
     gpu_names: HashMap<u32, String>,
     names: Interner,
     categories: Interner,
     annotation_names: Interner,
+    known_names: KnownNames,
+}
+
+/// A list of (static) argument names, by address and length, and their iids.
+type KnownList = (Vec<(usize, usize)>, Vec<Option<u64>>);
+
+/// Argument names' iids remembered per list of (static) names: a direct-mapped table.
+struct KnownNames {
+    lists: Vec<Option<KnownList>>,
+    scratch_keys: Vec<(usize, usize)>,
+    scratch_iids: Vec<Option<u64>>,
+}
+
+impl KnownNames {
+    const SLOTS: usize = 64;
+
+    fn new() -> KnownNames {
+        KnownNames {
+            lists: vec![None; Self::SLOTS],
+            scratch_keys: Vec::new(),
+            scratch_iids: Vec::new(),
+        }
+    }
+
+    /// The table slot of `scratch_keys`.
+    fn slot(&self) -> usize {
+        let hash = self
+            .scratch_keys
+            .iter()
+            .fold(0u64, |hash, (address, length)| {
+                (hash.rotate_left(5) ^ (*address as u64) ^ ((*length as u64) << 48))
+                    .wrapping_mul(0x517c_c1b7_2722_0a95)
+            });
+        (hash >> 58) as usize % Self::SLOTS
+    }
 }
 
 impl<W: Write> PerfettoWriter<W> {
     pub fn new(out: W) -> Self {
         PerfettoWriter {
             out,
-            buf: Vec::with_capacity(4096),
+            buf: Vec::with_capacity(FLUSH_BYTES + 4096),
             packets: 0,
-            uuids: HashMap::new(),
-            gpu_names: HashMap::new(),
+            latest_ts_ns: 0,
+            uuids: HashMap::default(),
+            gpu_names: HashMap::default(),
             names: Interner::default(),
             categories: Interner::default(),
             annotation_names: Interner::default(),
+            known_names: KnownNames::new(),
         }
     }
 
+    /// The sequence flags of the next packet: the first clears the incremental state, track
+    /// events depend on it (the interned names).
+    fn next_flags(&mut self, track_event: bool) -> Option<u32> {
+        self.packets += 1;
+        match (self.packets, track_event) {
+            (1, _) => Some(SEQ_INCREMENTAL_STATE_CLEARED),
+            (_, true) => Some(SEQ_NEEDS_INCREMENTAL_STATE),
+            (_, false) => None,
+        }
+    }
+
+    /// Hands the output on once a block is full.
+    fn written(&mut self) -> io::Result<()> {
+        if self.buf.len() >= FLUSH_BYTES {
+            self.out.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// A packet built as a message (descriptors, renames: a few per process).
     fn packet(&mut self, mut packet: TracePacket) -> io::Result<()> {
         packet.trusted_packet_sequence_id = Some(SEQUENCE_ID);
-        if self.packets == 0 {
-            packet.sequence_flags = Some(SEQ_INCREMENTAL_STATE_CLEARED);
-        } else if packet.track_event.is_some() {
-            packet.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
-        }
-        self.packets += 1;
-        self.buf.clear();
+        packet.sequence_flags = self.next_flags(packet.track_event.is_some());
         self.buf.push(TRACE_PACKET_TAG);
         packet
             .encode_length_delimited(&mut self.buf)
             .map_err(io::Error::other)?;
-        self.out.write_all(&self.buf)
+        self.written()
+    }
+
+    /// A track event packet (nearly every packet), encoded field by field as prost encodes
+    /// a [`TracePacket`] (fields in tag order) without building one.
+    /// `large`: the event will likely take 128 bytes or more (names and arguments), so two
+    /// bytes are set aside for the lengths.
+    fn event_packet(
+        &mut self,
+        ts_ns: u64,
+        interned_data: Option<&InternedData>,
+        large: bool,
+        event: impl FnOnce(&mut Vec<u8>),
+    ) -> io::Result<()> {
+        let guess = if large { 2 } else { 1 };
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
+        let flags = self.next_flags(true);
+        wire::message(&mut self.buf, TRACE_PACKET_FIELD, guess, |packet| {
+            wire::varint(packet, packet_field::TIMESTAMP, ts_ns);
+            wire::varint(
+                packet,
+                packet_field::TRUSTED_PACKET_SEQUENCE_ID,
+                SEQUENCE_ID.into(),
+            );
+            wire::message(packet, packet_field::TRACK_EVENT, guess, event);
+            if let Some(data) = interned_data {
+                prost::encoding::message::encode(packet_field::INTERNED_DATA, data, packet);
+            }
+            if let Some(flags) = flags {
+                wire::varint(packet, packet_field::SEQUENCE_FLAGS, flags.into());
+            }
+        });
+        self.written()
     }
 
     fn uuid(&mut self, key: TrackKey) -> (u64, bool) {
@@ -140,81 +232,204 @@ impl<W: Write> PerfettoWriter<W> {
         Ok(uuid)
     }
 
-    fn event(&mut self, ts_ns: u64, event: TrackEvent) -> io::Result<()> {
-        self.event_with(ts_ns, event, None)
-    }
-
-    fn event_with(
-        &mut self,
-        ts_ns: u64,
-        event: TrackEvent,
-        interned_data: Option<InternedData>,
-    ) -> io::Result<()> {
-        self.packet(TracePacket {
-            timestamp: Some(ts_ns),
-            track_event: Some(event),
-            interned_data,
-            ..TracePacket::default()
-        })
-    }
-
-    /// A named event: its name, category and argument names interned.
+    /// A named event (a slice's begin, an instant): its name, category and argument names
+    /// interned.
     fn named_event(
         &mut self,
         ts_ns: u64,
-        mut event: TrackEvent,
-        name: &str,
-        category: &str,
-        args: &Map<String, Value>,
+        event: NamedEvent<'_>,
+        args: &Arguments,
     ) -> io::Result<()> {
         let mut new = InternedData::default();
-        match self.names.iid(name, &mut new.event_names) {
-            Some(iid) => event.name_iid = Some(iid),
-            None => event.name = Some(name.to_owned()),
-        }
-        match self.categories.iid(category, &mut new.event_categories) {
-            Some(iid) => event.category_iids = vec![iid],
-            None => event.categories = vec![category.to_owned()],
-        }
-        event.debug_annotations = annotations(args);
-        for (annotation, key) in event.debug_annotations.iter_mut().zip(args.keys()) {
-            match self
-                .annotation_names
-                .iid(key, &mut new.debug_annotation_names)
-            {
-                Some(iid) => annotation.name_iid = Some(iid),
-                None => annotation.name = Some(key.clone()),
-            }
-        }
+        let name_iid = self.names.iid(event.name, &mut new.event_names);
+        let category_iid = self
+            .categories
+            .iid(event.category, &mut new.event_categories);
+        let annotation_iids = self.annotation_iids(args, &mut new.debug_annotation_names);
         let fresh = !(new.event_names.is_empty()
             && new.event_categories.is_empty()
             && new.debug_annotation_names.is_empty());
-        self.event_with(ts_ns, event, fresh.then_some(new))
+        let large = !args.is_empty() || event.name.len() > 64;
+        let result = self.event_packet(ts_ns, fresh.then_some(&new), large, |track_event| {
+            // TrackEvent fields in tag order.
+            if let Some(iid) = category_iid {
+                wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
+            }
+            for ((key, value), iid) in args.iter().zip(&annotation_iids) {
+                wire::message(
+                    track_event,
+                    event_field::DEBUG_ANNOTATIONS,
+                    1,
+                    |annotation| {
+                        debug_annotation(annotation, key, *iid, value);
+                    },
+                );
+            }
+            wire::varint(track_event, event_field::TYPE, event.kind as u64);
+            if let Some(iid) = name_iid {
+                wire::varint(track_event, event_field::NAME_IID, iid);
+            }
+            wire::varint(track_event, event_field::TRACK_UUID, event.track_uuid);
+            if category_iid.is_none() {
+                wire::string(track_event, event_field::CATEGORIES, event.category);
+            }
+            if name_iid.is_none() {
+                wire::string(track_event, event_field::NAME, event.name);
+            }
+            for id in event.flow_out {
+                wire::fixed64(track_event, event_field::FLOW_IDS, *id);
+            }
+            for start in event.flows_in {
+                wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
+            }
+        });
+        self.known_names.scratch_iids = annotation_iids;
+        result
+    }
+
+    /// The iids of the arguments' names, in order (`None`: written in full). A line type's
+    /// names come in the same order each time: the list is remembered per list of names.
+    fn annotation_iids(
+        &mut self,
+        args: &Arguments,
+        new: &mut Vec<InternedString>,
+    ) -> Vec<Option<u64>> {
+        let known = &mut self.known_names;
+        let mut iids = std::mem::take(&mut known.scratch_iids);
+        iids.clear();
+        if args.static_keys(&mut known.scratch_keys) {
+            let slot = known.slot();
+            if let Some((keys, remembered)) = &known.lists[slot]
+                && *keys == known.scratch_keys
+            {
+                iids.extend_from_slice(remembered);
+                return iids;
+            }
+            for (key, _) in args.iter() {
+                iids.push(self.annotation_names.iid(key, new));
+            }
+            let known = &mut self.known_names;
+            known.lists[slot] = Some((known.scratch_keys.clone(), iids.clone()));
+            return iids;
+        }
+        for (key, _) in args.iter() {
+            iids.push(self.annotation_names.iid(key, new));
+        }
+        iids
+    }
+
+    /// A slice's end or a counter value: an event with no name.
+    fn plain_event(
+        &mut self,
+        ts_ns: u64,
+        kind: i32,
+        track_uuid: u64,
+        counter_value: Option<i64>,
+    ) -> io::Result<()> {
+        self.event_packet(ts_ns, None, false, |track_event| {
+            wire::varint(track_event, event_field::TYPE, kind as u64);
+            wire::varint(track_event, event_field::TRACK_UUID, track_uuid);
+            if let Some(value) = counter_value {
+                wire::varint(track_event, event_field::COUNTER_VALUE, value as u64);
+            }
+        })
     }
 }
 
-/// Argument values; their names are set by the caller.
-fn annotations(args: &Map<String, Value>) -> Vec<DebugAnnotation> {
-    args.values()
-        .map(|value| {
-            let mut annotation = DebugAnnotation::default();
-            match value {
-                Value::Bool(flag) => annotation.bool_value = Some(*flag),
-                Value::Number(n) => {
-                    if let Some(unsigned) = n.as_u64() {
-                        annotation.uint_value = Some(unsigned);
-                    } else if let Some(signed) = n.as_i64() {
-                        annotation.int_value = Some(signed);
-                    } else {
-                        annotation.double_value = n.as_f64();
-                    }
-                }
-                Value::String(text) => annotation.string_value = Some(text.clone()),
-                other => annotation.legacy_json_value = Some(other.to_string()),
-            }
-            annotation
-        })
-        .collect()
+/// What a named event carries besides its arguments.
+struct NamedEvent<'a> {
+    kind: i32,
+    track_uuid: u64,
+    name: &'a str,
+    category: &'a str,
+    flow_out: &'a [u64],
+    flows_in: &'a [FlowStart],
+}
+
+/// A `DebugAnnotation`'s fields in tag order: the name's iid, the value, the name in full
+/// where it is not interned. Values as the JSON map had them: non-negative integers
+/// unsigned, arrays and objects as JSON.
+fn debug_annotation(buf: &mut Vec<u8>, key: &str, iid: Option<u64>, value: Arg<'_>) {
+    if let Some(iid) = iid {
+        wire::varint(buf, annotation_field::NAME_IID, iid);
+    }
+    match value {
+        Arg::Bool(flag) => wire::varint(buf, annotation_field::BOOL_VALUE, flag.into()),
+        Arg::Unsigned(n) => wire::varint(buf, annotation_field::UINT_VALUE, n),
+        Arg::Signed(n) => wire::varint(buf, annotation_field::INT_VALUE, n as u64),
+        Arg::Float(x) => wire::fixed64(buf, annotation_field::DOUBLE_VALUE, x.to_bits()),
+        Arg::Text(text) => wire::string(buf, annotation_field::STRING_VALUE, text),
+        Arg::Json(json) => wire::string(buf, annotation_field::LEGACY_JSON_VALUE, json),
+    }
+    if iid.is_none() {
+        wire::string(buf, annotation_field::NAME, key);
+    }
+}
+
+/// The protobuf wire format, written straight into a buffer.
+mod wire {
+    use prost::encoding::{WireType, encoded_len_varint};
+
+    /// Seven bits a byte, low first, the high bit set on all but the last (as prost).
+    pub fn raw_varint(buf: &mut Vec<u8>, mut value: u64) {
+        while value >= 0x80 {
+            buf.push((value as u8 & 0x7f) | 0x80);
+            value >>= 7;
+        }
+        buf.push(value as u8);
+    }
+
+    fn key(buf: &mut Vec<u8>, field: u32, wire_type: WireType) {
+        raw_varint(buf, u64::from(field << 3 | wire_type as u32));
+    }
+
+    pub fn varint(buf: &mut Vec<u8>, field: u32, value: u64) {
+        key(buf, field, WireType::Varint);
+        raw_varint(buf, value);
+    }
+
+    pub fn fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
+        key(buf, field, WireType::SixtyFourBit);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+
+    pub fn string(buf: &mut Vec<u8>, field: u32, text: &str) {
+        key(buf, field, WireType::LengthDelimited);
+        raw_varint(buf, text.len() as u64);
+        buf.extend_from_slice(text.as_bytes());
+    }
+
+    /// A nested message: its length is known once `body` has written it, so `guess` bytes
+    /// are set aside for it and the body moved when the length needs another width.
+    pub fn message(buf: &mut Vec<u8>, field: u32, guess: usize, body: impl FnOnce(&mut Vec<u8>)) {
+        key(buf, field, WireType::LengthDelimited);
+        let length_at = buf.len();
+        buf.resize(length_at + guess, 0);
+        body(buf);
+        let length = buf.len() - length_at - guess;
+        let width = encoded_len_varint(length as u64);
+        if width > guess {
+            let extra = width - guess;
+            buf.splice(length_at..length_at, std::iter::repeat_n(0, extra));
+        } else if width < guess {
+            buf.copy_within(length_at + guess.., length_at + width);
+            buf.truncate(length_at + width + length);
+        }
+        let mut rest = length;
+        for (index, byte) in buf[length_at..length_at + width].iter_mut().enumerate() {
+            let more = if index + 1 < width { 0x80 } else { 0 };
+            *byte = (rest & 0x7f) as u8 | more;
+            rest >>= 7;
+        }
+    }
+}
+
+/// Like a `BufWriter`, what was gathered is handed on when the writer is dropped (after a
+/// failed read, the events before it).
+impl<W: Write> Drop for PerfettoWriter<W> {
+    fn drop(&mut self) {
+        let _ = self.out.write_all(&self.buf);
+    }
 }
 
 impl<W: Write> TimelineSink for PerfettoWriter<W> {
@@ -222,16 +437,37 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
         Ok(())
     }
 
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
-        // Described again with the same uuid after a rename.
-        let (uuid, _) = self.uuid(TrackKey::Process(pid));
-        self.describe(TrackDescriptor {
-            uuid: Some(uuid),
-            process: Some(ProcessDescriptor {
-                pid: Some(pid as i32),
-                process_name: Some(name.to_owned()),
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        let (uuid, new) = self.uuid(TrackKey::Process(process.pid));
+        if new {
+            return self.describe(TrackDescriptor {
+                uuid: Some(uuid),
+                process: Some(ProcessDescriptor {
+                    pid: Some(process.pid as i32),
+                    process_name: Some(process.name.to_owned()),
+                }),
+                ..TrackDescriptor::default()
+            });
+        }
+        // A rename: the trace processor keeps a process descriptor's first name, but takes
+        // a process tree's, at its timestamp (after the events written so far).
+        let mut cmdline = vec![process.name.to_owned()];
+        if process.name.contains(' ') {
+            // A lone cmdline entry is cut at its first space (programs that rewrite their
+            // cmdline with spaces); a second, empty entry keeps the whole name.
+            cmdline.push(String::new());
+        }
+        self.packet(TracePacket {
+            timestamp: Some(self.latest_ts_ns),
+            process_tree: Some(ProcessTree {
+                processes: vec![ProcessTreeProcess {
+                    pid: Some(process.pid as i32),
+                    // 0 (the trace processor's placeholder) where the fork was not seen.
+                    ppid: Some(process.parent.map_or(0, |parent| parent as i32)),
+                    cmdline,
+                }],
             }),
-            ..TrackDescriptor::default()
+            ..TracePacket::default()
         })
     }
 
@@ -286,24 +522,21 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
         let track_uuid = self.track_uuid(slice.track)?;
         self.named_event(
             slice.ts_ns,
-            TrackEvent {
-                r#type: Some(event_type::SLICE_BEGIN),
-                track_uuid: Some(track_uuid),
-                flow_ids: slice.flow_out.to_vec(),
-                terminating_flow_ids: slice.flows_in.iter().map(|start| start.id).collect(),
-                ..TrackEvent::default()
+            NamedEvent {
+                kind: event_type::SLICE_BEGIN,
+                track_uuid,
+                name: slice.name,
+                category: slice.category,
+                flow_out: slice.flow_out,
+                flows_in: slice.flows_in,
             },
-            slice.name,
-            slice.category,
             slice.args,
         )?;
-        self.event(
+        self.plain_event(
             slice.ts_ns.saturating_add(slice.dur_ns),
-            TrackEvent {
-                r#type: Some(event_type::SLICE_END),
-                track_uuid: Some(track_uuid),
-                ..TrackEvent::default()
-            },
+            event_type::SLICE_END,
+            track_uuid,
+            None,
         )
     }
 
@@ -311,13 +544,14 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
         let track_uuid = self.track_uuid(instant.track)?;
         self.named_event(
             instant.ts_ns,
-            TrackEvent {
-                r#type: Some(event_type::INSTANT),
-                track_uuid: Some(track_uuid),
-                ..TrackEvent::default()
+            NamedEvent {
+                kind: event_type::INSTANT,
+                track_uuid,
+                name: instant.name,
+                category: instant.category,
+                flow_out: &[],
+                flows_in: &[],
             },
-            instant.name,
-            instant.category,
             instant.args,
         )
     }
@@ -336,20 +570,21 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 ..TrackDescriptor::default()
             })?;
         }
-        self.event(
+        self.plain_event(
             ts_ns,
-            TrackEvent {
-                r#type: Some(event_type::COUNTER),
-                track_uuid: Some(uuid),
-                counter_value: Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
-                ..TrackEvent::default()
-            },
+            event_type::COUNTER,
+            uuid,
+            Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
         )
     }
 
     fn gpu(&mut self, device: u32, name: &str) -> io::Result<()> {
         self.gpu_names.insert(device, name.to_owned());
-        self.process(GPU_PID_BASE + device, name)
+        self.process(&ProcessName {
+            pid: GPU_PID_BASE + device,
+            name,
+            parent: None,
+        })
     }
 
     fn gpu_counter(
@@ -370,18 +605,44 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 ..TrackDescriptor::default()
             })?;
         }
-        self.event(
-            ts_ns,
-            TrackEvent {
+        // A sample every few milliseconds at most: built as a message.
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
+        self.packet(TracePacket {
+            timestamp: Some(ts_ns),
+            track_event: Some(TrackEvent {
                 r#type: Some(event_type::COUNTER),
                 track_uuid: Some(uuid),
                 double_counter_value: Some(value),
                 ..TrackEvent::default()
-            },
-        )
+            }),
+            ..TracePacket::default()
+        })
     }
 
     fn finish(&mut self, _stats: &ExportStats) -> io::Result<()> {
+        self.out.write_all(&self.buf)?;
+        self.buf.clear();
         self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wire;
+
+    /// A nested message's length takes the width it needs, whatever was set aside for it,
+    /// as prost writes it.
+    #[test]
+    fn nested_lengths_are_written_as_prost_writes_them() {
+        for length in [0, 1, 127, 128, 16_383, 16_384, 300_000] {
+            let body = vec![7u8; length];
+            let mut expected = vec![1u8];
+            prost::encoding::bytes::encode(4, &body, &mut expected);
+            for guess in [1, 2, 3] {
+                let mut written = vec![1u8];
+                wire::message(&mut written, 4, guess, |buf| buf.extend_from_slice(&body));
+                assert!(written == expected, "length {length}, guess {guess}");
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The few messages of Perfetto's trace format that `--format perfetto` writes, with the
-//! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto and
+//! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto,
 //! track_event/{track_event,track_descriptor,process_descriptor,thread_descriptor,
-//! counter_descriptor,debug_annotation}.proto. Fields not listed are never written.
+//! counter_descriptor,debug_annotation}.proto and ps/process_tree.proto. Fields not listed
+//! are never written.
 //!
 //! Self-contained (only `prost`): the CLI tests include this file to decode exports.
 
@@ -14,8 +15,43 @@ pub struct Trace {
     pub packet: Vec<TracePacket>,
 }
 
-/// Tag of `Trace.packet` (field 1, length-delimited) before each streamed packet.
+/// `Trace.packet`, and its tag (field 1, length-delimited) before each streamed packet.
+pub const TRACE_PACKET_FIELD: u32 = 1;
 pub const TRACE_PACKET_TAG: u8 = (1 << 3) | 2;
+
+/// Field numbers of the messages below, for the writer's hand encoding of track event
+/// packets (tested against these messages' own encoding).
+pub mod packet_field {
+    pub const TIMESTAMP: u32 = 8;
+    pub const TRUSTED_PACKET_SEQUENCE_ID: u32 = 10;
+    pub const TRACK_EVENT: u32 = 11;
+    pub const INTERNED_DATA: u32 = 12;
+    pub const SEQUENCE_FLAGS: u32 = 13;
+}
+
+pub mod event_field {
+    pub const CATEGORY_IIDS: u32 = 3;
+    pub const DEBUG_ANNOTATIONS: u32 = 4;
+    pub const TYPE: u32 = 9;
+    pub const NAME_IID: u32 = 10;
+    pub const TRACK_UUID: u32 = 11;
+    pub const CATEGORIES: u32 = 22;
+    pub const NAME: u32 = 23;
+    pub const COUNTER_VALUE: u32 = 30;
+    pub const FLOW_IDS: u32 = 47;
+    pub const TERMINATING_FLOW_IDS: u32 = 48;
+}
+
+pub mod annotation_field {
+    pub const NAME_IID: u32 = 1;
+    pub const BOOL_VALUE: u32 = 2;
+    pub const UINT_VALUE: u32 = 3;
+    pub const INT_VALUE: u32 = 4;
+    pub const DOUBLE_VALUE: u32 = 5;
+    pub const STRING_VALUE: u32 = 6;
+    pub const LEGACY_JSON_VALUE: u32 = 9;
+    pub const NAME: u32 = 10;
+}
 
 /// `TracePacket.sequence_flags`: SEQ_INCREMENTAL_STATE_CLEARED (the first packet) and
 /// SEQ_NEEDS_INCREMENTAL_STATE (packets that refer to interned names).
@@ -24,6 +60,9 @@ pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TracePacket {
+    /// A process renamed by an exec (see [`ProcessTree`]).
+    #[prost(message, optional, tag = "2")]
+    pub process_tree: Option<ProcessTree>,
     /// Nanoseconds, in the trace's default clock domain.
     #[prost(uint64, optional, tag = "8")]
     pub timestamp: Option<u64>,
@@ -150,6 +189,26 @@ pub struct ThreadDescriptor {
     pub tid: Option<i32>,
     #[prost(string, optional, tag = "5")]
     pub thread_name: Option<String>,
+}
+
+/// Processes as a system probe lists them. The trace processor takes a process's name from
+/// the first `ProcessDescriptor` only (later ones never override it), but from each
+/// `ProcessTree` in timestamp order: an exec's new name is sent this way.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessTree {
+    #[prost(message, repeated, tag = "1")]
+    pub processes: Vec<ProcessTreeProcess>,
+}
+
+/// `ProcessTree.Process`: the trace processor names the process after `cmdline[0]`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProcessTreeProcess {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(int32, optional, tag = "2")]
+    pub ppid: Option<i32>,
+    #[prost(string, repeated, tag = "3")]
+    pub cmdline: Vec<String>,
 }
 
 /// `CounterDescriptor.Unit`: UNIT_SIZE_BYTES.

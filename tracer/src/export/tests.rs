@@ -467,7 +467,7 @@ fn labels_name_kernels_copies_and_errors() {
         };
         fill(&mut record);
         let role = classify(name).0;
-        call_label(&record, role)
+        call_label(&record, role).into_owned()
     };
     assert_eq!(
         record("cuLaunchKernel", &|r| r.function =
@@ -487,6 +487,87 @@ fn labels_name_kernels_copies_and_errors() {
         "cuMemsetD32_v2 64 B"
     );
     assert_eq!(record("cuInit", &|r| r.ret = 999), "cuInit → error 999");
+}
+
+/// A shell's forked child execs another program: both formats rename it, the protobuf
+/// through a process tree (the trace processor keeps a process descriptor's first name).
+#[test]
+fn an_exec_renames_the_process_in_both_formats() {
+    let text = r#"{"type":"header","start_monotonic_ns":1000,"command":["/bin/sh","-c","x"],"pids":[7]}
+{"type":"call","name":"cuInit","pid":7,"tid":7,"ts_ns":2000,"dur_ns":10,"ret":0}
+{"type":"process","event":"fork","pid":7,"tid":7,"ts_ns":3000,"child_pid":8,"comm":"sh"}
+{"type":"call","name":"cuInit","pid":8,"tid":8,"ts_ns":4000,"dur_ns":10,"ret":0}
+{"type":"process","event":"exec","pid":8,"tid":8,"ts_ns":5000,"filename":"/usr/bin/fake nvidia"}
+{"type":"call","name":"cuInit","pid":8,"tid":8,"ts_ns":6000,"dur_ns":10,"ret":0}
+{"type":"process","event":"exec","pid":9,"tid":9,"ts_ns":7000,"filename":"/bin/other"}
+{"type":"call","name":"cuInit","pid":9,"tid":9,"ts_ns":8000,"dur_ns":10,"ret":0}
+"#;
+    let exported = |format| {
+        let mut out = Vec::new();
+        export(
+            text.as_bytes(),
+            "t",
+            &mut out,
+            format,
+            &Filters::default(),
+            false,
+        )
+        .unwrap();
+        out
+    };
+
+    let json: Value = serde_json::from_slice(&exported(ExportFormat::Chrome)).unwrap();
+    let names: Vec<(u64, &str)> = json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .map(|e| {
+            (
+                e["pid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (7, "/bin/sh -c x"),
+            (8, "sh"),
+            (8, "fake nvidia"),
+            // Its exec's marker is its first event, drawn before the new name.
+            (9, "pid 9"),
+            (9, "other")
+        ]
+    );
+
+    let trace = Trace::decode(exported(ExportFormat::Perfetto).as_slice()).unwrap();
+    let described: Vec<(i32, &str)> = trace
+        .packet
+        .iter()
+        .filter_map(|p| p.track_descriptor.as_ref()?.process.as_ref())
+        .map(|p| (p.pid.unwrap(), p.process_name.as_deref().unwrap()))
+        .collect();
+    assert_eq!(described, [(7, "/bin/sh -c x"), (8, "sh"), (9, "pid 9")]);
+    let renamed: Vec<(u64, &proto::ProcessTreeProcess)> = trace
+        .packet
+        .iter()
+        .filter_map(|p| Some((p.timestamp?, p.process_tree.as_ref()?.processes.first()?)))
+        .collect();
+    assert_eq!(renamed.len(), 2, "pids 8 and 9 are named twice");
+    let (ts, process) = renamed[0];
+    assert_eq!(
+        ts, 4_000,
+        "after the events written so far (the exec's marker)"
+    );
+    assert_eq!((process.pid, process.ppid), (Some(8), Some(7)));
+    // Not cut at its space.
+    assert_eq!(process.cmdline, ["fake nvidia", ""]);
+    let (ts, process) = renamed[1];
+    assert_eq!(ts, 6_000);
+    // Its fork was not traced.
+    assert_eq!((process.pid, process.ppid), (Some(9), Some(0)));
+    assert_eq!(process.cmdline, ["other"]);
 }
 
 /// A GPU counter value: (pid, track, ts since the base, value).

@@ -3,9 +3,7 @@
 
 use std::io;
 
-use serde_json::{Map, Value};
-
-use super::flows::FlowStart;
+use super::{arguments::Arguments, flows::FlowStart};
 use crate::schema::Header;
 
 /// Figures of one export, printed on stderr and checked by the tests.
@@ -102,11 +100,20 @@ pub struct Slice<'a> {
     pub dur_ns: u64,
     pub name: &'a str,
     pub category: &'a str,
-    pub args: &'a Map<String, Value>,
+    /// In key order ([`Arguments::sort`]).
+    pub args: &'a Arguments,
     /// A launch: the flows it starts (to its synchronisation, to its GPU work).
     pub flow_out: &'a [u64],
     /// A synchronisation: the launches it waited for.
     pub flows_in: &'a [FlowStart],
+}
+
+/// A process's name, given before its first event and again after an exec renamed it.
+pub struct ProcessName<'a> {
+    pub pid: u32,
+    pub name: &'a str,
+    /// The process that forked it, where the trace saw the fork.
+    pub parent: Option<u32>,
 }
 
 pub struct Instant<'a> {
@@ -114,7 +121,7 @@ pub struct Instant<'a> {
     pub ts_ns: u64,
     pub name: &'a str,
     pub category: &'a str,
-    pub args: &'a Map<String, Value>,
+    pub args: &'a Arguments,
 }
 
 /// Where the timeline goes (Trace Event JSON or Perfetto protobuf). The exporter names
@@ -123,7 +130,7 @@ pub trait TimelineSink {
     /// The trace's header, before any event.
     fn header(&mut self, header: &Header, base_ns: u64) -> io::Result<()>;
     /// Names (or renames, after an exec) a process.
-    fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
+    fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()>;
     /// Names a thread's track (or its driver track, or a GPU stream's track: then `name`
     /// is the stream's, and its GPU's group was named first by [`Self::gpu`]).
     fn thread(&mut self, track: Track, name: &str) -> io::Result<()>;

@@ -16,7 +16,7 @@ mod theme;
 
 use std::{
     fs::File,
-    io::{BufRead, BufReader},
+    io::BufRead,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -55,13 +55,13 @@ pub fn render(
 ) -> Result<Rendered, ReadError> {
     let open = || {
         File::open(path)
-            .map(|file| BufReader::with_capacity(1 << 20, file))
+            .map(|file| TraceLines::from_file(file, label, skip_bad_lines))
             .map_err(|source| ReadError::Io {
                 file: label.to_owned(),
                 source,
             })
     };
-    let summarised = summarise(open, label, skip_bad_lines)?;
+    let summarised = summarise(open)?;
     let summary = &summarised.report.summary;
     let gpu = &summarised.report.gpu;
     let plot_width = f64::from(width) - theme::MARGIN_LEFT_PX - theme::MARGIN_RIGHT_PX;
@@ -72,7 +72,7 @@ pub fn render(
         (summary.first_ts_ns, summary.span_ns)
     };
     let columns = Columns::new(t0, span, plot_width as usize);
-    let bins = bin(open()?, label, skip_bad_lines, columns, &summarised.report)?;
+    let bins = bin(open()?, columns, &summarised.report)?;
     let svg = svg::draw(
         &Plot {
             info: &summarised.info,
@@ -91,9 +91,7 @@ pub fn render(
 /// The second pass: every call into its family's lane, device bytes into the curves of
 /// the processes with the highest peaks.
 fn bin(
-    reader: impl BufRead,
-    label: &str,
-    skip_bad_lines: bool,
+    mut lines: TraceLines<impl BufRead>,
     columns: Columns,
     report: &Report,
 ) -> Result<Bins, ReadError> {
@@ -109,15 +107,14 @@ fn bin(
 
     let gpus: Vec<u32> = report.gpu.devices.iter().map(|d| d.device).collect();
     let mut bins = Bins::new(columns, &pids, &gpus);
-    let mut lines = TraceLines::new(reader, label, skip_bad_lines);
     let mut families = Families::default();
     // Traces written before kernel names and live bytes existed get them here.
     let mut analysis = Analysis::default();
     while let Some(line) = lines.next_line()? {
         match line {
-            Line::Header(header) => families = Families::from_header(&header),
-            Line::Call(mut record) => {
-                analysis.observe(&mut record);
+            Line::Header(header) => families = Families::from_header(header),
+            Line::Call(record) => {
+                analysis.annotate(record);
                 bins.call(families.of(&record.name), record.ts_ns, record.dur_ns);
                 if let Some(bytes) = record.live_bytes {
                     let end = record.ts_ns.saturating_add(record.dur_ns);

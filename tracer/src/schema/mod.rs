@@ -13,6 +13,7 @@
 //! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
 //! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
+//! | `compact.rs` | | a fast reader for lines exactly as the writer writes them |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
 //! optional fields are left out rather than written as `null`; pointers are
@@ -34,6 +35,7 @@
 //!    (or ignores) the new variant; docs/trace-format.md documents it.
 
 mod call;
+pub mod compact;
 mod driver;
 mod fields;
 mod footer;
@@ -84,8 +86,15 @@ pub enum Line {
 /// Parses one line (without its newline); the error says what is wrong, and where when
 /// the JSON itself is. Never panics.
 pub fn parse(bytes: &[u8]) -> Result<Line, String> {
-    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass.
+    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass,
+    // by the compact reader where the line is as the writer writes it.
     if bytes.starts_with(call::FAST_PREFIX) {
+        if let Some(call) = std::str::from_utf8(bytes)
+            .ok()
+            .and_then(compact::from_str::<CallLine>)
+        {
+            return Ok(Line::Call(Box::new(call)));
+        }
         return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
     }
     for (prefix, kind) in gpu::FAST_PREFIXES {

@@ -1,9 +1,6 @@
 //! `cudatrace summary TRACE.jsonl`: read a trace back and print what it means.
 
-use std::{
-    fs::File,
-    io::{BufReader, Write},
-};
+use std::{fs::File, io::Write};
 
 use anyhow::anyhow;
 
@@ -16,7 +13,7 @@ pub use args::SummaryArgs;
 use crate::{
     analysis::summarise::summarise,
     exit::{ExitCode, Failure},
-    reader::ReadError,
+    reader::{ReadError, TraceLines},
 };
 
 use self::text::{SummaryJson, render_text};
@@ -40,9 +37,9 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
                 source,
             })?,
         };
-        Ok(BufReader::with_capacity(1 << 20, file))
+        Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
     };
-    let result = summarise(open, &label, args.skip_bad_lines).map_err(|e| match e {
+    let result = summarise(open).map_err(|e| match e {
         ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
         ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
     })?;

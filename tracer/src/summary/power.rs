@@ -288,12 +288,15 @@ pub fn render_short(out: &mut String, power: &PowerReport) {
 
 #[cfg(test)]
 mod tests {
-    use crate::{analysis::summarise::summarise, summary::text::render_text, test_traces};
+    use crate::{
+        analysis::summarise::summarise, reader::TraceLines, summary::text::render_text, test_traces,
+    };
 
     #[test]
     fn a_power_trace_gives_exact_energies_and_says_how() {
         let trace = test_traces::power();
-        let result = summarise(|| Ok(trace.as_bytes()), "power.jsonl", false).unwrap();
+        let result =
+            summarise(|| Ok(TraceLines::new(trace.as_bytes(), "power.jsonl", false))).unwrap();
         let power = result.report.power.as_ref().expect("a power report");
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
         // GPU 0: its counter, 5000 to 5200 mJ; GPU 1: 250 W integrated over 2 ms.
