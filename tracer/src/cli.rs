@@ -149,6 +149,7 @@ mod tests {
     #[test]
     fn ring_size_must_be_a_power_of_two() {
         assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "3", "--", "x"]).is_err());
-        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "8", "--", "x"]).is_ok());
     }
 }

@@ -37,15 +37,17 @@ pub struct Attached {
     multi: Vec<MultiLink>,
     /// Per-symbol perf-event links otherwise.
     links: Vec<(&'static str, UProbeLinkId)>,
+    /// Why a plan's uprobe_multi attach failed and per-symbol links were used instead.
+    pub multi_fallback: Option<String>,
 }
 
 impl Attached {
-    /// `uprobe_multi` or `perf_event`, for the header and doctor.
+    /// `uprobe_multi`, `perf_event`, or both when some plans fell back.
     pub fn mechanism(&self) -> &'static str {
-        if self.multi.is_empty() {
-            "perf_event"
-        } else {
-            "uprobe_multi"
+        match (self.multi.is_empty(), self.links.is_empty()) {
+            (false, false) => "uprobe_multi+perf_event",
+            (false, true) => "uprobe_multi",
+            _ => "perf_event",
         }
     }
 }
@@ -85,7 +87,10 @@ fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<V
                 return Ok(Vec::new());
             }
             // One bad offset fails a whole multi link: per-symbol links name the culprit.
-            Err(error) => log::debug!("uprobe_multi attach failed, falling back: {error:#}"),
+            Err(error) => {
+                let why = format!("{error:#}");
+                attached.multi_fallback.get_or_insert(why);
+            }
         }
     }
     attach_per_symbol(bpf, &plan.library.path, plan, attached)

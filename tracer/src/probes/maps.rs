@@ -1,5 +1,7 @@
 //! The object's maps as the loader uses them: the traced-process set, the events ring
-//! buffer, and the per-CPU loss and entry counters.
+//! buffer, and the per-CPU loss and entry counters. [`SIZED_MAPS`] are the hash maps whose
+//! size the hidden `--map-entries` flag can change (tests shrink them to prove that a full
+//! map is counted, never silent).
 
 use anyhow::{Context, Result};
 use aya::{
@@ -7,6 +9,16 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
 use tracer_common::counter;
+
+/// Hash maps whose inserts can fail when full, each counted by its own `lost` reason.
+pub const SIZED_MAPS: &[&str] = &[
+    "TRACED",
+    "FRAMES",
+    "NV_FDS",
+    "PENDING_OPEN",
+    "SYSCALLS",
+    "KFUNCS",
+];
 
 /// Marks a process as traced (the command, or a `-p` target).
 pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
@@ -35,6 +47,11 @@ pub struct Counters {
     pub entries: u64,
     pub process_ring_full: u64,
     pub driver_ring_full: u64,
+    pub traced_full: u64,
+    pub fds_full: u64,
+    pub opens_full: u64,
+    pub syscalls_full: u64,
+    pub kfuncs_full: u64,
 }
 
 impl Counters {
@@ -43,9 +60,17 @@ impl Counters {
         self.ring_full + self.too_deep + self.frames_full
     }
 
-    /// All events the kernel had to drop.
+    /// All events the kernel had to drop, and the processes, fds and opens it could not
+    /// follow (whose events then go unrecorded).
     pub fn lost(&self) -> u64 {
-        self.calls_lost() + self.process_ring_full + self.driver_ring_full
+        self.calls_lost()
+            + self.process_ring_full
+            + self.driver_ring_full
+            + self.traced_full
+            + self.fds_full
+            + self.opens_full
+            + self.syscalls_full
+            + self.kfuncs_full
     }
 }
 
@@ -73,6 +98,11 @@ impl CounterReader {
             entries: sum(counter::ENTRIES)?,
             process_ring_full: sum(counter::PROC_RING_FULL)?,
             driver_ring_full: sum(counter::DRIVER_RING_FULL)?,
+            traced_full: sum(counter::TRACED_FULL)?,
+            fds_full: sum(counter::FDS_FULL)?,
+            opens_full: sum(counter::OPENS_FULL)?,
+            syscalls_full: sum(counter::SYSCALLS_FULL)?,
+            kfuncs_full: sum(counter::KFUNCS_FULL)?,
         })
     }
 }

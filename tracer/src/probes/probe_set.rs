@@ -27,6 +27,9 @@ pub struct ProbeSet {
     /// Suffixes of variants attached with each catalog symbol where the library exports
     /// them (libcuda's per-thread default stream entry points).
     pub variants: &'static [&'static str],
+    /// The prefix of the library's API functions: `--functions all` probes every exported
+    /// function whose name starts with it.
+    pub function_prefix: &'static str,
 }
 
 /// The CUDA driver: the first probe set.
@@ -40,6 +43,7 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     standin_marker: "cudatrace_standin_libcuda",
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
+    function_prefix: "cu",
 };
 
 impl ProbeSet {

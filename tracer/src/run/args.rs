@@ -4,7 +4,14 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::Args;
 
-use crate::{export::ExportFormat, kernel_hooks::HookChoice, probes::plan::MissingProbes};
+use crate::{
+    export::ExportFormat,
+    kernel_hooks::HookChoice,
+    probes::{
+        maps::SIZED_MAPS,
+        plan::{FunctionSelection, MissingProbes},
+    },
+};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -37,9 +44,23 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub libcuda: Option<PathBuf>,
 
-    /// What to do when a catalog function is not exported by libcuda or fails to attach.
+    /// What to do when a catalog function is not exported by libcuda or fails to attach,
+    /// or a --functions pattern matches nothing.
     #[arg(long, value_enum, default_value = "warn", value_name = "POLICY")]
     pub missing_probes: MissingProbes,
+
+    /// Which libcuda functions to probe: `catalog` (the functions cudatrace decodes), `all`
+    /// (the catalog and every other exported cu* function), or glob patterns
+    /// (`cuCtxGet*`, `cuDevice?etAttribute`), comma-separated and mixed with `catalog`.
+    /// Functions outside the catalog are recorded generically: name, pid, tid, ts_ns,
+    /// dur_ns, ret and the six register arguments as `args`.
+    #[arg(
+        long,
+        default_value = "catalog",
+        value_name = "SELECTION",
+        value_parser = FunctionSelection::parse
+    )]
+    pub functions: FunctionSelection,
 
     /// Run the command as root even under sudo.
     #[arg(long)]
@@ -49,7 +70,7 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Ring buffer size in KiB (a power of two, at least 4). Larger rides out bursts.
+    /// Ring buffer size in KiB (a power of two, at least 8). Larger rides out bursts.
     #[arg(long, default_value_t = 16384, value_name = "KIB", value_parser = parse_ring_kib)]
     pub ring_kib: u32,
 
@@ -69,6 +90,12 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "PREFIX")]
     pub kernel_device_prefix: Option<String>,
 
+    /// Entries of one of the eBPF hash maps (TRACED, FRAMES, NV_FDS, PENDING_OPEN, SYSCALLS,
+    /// KFUNCS), replacing its size; repeatable. Tests shrink them to prove that a full map
+    /// is counted in `lost`, never silent.
+    #[arg(long, hide = true, value_name = "MAP=N", value_parser = parse_map_entries)]
+    pub map_entries: Vec<(String, u32)>,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
     /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -81,8 +108,23 @@ pub struct RunArgs {
 
 fn parse_ring_kib(text: &str) -> Result<u32, String> {
     let kib: u32 = text.parse().map_err(|e| format!("{e}"))?;
-    if kib < 4 || !kib.is_power_of_two() || kib > 1 << 20 {
-        return Err("must be a power of two between 4 and 1048576".into());
+    // 8 KiB holds the largest record, a call with a 4 KiB name.
+    if kib < 8 || !kib.is_power_of_two() || kib > 1 << 20 {
+        return Err("must be a power of two between 8 and 1048576".into());
     }
     Ok(kib)
+}
+
+fn parse_map_entries(text: &str) -> Result<(String, u32), String> {
+    let (map, entries) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not MAP=N"))?;
+    if !SIZED_MAPS.contains(&map) {
+        return Err(format!("{map:?} is not one of {}", SIZED_MAPS.join(", ")));
+    }
+    let entries: u32 = entries.parse().map_err(|e| format!("{entries:?}: {e}"))?;
+    if entries == 0 {
+        return Err("a map needs at least 1 entry".into());
+    }
+    Ok((map.to_owned(), entries))
 }

@@ -1,64 +1,151 @@
-//! Loss accounting: the kernel's per-CPU drop counters, read every tick, become `lost`
-//! lines (one per reason that grew) and the footer's `lost` figures.
+//! Loss accounting: the kernel's per-CPU drop counters, read every tick, and the records
+//! a signal-stopped run had no time to write, become `lost` lines (one per reason that grew)
+//! and the footer's `lost` figures.
 
 use std::io;
 
 use super::clock::monotonic_ns;
-use crate::{probes::maps::Counters, schema::LostLine, sinks::jsonl::TraceWriter};
+use crate::{
+    probes::maps::Counters,
+    schema::{LostCounts, LostLine},
+    sinks::jsonl::TraceWriter,
+};
 
-/// The counters as last reported.
+/// Records left in the ring when a signal-stopped run's last drain ran out of time: read
+/// and counted, not written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotDrained {
+    pub calls: u64,
+    pub other: u64,
+}
+
+/// The figures as last reported.
 #[derive(Default)]
 pub struct LossAccount {
-    last: Counters,
+    last: LostCounts,
+}
+
+/// The footer's figures from the kernel's counters and what was not drained.
+fn lost_counts(now: &Counters, not_drained: NotDrained) -> LostCounts {
+    let not_drained_total = not_drained.calls + not_drained.other;
+    LostCounts {
+        ring_full: now.ring_full,
+        too_deep: now.too_deep,
+        frames_full: now.frames_full,
+        process_ring_full: now.process_ring_full,
+        driver_ring_full: now.driver_ring_full,
+        traced_full: now.traced_full,
+        fds_full: now.fds_full,
+        opens_full: now.opens_full,
+        syscalls_full: now.syscalls_full,
+        kfuncs_full: now.kfuncs_full,
+        not_drained: not_drained_total,
+        calls: now.calls_lost() + not_drained.calls,
+        total: now.lost() + not_drained_total,
+    }
+}
+
+/// Each reason with its figure, in the order `lost` lines are written.
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 11] {
+    [
+        ("ring_full", counts.ring_full),
+        ("too_deep", counts.too_deep),
+        ("frames_full", counts.frames_full),
+        ("process_ring_full", counts.process_ring_full),
+        ("driver_ring_full", counts.driver_ring_full),
+        ("traced_full", counts.traced_full),
+        ("fds_full", counts.fds_full),
+        ("opens_full", counts.opens_full),
+        ("syscalls_full", counts.syscalls_full),
+        ("kfuncs_full", counts.kfuncs_full),
+        ("not_drained", counts.not_drained),
+    ]
 }
 
 impl LossAccount {
     /// Everything lost so far.
     pub fn lost(&self) -> u64 {
-        self.last.lost()
+        self.last.total
     }
 
-    /// Writes a `lost` line for each counter that grew since the last look, and sets the
+    /// Writes a `lost` line for each reason that grew since the last look, and sets the
     /// footer's figures.
-    pub fn update(&mut self, now: Counters, writer: &mut TraceWriter) -> io::Result<()> {
-        let last = &self.last;
+    pub fn update(
+        &mut self,
+        now: Counters,
+        not_drained: NotDrained,
+        writer: &mut TraceWriter,
+    ) -> io::Result<()> {
+        let counts = lost_counts(&now, not_drained);
         let ts_ns = monotonic_ns();
-        for (reason, before, after) in [
-            ("ring_full", last.ring_full, now.ring_full),
-            ("too_deep", last.too_deep, now.too_deep),
-            ("frames_full", last.frames_full, now.frames_full),
-            (
-                "process_ring_full",
-                last.process_ring_full,
-                now.process_ring_full,
-            ),
-            (
-                "driver_ring_full",
-                last.driver_ring_full,
-                now.driver_ring_full,
-            ),
-        ] {
+        for ((reason, after), (_, before)) in reasons(&counts).into_iter().zip(reasons(&self.last))
+        {
             if after > before {
                 writer.write(&LostLine {
                     ts_ns,
                     reason: reason.into(),
                     count: after - before,
-                    total: now.lost(),
+                    total: counts.total,
                     ..LostLine::default()
                 })?;
             }
         }
-        let footer = &mut writer.footer;
-        footer.lost.ring_full = now.ring_full;
-        footer.lost.too_deep = now.too_deep;
-        footer.lost.frames_full = now.frames_full;
-        footer.lost.process_ring_full = now.process_ring_full;
-        footer.lost.driver_ring_full = now.driver_ring_full;
-        footer.lost.calls = now.calls_lost();
-        footer.lost.total = now.lost();
-        footer.entries_seen = now.entries;
-        footer.unmatched_returns = now.unmatched_returns;
-        self.last = now;
+        writer.footer.lost = counts.clone();
+        writer.footer.entries_seen = now.entries;
+        writer.footer.unmatched_returns = now.unmatched_returns;
+        self.last = counts;
         Ok(())
+    }
+
+    /// One line for stderr naming every reason that lost something, or `None`.
+    pub fn describe(counts: &LostCounts) -> Option<String> {
+        let parts: Vec<String> = reasons(counts)
+            .into_iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_adds_up_and_calls_include_those_not_drained() {
+        let now = Counters {
+            ring_full: 1,
+            too_deep: 2,
+            frames_full: 4,
+            process_ring_full: 8,
+            driver_ring_full: 16,
+            traced_full: 32,
+            fds_full: 64,
+            opens_full: 128,
+            syscalls_full: 256,
+            kfuncs_full: 512,
+            ..Counters::default()
+        };
+        let counts = lost_counts(
+            &now,
+            NotDrained {
+                calls: 1024,
+                other: 2048,
+            },
+        );
+        assert_eq!(counts.calls, 1 + 2 + 4 + 1024);
+        assert_eq!(counts.total, 4095);
+        assert_eq!(counts.not_drained, 3072);
+        assert_eq!(
+            LossAccount::describe(&LostCounts {
+                frames_full: 3,
+                opens_full: 2,
+                ..LostCounts::default()
+            })
+            .as_deref(),
+            Some("frames_full 3, opens_full 2")
+        );
+        assert_eq!(LossAccount::describe(&LostCounts::default()), None);
     }
 }

@@ -31,7 +31,9 @@ use std::{
 
 use anyhow::anyhow;
 
-use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Session};
+use self::{
+    clock::Clocks, loss::LossAccount, outcome::Outcome, output::open_output, session::Session,
+};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
@@ -97,6 +99,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         program,
         clocks: Clocks::now(),
         kernel_hooks: None,
+        probe_mechanism: String::new(),
+        uprobe_multi_fallback: None,
     };
     let mut analysis = Analysis::default();
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
@@ -133,16 +137,16 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         footer.events.process,
         exit.describe()
     );
-    if lost > 0 {
-        eprintln!(
-            "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}); try --ring-kib {}",
-            footer.lost.ring_full,
-            footer.lost.too_deep,
-            footer.lost.frames_full,
-            footer.lost.process_ring_full,
-            args.ring_kib.saturating_mul(4).min(1 << 20)
-        );
+    if let Some(reasons) = LossAccount::describe(&footer.lost) {
+        let hint = if footer.lost.ring_full + footer.lost.process_ring_full > 0 {
+            format!(
+                "; try --ring-kib {}",
+                args.ring_kib.saturating_mul(4).min(1 << 20)
+            )
+        } else {
+            String::new()
+        };
+        eprintln!("cudatrace: WARNING: {lost} events lost ({reasons}){hint}");
     }
     if !args.quiet {
         eprint!("{}", render_short(&report));
@@ -167,7 +171,20 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
     let path = library::find(&LIBCUDA, args.libcuda.as_deref()).map_err(no_libcuda)?;
     let library = Library::open(&LIBCUDA, &path).map_err(no_libcuda)?;
     let mut plans = Plans::default();
-    let plan = plans.add(&LIBCUDA, &library);
+    let plan = plans.add(&LIBCUDA, &library, &args.functions);
+    if !plan.unmatched_globs.is_empty() {
+        args.missing_probes.apply(
+            &format!(
+                "patterns of --functions match no {} export",
+                plan.set.library
+            ),
+            &plan
+                .unmatched_globs
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )?;
+    }
     if !plan.missing.is_empty() {
         args.missing_probes.apply(
             &format!("not exported by {}", plan.set.library),

@@ -46,6 +46,9 @@ pub struct Session<'a> {
     pub clocks: Clocks,
     /// `--kernel`: what was chosen and hooked.
     pub kernel_hooks: Option<KernelHooksInfo>,
+    /// How the probes were attached, and why uprobe_multi was not used where it failed.
+    pub probe_mechanism: String,
+    pub uprobe_multi_fallback: Option<String>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -55,14 +58,18 @@ fn internal(e: anyhow::Error) -> Failure {
 impl Session<'_> {
     /// The header, for `pids` traced from the start.
     pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
-        header::header(
-            self.args,
-            self.plans,
-            self.clocks,
-            pids,
-            failures,
-            self.kernel_hooks.clone(),
-        )
+        Header {
+            probe_mechanism: self.probe_mechanism.clone(),
+            uprobe_multi_fallback: self.uprobe_multi_fallback.clone(),
+            ..header::header(
+                self.args,
+                self.plans,
+                self.clocks,
+                pids,
+                failures,
+                self.kernel_hooks.clone(),
+            )
+        }
     }
 
     /// Traces until the command exits or a signal stops it, writing to `writer` through
@@ -76,9 +83,21 @@ impl Session<'_> {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
             device_prefix: self.device_prefix().to_owned(),
+            map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
         let (mut attached, failures) = self.attach_probes(&mut bpf)?;
+        self.probe_mechanism = attached.mechanism().to_owned();
+        if let Some(why) = &attached.multi_fallback {
+            // One line here (the kernel's error, a verifier log's first line); all of it
+            // in the header.
+            let first = why.lines().next().unwrap_or_default();
+            eprintln!(
+                "cudatrace: uprobe_multi attach failed, using one perf link per symbol \
+                 (slower to attach and detach): {first}"
+            );
+            self.uprobe_multi_fallback = Some(why.clone());
+        }
         programs::attach_process_tracking(&mut bpf).map_err(internal)?;
         let mut pids = self.args.pids.clone();
         for pid in &pids {
@@ -112,13 +131,15 @@ impl Session<'_> {
             .enable_all()
             .build()
             .map_err(|e| internal(e.into()))?;
-        let watched = gated
-            .as_ref()
-            .map(|g| g.pid)
-            .or_else(|| self.args.pids.first().copied());
+        // The command when there is one, else every `-p` target: tracing ends when the
+        // last of them exits.
+        let watched: Vec<u32> = match &gated {
+            Some(gated) => vec![gated.pid],
+            None => self.args.pids.clone(),
+        };
         let watch_setup = {
             let _context = runtime.enter();
-            Watches::new(watched)
+            Watches::new(&watched)
         };
         let watches = watch_setup.map_err(internal)?;
         let failure_info = failures

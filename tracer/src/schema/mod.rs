@@ -42,7 +42,7 @@ mod process;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
+pub use footer::{EventLine, Footer, FooterFigures, Leak, LostCounts, MemoryFooter, ProcessMemory};
 pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
 pub use lost::LostLine;
 pub use process::ProcessLine;
@@ -203,7 +203,7 @@ mod tests {
     fn the_footer_gives_its_figures_leniently() {
         let footer = Footer {
             exit_code: Some(3),
-            lost: footer::LostCounts {
+            lost: LostCounts {
                 total: 4,
                 ..Default::default()
             },
