@@ -128,13 +128,13 @@
  *    4  cuModuleGetFunction(&f2, mod, NAME(80, 89))             [f2 = 0x1020]  4,096 bytes
  *    5  cuModuleGetFunction(&f3, mod, NAME(80, 90))             [f3 = 0x1030]  4,097 bytes
  *    6  cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0)   [lib = 0x1040]
- *    7  cuLibraryGetKernel(&k, lib, NAME(100, 50))              [k = 0x1050]   5,056 bytes
+ *    7  cuLibraryGetKernel(&k, lib, NAME(99, 60))               [k = 0x1050]   5,017 bytes
  *    8  cuModuleLoad(&mod2, PATH)                               [mod2 = 0x1060]
  *         PATH = "/nonexistent/" + 1,987 x 'p' + ".cubin": 2,006 bytes
  *    9  cuLaunchKernel(fN, N, 1, 1, 32, 1, 1, 0, NULL, params, NULL) for f1, f2, f3 (N = 1..3)
  *   10  cuLaunchKernel((CUfunction)k, 4, 1, 1, 32, 1, 1, 0, NULL, params, NULL)
- *   NAME(n, f) is a mangled C++ name: "_ZN", then n namespaces "48nsKK" + 44 x 'q'
- *   (KK = 00, 01, ... two digits), then the function "<f>kernel" + (f - 6) x 'z', then
+ *   NAME(n, f) is a mangled C++ name: "_ZN", then n (at most 99) namespaces "48nsKK" +
+ *   44 x 'q' (KK = 00, 01, ... two digits), then the function "<f>kernel" + (f - 6) x 'z', then
  *   "Ev": 3 + 50 n + len(str(f)) + f + 2 bytes; it demangles to
  *   "ns00qq...q::ns01qq...q::...::kernelzz...z()".
  *
@@ -396,6 +396,8 @@ static int mode_gpu(void)
 /* NAME(n, f) of the `names` mode: see the comment at the top. */
 static char *mangled_name(int namespaces, int function_len)
 {
+    if (namespaces > 99 || function_len < 6 || function_len > 999)
+        exit(2);
     size_t len = 3 + 50 * (size_t)namespaces + 3 + (size_t)function_len + 2;
     char *name = malloc(len + 1);
     if (name == NULL)
@@ -432,7 +434,7 @@ static int mode_names(void)
         free(name);
     }
     OK(cuLibraryLoadData(&lib, k_image, NULL, NULL, 0, NULL, NULL, 0));
-    char *huge = mangled_name(100, 50);
+    char *huge = mangled_name(99, 60);
     OK(cuLibraryGetKernel(&k, lib, huge));
     free(huge);
     char path[2007];
