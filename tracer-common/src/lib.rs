@@ -62,6 +62,9 @@ pub const TEXT_LEN: usize = 4096;
 pub const STRING_READ_LEN: usize = TEXT_LEN + 2;
 /// [`CallStringEvent::data`]'s size: [`STRING_READ_LEN`] rounded up to 8 bytes.
 pub const STRING_BUF_LEN: usize = STRING_READ_LEN.next_multiple_of(8);
+/// A key of the traced-process map that no process has (pids stay below 2^22): present,
+/// it means tracing has stopped, for `--all` too.
+pub const TRACED_STOP_KEY: u32 = u32::MAX;
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;
 /// Entries of the `SPECS` map, i.e. how many symbols one run can attach (`--functions all`

@@ -11,7 +11,7 @@ use aya::{
     maps::Array,
     programs::{
         UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 use tracer_common::{MAX_PROBES, ProbeSpec};
@@ -162,38 +162,87 @@ fn attach_per_symbol(
     Ok(failures)
 }
 
-/// Detaches everything. Each uprobe link close waits for an RCU grace period (about
-/// 0.1 s in our VMs), so links are closed from several threads at once.
-pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
-    std::thread::scope(|scope| {
-        for link in attached.multi.drain(..) {
-            scope.spawn(move || drop(link));
-        }
-    });
-    let mut links = Vec::with_capacity(attached.links.len());
+/// The links of attached probes, taken out of the object: closing them detaches the
+/// probes. Each uprobe link close waits for an RCU grace period (about 0.1 s in our VMs,
+/// several times that on a loaded machine), so [`Links::close`] closes them from several
+/// threads at once, and can run in a thread of its own while the ring is drained.
+pub struct Links {
+    multi: Vec<MultiLink>,
+    per_symbol: Vec<UProbeLink>,
+}
+
+impl Links {
+    /// Closes every link: the probes are gone when this returns.
+    pub fn close(self) {
+        let Links {
+            multi,
+            mut per_symbol,
+        } = self;
+        let per_thread = per_symbol.len().div_ceil(64).max(1);
+        std::thread::scope(|scope| {
+            for link in multi {
+                scope.spawn(move || drop(link));
+            }
+            while !per_symbol.is_empty() {
+                let chunk: Vec<_> = per_symbol
+                    .drain(..per_thread.min(per_symbol.len()))
+                    .collect();
+                scope.spawn(move || drop(chunk));
+            }
+        });
+    }
+}
+
+/// Takes every link out of `attached` and the object, without closing them yet.
+pub fn take_links(bpf: &mut Ebpf, attached: &mut Attached) -> Links {
+    let mut per_symbol = Vec::with_capacity(attached.links.len());
     for (program_name, link_id) in attached.links.drain(..) {
         let program: Option<&mut UProbe> = bpf
             .program_mut(program_name)
             .and_then(|p| p.try_into().ok());
         if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
-            links.push(link);
+            per_symbol.push(link);
         }
     }
-    let per_thread = links.len().div_ceil(64).max(1);
+    Links {
+        multi: attached.multi.drain(..).collect(),
+        per_symbol,
+    }
+}
+
+/// Detaches everything: closes the links, then unloads the programs.
+pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
+    take_links(bpf, attached).close();
+    unload_programs(bpf);
+}
+
+/// Unloads the object's uprobe, tracepoint and kprobe programs, detaching what is still
+/// attached. Each detach waits for the kernel (a grace period), so the programs are
+/// unloaded from several threads at once.
+pub fn unload_programs(bpf: &mut Ebpf) {
     std::thread::scope(|scope| {
-        while !links.is_empty() {
-            let chunk: Vec<_> = links.drain(..per_thread.min(links.len())).collect();
-            scope.spawn(move || drop(chunk));
+        for (_, program) in bpf.programs_mut() {
+            scope.spawn(move || {
+                let _ = match program {
+                    aya::programs::Program::UProbe(p) => p.unload(),
+                    aya::programs::Program::TracePoint(p) => p.unload(),
+                    aya::programs::Program::KProbe(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            });
         }
     });
-    let names: Vec<String> = bpf.programs().map(|(name, _)| name.to_owned()).collect();
-    for name in names {
-        if let Some(program) = bpf.program_mut(&name) {
-            let _ = match program {
-                aya::programs::Program::UProbe(p) => p.unload(),
-                aya::programs::Program::TracePoint(p) => p.unload(),
-                _ => Ok(()),
-            };
-        }
-    }
+}
+
+/// Detaches everything and drops the object, from a thread of its own: the caller can
+/// drain the ring meanwhile. Joining the handle means everything is detached.
+pub fn detach_in_background(mut bpf: Ebpf, mut attached: Attached) -> std::thread::JoinHandle<()> {
+    let links = take_links(&mut bpf, &mut attached);
+    std::thread::spawn(move || {
+        std::thread::scope(|scope| {
+            scope.spawn(move || links.close());
+            unload_programs(&mut bpf);
+        });
+        drop(bpf);
+    })
 }

@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::counter;
+use tracer_common::{TRACED_STOP_KEY, counter};
 
 /// Hash maps whose inserts can fail when full, each counted by its own `lost` reason.
 pub const SIZED_MAPS: &[&str] = &[
@@ -27,6 +27,29 @@ pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
     traced
         .insert(pid, 1, 0)
         .context("adding the pid to the traced set")?;
+    Ok(())
+}
+
+/// Stops recording: no process is traced from now on (under `--all`, the stop key says
+/// so), so probes that still fire return at once. Calls already in flight still complete
+/// their events. Detaching, which waits for the kernel, can follow at leisure.
+pub fn stop_tracing(bpf: &mut Ebpf) -> Result<()> {
+    let mut traced: BpfHashMap<_, u32, u32> =
+        BpfHashMap::try_from(bpf.map_mut("TRACED").context("map TRACED missing")?)?;
+    // A few passes: a child forked by a process removed in this pass is inserted by the
+    // kernel before its parent leaves the map.
+    for _ in 0..8 {
+        let pids: Vec<u32> = traced.keys().filter_map(Result::ok).collect();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = traced.remove(&pid);
+        }
+    }
+    traced
+        .insert(TRACED_STOP_KEY, 1, 0)
+        .context("marking tracing stopped")?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::atomic::{AtomicI32, Ordering},
     task::Poll,
     time::{Duration, Instant},
 };
@@ -44,7 +45,7 @@ const DRAIN_RECORDS: usize = 65536;
 const DRAIN_TIME: Duration = Duration::from_millis(50);
 /// Time from a stopping signal to the footer: detaching and the last drain. What the ring
 /// still holds after it is counted, not written.
-const STOP_TIME: Duration = Duration::from_millis(600);
+const STOP_TIME: Duration = Duration::from_millis(500);
 
 /// The signals that end tracing, and whether each is passed on to the command.
 const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
@@ -54,6 +55,16 @@ const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
     ("SIGHUP", libc::SIGHUP, true),
     ("SIGQUIT", libc::SIGQUIT, false),
 ];
+
+/// The last stopping signal received, stored by the signal handler itself: a drain sees it
+/// between two records, without waiting for the runtime to deliver the signal (which it
+/// does only between polls, and a ring that never empties is always ready).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+fn stop_signal() -> Option<usize> {
+    let number = STOP_SIGNAL.load(Ordering::Relaxed);
+    STOP_SIGNALS.iter().position(|(_, n, _)| *n == number)
+}
 
 /// The stopping signals' streams and the watched processes' exits, registered up front.
 pub struct Watches {
@@ -72,6 +83,14 @@ impl Watches {
             .iter()
             .map(|(_, number, _)| signal(SignalKind::from_raw(*number)))
             .collect::<std::io::Result<Vec<_>>>()?;
+        for (_, number, _) in STOP_SIGNALS {
+            // SAFETY: the action only stores to an atomic, which is async-signal-safe.
+            unsafe {
+                signal_hook_registry::register(number, move || {
+                    STOP_SIGNAL.store(number, Ordering::Relaxed)
+                })
+            }?;
+        }
         let mut exits = Vec::new();
         for pid in watched {
             match pidfd_open(*pid) {
@@ -118,15 +137,15 @@ async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
 /// Runs until the watched processes exit or a signal stops tracing; `child` (the command)
 /// is reaped for its exit status and passed SIGTERM and SIGHUP on.
 pub async fn event_loop(
-    bpf: &mut Ebpf,
-    attached: &mut Attached,
+    mut bpf: Ebpf,
+    attached: Attached,
     pipeline: &mut Pipeline<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
 ) -> Result<Outcome> {
-    let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
-    let counters = CounterReader::take(bpf)?;
+    let mut ring = watch(maps::take_ring(&mut bpf)?, "the ring buffer")?;
+    let counters = CounterReader::take(&mut bpf)?;
     let Watches {
         mut signals,
         mut exits,
@@ -137,16 +156,27 @@ pub async fn event_loop(
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
 
+    let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
     // `-p` targets that were gone before the watch started: nothing more will come.
     let mut running = !all_gone;
     while running {
+        if let Some(index) = stop_signal() {
+            stop(&mut outcome, index, child);
+            break;
+        }
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                let drained = pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME)?;
+                let drained =
+                    pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
                 if drained.empty {
                     // Drained: wait for the next wakeup (the fd is edge-triggered).
                     guard.clear_ready();
+                } else {
+                    // Still full: let the runtime poll its driver, which is what delivers
+                    // signals and exits; a ring that never empties must not starve them.
+                    drop(guard);
+                    tokio::task::yield_now().await;
                 }
             }
             index = any_exit(&exits), if !exits.is_empty() => {
@@ -159,17 +189,12 @@ pub async fn event_loop(
                 running = !exits.is_empty();
             }
             index = any_signal(&mut signals) => {
-                let (name, number, pass_on) = STOP_SIGNALS[index];
-                outcome.stopped_by = Some(name);
-                if let (Some(pid), true) = (child, pass_on) {
-                    // SAFETY: kill(2) on our own child.
-                    unsafe { libc::kill(pid as i32, number) };
-                }
+                stop(&mut outcome, index, child);
                 running = false;
             }
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.
-                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME)?;
+                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
                 loss.update(counters.read()?, NotDrained::default(), pipeline.writer)?;
                 progress.update(pipeline.writer.footer.events.call, loss.lost());
                 // A live trace can be followed (`tail -f`) a quarter second behind.
@@ -178,30 +203,58 @@ pub async fn event_loop(
         }
     }
 
-    // Detach first so nothing new arrives, then drain what the ring still holds: all of it
-    // when the command ended, as much as the time allows when a signal stopped the run.
+    // Stop recording at once, close the links (the kernel takes its time) while the ring
+    // is drained, then drain what the last in-flight calls left: all of it when the
+    // command ended, as much as the time allows when a signal stopped the run.
     let stop = Instant::now();
-    attach::detach_all(bpf, attached);
+    let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
+    maps::stop_tracing(&mut bpf)?;
+    let closing = attach::detach_in_background(bpf, attached);
     let ring = ring.get_mut();
-    let not_drained = match outcome.stopped_by {
-        None => {
-            while !pipeline.drain(ring, DRAIN_RECORDS, Duration::MAX)?.empty {}
-            NotDrained::default()
+    let never = || false;
+    while !closing.is_finished() && !past(deadline) {
+        if pipeline
+            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+            .empty
+        {
+            std::thread::sleep(Duration::from_millis(2));
         }
-        Some(_) => {
-            let deadline = stop + STOP_TIME;
-            let mut left = deadline.saturating_duration_since(Instant::now());
-            while !left.is_zero() && !pipeline.drain(ring, DRAIN_RECORDS, left)?.empty {
-                left = deadline.saturating_duration_since(Instant::now());
-            }
-            count_rest(ring)
-        }
-    };
+    }
+    if closing.join().is_err() {
+        return Err(anyhow!("detaching the probes panicked"));
+    }
+    while !past(deadline)
+        && !pipeline
+            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+            .empty
+    {}
+    let not_drained = count_rest(ring);
     loss.update(counters.read()?, not_drained, pipeline.writer)?;
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     progress.finish();
     pipeline.writer.flush()?;
     Ok(outcome)
+}
+
+/// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.
+fn stop(outcome: &mut Outcome, index: usize, child: Option<u32>) {
+    let (name, number, pass_on) = STOP_SIGNALS[index];
+    outcome.stopped_by = Some(name);
+    if let (Some(pid), true) = (child, pass_on) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, number) };
+    }
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|deadline| Instant::now() >= deadline)
+}
+
+/// Time left before `deadline` (no deadline: no limit).
+fn left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |deadline| {
+        deadline.saturating_duration_since(Instant::now())
+    })
 }
 
 /// Reads and counts what the ring still holds, without writing it. The probes are detached,

@@ -32,18 +32,19 @@ const CLOCK_EVERY: usize = 256;
 
 impl Pipeline<'_> {
     /// The source: passes records from the ring down the pipeline until it is empty, or
-    /// `records` of them have passed, or `time` has elapsed.
+    /// `records` of them have passed, or `time` has elapsed, or `stop` says so.
     pub fn drain(
         &mut self,
         ring: &mut RingBuf<MapData>,
         records: usize,
         time: Duration,
+        stop: &dyn Fn() -> bool,
     ) -> io::Result<Drained> {
         let deadline = Instant::now().checked_add(time);
         let mut n = 0;
         while n < records {
             if n % CLOCK_EVERY == CLOCK_EVERY - 1
-                && deadline.is_some_and(|deadline| Instant::now() >= deadline)
+                && (deadline.is_some_and(|deadline| Instant::now() >= deadline) || stop())
             {
                 break;
             }

@@ -86,7 +86,7 @@ impl Session<'_> {
             map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let (mut attached, failures) = self.attach_probes(&mut bpf)?;
+        let (attached, failures) = self.attach_probes(&mut bpf)?;
         self.probe_mechanism = attached.mechanism().to_owned();
         if let Some(why) = &attached.multi_fallback {
             // One line here (the kernel's error, a verifier log's first line); all of it
@@ -182,8 +182,8 @@ impl Session<'_> {
             writer,
         };
         let loop_result = runtime.block_on(event_loop(
-            &mut bpf,
-            &mut attached,
+            bpf,
+            attached,
             &mut pipeline,
             watches,
             child,
