@@ -196,6 +196,14 @@
  *   24  cuMemFree_v2(d)
  *   exit 0.
  *
+ * MODE `queries` -- catalog calls and others, for --functions:
+ *    1  cuInit(0)
+ *    2  cuDeviceGetCount(&n) three times                        [n = 1]
+ *    3  cuGetProcAddress_v2("cuMemAlloc", &pfn, 12080, 2, &status)
+ *    4  cuDriverGetVersion(&v)                                  [v = 13000]
+ *    5  cuDeviceGetCount(&n)
+ *   exit 0.
+ *
  * MODE `threads-main` -- cuInit(0) on the main thread, then `threads` (4 threads each
  *   calling cuMemAlloc_v2(&p, 1000 + i) once, while the main thread waits); exit 0.
  */
@@ -234,7 +242,7 @@ static void usage(void)
             "usage: cudatrace-driver MODE [ARG]\n"
             "modes: sequence | loop N | fork | forkexec PATH_TO_SELF | child |\n"
             "       threads | threads-main | exit N | sleep SECS | wait-signal | gpu |\n"
-            "       names | dirty | extras\n");
+            "       names | dirty | extras | queries\n");
     exit(2);
 }
 
@@ -563,6 +571,21 @@ static int mode_extras(void)
     return 0;
 }
 
+static int mode_queries(void)
+{
+    int count, version;
+    void *pfn;
+    CUdriverProcAddressQueryResult status;
+    OK(cuInit(0));
+    for (int i = 0; i < 3; i++)
+        OK(cuDeviceGetCount(&count));
+    OK(cuGetProcAddress_v2("cuMemAlloc", &pfn, 12080, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                           &status));
+    OK(cuDriverGetVersion(&version));
+    OK(cuDeviceGetCount(&count));
+    return 0;
+}
+
 static int mode_loop(const char *arg)
 {
     long n = parse_long(arg);
@@ -742,6 +765,8 @@ int main(int argc, char **argv)
         return mode_dirty();
     if (strcmp(mode, "extras") == 0 && argc == 2)
         return mode_extras();
+    if (strcmp(mode, "queries") == 0 && argc == 2)
+        return mode_queries();
     if (strcmp(mode, "exit") == 0 && argc == 3)
         return mode_exit(arg);
     if (strcmp(mode, "sleep") == 0 && argc == 3)

@@ -26,23 +26,19 @@ pub enum MissingProbes {
 }
 
 impl MissingProbes {
-    /// Applies the policy to `names`, functions that are `why` (`not exported by libcuda`,
-    /// `failed to attach`).
-    pub fn apply(self, why: &str, names: &[&str]) -> Result<(), Failure> {
+    /// Applies the policy to `names`, which are `what` (`functions not exported by libcuda`,
+    /// `functions failed to attach`, `patterns of --functions match no libcuda export`).
+    pub fn apply(self, what: &str, names: &[&str]) -> Result<(), Failure> {
         match self {
             MissingProbes::Ignore => Ok(()),
             MissingProbes::Warn => {
-                eprintln!(
-                    "cudatrace: {} functions {why}: {}",
-                    names.len(),
-                    names.join(", ")
-                );
+                eprintln!("cudatrace: {} {what}: {}", names.len(), names.join(", "));
                 Ok(())
             }
             MissingProbes::Error => Err(Failure::new(
                 ExitCode::ProbesMissing,
                 anyhow::anyhow!(
-                    "{} functions {why}: {} (--missing-probes warn to go on without them)",
+                    "{} {what}: {} (--missing-probes warn to go on without them)",
                     names.len(),
                     names.join(", ")
                 ),
@@ -58,7 +54,7 @@ impl MissingProbes {
 pub struct FunctionSelection {
     /// The catalog's functions.
     pub catalog: bool,
-    /// Every exported function whose name starts with the probe set's prefix (`cu`).
+    /// Every exported API function of the library (`cu` and a capital, for libcuda).
     pub all: bool,
     /// Exported functions matching one of these (`*`, `?`, `[...]`).
     pub globs: Vec<glob::Pattern>,
@@ -104,7 +100,7 @@ impl FunctionSelection {
     }
 
     fn matches(&self, set: &ProbeSet, name: &str) -> bool {
-        (self.all && name.starts_with(set.function_prefix))
+        (self.all && (set.is_api_function)(name))
             || self.globs.iter().any(|glob| glob.matches(name))
     }
 }
@@ -390,6 +386,7 @@ mod tests {
             ("cuGetErrorString", 0x400),
             ("cuGetErrorName", 0x400),
             ("nvInternal", 0x500),
+            ("cudbgApiInit", 0x600),
         ]);
         let plan = |text: &str| {
             let selection = FunctionSelection::parse(text).unwrap();

@@ -27,9 +27,16 @@ pub struct ProbeSet {
     /// Suffixes of variants attached with each catalog symbol where the library exports
     /// them (libcuda's per-thread default stream entry points).
     pub variants: &'static [&'static str],
-    /// The prefix of the library's API functions: `--functions all` probes every exported
-    /// function whose name starts with it.
-    pub function_prefix: &'static str,
+    /// Whether an exported function is one of the library's API functions: `--functions
+    /// all` probes every one of them.
+    pub is_api_function: fn(&str) -> bool,
+}
+
+/// libcuda's API functions are `cu` and a capital: `cuCtxGetDevice`, not the debugger's
+/// `cudbg*` nor the stand-in's `cudatrace_*`.
+fn is_cuda_api_function(name: &str) -> bool {
+    name.strip_prefix("cu")
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()))
 }
 
 /// The CUDA driver: the first probe set.
@@ -43,7 +50,7 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     standin_marker: "cudatrace_standin_libcuda",
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
-    function_prefix: "cu",
+    is_api_function: is_cuda_api_function,
 };
 
 impl ProbeSet {
@@ -67,5 +74,13 @@ mod tests {
         );
         assert_eq!(LIBCUDA.version_in("libcuda.so.1"), None);
         assert_eq!(LIBCUDA.version_in("libcudart.so.12.8.1"), None);
+    }
+
+    #[test]
+    fn api_functions_are_cu_and_a_capital() {
+        let api = LIBCUDA.is_api_function;
+        assert!(api("cuCtxGetDevice_v2") && api("cuInit"));
+        assert!(!api("cudbgApiInit") && !api("cudatrace_standin_set_activity_hooks"));
+        assert!(!api("cu") && !api("nvCuInit"));
     }
 }

@@ -187,7 +187,7 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
     }
     if !plan.missing.is_empty() {
         args.missing_probes.apply(
-            &format!("not exported by {}", plan.set.library),
+            &format!("functions not exported by {}", plan.set.library),
             &plan.missing,
         )?;
     }

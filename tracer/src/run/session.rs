@@ -204,7 +204,9 @@ impl Session<'_> {
         };
         if !failures.is_empty() {
             let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
-            self.args.missing_probes.apply("failed to attach", &names)?;
+            self.args
+                .missing_probes
+                .apply("functions failed to attach", &names)?;
             if failures.len() == self.plans.probe_count() {
                 let paths: Vec<String> = self
                     .plans
