@@ -8,8 +8,8 @@ use crate::{
     summary::SummaryArgs,
 };
 
-/// Trace what a program does with the GPU: every CUDA driver call, with no change to
-/// the program.
+/// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
+/// with --functions all, every exported one), with no change to the program.
 #[derive(Debug, Parser)]
 #[command(
     name = "cudatrace",
@@ -19,13 +19,15 @@ use crate::{
         sudo cudatrace run -o trace.jsonl -- ./my_cuda_app --size 4096\n  \
         sudo cudatrace run -p 12345            # attach to a running process\n  \
         sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n  \
+        sudo cudatrace run --functions all -- ./app    # every exported cu* function\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
         66 no such process or trace file, 69 no libcuda, 70 internal error, 73 output not\n\
         writable, 77 not privileged, 78 probes missing (--missing-probes error), 126 command\n\
-        not executable, 127 command not found."
+        not executable, 127 command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT,\n\
+        131 SIGQUIT, 143 SIGTERM."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -22,9 +22,18 @@ too; other processes are not, unless --all is given.
 Under sudo the command runs as the invoking user (SUDO_UID/SUDO_GID, with their groups)
 and the trace file belongs to them; --as-root keeps root.
 
-When the command exits, cudatrace detaches, drains the ring buffer, writes the footer
-and exits with the command's exit code. Ctrl-C (SIGINT) and SIGTERM do the same and
-exit 130/143; SIGTERM is passed on to the command.")]
+When the command exits (with -p: when the last of the processes exits), cudatrace
+detaches, drains the ring buffer, writes the footer and exits with the command's exit
+code. SIGINT (Ctrl-C), SIGTERM, SIGHUP and SIGQUIT stop tracing at once and end with a
+footer within a second, exiting 130, 143, 129 and 131; SIGTERM and SIGHUP are passed on to
+the command (the terminal sends Ctrl-C and Ctrl-\\ to it already). Records the ring still
+holds half a second after such a signal are counted as lost (not_drained), not written.
+
+--functions all probes every exported cu* function: the catalog's with their arguments
+decoded, the others with name, times, return code and their six register arguments
+(`args`). NVIDIA's 580 driver exports 682 cu* functions, and PyTorch calls the cheap
+queries among them (cuCtxGetDevice, cuDevicePrimaryCtxGetState, ...) about ten times as
+often as everything else: each probed call costs about 2 us (a uprobe and a uretprobe).")]
 pub struct RunArgs {
     /// Attach to a running process (and the children it starts from now on). Repeatable.
     #[arg(short = 'p', long = "pid", value_name = "PID")]
