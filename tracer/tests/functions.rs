@@ -200,7 +200,8 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
         assert!(header.get("uprobe_multi_fallback").is_none(), "{header}");
         return;
     }
-    assert_eq!(header["probe_mechanism"], "perf_event");
+    // Split around the refused function: cuInit keeps a uprobe_multi link of its own.
+    assert_eq!(header["probe_mechanism"], "uprobe_multi");
     let why = header["uprobe_multi_fallback"].as_str().unwrap();
     assert!(
         why.starts_with("creating a uprobe_multi link for call_return on 2 offsets of "),
@@ -215,8 +216,16 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
     assert_eq!(
         lines,
         [format!(
-            "cudatrace: uprobe_multi attach failed, using one perf link per symbol (slower \
-             to attach and detach): {why}"
+            "cudatrace: uprobe_multi attach failed (attached the other functions with \
+             smaller uprobe_multi links): {why}"
         )]
+    );
+    assert_eq!(
+        header["attach_failures"][0]["error"],
+        format!(
+            "creating a uprobe_multi link for call_return on 1 offsets of {}: Unknown error \
+             524 (os error 524)",
+            lib.canonicalize().unwrap().display()
+        )
     );
 }

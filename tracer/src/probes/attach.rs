@@ -1,7 +1,8 @@
 //! Attaching plans: the generic entry and return programs on every planned symbol, each
 //! with its probe id as the attach cookie. One uprobe_multi link per program and plan where
-//! the kernel has them (6.6+), else one perf-event link per symbol and program; detaching
-//! everything at the end.
+//! the kernel has them (6.6+); when the kernel refuses it (one function it cannot probe
+//! fails the whole link), smaller links around the refused functions; else one perf-event
+//! link per symbol and program. Detaching everything at the end.
 
 use std::{collections::HashSet, path::Path};
 
@@ -18,7 +19,7 @@ use tracer_common::{MAX_PROBES, ProbeSpec};
 
 use super::{
     object::PROBES_OBJECT,
-    plan::{Plan, Plans},
+    plan::{Plan, PlannedProbe, Plans},
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -80,26 +81,88 @@ pub fn attach(
 }
 
 fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<Vec<AttachFailure>> {
+    let path = &plan.library.path;
     if uprobe_multi::supported() {
-        match attach_multi(bpf, &plan.library.path, plan) {
+        match attach_multi(bpf, path, &plan.probes) {
             Ok(links) => {
                 attached.multi.extend(links);
                 return Ok(Vec::new());
             }
-            // One bad offset fails a whole multi link: per-symbol links name the culprit.
             Err(error) => {
-                let why = format!("{error:#}");
-                attached.multi_fallback.get_or_insert(why);
+                attached
+                    .multi_fallback
+                    .get_or_insert_with(|| format!("{error:#}"));
+                // The kernel refused the link (a function it cannot probe fails all of
+                // them): split the set until the refused functions stand alone. Per-symbol
+                // links would do as well but take a grace period each to detach, one after
+                // another: minutes for `--functions all`.
+                if is_link_refused(&error) {
+                    return attach_multi_split(bpf, path, &plan.probes, attached);
+                }
             }
         }
     }
-    attach_per_symbol(bpf, &plan.library.path, plan, attached)
+    attach_per_symbol(bpf, path, &plan.probes, attached)
+}
+
+/// The kernel refused to create a link (an errno from `BPF_LINK_CREATE`), as opposed to the
+/// program failing to load, which no subset of the symbols would change.
+fn is_link_refused(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<std::io::Error>().is_some()
+}
+
+/// Failed uprobe_multi attempts after which the rest goes to per-symbol links.
+const MAX_REFUSED_LINKS: usize = 64;
+
+/// Attaches `probes` with uprobe_multi links, halving every set the kernel refuses, so the
+/// refused functions end up alone and the others keep a link (2 log n links per refused
+/// function). Past [`MAX_REFUSED_LINKS`] refusals, what is left goes to per-symbol links.
+fn attach_multi_split(
+    bpf: &mut Ebpf,
+    lib_path: &Path,
+    probes: &[PlannedProbe],
+    attached: &mut Attached,
+) -> Result<Vec<AttachFailure>> {
+    let mut failures = Vec::new();
+    let (first, second) = probes.split_at(probes.len() / 2);
+    let mut pending: Vec<&[PlannedProbe]> = vec![second, first];
+    let mut refused = 0;
+    let mut left_over: Vec<PlannedProbe> = Vec::new();
+    while let Some(chunk) = pending.pop() {
+        if chunk.is_empty() {
+            continue;
+        }
+        if refused >= MAX_REFUSED_LINKS {
+            left_over.extend_from_slice(chunk);
+            continue;
+        }
+        match attach_multi(bpf, lib_path, chunk) {
+            Ok(links) => attached.multi.extend(links),
+            Err(error) => {
+                refused += 1;
+                if let [probe] = chunk {
+                    failures.push(AttachFailure {
+                        symbol: probe.symbol.clone(),
+                        error: format!("{error:#}"),
+                    });
+                } else {
+                    let (first, second) = chunk.split_at(chunk.len() / 2);
+                    pending.push(second);
+                    pending.push(first);
+                }
+            }
+        }
+    }
+    if !left_over.is_empty() {
+        failures.extend(attach_per_symbol(bpf, lib_path, &left_over, attached)?);
+    }
+    Ok(failures)
 }
 
 /// Two links for all symbols: returns first, so no entry is pushed without its return.
-fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &Plan) -> Result<Vec<MultiLink>> {
-    let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
+fn attach_multi(bpf: &Ebpf, lib_path: &Path, probes: &[PlannedProbe]) -> Result<Vec<MultiLink>> {
+    let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
+    let cookies: Vec<u64> = probes.iter().map(|p| u64::from(p.id)).collect();
     let returns = uprobe_multi::attach(
         bpf,
         PROBES_OBJECT,
@@ -126,7 +189,7 @@ fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &Plan) -> Result<Vec<MultiLin
 fn attach_per_symbol(
     bpf: &mut Ebpf,
     lib_path: &Path,
-    plan: &Plan,
+    probes: &[PlannedProbe],
     attached: &mut Attached,
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
@@ -139,7 +202,7 @@ fn attach_per_symbol(
                 .load()
                 .with_context(|| format!("loading {program_name}"))?;
         }
-        for probe in &plan.probes {
+        for probe in probes {
             if failed.contains(&probe.id) {
                 continue;
             }

@@ -92,10 +92,12 @@ impl Session<'_> {
             // One line here (the kernel's error, a verifier log's first line); all of it
             // in the header.
             let first = why.lines().next().unwrap_or_default();
-            eprintln!(
-                "cudatrace: uprobe_multi attach failed, using one perf link per symbol \
-                 (slower to attach and detach): {first}"
-            );
+            let instead = if attached.mechanism() == "uprobe_multi" {
+                "attached the other functions with smaller uprobe_multi links"
+            } else {
+                "using one perf link per symbol (slower to attach and detach)"
+            };
+            eprintln!("cudatrace: uprobe_multi attach failed ({instead}): {first}");
             self.uprobe_multi_fallback = Some(why.clone());
         }
         programs::attach_process_tracking(&mut bpf).map_err(internal)?;
