@@ -1,5 +1,11 @@
 //! The libcuda catalog: every CUDA driver function cudatrace probes, the exported symbols
 //! that implement it, and how to read its arguments. Adding a function is adding a row.
+//!
+//! Signatures follow cuda.h, in x86-64 SysV order: six register words, then stack words
+//! (a struct of more than 16 bytes passed by value goes on the stack and takes no
+//! register). Every 32-bit parameter (`unsigned int`, `int`, an enum) is read with `U32`
+//! or `Int`, never `Num`: the ABI leaves the upper half of its register or stack slot
+//! undefined, and callers do leave garbage there.
 
 use super::spec::{
     Arg::{self, *},
