@@ -88,7 +88,9 @@ fn arg(ctx: &TracePointContext, index: usize) -> u64 {
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
     let (_, tgid, tid) = current();
     if is_traced(tgid) {
-        let _ = PENDING_OPEN.insert(&tid, &arg(&ctx, 1), 0);
+        if PENDING_OPEN.insert(&tid, &arg(&ctx, 1), 0).is_err() {
+            bump(counter::OPENS_FULL);
+        }
     }
     0
 }
@@ -130,7 +132,12 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     }
     let (device, index) = classify(&name, prefix_len);
     let key = (u64::from(tgid) << 32) | (fd as u64 & 0xffff_ffff);
-    let _ = NV_FDS.insert(&key, &((u64::from(index) << 32) | u64::from(device)), 0);
+    if NV_FDS
+        .insert(&key, &((u64::from(index) << 32) | u64::from(device)), 0)
+        .is_err()
+    {
+        bump(counter::FDS_FULL);
+    }
     Some(())
 }
 
@@ -193,7 +200,9 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             c: 0,
             d: 0,
         };
-        let _ = SYSCALLS.insert(&tid, &frame, 0);
+        if SYSCALLS.insert(&tid, &frame, 0).is_err() {
+            bump(counter::SYSCALLS_FULL);
+        }
     }
     0
 }
@@ -214,7 +223,9 @@ pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
             c: arg(&ctx, 2),
             d: arg(&ctx, 3),
         };
-        let _ = SYSCALLS.insert(&tid, &frame, 0);
+        if SYSCALLS.insert(&tid, &frame, 0).is_err() {
+            bump(counter::SYSCALLS_FULL);
+        }
     }
     0
 }
@@ -346,7 +357,9 @@ pub fn kfunc_enter(ctx: ProbeContext) -> u32 {
         d: ctx.arg(2).unwrap_or(0),
         ..SyscallFrame::default()
     };
-    let _ = KFUNCS.insert(&[u64::from(tid), ip], &frame, 0);
+    if KFUNCS.insert(&[u64::from(tid), ip], &frame, 0).is_err() {
+        bump(counter::KFUNCS_FULL);
+    }
     0
 }
 

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{FrameStack, MAX_PROBES, ProbeSpec, counter};
+use tracer_common::{FrameStack, MAX_PROBES, ProbeSpec, TRACED_STOP_KEY, counter};
 
 /// Events to userspace. The loader sets the real size (`--ring-size`).
 #[map]
@@ -99,7 +99,11 @@ pub fn exit_group_dead_off() -> u32 {
 
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
-    trace_all() || unsafe { TRACED.get(&tgid) }.is_some()
+    if trace_all() {
+        // Until the loader marks tracing stopped (the one lookup --all makes).
+        return unsafe { TRACED.get(&TRACED_STOP_KEY) }.is_none();
+    }
+    unsafe { TRACED.get(&tgid) }.is_some()
 }
 
 #[inline(always)]

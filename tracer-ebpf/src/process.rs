@@ -50,7 +50,10 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let child: i32 = unsafe { ctx.read_at(newtask_pid_off() as usize) }.ok()?;
-    let _ = TRACED.insert(&(child as u32), &1, 0);
+    if TRACED.insert(&(child as u32), &1, 0).is_err() {
+        // The child goes untraced: say so rather than drop it silently.
+        bump(counter::TRACED_FULL);
+    }
     emit(pid_tgid, proc_event::FORK, child as u32, |name| {
         if let Ok(comm) = bpf_get_current_comm() {
             name[..16].copy_from_slice(&comm);

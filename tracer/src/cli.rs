@@ -8,8 +8,8 @@ use crate::{
     summary::SummaryArgs,
 };
 
-/// Trace what a program does with the GPU: every CUDA driver call, with no change to
-/// the program.
+/// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
+/// with --functions all, every exported one), with no change to the program.
 #[derive(Debug, Parser)]
 #[command(
     name = "cudatrace",
@@ -21,6 +21,7 @@ use crate::{
         sudo cudatrace run -p 12345            # attach to a running process\n  \
         sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n  \
         sudo cudatrace run --power -- python3 infer.py   # and GPU power and energy every 20 ms\n  \
+        sudo cudatrace run --functions all -- ./app    # every exported cu* function\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
@@ -29,7 +30,8 @@ use crate::{
         NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
         (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
         set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
-        command not found."
+        command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143\n\
+        SIGTERM."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -153,6 +155,7 @@ mod tests {
     #[test]
     fn ring_size_must_be_a_power_of_two() {
         assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "3", "--", "x"]).is_err());
-        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "8", "--", "x"]).is_ok());
     }
 }

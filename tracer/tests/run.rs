@@ -358,10 +358,10 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
     let Some(_guard) = root() else { return };
     let trace_path = scratch("loss").join("trace.jsonl");
     const TRIGGERED: u64 = 200_000;
-    // A 4 KiB ring holds about 28 call events.
+    // An 8 KiB ring holds about 56 call events.
     let output = trace_driver(
         &trace_path,
-        &["--ring-kib", "4"],
+        &["--ring-kib", "8"],
         &["loop", &TRIGGERED.to_string()],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

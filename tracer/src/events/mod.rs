@@ -13,5 +13,6 @@ mod process;
 mod raw;
 
 pub use decoder::{Decoder, Event};
+pub use raw::is_call_kind;
 #[cfg(test)]
 pub use raw::{RawEvent, decode};

@@ -1,12 +1,24 @@
 //! The object's maps as the loader uses them: the traced-process set, the events ring
-//! buffer, and the per-CPU loss and entry counters.
+//! buffer, and the per-CPU loss and entry counters. [`SIZED_MAPS`] are the hash maps whose
+//! size the hidden `--map-entries` flag can change (tests shrink them to prove that a full
+//! map is counted, never silent).
 
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::counter;
+use tracer_common::{TRACED_STOP_KEY, counter};
+
+/// Hash maps whose inserts can fail when full, each counted by its own `lost` reason.
+pub const SIZED_MAPS: &[&str] = &[
+    "TRACED",
+    "FRAMES",
+    "NV_FDS",
+    "PENDING_OPEN",
+    "SYSCALLS",
+    "KFUNCS",
+];
 
 /// Marks a process as traced (the command, or a `-p` target).
 pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
@@ -15,6 +27,29 @@ pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
     traced
         .insert(pid, 1, 0)
         .context("adding the pid to the traced set")?;
+    Ok(())
+}
+
+/// Stops recording: no process is traced from now on (under `--all`, the stop key says
+/// so), so probes that still fire return at once. Calls already in flight still complete
+/// their events. Detaching, which waits for the kernel, can follow at leisure.
+pub fn stop_tracing(bpf: &mut Ebpf) -> Result<()> {
+    let mut traced: BpfHashMap<_, u32, u32> =
+        BpfHashMap::try_from(bpf.map_mut("TRACED").context("map TRACED missing")?)?;
+    // A few passes: a child forked by a process removed in this pass is inserted by the
+    // kernel before its parent leaves the map.
+    for _ in 0..8 {
+        let pids: Vec<u32> = traced.keys().filter_map(Result::ok).collect();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = traced.remove(&pid);
+        }
+    }
+    traced
+        .insert(TRACED_STOP_KEY, 1, 0)
+        .context("marking tracing stopped")?;
     Ok(())
 }
 
@@ -40,6 +75,11 @@ pub struct Counters {
     pub gpu_read_failed: u64,
     /// `--gpu`: records CUPTI dropped, as its DROPPED records said (counted in userspace).
     pub cupti_dropped: u64,
+    pub traced_full: u64,
+    pub fds_full: u64,
+    pub opens_full: u64,
+    pub syscalls_full: u64,
+    pub kfuncs_full: u64,
 }
 
 impl Counters {
@@ -53,9 +93,18 @@ impl Counters {
         self.gpu_ring_full + self.gpu_read_failed + self.cupti_dropped
     }
 
-    /// All events lost.
+    /// All events lost, and the processes, fds and opens the kernel could not follow
+    /// (whose events then go unrecorded).
     pub fn lost(&self) -> u64 {
-        self.calls_lost() + self.process_ring_full + self.driver_ring_full + self.gpu_lost()
+        self.calls_lost()
+            + self.process_ring_full
+            + self.driver_ring_full
+            + self.gpu_lost()
+            + self.traced_full
+            + self.fds_full
+            + self.opens_full
+            + self.syscalls_full
+            + self.kfuncs_full
     }
 }
 
@@ -86,6 +135,11 @@ impl CounterReader {
             gpu_ring_full: sum(counter::GPU_RING_FULL)?,
             gpu_read_failed: sum(counter::GPU_READ_FAILED)?,
             cupti_dropped: 0,
+            traced_full: sum(counter::TRACED_FULL)?,
+            fds_full: sum(counter::FDS_FULL)?,
+            opens_full: sum(counter::OPENS_FULL)?,
+            syscalls_full: sum(counter::SYSCALLS_FULL)?,
+            kfuncs_full: sum(counter::KFUNCS_FULL)?,
         })
     }
 }

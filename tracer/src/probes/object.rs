@@ -19,6 +19,8 @@ pub struct LoadOptions {
     pub ring_bytes: u32,
     /// Path prefix of NVIDIA device files (`--kernel`; tests point it elsewhere).
     pub device_prefix: String,
+    /// Sizes that replace the object's own for some of [`super::maps::SIZED_MAPS`] (tests).
+    pub map_entries: Vec<(String, u32)>,
 }
 
 /// Field offsets of the scheduler tracepoints on the running kernel.
@@ -81,7 +83,11 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let trace_all = u32::from(options.trace_all);
     let (prefix, prefix_used) = prefix_bytes(&options.device_prefix)?;
     let (xid_code, xid_dev, xid_msg) = xid_offsets(&tracefs).unwrap_or((0, 0, 0));
-    EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    for (map, entries) in &options.map_entries {
+        loader.map_max_entries(map, *entries);
+    }
+    loader
         .override_global("DEVICE_PREFIX", &prefix, true)
         .override_global("DEVICE_PREFIX_USED", &prefix_used, true)
         .override_global("XID_CODE_OFF", &xid_code, true)

@@ -41,6 +41,16 @@ pub struct ProbeSet {
     pub variants: &'static [&'static str],
     /// The programs attached to each planned symbol.
     pub programs: Programs,
+    /// Whether an exported function is one of the library's API functions: `--functions
+    /// all` probes every one of them.
+    pub is_api_function: fn(&str) -> bool,
+}
+
+/// libcuda's API functions are `cu` and a capital: `cuCtxGetDevice`, not the debugger's
+/// `cudbg*` nor the stand-in's `cudatrace_*`.
+fn is_cuda_api_function(name: &str) -> bool {
+    name.strip_prefix("cu")
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()))
 }
 
 /// The CUDA driver: the first probe set.
@@ -55,6 +65,7 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
     programs: Programs::Calls,
+    is_api_function: is_cuda_api_function,
 };
 
 /// `--gpu`: cudatrace's injection library, written for the run (`inject/`). Its one symbol
@@ -72,7 +83,14 @@ pub static INJECTION: ProbeSet = ProbeSet {
     catalog: GPU_RECORDS_CATALOG,
     variants: &[],
     programs: Programs::Entry("gpu_records"),
+    is_api_function: no_api_function,
 };
+
+/// The injection library has no API to probe beyond its catalog: `--functions` is
+/// libcuda's.
+fn no_api_function(_: &str) -> bool {
+    false
+}
 
 /// `cudatrace_gpu_records(const GpuRecord *records, uint32_t count)`.
 static GPU_RECORDS_CATALOG: &[FnSpec] = &[FnSpec {
@@ -103,5 +121,13 @@ mod tests {
         );
         assert_eq!(LIBCUDA.version_in("libcuda.so.1"), None);
         assert_eq!(LIBCUDA.version_in("libcudart.so.12.8.1"), None);
+    }
+
+    #[test]
+    fn api_functions_are_cu_and_a_capital() {
+        let api = LIBCUDA.is_api_function;
+        assert!(api("cuCtxGetDevice_v2") && api("cuInit"));
+        assert!(!api("cudbgApiInit") && !api("cudatrace_standin_set_activity_hooks"));
+        assert!(!api("cu") && !api("nvCuInit"));
     }
 }

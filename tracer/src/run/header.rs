@@ -49,6 +49,7 @@ pub fn header(
         start_monotonic_ns: Some(clocks.monotonic_ns),
         host,
         kernel,
+        functions: args.functions.to_string(),
         libcuda: plans
             .of(&LIBCUDA)
             .map(|plan| LibcudaInfo {
@@ -64,7 +65,7 @@ pub fn header(
             .map(|p| ProbeInfo {
                 id: p.id,
                 symbol: p.symbol.clone(),
-                function: p.spec.name().into(),
+                function: p.function().into(),
                 family: p.spec.family.as_str().into(),
             })
             .collect(),

@@ -36,7 +36,9 @@ use std::{
 
 use anyhow::anyhow;
 
-use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Session};
+use self::{
+    clock::Clocks, loss::LossAccount, outcome::Outcome, output::open_output, session::Session,
+};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
@@ -45,10 +47,10 @@ use crate::{
     privileges,
     probes::{
         library::{self, Library},
-        plan::Plans,
+        plan::{FunctionSelection, Plans},
         probe_set::{INJECTION, LIBCUDA},
     },
-    schema::{Footer, PowerFooter},
+    schema::PowerFooter,
     sinks::jsonl::TraceWriter,
     spawn,
     summary::text::{render_gpu_short, render_short},
@@ -149,6 +151,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         clocks: Clocks::now(),
         kernel_hooks: None,
         gpu: gpu.as_ref(),
+        probe_mechanism: String::new(),
+        uprobe_multi_fallback: None,
     };
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
         Ok(exit) => (exit, None),
@@ -185,25 +189,21 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         footer.events.process,
         exit.describe()
     );
-    if lost > 0 {
-        let cupti_only = footer.lost.cupti_dropped == Some(lost);
-        eprintln!(
-            "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}{}){}",
-            footer.lost.ring_full,
-            footer.lost.too_deep,
-            footer.lost.frames_full,
-            footer.lost.process_ring_full,
-            gpu_losses(&footer),
-            if cupti_only {
-                String::new()
-            } else {
-                format!(
-                    "; try --ring-kib {}",
-                    args.ring_kib.saturating_mul(4).min(1 << 20)
-                )
-            }
-        );
+    if let Some(reasons) = LossAccount::describe(&footer.lost) {
+        // Only what the ring refused grows with a larger ring (not CUPTI's own drops).
+        let ring_refused = footer.lost.ring_full
+            + footer.lost.process_ring_full
+            + footer.lost.driver_ring_full
+            + footer.lost.gpu_ring_full.unwrap_or(0);
+        let hint = if ring_refused > 0 {
+            format!(
+                "; try --ring-kib {}",
+                args.ring_kib.saturating_mul(4).min(1 << 20)
+            )
+        } else {
+            String::new()
+        };
+        eprintln!("cudatrace: WARNING: {lost} events lost ({reasons}){hint}");
     }
     if let Some(power) = &footer.power {
         warn_power(power);
@@ -240,26 +240,12 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     }
 }
 
-/// `; GPU records: ring full N, unreadable N, dropped by CUPTI N` when any were lost.
-fn gpu_losses(footer: &Footer) -> String {
-    let lost = &footer.lost;
-    let figures = [lost.gpu_ring_full, lost.gpu_read_failed, lost.cupti_dropped];
-    if figures.iter().all(|n| n.unwrap_or(0) == 0) {
-        return String::new();
-    }
-    format!(
-        "; GPU records: ring full {}, unreadable {}, dropped by CUPTI {}",
-        figures[0].unwrap_or(0),
-        figures[1].unwrap_or(0),
-        figures[2].unwrap_or(0)
-    )
-}
-
 /// `--gpu`: the injection library as written for this run, planned like any library.
 fn plan_injection(plans: &mut Plans, injection: &GpuInjection) -> Result<(), Failure> {
     let internal = |e| Failure::new(ExitCode::Internal, e);
     let library = Library::open(&INJECTION, injection.library_path()).map_err(internal)?;
-    let plan = plans.add(&INJECTION, &library);
+    // The injection library is probed for its catalog alone: `--functions` is libcuda's.
+    let plan = plans.add(&INJECTION, &library, &FunctionSelection::default());
     if plan.probes.is_empty() {
         return Err(Failure::new(
             ExitCode::Internal,
@@ -280,10 +266,23 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
     let path = library::find(&LIBCUDA, args.libcuda.as_deref()).map_err(no_libcuda)?;
     let library = Library::open(&LIBCUDA, &path).map_err(no_libcuda)?;
     let mut plans = Plans::default();
-    let plan = plans.add(&LIBCUDA, &library);
+    let plan = plans.add(&LIBCUDA, &library, &args.functions);
+    if !plan.unmatched_globs.is_empty() {
+        args.missing_probes.apply(
+            &format!(
+                "patterns of --functions match no {} export",
+                plan.set.library
+            ),
+            &plan
+                .unmatched_globs
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )?;
+    }
     if !plan.missing.is_empty() {
         args.missing_probes.apply(
-            &format!("not exported by {}", plan.set.library),
+            &format!("functions not exported by {}", plan.set.library),
             &plan.missing,
         )?;
     }

@@ -6,7 +6,10 @@
 //! Each stage knows only the one before it; this file wires them. `--power`'s sampler is a
 //! second source: its lines need no decoding and go through enrich and sinks.
 
-use std::io;
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
 use aya::maps::{MapData, RingBuf};
 
@@ -31,6 +34,17 @@ pub struct Pipeline<'a> {
     pub gpu: bool,
 }
 
+/// What one drain did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    pub records: usize,
+    /// The ring was found empty (rather than the budget running out).
+    pub empty: bool,
+}
+
+/// Records between two looks at the clock.
+const CLOCK_EVERY: usize = 256;
+
 impl<'a> Pipeline<'a> {
     pub fn new(
         decoder: Decoder<'a>,
@@ -54,16 +68,36 @@ impl<'a> Pipeline<'a> {
         kernel
     }
 
-    /// The source: passes up to `budget` records from the ring down the pipeline; returns
-    /// how many.
-    pub fn drain(&mut self, ring: &mut RingBuf<MapData>, budget: usize) -> io::Result<usize> {
+    /// The source: passes records from the ring down the pipeline until it is empty, or
+    /// `records` of them have passed, or `time` has elapsed, or `stop` says so.
+    pub fn drain(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        records: usize,
+        time: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<Drained> {
+        let deadline = Instant::now().checked_add(time);
         let mut n = 0;
-        while n < budget {
-            let Some(record) = ring.next() else { break };
+        while n < records {
+            if n % CLOCK_EVERY == CLOCK_EVERY - 1
+                && (deadline.is_some_and(|deadline| Instant::now() >= deadline) || stop())
+            {
+                break;
+            }
+            let Some(record) = ring.next() else {
+                return Ok(Drained {
+                    records: n,
+                    empty: true,
+                });
+            };
             self.record(&record)?;
             n += 1;
         }
-        Ok(n)
+        Ok(Drained {
+            records: n,
+            empty: false,
+        })
     }
 
     /// One record through decode, enrich and the sinks.

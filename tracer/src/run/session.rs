@@ -55,6 +55,9 @@ pub struct Session<'a> {
     pub power_info: Option<PowerInfo>,
     /// `--gpu`: what goes into the command.
     pub gpu: Option<&'a GpuInjection>,
+    /// How the probes were attached, and why uprobe_multi was not used where it failed.
+    pub probe_mechanism: String,
+    pub uprobe_multi_fallback: Option<String>,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -64,10 +67,13 @@ fn internal(e: anyhow::Error) -> Failure {
 impl Session<'_> {
     /// The header, for `pids` traced from the start.
     pub fn header(&self, pids: &[u32], failures: Vec<AttachFailureInfo>) -> Header {
-        // The objects of `--power` and `--gpu` come from their own set-up.
+        // The objects of `--power` and `--gpu` come from their own set-up, and how the probes
+        // were attached from the attach layer.
         Header {
             power: self.power_info.clone(),
             gpu: self.gpu.map(GpuInjection::header),
+            probe_mechanism: self.probe_mechanism.clone(),
+            uprobe_multi_fallback: self.uprobe_multi_fallback.clone(),
             ..header::header(
                 self.args,
                 self.plans,
@@ -90,9 +96,23 @@ impl Session<'_> {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
             device_prefix: self.device_prefix().to_owned(),
+            map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let (mut attached, failures) = self.attach_probes(&mut bpf)?;
+        let (attached, failures) = self.attach_probes(&mut bpf)?;
+        self.probe_mechanism = attached.mechanism().to_owned();
+        if let Some(why) = &attached.multi_fallback {
+            // One line here (the kernel's error, a verifier log's first line); all of it
+            // in the header.
+            let first = why.lines().next().unwrap_or_default();
+            let instead = if attached.mechanism() == "uprobe_multi" {
+                "attached the other functions with smaller uprobe_multi links"
+            } else {
+                "using one perf link per symbol (slower to attach and detach)"
+            };
+            eprintln!("cudatrace: uprobe_multi attach failed ({instead}): {first}");
+            self.uprobe_multi_fallback = Some(why.clone());
+        }
         programs::attach_process_tracking(&mut bpf).map_err(internal)?;
         let mut pids = self.args.pids.clone();
         for pid in &pids {
@@ -129,13 +149,15 @@ impl Session<'_> {
             .enable_all()
             .build()
             .map_err(|e| internal(e.into()))?;
-        let watched = gated
-            .as_ref()
-            .map(|g| g.pid)
-            .or_else(|| self.args.pids.first().copied());
+        // The command when there is one, else every `-p` target: tracing ends when the
+        // last of them exits.
+        let watched: Vec<u32> = match &gated {
+            Some(gated) => vec![gated.pid],
+            None => self.args.pids.clone(),
+        };
         let watch_setup = {
             let _context = runtime.enter();
-            Watches::new(watched)
+            Watches::new(&watched)
         };
         let watches = watch_setup.map_err(internal)?;
         let failure_info = failures
@@ -201,8 +223,8 @@ impl Session<'_> {
             self.gpu.is_some(),
         );
         let loop_result = runtime.block_on(event_loop(
-            &mut bpf,
-            &mut attached,
+            bpf,
+            attached,
             &mut pipeline,
             watches,
             child,
@@ -224,7 +246,9 @@ impl Session<'_> {
         };
         if !failures.is_empty() {
             let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
-            self.args.missing_probes.apply("failed to attach", &names)?;
+            self.args
+                .missing_probes
+                .apply("functions failed to attach", &names)?;
             if failures.len() == self.plans.probe_count() {
                 let paths: Vec<String> = self
                     .plans

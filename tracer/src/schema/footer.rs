@@ -105,7 +105,23 @@ pub struct LostCounts {
     /// `--gpu`: records CUPTI itself dropped (its buffers were full).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cupti_dropped: Option<u64>,
-    /// Call events lost: `ring_full + too_deep + frames_full`.
+    /// New child processes the traced-process map had no room for: not traced.
+    pub traced_full: u64,
+    /// `--kernel`: NVIDIA device fds the fd map had no room for: their ioctls and mmaps
+    /// are not seen.
+    pub fds_full: u64,
+    /// `--kernel`: openat calls the pending-open map had no room for: the file is not
+    /// checked for being an NVIDIA device.
+    pub opens_full: u64,
+    /// `--kernel`: ioctls and mmaps the in-flight map had no room for: their events.
+    pub syscalls_full: u64,
+    /// `--kernel` with kprobes: kernel function calls the in-flight map had no room for.
+    pub kfuncs_full: u64,
+    /// Records still in the ring when a signal-stopped run's last drain ran out of time
+    /// (read and counted, not written).
+    pub not_drained: u64,
+    /// Call events lost: `ring_full + too_deep + frames_full` and the calls among
+    /// `not_drained`.
     pub calls: u64,
     /// Everything lost.
     pub total: u64,
@@ -167,6 +183,13 @@ pub struct ProcessMemory {
     pub frees: u64,
     /// Successful frees of memory never seen allocated (allocated before attaching).
     pub unmatched_frees: u64,
+    /// Successful `cuIpcOpenMemHandle`s: other processes' device memory mapped here (not
+    /// in this process's device bytes; absent when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ipc_opens: u64,
+    /// Of those, still open at the end (absent when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub final_ipc_open: u64,
     /// Every allocation never freed (device, physical and host pinned).
     pub leak_count: u64,
     pub leaks: Vec<Leak>,

@@ -45,6 +45,9 @@ pub struct Header {
     pub host: String,
     #[serde(skip_deserializing)]
     pub kernel: String,
+    /// `--functions`: `catalog`, `all`, or the patterns given.
+    #[serde(skip_deserializing)]
+    pub functions: String,
     #[serde(skip_deserializing)]
     pub libcuda: LibcudaInfo,
     #[serde(skip_deserializing)]
@@ -56,6 +59,14 @@ pub struct Header {
     pub aliases: Vec<(String, String)>,
     #[serde(skip_deserializing)]
     pub attach_failures: Vec<AttachFailureInfo>,
+    /// How the probes are attached: `uprobe_multi` (Linux 6.6+), `perf_event` (one link
+    /// per symbol), or `uprobe_multi+perf_event`.
+    #[serde(skip_serializing_if = "String::is_empty", skip_deserializing)]
+    pub probe_mechanism: String,
+    /// Why the uprobe_multi attach failed and per-symbol links were used instead (the
+    /// kernel's error, with the verifier log when it has one).
+    #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
+    pub uprobe_multi_fallback: Option<String>,
     /// `--kernel`: the driver hooks in use.
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub kernel_hooks: Option<KernelHooksInfo>,
@@ -93,10 +104,11 @@ pub struct ProbeInfo {
     pub id: u32,
     /// The exported symbol.
     pub symbol: String,
-    /// The catalog function it belongs to.
+    /// The catalog function it belongs to; outside the catalog, the symbol itself.
     #[serde(skip_deserializing)]
     pub function: String,
-    /// `init`, `context`, `memory`, ... (the catalog's `Family`).
+    /// `init`, `context`, `memory`, ... (the catalog's `Family`); `other` for functions
+    /// outside the catalog, probed generically.
     pub family: String,
 }
 

@@ -46,7 +46,9 @@ mod process;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, GpuFooter, Leak, MemoryFooter, ProcessMemory};
+pub use footer::{
+    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, ProcessMemory,
+};
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
@@ -235,7 +237,7 @@ mod tests {
     fn the_footer_gives_its_figures_leniently() {
         let footer = Footer {
             exit_code: Some(3),
-            lost: footer::LostCounts {
+            lost: LostCounts {
                 total: 4,
                 ..Default::default()
             },

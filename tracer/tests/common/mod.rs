@@ -36,6 +36,8 @@ pub struct Standin {
     pub lib: PathBuf,
     pub driver: PathBuf,
     pub demo: PathBuf,
+    /// `cudatrace-bench-loop N [RATE [THREADS]]`: cuCtxSynchronize as fast as it goes.
+    pub bench_loop: PathBuf,
 }
 
 fn repo() -> PathBuf {
@@ -76,6 +78,7 @@ pub fn standin() -> &'static Standin {
         for (program, source) in [
             ("cudatrace-driver", "cudatrace_driver.c"),
             ("cudatrace-demo", "demo_inference.c"),
+            ("cudatrace-bench-loop", "bench_loop.c"),
         ] {
             gcc(&[
                 "-O2",
@@ -96,6 +99,7 @@ pub fn standin() -> &'static Standin {
             lib: dir.join("libcuda.so.1"),
             driver: dir.join("cudatrace-driver"),
             demo: dir.join("cudatrace-demo"),
+            bench_loop: dir.join("cudatrace-bench-loop"),
             dir,
         }
     })
