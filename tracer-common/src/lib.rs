@@ -6,7 +6,9 @@
 
 use core::mem::size_of;
 
+mod attach;
 mod gpu;
+pub use attach::*;
 pub use gpu::*;
 
 /// Event kinds. Numbers are stable and never reused.
@@ -23,6 +25,8 @@ pub mod kind {
     pub const GPU: u32 = 5;
     /// A GPU record that carries text: a kernel name, an error message ([`super::GpuTextEvent`]).
     pub const GPU_TEXT: u32 = 6;
+    /// A library opened, a fork or an exec the loader must act on ([`super::AttachEvent`]).
+    pub const ATTACH: u32 = 7;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -75,8 +79,15 @@ pub mod counter {
     /// A GPU record could not be read from the traced process, or its batch held more than
     /// [`super::GPU_BATCH_MAX`] records: each such record is lost.
     pub const GPU_READ_FAILED: u32 = 8;
+    /// Pending calls dropped because they can no longer be running: a later entry found
+    /// the stack below them unwound (`longjmp`, an exception through the library), or an
+    /// outer call returned first. Their events are never written.
+    pub const ABANDONED_FRAMES: u32 = 9;
+    /// Ring-buffer reserve failed for an attach event: a library opened or a fork that
+    /// the loader never heard of (its calls may be missed).
+    pub const ATTACH_RING_FULL: u32 = 10;
     /// Number of counters.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 11;
 }
 
 /// Which memory a probe captures (at return) into [`CallDataEvent::data`].
@@ -267,9 +278,14 @@ pub struct Frame {
     pub probe_id: u32,
     pub flags: u32,
     pub ts_ns: u64,
+    /// The stack pointer at entry (pointing at the return address): a later entry with a
+    /// higher one means this call's frame is gone.
+    pub sp: u64,
+    /// The return address at entry, before the return probe replaces it.
+    pub ret_addr: u64,
     pub args: [u64; MAX_ARGS],
 }
-const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80);
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 16 + 80);
 
 /// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
 #[repr(C)]
@@ -289,4 +305,5 @@ mod pod {
     unsafe impl aya::Pod for ProbeSpec {}
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
+    unsafe impl aya::Pod for NamePattern {}
 }

@@ -218,7 +218,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
         .map_err(anyhow::Error::from)
         .and_then(|path| Library::open(&LIBCUDA, &path).map_err(Into::into))
         .map(|lib| {
-            let plan = Plan::new(&LIBCUDA, &lib, 0);
+            let plan = Plan::new(&LIBCUDA, &lib, 0, 0);
             format!(
                 "{}; {} probe points, {} catalog functions missing",
                 lib.file.describe(),

@@ -58,6 +58,7 @@ pub fn summarise(
             Line::Process(process) => analysis.process_event(process.pid, &process.event),
             Line::Driver(driver) => analysis.driver(&driver),
             Line::Header(header) => info.command = header.command,
+            Line::Library(_) => {}
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;

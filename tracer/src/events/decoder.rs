@@ -4,7 +4,11 @@
 
 use std::collections::HashMap;
 
-use super::{call::decode_call, driver, process, raw};
+use super::{
+    call::decode_call,
+    driver, process,
+    raw::{DecodeError, RawEvent},
+};
 use crate::{
     probes::plan::Plans,
     schema::{CallLine, DriverLine, ProcessLine},
@@ -22,37 +26,41 @@ pub enum Event {
     Driver(DriverLine),
 }
 
-pub struct Decoder<'a> {
-    plans: &'a Plans,
+pub struct Decoder {
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
     /// Records that could not be decoded (the footer's `undecodable`).
     pub undecodable: u64,
 }
 
-impl<'a> Decoder<'a> {
-    pub fn new(plans: &'a Plans, kernel_functions: HashMap<u64, String>) -> Self {
+impl Decoder {
+    pub fn new(kernel_functions: HashMap<u64, String>) -> Self {
         Decoder {
-            plans,
             kernel_functions,
             undecodable: 0,
         }
     }
 
-    /// The line a record becomes; `None` (and counted) for a record that makes no sense.
-    pub fn decode(&mut self, bytes: &[u8]) -> Option<Event> {
-        let event = match raw::decode(bytes) {
-            Ok(raw::RawEvent::Call { call, data }) => self
-                .plans
-                .probe(call.probe_id)
-                .map(|probe| decode_call(&call, data.as_deref(), &probe.symbol, probe.spec))
-                .map(Event::Call),
-            Ok(raw::RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
+    /// The line a record (read as a [`RawEvent`]) becomes, its calls named through
+    /// `plans`; `None` (and counted) for a record that makes no sense. Attach events are no
+    /// line: they are for the attach layer.
+    pub fn decode_raw(
+        &mut self,
+        raw: Result<RawEvent, DecodeError>,
+        plans: &Plans,
+    ) -> Option<Event> {
+        let event = match raw {
+            Ok(RawEvent::Call { call, data }) => plans.probe(call.probe_id).map(|probe| {
+                let mut line = decode_call(&call, data.as_deref(), &probe.symbol, probe.spec);
+                line.lib = Some(probe.library);
+                Event::Call(line)
+            }),
+            Ok(RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
                 &event,
                 &self.kernel_functions,
             ))),
-            Ok(raw::RawEvent::Proc(event)) => Some(Event::Process(process::decode(&event))),
-            Err(_) => None,
+            Ok(RawEvent::Proc(event)) => Some(Event::Process(process::decode(&event))),
+            Ok(RawEvent::Attach(_)) | Err(_) => None,
         };
         if event.is_none() {
             self.undecodable += 1;

@@ -12,5 +12,4 @@ mod process;
 mod raw;
 
 pub use decoder::{Decoder, Event};
-#[cfg(test)]
 pub use raw::{RawEvent, decode};

@@ -4,7 +4,7 @@
 use std::mem::size_of;
 
 use tracer_common::{
-    CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, ProcEvent, kind,
+    AttachEvent, CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, ProcEvent, kind,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -29,6 +29,8 @@ pub enum RawEvent {
     },
     Proc(ProcEvent),
     Driver(DriverEvent),
+    /// For the attach layer, not the trace: a library opened, a fork, an exec.
+    Attach(Box<AttachEvent>),
 }
 
 fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
@@ -62,6 +64,7 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
         }
         kind::PROC => Ok(RawEvent::Proc(read(bytes, "process event")?)),
         kind::DRIVER => Ok(RawEvent::Driver(read(bytes, "driver event")?)),
+        kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }

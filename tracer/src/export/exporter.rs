@@ -90,6 +90,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Process(process) => self.process(&process)?,
                 Line::Lost(lost) => self.lost(&lost)?,
                 Line::Driver(driver) => self.driver(&driver)?,
+                Line::Library(library) => self.families.add_library(&library),
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }

@@ -1,9 +1,20 @@
 //! Attaching plans: the generic entry and return programs on every planned symbol, each
-//! with its probe id as the attach cookie. One uprobe_multi link per program and plan where
-//! the kernel has them (6.6+), else one perf-event link per symbol and program; detaching
-//! everything at the end.
+//! with its probe id as the attach cookie.
+//!
+//! Two scopes. **Per process** (kernels with uprobe_multi, 6.6+, unless `--all`): each
+//! traced process gets its own pair of uprobe_multi links per library file, filtered by
+//! the kernel to that process, so breakpoints exist only in traced processes and nobody
+//! else takes the trap. **Host**: one pair of links per file for every process (`--all`,
+//! or one perf-event link per symbol and program on kernels without uprobe_multi); the
+//! eBPF side then drops the calls of untraced processes, after the trap.
 
-use std::{collections::HashSet, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+    sync::mpsc,
+    thread::JoinHandle,
+};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -18,7 +29,7 @@ use tracer_common::{MAX_PROBES, ProbeSpec};
 
 use super::{
     object::PROBES_OBJECT,
-    plan::{Plan, Plans},
+    plan::Plan,
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -30,90 +41,226 @@ pub struct AttachFailure {
     pub error: String,
 }
 
-/// How the probes were attached.
-#[derive(Debug, Default)]
-pub struct Attached {
-    /// Two uprobe_multi links per plan (kernels with uprobe_multi, 6.6+).
-    multi: Vec<MultiLink>,
-    /// Per-symbol perf-event links otherwise.
-    links: Vec<(&'static str, UProbeLinkId)>,
+/// Where the probes of a plan go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Into every process that maps the file (`--all`; kernels without uprobe_multi).
+    Host,
+    /// Into each traced process, as it maps the file.
+    PerProcess,
 }
 
-impl Attached {
+/// The entry and return programs loaded once for uprobe_multi links.
+#[derive(Debug)]
+struct MultiPrograms {
+    entry: OwnedFd,
+    ret: OwnedFd,
+}
+
+/// Everything attached, and how.
+#[derive(Debug)]
+pub struct Attacher {
+    scope: Scope,
+    multi: Option<MultiPrograms>,
+    /// Why uprobe_multi is not used, where it is not.
+    pub fallback_reason: Option<String>,
+    /// Host links: two uprobe_multi links per plan.
+    host_multi: Vec<MultiLink>,
+    /// Host links otherwise: one perf-event link per symbol and program.
+    host_perf: Vec<(&'static str, UProbeLinkId)>,
+    /// Per-process links: by pid, the library ids linked and their two links.
+    processes: HashMap<u32, Vec<(u32, [MultiLink; 2])>>,
+    closer: Closer,
+}
+
+impl Attacher {
+    /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
+    /// (before any map is taken out of `bpf`). `all`: probe every process.
+    pub fn new(bpf: &Ebpf, all: bool) -> Self {
+        let (multi, fallback_reason) = if uprobe_multi::supported() {
+            match load_multi(bpf) {
+                Ok(programs) => (Some(programs), None),
+                Err(error) => (None, Some(format!("{error:#}"))),
+            }
+        } else {
+            (
+                None,
+                Some("this kernel has no uprobe_multi links (Linux 6.6+)".into()),
+            )
+        };
+        let scope = if multi.is_some() && !all {
+            Scope::PerProcess
+        } else {
+            Scope::Host
+        };
+        Attacher {
+            scope,
+            multi,
+            fallback_reason,
+            host_multi: Vec::new(),
+            host_perf: Vec::new(),
+            processes: HashMap::new(),
+            closer: Closer::start(),
+        }
+    }
+
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
     /// `uprobe_multi` or `perf_event`, for the header and doctor.
     pub fn mechanism(&self) -> &'static str {
-        if self.multi.is_empty() {
-            "perf_event"
-        } else {
+        if self.multi.is_some() {
             "uprobe_multi"
+        } else {
+            "perf_event"
         }
     }
-}
 
-/// Writes the specs and attaches entry and return probes to every planned symbol.
-/// Return probes go first so no entry is ever pushed without a return to pop it.
-pub fn attach(
-    bpf: &mut Ebpf,
-    plans: &Plans,
-    attached: &mut Attached,
-) -> Result<Vec<AttachFailure>> {
-    if plans.probe_count() > MAX_PROBES as usize {
-        bail!(
-            "{} symbols to attach, more than the {MAX_PROBES} the probes support",
-            plans.probe_count()
-        );
-    }
-    {
+    /// Writes a plan's specs into the `SPECS` map: before any of its probes can fire.
+    pub fn write_specs(bpf: &mut Ebpf, plan: &Plan) -> Result<()> {
+        if let Some(last) = plan.probes.last()
+            && last.id >= MAX_PROBES
+        {
+            bail!(
+                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
+                last.id + 1
+            );
+        }
         let mut specs: Array<_, ProbeSpec> =
             Array::try_from(bpf.map_mut("SPECS").context("map SPECS missing")?)?;
-        for probe in plans.probes() {
+        for probe in &plan.probes {
             specs.set(probe.id, probe.spec.probe_spec(), 0)?;
         }
+        Ok(())
     }
-    let mut failures = Vec::new();
-    for plan in plans.iter() {
-        failures.extend(attach_plan(bpf, plan, attached)?);
-    }
-    Ok(failures)
-}
 
-fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<Vec<AttachFailure>> {
-    if uprobe_multi::supported() {
-        match attach_multi(bpf, &plan.library.path, plan) {
-            Ok(links) => {
-                attached.multi.extend(links);
-                return Ok(Vec::new());
+    /// Attaches `plan` (its file reached through `path`) for every process.
+    pub fn attach_host(
+        &mut self,
+        bpf: &mut Ebpf,
+        plan: &Plan,
+        path: &Path,
+    ) -> Result<Vec<AttachFailure>> {
+        if let Some(programs) = &self.multi {
+            match link_multi(programs, plan, path, 0) {
+                Ok(links) => {
+                    self.host_multi.extend(links);
+                    return Ok(Vec::new());
+                }
+                // One bad offset fails a whole multi link: per-symbol links name the culprit.
+                Err(error) => eprintln!(
+                    "cudatrace: uprobe_multi attach to {} failed, attaching symbol by symbol: \
+                     {error:#}",
+                    plan.library.path.display()
+                ),
             }
-            // One bad offset fails a whole multi link: per-symbol links name the culprit.
-            Err(error) => log::debug!("uprobe_multi attach failed, falling back: {error:#}"),
+        }
+        attach_per_symbol(bpf, path, plan, &mut self.host_perf)
+    }
+
+    /// Attaches `plan` (its file reached through `path`) for process `pid` alone, unless
+    /// it is already. Returns whether links were made.
+    pub fn link_process(&mut self, plan: &Plan, path: &Path, pid: u32) -> Result<bool> {
+        let programs = self
+            .multi
+            .as_ref()
+            .context("per-process probes need uprobe_multi")?;
+        let linked = self.processes.entry(pid).or_default();
+        if linked.iter().any(|(library, _)| *library == plan.id) {
+            return Ok(false);
+        }
+        let [ret, entry] = link_multi(programs, plan, path, pid)?;
+        linked.push((plan.id, [ret, entry]));
+        Ok(true)
+    }
+
+    /// The library ids linked for `pid`.
+    pub fn linked_libraries(&self, pid: u32) -> Vec<u32> {
+        self.processes
+            .get(&pid)
+            .map(|links| links.iter().map(|(library, _)| *library).collect())
+            .unwrap_or_default()
+    }
+
+    /// Drops `pid`'s links (it exited, or exec'd into a new leader), in the background:
+    /// each close waits for an RCU grace period.
+    pub fn forget_process(&mut self, pid: u32) {
+        if let Some(links) = self.processes.remove(&pid) {
+            self.closer
+                .close(links.into_iter().flat_map(|(_, pair)| pair).collect());
         }
     }
-    attach_per_symbol(bpf, &plan.library.path, plan, attached)
+
+    /// Detaches everything. Each uprobe link close waits for an RCU grace period (about
+    /// 0.1 s in our VMs), so links are closed from several threads at once.
+    pub fn detach_all(&mut self, bpf: &mut Ebpf) {
+        self.closer.finish();
+        let mut multi: Vec<MultiLink> = self.host_multi.drain(..).collect();
+        for (_, links) in self.processes.drain() {
+            multi.extend(links.into_iter().flat_map(|(_, pair)| pair));
+        }
+        drop_in_parallel(multi);
+        let mut links = Vec::with_capacity(self.host_perf.len());
+        for (program_name, link_id) in self.host_perf.drain(..) {
+            let program: Option<&mut UProbe> = bpf
+                .program_mut(program_name)
+                .and_then(|p| p.try_into().ok());
+            if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
+                links.push(link);
+            }
+        }
+        drop_in_parallel(links);
+        self.multi = None;
+        let names: Vec<String> = bpf.programs().map(|(name, _)| name.to_owned()).collect();
+        for name in names {
+            if let Some(program) = bpf.program_mut(&name) {
+                let _ = match program {
+                    aya::programs::Program::UProbe(p) => p.unload(),
+                    aya::programs::Program::TracePoint(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            }
+        }
+    }
 }
 
-/// Two links for all symbols: returns first, so no entry is pushed without its return.
-fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &Plan) -> Result<Vec<MultiLink>> {
+fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
+    Ok(MultiPrograms {
+        entry: uprobe_multi::load_program(bpf, PROBES_OBJECT, "call_enter", false)?,
+        ret: uprobe_multi::load_program(bpf, PROBES_OBJECT, "call_return", true)?,
+    })
+}
+
+/// Two links for all of `plan`'s symbols: returns first, so no entry is pushed without
+/// its return.
+fn link_multi(
+    programs: &MultiPrograms,
+    plan: &Plan,
+    path: &Path,
+    pid: u32,
+) -> Result<[MultiLink; 2]> {
     let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
     let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
-    let returns = uprobe_multi::attach(
-        bpf,
-        PROBES_OBJECT,
+    let ret = uprobe_multi::link(
+        programs.ret.as_fd(),
         "call_return",
-        lib_path,
+        path,
         &offsets,
         &cookies,
         true,
+        pid,
     )?;
-    let entries = uprobe_multi::attach(
-        bpf,
-        PROBES_OBJECT,
+    let entry = uprobe_multi::link(
+        programs.entry.as_fd(),
         "call_enter",
-        lib_path,
+        path,
         &offsets,
         &cookies,
         false,
+        pid,
     )?;
-    Ok(vec![returns, entries])
+    Ok([ret, entry])
 }
 
 /// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
@@ -122,7 +269,7 @@ fn attach_per_symbol(
     bpf: &mut Ebpf,
     lib_path: &Path,
     plan: &Plan,
-    attached: &mut Attached,
+    attached: &mut Vec<(&'static str, UProbeLinkId)>,
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
@@ -143,7 +290,7 @@ fn attach_per_symbol(
                 cookie: Some(u64::from(probe.id)),
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
-                Ok(link) => attached.links.push((program_name, link)),
+                Ok(link) => attached.push((program_name, link)),
                 Err(error) => {
                     failed.insert(probe.id);
                     failures.push(AttachFailure {
@@ -157,38 +304,61 @@ fn attach_per_symbol(
     Ok(failures)
 }
 
-/// Detaches everything. Each uprobe link close waits for an RCU grace period (about
-/// 0.1 s in our VMs), so links are closed from several threads at once.
-pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
+/// Drops everything in `items` from up to 64 threads at once.
+fn drop_in_parallel<T: Send>(mut items: Vec<T>) {
+    let per_thread = items.len().div_ceil(64).max(1);
     std::thread::scope(|scope| {
-        for link in attached.multi.drain(..) {
-            scope.spawn(move || drop(link));
-        }
-    });
-    let mut links = Vec::with_capacity(attached.links.len());
-    for (program_name, link_id) in attached.links.drain(..) {
-        let program: Option<&mut UProbe> = bpf
-            .program_mut(program_name)
-            .and_then(|p| p.try_into().ok());
-        if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
-            links.push(link);
-        }
-    }
-    let per_thread = links.len().div_ceil(64).max(1);
-    std::thread::scope(|scope| {
-        while !links.is_empty() {
-            let chunk: Vec<_> = links.drain(..per_thread.min(links.len())).collect();
+        while !items.is_empty() {
+            let chunk: Vec<T> = items.drain(..per_thread.min(items.len())).collect();
             scope.spawn(move || drop(chunk));
         }
     });
-    let names: Vec<String> = bpf.programs().map(|(name, _)| name.to_owned()).collect();
-    for name in names {
-        if let Some(program) = bpf.program_mut(&name) {
-            let _ = match program {
-                aya::programs::Program::UProbe(p) => p.unload(),
-                aya::programs::Program::TracePoint(p) => p.unload(),
-                _ => Ok(()),
-            };
+}
+
+/// Closes links in a background thread, so that a process's exit does not hold up the
+/// event loop for a grace period.
+#[derive(Debug)]
+struct Closer {
+    sender: Option<mpsc::Sender<Vec<MultiLink>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Closer {
+    fn start() -> Self {
+        let (sender, receiver) = mpsc::channel::<Vec<MultiLink>>();
+        let thread = std::thread::Builder::new()
+            .name("cudatrace-close".into())
+            .spawn(move || {
+                while let Ok(mut links) = receiver.recv() {
+                    while let Ok(more) = receiver.try_recv() {
+                        links.extend(more);
+                    }
+                    drop_in_parallel(links);
+                }
+            })
+            .ok();
+        Closer {
+            sender: thread.is_some().then_some(sender),
+            thread,
+        }
+    }
+
+    fn close(&self, links: Vec<MultiLink>) {
+        match &self.sender {
+            Some(sender) => {
+                if let Err(mpsc::SendError(links)) = sender.send(links) {
+                    drop_in_parallel(links);
+                }
+            }
+            None => drop_in_parallel(links),
+        }
+    }
+
+    /// Waits until everything handed over is closed.
+    fn finish(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }

@@ -56,6 +56,8 @@ impl MissingProbes {
 pub struct PlannedProbe {
     /// The attach cookie, and the index in the `SPECS` map: unique across plans.
     pub id: u32,
+    /// The id of its plan's library file (the trace's `lib`).
+    pub library: u32,
     pub symbol: String,
     pub spec: &'static FnSpec,
     pub file_offset: u64,
@@ -64,6 +66,8 @@ pub struct PlannedProbe {
 /// One probe set bound to one library file.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The library id: the plan's place among the run's plans, 0 first.
+    pub id: u32,
     pub set: &'static ProbeSet,
     pub library: LibraryFile,
     /// In id order.
@@ -76,9 +80,10 @@ pub struct Plan {
 
 impl Plan {
     /// Matches `set`'s catalog against `library`'s exports, numbering the probes from
-    /// `first_id`.
-    pub fn new(set: &'static ProbeSet, library: &Library, first_id: u32) -> Self {
+    /// `first_id`; `id` is the library's.
+    pub fn new(set: &'static ProbeSet, library: &Library, id: u32, first_id: u32) -> Self {
         let mut plan = Plan {
+            id,
             set,
             library: library.file.clone(),
             probes: Vec::new(),
@@ -106,6 +111,7 @@ impl Plan {
                     by_offset.insert(export.file_offset, name.clone());
                     plan.probes.push(PlannedProbe {
                         id: first_id + plan.probes.len() as u32,
+                        library: id,
                         symbol: name,
                         spec,
                         file_offset: export.file_offset,
@@ -129,9 +135,30 @@ pub struct Plans {
 impl Plans {
     /// Plans `set` on `library`, its ids after those already planned.
     pub fn add(&mut self, set: &'static ProbeSet, library: &Library) -> &Plan {
-        let plan = Plan::new(set, library, self.probe_count() as u32);
+        let plan = Plan::new(
+            set,
+            library,
+            self.plans.len() as u32,
+            self.probe_count() as u32,
+        );
         self.plans.push(plan);
         self.plans.last().expect("just pushed")
+    }
+
+    /// The plan of the library with this id.
+    pub fn get(&self, id: u32) -> Option<&Plan> {
+        self.plans.get(id as usize)
+    }
+
+    /// The plan of the file with this device and inode.
+    pub fn of_file(&self, device: u64, inode: u64) -> Option<&Plan> {
+        self.plans
+            .iter()
+            .find(|plan| plan.library.device == device && plan.library.inode == inode)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Plan> {
@@ -206,7 +233,7 @@ mod tests {
             ("cuMemcpyHtoD_v2_ptds", 0x300),
             ("cuSomethingElse", 0x400),
         ]);
-        let plan = Plan::new(&LIBCUDA, &lib, 0);
+        let plan = Plan::new(&LIBCUDA, &lib, 0, 0);
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol.as_str()).collect();
         assert_eq!(
             names,
@@ -243,6 +270,13 @@ mod tests {
             [(0, "cuInit"), (1, "cuMemAlloc_v2"), (2, "cuLaunchKernel")]
         );
         assert_eq!(plans.probe(2).unwrap().symbol, "cuLaunchKernel");
+        assert_eq!(
+            (
+                plans.probe(1).unwrap().library,
+                plans.probe(2).unwrap().library
+            ),
+            (0, 1)
+        );
         assert_eq!(plans.probe(1).unwrap().symbol, "cuMemAlloc_v2");
         assert!(plans.probe(3).is_none());
         assert_eq!(plans.probe_count(), 3);

@@ -4,6 +4,10 @@
 
 use crate::catalog::{CATALOG, FnSpec, STREAM_VARIANTS};
 
+/// Every probe set, in the order their file-name patterns are tried. The index of a set
+/// here is how the eBPF side names it (`NamePattern::set`).
+pub static PROBE_SETS: &[&ProbeSet] = &[&LIBCUDA];
+
 /// A library cudatrace knows how to probe.
 #[derive(Debug)]
 pub struct ProbeSet {
@@ -22,6 +26,9 @@ pub struct ProbeSet {
     pub install_hint: &'static str,
     /// The symbol that marks cudatrace's stand-in of this library (tests, the no-GPU demo).
     pub standin_marker: &'static str,
+    /// Exported functions that identify the library whatever its file is called (`--lib`
+    /// of a renamed copy): a file exporting all of them is this library.
+    pub identity: &'static [&'static str],
     /// The functions to probe and how to read their arguments.
     pub catalog: &'static [FnSpec],
     /// Suffixes of variants attached with each catalog symbol where the library exports
@@ -38,11 +45,28 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     path_flag: "--libcuda",
     install_hint: "install the NVIDIA driver",
     standin_marker: "cudatrace_standin_libcuda",
+    identity: &["cuInit", "cuDriverGetVersion", "cuGetProcAddress_v2"],
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
 };
 
 impl ProbeSet {
+    /// Whether a file called `file_name` is this library: the soname itself, or the soname
+    /// followed by `.` and a version (`libcuda.so.1`, `libcuda.so.580.159.04`).
+    pub fn matches_file_name(&self, file_name: &str) -> bool {
+        file_name
+            .strip_prefix(self.soname)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    }
+
+    /// Its index in [`PROBE_SETS`].
+    pub fn index(&self) -> u32 {
+        PROBE_SETS
+            .iter()
+            .position(|set| std::ptr::eq(*set, self))
+            .expect("every probe set is listed in PROBE_SETS") as u32
+    }
+
     /// The version in a file name (`libcuda.so.580.159.04` gives `580.159.04`;
     /// `libcuda.so.1`, the soname's own number, gives nothing).
     pub fn version_in(&self, file_name: &str) -> Option<String> {
@@ -63,5 +87,16 @@ mod tests {
         );
         assert_eq!(LIBCUDA.version_in("libcuda.so.1"), None);
         assert_eq!(LIBCUDA.version_in("libcudart.so.12.8.1"), None);
+    }
+
+    #[test]
+    fn file_names_match_the_soname_and_its_versions_only() {
+        for name in ["libcuda.so", "libcuda.so.1", "libcuda.so.580.159.04"] {
+            assert!(LIBCUDA.matches_file_name(name), "{name}");
+        }
+        for name in ["libcudart.so.12", "libcuda.sox", "xlibcuda.so", "libcuda.s"] {
+            assert!(!LIBCUDA.matches_file_name(name), "{name}");
+        }
+        assert_eq!(LIBCUDA.index(), 0);
     }
 }

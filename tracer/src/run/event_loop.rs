@@ -1,6 +1,7 @@
 //! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM
-//! and a quarter-second tick; on any ending, detaches, drains the ring and settles the
-//! losses, so the footer that follows is complete.
+//! and a quarter-second tick; on any ending, stops stopping processes, continues those
+//! waiting, detaches, drains the ring and settles the losses, so the footer that follows
+//! is complete and no process is left stopped.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -8,7 +9,6 @@ use std::{
 };
 
 use anyhow::{Result, anyhow};
-use aya::Ebpf;
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
@@ -16,10 +16,7 @@ use tokio::{
 
 use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline};
 use crate::{
-    probes::{
-        attach::{self, Attached},
-        maps::{self, CounterReader},
-    },
+    probes::maps::{self, CounterReader},
     sinks::progress::Progress,
 };
 
@@ -56,15 +53,16 @@ impl Watches {
 /// Runs until the command exits or a signal stops tracing; `child` is reaped for its exit
 /// status and passed SIGTERM on.
 pub async fn event_loop(
-    bpf: &mut Ebpf,
-    attached: &mut Attached,
     pipeline: &mut Pipeline<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
 ) -> Result<Outcome> {
-    let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
-    let counters = CounterReader::take(bpf)?;
+    let mut ring = watch(
+        maps::take_ring(&mut pipeline.discovery.bpf)?,
+        "the ring buffer",
+    )?;
+    let counters = CounterReader::take(&mut pipeline.discovery.bpf)?;
     let Watches {
         mut sigint,
         mut sigterm,
@@ -119,9 +117,13 @@ pub async fn event_loop(
         }
     }
 
-    // Detach first so nothing new arrives, then drain what the ring still holds.
-    attach::detach_all(bpf, attached);
+    // No more stops; the stop events still in the ring continue their processes; then
+    // detach (continuing any process still stopped) so nothing new arrives, and drain
+    // what the ring still holds.
+    pipeline.discovery.begin_ending();
     let ring = ring.get_mut();
+    while pipeline.drain(ring, usize::MAX)? > 0 {}
+    pipeline.discovery.finish();
     while pipeline.drain(ring, usize::MAX)? > 0 {}
     loss.update(counters.read()?, pipeline.writer)?;
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;

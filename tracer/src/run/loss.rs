@@ -37,6 +37,11 @@ impl LossAccount {
                 last.driver_ring_full,
                 now.driver_ring_full,
             ),
+            (
+                "attach_ring_full",
+                last.attach_ring_full,
+                now.attach_ring_full,
+            ),
         ] {
             if after > before {
                 writer.write(&LostLine {
@@ -54,6 +59,8 @@ impl LossAccount {
         footer.lost.frames_full = now.frames_full;
         footer.lost.process_ring_full = now.process_ring_full;
         footer.lost.driver_ring_full = now.driver_ring_full;
+        footer.lost.attach_ring_full = now.attach_ring_full;
+        footer.abandoned_calls = now.abandoned_frames;
         footer.lost.calls = now.calls_lost();
         footer.lost.total = now.lost();
         footer.entries_seen = now.entries;

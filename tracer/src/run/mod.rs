@@ -37,9 +37,10 @@ use crate::{
     exit::{ExitCode, Failure},
     privileges,
     probes::{
-        library::{self, Library},
-        plan::Plans,
-        probe_set::LIBCUDA,
+        discovery::{Found, FoundLibrary},
+        library::{self, Library, LibraryError},
+        plan::Plan,
+        probe_set::{LIBCUDA, PROBE_SETS},
     },
     sinks::jsonl::TraceWriter,
     spawn,
@@ -63,7 +64,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             ));
         }
     }
-    let plans = plan_libraries(&args)?;
+    let libraries = start_libraries(&args)?;
     let user = if args.as_root {
         None
     } else {
@@ -92,11 +93,14 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     // From here on every failure still completes the trace with a footer.
     let mut session = Session {
         args: &args,
-        plans: &plans,
+        start: libraries,
         user: user.as_ref(),
         program,
         clocks: Clocks::now(),
         kernel_hooks: None,
+        planned: Default::default(),
+        attach: Default::default(),
+        loaded_any: false,
     };
     let mut analysis = Analysis::default();
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
@@ -116,6 +120,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
+    let loaded_any = session.loaded_any;
     let footer = writer.finish().map_err(|e| {
         Failure::new(
             ExitCode::OutputNotWritable,
@@ -144,6 +149,24 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
             args.ring_kib.saturating_mul(4).min(1 << 20)
         );
     }
+    if footer.abandoned_calls > 0 {
+        eprintln!(
+            "cudatrace: {} calls never returned (longjmp or an exception through the library): \
+             they have no line",
+            footer.abandoned_calls
+        );
+    }
+    if !loaded_any {
+        eprintln!(
+            "cudatrace: WARNING: no traced process loaded {}: nothing to trace. Does the \
+             program use the GPU? A library under another name can be given with --lib PATH",
+            PROBE_SETS
+                .iter()
+                .map(|set| set.library)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        );
+    }
     if !args.quiet {
         eprint!("{}", render_short(&report));
     }
@@ -160,14 +183,51 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     Ok(exit.process_exit_code())
 }
 
-/// Finds libcuda and plans its probes; a function it lacks is reported by
-/// `--missing-probes`, a library with none of them is an error.
-fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
-    let no_libcuda = |e| Failure::new(ExitCode::NoLibcuda, e);
-    let path = library::find(&LIBCUDA, args.libcuda.as_deref()).map_err(no_libcuda)?;
-    let library = Library::open(&LIBCUDA, &path).map_err(no_libcuda)?;
-    let mut plans = Plans::default();
-    let plan = plans.add(&LIBCUDA, &library);
+/// The library files probed from the start: `--libcuda`, `--lib`, and for each probe set
+/// given no file, the one the default search finds (none is no error: libraries are also
+/// found as the traced processes load them). `--missing-probes` applies to each; a file
+/// given by path that cannot be used is an error.
+fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
+    let unusable = |e: anyhow::Error| Failure::new(ExitCode::NoLibcuda, e);
+    let mut found = Vec::new();
+    if let Some(path) = &args.libcuda {
+        let path = library::find(&LIBCUDA, Some(path)).map_err(|e| unusable(e.into()))?;
+        found.push(FoundLibrary::open(&LIBCUDA, &path, Found::Explicit).map_err(unusable)?);
+    }
+    for path in &args.libs {
+        let file = std::fs::File::open(path)
+            .map_err(|e| unusable(LibraryError::LibUnreadable(path.clone(), e).into()))?;
+        let set = library::identify(&file, path).map_err(|e| unusable(e.into()))?;
+        let library = Library::read(set, &file, path).map_err(|e| unusable(e.into()))?;
+        found.push(FoundLibrary {
+            set,
+            library,
+            file,
+            found: Found::Explicit,
+            pid: None,
+            ts_ns: None,
+        });
+    }
+    for set in PROBE_SETS {
+        if found.iter().any(|f| std::ptr::eq(f.set, *set)) {
+            continue;
+        }
+        if let Ok(path) = library::find(set, None)
+            && let Ok(library) = FoundLibrary::open(set, &path, Found::Search)
+        {
+            found.push(library);
+        }
+    }
+    for library in &found {
+        check_plan(args, library)?;
+    }
+    Ok(found)
+}
+
+/// `--missing-probes` on a library planned at start; one that exports none of its
+/// functions is an error.
+fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
+    let plan = Plan::new(found.set, &found.library, 0, 0);
     if !plan.missing.is_empty() {
         args.missing_probes.apply(
             &format!("not exported by {}", plan.set.library),
@@ -184,5 +244,5 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
             ),
         ));
     }
-    Ok(plans)
+    Ok(())
 }

@@ -42,8 +42,12 @@ pub struct Header {
     pub host: String,
     #[serde(skip_deserializing)]
     pub kernel: String,
+    /// The first libcuda attached at start (each file attached has a `library` line).
     #[serde(skip_deserializing)]
     pub libcuda: LibcudaInfo,
+    /// Where the probes go and how they are attached.
+    #[serde(skip_deserializing)]
+    pub attach: AttachInfo,
     #[serde(skip_deserializing)]
     pub ring_bytes: u32,
     pub probes: Vec<ProbeInfo>,
@@ -76,12 +80,28 @@ pub struct LibcudaInfo {
     pub standin: bool,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AttachInfo {
+    /// `process`: into each traced process only (uprobe_multi with a pid filter);
+    /// `host`: into every process that maps the library (`--all`, or kernels without
+    /// uprobe_multi), untraced processes' calls being dropped after the trap.
+    pub scope: String,
+    /// `uprobe_multi` or `perf_event`.
+    pub mechanism: String,
+    /// Why uprobe_multi is not used, where it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+}
+
 /// One attached symbol.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeInfo {
     /// The attach cookie.
     #[serde(skip_deserializing)]
     pub id: u32,
+    /// The library file's id (its `library` line).
+    #[serde(default)]
+    pub lib: u32,
     /// The exported symbol.
     pub symbol: String,
     /// The catalog function it belongs to.

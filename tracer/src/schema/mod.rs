@@ -10,6 +10,7 @@
 //! | `process.rs` | [`ProcessLine`] | fork, exec, exit of a traced process |
 //! | `lost.rs` | [`LostLine`] | events the kernel dropped |
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
+//! | `library.rs` | [`LibraryLine`] | a library file the probes were attached to |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -36,14 +37,18 @@ mod driver;
 mod fields;
 mod footer;
 mod header;
+mod library;
 mod lost;
 mod process;
 
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory};
-pub use header::{AttachFailureInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use footer::{
+    EventLine, Footer, FooterFigures, Leak, MemoryFooter, ProcessMemory, StopFigures,
+};
+pub use header::{AttachFailureInfo, AttachInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo};
+pub use library::LibraryLine;
 pub use lost::LostLine;
 pub use process::ProcessLine;
 
@@ -60,6 +65,7 @@ pub enum Line {
     Process(ProcessLine),
     Lost(LostLine),
     Driver(Box<DriverLine>),
+    Library(Box<LibraryLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -82,6 +88,7 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         ProcessLine::TYPE => Line::Process(ProcessLine::read(&value, bytes)?),
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
+        LibraryLine::TYPE => Line::Library(Box::new(LibraryLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
         _ => Line::Unknown,
     })

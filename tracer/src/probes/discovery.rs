@@ -1,0 +1,456 @@
+//! Libraries found where the traced processes load them, and the probes kept attached there
+//! while tracing runs.
+//!
+//! The eBPF side (`tracer-ebpf/src/discovery.rs`) reports, with the process stopped until
+//! this side is done:
+//! - a traced process opened a file named like a probe-set library: the file is read
+//!   through `/proc/PID/fd/FD` (so a container's own file is found whatever its mount
+//!   namespace), planned once per device and inode, attached, then the process continues;
+//! - a process with per-process probes forked: the child gets its own before it runs;
+//! - a process exec'd from a thread other than its leader: its per-process probes held the
+//!   old leader and are dropped (the new image makes them again when it maps a library).
+//!
+//! Every stop ends in `SIGCONT`, also when tracing ends ([`Discovery::finish`]).
+
+use std::{
+    collections::HashSet,
+    fs::{self, File},
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use aya::Ebpf;
+use tracer_common::{AttachEvent, SET_UNKNOWN, attach_event, attach_flags};
+
+use super::{
+    attach::{AttachFailure, Attacher, Scope},
+    library::Library,
+    maps,
+    plan::{MissingProbes, Plan, Plans},
+    probe_set::{PROBE_SETS, ProbeSet},
+};
+use crate::schema::{LibraryLine, ProbeInfo, StopFigures};
+
+/// How a library file came to be attached: the `library` line's `found`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// The default search (ldconfig cache, `LD_LIBRARY_PATH`, the usual directories).
+    Search,
+    /// `--libcuda PATH`, `--lib PATH`.
+    Explicit,
+    /// Mapped by a `-p`/`--all` process when tracing started.
+    Mapped,
+    /// Opened by a traced process while tracing.
+    Opened,
+}
+
+impl Found {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Found::Search => "search",
+            Found::Explicit => "explicit",
+            Found::Mapped => "mapped",
+            Found::Opened => "opened",
+        }
+    }
+}
+
+/// A library file to plan: its probe set, its exports, the open file, how it was found.
+pub struct FoundLibrary {
+    pub set: &'static ProbeSet,
+    pub library: Library,
+    pub file: File,
+    pub found: Found,
+    /// `Mapped`, `Opened`: the process, and when (`Opened`).
+    pub pid: Option<u32>,
+    pub ts_ns: Option<u64>,
+}
+
+impl FoundLibrary {
+    /// Opens and reads `set`'s library at `path`.
+    pub fn open(set: &'static ProbeSet, path: &Path, found: Found) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let library = Library::read(set, &file, path)?;
+        Ok(FoundLibrary {
+            set,
+            library,
+            file,
+            found,
+            pid: None,
+            ts_ns: None,
+        })
+    }
+}
+
+/// Probe-set library files mapped by process `pid` (from its `/proc/PID/maps`), each read
+/// through `/proc/PID/map_files` (which reaches it in any mount namespace) or else
+/// `/proc/PID/root`.
+pub fn mapped_libraries(pid: u32) -> Vec<FoundLibrary> {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(_offset), Some(_dev), Some(inode)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            continue;
+        };
+        let path = fields.collect::<Vec<_>>().join(" ");
+        let Some(name) = Path::new(&path).file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(set) = PROBE_SETS
+            .iter()
+            .copied()
+            .find(|set| set.matches_file_name(name))
+        else {
+            continue;
+        };
+        if !seen.insert((path.clone(), inode.to_owned())) {
+            continue;
+        }
+        let file = File::open(format!("/proc/{pid}/map_files/{range}"))
+            .or_else(|_| File::open(format!("/proc/{pid}/root{path}")));
+        let Ok(file) = file else { continue };
+        if let Ok(library) = Library::read(set, &file, Path::new(&path)) {
+            found.push(FoundLibrary {
+                set,
+                library,
+                file,
+                found: Found::Mapped,
+                pid: Some(pid),
+                ts_ns: None,
+            });
+        }
+    }
+    found
+}
+
+/// The names the eBPF side recognises libraries by: every probe set's soname (with any
+/// version after it), and the exact file name of each library given by path.
+pub fn library_names(explicit: &[&FoundLibrary]) -> Vec<maps::LibraryName> {
+    let mut names: Vec<maps::LibraryName> = PROBE_SETS
+        .iter()
+        .map(|set| maps::LibraryName {
+            set: set.index(),
+            name: set.soname.to_owned(),
+            exact: false,
+        })
+        .collect();
+    for found in explicit {
+        let Some(name) = found.library.file.path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if !found.set.matches_file_name(name) && !names.iter().any(|n| n.name == name) {
+            names.push(maps::LibraryName {
+                set: found.set.index(),
+                name: name.to_owned(),
+                exact: true,
+            });
+        }
+    }
+    names
+}
+
+/// The attach layer while tracing: the object, the plans (one per library file), the
+/// links, and the processes stopped for them.
+pub struct Discovery {
+    pub bpf: Ebpf,
+    pub attacher: Attacher,
+    pub plans: Plans,
+    /// Each plan's file, open: probes attach to `/proc/self/fd/N`, which reaches the file
+    /// whatever mount namespace its path belongs to.
+    files: Vec<File>,
+    policy: MissingProbes,
+    /// Missing-function lists already reported, so that each copy does not repeat them.
+    reported_missing: HashSet<Vec<&'static str>>,
+    /// Symbols that failed to attach, per library id.
+    pub failures: Vec<(u32, AttachFailure)>,
+    /// Some traced process opened or mapped a probe-set library.
+    pub loaded_any: bool,
+    pub stops: StopFigures,
+    /// Tracing is ending: processes are continued, nothing more is attached.
+    ending: bool,
+    /// The events' clock (`CLOCK_MONOTONIC` ns), to time the stops.
+    clock: fn() -> u64,
+    finished: bool,
+}
+
+impl Discovery {
+    pub fn new(bpf: Ebpf, attacher: Attacher, policy: MissingProbes, clock: fn() -> u64) -> Self {
+        Discovery {
+            bpf,
+            attacher,
+            plans: Plans::default(),
+            files: Vec::new(),
+            policy,
+            reported_missing: HashSet::new(),
+            failures: Vec::new(),
+            loaded_any: false,
+            stops: StopFigures::default(),
+            ending: false,
+            clock,
+            finished: false,
+        }
+    }
+
+    fn attach_path(&self, library: u32) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            self.files[library as usize].as_raw_fd()
+        ))
+    }
+
+    /// Plans `found` (or finds its plan, for a file already planned) and attaches it for
+    /// the host when that is the scope. Returns its id and, for a new file, its line.
+    pub fn add(&mut self, found: FoundLibrary) -> Result<(u32, Option<LibraryLine>)> {
+        let file = &found.library.file;
+        if let Some(plan) = self.plans.of_file(file.device, file.inode) {
+            return Ok((plan.id, None));
+        }
+        let id = self.plans.add(found.set, &found.library).id;
+        let FoundLibrary {
+            file,
+            found: how,
+            pid,
+            ts_ns,
+            ..
+        } = found;
+        self.files.push(file);
+        let plan = self.plans.get(id).expect("just planned");
+        // The policy was applied to the libraries given or searched for before tracing;
+        // one found later cannot stop the run, so `error` only warns for it, once per list.
+        let first_time = self.reported_missing.insert(plan.missing.clone());
+        let found_later = matches!(how, Found::Mapped | Found::Opened);
+        if !plan.missing.is_empty()
+            && first_time
+            && found_later
+            && self.policy != MissingProbes::Ignore
+        {
+            let why = format!("not exported by {}", plan.library.path.display());
+            let _ = MissingProbes::Warn.apply(&why, &plan.missing);
+        }
+        Attacher::write_specs(&mut self.bpf, plan)?;
+        if self.attacher.scope() == Scope::Host && !plan.probes.is_empty() {
+            let path = self.attach_path(id);
+            let plan = self.plans.get(id).expect("just planned");
+            let failures = self.attacher.attach_host(&mut self.bpf, plan, &path)?;
+            self.failures
+                .extend(failures.into_iter().map(|failure| (id, failure)));
+        }
+        let plan = self.plans.get(id).expect("just planned");
+        Ok((
+            id,
+            Some(library_line(plan, how, pid, ts_ns, &self.failures)),
+        ))
+    }
+
+    /// Gives `pid` its own probes on library `id` (per-process scope). Returns whether
+    /// the process has any.
+    pub fn link(&mut self, id: u32, pid: u32) -> Result<bool> {
+        if self.attacher.scope() != Scope::PerProcess {
+            return Ok(false);
+        }
+        let plan = self.plans.get(id).context("no such library")?;
+        if !plan.probes.is_empty() {
+            let path = self.attach_path(id);
+            let plan = self.plans.get(id).expect("checked");
+            self.attacher.link_process(plan, &path, pid)?;
+        }
+        let linked = !self.attacher.linked_libraries(pid).is_empty();
+        if linked {
+            maps::mark_linked(&mut self.bpf, pid)?;
+        }
+        Ok(linked)
+    }
+
+    /// Acts on an attach event from the ring; returns the `library` line of a file
+    /// attached for the first time.
+    pub fn handle(&mut self, event: &AttachEvent) -> Option<LibraryLine> {
+        let pid = event.header.pid;
+        let stopped = event.header.flags & attach_flags::STOPPED != 0;
+        if event.header.flags & attach_flags::STOP_FAILED != 0 {
+            self.stops.failed += 1;
+        }
+        let mut line = None;
+        if !self.ending {
+            let result = match event.what {
+                attach_event::LIBRARY_OPENED => self.opened(event).map(|l| line = l),
+                attach_event::FORKED => self.forked(pid, event.parent),
+                attach_event::NEW_LEADER => {
+                    self.attacher.forget_process(pid);
+                    Ok(())
+                }
+                _ => Ok(()),
+            };
+            if let Err(error) = result {
+                eprintln!("cudatrace: pid {pid}: {error:#}");
+            }
+        }
+        if stopped {
+            self.continue_process(pid, event.header.ts_ns);
+        }
+        line
+    }
+
+    fn opened(&mut self, event: &AttachEvent) -> Result<Option<LibraryLine>> {
+        let pid = event.header.pid;
+        let fd_path = format!("/proc/{pid}/fd/{}", event.fd);
+        let file = match File::open(&fd_path) {
+            Ok(file) => file,
+            // Gone already (the process was killed): nothing to attach.
+            Err(_) => return Ok(None),
+        };
+        let metadata = file.metadata()?;
+        let (id, line) = match self.plans.of_file(metadata.dev(), metadata.ino()) {
+            Some(plan) => (plan.id, None),
+            None => {
+                let path = if event.set == SET_UNKNOWN {
+                    fs::read_link(&fd_path)?
+                } else {
+                    let len = (event.path_len as usize).min(event.path.len());
+                    PathBuf::from(String::from_utf8_lossy(&event.path[..len]).into_owned())
+                };
+                let set = match PROBE_SETS.get(event.set as usize) {
+                    Some(set) => *set,
+                    None => {
+                        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                        match PROBE_SETS.iter().find(|s| s.matches_file_name(name)) {
+                            Some(set) => *set,
+                            // A long path that is no library after all.
+                            None => return Ok(None),
+                        }
+                    }
+                };
+                let library = Library::read(set, &file, &path)?;
+                self.add(FoundLibrary {
+                    set,
+                    library,
+                    file,
+                    found: Found::Opened,
+                    pid: Some(pid),
+                    ts_ns: Some(event.header.ts_ns),
+                })?
+            }
+        };
+        self.loaded_any = true;
+        self.link(id, pid)?;
+        Ok(line)
+    }
+
+    /// A child of a process with per-process probes: the same probes, before it runs.
+    fn forked(&mut self, child: u32, parent: u32) -> Result<()> {
+        let mut libraries = self.attacher.linked_libraries(parent);
+        if libraries.is_empty() {
+            // The parent is gone (and forgotten): what the child maps says it.
+            for found in mapped_libraries(child) {
+                let file = &found.library.file;
+                if let Some(plan) = self.plans.of_file(file.device, file.inode) {
+                    libraries.push(plan.id);
+                }
+            }
+        }
+        for id in libraries {
+            self.link(id, child)?;
+        }
+        Ok(())
+    }
+
+    fn continue_process(&mut self, pid: u32, stopped_at_ns: u64) {
+        if !maps::stop_handled(&mut self.bpf, pid) {
+            // Another thread's stop of the same process is still to be handled.
+            return;
+        }
+        // SAFETY: kill(2); the pid was stopped by our probes (ESRCH if it died since).
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        let stopped_ns = (self.clock)().saturating_sub(stopped_at_ns);
+        self.stops.count += 1;
+        self.stops.total_ns += stopped_ns;
+        self.stops.max_ns = self.stops.max_ns.max(stopped_ns);
+    }
+
+    /// A traced process exited: its links go.
+    pub fn process_exited(&mut self, pid: u32) {
+        self.attacher.forget_process(pid);
+    }
+
+    /// Tracing ends: no more stops, and from now on events only continue processes.
+    pub fn begin_ending(&mut self) {
+        self.ending = true;
+        if let Err(error) = maps::allow_stops(&mut self.bpf, false) {
+            eprintln!("cudatrace: {error:#}");
+        }
+    }
+
+    /// Continues every process still stopped (after the last events were handled) and
+    /// detaches everything.
+    pub fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.begin_ending();
+        for pid in maps::stopped_pids(&self.bpf).unwrap_or_default() {
+            maps::forget_stopped(&mut self.bpf, pid);
+            // SAFETY: kill(2) of a process our probes stopped.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        self.attacher.detach_all(&mut self.bpf);
+    }
+}
+
+impl Drop for Discovery {
+    /// Every way out (an error, a panic) continues what was stopped.
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The `library` line of a plan.
+pub fn library_line(
+    plan: &Plan,
+    found: Found,
+    pid: Option<u32>,
+    ts_ns: Option<u64>,
+    failures: &[(u32, AttachFailure)],
+) -> LibraryLine {
+    let failed: HashSet<&str> = failures
+        .iter()
+        .filter(|(id, _)| *id == plan.id)
+        .map(|(_, f)| f.symbol.as_str())
+        .collect();
+    LibraryLine {
+        id: plan.id,
+        set: plan.set.library.to_owned(),
+        path: plan.library.path.display().to_string(),
+        device: plan.library.device,
+        inode: plan.library.inode,
+        version: plan.library.version.clone(),
+        standin: plan.library.standin,
+        found: found.as_str().to_owned(),
+        pid,
+        ts_ns,
+        probes: plan
+            .probes
+            .iter()
+            .filter(|p| !failed.contains(p.symbol.as_str()))
+            .map(|p| ProbeInfo {
+                id: p.id,
+                lib: p.library,
+                symbol: p.symbol.clone(),
+                function: p.spec.name().into(),
+                family: p.spec.family.as_str().into(),
+            })
+            .collect(),
+        missing_functions: plan.missing.iter().map(|f| f.to_string()).collect(),
+        ..LibraryLine::default()
+    }
+}
