@@ -181,6 +181,7 @@ mod tests {
             start_monotonic_ns: Some(100),
             probes: vec![ProbeInfo {
                 id: 0,
+                lib: 0,
                 symbol: "cuInit".into(),
                 function: "cuInit".into(),
                 family: "init".into(),
@@ -204,6 +205,42 @@ mod tests {
         assert_eq!(read.probes[0].family, "init");
         // Written for people and other tools, skipped when read.
         assert_eq!((read.version, read.missing_functions.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_library_line_is_written_type_first_and_read_back() {
+        let library = LibraryLine {
+            id: 1,
+            set: "libcuda".into(),
+            path: "/w/libcuda.so.1".into(),
+            device: 2049,
+            inode: 77,
+            found: "opened".into(),
+            pid: Some(9),
+            ts_ns: Some(5),
+            probes: vec![ProbeInfo {
+                id: 111,
+                lib: 1,
+                symbol: "cuInit".into(),
+                function: "cuInit".into(),
+                family: "init".into(),
+            }],
+            ..LibraryLine::default()
+        };
+        let text = serde_json::to_string(&library).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"library","id":1,"set":"libcuda","path":"/w/libcuda.so.1","device":2049,"inode":77,"standin":false,"found":"opened","pid":9,"ts_ns":5,"probes":[{"id":111,"lib":1,"symbol":"cuInit","function":"cuInit","family":"init"}],"missing_functions":[]}"#
+        );
+        let Ok(Line::Library(read)) = parse(text.as_bytes()) else {
+            panic!("not a library line")
+        };
+        assert_eq!((read.id, read.probes[0].lib), (1, 1));
+        assert_eq!(read.probes[0].symbol, "cuInit");
+        assert_eq!(
+            parse(br#"{"type":"library","path":"/x"}"#),
+            Err(r#"library line: no valid "id""#.to_owned())
+        );
     }
 
     #[test]
