@@ -30,6 +30,7 @@ use tracer_common::{MAX_PROBES, ProbeSpec};
 use super::{
     object::PROBES_OBJECT,
     plan::Plan,
+    probe_set::PROBE_SETS,
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -50,11 +51,10 @@ pub enum Scope {
     PerProcess,
 }
 
-/// The entry and return programs loaded once for uprobe_multi links.
-#[derive(Debug)]
+/// The probe sets' programs, loaded once for uprobe_multi links, by name.
+#[derive(Debug, Default)]
 struct MultiPrograms {
-    entry: OwnedFd,
-    ret: OwnedFd,
+    loaded: HashMap<&'static str, OwnedFd>,
 }
 
 /// Everything attached, and how.
@@ -68,8 +68,8 @@ pub struct Attacher {
     host_multi: Vec<MultiLink>,
     /// Host links otherwise: one perf-event link per symbol and program.
     host_perf: Vec<(&'static str, UProbeLinkId)>,
-    /// Per-process links: by pid, the library ids linked and their two links.
-    processes: HashMap<u32, Vec<(u32, [MultiLink; 2])>>,
+    /// Per-process links: by pid, the library ids linked and their links.
+    processes: HashMap<u32, Vec<(u32, Vec<MultiLink>)>>,
     closer: Closer,
 }
 
@@ -170,8 +170,7 @@ impl Attacher {
         if linked.iter().any(|(library, _)| *library == plan.id) {
             return Ok(false);
         }
-        let [ret, entry] = link_multi(programs, plan, path, pid)?;
-        linked.push((plan.id, [ret, entry]));
+        linked.push((plan.id, link_multi(programs, plan, path, pid)?));
         Ok(true)
     }
 
@@ -225,42 +224,48 @@ impl Attacher {
     }
 }
 
+/// Loads every probe set's programs (the maps they use must still be in `bpf`: before the
+/// event loop takes the ring out).
 fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
-    Ok(MultiPrograms {
-        entry: uprobe_multi::load_program(bpf, PROBES_OBJECT, "call_enter", false)?,
-        ret: uprobe_multi::load_program(bpf, PROBES_OBJECT, "call_return", true)?,
-    })
+    let mut programs = MultiPrograms::default();
+    for set in PROBE_SETS {
+        for (name, retprobe) in set.programs.names() {
+            if !programs.loaded.contains_key(name) {
+                let fd = uprobe_multi::load_program(bpf, PROBES_OBJECT, name, retprobe)?;
+                programs.loaded.insert(name, fd);
+            }
+        }
+    }
+    Ok(programs)
 }
 
-/// Two links for all of `plan`'s symbols: returns first, so no entry is pushed without
-/// its return.
+/// The links for all of `plan`'s symbols, one per program: returns first, so no entry is
+/// pushed without its return.
 fn link_multi(
     programs: &MultiPrograms,
     plan: &Plan,
     path: &Path,
     pid: u32,
-) -> Result<[MultiLink; 2]> {
+) -> Result<Vec<MultiLink>> {
     let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
     let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
-    let ret = uprobe_multi::link(
-        programs.ret.as_fd(),
-        "call_return",
-        path,
-        &offsets,
-        &cookies,
-        true,
-        pid,
-    )?;
-    let entry = uprobe_multi::link(
-        programs.entry.as_fd(),
-        "call_enter",
-        path,
-        &offsets,
-        &cookies,
-        false,
-        pid,
-    )?;
-    Ok([ret, entry])
+    let mut links = Vec::with_capacity(2);
+    for (name, retprobe) in plan.set.programs.names() {
+        let program = programs
+            .loaded
+            .get(name)
+            .with_context(|| format!("program {name} not loaded"))?;
+        links.push(uprobe_multi::link(
+            program.as_fd(),
+            name,
+            path,
+            &offsets,
+            &cookies,
+            retprobe,
+            pid,
+        )?);
+    }
+    Ok(links)
 }
 
 /// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
@@ -273,7 +278,7 @@ fn attach_per_symbol(
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
-    for program_name in ["call_return", "call_enter"] {
+    for (program_name, _) in plan.set.programs.names() {
         let program: &mut UProbe = program(bpf, program_name)?;
         // A second plan finds the programs loaded already.
         if program.fd().is_err() {

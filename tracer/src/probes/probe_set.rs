@@ -34,6 +34,26 @@ pub struct ProbeSet {
     /// Suffixes of variants attached with each catalog symbol where the library exports
     /// them (libcuda's per-thread default stream entry points).
     pub variants: &'static [&'static str],
+    /// The eBPF programs attached to each symbol: at entry, and at return if any.
+    pub programs: Programs,
+}
+
+/// The eBPF programs (by name in the object) a probe set's symbols get.
+#[derive(Debug)]
+pub struct Programs {
+    pub entry: &'static str,
+    pub ret: Option<&'static str>,
+}
+
+impl Programs {
+    /// Every name, return program first: it is attached first, so that no entry is ever
+    /// recorded without a return to pair it.
+    pub fn names(&self) -> impl Iterator<Item = (&'static str, bool)> {
+        self.ret
+            .map(|ret| (ret, true))
+            .into_iter()
+            .chain(std::iter::once((self.entry, false)))
+    }
 }
 
 /// The CUDA driver: the first probe set.
@@ -48,6 +68,10 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     identity: &["cuInit", "cuDriverGetVersion", "cuGetProcAddress_v2"],
     catalog: CATALOG,
     variants: STREAM_VARIANTS,
+    programs: Programs {
+        entry: "call_enter",
+        ret: Some("call_return"),
+    },
 };
 
 impl ProbeSet {

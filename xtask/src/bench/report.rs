@@ -171,8 +171,7 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
     // one preemption spoils a round; the median of the rounds stands.
     let bystander_per_round = o.bystander_ratio_to_untraced_per_round.clone();
     let bystander = bystander_per_round.as_ref().and_then(|s| s.median);
-    if let (Some(medians), Some(per_round)) =
-        (o.bystander_ratio_to_untraced, &bystander_per_round)
+    if let (Some(medians), Some(per_round)) = (o.bystander_ratio_to_untraced, &bystander_per_round)
     {
         writeln!(
             out,

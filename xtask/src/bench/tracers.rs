@@ -202,11 +202,16 @@ fn check_only_the_command_is_traced(trace: &Path) -> Result<()> {
 fn start_other_command(env: &Env, trace: &Path) -> Result<Background> {
     let _ = fs::remove_file(trace);
     let driver = env.standin.join("cudatrace-driver");
-    let child = cudatrace_run(env, trace, &[], &[driver.as_os_str(), "sleep".as_ref(), "3600".as_ref()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting cudatrace run of cudatrace-driver sleep")?;
+    let child = cudatrace_run(
+        env,
+        trace,
+        &[],
+        &[driver.as_os_str(), "sleep".as_ref(), "3600".as_ref()],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .spawn()
+    .context("starting cudatrace run of cudatrace-driver sleep")?;
     let mut background = Background::new(child, "cudatrace run (bystander)");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
