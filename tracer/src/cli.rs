@@ -23,7 +23,7 @@ use crate::{
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
-        66 no such process or trace file, 69 no libcuda, 70 internal error, 73 output not\n\
+        66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 73 output not\n\
         writable, 77 not privileged, 78 probes missing (--missing-probes error), 126 command\n\
         not executable, 127 command not found."
 )]

@@ -667,3 +667,41 @@ fn a_library_opened_many_times_is_attached_once() {
         stops["max_ns"].as_u64().unwrap() / 1_000_000
     );
 }
+
+#[test]
+fn dash_p_finds_the_library_in_the_process_maps() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dash-p-maps");
+    let lib = copy_standin(&dir, "opt/lib/libcuda.so.1");
+    let (mut target, mut target_out) = start_stop_here(&lib);
+    signal(target.id(), libc::SIGUSR1);
+    assert_eq!(read_line(&mut target_out), "opened\n");
+    let trace_path = dir.join("trace.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .spawn()
+        .unwrap();
+    header_of(&trace_path);
+    signal(target.id(), libc::SIGUSR1);
+    assert!(target.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let pid = u64::from(target.id());
+    assert_eq!(
+        (&line["found"], &line["pid"]),
+        (&Value::from("mapped"), &Value::from(pid))
+    );
+    // cuInit ran before cudatrace started: only the later call is there.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuMemAlloc_v2", pid, id), 1)])
+    );
+}
