@@ -1,7 +1,9 @@
 //! Root tests of library discovery and per-process probes: libraries `dlopen()`ed from
 //! paths no search knows and called at once, several copies of libcuda each attributed,
-//! fork children calling at once, pid namespaces, bystanders without breakpoints, calls
-//! abandoned by `longjmp`, no process left stopped, `--lib`, and the no-library warning.
+//! a library in a mount namespace of its own, `-p` finding it in the maps, fork children
+//! calling at once, shells and Python's subprocess as parents of stopped children, pid
+//! namespaces, bystanders without breakpoints, calls abandoned by `longjmp`, no process
+//! left stopped (or killed while stopped), `--lib`, and the no-library warning.
 //! The program under test is `tests/c/loader.c` (not linked against libcuda).
 
 mod common;
@@ -704,4 +706,119 @@ fn dash_p_finds_the_library_in_the_process_maps() {
         call_counts(&trace),
         BTreeMap::from([(key("cuMemAlloc_v2", pid, id), 1)])
     );
+}
+
+#[test]
+fn a_library_only_the_process_can_see_is_read_through_its_fd() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("mount-ns");
+    let lib = copy_standin(&dir, "source/libcuda.so.1");
+    // A mount namespace of the command's own, as a container has: the library is copied
+    // onto a tmpfs mounted there, at a path that holds nothing in cudatrace's.
+    let hidden = dir.join("container");
+    std::fs::create_dir_all(&hidden).unwrap();
+    let inside = hidden.join("libcuda.so.1");
+    let script = format!(
+        "mount -t tmpfs none {hidden} && cp {lib} {inside} && {loader} {inside} calls 4",
+        hidden = hidden.display(),
+        lib = lib.display(),
+        inside = inside.display(),
+        loader = loader().display(),
+    );
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!inside.exists(), "the tmpfs is the command's alone");
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let id = library_id(&trace, &inside);
+    let counts: BTreeMap<String, u64> = call_counts(&trace)
+        .into_iter()
+        .filter(|((_, _, lib), _)| *lib == id)
+        .map(|((name, _, _), count)| (name, count))
+        .collect();
+    assert_eq!(
+        counts,
+        BTreeMap::from([("cuInit".to_owned(), 1), ("cuCtxSynchronize".to_owned(), 4)])
+    );
+}
+
+#[test]
+fn shells_and_python_subprocesses_run_their_stopped_children_to_the_end() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("parents");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let (loader, lib) = (loader().to_str().unwrap(), lib.to_str().unwrap());
+    // Each child is stopped when it opens the library (and the fork child again): the
+    // parents wait for them as usual and see them exit 0.
+    let python = format!(
+        "import os, subprocess\n\
+         print('run', subprocess.run(['{loader}', '{lib}', 'calls', '2']).returncode)\n\
+         print('popen', subprocess.Popen(['{loader}', '{lib}', 'fork']).wait())\n\
+         pid = os.fork()\n\
+         if pid == 0:\n    os.execv('{loader}', ['{loader}', '{lib}', 'calls', '1'])\n\
+         print('fork', os.waitpid(pid, 0)[1])\n"
+    );
+    let trace_path = dir.join("python.jsonl");
+    let output = cudatrace(&trace_path, &[], &["python3", "-c", &python]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Python's own lines are buffered, its children's are not: compare them sorted.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["1", "2", "fork 0", "popen 0", "run 0"]);
+    // cuInit + 2, cuInit + 2 allocations, cuInit + 1.
+    assert_eq!(calls(&read_trace(&trace_path)).len(), 8);
+
+    let trace_path = dir.join("bash.jsonl");
+    let script = format!("{loader} {lib} calls 3; echo rc=$?; {loader} {lib} fork; echo rc=$?");
+    let output = cudatrace(&trace_path, &[], &["bash", "-c", &script]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "3\nrc=0\nrc=0\n");
+    assert_eq!(calls(&read_trace(&trace_path)).len(), 7);
+}
+
+#[test]
+fn a_process_killed_while_stopped_ends_the_run_normally() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("killed-stopped");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["--", loader().to_str().unwrap(), lib.to_str().unwrap()])
+        .arg("stop-here")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(tracer.stdout.take().unwrap());
+    assert_eq!(read_line(&mut out), "ready\n");
+    let command = header_of(&trace_path)["pids"][0].as_u64().unwrap() as u32;
+    signal(tracer.id(), libc::SIGSTOP);
+    signal(command, libc::SIGUSR1);
+    wait_until("the command is stopped", || state(command) == Some('T'));
+    signal(command, libc::SIGKILL);
+    signal(tracer.id(), libc::SIGCONT);
+    assert_eq!(
+        tracer.wait().unwrap().code(),
+        Some(128 + libc::SIGKILL),
+        "the command's fate is cudatrace's exit code"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(footer(&trace)["exit_signal"], libc::SIGKILL);
+    assert_eq!(calls(&trace).len(), 0);
 }

@@ -7,6 +7,15 @@
 //! else takes the trap. **Host**: one pair of links per file for every process (`--all`,
 //! or one perf-event link per symbol and program on kernels without uprobe_multi); the
 //! eBPF side then drops the calls of untraced processes, after the trap.
+//!
+//! What the kernel does per process: a link's pid filter decides where breakpoints are
+//! written (`link->task->mm == mm`, when a file is mapped or a link made) and whom its
+//! program runs for (`same_thread_group`). A fork child inherits its parent's breakpoints
+//! (they are in its copy of the memory) but not its links: until it has its own, it takes
+//! the trap and nothing runs (the uprobe_multi handler returns 0, so the kernel leaves the
+//! breakpoint in place). Hence the child's stop on its return from `fork` (discovery).
+//! The links hold the process's thread-group leader: one that execs keeps them, unless a
+//! thread other than the leader exec'd (the eBPF side reports it, and the links go).
 
 use std::{
     collections::{HashMap, HashSet},
