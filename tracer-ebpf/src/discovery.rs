@@ -157,7 +157,7 @@ fn matching_set(path: &[u8; PATH_LEN], len: usize) -> Option<u32> {
         }
         let mut differ = 0u64;
         for i in 0..PATTERN_LEN {
-            let byte = u64::from(path[(base as usize + i) & PATH_MASK]);
+            let byte = u64::from(path_byte(path, base + i as u64));
             let in_name = less(i as u64, pattern_len);
             differ |= (byte ^ u64::from(pattern.name[i])) * in_name;
         }
@@ -165,11 +165,36 @@ fn matching_set(path: &[u8; PATH_LEN], len: usize) -> Option<u32> {
         if differ != 0 || end > len {
             continue;
         }
-        if end == len || (pattern.exact == 0 && path[end as usize & PATH_MASK] == b'.') {
+        if end == len || (pattern.exact == 0 && path_byte(path, end) == b'.') {
             return Some(pattern.set);
         }
     }
     None
+}
+
+/// The byte of `path` at `index`, masked into the buffer.
+#[inline(always)]
+fn path_byte(path: &[u8; PATH_LEN], index: u64) -> u8 {
+    // SAFETY: `in_path` masks the index below PATH_LEN.
+    unsafe { *path.get_unchecked(in_path(index)) }
+}
+
+/// `index` masked into the path buffer, in assembly: the optimiser drops a mask it can
+/// prove redundant, and older verifiers (6.1) cannot follow its proof.
+#[inline(always)]
+fn in_path(index: u64) -> usize {
+    let masked: u64;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        core::arch::asm!(
+            "{r} = {index}",
+            "{r} &= {mask}",
+            r = out(reg) masked,
+            index = in(reg) index,
+            mask = const PATH_MASK,
+        );
+    }
+    masked as usize
 }
 
 /// 1 if `a < b`, else 0 (both below 2^63). In assembly, so that the optimiser cannot turn

@@ -28,6 +28,7 @@ pub const TEST_TARGETS: &[&str] = &[
     "selftest",
     "run",
     "run_modes",
+    "discovery",
     "kernel_hooks",
     "doctor",
     "gpu_transport",

@@ -83,27 +83,29 @@ impl FoundLibrary {
     }
 }
 
-/// Probe-set library files mapped by process `pid` (from its `/proc/PID/maps`), each read
+/// A probe-set library file a process maps, opened but not read yet.
+struct MappedFile {
+    set: &'static ProbeSet,
+    file: File,
+    /// As the process's maps name it.
+    path: PathBuf,
+    device: u64,
+    inode: u64,
+}
+
+/// Probe-set library files mapped by process `pid` (from its `/proc/PID/maps`), each opened
 /// through `/proc/PID/map_files` (which reaches it in any mount namespace) or else
 /// `/proc/PID/root`.
-pub fn mapped_libraries(pid: u32) -> Vec<FoundLibrary> {
+fn mapped_files(pid: u32) -> Vec<MappedFile> {
     let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
-    let mut seen = HashSet::new();
-    let mut found = Vec::new();
+    let mut found: Vec<MappedFile> = Vec::new();
     for line in maps.lines() {
         let mut fields = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(_offset), Some(_dev), Some(inode)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            continue;
-        };
-        let path = fields.collect::<Vec<_>>().join(" ");
+        let Some(range) = fields.next() else { continue };
+        // perms, offset, device, inode, then the path (which may hold spaces).
+        let path = fields.skip(4).collect::<Vec<_>>().join(" ");
         let Some(name) = Path::new(&path).file_name().and_then(|n| n.to_str()) else {
             continue;
         };
@@ -114,22 +116,23 @@ pub fn mapped_libraries(pid: u32) -> Vec<FoundLibrary> {
         else {
             continue;
         };
-        if !seen.insert((path.clone(), inode.to_owned())) {
-            continue;
-        }
         let file = File::open(format!("/proc/{pid}/map_files/{range}"))
             .or_else(|_| File::open(format!("/proc/{pid}/root{path}")));
         let Ok(file) = file else { continue };
-        if let Ok(library) = Library::read(set, &file, Path::new(&path)) {
-            found.push(FoundLibrary {
-                set,
-                library,
-                file,
-                found: Found::Mapped,
-                pid: Some(pid),
-                ts_ns: None,
-            });
+        let Ok(metadata) = file.metadata() else {
+            continue;
+        };
+        let (device, inode) = (metadata.dev(), metadata.ino());
+        if found.iter().any(|f| (f.device, f.inode) == (device, inode)) {
+            continue;
         }
+        found.push(MappedFile {
+            set,
+            file,
+            path: PathBuf::from(path),
+            device,
+            inode,
+        });
     }
     found
 }
@@ -272,19 +275,19 @@ impl Discovery {
         Ok(linked)
     }
 
-    /// Acts on an attach event from the ring; returns the `library` line of a file
+    /// Acts on an attach event from the ring; returns the `library` lines of files
     /// attached for the first time.
-    pub fn handle(&mut self, event: &AttachEvent) -> Option<LibraryLine> {
+    pub fn handle(&mut self, event: &AttachEvent) -> Vec<LibraryLine> {
         let pid = event.header.pid;
         let stopped = event.header.flags & attach_flags::STOPPED != 0;
         if event.header.flags & attach_flags::STOP_FAILED != 0 {
             self.stops.failed += 1;
         }
-        let mut line = None;
+        let mut lines = Vec::new();
         if !self.ending {
             let result = match event.what {
-                attach_event::LIBRARY_OPENED => self.opened(event).map(|l| line = l),
-                attach_event::FORKED => self.forked(pid, event.parent),
+                attach_event::LIBRARY_OPENED => self.opened(event).map(|l| lines.extend(l)),
+                attach_event::FORKED => self.forked(pid, event.parent).map(|l| lines = l),
                 attach_event::NEW_LEADER => {
                     self.attacher.forget_process(pid);
                     Ok(())
@@ -298,7 +301,7 @@ impl Discovery {
         if stopped {
             self.continue_process(pid, event.header.ts_ns);
         }
-        line
+        lines
     }
 
     fn opened(&mut self, event: &AttachEvent) -> Result<Option<LibraryLine>> {
@@ -347,21 +350,47 @@ impl Discovery {
     }
 
     /// A child of a process with per-process probes: the same probes, before it runs.
-    fn forked(&mut self, child: u32, parent: u32) -> Result<()> {
-        let mut libraries = self.attacher.linked_libraries(parent);
+    /// Returns the `library` lines of files planned for it.
+    fn forked(&mut self, child: u32, parent: u32) -> Result<Vec<LibraryLine>> {
+        let libraries = self.attacher.linked_libraries(parent);
         if libraries.is_empty() {
             // The parent is gone (and forgotten): what the child maps says it.
-            for found in mapped_libraries(child) {
-                let file = &found.library.file;
-                if let Some(plan) = self.plans.of_file(file.device, file.inode) {
-                    libraries.push(plan.id);
-                }
-            }
+            return self.add_mapped(child, true);
         }
         for id in libraries {
             self.link(id, child)?;
         }
-        Ok(())
+        Ok(Vec::new())
+    }
+
+    /// Plans the probe-set libraries process `pid` maps (a file already planned is not
+    /// read again) and, when `link`, gives the process its probes on each. Returns the
+    /// `library` lines of the files planned for the first time.
+    pub fn add_mapped(&mut self, pid: u32, link: bool) -> Result<Vec<LibraryLine>> {
+        let mut lines = Vec::new();
+        for mapped in mapped_files(pid) {
+            let id = match self.plans.of_file(mapped.device, mapped.inode) {
+                Some(plan) => plan.id,
+                None => {
+                    let library = Library::read(mapped.set, &mapped.file, &mapped.path)?;
+                    let (id, line) = self.add(FoundLibrary {
+                        set: mapped.set,
+                        library,
+                        file: mapped.file,
+                        found: Found::Mapped,
+                        pid: Some(pid),
+                        ts_ns: None,
+                    })?;
+                    lines.extend(line);
+                    id
+                }
+            };
+            self.loaded_any = true;
+            if link {
+                self.link(id, pid)?;
+            }
+        }
+        Ok(lines)
     }
 
     fn continue_process(&mut self, pid: u32, stopped_at_ns: u64) {

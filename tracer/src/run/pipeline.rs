@@ -46,7 +46,7 @@ impl Pipeline<'_> {
         let raw = decode(bytes);
         match &raw {
             Ok(RawEvent::Attach(event)) => {
-                if let Some(line) = self.discovery.handle(event) {
+                for line in self.discovery.handle(event) {
                     self.writer.write(&line)?;
                 }
                 return Ok(());

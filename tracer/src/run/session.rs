@@ -29,7 +29,7 @@ use crate::{
     privileges::{self, TargetUser},
     probes::{
         attach::{Attacher, Scope},
-        discovery::{Discovery, FoundLibrary, library_names, mapped_libraries},
+        discovery::{Discovery, FoundLibrary, library_names},
         maps,
         object::{self, LoadOptions},
         plan::Plans,
@@ -132,14 +132,12 @@ impl Session<'_> {
             pids.clone()
         };
         for pid in mapping {
-            for found in mapped_libraries(pid) {
-                let (id, line) = discovery.add(found).map_err(internal)?;
-                discovery.loaded_any = true;
-                lines.extend(line);
-                if !self.args.all {
-                    discovery.link(id, pid).map_err(internal)?;
-                }
-            }
+            // --all probes every process already: nothing to link.
+            lines.extend(
+                discovery
+                    .add_mapped(pid, !self.args.all)
+                    .map_err(internal)?,
+            );
         }
         for pid in &self.args.pids {
             for id in &start_ids {
