@@ -161,6 +161,9 @@ impl Session<'_> {
             }
             None => None,
         };
+        // Each traced process holds two link fds per library: raise our own fd limit, once
+        // the command has been forked with the limit it would have had anyway.
+        raise_open_files_limit();
         if let Some(gated) = &gated {
             pids.insert(0, gated.pid);
             maps::trace_pid(&mut discovery.bpf, gated.pid).map_err(internal)?;
@@ -348,6 +351,23 @@ fn internal_spawn(e: spawn::SpawnError) -> Failure {
         _ => ExitCode::Internal,
     };
     Failure::new(code, e)
+}
+
+/// Raises the soft limit of open files to the hard one (per-process probes take two fds
+/// per traced process and library).
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// Every process but this one (`--all`: what they map is attached at start).
