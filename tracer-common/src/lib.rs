@@ -6,7 +6,9 @@
 
 use core::mem::size_of;
 
+mod attach;
 mod gpu;
+pub use attach::*;
 pub use gpu::*;
 
 /// Event kinds. Numbers are stable and never reused.
@@ -26,6 +28,8 @@ pub mod kind {
     /// A driver call plus a string an argument points to: a kernel name, a file path
     /// ([`super::CallStringEvent`]).
     pub const CALL_STRING: u32 = 7;
+    /// A library opened, a fork or an exec the loader must act on ([`super::AttachEvent`]).
+    pub const ATTACH: u32 = 8;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -107,8 +111,15 @@ pub mod counter {
     /// `--kernel` with kprobes: a kernel function call could not be remembered until its
     /// return: its event is lost.
     pub const KFUNCS_FULL: u32 = 13;
+    /// Pending calls dropped because they can no longer be running: a later entry found
+    /// the stack below them unwound (`longjmp`, an exception through the library), or an
+    /// outer call returned first. Their events are never written.
+    pub const ABANDONED_FRAMES: u32 = 14;
+    /// Ring-buffer reserve failed for an attach event: a library opened or a fork that
+    /// the loader never heard of (its calls may be missed).
+    pub const ATTACH_RING_FULL: u32 = 15;
     /// Number of counters.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 16;
 }
 
 /// Which memory a probe captures (at return): into [`CallStringEvent::data`] for strings,
@@ -323,9 +334,14 @@ pub struct Frame {
     pub probe_id: u32,
     pub flags: u32,
     pub ts_ns: u64,
+    /// The stack pointer at entry (pointing at the return address): a later entry with a
+    /// higher one means this call's frame is gone.
+    pub sp: u64,
+    /// The return address at entry, before the return probe replaces it.
+    pub ret_addr: u64,
     pub args: [u64; MAX_ARGS],
 }
-const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80);
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 16 + 80);
 
 /// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
 #[repr(C)]
@@ -345,4 +361,5 @@ mod pod {
     unsafe impl aya::Pod for ProbeSpec {}
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
+    unsafe impl aya::Pod for NamePattern {}
 }

@@ -6,10 +6,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated,
-    },
+    helpers::{bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, generated},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -21,7 +18,9 @@ use tracer_common::{
 
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
-use crate::maps::{EVENTS, FRAMES, SPECS, ZERO_STACK, bump, is_traced, submit_flags};
+use crate::maps::{
+    EVENTS, FRAMES, SPECS, ZERO_STACK, add, bump, current_ids, is_traced, submit_flags,
+};
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
@@ -50,14 +49,32 @@ fn thread_stack(tid: u32) -> Option<*mut FrameStack> {
 
 fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     let ts_ns = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_traced((pid_tgid >> 32) as u32) {
+    let (tgid, tid) = current_ids()?;
+    if !is_traced(tgid) {
         return None;
     }
     bump(counter::ENTRIES);
     let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let spec = SPECS.get(probe_id)?;
-    let stack = unsafe { &mut *thread_stack(pid_tgid as u32)? };
+    let stack = unsafe { &mut *thread_stack(tid)? };
+    let regs = unsafe { &*ctx.regs };
+
+    // At entry [rsp] is the return address and the seventh argument is at rsp+8: one read.
+    let mut ret_addr = 0;
+    let mut stack_words = [0u64; STACK_ARGS];
+    let mut read_failed = false;
+    if spec.nargs as usize > REGISTER_ARGS {
+        match unsafe { bpf_probe_read_user(regs.rsp as *const [u64; 1 + STACK_ARGS]) } {
+            Ok(words) => {
+                ret_addr = words[0];
+                stack_words = [words[1], words[2], words[3], words[4]];
+            }
+            Err(_) => read_failed = true,
+        }
+    } else if let Ok(word) = unsafe { bpf_probe_read_user(regs.rsp as *const u64) } {
+        ret_addr = word;
+    }
+    drop_abandoned(stack, regs.rsp, ret_addr);
 
     let depth = stack.depth;
     stack.depth = depth + 1;
@@ -67,30 +84,63 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let frame = stack.frames.get_mut(depth as usize)?;
     frame.probe_id = probe_id;
-    frame.flags = 0;
+    frame.flags = if read_failed {
+        flags::ENTRY_READ_FAILED
+    } else {
+        0
+    };
     frame.ts_ns = ts_ns;
-
-    let regs = unsafe { &*ctx.regs };
+    frame.sp = regs.rsp;
+    frame.ret_addr = ret_addr;
     frame.args[0] = regs.rdi;
     frame.args[1] = regs.rsi;
     frame.args[2] = regs.rdx;
     frame.args[3] = regs.rcx;
     frame.args[4] = regs.r8;
     frame.args[5] = regs.r9;
-    if spec.nargs as usize > REGISTER_ARGS {
-        // At entry [rsp] is the return address; the seventh argument is at rsp+8.
-        let slots = (regs.rsp + 8) as *const [u64; STACK_ARGS];
-        match unsafe { bpf_probe_read_user(slots) } {
-            Ok(words) => {
-                frame.args[6] = words[0];
-                frame.args[7] = words[1];
-                frame.args[8] = words[2];
-                frame.args[9] = words[3];
-            }
-            Err(_) => frame.flags |= flags::ENTRY_READ_FAILED,
-        }
-    }
+    frame.args[6] = stack_words[0];
+    frame.args[7] = stack_words[1];
+    frame.args[8] = stack_words[2];
+    frame.args[9] = stack_words[3];
     Some(())
+}
+
+/// Drops pending calls that cannot still be running, so that a call left by `longjmp` (or
+/// an exception thrown through the library) does not hold a nesting level for ever. The
+/// stack grows down: a pending call entered with its return address below the current
+/// stack pointer has been unwound. At the same stack pointer it is a call made again from
+/// the same place (same return address); a tail call from the pending one into another
+/// probed function would find the return probe's trampoline there instead, and is kept.
+#[inline(always)]
+fn drop_abandoned(stack: &mut FrameStack, sp: u64, ret_addr: u64) {
+    let gone = |frame: &Frame| frame.sp < sp || (frame.sp == sp && frame.ret_addr == ret_addr);
+    let mut dropped = 0u64;
+    if stack.depth as usize > MAX_DEPTH {
+        // Calls too deep to keep were entered inside the deepest kept one: if it is gone,
+        // so are they (they were counted as lost when they entered).
+        let deepest = &stack.frames[MAX_DEPTH - 1];
+        if !gone(deepest) {
+            return;
+        }
+        stack.depth = MAX_DEPTH as u32;
+    }
+    for _ in 0..MAX_DEPTH {
+        let depth = stack.depth;
+        if depth == 0 {
+            break;
+        }
+        let Some(top) = stack.frames.get((depth as usize - 1) & (MAX_DEPTH - 1)) else {
+            break;
+        };
+        if !gone(top) {
+            break;
+        }
+        stack.depth = depth - 1;
+        dropped += 1;
+    }
+    if dropped > 0 {
+        add(counter::ABANDONED_FRAMES, dropped);
+    }
 }
 
 /// Reads the NUL-terminated string `ptr` points to into `data` (a ring reservation), and
@@ -168,8 +218,7 @@ fn capture_struct(
 
 fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
+    let (tgid, tid) = current_ids()?;
     // Only traced threads ever get a frame stack, so no filter is needed here.
     let stack = unsafe { &mut *FRAMES.get_ptr_mut(&tid)? };
     let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
@@ -188,6 +237,10 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         bump(counter::UNMATCHED_RETURN);
         return None;
     };
+    if depth > level {
+        // Calls entered inside this one that never returned (see `drop_abandoned`).
+        add(counter::ABANDONED_FRAMES, u64::from(depth - level));
+    }
     stack.depth = level;
     // Read back and masked: LLVM knows `level < MAX_DEPTH` and would drop a plain mask,
     // leaving the verifier an unbounded index.
@@ -201,7 +254,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             kind: kind::CALL,
             flags: frame.flags,
             ts_ns: frame.ts_ns,
-            pid: (pid_tgid >> 32) as u32,
+            pid: tgid,
             tid,
         },
         probe_id,

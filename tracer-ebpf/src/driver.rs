@@ -6,8 +6,7 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
-        bpf_probe_read_user_str_bytes, generated,
+        bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes, generated,
     },
     macros::{kprobe, kretprobe, map, tracepoint},
     maps::HashMap,
@@ -18,7 +17,7 @@ use tracer_common::{
     device_kind, driver_event, kind,
 };
 
-use crate::maps::{EVENTS, bump, is_traced, load_const};
+use crate::maps::{EVENTS, bump, current_ids, is_traced, load_const};
 
 /// NVIDIA device fds of traced processes: key `tgid << 32 | fd`, value `index << 32 | kind`.
 #[map]
@@ -75,8 +74,9 @@ const IOC_TYPE_NVIDIA: u64 = b'F' as u64;
 
 #[inline(always)]
 fn current() -> (u64, u32, u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    (pid_tgid, (pid_tgid >> 32) as u32, pid_tgid as u32)
+    // A thread outside the loader's pid namespace is (0, 0): never traced.
+    let (tgid, tid) = current_ids().unwrap_or((0, 0));
+    ((u64::from(tgid) << 32) | u64::from(tid), tgid, tid)
 }
 
 #[inline(always)]

@@ -26,8 +26,8 @@ use crate::{
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
-        66 no such process or trace file, 69 no libcuda, 70 internal error, 72 no usable\n\
-        NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
+        66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
+        no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
         (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
         set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
         command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143\n\

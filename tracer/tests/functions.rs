@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::{ffi::CString, process::Command};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -148,12 +148,9 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
         lib.to_str().unwrap(),
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/unprobeable.c"),
     ]);
-    // Mapped here, so the kernel installs (and refuses) the probe on cuLocked's LOCK
-    // instruction when it is registered.
-    let path = CString::new(lib.to_str().unwrap()).unwrap();
-    // SAFETY: dlopen of a library whose constructors do nothing.
-    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
-    assert!(!handle.is_null());
+    // No process maps the library (`true` never loads it): cudatrace maps it itself to
+    // find the functions the kernel refuses, which it would otherwise only refuse in a
+    // process mapping the file when its link is made.
     let trace_path = dir.join("trace.jsonl");
     let output = Command::new(CUDATRACE)
         .args([
@@ -171,8 +168,6 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    // SAFETY: the handle from dlopen above; nothing of the library is in use.
-    unsafe { libc::dlclose(handle) };
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let header = &read_trace(&trace_path)[0];
     assert_eq!(
@@ -196,15 +191,20 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
         .unwrap();
     if multi["ok"] != true {
         // Linux before 6.6: per-symbol links from the start, nothing fell back.
-        assert_eq!(header["probe_mechanism"], "perf_event");
-        assert!(header.get("uprobe_multi_fallback").is_none(), "{header}");
+        assert_eq!(header["attach"]["mechanism"], "perf_event");
+        assert!(header["attach"].get("refused").is_none(), "{header}");
         return;
     }
     // Split around the refused function: cuInit keeps a uprobe_multi link of its own.
-    assert_eq!(header["probe_mechanism"], "uprobe_multi");
-    let why = header["uprobe_multi_fallback"].as_str().unwrap();
+    let real = lib.canonicalize().unwrap();
+    assert_eq!(header["attach"]["mechanism"], "uprobe_multi");
+    let why = header["attach"]["refused"].as_str().unwrap();
     assert!(
-        why.starts_with("creating a uprobe_multi link for call_return on 2 offsets of "),
+        why.starts_with(&format!(
+            "creating a uprobe_multi link for call_return on 2 offsets of {} (mapped by \
+             cudatrace itself): ",
+            real.display()
+        )),
         "{why}"
     );
     assert!(why.contains("os error 524"), "ENOTSUPP: {why}");
@@ -223,9 +223,9 @@ fn a_failed_uprobe_multi_attach_says_why_and_falls_back() {
     assert_eq!(
         header["attach_failures"][0]["error"],
         format!(
-            "creating a uprobe_multi link for call_return on 1 offsets of {}: Unknown error \
-             524 (os error 524)",
-            lib.canonicalize().unwrap().display()
+            "creating a uprobe_multi link for call_return on 1 offsets of {} (mapped by \
+             cudatrace itself): Unknown error 524 (os error 524)",
+            real.display()
         )
     );
 }

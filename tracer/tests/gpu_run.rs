@@ -329,8 +329,8 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         json!({"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
                "driver_ring_full": 0, "gpu_ring_full": 0, "gpu_read_failed": 0,
                "cupti_dropped": 0, "traced_full": 0, "fds_full": 0, "opens_full": 0,
-               "syscalls_full": 0, "kfuncs_full": 0, "not_drained": 0, "calls": 0,
-               "total": 0})
+               "syscalls_full": 0, "kfuncs_full": 0, "attach_ring_full": 0, "not_drained": 0,
+               "calls": 0, "total": 0})
     );
     assert_library_removed(&trace[0]);
     assert_eq!(

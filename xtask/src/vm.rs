@@ -31,6 +31,7 @@ pub const TEST_TARGETS: &[&str] = &[
     "fidelity",
     "functions",
     "limits",
+    "discovery",
     "kernel_hooks",
     "doctor",
     "gpu_transport",

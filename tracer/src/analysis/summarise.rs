@@ -107,6 +107,7 @@ fn first_pass(
                 info.command = header.command;
             }
             Line::Power(power) => analysis.power_sample(&power),
+            Line::Library(_) => {}
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;

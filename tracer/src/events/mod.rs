@@ -13,6 +13,4 @@ mod process;
 mod raw;
 
 pub use decoder::{Decoder, Event};
-pub use raw::is_call_kind;
-#[cfg(test)]
-pub use raw::{RawEvent, decode};
+pub use raw::{RawEvent, decode, is_call_kind};

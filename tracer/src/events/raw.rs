@@ -4,8 +4,8 @@
 use std::mem::size_of;
 
 use tracer_common::{
-    CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader, GPU_TEXT_LEN,
-    GpuEvent, GpuRecord, GpuTextEvent, ProcEvent, TEXT_LEN, kind,
+    AttachEvent, CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader,
+    GPU_TEXT_LEN, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent, TEXT_LEN, kind,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub enum RawEvent {
     Driver(DriverEvent),
     /// A GPU record from the injection library (`--gpu`), with its text if it has one.
     Gpu(RawGpu),
+    /// For the attach layer, not the trace: a library opened, a fork, an exec.
+    Attach(Box<AttachEvent>),
 }
 
 /// A GPU record as the `gpu_records` uprobe wrote it.
@@ -106,6 +108,7 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
                 text: Some(event.text[..len].to_vec()),
             }))
         }
+        kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -297,7 +300,7 @@ mod tests {
                 })
                 .collect();
             if len >= 4 {
-                bytes[0] = (len % 8) as u8;
+                bytes[0] = (len % 9) as u8;
                 bytes[1..4].fill(0);
             }
             let _ = decode(&bytes);

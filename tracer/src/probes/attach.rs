@@ -1,12 +1,40 @@
-//! Attaching plans: the programs of each plan's probe set on every planned symbol, each
-//! with its probe id as the attach cookie: the generic entry and return programs (libcuda),
-//! or a set's own entry program (the injection library's `gpu_records`). One uprobe_multi
-//! link per program and plan where the kernel has them (6.6+); when the kernel refuses it
-//! (one function it cannot probe fails the whole link), smaller links around the refused
-//! functions; else one perf-event link per symbol and program. Detaching everything at the
-//! end.
+//! Attaching plans: the programs of each plan's probe set (libcuda's entry and return pair,
+//! the injection library's `gpu_records`) on every planned symbol, each with its probe id
+//! as the attach cookie.
+//!
+//! Two scopes. **Per process** (kernels with uprobe_multi, 6.6+, unless `--all`): each
+//! traced process gets its own uprobe_multi links per library file, filtered by the kernel
+//! to that process, so breakpoints exist only in traced processes and nobody else takes
+//! the trap. **Host**: links for every process (`--all`, a run-private library, or one
+//! perf-event link per symbol and program on kernels without uprobe_multi); the eBPF side
+//! then drops the calls of untraced processes, after the trap.
+//!
+//! What the kernel does per process: a link's pid filter decides where breakpoints are
+//! written (`link->task->mm == mm`, when a file is mapped or a link made) and whom its
+//! program runs for (`same_thread_group`). A fork child inherits its parent's breakpoints
+//! (they are in its copy of the memory) but not its links: until it has its own, it takes
+//! the trap and nothing runs (the uprobe_multi handler returns 0, so the kernel leaves the
+//! breakpoint in place). Hence the child's stop on its return from `fork` (discovery).
+//! The links hold the process's thread-group leader: one that execs keeps them, unless a
+//! thread other than the leader exec'd (the eBPF side reports it, and the links go).
+//!
+//! **Refused functions.** One function the kernel cannot probe (a LOCK-prefixed first
+//! instruction, say) fails a whole uprobe_multi link, but only where a process maps the
+//! file when the breakpoints are written: a process linked before it maps the library
+//! would silently lack the breakpoint. So each file is checked once, when it is planned,
+//! with cudatrace itself mapping it: the set is halved until the refused functions stand
+//! alone, the others keep their links, and every later link leaves the refused ones out.
+//! Per-symbol perf links are the last resort (past [`MAX_REFUSED_LINKS`] refusals): their
+//! closes wait for a grace period each, one after another.
 
-use std::{collections::HashSet, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    fs::File,
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+    sync::mpsc,
+    thread::JoinHandle,
+};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -21,8 +49,8 @@ use tracer_common::{MAX_PROBES, ProbeSpec};
 
 use super::{
     object::PROBES_OBJECT,
-    plan::{Plan, PlannedProbe, Plans},
-    probe_set::Programs,
+    plan::{Plan, PlannedProbe},
+    probe_set::{PROBE_SETS, Programs},
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -34,221 +62,335 @@ pub struct AttachFailure {
     pub error: String,
 }
 
-/// How the probes were attached.
+/// Where the probes of a plan go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Into every process that maps the file (`--all`; kernels without uprobe_multi).
+    Host,
+    /// Into each traced process, as it maps the file.
+    PerProcess,
+}
+
+/// The probe sets' programs, loaded once for uprobe_multi links, by name.
 #[derive(Debug, Default)]
-pub struct Attached {
-    /// Two uprobe_multi links per plan (kernels with uprobe_multi, 6.6+).
-    multi: Vec<MultiLink>,
-    /// Per-symbol perf-event links otherwise.
-    links: Vec<(&'static str, UProbeLinkId)>,
-    /// Why a plan's uprobe_multi attach failed and per-symbol links were used instead.
-    pub multi_fallback: Option<String>,
+struct MultiPrograms {
+    loaded: HashMap<&'static str, OwnedFd>,
 }
 
-impl Attached {
-    /// `uprobe_multi`, `perf_event`, or both when some plans fell back.
-    pub fn mechanism(&self) -> &'static str {
-        match (self.multi.is_empty(), self.links.is_empty()) {
-            (false, false) => "uprobe_multi+perf_event",
-            (false, true) => "uprobe_multi",
-            _ => "perf_event",
-        }
-    }
-}
-
-/// Writes the specs and attaches entry and return probes to every planned symbol.
-/// Return probes go first so no entry is ever pushed without a return to pop it.
-pub fn attach(
-    bpf: &mut Ebpf,
-    plans: &Plans,
-    attached: &mut Attached,
-) -> Result<Vec<AttachFailure>> {
-    if plans.probe_count() > MAX_PROBES as usize {
-        bail!(
-            "{} symbols to attach, more than the {MAX_PROBES} the probes support",
-            plans.probe_count()
-        );
-    }
-    {
-        let mut specs: Array<_, ProbeSpec> =
-            Array::try_from(bpf.map_mut("SPECS").context("map SPECS missing")?)?;
-        for probe in plans.probes() {
-            specs.set(probe.id, probe.spec.probe_spec(), 0)?;
-        }
-    }
-    let mut failures = Vec::new();
-    for plan in plans.iter() {
-        failures.extend(attach_plan(bpf, plan, attached)?);
-    }
-    Ok(failures)
-}
-
-/// The programs of a plan, return probes first; whether each is a return probe.
-fn programs_of(programs: Programs) -> Vec<(&'static str, bool)> {
-    match programs {
-        Programs::Calls => vec![("call_return", true), ("call_enter", false)],
-        Programs::Entry(program) => vec![(program, false)],
-    }
-}
-
-fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<Vec<AttachFailure>> {
-    let path = &plan.library.path;
-    let programs = plan.set.programs;
-    if uprobe_multi::supported() {
-        match attach_multi(bpf, path, programs, &plan.probes) {
-            Ok(links) => {
-                attached.multi.extend(links);
-                return Ok(Vec::new());
-            }
-            Err(error) => {
-                attached
-                    .multi_fallback
-                    .get_or_insert_with(|| format!("{error:#}"));
-                // The kernel refused the link (a function it cannot probe fails all of
-                // them): split the set until the refused functions stand alone. Per-symbol
-                // links would do as well but take a grace period each to detach, one after
-                // another: minutes for `--functions all`.
-                if is_link_refused(&error) {
-                    return attach_multi_split(bpf, path, programs, &plan.probes, attached);
-                }
-            }
-        }
-    }
-    attach_per_symbol(bpf, path, programs, &plan.probes, attached)
-}
-
-/// The kernel refused to create a link (an errno from `BPF_LINK_CREATE`), as opposed to the
-/// program failing to load, which no subset of the symbols would change.
-fn is_link_refused(error: &anyhow::Error) -> bool {
-    error.downcast_ref::<std::io::Error>().is_some()
-}
-
-/// Failed uprobe_multi attempts after which the rest goes to per-symbol links.
+/// Failed uprobe_multi attempts (each costs the kernel a grace period to undo) after which
+/// the rest of a set goes to per-symbol links.
 const MAX_REFUSED_LINKS: usize = 64;
 
-/// Attaches `probes` with uprobe_multi links, halving every set the kernel refuses, so the
-/// refused functions end up alone and the others keep a link (2 log n links per refused
-/// function). Past [`MAX_REFUSED_LINKS`] refusals, what is left goes to per-symbol links.
-fn attach_multi_split(
-    bpf: &mut Ebpf,
-    lib_path: &Path,
-    programs: Programs,
-    probes: &[PlannedProbe],
-    attached: &mut Attached,
-) -> Result<Vec<AttachFailure>> {
-    let mut failures = Vec::new();
-    let (first, second) = probes.split_at(probes.len() / 2);
-    let mut pending: Vec<&[PlannedProbe]> = vec![second, first];
-    let mut refused = 0;
-    let mut left_over: Vec<PlannedProbe> = Vec::new();
-    while let Some(chunk) = pending.pop() {
-        if chunk.is_empty() {
-            continue;
-        }
-        if refused >= MAX_REFUSED_LINKS {
-            left_over.extend_from_slice(chunk);
-            continue;
-        }
-        match attach_multi(bpf, lib_path, programs, chunk) {
-            Ok(links) => attached.multi.extend(links),
-            Err(error) => {
-                refused += 1;
-                if let [probe] = chunk {
-                    failures.push(AttachFailure {
-                        symbol: probe.symbol.clone(),
-                        error: format!("{error:#}"),
-                    });
-                } else {
-                    let (first, second) = chunk.split_at(chunk.len() / 2);
-                    pending.push(second);
-                    pending.push(first);
-                }
+/// Everything attached, and how.
+#[derive(Debug)]
+pub struct Attacher {
+    scope: Scope,
+    multi: Option<MultiPrograms>,
+    /// Why uprobe_multi is not used, where it is not.
+    pub fallback_reason: Option<String>,
+    /// The kernel's error for the first uprobe_multi link it refused (a function it cannot
+    /// probe): the set was then split around the refused functions.
+    pub refused_reason: Option<String>,
+    /// Host links: uprobe_multi links per plan.
+    host_multi: Vec<MultiLink>,
+    /// Host links otherwise: one perf-event link per symbol and program.
+    host_perf: Vec<(&'static str, UProbeLinkId)>,
+    /// Per-process links: by pid, the library ids linked and their links.
+    processes: HashMap<u32, Vec<(u32, Vec<MultiLink>)>>,
+    /// Probe ids the kernel refused, by library id: later links leave them out.
+    refused: HashMap<u32, HashSet<u32>>,
+    closer: Closer,
+}
+
+impl Attacher {
+    /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
+    /// (before any map is taken out of `bpf`). `all`: probe every process.
+    pub fn new(bpf: &Ebpf, all: bool) -> Self {
+        let (multi, fallback_reason) = if uprobe_multi::supported() {
+            match load_multi(bpf) {
+                Ok(programs) => (Some(programs), None),
+                Err(error) => (None, Some(format!("{error:#}"))),
             }
-        }
-    }
-    if !left_over.is_empty() {
-        failures.extend(attach_per_symbol(
-            bpf, lib_path, programs, &left_over, attached,
-        )?);
-    }
-    Ok(failures)
-}
-
-/// One link per program for all symbols: returns first, so no entry is pushed without its
-/// return.
-fn attach_multi(
-    bpf: &Ebpf,
-    lib_path: &Path,
-    programs: Programs,
-    probes: &[PlannedProbe],
-) -> Result<Vec<MultiLink>> {
-    let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = probes.iter().map(|p| u64::from(p.id)).collect();
-    programs_of(programs)
-        .iter()
-        .map(|&(program, retprobe)| {
-            uprobe_multi::attach(
-                bpf,
-                PROBES_OBJECT,
-                program,
-                lib_path,
-                &offsets,
-                &cookies,
-                retprobe,
+        } else {
+            (
+                None,
+                Some("this kernel has no uprobe_multi links (Linux 6.6+)".into()),
             )
-        })
-        .collect()
-}
-
-/// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
-/// slow: each close waits for an RCU grace period, one after another.
-fn attach_per_symbol(
-    bpf: &mut Ebpf,
-    lib_path: &Path,
-    programs: Programs,
-    probes: &[PlannedProbe],
-    attached: &mut Attached,
-) -> Result<Vec<AttachFailure>> {
-    let mut failures = Vec::new();
-    let mut failed: HashSet<u32> = HashSet::new();
-    for (program_name, _) in programs_of(programs) {
-        let program: &mut UProbe = program(bpf, program_name)?;
-        // A second plan finds the programs loaded already.
-        if program.fd().is_err() {
-            program
-                .load()
-                .with_context(|| format!("loading {program_name}"))?;
+        };
+        let scope = if multi.is_some() && !all {
+            Scope::PerProcess
+        } else {
+            Scope::Host
+        };
+        Attacher {
+            scope,
+            multi,
+            fallback_reason,
+            refused_reason: None,
+            host_multi: Vec::new(),
+            host_perf: Vec::new(),
+            processes: HashMap::new(),
+            refused: HashMap::new(),
+            closer: Closer::start(),
         }
-        for probe in probes {
-            if failed.contains(&probe.id) {
+    }
+
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// `uprobe_multi`, `perf_event`, or `uprobe_multi+perf_event` when some symbols went to
+    /// per-symbol links after all; for the header and doctor.
+    pub fn mechanism(&self) -> &'static str {
+        match (self.multi.is_some(), self.host_perf.is_empty()) {
+            (true, true) => "uprobe_multi",
+            (true, false) => "uprobe_multi+perf_event",
+            (false, _) => "perf_event",
+        }
+    }
+
+    /// Writes a plan's specs into the `SPECS` map: before any of its probes can fire.
+    pub fn write_specs(bpf: &mut Ebpf, plan: &Plan) -> Result<()> {
+        if let Some(last) = plan.probes.last()
+            && last.id >= MAX_PROBES
+        {
+            bail!(
+                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
+                last.id + 1
+            );
+        }
+        let mut specs: Array<_, ProbeSpec> =
+            Array::try_from(bpf.map_mut("SPECS").context("map SPECS missing")?)?;
+        for probe in &plan.probes {
+            specs.set(probe.id, probe.spec.probe_spec(), 0)?;
+        }
+        Ok(())
+    }
+
+    /// Attaches `plan` (its file reached through `path`, open as `file`) for every process.
+    pub fn attach_host(
+        &mut self,
+        bpf: &mut Ebpf,
+        plan: &Plan,
+        path: &Path,
+        file: &File,
+    ) -> Result<Vec<AttachFailure>> {
+        let _mapped = map_for_check(file);
+        if self.multi.is_none() {
+            return attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf);
+        }
+        let (links, failures, left_over) = self.link_split(plan, &plan.probes, path, 0)?;
+        self.host_multi.extend(links);
+        let mut failures = failures;
+        if !left_over.is_empty() {
+            failures.extend(attach_per_symbol(
+                bpf,
+                path,
+                plan,
+                &left_over,
+                &mut self.host_perf,
+            )?);
+        }
+        Ok(failures)
+    }
+
+    /// Per-process scope: finds the functions of `plan` the kernel refuses, once per file,
+    /// with cudatrace itself mapping it (a process linked before it maps the file would
+    /// not be refused, and would lack those breakpoints). Returns them, as attach failures.
+    pub fn check_refused(
+        &mut self,
+        plan: &Plan,
+        path: &Path,
+        file: &File,
+    ) -> Result<Vec<AttachFailure>> {
+        let _mapped = map_for_check(file);
+        let (links, failures, left_over) =
+            self.link_split(plan, &plan.probes, path, std::process::id())?;
+        // The check's own links served their purpose.
+        self.closer.close(links);
+        if !left_over.is_empty() {
+            // Too many refusals to tell them apart: they are linked per process, where a
+            // refusal fails that process's link (and says so).
+            eprintln!(
+                "cudatrace: {}: {} functions left unchecked after {MAX_REFUSED_LINKS} refused \
+                 uprobe_multi links",
+                plan.library.path.display(),
+                left_over.len()
+            );
+        }
+        Ok(failures)
+    }
+
+    /// Attaches `plan` (its file reached through `path`) for process `pid` alone, unless
+    /// it is already; the functions the kernel refused are left out. Returns the symbols
+    /// that could not be attached for it.
+    pub fn link_process(
+        &mut self,
+        plan: &Plan,
+        path: &Path,
+        pid: u32,
+    ) -> Result<Vec<AttachFailure>> {
+        if self.multi.is_none() {
+            bail!("per-process probes need uprobe_multi");
+        }
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|linked| linked.iter().any(|(library, _)| *library == plan.id))
+        {
+            return Ok(Vec::new());
+        }
+        let refused = self.refused.get(&plan.id);
+        let probes: Vec<PlannedProbe> = plan
+            .probes
+            .iter()
+            .filter(|probe| !refused.is_some_and(|ids| ids.contains(&probe.id)))
+            .cloned()
+            .collect();
+        let (links, mut failures, left_over) = if probes.is_empty() {
+            (Vec::new(), Vec::new(), Vec::new())
+        } else {
+            self.link_split(plan, &probes, path, pid)?
+        };
+        failures.extend(left_over.into_iter().map(|probe| AttachFailure {
+            symbol: probe.symbol,
+            error: format!(
+                "not attached for pid {pid}: more than {MAX_REFUSED_LINKS} refused uprobe_multi \
+                 links"
+            ),
+        }));
+        self.processes
+            .entry(pid)
+            .or_default()
+            .push((plan.id, links));
+        Ok(failures)
+    }
+
+    /// Links `probes` of `plan` for `pid` (0: every process) with uprobe_multi links: one
+    /// link per program if the kernel takes them all, else the set is halved until each
+    /// refused function stands alone (2 log n links per refused function). Returns the
+    /// links, the refused functions, and what is left past [`MAX_REFUSED_LINKS`] refusals.
+    fn link_split(
+        &mut self,
+        plan: &Plan,
+        probes: &[PlannedProbe],
+        path: &Path,
+        pid: u32,
+    ) -> Result<(Vec<MultiLink>, Vec<AttachFailure>, Vec<PlannedProbe>)> {
+        let programs = self
+            .multi
+            .as_ref()
+            .context("uprobe_multi programs not loaded")?;
+        let mut links = Vec::new();
+        let mut failures = Vec::new();
+        let mut left_over: Vec<PlannedProbe> = Vec::new();
+        let mut refused_ids = Vec::new();
+        let mut refusals = 0;
+        let mut pending: Vec<&[PlannedProbe]> = vec![probes];
+        while let Some(chunk) = pending.pop() {
+            if chunk.is_empty() {
                 continue;
             }
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(u64::from(probe.id)),
-            };
-            match program.attach(point, lib_path, UProbeScope::AllProcesses) {
-                Ok(link) => attached.links.push((program_name, link)),
+            if refusals >= MAX_REFUSED_LINKS {
+                left_over.extend_from_slice(chunk);
+                continue;
+            }
+            match link_multi(
+                programs,
+                &plan.set.programs,
+                chunk,
+                (path, &plan.library.path),
+                pid,
+            ) {
+                Ok(made) => links.extend(made),
+                // A program that does not load, or a bad path: no subset would do better.
+                Err(error) if !is_link_refused(&error) => return Err(error),
                 Err(error) => {
-                    failed.insert(probe.id);
-                    failures.push(AttachFailure {
-                        symbol: probe.symbol.clone(),
-                        error: format!("{:#}", anyhow::Error::from(error)),
-                    });
+                    refusals += 1;
+                    if self.refused_reason.is_none() {
+                        let reason = format!("{error:#}");
+                        eprintln!(
+                            "cudatrace: uprobe_multi attach failed (attached the other \
+                             functions with smaller uprobe_multi links): {reason}"
+                        );
+                        self.refused_reason = Some(reason);
+                    }
+                    if let [probe] = chunk {
+                        refused_ids.push(probe.id);
+                        failures.push(AttachFailure {
+                            symbol: probe.symbol.clone(),
+                            error: format!("{error:#}"),
+                        });
+                    } else {
+                        let (first, second) = chunk.split_at(chunk.len() / 2);
+                        pending.push(second);
+                        pending.push(first);
+                    }
                 }
             }
         }
+        self.refused.entry(plan.id).or_default().extend(refused_ids);
+        Ok((links, failures, left_over))
     }
-    Ok(failures)
+
+    /// The library ids linked for `pid`.
+    pub fn linked_libraries(&self, pid: u32) -> Vec<u32> {
+        self.processes
+            .get(&pid)
+            .map(|links| links.iter().map(|(library, _)| *library).collect())
+            .unwrap_or_default()
+    }
+
+    /// Drops `pid`'s links (it exited, or exec'd into a new leader), in the background:
+    /// each close waits for an RCU grace period.
+    pub fn forget_process(&mut self, pid: u32) {
+        if let Some(links) = self.processes.remove(&pid) {
+            self.closer
+                .close(links.into_iter().flat_map(|(_, pair)| pair).collect());
+        }
+    }
+
+    /// Takes every uprobe link out of the attacher and the object, without closing them
+    /// yet: closing them detaches the probes. Nothing is attached from here on.
+    pub fn take_links(&mut self, bpf: &mut Ebpf) -> Links {
+        let closer = std::mem::replace(&mut self.closer, Closer::none());
+        let mut multi: Vec<MultiLink> = self.host_multi.drain(..).collect();
+        for (_, links) in self.processes.drain() {
+            multi.extend(links.into_iter().flat_map(|(_, pair)| pair));
+        }
+        let mut per_symbol = Vec::with_capacity(self.host_perf.len());
+        for (program_name, link_id) in self.host_perf.drain(..) {
+            let program: Option<&mut UProbe> = bpf
+                .program_mut(program_name)
+                .and_then(|p| p.try_into().ok());
+            if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
+                per_symbol.push(link);
+            }
+        }
+        self.multi = None;
+        Links {
+            multi,
+            per_symbol,
+            closer,
+        }
+    }
+
+    /// Detaches everything: closes the links, then unloads the programs.
+    pub fn detach_all(&mut self, bpf: &mut Ebpf) {
+        self.take_links(bpf).close();
+        unload_programs(bpf);
+    }
 }
 
 /// The links of attached probes, taken out of the object: closing them detaches the
 /// probes. Each uprobe link close waits for an RCU grace period (about 0.1 s in our VMs,
 /// several times that on a loaded machine), so [`Links::close`] closes them from several
-/// threads at once, and can run in a thread of its own while the ring is drained.
+/// threads at once.
 pub struct Links {
     multi: Vec<MultiLink>,
     per_symbol: Vec<UProbeLink>,
+    /// The links already handed over for closing (processes that exited).
+    closer: Closer,
 }
 
 impl Links {
@@ -256,44 +398,15 @@ impl Links {
     pub fn close(self) {
         let Links {
             multi,
-            mut per_symbol,
+            per_symbol,
+            mut closer,
         } = self;
-        let per_thread = per_symbol.len().div_ceil(64).max(1);
         std::thread::scope(|scope| {
-            for link in multi {
-                scope.spawn(move || drop(link));
-            }
-            while !per_symbol.is_empty() {
-                let chunk: Vec<_> = per_symbol
-                    .drain(..per_thread.min(per_symbol.len()))
-                    .collect();
-                scope.spawn(move || drop(chunk));
-            }
+            scope.spawn(move || drop_in_parallel(multi));
+            scope.spawn(move || closer.finish());
+            drop_in_parallel(per_symbol);
         });
     }
-}
-
-/// Takes every link out of `attached` and the object, without closing them yet.
-pub fn take_links(bpf: &mut Ebpf, attached: &mut Attached) -> Links {
-    let mut per_symbol = Vec::with_capacity(attached.links.len());
-    for (program_name, link_id) in attached.links.drain(..) {
-        let program: Option<&mut UProbe> = bpf
-            .program_mut(program_name)
-            .and_then(|p| p.try_into().ok());
-        if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
-            per_symbol.push(link);
-        }
-    }
-    Links {
-        multi: attached.multi.drain(..).collect(),
-        per_symbol,
-    }
-}
-
-/// Detaches everything: closes the links, then unloads the programs.
-pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
-    take_links(bpf, attached).close();
-    unload_programs(bpf);
 }
 
 /// Unloads the object's uprobe, tracepoint and kprobe programs, detaching what is still
@@ -314,15 +427,174 @@ pub fn unload_programs(bpf: &mut Ebpf) {
     });
 }
 
-/// Detaches everything and drops the object, from a thread of its own: the caller can
-/// drain the ring meanwhile. Joining the handle means everything is detached.
-pub fn detach_in_background(mut bpf: Ebpf, mut attached: Attached) -> std::thread::JoinHandle<()> {
-    let links = take_links(&mut bpf, &mut attached);
-    std::thread::spawn(move || {
-        std::thread::scope(|scope| {
-            scope.spawn(move || links.close());
-            unload_programs(&mut bpf);
-        });
-        drop(bpf);
-    })
+/// The kernel refused to create a link (an errno from `BPF_LINK_CREATE`), as opposed to the
+/// program failing to load, which no subset of the symbols would change.
+fn is_link_refused(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<std::io::Error>().is_some()
+}
+
+/// Maps `file` into cudatrace itself, privately and read-only, for as long as the result
+/// lives: the kernel then writes (or refuses) breakpoints when a link is made, as it would
+/// in a traced process that maps the file. Nothing here ever runs its code.
+fn map_for_check(file: &File) -> Option<memmap2::Mmap> {
+    // SAFETY: a private read-only mapping of a library file that nothing here writes.
+    unsafe { memmap2::MmapOptions::new().map_copy_read_only(file) }.ok()
+}
+
+/// Loads every probe set's programs (the maps they use must still be in `bpf`: before the
+/// event loop takes the ring out).
+fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
+    let mut programs = MultiPrograms::default();
+    for set in PROBE_SETS {
+        for (name, retprobe) in set.programs.names() {
+            if !programs.loaded.contains_key(name) {
+                let fd = uprobe_multi::load_program(bpf, PROBES_OBJECT, name, retprobe)?;
+                programs.loaded.insert(name, fd);
+            }
+        }
+    }
+    Ok(programs)
+}
+
+/// The links for `probes`, one per program: returns first, so no entry is pushed without
+/// its return.
+fn link_multi(
+    programs: &MultiPrograms,
+    set_programs: &Programs,
+    probes: &[PlannedProbe],
+    (path, shown_as): (&Path, &Path),
+    pid: u32,
+) -> Result<Vec<MultiLink>> {
+    let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
+    let cookies: Vec<u64> = probes.iter().map(|p| u64::from(p.id)).collect();
+    let mut links = Vec::with_capacity(2);
+    for (name, retprobe) in set_programs.names() {
+        let program = programs
+            .loaded
+            .get(name)
+            .with_context(|| format!("program {name} not loaded"))?;
+        links.push(uprobe_multi::link(
+            program.as_fd(),
+            name,
+            path,
+            shown_as,
+            &offsets,
+            &cookies,
+            retprobe,
+            pid,
+        )?);
+    }
+    Ok(links)
+}
+
+/// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
+/// slow: each close waits for an RCU grace period, one after another.
+fn attach_per_symbol(
+    bpf: &mut Ebpf,
+    lib_path: &Path,
+    plan: &Plan,
+    probes: &[PlannedProbe],
+    attached: &mut Vec<(&'static str, UProbeLinkId)>,
+) -> Result<Vec<AttachFailure>> {
+    let mut failures = Vec::new();
+    let mut failed: HashSet<u32> = HashSet::new();
+    for (program_name, _) in plan.set.programs.names() {
+        let program: &mut UProbe = program(bpf, program_name)?;
+        // A second plan finds the programs loaded already.
+        if program.fd().is_err() {
+            program
+                .load()
+                .with_context(|| format!("loading {program_name}"))?;
+        }
+        for probe in probes {
+            if failed.contains(&probe.id) {
+                continue;
+            }
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
+                cookie: Some(u64::from(probe.id)),
+            };
+            match program.attach(point, lib_path, UProbeScope::AllProcesses) {
+                Ok(link) => attached.push((program_name, link)),
+                Err(error) => {
+                    failed.insert(probe.id);
+                    failures.push(AttachFailure {
+                        symbol: probe.symbol.clone(),
+                        error: format!("{:#}", anyhow::Error::from(error)),
+                    });
+                }
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// Drops everything in `items` from up to 64 threads at once.
+fn drop_in_parallel<T: Send>(mut items: Vec<T>) {
+    let per_thread = items.len().div_ceil(64).max(1);
+    std::thread::scope(|scope| {
+        while !items.is_empty() {
+            let chunk: Vec<T> = items.drain(..per_thread.min(items.len())).collect();
+            scope.spawn(move || drop(chunk));
+        }
+    });
+}
+
+/// Closes links in a background thread, so that a process's exit does not hold up the
+/// event loop for a grace period.
+#[derive(Debug)]
+struct Closer {
+    sender: Option<mpsc::Sender<Vec<MultiLink>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Closer {
+    /// One with no thread: closes at once (what is left once the links are taken out).
+    fn none() -> Self {
+        Closer {
+            sender: None,
+            thread: None,
+        }
+    }
+
+    fn start() -> Self {
+        let (sender, receiver) = mpsc::channel::<Vec<MultiLink>>();
+        let thread = std::thread::Builder::new()
+            .name("cudatrace-close".into())
+            .spawn(move || {
+                while let Ok(mut links) = receiver.recv() {
+                    while let Ok(more) = receiver.try_recv() {
+                        links.extend(more);
+                    }
+                    drop_in_parallel(links);
+                }
+            })
+            .ok();
+        Closer {
+            sender: thread.is_some().then_some(sender),
+            thread,
+        }
+    }
+
+    fn close(&self, links: Vec<MultiLink>) {
+        if links.is_empty() {
+            return;
+        }
+        match &self.sender {
+            Some(sender) => {
+                if let Err(mpsc::SendError(links)) = sender.send(links) {
+                    drop_in_parallel(links);
+                }
+            }
+            None => drop_in_parallel(links),
+        }
+    }
+
+    /// Waits until everything handed over is closed.
+    fn finish(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }

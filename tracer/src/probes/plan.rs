@@ -123,6 +123,8 @@ impl std::fmt::Display for FunctionSelection {
 pub struct PlannedProbe {
     /// The attach cookie, and the index in the `SPECS` map: unique across plans.
     pub id: u32,
+    /// The id of its plan's library file (the trace's `lib`).
+    pub library: u32,
     pub symbol: String,
     pub spec: &'static FnSpec,
     pub file_offset: u64,
@@ -142,6 +144,8 @@ impl PlannedProbe {
 /// One probe set bound to one library file.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The library id: the plan's place among the run's plans, 0 first.
+    pub id: u32,
     pub set: &'static ProbeSet,
     pub library: LibraryFile,
     /// In id order.
@@ -156,15 +160,17 @@ pub struct Plan {
 
 impl Plan {
     /// Matches `set`'s catalog against `library`'s exports, numbering the probes from
-    /// `first_id`; with a `selection` beyond the catalog, the other exported functions it
-    /// names follow, probed generically, in name order.
+    /// `first_id`; `id` is the library's. With a `selection` beyond the catalog, the other
+    /// exported functions it names follow, probed generically, in name order.
     pub fn new(
         set: &'static ProbeSet,
         library: &Library,
+        id: u32,
         first_id: u32,
         selection: &FunctionSelection,
     ) -> Self {
         let mut plan = Plan {
+            id,
             set,
             library: library.file.clone(),
             probes: Vec::new(),
@@ -236,6 +242,7 @@ impl Plan {
         by_offset.insert(file_offset, name.clone());
         self.probes.push(PlannedProbe {
             id: first_id + self.probes.len() as u32,
+            library: self.id,
             symbol: name,
             spec,
             file_offset,
@@ -257,9 +264,31 @@ impl Plans {
         library: &Library,
         selection: &FunctionSelection,
     ) -> &Plan {
-        let plan = Plan::new(set, library, self.probe_count() as u32, selection);
+        let plan = Plan::new(
+            set,
+            library,
+            self.plans.len() as u32,
+            self.probe_count() as u32,
+            selection,
+        );
         self.plans.push(plan);
         self.plans.last().expect("just pushed")
+    }
+
+    /// The plan of the library with this id.
+    pub fn get(&self, id: u32) -> Option<&Plan> {
+        self.plans.get(id as usize)
+    }
+
+    /// The plan of the file with this device and inode.
+    pub fn of_file(&self, device: u64, inode: u64) -> Option<&Plan> {
+        self.plans
+            .iter()
+            .find(|plan| plan.library.device == device && plan.library.inode == inode)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Plan> {
@@ -334,7 +363,7 @@ mod tests {
             ("cuMemcpyHtoD_v2_ptds", 0x300),
             ("cuSomethingElse", 0x400),
         ]);
-        let plan = Plan::new(&LIBCUDA, &lib, 0, &FunctionSelection::default());
+        let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &FunctionSelection::default());
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol.as_str()).collect();
         assert_eq!(
             names,
@@ -371,6 +400,13 @@ mod tests {
             [(0, "cuInit"), (1, "cuMemAlloc_v2"), (2, "cuLaunchKernel")]
         );
         assert_eq!(plans.probe(2).unwrap().symbol, "cuLaunchKernel");
+        assert_eq!(
+            (
+                plans.probe(1).unwrap().library,
+                plans.probe(2).unwrap().library
+            ),
+            (0, 1)
+        );
         assert_eq!(plans.probe(1).unwrap().symbol, "cuMemAlloc_v2");
         assert!(plans.probe(3).is_none());
         assert_eq!(plans.probe_count(), 3);
@@ -390,7 +426,7 @@ mod tests {
         ]);
         let plan = |text: &str| {
             let selection = FunctionSelection::parse(text).unwrap();
-            let plan = Plan::new(&LIBCUDA, &lib, 0, &selection);
+            let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &selection);
             let probes: Vec<(String, String)> = plan
                 .probes
                 .iter()

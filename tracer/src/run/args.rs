@@ -19,6 +19,14 @@ The command starts suspended: probes are attached before its first instruction, 
 is seen. Its children (fork, exec, Python multiprocessing, torchrun workers) are traced
 too; other processes are not, unless --all is given.
 
+Libraries are found where the traced processes load them: a file named like libcuda
+(libcuda.so, libcuda.so.*) that a traced process opens, from any path (a wheel, a
+container's forward-compatibility libcuda), is attached before the process goes on (it
+is stopped with SIGSTOP for the moment that takes, then continued with SIGCONT). Each
+distinct file is attached once; call lines say which (`lib`). With uprobe_multi (Linux
+6.6+), probes go into the traced processes only: other processes pay nothing. --all, or
+an older kernel, probes every process that maps the library.
+
 Under sudo the command runs as the invoking user (SUDO_UID/SUDO_GID, with their groups)
 and the trace file belongs to them; --as-root keeps root.
 
@@ -57,10 +65,17 @@ pub struct RunArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// The libcuda to probe. Default: the ldconfig cache, LD_LIBRARY_PATH, then
-    /// /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib.
+    /// A libcuda to probe from the start, instead of the one the default search finds
+    /// (the ldconfig cache, LD_LIBRARY_PATH, then /usr/local/nvidia/lib64,
+    /// /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib). Libraries the traced
+    /// processes load are attached too, wherever they come from.
     #[arg(long, value_name = "PATH")]
     pub libcuda: Option<PathBuf>,
+
+    /// Also probe this library file from the start (repeatable): any library cudatrace
+    /// knows (libcuda), recognised by its name, soname or exports, whatever it is called.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
 
     /// What to do when a catalog function is not exported by libcuda or fails to attach,
     /// or a --functions pattern matches nothing.

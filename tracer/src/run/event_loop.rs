@@ -1,7 +1,8 @@
 //! The event loop: waits on the ring buffer, the traced processes' exits, Ctrl-C, SIGTERM,
-//! SIGHUP and SIGQUIT, `--power`'s samples and a quarter-second tick; on any ending,
-//! detaches, drains the ring, settles the losses and stops the sampler, so the footer that
-//! follows is complete.
+//! SIGHUP and SIGQUIT, `--power`'s samples and a quarter-second tick; on any ending, stops
+//! stopping processes, continues those waiting, detaches, drains the ring, settles the
+//! losses and stops the sampler, so the footer that follows is complete and no process is
+//! left stopped.
 //!
 //! Every drain is bounded, in records and in time, so a signal is seen within one drain
 //! however fast the traced threads produce: the reader of a ring fed by more CPUs than it
@@ -17,10 +18,7 @@ use std::{
 };
 
 use anyhow::{Result, anyhow};
-use aya::{
-    Ebpf,
-    maps::{MapData, RingBuf},
-};
+use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
@@ -32,11 +30,11 @@ use super::{
     pipeline::Pipeline,
     power_feed::PowerFeed,
 };
+use tracer_common::attach_flags;
+
 use crate::{
-    probes::{
-        attach::{self, Attached},
-        maps::{self, CounterReader},
-    },
+    events::{RawEvent, decode},
+    probes::maps::{self, CounterReader},
     sinks::progress::Progress,
 };
 
@@ -139,16 +137,17 @@ async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
 /// Runs until the watched processes exit or a signal stops tracing; `child` (the command)
 /// is reaped for its exit status and passed SIGTERM and SIGHUP on.
 pub async fn event_loop(
-    mut bpf: Ebpf,
-    attached: Attached,
     pipeline: &mut Pipeline<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
     mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
-    let mut ring = watch(maps::take_ring(&mut bpf)?, "the ring buffer")?;
-    let counters = CounterReader::take(&mut bpf)?;
+    let mut ring = watch(
+        maps::take_ring(pipeline.discovery.bpf())?,
+        "the ring buffer",
+    )?;
+    let counters = CounterReader::take(pipeline.discovery.bpf())?;
     let Watches {
         mut signals,
         mut exits,
@@ -219,13 +218,14 @@ pub async fn event_loop(
         }
     }
 
-    // Stop recording at once, close the links (the kernel takes its time) while the ring
-    // is drained, then drain what the last in-flight calls left: all of it when the
-    // command ended, as much as the time allows when a signal stopped the run.
+    // Stop recording at once, and stopping processes (those stopped go on); close the links
+    // (the kernel takes its time) while the ring is drained, then drain what the last
+    // in-flight calls left: all of it when the command ended, as much as the time allows
+    // when a signal stopped the run.
     let stop = Instant::now();
     let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
-    maps::stop_tracing(&mut bpf)?;
-    let closing = attach::detach_in_background(bpf, attached);
+    maps::stop_tracing(pipeline.discovery.bpf())?;
+    let closing = pipeline.discovery.end();
     let ring = ring.get_mut();
     let never = || false;
     while !closing.is_finished() && !past(deadline) {
@@ -287,6 +287,14 @@ fn count_rest(ring: &mut RingBuf<MapData>) -> NotDrained {
         let kind = record.get(..4).map_or(0, |bytes| {
             u32::from_ne_bytes(bytes.try_into().unwrap_or_default())
         });
+        if let Ok(RawEvent::Attach(event)) = decode(&record) {
+            // For the attach layer, no line; a process it stopped goes on.
+            if event.header.flags & attach_flags::STOPPED != 0 {
+                // SAFETY: kill(2) of a process our probes stopped.
+                unsafe { libc::kill(event.header.pid as i32, libc::SIGCONT) };
+            }
+            continue;
+        }
         if crate::events::is_call_kind(kind) {
             rest.calls += 1;
         } else {

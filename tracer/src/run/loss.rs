@@ -46,6 +46,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         opens_full: now.opens_full,
         syscalls_full: now.syscalls_full,
         kfuncs_full: now.kfuncs_full,
+        attach_ring_full: now.attach_ring_full,
         not_drained: not_drained_total,
         calls: now.calls_lost() + not_drained.calls,
         total: now.lost() + not_drained_total,
@@ -53,7 +54,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
 }
 
 /// Each reason with its figure, in the order `lost` lines are written.
-fn reasons(counts: &LostCounts) -> [(&'static str, u64); 14] {
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 15] {
     [
         ("ring_full", counts.ring_full),
         ("too_deep", counts.too_deep),
@@ -68,6 +69,7 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 14] {
         ("opens_full", counts.opens_full),
         ("syscalls_full", counts.syscalls_full),
         ("kfuncs_full", counts.kfuncs_full),
+        ("attach_ring_full", counts.attach_ring_full),
         ("not_drained", counts.not_drained),
     ]
 }
@@ -109,6 +111,7 @@ impl LossAccount {
         }
         writer.footer.lost = counts.clone();
         writer.footer.entries_seen = now.entries;
+        writer.footer.abandoned_calls = now.abandoned_frames;
         writer.footer.unmatched_returns = now.unmatched_returns;
         self.last = counts;
         Ok(())
@@ -142,6 +145,9 @@ mod tests {
             opens_full: 128,
             syscalls_full: 256,
             kfuncs_full: 512,
+            attach_ring_full: 4096,
+            // Not a loss: calls that can no longer return (the footer's abandoned_calls).
+            abandoned_frames: 8192,
             ..Counters::default()
         };
         let counts = lost_counts(
@@ -153,7 +159,8 @@ mod tests {
             false,
         );
         assert_eq!(counts.calls, 1 + 2 + 4 + 1024);
-        assert_eq!(counts.total, 4095);
+        assert_eq!(counts.total, 4095 + 4096);
+        assert_eq!(counts.attach_ring_full, 4096);
         assert_eq!(counts.not_drained, 3072);
         assert_eq!(
             LossAccount::describe(&LostCounts {

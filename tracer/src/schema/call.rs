@@ -23,6 +23,9 @@ pub struct CallLine {
     pub ts_ns: u64,
     pub dur_ns: u64,
     pub ret: u32,
+    /// The id of the library file the call went into (its `library` line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lib: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ret_name: Option<Cow<'static, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]

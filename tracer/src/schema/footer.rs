@@ -29,6 +29,12 @@ pub struct Footer {
     pub entries_seen: u64,
     /// Returns with no recorded entry (a call already running when probes attached).
     pub unmatched_returns: u64,
+    /// Calls that entered and never returned: left by `longjmp` or an exception thrown
+    /// through the library (found when a later call or an outer return shows their stack
+    /// unwound). They have no line.
+    pub abandoned_calls: u64,
+    /// Processes stopped so that probes were attached before they went on.
+    pub stops: StopFigures,
     /// Records the loader could not decode.
     pub undecodable: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,6 +88,19 @@ pub struct EventCounts {
     pub gpu_info: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub gpu_error: u64,
+    /// `"type":"library"` lines.
+    pub library: u64,
+}
+
+/// Stops for attaching: each from the stop (in the process's own syscall exit) to the
+/// `SIGCONT` after its probes were attached.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StopFigures {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    /// The kernel could not stop the process: its probes may have come late.
+    pub failed: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -120,6 +139,9 @@ pub struct LostCounts {
     /// Records still in the ring when a signal-stopped run's last drain ran out of time
     /// (read and counted, not written).
     pub not_drained: u64,
+    /// Library opens and forks the loader never heard of because the ring buffer was full
+    /// (their processes were not stopped; their first calls may be missed).
+    pub attach_ring_full: u64,
     /// Call events lost: `ring_full + too_deep + frames_full` and the calls among
     /// `not_drained`.
     pub calls: u64,

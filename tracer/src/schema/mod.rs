@@ -12,6 +12,7 @@
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
 //! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
 //! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
+//! | `library.rs` | [`LibraryLine`] | a library file the probes were attached to |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -39,6 +40,7 @@ mod fields;
 mod footer;
 pub mod gpu;
 mod header;
+mod library;
 mod lost;
 mod power;
 mod process;
@@ -48,13 +50,15 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, ProcessMemory,
+    StopFigures,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
 pub use header::{
-    AttachFailureInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+    AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
 };
+pub use library::LibraryLine;
 pub use lost::LostLine;
 pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
@@ -78,6 +82,7 @@ pub enum Line {
     Power(Box<PowerLine>),
     /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
     Gpu(Box<GpuLine>),
+    Library(Box<LibraryLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -106,6 +111,7 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
         PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
+        LibraryLine::TYPE => Line::Library(Box::new(LibraryLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
         other => match GpuLine::read(other, bytes) {
             Some(line) => Line::Gpu(Box::new(line?)),
@@ -208,6 +214,7 @@ mod tests {
             start_monotonic_ns: Some(100),
             probes: vec![ProbeInfo {
                 id: 0,
+                lib: 0,
                 symbol: "cuInit".into(),
                 function: "cuInit".into(),
                 family: "init".into(),
@@ -231,6 +238,42 @@ mod tests {
         assert_eq!(read.probes[0].family, "init");
         // Written for people and other tools, skipped when read.
         assert_eq!((read.version, read.missing_functions.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_library_line_is_written_type_first_and_read_back() {
+        let library = LibraryLine {
+            id: 1,
+            set: "libcuda".into(),
+            path: "/w/libcuda.so.1".into(),
+            device: 2049,
+            inode: 77,
+            found: "opened".into(),
+            pid: Some(9),
+            ts_ns: Some(5),
+            probes: vec![ProbeInfo {
+                id: 111,
+                lib: 1,
+                symbol: "cuInit".into(),
+                function: "cuInit".into(),
+                family: "init".into(),
+            }],
+            ..LibraryLine::default()
+        };
+        let text = serde_json::to_string(&library).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"library","id":1,"set":"libcuda","path":"/w/libcuda.so.1","device":2049,"inode":77,"standin":false,"found":"opened","pid":9,"ts_ns":5,"probes":[{"id":111,"lib":1,"symbol":"cuInit","function":"cuInit","family":"init"}],"missing_functions":[]}"#
+        );
+        let Ok(Line::Library(read)) = parse(text.as_bytes()) else {
+            panic!("not a library line")
+        };
+        assert_eq!((read.id, read.probes[0].lib), (1, 1));
+        assert_eq!(read.probes[0].symbol, "cuInit");
+        assert_eq!(
+            parse(br#"{"type":"library","path":"/x"}"#),
+            Err(r#"library line: no valid "id""#.to_owned())
+        );
     }
 
     #[test]
