@@ -96,14 +96,16 @@ pub mod counter {
     /// A GPU record could not be read from the traced process, or its batch held more than
     /// [`super::GPU_BATCH_MAX`] records: each such record is lost.
     pub const GPU_READ_FAILED: u32 = 8;
-    /// A new child of a traced process could not be added to the traced-process map: the
-    /// child and its descendants are not traced.
+    /// A new child of a traced process could not be added to the traced-process map, or to
+    /// the map of children being created: the child and its descendants are not traced, or
+    /// it runs without its own probes.
     pub const TRACED_FULL: u32 = 9;
     /// `--kernel`: an NVIDIA device fd could not be added to the fd map: its ioctls and
     /// mmaps are not seen.
     pub const FDS_FULL: u32 = 10;
-    /// `--kernel`: an openat could not be remembered until its return: the file it opens
-    /// is not checked (if it was an NVIDIA device, its ioctls and mmaps are not seen).
+    /// An open could not be remembered until its return: the file it opens is not checked
+    /// for being a probe-set library (discovery) or, with `--kernel`, an NVIDIA device
+    /// (whose ioctls and mmaps are then not seen).
     pub const OPENS_FULL: u32 = 11;
     /// `--kernel`: an ioctl or mmap on an NVIDIA fd could not be remembered until its
     /// return: its event is lost.

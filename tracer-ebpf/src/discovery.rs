@@ -71,7 +71,10 @@ fn remember_name(ctx: &TracePointContext, arg: usize) {
     let Ok(filename) = (unsafe { ctx.read_at::<u64>(ARG0 + 8 * arg) }) else {
         return;
     };
-    let _ = OPENING.insert(&kernel_tid(), &filename, 0);
+    if OPENING.insert(&kernel_tid(), &filename, 0).is_err() {
+        // The file goes unchecked: a library it opens is not attached before its calls.
+        bump(counter::OPENS_FULL);
+    }
 }
 
 /// `openat(dirfd, filename, ...)` and `openat2(dirfd, filename, ...)`.
@@ -249,7 +252,9 @@ fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
     let (tgid, tid) = current_ids()?;
     if pending.register != 0 {
         // Only now can the child be named in the loader's pid namespace.
-        let _ = TRACED.insert(&tgid, &1, 0);
+        if TRACED.insert(&tgid, &1, 0).is_err() {
+            bump(counter::TRACED_FULL);
+        }
         crate::process::emit_fork(&pending, tgid);
     }
     if pending.stop != 0 {

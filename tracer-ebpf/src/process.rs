@@ -17,8 +17,8 @@ use crate::{
     discovery::{LINKED, PENDING_CHILD, process_exited, report_new_leader},
     maps::{
         EVENTS, FRAMES, TRACED, bump, current_ids, exec_filename_off, exec_old_pid_off,
-        exec_pid_off, exit_group_dead_off, in_pid_namespace, kernel_tid, newtask_flags_off,
-        newtask_pid_off, trace_all,
+        exec_pid_off, exit_group_dead_off, in_pid_namespace, is_traced, kernel_tid,
+        newtask_flags_off, newtask_pid_off, trace_all,
     },
 };
 
@@ -77,8 +77,11 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
         }
         emit_fork(&pending, child as u32);
     }
-    if pending.register != 0 || pending.stop != 0 {
-        let _ = PENDING_CHILD.insert(&(child as u32), &pending, 0);
+    if (pending.register != 0 || pending.stop != 0)
+        && PENDING_CHILD.insert(&(child as u32), &pending, 0).is_err()
+    {
+        // The child would go untraced (not registered) or without its own probes.
+        bump(counter::TRACED_FULL);
     }
     Some(())
 }
@@ -98,8 +101,9 @@ pub fn emit_fork(pending: &PendingChild, child: u32) {
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
     let ids = current_ids()?;
-    if !trace_all() {
-        unsafe { TRACED.get(&ids.0) }?;
+    // Under --all too, nothing once tracing has stopped.
+    if !is_traced(ids.0) {
+        return None;
     }
     let loc: u32 = unsafe { ctx.read_at(exec_filename_off() as usize) }.ok()?;
     let offset = (loc & 0xffff) as usize;
@@ -132,8 +136,8 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     let (tgid, tid) = current_ids()?;
-    if !trace_all() {
-        unsafe { TRACED.get(&tgid) }?;
+    if !is_traced(tgid) {
+        return None;
     }
     // A thread that dies mid-call never returns: drop its pending frames.
     let _ = FRAMES.remove(&tid);

@@ -124,10 +124,8 @@ fn device_fds_the_fd_map_cannot_hold_are_counted() {
     assert_eq!(lines.iter().map(|(_, n)| n).sum::<u64>(), 2);
 }
 
-#[test]
-fn opens_and_ioctls_the_in_flight_maps_cannot_hold_are_counted() {
-    let Some(_guard) = root() else { return };
-    let dir = scratch("limit-inflight");
+/// `tests/c/map_limits.c` built into `dir`, with its FIFO; the arguments to run it with.
+fn map_limits(dir: &std::path::Path) -> [String; 3] {
     let program = dir.join("map-limits");
     gcc(&[
         "-O2",
@@ -142,12 +140,34 @@ fn opens_and_ioctls_the_in_flight_maps_cannot_hold_are_counted() {
     let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo with a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
-    let prefix = format!("{}/nvidia", dir.display());
-    let trace = trace_kernel(
-        &dir,
-        &["PENDING_OPEN=1", "SYSCALLS=1"],
-        &[program.to_str().unwrap(), &prefix, fifo.to_str().unwrap()],
-    );
+    [
+        program.display().to_string(),
+        format!("{}/nvidia", dir.display()),
+        fifo.display().to_string(),
+    ]
+}
+
+#[test]
+fn opens_library_discovery_cannot_hold_are_counted() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("limit-opening");
+    let command = map_limits(&dir);
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    // Discovery's own pending-open map: the same two opens while thread A waits in its own
+    // go unchecked for being a library, and are counted with --kernel's.
+    let trace = trace_kernel(&dir, &["OPENING=1"], &command);
+    let (lost, lines) = losses(&trace);
+    assert_eq!(lost, json!({"opens_full": 2, "total": 2}));
+    assert_eq!(lines, [("opens_full".to_owned(), 2)]);
+}
+
+#[test]
+fn opens_and_ioctls_the_in_flight_maps_cannot_hold_are_counted() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("limit-inflight");
+    let command = map_limits(&dir);
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    let trace = trace_kernel(&dir, &["PENDING_OPEN=1", "SYSCALLS=1"], &command);
     // Two opens while thread A waited in its own; one ioctl while thread B was in its
     // own. B's ioctl itself is reported.
     let (lost, _) = losses(&trace);

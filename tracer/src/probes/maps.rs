@@ -19,6 +19,8 @@ pub const SIZED_MAPS: &[&str] = &[
     "PENDING_OPEN",
     "SYSCALLS",
     "KFUNCS",
+    "OPENING",
+    "PENDING_CHILD",
 ];
 
 /// Marks a process as traced (the command, or a `-p` target).

@@ -161,8 +161,8 @@ pub struct RunArgs {
     pub cupti: Option<PathBuf>,
 
     /// Entries of one of the eBPF hash maps (TRACED, FRAMES, NV_FDS, PENDING_OPEN, SYSCALLS,
-    /// KFUNCS), replacing its size; repeatable. Tests shrink them to prove that a full map
-    /// is counted in `lost`, never silent.
+    /// KFUNCS, OPENING, PENDING_CHILD), replacing its size; repeatable. Tests shrink them to
+    /// prove that a full map is counted in `lost`, never silent.
     #[arg(long, hide = true, value_name = "MAP=N", value_parser = parse_map_entries)]
     pub map_entries: Vec<(String, u32)>,
 

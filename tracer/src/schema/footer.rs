@@ -124,13 +124,14 @@ pub struct LostCounts {
     /// `--gpu`: records CUPTI itself dropped (its buffers were full).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cupti_dropped: Option<u64>,
-    /// New child processes the traced-process map had no room for: not traced.
+    /// New child processes the traced-process map (or the map of children being created)
+    /// had no room for: not traced, or without their own probes.
     pub traced_full: u64,
     /// `--kernel`: NVIDIA device fds the fd map had no room for: their ioctls and mmaps
     /// are not seen.
     pub fds_full: u64,
-    /// `--kernel`: openat calls the pending-open map had no room for: the file is not
-    /// checked for being an NVIDIA device.
+    /// Opens a pending-open map had no room for: the file is not checked for being a
+    /// probe-set library, or (`--kernel`) an NVIDIA device.
     pub opens_full: u64,
     /// `--kernel`: ioctls and mmaps the in-flight map had no room for: their events.
     pub syscalls_full: u64,
