@@ -365,3 +365,46 @@ mod pod {
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for NamePattern {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kind and counter numbers are a contract with the loader and recorded traces. Each
+    /// is listed here in order, so a number given twice (as two branches written in
+    /// parallel once did) or a gap fails.
+    #[test]
+    fn kinds_and_counters_are_numbered_once_each() {
+        let kinds = [
+            kind::CALL,
+            kind::CALL_DATA,
+            kind::PROC,
+            kind::DRIVER,
+            kind::GPU,
+            kind::GPU_TEXT,
+            kind::CALL_STRING,
+            kind::ATTACH,
+        ];
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8]);
+        let counters = [
+            counter::RING_FULL,
+            counter::TOO_DEEP,
+            counter::FRAMES_FULL,
+            counter::UNMATCHED_RETURN,
+            counter::ENTRIES,
+            counter::PROC_RING_FULL,
+            counter::DRIVER_RING_FULL,
+            counter::GPU_RING_FULL,
+            counter::GPU_READ_FAILED,
+            counter::TRACED_FULL,
+            counter::FDS_FULL,
+            counter::OPENS_FULL,
+            counter::SYSCALLS_FULL,
+            counter::KFUNCS_FULL,
+            counter::ABANDONED_FRAMES,
+            counter::ATTACH_RING_FULL,
+        ];
+        assert_eq!(counters, core::array::from_fn::<u32, 16, _>(|i| i as u32));
+        assert_eq!(counter::COUNT as usize, counters.len());
+    }
+}

@@ -218,6 +218,39 @@ mod tests {
     }
 
     #[test]
+    fn attach_events_are_kind_8_for_the_attach_layer() {
+        let mut event = AttachEvent {
+            header: EventHeader {
+                kind: 8,
+                flags: tracer_common::attach_flags::STOPPED,
+                pid: 42,
+                tid: 43,
+                ..EventHeader::default()
+            },
+            what: tracer_common::attach_event::LIBRARY_OPENED,
+            fd: 5,
+            parent: 0,
+            set: 0,
+            path_len: 12,
+            _pad: 0,
+            path: [0; tracer_common::PATH_LEN],
+        };
+        event.path[..12].copy_from_slice(b"libcuda.so.1");
+        assert_eq!(
+            decode(&as_bytes(&event)),
+            Ok(RawEvent::Attach(Box::new(event)))
+        );
+        assert_eq!(
+            decode(&as_bytes(&event)[..100]),
+            Err(DecodeError::Short {
+                what: "attach event",
+                len: 100,
+                need: 304
+            })
+        );
+    }
+
+    #[test]
     fn strings_come_whole_up_to_the_text_limit() {
         let mut event = CallStringEvent {
             call: CallEvent::default(),
