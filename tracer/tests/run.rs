@@ -114,7 +114,7 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
 
     let header = &trace[0];
     assert_eq!(header["format"], "cudatrace");
-    assert_eq!(header["version"], 1);
+    assert_eq!(header["version"], 2);
     assert_eq!(header["mode"], "command");
     assert_eq!(header["libcuda"]["standin"], true);
     assert_eq!(

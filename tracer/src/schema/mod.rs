@@ -69,7 +69,7 @@ pub use process::ProcessLine;
 use serde_json::Value;
 
 /// Bumped on any incompatible change of the line schema.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One line of a trace, as read back.
 #[derive(Debug, PartialEq)]
@@ -224,7 +224,7 @@ mod tests {
         };
         let text = serde_json::to_string(&header).unwrap();
         assert!(
-            text.starts_with(r#"{"type":"header","format":"cudatrace","version":1,"#),
+            text.starts_with(r#"{"type":"header","format":"cudatrace","version":2,"#),
             "{text}"
         );
         assert!(!text.contains("kernel_hooks"), "absent unless --kernel");
