@@ -1,5 +1,6 @@
 //! Root tests of library discovery and per-process probes: libraries `dlopen()`ed from
-//! paths no search knows and called at once, several copies of libcuda each attributed,
+//! paths no search knows and called at once (with `--functions`' selection, their refused
+//! functions split off), several copies of libcuda each attributed,
 //! a library in a mount namespace of its own, `-p` finding it in the maps, fork children
 //! calling at once, shells and Python's subprocess as parents of stopped children, pid
 //! namespaces, bystanders without breakpoints, calls abandoned by `longjmp`, no process
@@ -159,6 +160,109 @@ fn a_library_dlopened_from_an_unknown_path_is_traced_from_its_first_call() {
     let stops = &footer(&trace)["stops"];
     assert!(stops["count"].as_u64().unwrap() >= 1, "{stops}");
     assert_eq!(stops["failed"], 0);
+}
+
+#[test]
+fn a_library_found_later_gets_the_same_function_selection() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dlopen-functions");
+    let lib = copy_standin(&dir, "wheel/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &["--functions", "cuInit"],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "calls",
+            "3",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let probes: Vec<&str> = line["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (&line["found"], probes),
+        (&Value::from("opened"), vec!["cuInit"])
+    );
+    // cuCtxSynchronize (3 calls) is not selected, in this library as at start.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuInit", pid, id), 1)])
+    );
+}
+
+#[test]
+fn a_library_found_later_has_its_refused_functions_split_off() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dlopen-refused");
+    // cuLocked starts with a LOCK-prefixed instruction, which uprobes refuse. The library
+    // is linked for the process when it opens it, before it maps it, so only cudatrace's
+    // own check finds the refusal.
+    let lib = dir.join("deep/libcuda.so.1");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    gcc(&[
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-o",
+        lib.to_str().unwrap(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/unprobeable.c"),
+    ]);
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &["--functions", "all", "--missing-probes", "ignore"],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "reopen",
+            "2",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let probes: Vec<&str> = line["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    assert_eq!(probes, ["cuInit"]);
+    let failures = line["attach_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{line}");
+    assert_eq!(failures[0]["symbol"], "cuLocked");
+    assert!(
+        failures[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("os error 524"),
+        "ENOTSUPP: {line}"
+    );
+    // The other function is traced, in each of the two opens.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuInit", pid, id), 2)])
+    );
 }
 
 #[test]

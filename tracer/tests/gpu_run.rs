@@ -332,7 +332,29 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
                "syscalls_full": 0, "kfuncs_full": 0, "attach_ring_full": 0, "not_drained": 0,
                "calls": 0, "total": 0})
     );
-    assert_library_removed(&trace[0]);
+    let injected = assert_library_removed(&trace[0]);
+    // The injection library is a library like libcuda: its own line, its one probe.
+    let libraries = of_type(&trace, "library");
+    let injection: Vec<&&Value> = libraries
+        .iter()
+        .filter(|l| l["set"] == "libcudatrace_inject")
+        .collect();
+    assert_eq!(injection.len(), 1, "{libraries:#?}");
+    assert_eq!(
+        (
+            &injection[0]["found"],
+            &injection[0]["path"],
+            &injection[0]["probes"][0]["symbol"],
+            &injection[0]["probes"][0]["family"],
+        ),
+        (
+            &json!("written"),
+            &json!(injected.display().to_string()),
+            &json!("cudatrace_gpu_records"),
+            &json!("gpu_records"),
+        )
+    );
+    assert_eq!(injection[0]["probes"].as_array().unwrap().len(), 1);
     assert_eq!(
         stderr(&output),
         format!(
