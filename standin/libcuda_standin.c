@@ -93,6 +93,8 @@ const char cudatrace_standin_libcuda[] __attribute__((visibility("default"))) =
 #define STANDIN_DPTR_ALIGN 512ULL
 #define STANDIN_VA_BASE 0x7f8000000000ULL
 #define STANDIN_VA_GRANULE (2ULL << 20)
+#define STANDIN_IPC_BASE 0x7e0000000000ULL
+#define STANDIN_IPC_STEP (2ULL << 20)
 #define STANDIN_HANDLE_BASE 0x1000ULL
 #define STANDIN_HANDLE_STEP 0x10ULL
 #define STANDIN_DRIVER_VERSION 13000
@@ -107,6 +109,7 @@ static volatile unsigned long long g_calls[STANDIN_MAX_FUNCS];
 
 static unsigned long long g_next_dptr = STANDIN_DPTR_BASE;
 static unsigned long long g_next_va = STANDIN_VA_BASE;
+static unsigned long long g_next_ipc = STANDIN_IPC_BASE;
 static unsigned long long g_handle_count;
 static CUcontext g_primary_ctx; /* one device */
 
@@ -167,6 +170,29 @@ static CUresult lookup_name(const char *name)
         return CUDA_ERROR_INVALID_VALUE;
     if (strcmp(name, MISSING_KERNEL_NAME) == 0)
         return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+/* IPC handles: the exporter's device pointer (8 bytes, little-endian), then bytes
+ * 0xc8, 0xc9, ..., 0xff: predictable, and different for every pointer. */
+static void ipc_handle_for(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        handle->reserved[i] = (char)(i < 8 ? (dptr >> (8 * i)) & 0xffU : 0xc0U + (unsigned)i);
+}
+
+static CUresult check_device(CUdevice device)
+{
+    return device == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+static CUresult check_location(CUmemLocation location)
+{
+    if (location.type < CU_MEM_LOCATION_TYPE_DEVICE ||
+        location.type > CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        return check_device(location.id);
     return CUDA_SUCCESS;
 }
 
@@ -1233,6 +1259,220 @@ EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return new_handle_out(phEvent);
 }
 
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    TOUCH();
+    (void)flags;
+    (void)priority;
+    return new_handle_out(phStream);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    TOUCH();
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    TOUCH();
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+/* ==== IPC, unified memory hints =========================================== */
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    TOUCH();
+    if (pHandle == NULL || dptr == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    ipc_handle_for(pHandle, dptr);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    TOUCH();
+    (void)handle;
+    if (pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = __atomic_fetch_add(&g_next_ipc, STANDIN_IPC_STEP, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    TOUCH();
+    return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                   CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_device(dstDevice);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                        CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_device(dstDevice);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                      unsigned int flags, CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)flags; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_location(location);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count,
+                                           CUmemLocation location, unsigned int flags,
+                                           CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)flags; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_location(location);
+}
+
+EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                            CUdevice device)
+{
+    TOUCH();
+    (void)count;
+    if (devPtr == 0 || advice < CU_MEM_ADVISE_SET_READ_MOSTLY ||
+        advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_device(device);
+}
+
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                               CUmemLocation location)
+{
+    TOUCH();
+    (void)count;
+    if (devPtr == 0 || advice < CU_MEM_ADVISE_SET_READ_MOSTLY ||
+        advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_location(location);
+}
+
+/* ==== graphs ============================================================== */
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                            unsigned long long flags)
+{
+    TOUCH();
+    (void)flags;
+    if (phGraphExec == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hGraph == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return new_handle_out(phGraphExec);
+}
+
+static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (phGraphExec == NULL || params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    params->hErrNode_out = NULL;
+    if (hGraph == NULL) {
+        params->result_out = 1; /* CUDA_GRAPH_INSTANTIATE_ERROR */
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    params->result_out = 0; /* CUDA_GRAPH_INSTANTIATE_SUCCESS */
+    return new_handle_out(phGraphExec);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    TOUCH();
+    return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    TOUCH();
+    return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                     CUgraphExecUpdateResultInfo *resultInfo)
+{
+    TOUCH();
+    if (hGraphExec == NULL || resultInfo == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    resultInfo->errorNode = NULL;
+    resultInfo->errorFromNode = NULL;
+    if (hGraph == NULL) {
+        resultInfo->result = 1; /* CU_GRAPH_EXEC_UPDATE_ERROR */
+        return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    resultInfo->result = 0; /* CU_GRAPH_EXEC_UPDATE_SUCCESS */
+    return CUDA_SUCCESS;
+}
+
+/* ==== copy batches ======================================================== */
+
+static CUresult check_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count)
+{
+    return dsts == NULL || srcs == NULL || sizes == NULL || count == 0
+               ? CUDA_ERROR_INVALID_VALUE
+               : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                   size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                                   size_t numAttrs, size_t *failIdx, CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    CUresult r = check_batch(dsts, srcs, sizes, count);
+    if (failIdx != NULL)
+        *failIdx = r == CUDA_SUCCESS ? (size_t)-1 : 0;
+    return r;
+}
+
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                      size_t count, CUmemcpyAttributes *attrs,
+                                      size_t *attrsIdxs, size_t numAttrs, CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    return check_batch(dsts, srcs, sizes, count);
+}
+
+EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                           size_t count, CUmemcpyAttributes *attrs,
+                                           size_t *attrsIdxs, size_t numAttrs,
+                                           CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    return check_batch(dsts, srcs, sizes, count);
+}
+
 /* ==== modules / libraries / kernels ======================================= */
 
 EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
@@ -1385,6 +1625,14 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventRecordWithFlags)                 \
     X(cuEventRecordWithFlags_ptsz) X(cuStreamWaitEvent) X(cuStreamWaitEvent_ptsz)    \
     X(cuStreamCreate) X(cuEventCreate)                                               \
+    X(cuStreamCreateWithPriority) X(cuStreamQuery) X(cuStreamQuery_ptsz)             \
+    X(cuEventQuery) X(cuEventDestroy_v2)                                             \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)             \
+    X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2)        \
+    X(cuMemPrefetchAsync_v2_ptsz) X(cuMemAdvise) X(cuMemAdvise_v2)                   \
+    X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)                   \
+    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecUpdate_v2)                     \
+    X(cuMemcpyBatchAsync) X(cuMemcpyBatchAsync_v2) X(cuMemcpyBatchAsync_v2_ptsz)     \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx)                        \
     X(cuModuleLoadFatBinary) X(cuModuleUnload) X(cuModuleGetFunction)                \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload)                 \

@@ -8,7 +8,7 @@ use foldhash::HashMap;
 
 use crate::{
     catalog::{CATALOG, STREAM_VARIANTS},
-    schema::Header,
+    schema::{Header, LibraryLine, ProbeInfo},
 };
 
 /// Families in the order the plot's lanes show them.
@@ -52,6 +52,19 @@ impl Families {
                 .iter()
                 .map(|probe| (probe.symbol.clone(), Arc::from(probe.family.as_str())))
                 .collect(),
+        }
+    }
+
+    /// Adds the probes of a library attached after the header.
+    pub fn add_library(&mut self, library: &LibraryLine) {
+        self.add(&library.probes);
+    }
+
+    fn add(&mut self, probes: &[ProbeInfo]) {
+        for probe in probes {
+            self.from_header
+                .entry(probe.symbol.clone())
+                .or_insert_with(|| Arc::from(probe.family.as_str()));
         }
     }
 

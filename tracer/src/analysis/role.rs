@@ -30,6 +30,10 @@ pub enum Role {
     /// cuMemAddressReserve / cuMemAddressFree: address space only.
     AddressReserve,
     AddressFree,
+    /// cuIpcOpenMemHandle / cuIpcCloseMemHandle: another process's device memory mapped
+    /// into this one (not this process's device bytes: its exporter allocated them).
+    IpcOpen,
+    IpcClose,
     Copy,
     Memset,
     /// A kernel launch with a CUfunction (or CUkernel) handle.
@@ -45,7 +49,8 @@ pub enum Role {
     GetKernel,
     /// cuKernelGetFunction: CUkernel -> CUfunction.
     KernelGetFunction,
-    /// Everything else (memory access flags, events, stream creation, ...).
+    /// Everything else (memory access flags, events, stream creation, graph instantiation,
+    /// queries, functions outside the catalog, ...).
     Other,
 }
 
@@ -62,7 +67,7 @@ impl Role {
             | "cuMemAllocAsync"
             | "cuMemAllocFromPoolAsync" => Role::DeviceAlloc,
             "cuMemFree_v2" | "cuMemFree" | "cuMemFreeAsync" => Role::DeviceFree,
-            "cuMemAllocHost_v2" | "cuMemHostAlloc" => Role::HostAlloc,
+            "cuMemAllocHost_v2" | "cuMemAllocHost" | "cuMemHostAlloc" => Role::HostAlloc,
             "cuMemFreeHost" => Role::HostFree,
             "cuMemCreate" => Role::PhysicalCreate,
             "cuMemRelease" => Role::PhysicalRelease,
@@ -71,6 +76,14 @@ impl Role {
             "cuMemAddressReserve" => Role::AddressReserve,
             "cuMemAddressFree" => Role::AddressFree,
             "cuGraphLaunch" => Role::GraphLaunch,
+            "cuIpcOpenMemHandle_v2" => Role::IpcOpen,
+            "cuIpcCloseMemHandle" => Role::IpcClose,
+            // In the launch family, but they prepare graphs; they launch nothing.
+            "cuGraphInstantiateWithFlags"
+            | "cuGraphInstantiateWithParams"
+            | "cuGraphInstantiate_v2"
+            | "cuGraphExecUpdate_v2"
+            | "cuGraphExecUpdate" => Role::Other,
             "cuCtxSynchronize"
             | "cuCtxSynchronize_v2"
             | "cuStreamSynchronize"
@@ -84,9 +97,11 @@ impl Role {
                 Family::Memset => Role::Memset,
                 Family::Launch => Role::Launch,
                 Family::Module => Role::ModuleLoad,
-                Family::Memory | Family::VirtualMemory | Family::Sync | Family::GpuRecords => {
-                    Role::Other
-                }
+                Family::Memory
+                | Family::VirtualMemory
+                | Family::Sync
+                | Family::GpuRecords
+                | Family::Other => Role::Other,
             },
         }
     }
@@ -136,10 +151,25 @@ mod tests {
             other,
             [
                 "cuMemSetAccess",
+                "cuIpcGetMemHandle",
+                "cuMemPrefetchAsync_v2",
+                "cuMemPrefetchAsync",
+                "cuMemAdvise_v2",
+                "cuMemAdvise",
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithParams",
+                "cuGraphInstantiate_v2",
+                "cuGraphExecUpdate_v2",
+                "cuGraphExecUpdate",
                 "cuEventRecord",
                 "cuEventRecordWithFlags",
                 "cuStreamWaitEvent",
-                "cuStreamCreate"
+                "cuStreamCreate",
+                "cuStreamCreateWithPriority",
+                "cuStreamQuery",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuEventDestroy_v2",
             ]
         );
     }
@@ -158,5 +188,8 @@ mod tests {
         assert_eq!(classify("cuCtxCreate_v4").0, Role::Setup);
         assert_eq!(classify("cuMemAllocAsync_ptsz").0, Role::DeviceAlloc);
         assert_eq!(classify("cuSomethingNew"), (Role::Other, None));
+        assert_eq!(classify("cuIpcOpenMemHandle").0, Role::IpcOpen);
+        assert_eq!(classify("cuGraphInstantiateWithParams_ptsz").0, Role::Other);
+        assert_eq!(classify("cuMemcpyBatchAsync_v2_ptsz").0, Role::Copy);
     }
 }

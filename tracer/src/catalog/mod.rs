@@ -11,4 +11,6 @@ mod spec;
 #[cfg(test)]
 pub use libcuda::lookup;
 pub use libcuda::{CATALOG, STREAM_VARIANTS};
-pub use spec::{Arg, CopyKind, Family, Field, FnSpec, StrField};
+pub use spec::{
+    Arg, BATCH_SIZES_READ, CopyKind, Family, Field, FnSpec, GENERIC, IPC_HANDLE_LEN, StrField,
+};

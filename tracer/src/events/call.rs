@@ -3,11 +3,11 @@
 
 use std::borrow::Cow;
 
-use tracer_common::{CallEvent, flags};
+use tracer_common::{CallEvent, STACK_ARGS, flags};
 
 use super::{cuda_result, raw::c_string};
 use crate::{
-    catalog::{Arg, CopyKind, Field, FnSpec, StrField},
+    catalog::{Arg, BATCH_SIZES_READ, CopyKind, Field, FnSpec, IPC_HANDLE_LEN, StrField},
     schema::{CallLine, Hex},
 };
 
@@ -24,6 +24,7 @@ impl CallLine {
             Field::Function => self.function = value,
             Field::Kernel => self.kernel_handle = value,
             Field::Library => self.library = value,
+            Field::SourceGraph => self.source_graph = value,
             Field::Module => self.module = value,
             Field::Context => self.context = value,
             Field::Event => self.event = value,
@@ -52,6 +53,9 @@ impl CallLine {
             Field::Count => self.count = value,
             Field::Device => self.device = value.map(|v| v as i32),
             Field::Version => self.version = value.map(|v| v as i32),
+            Field::Priority => self.priority = value.map(|v| v as i32),
+            Field::LibraryOptionCount => self.library_option_count = value,
+            Field::GraphResult => self.graph_result = value.map(|v| v as u32),
             other => self.set_hex(other, number),
         }
     }
@@ -174,6 +178,57 @@ fn decode_launch_config(record: &mut CallLine, data: &[u8]) -> Option<()> {
     Some(())
 }
 
+/// CUDA_GRAPH_INSTANTIATE_PARAMS: flags at 0, hUploadStream at 8, result_out at 24.
+fn decode_instantiate_params(record: &mut CallLine, data: &[u8]) -> Option<()> {
+    record.flags = Some(u64_at(data, 0)?);
+    record.stream = Some(Hex(u64_at(data, 8)?));
+    record.graph_result = Some(u32_at(data, 24)?);
+    Some(())
+}
+
+/// The sizes of a copy batch, added up; `None` when some were not read.
+fn batch_bytes(data: &[u8], count: u64) -> Option<u64> {
+    if count > BATCH_SIZES_READ || data.len() < count as usize * 8 {
+        return None;
+    }
+    Some(
+        data.chunks_exact(8)
+            .take(count as usize)
+            .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()))
+            .fold(0u64, u64::saturating_add),
+    )
+}
+
+/// Bytes as lower-case hex, in memory order.
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `CUmemLocationType` names.
+fn location_name(location_type: u32) -> Cow<'static, str> {
+    Cow::Borrowed(match location_type {
+        0 => "none",
+        1 => "device",
+        2 => "host",
+        3 => "host_numa",
+        4 => "host_numa_current",
+        other => return Cow::Owned(format!("type_{other}")),
+    })
+}
+
+/// `CUmem_advise` names.
+fn advice_name(advice: u32) -> Option<&'static str> {
+    Some(match advice {
+        1 => "CU_MEM_ADVISE_SET_READ_MOSTLY",
+        2 => "CU_MEM_ADVISE_UNSET_READ_MOSTLY",
+        3 => "CU_MEM_ADVISE_SET_PREFERRED_LOCATION",
+        4 => "CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION",
+        5 => "CU_MEM_ADVISE_SET_ACCESSED_BY",
+        6 => "CU_MEM_ADVISE_UNSET_ACCESSED_BY",
+        _ => return None,
+    })
+}
+
 /// Names a call's arguments through its catalog entry.
 pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &FnSpec) -> CallLine {
     let mut record = CallLine {
@@ -200,6 +255,10 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
         };
         match *arg {
             Arg::Num(field) => record.set_num(field, word),
+            // The ABI leaves the bits above a narrow argument undefined: never read them.
+            Arg::U32(field) => record.set_num(field, word & 0xffff_ffff),
+            Arg::U16(field) => record.set_num(field, word & 0xffff),
+            Arg::U8(field) => record.set_num(field, word & 0xff),
             Arg::Int(field) => record.set_num(field, u64::from(word as u32 as i32 as u32)),
             Arg::Ptr(field) => record.set_hex(field, word),
             Arg::Ptr32(field) => record.set_hex(field, word & 0xffff_ffff),
@@ -236,6 +295,49 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
                     record.warnings.push(Cow::Borrowed("memcpy_struct_unread"));
                 }
             }
+            Arg::IpcHandleOut => {
+                if data.len() == IPC_HANDLE_LEN as usize {
+                    record.ipc_handle = Some(hex_bytes(data));
+                } else {
+                    record.warnings.push(Cow::Borrowed("ipc_handle_unread"));
+                }
+            }
+            Arg::IpcHandleOnStack => {
+                let words = call.args.get(index..index + STACK_ARGS).unwrap_or(&[]);
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                record.ipc_handle = Some(hex_bytes(&bytes));
+            }
+            Arg::Location => {
+                record.location = Some(location_name(word as u32));
+                record.location_id = Some((word >> 32) as u32 as i32);
+            }
+            Arg::Advice => {
+                let advice = word as u32;
+                record.advice = Some(advice);
+                record.advice_name = advice_name(advice).map(Cow::Borrowed);
+            }
+            Arg::BatchSizes(count_index) => {
+                let count = call
+                    .args
+                    .get(usize::from(count_index))
+                    .copied()
+                    .unwrap_or(0);
+                match batch_bytes(data, count) {
+                    Some(bytes) => record.bytes = Some(bytes),
+                    None if count > BATCH_SIZES_READ => {
+                        record.warnings.push(Cow::Borrowed("batch_sizes_cut"));
+                    }
+                    None => record.warnings.push(Cow::Borrowed("batch_sizes_unread")),
+                }
+            }
+            Arg::GraphInstantiateParams => {
+                if decode_instantiate_params(&mut record, data).is_none() {
+                    record
+                        .warnings
+                        .push(Cow::Borrowed("instantiate_params_unread"));
+                }
+            }
+            Arg::Raw => record.args.push(Hex(word)),
             Arg::Skip => {}
         }
     }
@@ -411,6 +513,158 @@ mod tests {
         assert_eq!(record.function, Some(Hex(0x1030)));
         assert_eq!(record.module, Some(Hex(0x1020)));
         assert_eq!(record.warnings, vec!["string_truncated"]);
+    }
+
+    const DIRTY: u64 = 0xdead_beef_0000_0000;
+
+    #[test]
+    fn narrow_arguments_ignore_the_upper_bits_of_their_slot() {
+        let spec = lookup("cuLaunchKernel").unwrap();
+        let words = [
+            0x1030,
+            DIRTY | 4096,
+            DIRTY | 2,
+            DIRTY | 1,
+            DIRTY | 256,
+            DIRTY | 1,
+            DIRTY | 3,
+            DIRTY | 1024,
+            0x1010,
+            0x7ffe,
+        ];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "cuLaunchKernel", spec);
+        assert_eq!(
+            (record.grid, record.block, record.shared_mem),
+            (Some([4096, 2, 1]), Some([256, 1, 3]), Some(1024))
+        );
+        let spec = lookup("cuLibraryLoadData").unwrap();
+        let words = [0x7ffc, 0x5000, 0, 0, DIRTY | 3, 0, 0, DIRTY | 2];
+        let record = decode_call(
+            &call(&words, [0x1040, 0], 0),
+            None,
+            "cuLibraryLoadData",
+            spec,
+        );
+        assert_eq!(
+            (record.count, record.library_option_count, record.flags),
+            (Some(3), Some(2), None)
+        );
+        let spec = lookup("cuMemsetD8_v2").unwrap();
+        let words = [0x7f00, 0xdead_beef_cafe_baab, 16];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "cuMemsetD8_v2", spec);
+        assert_eq!(record.value, Some(0xab));
+        let spec = lookup("cuStreamCreateWithPriority").unwrap();
+        let words = [0x7ffc, DIRTY | 1, DIRTY | u64::from(-3i32 as u32)];
+        let record = decode_call(&call(&words, [0x1000, 0], 0), None, "x", spec);
+        assert_eq!((record.flags, record.priority), (Some(1), Some(-3)));
+    }
+
+    #[test]
+    fn ipc_locations_batches_and_graphs_are_decoded() {
+        // The handle passed by value sits in the stack words (args 6..10).
+        let spec = lookup("cuIpcOpenMemHandle_v2").unwrap();
+        let words = [
+            0x7ffc,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0x0807_0605_0403_0201,
+            0x1817_1615_1413_1211,
+            0,
+            u64::MAX,
+        ];
+        let record = decode_call(&call(&words, [0x7e00_0000_0000, 0], 0), None, "x", spec);
+        assert_eq!(
+            record.ipc_handle.as_deref(),
+            Some("01020304050607081112131415161718".to_owned() + &"00".repeat(8) + &"ff".repeat(8))
+                .as_deref()
+        );
+        assert_eq!(
+            (record.dptr, record.flags),
+            (Some(Hex(0x7e00_0000_0000)), Some(1))
+        );
+
+        let spec = lookup("cuIpcGetMemHandle").unwrap();
+        let record = decode_call(
+            &call(&[0x7ffc, 0x7f00], [0, 0], 0),
+            Some(&[0xab; 64]),
+            "x",
+            spec,
+        );
+        assert_eq!(record.ipc_handle, Some("ab".repeat(64)));
+        let short = decode_call(&call(&[0x7ffc, 0x7f00], [0, 0], 0), Some(&[]), "x", spec);
+        assert_eq!(short.warnings, ["ipc_handle_unread"]);
+
+        // CUmemLocation {type 3, id 7} in one register.
+        let spec = lookup("cuMemAdvise_v2").unwrap();
+        let words = [0x7f00, 4096, DIRTY_ADVICE | 3, (7 << 32) | 3];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "x", spec);
+        assert_eq!(
+            (
+                record.advice,
+                record.advice_name.as_deref(),
+                record.location.as_deref(),
+                record.location_id
+            ),
+            (
+                Some(3),
+                Some("CU_MEM_ADVISE_SET_PREFERRED_LOCATION"),
+                Some("host_numa"),
+                Some(7)
+            )
+        );
+
+        let spec = lookup("cuMemcpyBatchAsync_v2").unwrap();
+        let sizes: Vec<u8> = [4096u64, 512, 100]
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
+        let words = [0x1, 0x2, 0x3, 3, 0, 0, 0, 0x1010];
+        let record = decode_call(&call(&words, [0, 0], 0), Some(&sizes), "x", spec);
+        assert_eq!(
+            (
+                record.bytes,
+                record.count,
+                record.stream,
+                record.kind.as_deref()
+            ),
+            (Some(4708), Some(3), Some(Hex(0x1010)), Some("Default"))
+        );
+        let words = [0x1, 0x2, 0x3, 40, 0, 0, 0, 0x1010];
+        let record = decode_call(&call(&words, [0, 0], 0), Some(&[0; 256]), "x", spec);
+        assert_eq!(record.bytes, None);
+        assert_eq!(record.warnings, ["batch_sizes_cut"]);
+
+        let spec = lookup("cuGraphExecUpdate_v2").unwrap();
+        let record = decode_call(
+            &call(&[0x1020, 0x5000, 0x7ffc], [1, 0], 910),
+            None,
+            "x",
+            spec,
+        );
+        assert_eq!(
+            (record.graph, record.source_graph, record.graph_result),
+            (Some(Hex(0x1020)), Some(Hex(0x5000)), Some(1))
+        );
+    }
+
+    const DIRTY_ADVICE: u64 = 0xffff_ffff_0000_0000;
+
+    #[test]
+    fn functions_outside_the_catalog_keep_their_raw_registers() {
+        let words = [1, 2, 3, 0xdead_beef_0000_0004, 5, 6, 7, 8];
+        let record = decode_call(
+            &call(&words, [0, 0], 0),
+            None,
+            "cuCtxGetDevice",
+            &crate::catalog::GENERIC,
+        );
+        assert_eq!(
+            json(&record),
+            r#"{"type":"call","name":"cuCtxGetDevice","pid":10,"tid":11,"ts_ns":1000,"dur_ns":250,"ret":0,"args":["0x1","0x2","0x3","0xdeadbeef00000004","0x5","0x6"]}"#
+        );
     }
 
     #[test]

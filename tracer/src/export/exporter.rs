@@ -113,6 +113,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Driver(driver) => self.driver(driver)?,
                 Line::Power(power) => self.power(power)?,
                 Line::Gpu(gpu) => self.gpu(gpu)?,
+                Line::Library(library) => self.families.add_library(library),
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }

@@ -23,6 +23,9 @@ pub struct CallLine {
     pub ts_ns: u64,
     pub dur_ns: u64,
     pub ret: u32,
+    /// The id of the library file the call went into (its `library` line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lib: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ret_name: Option<Cow<'static, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -103,6 +106,35 @@ pub struct CallLine {
     pub count: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<i32>,
+    /// `numLibraryOptions` of `cuLibraryLoad*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library_option_count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// The `CUgraph` a graph exec (`graph`) is instantiated or updated from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_graph: Option<Hex>,
+    /// `cuGraphExecUpdate*`'s update result, `cuGraphInstantiateWithParams`'s result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_result: Option<u32>,
+    /// A `CUipcMemHandle`'s bytes as hex, in memory order (see docs/trace-format.md for
+    /// how many each function gives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipc_handle: Option<String>,
+    /// A `CUmemLocation`: its type (`device`, `host`, `host_numa`, ...) and id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location_id: Option<i32>,
+    /// A `CUmem_advise` value and its name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice_name: Option<Cow<'static, str>>,
+    /// Functions outside the catalog (`--functions`): the six register arguments as they
+    /// were, undecoded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<Hex>,
     /// Memory-changing calls: the process's live device bytes after the call (added by
     /// the analysis).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -36,18 +36,89 @@ pub struct Standin {
     pub lib: PathBuf,
     pub driver: PathBuf,
     pub demo: PathBuf,
+    /// `cudatrace-bench-loop N [RATE [THREADS]]`: cuCtxSynchronize as fast as it goes.
+    pub bench_loop: PathBuf,
 }
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Compiles with gcc. The output is kept in `CARGO_TARGET_TMPDIR/gcc-cache`, named by
+/// everything that goes into it (the arguments, with the output's directory as a
+/// placeholder, and every `.c`/`.h` file beside each source), and copied from there when
+/// the same build is asked for again: `vm-test`'s guest, where gcc runs about 40 times
+/// slower, then finds what the host's run of the same tests built (it sees the host's
+/// files). Only a finished build is kept.
 pub fn gcc(args: &[&str]) {
+    let output = args
+        .iter()
+        .position(|arg| *arg == "-o")
+        .and_then(|index| args.get(index + 1))
+        .map(Path::new);
+    let cached = output.map(|output| gcc_cache().join(gcc_key(args, output)));
+    if let (Some(output), Some(cached)) = (output, &cached)
+        && std::fs::copy(cached, output).is_ok()
+    {
+        return;
+    }
     let status = Command::new("gcc")
         .args(args)
         .status()
         .expect("running gcc");
     assert!(status.success(), "gcc {args:?} failed");
+    if let (Some(output), Some(cached)) = (output, cached) {
+        // Written aside, then renamed: a reader never sees half a file.
+        let partial = cached.with_extension(format!("partial-{}", std::process::id()));
+        if std::fs::copy(output, &partial).is_ok() {
+            let _ = std::fs::rename(&partial, &cached);
+        }
+    }
+}
+
+fn gcc_cache() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gcc-cache");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// FNV-1a over what makes the build: the arguments (the output's directory, which differs
+/// per test process, written as `$OUT`) and the sources' directories' `.c` and `.h` files.
+fn gcc_key(args: &[&str], output: &Path) -> String {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes.iter().chain([&0u8]) {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    let out_dir = output.parent().map(|dir| dir.display().to_string());
+    let mut source_dirs: Vec<PathBuf> = Vec::new();
+    for arg in args {
+        let arg = match &out_dir {
+            Some(dir) if !dir.is_empty() => arg.replace(dir.as_str(), "$OUT"),
+            _ => (*arg).to_owned(),
+        };
+        feed(arg.as_bytes());
+        let path = Path::new(&arg);
+        if path.extension().is_some_and(|ext| ext == "c")
+            && let Some(dir) = path.parent()
+            && !source_dirs.iter().any(|known| known == dir)
+        {
+            source_dirs.push(dir.to_owned());
+        }
+    }
+    for dir in source_dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| entries.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
+        files.retain(|f| f.extension().is_some_and(|ext| ext == "c" || ext == "h"));
+        files.sort();
+        for file in files {
+            feed(file.display().to_string().as_bytes());
+            feed(&std::fs::read(&file).unwrap_or_default());
+        }
+    }
+    format!("{hash:016x}")
 }
 
 /// The stand-in libcuda and its programs, built once per test binary.
@@ -76,6 +147,7 @@ pub fn standin() -> &'static Standin {
         for (program, source) in [
             ("cudatrace-driver", "cudatrace_driver.c"),
             ("cudatrace-demo", "demo_inference.c"),
+            ("cudatrace-bench-loop", "bench_loop.c"),
         ] {
             gcc(&[
                 "-O2",
@@ -96,6 +168,7 @@ pub fn standin() -> &'static Standin {
             lib: dir.join("libcuda.so.1"),
             driver: dir.join("cudatrace-driver"),
             demo: dir.join("cudatrace-demo"),
+            bench_loop: dir.join("cudatrace-bench-loop"),
             dir,
         }
     })

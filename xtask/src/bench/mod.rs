@@ -58,7 +58,7 @@ pub struct BenchOptions {
     /// Timed calls per overhead run (each condition, each round).
     #[arg(long, default_value_t = 200_000)]
     pub calls: u64,
-    /// Rounds of the four overhead conditions, interleaved (the order rotates each round).
+    /// Rounds of the overhead conditions, interleaved (the order rotates each round).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// Seconds each paced-rate step aims to last (longer when the loop cannot keep pace).

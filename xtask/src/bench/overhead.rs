@@ -30,6 +30,8 @@ pub struct Condition {
 pub const BASELINE: &str = "untraced";
 /// The floor the added ns of the other conditions are divided by.
 pub const FLOOR: &str = "tracefs_uprobe_uretprobe";
+/// The untraced loop beside a traced command: compared with the baseline, not the floor.
+pub const BYSTANDER: &str = "bystander";
 
 /// The conditions, in the table's order; the rounds run them in this order, rotated.
 pub const CONDITIONS: &[Condition] = &[
@@ -56,12 +58,18 @@ pub const CONDITIONS: &[Condition] = &[
         label: "bpftrace (entry/return pairing)",
         tracer: Tracer::Bpftrace,
     },
+    Condition {
+        key: BYSTANDER,
+        label: "no tracing, beside `cudatrace run` of another command",
+        tracer: Tracer::Bystander,
+    },
 ];
 
 impl Condition {
-    /// Compared with the floor: every condition but the baseline and the floor.
+    /// Compared with the floor: every condition but the baseline, the floor and the
+    /// bystander.
     pub fn compared_to_floor(&self) -> bool {
-        self.key != BASELINE && self.key != FLOOR
+        self.key != BASELINE && self.key != FLOOR && self.key != BYSTANDER
     }
 }
 
@@ -82,6 +90,13 @@ pub struct OverheadResults {
     pub added_ns_ratio_to_floor: BTreeMap<String, Option<f64>>,
     /// The same ratio within each round (a round's conditions ran back to back).
     pub added_ns_ratio_to_floor_per_round: BTreeMap<String, Option<Stats>>,
+    /// The bystander's ns per call over the untraced loop's, from the medians (absent from
+    /// runs before the condition existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bystander_ratio_to_untraced: Option<f64>,
+    /// The same ratio within each round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bystander_ratio_to_untraced_per_round: Option<Stats>,
 }
 
 /// One condition's runs and their figures.
@@ -241,7 +256,21 @@ fn results(
         Some(Stats::of(&ratios))
     };
     let compared = CONDITIONS.iter().filter(|c| c.compared_to_floor());
+    let bystander_per_round = match (runs.get(BYSTANDER), runs.get(BASELINE)) {
+        (Some(bystander), Some(bases)) => Some(Stats::of(
+            &bystander
+                .iter()
+                .zip(bases)
+                .map(|(r, b)| r.report.ns_per_call / b.report.ns_per_call)
+                .collect::<Vec<_>>(),
+        )),
+        _ => None,
+    };
     OverheadResults {
+        bystander_ratio_to_untraced: median(BYSTANDER)
+            .map(|v| v / base)
+            .filter(|r| r.is_finite()),
+        bystander_ratio_to_untraced_per_round: bystander_per_round,
         calls_per_run: calls,
         rounds,
         tracefs_offset: format!("0x{offset:x}"),
@@ -293,7 +322,8 @@ mod tests {
                 "untraced",
                 "tracefs_uprobe_uretprobe",
                 "cudatrace",
-                "bpftrace"
+                "bpftrace",
+                "bystander"
             ]
         );
         let compared: Vec<&str> = CONDITIONS
@@ -310,6 +340,7 @@ mod tests {
             (BASELINE, vec![run_at(3.0), run_at(5.0)]),
             (FLOOR, vec![run_at(1003.0), run_at(2005.0)]),
             ("cudatrace", vec![run_at(1103.0), run_at(2005.0)]),
+            (BYSTANDER, vec![run_at(3.3), run_at(5.0)]),
         ]
         .into();
         let results = results(1000, 2, 0x3280, None, Vec::new(), &runs);
@@ -325,6 +356,19 @@ mod tests {
         assert!(!results.conditions.contains_key("bpftrace"));
         assert_eq!(results.added_ns_ratio_to_floor["bpftrace"], None);
         assert_eq!(results.added_ns_ratio_to_floor_per_round["bpftrace"], None);
+        // The bystander against the baseline: medians 4.15 / 4, and 1.1, 1.0 per round.
+        let bystander = results.bystander_ratio_to_untraced.unwrap();
+        assert!((bystander - 4.15 / 4.0).abs() < 1e-12, "{bystander}");
+        assert_eq!(
+            results
+                .bystander_ratio_to_untraced_per_round
+                .unwrap()
+                .values
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(!results.added_ns_ratio_to_floor.contains_key(BYSTANDER));
         let untraced = &results.conditions[BASELINE];
         assert_eq!(untraced.label, "no tracing");
         assert_eq!(untraced.sys_ns_per_call.median, Some(0.5));
