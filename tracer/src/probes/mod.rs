@@ -10,7 +10,7 @@
 //!
 //! | file | |
 //! |---|---|
-//! | `probe_set.rs` | the libraries cudatrace probes (libcuda) |
+//! | `probe_set.rs` | the libraries cudatrace probes (libcuda; `--gpu`'s injection library) |
 //! | `library.rs` | finding a library file, reading its exports |
 //! | `plan.rs` | catalog × exports → numbered probes; the `--missing-probes` policy |
 //! | `attach.rs` | attaching and detaching the entry/return programs, per process or for the host |
