@@ -160,6 +160,7 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
         })
         .collect();
     writeln!(out, "added ns over the floor's: {}", ratios.join(", "))?;
+    program_times(out, o, base)?;
     if !o.bpftrace_runs_redone.is_empty() {
         writeln!(
             out,
@@ -195,6 +196,51 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
         });
     }
     Ok(targets)
+}
+
+/// Where cudatrace's added ns go: its programs' run time per call (the kernel's statistics,
+/// from the runs with them on), the rest being the traps and their kernel work.
+fn program_times(out: &mut String, o: &OverheadResults, base: f64) -> std::fmt::Result {
+    for condition in &o.conditions {
+        let (key, results) = condition;
+        let Some(first) = results.runs.first() else {
+            continue;
+        };
+        if first.programs.is_empty() {
+            continue;
+        }
+        let mut names: Vec<&String> = first.programs.keys().collect();
+        names.sort();
+        let mut parts = Vec::new();
+        let mut total_per_call = Vec::new();
+        for name in names {
+            let per_run: Vec<f64> = results
+                .runs
+                .iter()
+                .filter_map(|r| r.programs.get(name).map(|p| p.ns_per_run()))
+                .collect();
+            parts.push(format!("{name} {} ns/run", Stats::of(&per_run).spread(1)));
+        }
+        for run in &results.runs {
+            let calls = run.report.traced_calls() as f64;
+            total_per_call.push(
+                run.programs
+                    .values()
+                    .map(|p| p.run_time_ns as f64)
+                    .sum::<f64>()
+                    / calls,
+            );
+        }
+        let program = Stats::of(&total_per_call);
+        let added = nan_if_none(results.ns_per_call.median) - base;
+        writeln!(
+            out,
+            "{key}: {}; programs per call {} ns of the {added:.0} added (the rest: traps and their kernel work)",
+            parts.join(", "),
+            program.spread(1),
+        )?;
+    }
+    Ok(())
 }
 
 fn rate_table(out: &mut String, rt: &RateResults) -> Result<Target, std::fmt::Error> {
