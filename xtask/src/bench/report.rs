@@ -145,7 +145,8 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
     let ratio = |key: &str| nan_if_none(o.added_ns_ratio_to_floor.get(key).copied().flatten());
     let ratios: Vec<String> = CONDITIONS
         .iter()
-        .filter(|c| c.compared_to_floor())
+        // A condition an earlier run did not have is left out (a missing tracer is said).
+        .filter(|c| c.compared_to_floor() && o.added_ns_ratio_to_floor.contains_key(c.key))
         .map(|c| {
             let per_round = o.added_ns_ratio_to_floor_per_round.get(c.key).cloned();
             format!(
