@@ -127,7 +127,16 @@ run_condition() { # $1: condition, $2: round
             'import time, torch; torch.zeros(1, device="cuda"); torch.cuda.synchronize(); time.sleep(3600)' \
             2>"$out/bystander-tracer-$round.stderr" &
         bystander_pid=$!
-        until grep -q '"type":"call"' "$out/bystander.jsonl" 2>/dev/null; do sleep 0.2; done
+        local waited=0
+        until grep -q '"type":"call"' "$out/bystander.jsonl" 2>/dev/null; do
+            sleep 0.2
+            waited=$((waited + 1))
+            if [ "$waited" -ge 300 ] || ! kill -0 "$bystander_pid" 2>/dev/null; then
+                echo "bystander round $round: the traced process made no call in 60 s (see $out/bystander-tracer-$round.stderr)" >&2
+                kill -TERM "$bystander_pid" 2>/dev/null; wait "$bystander_pid"; bystander_pid=
+                return 1
+            fi
+        done
         sleep 2
         result=$("${loop_cmd[@]}" 2>"$err")
         kill -TERM "$bystander_pid"; wait "$bystander_pid"; bystander_pid=
