@@ -66,9 +66,18 @@ pub const TEXT_LEN: usize = 4096;
 pub const STRING_READ_LEN: usize = TEXT_LEN + 2;
 /// [`CallStringEvent::data`]'s size: [`STRING_READ_LEN`] rounded up to 8 bytes.
 pub const STRING_BUF_LEN: usize = STRING_READ_LEN.next_multiple_of(8);
-/// A key of the traced-process map that no process has (pids stay below 2^22): present,
-/// it means tracing has stopped, for `--all` too.
-pub const TRACED_STOP_KEY: u32 = u32::MAX;
+/// Bits of a call probe's attach cookie above its probe id (the low 32 bits, the index in
+/// `SPECS`): what the entry program would otherwise look up on every call.
+pub mod cookie {
+    /// The probe id: the low 32 bits.
+    pub const PROBE_ID: u64 = 0xffff_ffff;
+    /// The link is the traced process's own (uprobe_multi with a pid): the kernel runs the
+    /// program for that process only, so the traced-process lookup is skipped.
+    pub const PER_PROCESS: u64 = 1 << 32;
+    /// The function has arguments on the stack: the entry reads them with the return
+    /// address, in one read.
+    pub const STACK_ARGS: u64 = 1 << 33;
+}
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;
 /// Entries of the `SPECS` map, i.e. how many symbols one run can attach (`--functions all`

@@ -12,14 +12,14 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_DEPTH,
-    MAX_OUTS, ProbeSpec, REGISTER_ARGS, STACK_ARGS, STRING_READ_LEN, TEXT_LEN,
-    capture as capture_kind, counter, flags, kind,
+    MAX_OUTS, ProbeSpec, STACK_ARGS, STRING_READ_LEN, TEXT_LEN, capture as capture_kind,
+    cookie as cookie_bits, counter, flags, kind,
 };
 
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
 use crate::maps::{
-    EVENTS, FRAMES, SPECS, ZERO_STACK, add, bump, current_ids, is_traced, submit_flags,
+    EVENTS, FRAMES, SPECS, ZERO_STACK, add, bump, current_ids, is_traced, stopped, submit_flags,
 };
 
 #[uprobe]
@@ -50,12 +50,18 @@ fn thread_stack(tid: u32) -> Option<*mut FrameStack> {
 fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     let ts_ns = unsafe { bpf_ktime_get_ns() };
     let (tgid, tid) = current_ids()?;
-    if !is_traced(tgid) {
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // A per-process link fires for its traced process only: no lookup needed.
+    let traced = if cookie & cookie_bits::PER_PROCESS != 0 {
+        tgid != 0 && !stopped()
+    } else {
+        is_traced(tgid)
+    };
+    if !traced {
         return None;
     }
     bump(counter::ENTRIES);
-    let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    let spec = SPECS.get(probe_id)?;
+    let probe_id = (cookie & cookie_bits::PROBE_ID) as u32;
     let stack = unsafe { &mut *thread_stack(tid)? };
     let regs = unsafe { &*ctx.regs };
 
@@ -63,7 +69,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     let mut ret_addr = 0;
     let mut stack_words = [0u64; STACK_ARGS];
     let mut read_failed = false;
-    if spec.nargs as usize > REGISTER_ARGS {
+    if cookie & cookie_bits::STACK_ARGS != 0 {
         match unsafe { bpf_probe_read_user(regs.rsp as *const [u64; 1 + STACK_ARGS]) } {
             Ok(words) => {
                 ret_addr = words[0];

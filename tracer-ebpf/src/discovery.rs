@@ -252,10 +252,13 @@ fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
     let (tgid, tid) = current_ids()?;
     if pending.register != 0 {
         // Only now can the child be named in the loader's pid namespace.
-        if TRACED.insert(&tgid, &1, 0).is_err() {
-            bump(counter::TRACED_FULL);
-        }
+        let registered = TRACED.insert(&tgid, &1, 0).is_ok();
         crate::process::emit_fork(&pending, tgid);
+        if !registered {
+            // Untraced, and counted: no probes of its own (see `task_newtask`).
+            bump(counter::TRACED_FULL);
+            return None;
+        }
     }
     if pending.stop != 0 {
         report(

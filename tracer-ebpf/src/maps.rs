@@ -8,19 +8,25 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{FrameStack, MAX_PROBES, ProbeSpec, TRACED_STOP_KEY, counter};
+use tracer_common::{FrameStack, MAX_PROBES, ProbeSpec, counter};
 
 /// Events to userspace. The loader sets the real size (`--ring-size`).
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
 
-/// How to read each attached symbol's arguments, indexed by attach cookie.
+/// How to read each attached symbol's arguments, indexed by probe id (the attach
+/// cookie's low 32 bits; see `tracer_common::cookie`).
 #[map]
 pub static SPECS: Array<ProbeSpec> = Array::with_max_entries(MAX_PROBES, 0);
 
 /// Thread-group ids being traced: the command, its descendants, or `-p` targets.
 #[map]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
+
+/// Slot 0 is set to 1 by the loader when tracing stops: probes that still fire return at
+/// once. An array slot, not a hash key: the verifier inlines its lookup into a load.
+#[map]
+pub static TRACING_STOPPED: Array<u32> = Array::with_max_entries(1, 0);
 
 /// Pending calls per thread id, from entry to return.
 #[map]
@@ -171,10 +177,15 @@ pub fn is_traced(tgid: u32) -> bool {
         return false;
     }
     if trace_all() {
-        // Until the loader marks tracing stopped (the one lookup --all makes).
-        return unsafe { TRACED.get(&TRACED_STOP_KEY) }.is_none();
+        return !stopped();
     }
     unsafe { TRACED.get(&tgid) }.is_some()
+}
+
+/// Whether the loader has stopped tracing.
+#[inline(always)]
+pub fn stopped() -> bool {
+    TRACING_STOPPED.get(0).is_some_and(|flag| *flag != 0)
 }
 
 #[inline(always)]

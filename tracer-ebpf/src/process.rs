@@ -72,8 +72,10 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     }
     if pending.register == 0 {
         if TRACED.insert(&(child as u32), &1, 0).is_err() {
-            // The child goes untraced: say so rather than drop it silently.
+            // The child goes untraced: say so rather than drop it silently, and give it no
+            // probes of its own (per-process links skip the traced-process lookup).
             bump(counter::TRACED_FULL);
+            pending.stop = 0;
         }
         emit_fork(&pending, child as u32);
     }

@@ -343,10 +343,7 @@ fn sigterm_mid_run_leaves_a_complete_trace() {
         .count() as u64;
     assert!(syncs >= 1);
     assert_eq!(footer["calls_by_name"]["cuCtxSynchronize"], syncs);
-    let left: Vec<u32> = cudatrace_program_ids()
-        .into_iter()
-        .filter(|id| !before.contains(id))
-        .collect();
+    let left = programs_left_since(&before);
     assert!(
         left.is_empty(),
         "programs {left:?} outlived a SIGTERM'd cudatrace"

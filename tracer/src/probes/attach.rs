@@ -1,11 +1,12 @@
 //! Attaching plans: the programs of each plan's probe set (libcuda's entry and return pair,
 //! the injection library's `gpu_records`) on every planned symbol, each with its probe id
-//! as the attach cookie.
+//! and flags as the attach cookie ([`PlannedProbe::cookie`]).
 //!
 //! Two scopes. **Per process** (kernels with uprobe_multi, 6.6+, unless `--all`): each
 //! traced process gets its own uprobe_multi links per library file, filtered by the kernel
 //! to that process, so breakpoints exist only in traced processes and nobody else takes
-//! the trap. **Host**: links for every process (`--all`, a run-private library, or one
+//! the trap; their cookies say so, and the entry program skips the traced-process lookup.
+//! **Host**: links for every process (`--all`, a run-private library, or one
 //! perf-event link per symbol and program on kernels without uprobe_multi); the eBPF side
 //! then drops the calls of untraced processes, after the trap.
 //!
@@ -466,7 +467,7 @@ fn link_multi(
     pid: u32,
 ) -> Result<Vec<MultiLink>> {
     let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = probes.iter().map(|p| u64::from(p.id)).collect();
+    let cookies: Vec<u64> = probes.iter().map(|p| p.cookie(pid != 0)).collect();
     let mut links = Vec::with_capacity(2);
     for (name, retprobe) in set_programs.names() {
         let program = programs
@@ -512,7 +513,7 @@ fn attach_per_symbol(
             }
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(u64::from(probe.id)),
+                cookie: Some(probe.cookie(false)),
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
                 Ok(link) => attached.push((program_name, link)),

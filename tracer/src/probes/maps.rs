@@ -9,7 +9,7 @@ use aya::{
     Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
-use tracer_common::{MAX_PATTERNS, NamePattern, PATTERN_LEN, TRACED_STOP_KEY, counter};
+use tracer_common::{MAX_PATTERNS, NamePattern, PATTERN_LEN, counter};
 
 /// Hash maps whose inserts can fail when full, each counted by its own `lost` reason.
 pub const SIZED_MAPS: &[&str] = &[
@@ -33,8 +33,9 @@ pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Stops recording: no process is traced from now on (under `--all`, the stop key says
-/// so), so probes that still fire return at once. Calls already in flight still complete
+/// Stops recording: no process is traced from now on, and the `TRACING_STOPPED` flag says so (for
+/// `--all` and per-process links, which skip the traced-process lookup), so probes that
+/// still fire return at once. Calls already in flight still complete
 /// their events. Detaching, which waits for the kernel, can follow at leisure.
 pub fn stop_tracing(bpf: &mut Ebpf) -> Result<()> {
     let mut traced: BpfHashMap<_, u32, u32> =
@@ -50,9 +51,11 @@ pub fn stop_tracing(bpf: &mut Ebpf) -> Result<()> {
             let _ = traced.remove(&pid);
         }
     }
-    traced
-        .insert(TRACED_STOP_KEY, 1, 0)
-        .context("marking tracing stopped")?;
+    let mut stopped: Array<_, u32> = Array::try_from(
+        bpf.map_mut("TRACING_STOPPED")
+            .context("map TRACING_STOPPED missing")?,
+    )?;
+    stopped.set(0, 1, 0).context("marking tracing stopped")?;
     Ok(())
 }
 

@@ -131,6 +131,19 @@ pub struct PlannedProbe {
 }
 
 impl PlannedProbe {
+    /// Its attach cookie: the id, and what the entry program needs to know of it without a
+    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's.
+    pub fn cookie(&self, per_process: bool) -> u64 {
+        let mut cookie = u64::from(self.id);
+        if per_process {
+            cookie |= tracer_common::cookie::PER_PROCESS;
+        }
+        if self.spec.probe_spec().nargs as usize > tracer_common::REGISTER_ARGS {
+            cookie |= tracer_common::cookie::STACK_ARGS;
+        }
+        cookie
+    }
+
     /// The function it belongs to: the catalog's name, or its own outside the catalog.
     pub fn function(&self) -> &str {
         if self.spec.is_generic() {

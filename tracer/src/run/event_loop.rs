@@ -224,6 +224,7 @@ pub async fn event_loop(
     // when a signal stopped the run.
     let stop = Instant::now();
     let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
+    super::bpf_stats::report();
     maps::stop_tracing(pipeline.discovery.bpf())?;
     let closing = pipeline.discovery.end();
     let ring = ring.get_mut();

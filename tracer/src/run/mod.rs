@@ -12,11 +12,13 @@
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
 //! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
 //! `crate::inject`; its records go down the same pipeline.
 
 mod args;
+mod bpf_stats;
 pub(crate) mod clock;
 mod event_loop;
 mod header;
@@ -60,6 +62,7 @@ use crate::{
 /// Runs `cudatrace run` and returns the process exit code.
 pub fn run(args: RunArgs) -> Result<i32, Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
+    bpf_stats::enable();
     if args.command.is_empty() && args.pids.is_empty() && !args.all {
         return Err(Failure::new(
             ExitCode::Usage,

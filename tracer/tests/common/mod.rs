@@ -289,15 +289,60 @@ pub fn cudatrace_program_ids() -> Vec<u32> {
         .collect()
 }
 
-/// Runs `f` and asserts that no cudatrace program it loaded is still loaded afterwards
-/// (programs of other, concurrent tracers are left out by comparing ids).
+/// Programs held open by a live process (a file descriptor of the program or of a link
+/// to it): on a machine shared with other test runs, another cudatrace's.
+fn held_programs() -> Vec<u32> {
+    let mut ids = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return ids;
+    };
+    for process in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(process.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(info) = std::fs::read_to_string(fd.path()) else {
+                continue;
+            };
+            ids.extend(info.lines().filter_map(|line| {
+                line.strip_prefix("prog_id:")
+                    .and_then(|id| id.trim().parse::<u32>().ok())
+            }));
+        }
+    }
+    ids
+}
+
+/// cudatrace programs loaded now that were not in `before` and that no live process
+/// holds: what a finished cudatrace left behind. Programs of other, concurrent tracers
+/// are left out (loaded before, or held by their tracer); so are those the kernel frees
+/// within 2 s (a link's release waits for an RCU grace period, so a tracer that exited a
+/// moment ago may still show its programs).
+pub fn programs_left_since(before: &[u32]) -> Vec<u32> {
+    let mut left = Vec::new();
+    for _ in 0..20 {
+        let new: Vec<u32> = cudatrace_program_ids()
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect();
+        if new.is_empty() {
+            return new;
+        }
+        let held = held_programs();
+        left = new.into_iter().filter(|id| !held.contains(id)).collect();
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    left
+}
+
+/// Runs `f` and asserts that no cudatrace program it loaded is still loaded afterwards.
 pub fn assert_no_probe_outlives<T>(f: impl FnOnce() -> T) -> T {
     let before = cudatrace_program_ids();
     let result = f();
-    let left: Vec<u32> = cudatrace_program_ids()
-        .into_iter()
-        .filter(|id| !before.contains(id))
-        .collect();
+    let left = programs_left_since(&before);
     assert!(left.is_empty(), "programs {left:?} outlived cudatrace");
     result
 }

@@ -3,7 +3,7 @@
 //! Four parts, each printed as a table at the end and written to target/bench/results.json
 //! (BENCHMARKS.md says what each measures and shows a run):
 //!
-//! - **overhead**: ns per call of `cuCtxSynchronize` in a tight loop
+//! - **overhead**: ns per call of `cuLaunchKernel` in a tight loop
 //!   (`cudatrace-bench-loop`, standin/bench_loop.c) untraced, under the kernel's bare tracefs
 //!   uprobe + uretprobe, under `cudatrace run` and under bpftrace, interleaved round by round;
 //! - **rate**: the loop paced at increasing call rates under `cudatrace run`, with the lost

@@ -51,6 +51,16 @@ pub const CONDITIONS: &[Condition] = &[
         tracer: Tracer::CudatraceRun {
             args: &[],
             trace: "overhead.jsonl",
+            bpf_stats: false,
+        },
+    },
+    Condition {
+        key: "cudatrace_bpf_stats",
+        label: "cudatrace run, BPF stats on",
+        tracer: Tracer::CudatraceRun {
+            args: &[],
+            trace: "overhead.jsonl",
+            bpf_stats: true,
         },
     },
     Condition {
@@ -121,6 +131,47 @@ pub struct OverheadRun {
     /// Events the tracer recorded, checked against the calls made.
     pub recorded: Option<u64>,
     pub lost: Option<u64>,
+    /// With `CUDATRACE_BPF_STATS=1`: each cudatrace program's run count and run time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub programs: BTreeMap<String, ProgramRuns>,
+}
+
+/// One eBPF program's figures over a run, as cudatrace printed them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProgramRuns {
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+}
+
+impl ProgramRuns {
+    pub fn ns_per_run(&self) -> f64 {
+        self.run_time_ns as f64 / self.run_cnt.max(1) as f64
+    }
+}
+
+/// The `cudatrace: bpf-stats NAME id=N run_cnt=N run_time_ns=N ...` lines of a stderr.
+pub fn parse_program_stats(stderr: &str) -> BTreeMap<String, ProgramRuns> {
+    let mut programs = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("cudatrace: bpf-stats ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        let field = |key: &str| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.parse::<u64>().ok())
+        };
+        if let (Some(run_cnt), Some(run_time_ns)) = (field("run_cnt="), field("run_time_ns=")) {
+            let entry = programs.entry(name.to_owned()).or_insert(ProgramRuns {
+                run_cnt: 0,
+                run_time_ns: 0,
+            });
+            entry.run_cnt += run_cnt;
+            entry.run_time_ns += run_time_ns;
+        }
+    }
+    programs
 }
 
 /// Runs every available condition `rounds` times with `calls` timed calls each.
@@ -193,12 +244,14 @@ fn run_once(point: &AttachPoint, tracer: Tracer, calls: u64) -> Result<OverheadR
     let stopped = stopped?;
     run.ensure_ok(runs_as)?;
     let report = LoopReport::parse(&run.stdout)?;
+    let programs = parse_program_stats(&run.stderr);
     let tally = stopped.tally(&report)?;
     Ok(OverheadRun {
         report,
         interrupts: difference(&before, &after),
         recorded: tally.recorded,
         lost: tally.lost,
+        programs,
     })
 }
 
@@ -310,6 +363,7 @@ mod tests {
             interrupts: [("IWI".to_owned(), 20), ("RES".to_owned(), 2)].into(),
             recorded: None,
             lost: None,
+            programs: BTreeMap::new(),
         }
     }
 
@@ -322,6 +376,7 @@ mod tests {
                 "untraced",
                 "tracefs_uprobe_uretprobe",
                 "cudatrace",
+                "cudatrace_bpf_stats",
                 "bpftrace",
                 "bystander"
             ]
@@ -331,7 +386,21 @@ mod tests {
             .filter(|c| c.compared_to_floor())
             .map(|c| c.key)
             .collect();
-        assert_eq!(compared, ["cudatrace", "bpftrace"]);
+        assert_eq!(compared, ["cudatrace", "cudatrace_bpf_stats", "bpftrace"]);
+    }
+
+    #[test]
+    fn program_stats_lines_are_read_and_summed_by_name() {
+        let stderr = "loop output\n\
+            cudatrace: bpf-stats call_enter id=12 run_cnt=201000 run_time_ns=20100000 ns_per_run=100.0\n\
+            cudatrace: bpf-stats call_return id=13 run_cnt=201000 run_time_ns=30150000 ns_per_run=150.0\n\
+            cudatrace: bpf-stats call_return id=14 run_cnt=0 run_time_ns=0 ns_per_run=0.0\n";
+        let programs = parse_program_stats(stderr);
+        assert_eq!(programs.len(), 2);
+        assert_eq!(programs["call_enter"].run_cnt, 201000);
+        assert_eq!(programs["call_enter"].ns_per_run(), 100.0);
+        assert_eq!(programs["call_return"].run_time_ns, 30150000);
+        assert_eq!(programs["call_return"].ns_per_run(), 150.0);
     }
 
     #[test]

@@ -145,7 +145,8 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
     let ratio = |key: &str| nan_if_none(o.added_ns_ratio_to_floor.get(key).copied().flatten());
     let ratios: Vec<String> = CONDITIONS
         .iter()
-        .filter(|c| c.compared_to_floor())
+        // A condition an earlier run did not have is left out (a missing tracer is said).
+        .filter(|c| c.compared_to_floor() && o.added_ns_ratio_to_floor.contains_key(c.key))
         .map(|c| {
             let per_round = o.added_ns_ratio_to_floor_per_round.get(c.key).cloned();
             format!(
@@ -160,6 +161,7 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
         })
         .collect();
     writeln!(out, "added ns over the floor's: {}", ratios.join(", "))?;
+    program_times(out, o, base)?;
     if !o.bpftrace_runs_redone.is_empty() {
         writeln!(
             out,
@@ -195,6 +197,51 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
         });
     }
     Ok(targets)
+}
+
+/// Where cudatrace's added ns go: its programs' run time per call (the kernel's statistics,
+/// from the runs with them on), the rest being the traps and their kernel work.
+fn program_times(out: &mut String, o: &OverheadResults, base: f64) -> std::fmt::Result {
+    for condition in &o.conditions {
+        let (key, results) = condition;
+        let Some(first) = results.runs.first() else {
+            continue;
+        };
+        if first.programs.is_empty() {
+            continue;
+        }
+        let mut names: Vec<&String> = first.programs.keys().collect();
+        names.sort();
+        let mut parts = Vec::new();
+        let mut total_per_call = Vec::new();
+        for name in names {
+            let per_run: Vec<f64> = results
+                .runs
+                .iter()
+                .filter_map(|r| r.programs.get(name).map(|p| p.ns_per_run()))
+                .collect();
+            parts.push(format!("{name} {} ns/run", Stats::of(&per_run).spread(1)));
+        }
+        for run in &results.runs {
+            let calls = run.report.traced_calls() as f64;
+            total_per_call.push(
+                run.programs
+                    .values()
+                    .map(|p| p.run_time_ns as f64)
+                    .sum::<f64>()
+                    / calls,
+            );
+        }
+        let program = Stats::of(&total_per_call);
+        let added = nan_if_none(results.ns_per_call.median) - base;
+        writeln!(
+            out,
+            "{key}: {}; programs per call {} ns of the {added:.0} added (the rest: traps and their kernel work)",
+            parts.join(", "),
+            program.spread(1),
+        )?;
+    }
+    Ok(())
 }
 
 fn rate_table(out: &mut String, rt: &RateResults) -> Result<Target, std::fmt::Error> {

@@ -30,10 +30,12 @@ pub enum Tracer {
     /// The kernel's bare tracefs `p:` + `r:` uprobe events: the floor.
     TracefsFloor,
     /// `cudatrace run` of the loop, with these arguments before `--`, writing `trace` (a
-    /// file in target/bench).
+    /// file in target/bench); with `bpf_stats`, `CUDATRACE_BPF_STATS=1`: cudatrace prints
+    /// its programs' run time and count (the kernel's statistics, on for the run).
     CudatraceRun {
         args: &'static [&'static str],
         trace: &'static str,
+        bpf_stats: bool,
     },
     /// bpftrace pairing entries and returns as cudatrace does.
     Bpftrace,
@@ -58,6 +60,7 @@ pub enum Attached {
     CudatraceRun {
         args: &'static [&'static str],
         trace: PathBuf,
+        bpf_stats: bool,
     },
     Bpftrace(Bpftrace),
     /// `cudatrace run` of another command, in the background, and its trace.
@@ -104,9 +107,14 @@ impl Tracer {
                 &env.libcuda,
                 target.offset,
             )?),
-            Tracer::CudatraceRun { args, trace } => Attached::CudatraceRun {
+            Tracer::CudatraceRun {
+                args,
+                trace,
+                bpf_stats,
+            } => Attached::CudatraceRun {
                 args,
                 trace: env.out.join(trace),
+                bpf_stats,
             },
             Tracer::Bpftrace => Attached::Bpftrace(Bpftrace::attach(
                 &env.libcuda,
@@ -134,7 +142,17 @@ impl Attached {
     /// The command that runs the loop (`loop_command`, program first) under this tracer.
     pub fn command(&self, env: &Env, loop_command: &[OsString]) -> Command {
         match self {
-            Attached::CudatraceRun { args, trace } => cudatrace_run(env, trace, args, loop_command),
+            Attached::CudatraceRun {
+                args,
+                trace,
+                bpf_stats,
+            } => {
+                let mut command = cudatrace_run(env, trace, args, loop_command);
+                if *bpf_stats {
+                    command.env("CUDATRACE_BPF_STATS", "1");
+                }
+                command
+            }
             _ => {
                 let mut command = Command::new(&loop_command[0]);
                 command.args(&loop_command[1..]);
