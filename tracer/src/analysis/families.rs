@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::{
-    catalog::{CATALOG, STREAM_VARIANTS},
+    catalog::{CATALOG, NCCL_CATALOG, STREAM_VARIANTS},
     schema::{Header, LibraryLine, ProbeInfo},
 };
 
@@ -36,6 +36,7 @@ fn catalog_families() -> &'static HashMap<&'static str, &'static str> {
     FAMILIES_BY_SYMBOL.get_or_init(|| {
         CATALOG
             .iter()
+            .chain(NCCL_CATALOG)
             .flat_map(|spec| {
                 spec.symbols
                     .iter()

@@ -20,6 +20,7 @@
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
+//! | `nccl.rs` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
@@ -32,6 +33,7 @@ pub mod gpu_context;
 pub mod gpu_link;
 pub mod kernels;
 pub mod memory;
+pub mod nccl;
 pub mod power;
 mod role;
 pub mod stages;
@@ -65,6 +67,7 @@ struct ProcessState {
     kernels: KernelTable,
     memory: MemoryState,
     stages: StageTracker,
+    nccl: nccl::NcclState,
 }
 
 /// The per-process results of a process that exec'd or exited.
@@ -87,15 +90,18 @@ pub struct Analysis {
     gpu_header: Option<GpuHeaderInfo>,
     /// `cudatrace run --gpu`: linking GPU work to calls.
     gpu_link: Option<GpuLinker>,
+    collectives: nccl::CollectiveAccumulator,
 }
 
 impl Analysis {
     /// The analysis of `cudatrace run --gpu`: it also links GPU work to calls.
     pub fn with_gpu_linking() -> Self {
-        Analysis {
+        let mut analysis = Analysis {
             gpu_link: Some(GpuLinker::default()),
             ..Analysis::default()
-        }
+        };
+        analysis.collectives.expect_gpu();
+        analysis
     }
 
     /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
@@ -184,12 +190,14 @@ impl Analysis {
                 }
             }
             self.gpu.observe(line);
+            self.collectives.gpu_line(line);
         }
     }
 
     /// A `--gpu` line of a trace read back.
     pub fn gpu_line(&mut self, line: &GpuLine) {
         self.gpu.observe(line);
+        self.collectives.gpu_line(line);
     }
 
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
@@ -200,6 +208,9 @@ impl Analysis {
         process.kernels.observe(&mut self.names, role, record);
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
+        process.nccl.observe(record);
+        let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
+        self.collectives.observe(role, record, comm);
         self.summary.observe(role, record);
         self.power.call(role, record);
     }
@@ -212,6 +223,7 @@ impl Analysis {
     /// The header's `gpu` object (`--gpu`).
     pub fn gpu_header(&mut self, info: &GpuHeaderInfo) {
         self.gpu_header = Some(info.clone());
+        self.collectives.expect_gpu();
     }
 
     /// A `"type":"power"` line (`--power`).
@@ -273,6 +285,7 @@ impl Analysis {
             stages,
             driver: self.driver.finish(),
             gpu,
+            collectives: self.collectives.finish(),
         }
     }
 }
@@ -291,6 +304,8 @@ pub struct Report {
     pub kernel_energy: Option<power::GpuTimeEnergy>,
     /// What the GPU ran (`--gpu` traces).
     pub gpu: GpuSummary,
+    /// NCCL collectives per process, communicator and op.
+    pub collectives: nccl::CollectivesSummary,
 }
 
 impl Report {

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report, driver::DriverSummary, gpu::GpuSummary, power::PowerReport, stages::ProcessStages,
-        summarise::TraceInfo, summary::Summary,
+        Report, driver::DriverSummary, gpu::GpuSummary, nccl::CollectivesSummary,
+        power::PowerReport, stages::ProcessStages, summarise::TraceInfo, summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
     schema::{GpuFooter, ProcessMemory},
@@ -31,6 +31,64 @@ pub struct SummaryJson<'a> {
     /// Present for `--power` traces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub power: Option<&'a PowerReport>,
+    /// Present for traces with NCCL collectives.
+    #[serde(skip_serializing_if = "is_empty_collectives")]
+    pub collectives: &'a CollectivesSummary,
+}
+
+fn is_empty_collectives(collectives: &&CollectivesSummary) -> bool {
+    collectives.rows.is_empty()
+}
+
+/// The collectives section: per communicator, rank and op.
+fn render_collectives(out: &mut String, collectives: &CollectivesSummary) {
+    if collectives.rows.is_empty() {
+        return;
+    }
+    let gpu = collectives.rows.iter().any(|row| row.gpu_ns.is_some());
+    let _ = writeln!(out, "\nNCCL collectives, by communicator and rank");
+    let _ = write!(
+        out,
+        "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+        "communicator", "rank", "pid", "op", "calls", "errors", "bytes", "host"
+    );
+    if gpu {
+        let _ = write!(out, " {:>10} {:>11} {:>11}", "gpu", "algbw", "busbw");
+    }
+    out.push('\n');
+    let known = |value: Option<i32>| value.map_or("?".to_owned(), |v| v.to_string());
+    for row in &collectives.rows {
+        let _ = write!(
+            out,
+            "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+            shorten(&row.communicator, 18),
+            format!("{} of {}", known(row.rank), known(row.nranks)),
+            row.pid,
+            row.op,
+            row.calls,
+            row.errors,
+            format_bytes(row.bytes),
+            format_ns(row.host_ns),
+        );
+        if gpu {
+            let rate = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2} GB/s"));
+            let _ = write!(
+                out,
+                " {:>10} {:>11} {:>11}",
+                row.gpu_ns.map_or("-".to_owned(), format_ns),
+                rate(row.algbw_gb_s),
+                rate(row.busbw_gb_s)
+            );
+        }
+        out.push('\n');
+    }
+    if collectives.unattributed_kernels > 0 {
+        let _ = writeln!(
+            out,
+            "  {} NCCL kernels launched outside any collective seen (not attributed)",
+            collectives.unattributed_kernels
+        );
+    }
 }
 
 fn is_empty_gpu(gpu: &&GpuSummary) -> bool {
@@ -264,6 +322,7 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
             );
         }
     }
+    render_collectives(&mut out, &report.collectives);
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
     if let Some(power) = &report.power {
