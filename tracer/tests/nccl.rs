@@ -286,6 +286,9 @@ fn nccl_calls_are_decoded_exactly_from_a_library_dlopened_from_anywhere() {
     }
 }
 
+/// A collectives row: communicator, op, rank, nranks, calls, errors, bytes, size.
+type Row = (String, String, Value, Value, u64, u64, u64, Value);
+
 #[test]
 fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
     let Some(_guard) = root() else { return };
@@ -300,7 +303,7 @@ fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
     assert!(output.status.success(), "{}", stderr(&output));
     let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
     let rows = summary["collectives"]["rows"].as_array().unwrap();
-    let brief: Vec<(String, String, Value, Value, u64, u64, u64, Value)> = rows
+    let brief: Vec<Row> = rows
         .iter()
         .map(|r| {
             (
