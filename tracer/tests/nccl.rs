@@ -7,69 +7,10 @@
 
 mod common;
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
-};
+use std::process::Command;
 
-use common::*;
+use common::{nccl::*, *};
 use serde_json::{Value, json};
-
-/// The stand-in libnccl at `DIR/site-packages/nvidia/nccl/lib/libnccl.so.2` (where no
-/// search looks) and `nccl_caller`, built once.
-fn built() -> &'static (PathBuf, PathBuf) {
-    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let dir = scratch("nccl-bin");
-        let lib_dir = dir.join("site-packages/nvidia/nccl/lib");
-        std::fs::create_dir_all(&lib_dir).unwrap();
-        let lib = lib_dir.join("libnccl.so.2");
-        gcc(&[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-fno-ipa-icf",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wl,-soname,libnccl.so.2",
-            "-o",
-            lib.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../standin/libnccl_standin.c"),
-        ]);
-        let caller = dir.join("nccl_caller");
-        gcc(&[
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            caller.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/nccl_caller.c"),
-        ]);
-        (lib, caller)
-    })
-}
-
-fn trace_caller(dir: &Path) -> Vec<Value> {
-    let (lib, caller) = built();
-    let trace = dir.join("t.jsonl");
-    let output = Command::new(CUDATRACE)
-        .args(["run", "-q", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(caller)
-        .arg(lib)
-        .output()
-        .expect("running cudatrace");
-    assert!(output.status.success(), "{}", stderr(&output));
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "ok\n");
-    let lines = read_trace(&trace);
-    assert_complete(&lines);
-    lines
-}
 
 /// The keys a test compares: everything but times, ids and the pid.
 fn decoded(call: &Value) -> Value {
@@ -85,7 +26,7 @@ fn decoded(call: &Value) -> Value {
 fn nccl_calls_are_decoded_exactly_from_a_library_dlopened_from_anywhere() {
     let Some(_guard) = root() else { return };
     let dir = scratch("nccl-calls");
-    let lines = trace_caller(&dir);
+    let lines = trace_nccl_caller(&dir);
 
     let libraries: Vec<&Value> = lines.iter().filter(|l| l["type"] == "library").collect();
     assert_eq!(libraries.len(), 1);
@@ -95,7 +36,7 @@ fn nccl_calls_are_decoded_exactly_from_a_library_dlopened_from_anywhere() {
     assert_eq!(library["standin"], true);
     assert_eq!(
         library["path"].as_str().unwrap(),
-        built().0.to_str().unwrap()
+        nccl_standin().lib.to_str().unwrap()
     );
     // 28 catalog functions, each attached once; every pncclX listed once as ncclX's alias.
     let probes = library["probes"].as_array().unwrap();
@@ -293,7 +234,7 @@ type Row = (String, String, Value, Value, u64, u64, u64, Value);
 fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
     let Some(_guard) = root() else { return };
     let dir = scratch("nccl-summary");
-    let lines = trace_caller(&dir);
+    let lines = trace_nccl_caller(&dir);
     let pid = lines[0]["pids"][0].as_u64().unwrap();
     let output = Command::new(CUDATRACE)
         .args(["summary", "--json"])

@@ -215,6 +215,11 @@ impl Analysis {
         self.power.call(role, record);
     }
 
+    /// What the analysis knows of NCCL communicator `comm` of process `pid`.
+    pub fn nccl_comm(&self, pid: u32, comm: u64) -> Option<&nccl::CommInfo> {
+        self.processes.get(&pid)?.nccl.comm(comm)
+    }
+
     /// The header's `power` object (`--power`).
     pub fn power_header(&mut self, info: &PowerInfo) {
         self.power.header(info);

@@ -20,6 +20,7 @@ use super::{
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
+    catalog::nccl::collective_op,
     format::format_bytes,
     reader::{ReadError, TraceLines},
     schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
@@ -72,6 +73,8 @@ pub struct Exporter<'f, S> {
     counter_before_window: HashMap<u32, u64>,
     /// The GPUs' groups (named from `--power`'s header) and `--power`'s counter tracks.
     gpus: GpuTracks,
+    /// NCCL rank tracks by (pid, communicator, rank, nranks).
+    nccl_tracks: HashMap<(u32, String, Option<i32>, Option<i32>), Track>,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -89,6 +92,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             stats: ExportStats::default(),
             counter_before_window: HashMap::new(),
             gpus: GpuTracks::default(),
+            nccl_tracks: HashMap::new(),
         }
     }
 
@@ -173,7 +177,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 }
                 return Ok(());
             }
-            Track::Global => return Ok(()),
+            Track::Global | Track::Nccl { .. } => return Ok(()),
         };
         self.announce_process(pid)?;
         if self.names.threads.insert(track) {
@@ -265,6 +269,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             })?;
             self.stats.slices += 1;
             self.stats.flows += flows_in.len() as u64;
+            if let Some(op) = collective_op(&record.name) {
+                self.collective(record, op, ts)?;
+            }
         } else {
             self.stats.filtered += 1;
         }
@@ -281,6 +288,70 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 self.counter(record.pid, end, bytes)?;
             }
         }
+        Ok(())
+    }
+
+    /// An NCCL collective call, again on its rank's track: one track per process,
+    /// communicator (its unique id's start where known, else the `ncclComm_t`) and rank.
+    fn collective(&mut self, record: &CallLine, op: &str, ts: u64) -> io::Result<()> {
+        let comm = record.comm.map_or(0, |comm| comm.0);
+        let communicator = self
+            .analysis
+            .nccl_comm(record.pid, comm)
+            .and_then(|info| info.unique_id.as_deref())
+            .map_or_else(
+                || format!("{comm:#x}"),
+                |id| format!("{}…", id.chars().take(16).collect::<String>()),
+            );
+        let key = (record.pid, communicator, record.rank, record.nranks);
+        let track = match self.nccl_tracks.get(&key) {
+            Some(track) => *track,
+            None => {
+                let track = Track::Nccl {
+                    pid: record.pid,
+                    index: self.nccl_tracks.len() as u32 + 1,
+                };
+                let name = nccl_track_name(&key.1, record.rank, record.nranks);
+                self.nccl_tracks.insert(key, track);
+                self.announce_process(record.pid)?;
+                self.sink.thread(track, &name)?;
+                track
+            }
+        };
+        let mut label = match record.bytes {
+            Some(bytes) => format!("{op} {}", format_bytes(bytes)),
+            None => op.to_owned(),
+        };
+        if record.ret != 0 {
+            label.push_str(" → ");
+            match &record.ret_name {
+                Some(name) => label.push_str(name),
+                None => label.push_str(&format!("error {}", record.ret)),
+            }
+        }
+        let mut args = Map::new();
+        args.insert("call".into(), record.name.as_str().into());
+        let fields = match serde_json::to_value(record) {
+            Ok(Value::Object(map)) => map,
+            _ => Map::new(),
+        };
+        for key in NCCL_ARGS {
+            if let Some(value) = fields.get(key) {
+                args.insert(key.into(), value.clone());
+            }
+        }
+        self.sink.slice(&Slice {
+            track,
+            ts_ns: ts,
+            dur_ns: record.dur_ns,
+            name: &label,
+            category: "nccl_rank",
+            args: &args,
+            flow_out: &[],
+            flows_in: &[],
+        })?;
+        self.stats.slices += 1;
+        self.stats.nccl_slices += 1;
         Ok(())
     }
 
@@ -544,6 +615,22 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         self.stats.instants += 1;
         Ok(())
     }
+}
+
+/// The fields of a collective call its rank-track slice carries.
+const NCCL_ARGS: [&str; 12] = [
+    "comm", "rank", "nranks", "count", "datatype", "bytes", "op", "root", "peer", "stream",
+    "group", "ret",
+];
+
+/// `NCCL rank 0/2 (comm 0a1b2c3d4e5f6071…)`; `?` for what is not known.
+pub fn nccl_track_name(communicator: &str, rank: Option<i32>, nranks: Option<i32>) -> String {
+    let known = |value: Option<i32>| value.map_or_else(|| "?".to_owned(), |v| v.to_string());
+    format!(
+        "NCCL rank {}/{} (comm {communicator})",
+        known(rank),
+        known(nranks)
+    )
 }
 
 /// A GPU work slice's name: the kernel, or the copy's direction and size, or the memset's
