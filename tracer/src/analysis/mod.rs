@@ -16,6 +16,7 @@
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
 //! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `devices.rs` | the device of each launch, copy and allocation (threads' current contexts); figures per device |
 //! | `device_map.rs` | `--power --gpu`: which NVML GPU each CUDA device is |
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
@@ -25,6 +26,7 @@
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod device_map;
+pub mod devices;
 pub mod driver;
 pub mod energy;
 pub mod families;
@@ -68,6 +70,7 @@ struct ProcessState {
     memory: MemoryState,
     stages: StageTracker,
     nccl: nccl::NcclState,
+    contexts: devices::ContextState,
 }
 
 /// The per-process results of a process that exec'd or exited.
@@ -91,6 +94,7 @@ pub struct Analysis {
     /// `cudatrace run --gpu`: linking GPU work to calls.
     gpu_link: Option<GpuLinker>,
     collectives: nccl::CollectiveAccumulator,
+    devices: devices::DeviceAccumulator,
 }
 
 impl Analysis {
@@ -205,6 +209,8 @@ impl Analysis {
     pub fn observe(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
+        process.contexts.observe(role, record);
+        self.devices.observe(role, record);
         process.kernels.observe(&mut self.names, role, record);
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
@@ -247,6 +253,7 @@ impl Analysis {
         if !matches!(event, "exec" | "exit") {
             return;
         }
+        self.devices.forget_process(pid);
         if let Some(process) = self.processes.remove(&pid) {
             self.finished.push(Finished {
                 memory: process.memory.report(pid),
@@ -291,6 +298,7 @@ impl Analysis {
             driver: self.driver.finish(),
             gpu,
             collectives: self.collectives.finish(),
+            devices: self.devices.finish(),
         }
     }
 }
@@ -311,6 +319,8 @@ pub struct Report {
     pub gpu: GpuSummary,
     /// NCCL collectives per process, communicator and op.
     pub collectives: nccl::CollectivesSummary,
+    /// Launches, copies and memory per device.
+    pub devices: devices::DevicesSummary,
 }
 
 impl Report {

@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report, driver::DriverSummary, gpu::GpuSummary, nccl::CollectivesSummary,
-        power::PowerReport, stages::ProcessStages, summarise::TraceInfo, summary::Summary,
+        Report, devices::DevicesSummary, driver::DriverSummary, gpu::GpuSummary,
+        nccl::CollectivesSummary, power::PowerReport, stages::ProcessStages, summarise::TraceInfo,
+        summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
     schema::{GpuFooter, ProcessMemory},
@@ -34,6 +35,58 @@ pub struct SummaryJson<'a> {
     /// Present for traces with NCCL collectives.
     #[serde(skip_serializing_if = "is_empty_collectives")]
     pub collectives: &'a CollectivesSummary,
+    /// Present when calls went to more than one device.
+    #[serde(skip_serializing_if = "single_device")]
+    pub devices: &'a DevicesSummary,
+}
+
+fn single_device(devices: &&DevicesSummary) -> bool {
+    devices.rows.len() < 2
+}
+
+/// The devices section, when calls went to more than one device.
+fn render_devices(out: &mut String, devices: &DevicesSummary) {
+    if single_device(&devices) {
+        return;
+    }
+    let _ = writeln!(out, "\nBy device (the thread's current context)");
+    let _ = writeln!(
+        out,
+        "  {:>6} {:>9} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11}",
+        "device",
+        "launches",
+        "copies",
+        "copied",
+        "memsets",
+        "set",
+        "allocs",
+        "allocated",
+        "peak live",
+        "live at end"
+    );
+    for row in &devices.rows {
+        let _ = writeln!(
+            out,
+            "  {:>6} {:>9} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11}",
+            row.device,
+            row.launches,
+            row.copies,
+            format_bytes(row.copy_bytes),
+            row.memsets,
+            format_bytes(row.memset_bytes),
+            row.allocations,
+            format_bytes(row.allocated_bytes),
+            format_bytes(row.peak_live_bytes),
+            format_bytes(row.live_bytes),
+        );
+    }
+    if devices.unattributed > 0 {
+        let _ = writeln!(
+            out,
+            "  {} (launches, copies, memsets, allocations) on no known device",
+            plural(devices.unattributed, "call")
+        );
+    }
 }
 
 fn is_empty_collectives(collectives: &&CollectivesSummary) -> bool {
@@ -322,6 +375,7 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
             );
         }
     }
+    render_devices(&mut out, &report.devices);
     render_collectives(&mut out, &report.collectives);
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
