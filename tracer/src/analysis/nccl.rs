@@ -18,8 +18,21 @@
 //! the same thread; a kernel launched inside an `ncclGroupEnd` belongs to the group's
 //! collectives, its GPU time split between them in proportion to their bytes.
 //! docs/nccl.md has the formulas.
+//!
+//! **Nested calls.** NCCL's API may call itself through its exported symbols (2.28's
+//! `ncclBcast` calls `ncclBroadcast`), so both calls are probed and traced. A collective
+//! call made inside another collective call of the same thread counts once: the outer
+//! call (what the program asked for) is the row, the inner one's calls, bytes and time
+//! leave its row, its kernels go to the outer row, and the row says which function
+//! the calls ran as (`inner_calls`, `inner_functions`). Lines arrive as calls return
+//! (the inner before the outer), so the last [`RECENT_KEPT`] collective calls of each
+//! thread stay undoable until a call around them returns.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    cell::RefCell,
+    collections::{BTreeSet, HashMap, VecDeque},
+    rc::Rc,
+};
 
 use serde::Serialize;
 
@@ -199,6 +212,13 @@ pub struct CollectiveRow {
     pub algbw_gb_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busbw_gb_s: Option<f64>,
+    /// Collective calls NCCL made inside these calls (on the same thread), counted here
+    /// and not in rows of their own: `ncclBcast` runs as `ncclBroadcast`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub inner_calls: u64,
+    /// The functions of those inner calls, e.g. `["ncclBroadcast"]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inner_functions: Vec<String>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -212,6 +232,33 @@ type LaunchKey = (u32, u32, u64);
 
 /// Launches kept per thread until the collective around them returns.
 const LAUNCHES_KEPT: usize = 256;
+/// Collective calls kept per thread until a collective around them could return.
+pub const RECENT_KEPT: usize = 8;
+
+/// Where the GPU time of one collective call goes: its row, until a call around it
+/// returns and takes it (with what it already got).
+#[derive(Debug)]
+struct CallSlot {
+    key: RowKey,
+    gpu_ns: f64,
+    kernels: u64,
+}
+
+type SlotRef = Rc<RefCell<CallSlot>>;
+
+/// A collective call whose counts an outer call may still take over.
+struct RecentCall {
+    key: RowKey,
+    name: String,
+    ts_ns: u64,
+    end_ns: u64,
+    ok: bool,
+    bytes: u64,
+    dur_ns: u64,
+    group: Option<u64>,
+    /// Its own slot first, then those of the calls it took over.
+    slots: Vec<SlotRef>,
+}
 /// Launches waiting for their GPU kernel, and kernels waiting for their launch's owner.
 const PENDING_MAX: usize = 1 << 16;
 
@@ -219,6 +266,7 @@ const PENDING_MAX: usize = 1 << 16;
 struct RowState {
     row: CollectiveRow,
     gpu_ns: f64,
+    inner_functions: BTreeSet<String>,
 }
 
 /// The collectives section, built call by call.
@@ -229,13 +277,15 @@ pub struct CollectiveAccumulator {
     gpu: bool,
     /// Recent launches per thread (`pid`, `tid`): their `ts_ns`.
     launches: HashMap<(u32, u32), VecDeque<u64>>,
-    /// Launches inside a collective or group, waiting for their kernel: the rows and
+    /// Launches inside a collective or group, waiting for their kernel: the calls and
     /// weights their GPU time goes to.
-    claimed: HashMap<LaunchKey, Vec<(RowKey, f64)>>,
+    claimed: HashMap<LaunchKey, Vec<(SlotRef, f64)>>,
     /// NCCL kernels whose launch is not claimed yet: GPU time and kernels.
     waiting: HashMap<LaunchKey, (u64, u64)>,
-    /// The collectives of each open group (`pid`, group): row and bytes.
-    groups: HashMap<(u32, u64), Vec<(RowKey, u64)>>,
+    /// The collectives of each open group (`pid`, group): call and bytes.
+    groups: HashMap<(u32, u64), Vec<(SlotRef, u64)>>,
+    /// The last collective calls of each thread (`pid`, `tid`), newest last.
+    recent: HashMap<(u32, u32), VecDeque<RecentCall>>,
     /// NCCL kernels never attributed (their launch was not inside a collective seen).
     pub unattributed_kernels: u64,
 }
@@ -265,13 +315,13 @@ impl CollectiveAccumulator {
                 let total: u64 = members.iter().map(|(_, bytes)| *bytes).sum();
                 let weights = members
                     .iter()
-                    .map(|(key, bytes)| {
+                    .map(|(slot, bytes)| {
                         let weight = if total == 0 {
                             1.0 / members.len() as f64
                         } else {
                             *bytes as f64 / total as f64
                         };
-                        (*key, weight)
+                        (slot.clone(), weight)
                     })
                     .collect();
                 self.claim(record, weights);
@@ -283,6 +333,7 @@ impl CollectiveAccumulator {
         };
         let comm_ptr = record.comm.map_or(0, |c| c.0);
         let key = (record.pid, comm_ptr, op);
+        let inner = self.take_inner(record);
         let state = self.rows.entry(key).or_insert_with(|| RowState {
             row: CollectiveRow {
                 op: op.to_owned(),
@@ -294,33 +345,110 @@ impl CollectiveAccumulator {
                     .unwrap_or_else(|| format!("{}:{:#x}", record.pid, comm_ptr)),
                 ..CollectiveRow::default()
             },
-            gpu_ns: 0.0,
+            ..RowState::default()
         });
         let row = &mut state.row;
         row.rank = row.rank.or(record.rank);
         row.nranks = row.nranks.or(record.nranks);
-        if record.ret != 0 {
+        let slot = Rc::new(RefCell::new(CallSlot {
+            key,
+            gpu_ns: 0.0,
+            kernels: 0,
+        }));
+        let mut slots = vec![slot.clone()];
+        for call in inner {
+            row.inner_calls += 1;
+            state.inner_functions.insert(call.name);
+            for taken in call.slots {
+                let mut taken_slot = taken.borrow_mut();
+                taken_slot.key = key;
+                state.gpu_ns += taken_slot.gpu_ns;
+                row.gpu_kernels += taken_slot.kernels;
+                drop(taken_slot);
+                slots.push(taken);
+            }
+        }
+        let ok = record.ret == 0;
+        let bytes = if ok { record.bytes.unwrap_or(0) } else { 0 };
+        if ok {
+            row.calls += 1;
+            row.host_ns += record.dur_ns;
+            row.bytes += bytes;
+        } else {
             row.errors += 1;
+        }
+        let recent = self.recent.entry((record.pid, record.tid)).or_default();
+        if recent.len() == RECENT_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back(RecentCall {
+            key,
+            name: record.name.clone(),
+            ts_ns: record.ts_ns,
+            end_ns: record.ts_ns + record.dur_ns,
+            ok,
+            bytes,
+            dur_ns: record.dur_ns,
+            group: record.group.filter(|_| ok),
+            slots,
+        });
+        if !ok {
             return;
         }
-        row.calls += 1;
-        row.host_ns += record.dur_ns;
-        let bytes = record.bytes.unwrap_or(0);
-        row.bytes += bytes;
         if let Some(group) = record.group {
             row.grouped += 1;
             self.groups
                 .entry((record.pid, group))
                 .or_default()
-                .push((key, bytes));
+                .push((slot.clone(), bytes));
         }
         if self.gpu {
-            self.claim(record, vec![(key, 1.0)]);
+            self.claim(record, vec![(slot, 1.0)]);
         }
     }
 
+    /// The recent collective calls of `record`'s thread inside it, their counts taken
+    /// out of their rows (and their groups) for `record`'s row to take.
+    fn take_inner(&mut self, record: &CallLine) -> Vec<RecentCall> {
+        let Some(recent) = self.recent.get_mut(&(record.pid, record.tid)) else {
+            return Vec::new();
+        };
+        let end = record.ts_ns + record.dur_ns;
+        let inside = |call: &RecentCall| record.ts_ns <= call.ts_ns && call.end_ns <= end;
+        if !recent.iter().any(inside) {
+            return Vec::new();
+        }
+        let (inner, kept): (Vec<RecentCall>, Vec<RecentCall>) =
+            recent.drain(..).partition(|call| inside(call));
+        recent.extend(kept);
+        for call in &inner {
+            if let Some(state) = self.rows.get_mut(&call.key) {
+                let row = &mut state.row;
+                if call.ok {
+                    row.calls -= 1;
+                    row.host_ns -= call.dur_ns;
+                    row.bytes -= call.bytes;
+                } else {
+                    row.errors -= 1;
+                }
+                for slot in &call.slots {
+                    let slot = slot.borrow();
+                    state.gpu_ns -= slot.gpu_ns;
+                    row.gpu_kernels -= slot.kernels;
+                }
+                if let Some(group) = call.group {
+                    row.grouped -= 1;
+                    if let Some(members) = self.groups.get_mut(&(record.pid, group)) {
+                        members.retain(|(slot, _)| !Rc::ptr_eq(slot, &call.slots[0]));
+                    }
+                }
+            }
+        }
+        inner
+    }
+
     /// The launches of `record`'s thread inside it go to `weights`.
-    fn claim(&mut self, record: &CallLine, weights: Vec<(RowKey, f64)>) {
+    fn claim(&mut self, record: &CallLine, weights: Vec<(SlotRef, f64)>) {
         let Some(launches) = self.launches.get_mut(&(record.pid, record.tid)) else {
             return;
         };
@@ -341,9 +469,12 @@ impl CollectiveAccumulator {
         }
     }
 
-    fn add_gpu(&mut self, weights: &[(RowKey, f64)], gpu_ns: u64, kernels: u64) {
-        for (key, weight) in weights {
-            if let Some(state) = self.rows.get_mut(key) {
+    fn add_gpu(&mut self, weights: &[(SlotRef, f64)], gpu_ns: u64, kernels: u64) {
+        for (slot, weight) in weights {
+            let mut slot = slot.borrow_mut();
+            slot.gpu_ns += gpu_ns as f64 * weight;
+            slot.kernels += kernels;
+            if let Some(state) = self.rows.get_mut(&slot.key) {
                 state.gpu_ns += gpu_ns as f64 * weight;
                 state.row.gpu_kernels += kernels;
             }
@@ -384,8 +515,11 @@ impl CollectiveAccumulator {
         let mut rows: Vec<CollectiveRow> = self
             .rows
             .into_values()
+            // A row whose every call ran inside another collective.
+            .filter(|state| state.row.calls + state.row.errors > 0)
             .map(|state| {
                 let mut row = state.row;
+                row.inner_functions = state.inner_functions.into_iter().collect();
                 let nranks = row.nranks.filter(|n| *n > 0).map(f64::from);
                 if let Some(n) = nranks {
                     let (times_ranks, _) = bus_rule(&row.op, n);
@@ -398,7 +532,7 @@ impl CollectiveAccumulator {
                 if gpu {
                     row.gpu_ns = Some(state.gpu_ns.round() as u64);
                     if let (Some(size), Some(n)) = (row.size_bytes, nranks)
-                        && state.gpu_ns > 0.0
+                        && state.gpu_ns > 0.5
                     {
                         let algbw = size as f64 / state.gpu_ns;
                         row.algbw_gb_s = Some(algbw);
@@ -609,6 +743,101 @@ mod tests {
         assert_eq!(all_gather.busbw_gb_s, Some(1000.0));
         assert_eq!(by_op["Broadcast"].gpu_ns, Some(1_000));
         assert_eq!(by_op["Broadcast"].busbw_gb_s, Some(1000.0));
+    }
+
+    #[test]
+    fn a_collective_inside_another_counts_once_as_the_outer_with_its_kernels() {
+        let mut acc = CollectiveAccumulator::default();
+        acc.expect_gpu();
+        let call = |name: &str, ts: u64, dur: u64, bytes: Option<u64>| CallLine {
+            name: name.into(),
+            pid: 7,
+            tid: 8,
+            ts_ns: ts,
+            dur_ns: dur,
+            comm: bytes.map(|_| Hex(0x2000)),
+            bytes,
+            rank: Some(0),
+            nranks: Some(2),
+            ..CallLine::default()
+        };
+        let kernel = |ts: u64, dur: u64| {
+            GpuLine::Kernel(GpuKernelLine {
+                pid: 7,
+                dur_ns: dur,
+                kernel: "ncclDevKernel_Broadcast_RING_LL".into(),
+                link: GpuLink {
+                    call_tid: Some(8),
+                    call_ts_ns: Some(ts),
+                    ..GpuLink::default()
+                },
+                ..GpuKernelLine::default()
+            })
+        };
+        let feed = |acc: &mut CollectiveAccumulator, line: CallLine| {
+            acc.observe(crate::analysis::classify(&line.name).0, &line, None);
+        };
+        // ncclBcast 1000..1300 calls ncclBroadcast 1010..1290, which launches at 1100;
+        // the kernel's line comes between the two call lines.
+        feed(&mut acc, call("cuLaunchKernelEx", 1_100, 10, None));
+        feed(&mut acc, call("ncclBroadcast", 1_010, 280, Some(4_000_000)));
+        acc.gpu_line(&kernel(1_100, 2_000));
+        feed(&mut acc, call("ncclBcast", 1_000, 300, Some(4_000_000)));
+        // Again, the kernel's line after both.
+        feed(&mut acc, call("cuLaunchKernelEx", 2_100, 10, None));
+        feed(&mut acc, call("pncclBroadcast", 2_010, 280, Some(4_000_000)));
+        feed(&mut acc, call("pncclBcast", 2_000, 300, Some(4_000_000)));
+        acc.gpu_line(&kernel(2_100, 2_000));
+        // A broadcast of its own, after them.
+        feed(&mut acc, call("cuLaunchKernelEx", 3_100, 10, None));
+        feed(&mut acc, call("ncclBroadcast", 3_000, 200, Some(1_000_000)));
+        acc.gpu_line(&kernel(3_100, 500));
+        let summary = acc.finish();
+        assert_eq!(summary.unattributed_kernels, 0);
+        let brief: Vec<_> = summary
+            .rows
+            .iter()
+            .map(|r| {
+                (
+                    r.op.as_str(),
+                    r.calls,
+                    r.bytes,
+                    r.host_ns,
+                    r.gpu_ns,
+                    r.gpu_kernels,
+                    r.busbw_gb_s,
+                    r.inner_calls,
+                    r.inner_functions.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            brief,
+            [
+                (
+                    "Bcast",
+                    2,
+                    8_000_000,
+                    600,
+                    Some(4_000),
+                    2,
+                    Some(2000.0),
+                    2,
+                    vec!["ncclBroadcast".to_owned(), "pncclBroadcast".to_owned()]
+                ),
+                (
+                    "Broadcast",
+                    1,
+                    1_000_000,
+                    200,
+                    Some(500),
+                    1,
+                    Some(2000.0),
+                    0,
+                    vec![]
+                ),
+            ]
+        );
     }
 
     #[test]

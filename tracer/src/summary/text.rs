@@ -134,6 +134,17 @@ fn render_collectives(out: &mut String, collectives: &CollectivesSummary) {
             );
         }
         out.push('\n');
+        if row.inner_calls > 0 {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>9} {:>8} ran as {} inside it ({} calls, counted once, here)",
+                "",
+                "",
+                "",
+                row.inner_functions.join(", "),
+                row.inner_calls
+            );
+        }
     }
     if collectives.unattributed_kernels > 0 {
         let _ = writeln!(
