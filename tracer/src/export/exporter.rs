@@ -75,6 +75,23 @@ pub struct Exporter<'f, S> {
     gpus: GpuTracks,
     /// NCCL rank tracks by (pid, communicator, rank, nranks).
     nccl_tracks: HashMap<(u32, String, Option<i32>, Option<i32>), Track>,
+    /// Per (pid, tid), the last collective's rank-track slice, held until the next
+    /// collective of the thread shows whether it ran inside that one.
+    pending_rank_slices: HashMap<(u32, u32), RankSlice>,
+}
+
+/// A collective call's slice on its rank's track, not yet drawn.
+struct RankSlice {
+    track: Track,
+    /// Relative to the trace's start.
+    ts_ns: u64,
+    dur_ns: u64,
+    label: String,
+    args: Map<String, Value>,
+    /// The call's own clock span and function.
+    call_ts_ns: u64,
+    call_end_ns: u64,
+    function: String,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -93,6 +110,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             counter_before_window: HashMap::new(),
             gpus: GpuTracks::default(),
             nccl_tracks: HashMap::new(),
+            pending_rank_slices: HashMap::new(),
         }
     }
 
@@ -111,6 +129,12 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
+        }
+        let mut pending: Vec<RankSlice> =
+            std::mem::take(&mut self.pending_rank_slices).into_values().collect();
+        pending.sort_by_key(|slice| slice.call_ts_ns);
+        for slice in pending {
+            self.rank_slice(&slice)?;
         }
         for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {
             self.counter(pid, self.filters.start_ns.unwrap_or(0), bytes)?;
@@ -340,13 +364,41 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 args.insert(key.into(), value.clone());
             }
         }
+        // A collective NCCL made inside another (ncclBcast runs as ncclBroadcast) is
+        // drawn once: the outer call, which names the inner one.
+        let thread = (record.pid, record.tid);
+        let end = record.ts_ns + record.dur_ns;
+        if let Some(previous) = self.pending_rank_slices.remove(&thread) {
+            if record.ts_ns <= previous.call_ts_ns && previous.call_end_ns <= end {
+                args.insert("ran_as".into(), previous.function.into());
+            } else {
+                self.rank_slice(&previous)?;
+            }
+        }
+        self.pending_rank_slices.insert(
+            thread,
+            RankSlice {
+                track,
+                ts_ns: ts,
+                dur_ns: record.dur_ns,
+                label,
+                args,
+                call_ts_ns: record.ts_ns,
+                call_end_ns: end,
+                function: record.name.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    fn rank_slice(&mut self, slice: &RankSlice) -> io::Result<()> {
         self.sink.slice(&Slice {
-            track,
-            ts_ns: ts,
-            dur_ns: record.dur_ns,
-            name: &label,
+            track: slice.track,
+            ts_ns: slice.ts_ns,
+            dur_ns: slice.dur_ns,
+            name: &slice.label,
             category: "nccl_rank",
-            args: &args,
+            args: &slice.args,
             flow_out: &[],
             flows_in: &[],
         })?;

@@ -676,6 +676,9 @@ fn nccl_trace() -> String {
         call("ncclAllReduce", 7, 3_000, all_reduce),
         call("ncclBroadcast", 7, 4_000, r#","comm":"0x10","count":8,"datatype":"int8","datatype_size":1,"bytes":8,"root":1,"stream":"0x5""#),
         call("ncclAllReduce", 7, 5_000, &all_reduce.replace("0x10", "0x99")),
+        // ncclBcast runs as ncclBroadcast: the inner call returns first.
+        r#"{"type":"call","name":"ncclBroadcast","pid":7,"tid":7,"ts_ns":6010,"dur_ns":80,"ret":0,"comm":"0x10","count":4,"datatype":"int8","datatype_size":1,"bytes":4,"root":0,"stream":"0x5"}"#.to_owned(),
+        r#"{"type":"call","name":"ncclBcast","pid":7,"tid":7,"ts_ns":6000,"dur_ns":100,"ret":0,"comm":"0x10","count":4,"datatype":"int8","datatype_size":1,"bytes":4,"root":0,"stream":"0x5"}"#.to_owned(),
     ]
     .join("\n")
 }
@@ -700,7 +703,7 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
     };
 
     let (out, stats) = export_nccl(ExportFormat::Chrome);
-    assert_eq!((stats.slices, stats.nccl_slices), (7 + 5, 5));
+    assert_eq!((stats.slices, stats.nccl_slices), (9 + 6, 6));
     let json: Value = serde_json::from_slice(&out).unwrap();
     let events = json["traceEvents"].as_array().unwrap();
     let base = chrome::NCCL_TID_BASE;
@@ -714,35 +717,43 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
         .collect();
     tracks.sort();
     assert_eq!(tracks, [(7, 1, RANK_0), (7, 3, UNKNOWN), (8, 2, RANK_1)]);
-    let rank_slices: Vec<(u64, u64, &str, &Value, &Value, &Value)> = with_phase(events, "X")
-        .into_iter()
-        .filter(|e| e["cat"] == "nccl_rank")
-        .map(|e| {
-            (
-                e["pid"].as_u64().unwrap(),
-                e["tid"].as_u64().unwrap() - base as u64,
-                e["name"].as_str().unwrap(),
-                &e["args"]["rank"],
-                &e["args"]["bytes"],
-                &e["args"]["root"],
-            )
-        })
-        .collect();
+    let mut rank_slices: Vec<(u64, u64, u64, &str, &Value, &Value, &Value, &Value)> =
+        with_phase(events, "X")
+            .into_iter()
+            .filter(|e| e["cat"] == "nccl_rank")
+            .map(|e| {
+                (
+                    e["ts"].as_f64().unwrap() as u64,
+                    e["pid"].as_u64().unwrap(),
+                    e["tid"].as_u64().unwrap() - base as u64,
+                    e["name"].as_str().unwrap(),
+                    &e["args"]["rank"],
+                    &e["args"]["bytes"],
+                    &e["args"]["root"],
+                    &e["args"]["ran_as"],
+                )
+            })
+            .collect();
+    rank_slices.sort_by_key(|slice| (slice.0, slice.1));
     let null = Value::Null;
-    let (r0, r1, kib, eight) = (
+    let (r0, r1, kib, eight, four) = (
         Value::from(0),
         Value::from(1),
         Value::from(1024),
         Value::from(8),
+        Value::from(4),
     );
+    let inner = Value::from("ncclBroadcast");
+    // Chrome's ts is in µs from the header's start; the inner ncclBroadcast has no slice.
     assert_eq!(
         rank_slices,
         [
-            (7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null),
-            (8, 2, "AllReduce 1.00 KiB", &r1, &kib, &null),
-            (7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null),
-            (7, 1, "Broadcast 8 B", &r0, &eight, &r1),
-            (7, 3, "AllReduce 1.00 KiB", &null, &kib, &null),
+            (2, 7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null, &null),
+            (2, 8, 2, "AllReduce 1.00 KiB", &r1, &kib, &null, &null),
+            (3, 7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null, &null),
+            (4, 7, 1, "Broadcast 8 B", &r0, &eight, &r1, &null),
+            (5, 7, 3, "AllReduce 1.00 KiB", &null, &kib, &null, &null),
+            (6, 7, 1, "Bcast 4 B", &r0, &four, &r0, &inner),
         ]
     );
     // The call's own slice stays on its thread.
@@ -755,7 +766,7 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
     );
 
     let (out, stats) = export_nccl(ExportFormat::Perfetto);
-    assert_eq!((stats.slices, stats.nccl_slices), (12, 5));
+    assert_eq!((stats.slices, stats.nccl_slices), (15, 6));
     let mut trace = Trace::decode(out.as_slice()).unwrap();
     proto::resolve_interned(&mut trace);
     let descriptors: Vec<&TrackDescriptor> = trace
@@ -770,7 +781,7 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
             .unwrap()
             .uuid
     };
-    for (name, pid, slices) in [(RANK_0, 7, 3), (RANK_1, 8, 1), (UNKNOWN, 7, 1)] {
+    for (name, pid, slices) in [(RANK_0, 7, 4), (RANK_1, 8, 1), (UNKNOWN, 7, 1)] {
         let track = descriptors
             .iter()
             .find(|d| d.name.as_deref() == Some(name))
