@@ -28,6 +28,7 @@
  *    At most 64 communicators per process; more give ncclInternalError (3).
  *  - ncclGetVersion reports 22809 (2.28.9); ncclMemAlloc returns 0x7e0000000000 plus
  *    the sizes allocated before it.
+ *  - ncclBcast(buff, ...) calls ncclBroadcast(buff, buff, ...), as NCCL's does.
  * Errors that mirror NCCL:
  *  - NULL output pointer, NULL or unknown comm         -> ncclInvalidArgument (4)
  *  - nranks < 1, rank outside [0, nranks)               -> ncclInvalidArgument (4)
@@ -258,11 +259,13 @@ EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t c
 }
 ALIAS(ncclBroadcast)
 
+/* As NCCL 2.28 does, ncclBcast is ncclBroadcast in place, called through the exported
+ * symbol (-fPIC keeps it interposable, so it is a real call into the probed function,
+ * never inlined): a trace has an ncclBroadcast line inside each ncclBcast. */
 EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                               ncclComm_t comm, cudaStream_t stream)
 {
-    (void)buff, (void)count, (void)stream;
-    return check(comm, datatype, 0, root);
+    return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
 }
 ALIAS(ncclBcast)
 

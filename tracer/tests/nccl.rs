@@ -115,6 +115,11 @@ fn nccl_calls_are_decoded_exactly_from_a_library_dlopened_from_anywhere() {
         json!({"root": 0}),
     );
     bcast.as_object_mut().unwrap().remove("src");
+    // The stand-in's ncclBcast, like NCCL's, calls ncclBroadcast(buff, buff, ...) through
+    // the exported symbol: its line comes first (it returns first).
+    let mut in_place = bcast.clone();
+    in_place["src"] = json!("0x20000");
+    expected.push(with("ncclBroadcast", in_place));
     expected.push(with("ncclBcast", bcast));
     expected.push(with(
         "ncclReduce",
@@ -313,6 +318,23 @@ fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
         .map(|r| r["grouped"].as_u64().unwrap())
         .collect();
     assert_eq!(grouped, [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0]);
+    // ncclBcast's inner ncclBroadcast is in the Bcast row, not the Broadcast row.
+    let inner: Vec<(&str, &Value, &Value)> = rows
+        .iter()
+        .filter(|r| r.get("inner_calls").is_some() || r.get("inner_functions").is_some())
+        .map(|r| {
+            (
+                r["op"].as_str().unwrap(),
+                &r["inner_calls"],
+                &r["inner_functions"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        inner,
+        [("Bcast", &json!(1), &json!(["ncclBroadcast"]))],
+        "{rows:?}"
+    );
     // No --gpu: no GPU figures.
     assert!(rows.iter().all(|r| r.get("gpu_ns").is_none()));
     let text = Command::new(CUDATRACE)
@@ -326,4 +348,8 @@ fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
         "{text}"
     );
     assert!(text.contains("1 of 2"), "{text}");
+    assert!(
+        text.contains("ran as ncclBroadcast inside it (1 calls, counted once, here)"),
+        "{text}"
+    );
 }
