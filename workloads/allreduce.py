@@ -6,15 +6,17 @@ fallback, NCCL with one rank):
     python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
         workloads/allreduce.py --out DIR [--iters N]
 
-Each rank, on GPU LOCAL_RANK, makes exactly N calls of each (no warm-up, no barrier: no
-other collective of these sizes):
+Each rank, on GPU LOCAL_RANK, makes exactly N + 1 calls of each: one untimed warm-up
+(NCCL connects its peers on a communicator's first collective: about 150 ms on H200s),
+then N timed calls (no barrier: no other collective of these sizes):
   all_reduce            float32, 16 Mi elements (64 MiB), sum    -> ncclAllReduce
   broadcast from rank 0 float32,  8 Mi elements (32 MiB)         -> ncclBroadcast/ncclBcast
   all_gather_into_tensor float32, 4 Mi elements (16 MiB) per rank -> ncclAllGather
-and times each call itself with CUDA events on the current stream. It writes
-DIR/rank{R}.json: pid, rank, world size, device, the sizes, and per op the event times
-(ms) with nccl-tests' algorithm and bus bandwidth (busbw = algbw x 2(n-1)/n for
-all-reduce, (n-1)/n for all-gather with size = per-rank bytes x n, 1 for broadcast).
+and times each timed call itself with CUDA events on the current stream. It writes
+DIR/rank{R}.json: pid, rank, world size, device, iters and warmup (calls of each op:
+iters + warmup), the sizes, and per op the event times (ms) with nccl-tests' algorithm
+and bus bandwidth from the MEDIAN event time (busbw = algbw x 2(n-1)/n for all-reduce,
+(n-1)/n for all-gather with size = per-rank bytes x n, 1 for broadcast).
 """
 
 import argparse
@@ -31,6 +33,10 @@ SIZES = {
     "Broadcast": (8 * 1024 * 1024, 4),
     "AllGather": (4 * 1024 * 1024, 4),
 }
+
+
+# Untimed calls of each op before the timed ones (NCCL's lazy connection setup).
+WARMUP = 1
 
 
 def bus_rule(op, n):
@@ -72,9 +78,13 @@ def main():
         "world": world,
         "device": local,
         "iters": args.iters,
+        "warmup": WARMUP,
         "ops": {},
     }
     for op, call in calls.items():
+        for _ in range(WARMUP):
+            call()
+        torch.cuda.synchronize()
         times = []
         for _ in range(args.iters):
             start = torch.cuda.Event(enable_timing=True)
@@ -88,20 +98,22 @@ def main():
         times_ranks, factor = bus_rule(op, world)
         size = count * element * times_ranks
         mean_ms = statistics.mean(times)
-        algbw = size / (mean_ms * 1e6)  # bytes per ns = GB/s
+        median_ms = statistics.median(times)
+        algbw = size / (median_ms * 1e6)  # bytes per ns = GB/s
         result["ops"][op] = {
             "count": count,
             "bytes": count * element,
             "size_bytes": size,
             "times_ms": times,
             "mean_ms": mean_ms,
-            "median_ms": statistics.median(times),
+            "median_ms": median_ms,
+            # From the median event time.
             "algbw_gb_s": algbw,
             "busbw_gb_s": algbw * factor,
         }
     torch.cuda.synchronize()
     # The values prove the collectives ran: sums of ones, rank 0's broadcast, every rank's.
-    assert tensors["AllReduce"][0].item() == world ** args.iters
+    assert tensors["AllReduce"][0].item() == world ** (args.iters + WARMUP)
     assert tensors["Broadcast"][0].item() == 0.0
     assert [gathered[i * SIZES["AllGather"][0]].item() for i in range(world)] == [
         float(r) for r in range(world)

@@ -8,9 +8,11 @@
 #
 # NPROC defaults to 2 when the machine has 2 GPUs or more, else 1 (the single-GPU
 # fallback: one process, NCCL with one rank). For each run it prints, per rank and op,
-# exact counts and bytes, rank and nranks, the rank's devices and the pids in the trace
+# exact counts and bytes (iters + 1 warm-up calls; ncclBcast's inner ncclBroadcast counted
+# apart), the summary's rows, rank and nranks, the devices of each rank's launches, copies
+# and allocations, the pids in the trace and the rank-track slices of `cudatrace export`
 # against what the workload did (workloads/allreduce_check.py), and for the --gpu run the
-# bus bandwidth from cudatrace against the workload's own CUDA-event timing. Exits 1 on
+# bus bandwidth from cudatrace against the workload's own (median CUDA-event time). Exits 1 on
 # any exact mismatch, 2 when a run failed. Takes about 2 minutes; each run is capped at
 # 4 minutes.
 #
@@ -52,9 +54,11 @@ for mode in plain gpu; do
     fi
     "$cudatrace" summary "$out/$mode.jsonl" >"$out/$mode.summary.txt"
     "$cudatrace" summary --json "$out/$mode.jsonl" >"$out/$mode.summary.json"
+    "$cudatrace" export "$out/$mode.jsonl" -o "$out/$mode.export.json" \
+        || { echo "FAIL cudatrace export"; status=1; }
     sed -n '/^NCCL collectives/,/^$/p' "$out/$mode.summary.txt"
     python3 "$here/allreduce_check.py" "$out/$mode.jsonl" "$out/$mode.summary.json" "$out/$mode" \
-        || { [ "$status" -eq 0 ] && status=1; }
+        "$out/$mode.export.json" || { [ "$status" -eq 0 ] && status=1; }
 done
 echo
 echo "== done: status $status (0 all exact checks passed, 1 a mismatch, 2 a run failed)"
