@@ -1484,12 +1484,13 @@ fn a_recorded_nccl_trace_has_a_track_per_communicator_and_rank() {
             )),
             check(
                 "the outer call's rank slice names the inner call",
-                format!(
-                    "select s.name, {} from slice s where s.category = 'nccl_rank' \
-                     and {} is not null",
-                    format!("extract_arg(s.arg_set_id, '{}')", format.arg("ran_as")),
-                    format!("extract_arg(s.arg_set_id, '{}')", format.arg("ran_as")),
-                ),
+                {
+                    let ran_as = format!("extract_arg(s.arg_set_id, '{}')", format.arg("ran_as"));
+                    format!(
+                        "select s.name, {ran_as} from slice s where s.category = 'nccl_rank' \
+                         and {ran_as} is not null"
+                    )
+                },
                 vec![json!(["Bcast 400 B", "ncclBroadcast"])],
             ),
             count(

@@ -785,7 +785,10 @@ mod tests {
         feed(&mut acc, call("ncclBcast", 1_000, 300, Some(4_000_000)));
         // Again, the kernel's line after both.
         feed(&mut acc, call("cuLaunchKernelEx", 2_100, 10, None));
-        feed(&mut acc, call("pncclBroadcast", 2_010, 280, Some(4_000_000)));
+        feed(
+            &mut acc,
+            call("pncclBroadcast", 2_010, 280, Some(4_000_000)),
+        );
         feed(&mut acc, call("pncclBcast", 2_000, 300, Some(4_000_000)));
         acc.gpu_line(&kernel(2_100, 2_000));
         // A broadcast of its own, after them.

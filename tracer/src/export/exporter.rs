@@ -130,8 +130,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
         }
-        let mut pending: Vec<RankSlice> =
-            std::mem::take(&mut self.pending_rank_slices).into_values().collect();
+        let mut pending: Vec<RankSlice> = std::mem::take(&mut self.pending_rank_slices)
+            .into_values()
+            .collect();
         pending.sort_by_key(|slice| slice.call_ts_ns);
         for slice in pending {
             self.rank_slice(&slice)?;

@@ -717,23 +717,33 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
         .collect();
     tracks.sort();
     assert_eq!(tracks, [(7, 1, RANK_0), (7, 3, UNKNOWN), (8, 2, RANK_1)]);
-    let mut rank_slices: Vec<(u64, u64, u64, &str, &Value, &Value, &Value, &Value)> =
-        with_phase(events, "X")
-            .into_iter()
-            .filter(|e| e["cat"] == "nccl_rank")
-            .map(|e| {
-                (
-                    e["ts"].as_f64().unwrap() as u64,
-                    e["pid"].as_u64().unwrap(),
-                    e["tid"].as_u64().unwrap() - base as u64,
-                    e["name"].as_str().unwrap(),
-                    &e["args"]["rank"],
-                    &e["args"]["bytes"],
-                    &e["args"]["root"],
-                    &e["args"]["ran_as"],
-                )
-            })
-            .collect();
+    // (µs, pid, track, name, rank, bytes, root, ran_as)
+    type RankSlice<'a> = (
+        u64,
+        u64,
+        u64,
+        &'a str,
+        &'a Value,
+        &'a Value,
+        &'a Value,
+        &'a Value,
+    );
+    let mut rank_slices: Vec<RankSlice> = with_phase(events, "X")
+        .into_iter()
+        .filter(|e| e["cat"] == "nccl_rank")
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap() as u64,
+                e["pid"].as_u64().unwrap(),
+                e["tid"].as_u64().unwrap() - base as u64,
+                e["name"].as_str().unwrap(),
+                &e["args"]["rank"],
+                &e["args"]["bytes"],
+                &e["args"]["root"],
+                &e["args"]["ran_as"],
+            )
+        })
+        .collect();
     rank_slices.sort_by_key(|slice| (slice.0, slice.1));
     let null = Value::Null;
     let (r0, r1, kib, eight, four) = (
