@@ -288,6 +288,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                              unsigned long long flags,
                              CUdriverProcAddressQueryResult *symbolStatus);

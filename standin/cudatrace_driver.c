@@ -198,10 +198,28 @@
  *
  * MODE `queries` -- catalog calls and others, for --functions:
  *    1  cuInit(0)
- *    2  cuDeviceGetCount(&n) three times                        [n = 1]
+ *    2  cuDeviceGetCount(&n) three times                        [n = 2]
  *    3  cuGetProcAddress_v2("cuMemAlloc", &pfn, 12080, 2, &status)
  *    4  cuDriverGetVersion(&v)                                  [v = 13000]
  *    5  cuDeviceGetCount(&n)
+ *   exit 0.
+ *
+ * MODE `devices` -- two devices, their contexts made current by set, push/pop and create
+ *   (device = the current context's; [a] marks a call on no known device):
+ *    1  cuInit(0); cuDeviceGetCount(&n)                         [n = 2]
+ *    2  cuDevicePrimaryCtxRetain(&c0, 0); cuDevicePrimaryCtxRetain(&c1, 1)
+ *    3  cuMemAlloc_v2(&x, 1000)                                 [a]
+ *    4  cuCtxSetCurrent(c0)
+ *    5  cuMemAlloc_v2(&a0, 4096); cuMemcpyHtoD_v2(a0, h, 4096)  device 0
+ *    6  cuModuleLoadData(&m, image); cuModuleGetFunction(&f, m, ...)
+ *    7  cuLaunchKernel(f, 1,1,1, 32,1,1, 0, NULL, NULL, NULL)   device 0
+ *    8  cuCtxPushCurrent_v2(c1)
+ *    9  cuMemAlloc_v2(&a1, 8192); cuMemsetD8_v2(a1, 0, 8192); 2 x cuLaunchKernel(f, ...);
+ *       cuMemcpyDtoD_v2(a1, a0, 1024)                          device 1
+ *   10  cuCtxPopCurrent_v2(&p)                                  [p = c1]
+ *   11  cuLaunchKernel(f, ...); cuMemFree_v2(a0)                device 0
+ *   12  cuCtxCreate_v2(&c2, 0, 1); cuMemAlloc_v2(&a2, 100)      device 1 (c2 is current)
+ *   13  cuCtxDestroy_v2(c2); cuMemAlloc_v2(&a3, 200)            device 0 (c2 popped)
  *   exit 0.
  *
  * MODE `threads-main` -- cuInit(0) on the main thread, then `threads` (4 threads each
@@ -242,7 +260,7 @@ static void usage(void)
             "usage: cudatrace-driver MODE [ARG]\n"
             "modes: sequence | loop N | fork | forkexec PATH_TO_SELF | child |\n"
             "       threads | threads-main | exit N | sleep SECS | wait-signal | gpu |\n"
-            "       names | dirty | extras | queries\n");
+            "       names | dirty | extras | queries | devices\n");
     exit(2);
 }
 
@@ -586,6 +604,46 @@ static int mode_queries(void)
     return 0;
 }
 
+static int mode_devices(void)
+{
+    int count;
+    CUcontext c0, c1, c2, popped;
+    CUdeviceptr x, a0, a1, a2, a3;
+    CUmodule mod;
+    CUfunction fn;
+    static unsigned char h[4096];
+
+    OK(cuInit(0));
+    OK(cuDeviceGetCount(&count));
+    if (count != 2)
+        fail("cuDeviceGetCount's count", count, 2);
+    OK(cuDevicePrimaryCtxRetain(&c0, 0));
+    OK(cuDevicePrimaryCtxRetain(&c1, 1));
+    OK(cuMemAlloc_v2(&x, 1000));
+    OK(cuCtxSetCurrent(c0));
+    OK(cuMemAlloc_v2(&a0, 4096));
+    OK(cuMemcpyHtoD_v2(a0, h, 4096));
+    OK(cuModuleLoadData(&mod, k_image));
+    OK(cuModuleGetFunction(&fn, mod, SEQ_MODULE_KERNEL));
+    OK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuCtxPushCurrent_v2(c1));
+    OK(cuMemAlloc_v2(&a1, 8192));
+    OK(cuMemsetD8_v2(a1, 0, 8192));
+    OK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuMemcpyDtoD_v2(a1, a0, 1024));
+    OK(cuCtxPopCurrent_v2(&popped));
+    if (popped != c1)
+        fail("cuCtxPopCurrent_v2's context", (int)(long)popped, (int)(long)c1);
+    OK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuMemFree_v2(a0));
+    OK(cuCtxCreate_v2(&c2, 0, 1));
+    OK(cuMemAlloc_v2(&a2, 100));
+    OK(cuCtxDestroy_v2(c2));
+    OK(cuMemAlloc_v2(&a3, 200));
+    return 0;
+}
+
 static int mode_loop(const char *arg)
 {
     long n = parse_long(arg);
@@ -775,6 +833,8 @@ int main(int argc, char **argv)
         return mode_wait_signal();
     if (strcmp(mode, "gpu") == 0 && argc == 2)
         return mode_gpu();
+    if (strcmp(mode, "devices") == 0 && argc == 2)
+        return mode_devices();
     usage();
     return 2;
 }

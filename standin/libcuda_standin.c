@@ -39,10 +39,13 @@
  *    (0, 1, 2, ...), in call order.  Each call produces a fresh handle (also
  *    repeated cuModuleGetFunction with the same name).  Exception:
  *    cuDevicePrimaryCtxRetain returns the same context for a device every
- *    time; it takes its handle from the counter on the first retain.
+ *    time; it takes its handle from the counter on the device's first retain.
  *  - Host pointers (cuMemAllocHost_v2, cuMemHostAlloc) are real malloc()
  *    memory; cuMemFreeHost free()s them.
- *  - cuDriverGetVersion reports 13000; cuDeviceGetCount reports 1 device.
+ *  - cuDriverGetVersion reports 13000; cuDeviceGetCount reports 2 devices (0 and 1).
+ *  - The current context is not tracked: cuCtxSetCurrent and cuCtxPushCurrent accept
+ *    any context; cuCtxPopCurrent returns the one last pushed on the thread, NULL when
+ *    none (a small per-thread stack).
  *
  * Errors that mirror the real driver:
  *  - any NULL output pointer                      -> CUDA_ERROR_INVALID_VALUE (1)
@@ -51,7 +54,7 @@
  *    name == NULL                                 -> CUDA_ERROR_INVALID_VALUE (1)
  *    name == "missing_kernel"                     -> CUDA_ERROR_NOT_FOUND (500)
  *  - cuInit(flags != 0)                           -> CUDA_ERROR_INVALID_VALUE (1)
- *  - device ordinal other than 0                  -> CUDA_ERROR_INVALID_DEVICE (101)
+ *  - device ordinal other than 0 or 1             -> CUDA_ERROR_INVALID_DEVICE (101)
  *  - launching a NULL CUfunction / CUgraphExec    -> CUDA_ERROR_INVALID_HANDLE (400)
  * The stand-in does NOT require cuInit before other calls and does not track
  * allocations (freeing an unknown pointer succeeds).
@@ -111,7 +114,8 @@ static unsigned long long g_next_dptr = STANDIN_DPTR_BASE;
 static unsigned long long g_next_va = STANDIN_VA_BASE;
 static unsigned long long g_next_ipc = STANDIN_IPC_BASE;
 static unsigned long long g_handle_count;
-static CUcontext g_primary_ctx; /* one device */
+#define STANDIN_DEVICES 2
+static CUcontext g_primary_ctx[STANDIN_DEVICES];
 
 static unsigned long long round_up(unsigned long long v, unsigned long long a)
 {
@@ -410,9 +414,9 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
     TOUCH();
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
@@ -421,7 +425,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
     TOUCH();
     if (count == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = STANDIN_DEVICES;
     return CUDA_SUCCESS;
 }
 
@@ -430,12 +434,12 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     TOUCH();
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
-    CUcontext ctx = __atomic_load_n(&g_primary_ctx, __ATOMIC_ACQUIRE);
+    CUcontext ctx = __atomic_load_n(&g_primary_ctx[dev], __ATOMIC_ACQUIRE);
     if (ctx == NULL) {
         CUcontext fresh = (CUcontext)(unsigned long)next_handle();
-        if (__atomic_compare_exchange_n(&g_primary_ctx, &ctx, fresh, 0, __ATOMIC_ACQ_REL,
+        if (__atomic_compare_exchange_n(&g_primary_ctx[dev], &ctx, fresh, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE))
             ctx = fresh;
     }
@@ -446,20 +450,29 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     TOUCH();
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return dev < 0 || dev >= STANDIN_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     TOUCH();
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return dev < 0 || dev >= STANDIN_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    TOUCH();
+    (void)flags;
+    if (dev < 0 || dev >= STANDIN_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return new_handle_out(pctx);
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     TOUCH();
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -471,7 +484,7 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams
     (void)paramsArray;
     (void)numParams;
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -482,7 +495,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned 
     TOUCH();
     (void)ctxCreateParams;
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -511,6 +524,52 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     TOUCH();
     (void)ctx;
     return CUDA_SUCCESS;
+}
+
+/* Push/pop: a small per-thread stack, so a pop returns what the thread pushed. */
+static __thread CUcontext t_ctx_stack[16];
+static __thread int t_ctx_depth;
+
+static CUresult push_current(CUcontext ctx)
+{
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t_ctx_depth == 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    t_ctx_stack[t_ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+static CUresult pop_current(CUcontext *pctx)
+{
+    CUcontext ctx = t_ctx_depth > 0 ? t_ctx_stack[--t_ctx_depth] : NULL;
+    if (pctx != NULL)
+        *pctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    TOUCH();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    TOUCH();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    TOUCH();
+    return pop_current(pctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    TOUCH();
+    return pop_current(pctx);
 }
 
 /* cuGetProcAddress_v2 is defined at the end of the file, after the table of
@@ -1598,7 +1657,8 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                         \
     X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxCreate_v3)              \
     X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxSynchronize) X(cuCtxSynchronize_v2)  \
-    X(cuCtxSetCurrent)                                                               \
+    X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)   \
+    X(cuCtxPopCurrent_v2) X(cuCtxCreate)                                             \
     X(cuMemAlloc_v2) X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemAllocManaged)     \
     X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)                 \
     X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFree_v2)       \

@@ -730,8 +730,9 @@ fn a_command_that_loads_no_library_ends_with_a_warning() {
     let output = cudatrace(&trace_path, &[], &["true"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
-        stderr(&output)
-            .contains("cudatrace: WARNING: no traced process loaded libcuda: nothing to trace"),
+        stderr(&output).contains(
+            "cudatrace: WARNING: no traced process loaded libcuda or libnccl: nothing to trace"
+        ),
         "{}",
         stderr(&output)
     );

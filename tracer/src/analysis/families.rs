@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use foldhash::HashMap;
 
 use crate::{
-    catalog::{CATALOG, STREAM_VARIANTS},
+    catalog::{CATALOG, NCCL_CATALOG, STREAM_VARIANTS},
     schema::{Header, LibraryLine, ProbeInfo},
 };
 
@@ -35,6 +35,7 @@ fn catalog_families() -> &'static HashMap<&'static str, &'static str> {
     FAMILIES_BY_SYMBOL.get_or_init(|| {
         CATALOG
             .iter()
+            .chain(NCCL_CATALOG)
             .flat_map(|spec| {
                 spec.symbols
                     .iter()

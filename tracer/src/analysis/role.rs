@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use foldhash::{HashMap, HashMapExt};
 
-use crate::catalog::{CATALOG, Family, STREAM_VARIANTS};
+use crate::catalog::{CATALOG, Family, NCCL_CATALOG, STREAM_VARIANTS};
 
 /// What a driver function does, as far as the analysis is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub enum Role {
     GetKernel,
     /// cuKernelGetFunction: CUkernel -> CUfunction.
     KernelGetFunction,
+    /// An NCCL collective or point-to-point call (libnccl).
+    Collective,
     /// Everything else (memory access flags, events, stream creation, graph instantiation,
     /// queries, functions outside the catalog, ...).
     Other,
@@ -97,6 +99,9 @@ impl Role {
                 Family::Memset => Role::Memset,
                 Family::Launch => Role::Launch,
                 Family::Module => Role::ModuleLoad,
+                Family::Collective => Role::Collective,
+                // NCCL's own allocations are made of the driver calls probed in libcuda.
+                Family::Communicator | Family::Group => Role::Other,
                 Family::Memory
                 | Family::VirtualMemory
                 | Family::Sync
@@ -112,7 +117,7 @@ fn roles() -> &'static HashMap<&'static str, Role> {
     static ROLES: OnceLock<HashMap<&'static str, Role>> = OnceLock::new();
     ROLES.get_or_init(|| {
         let mut roles = HashMap::new();
-        for spec in CATALOG {
+        for spec in CATALOG.iter().chain(NCCL_CATALOG) {
             let role = Role::of(spec.name(), spec.family);
             for symbol in spec.symbols {
                 roles.insert(*symbol, role);

@@ -84,7 +84,7 @@ pub static CATALOG: &[FnSpec] = &[
         &[Int(Device)],
     ),
     f(
-        &["cuCtxCreate_v2"],
+        &["cuCtxCreate", "cuCtxCreate_v2"],
         Family::Context,
         &[OutPtr(Context), U32(Flags), Int(Device)],
     ),
@@ -104,6 +104,17 @@ pub static CATALOG: &[FnSpec] = &[
         &[Ptr(Context)],
     ),
     f(&["cuCtxSetCurrent"], Family::Context, &[Ptr(Context)]),
+    f(
+        &["cuCtxPushCurrent", "cuCtxPushCurrent_v2"],
+        Family::Context,
+        &[Ptr(Context)],
+    ),
+    // The context popped (made current by the push that it undoes).
+    f(
+        &["cuCtxPopCurrent", "cuCtxPopCurrent_v2"],
+        Family::Context,
+        &[OutPtr(Context)],
+    ),
     f(&["cuCtxSynchronize"], Family::Sync, &[]),
     f(&["cuCtxSynchronize_v2"], Family::Sync, &[Ptr(Context)]),
     // Memory.

@@ -15,6 +15,12 @@ pub enum Family {
     Launch,
     Sync,
     Module,
+    /// NCCL collectives and point-to-point calls (libnccl).
+    Collective,
+    /// NCCL communicator creation, queries and destruction.
+    Communicator,
+    /// `ncclGroupStart`/`ncclGroupEnd`.
+    Group,
     /// Not a libcuda function: the injection library's delivery of GPU records (`--gpu`).
     GpuRecords,
     /// Functions outside the catalog, probed generically (`--functions`).
@@ -33,6 +39,9 @@ impl Family {
             Family::Launch => "launch",
             Family::Sync => "sync",
             Family::Module => "module",
+            Family::Collective => "collective",
+            Family::Communicator => "communicator",
+            Family::Group => "group",
             Family::GpuRecords => "gpu_records",
             Family::Other => "other",
         }
@@ -106,6 +115,21 @@ pub enum Field {
     /// `cuGraphExecUpdate`'s `CUgraphExecUpdateResult`, `cuGraphInstantiateWithParams`'s
     /// `CUgraphInstantiateResult`.
     GraphResult,
+    /// An NCCL communicator (`ncclComm_t`).
+    Comm,
+    /// The communicator `ncclCommSplit`/`ncclCommShrink` create.
+    NewComm,
+    /// The root rank of a rooted collective.
+    Root,
+    /// The peer rank of `ncclSend`/`ncclRecv`.
+    Peer,
+    /// The caller's rank in its communicator.
+    Rank,
+    /// The number of ranks of a communicator.
+    Nranks,
+    /// `ncclCommSplit`'s color and key.
+    Color,
+    Key,
 }
 
 /// How one argument word is read.
@@ -165,6 +189,21 @@ pub enum Arg {
     BatchSizes(u8),
     /// `CUDA_GRAPH_INSTANTIATE_PARAMS *`, read at return: flags, upload stream, result.
     GraphInstantiateParams,
+    /// An `ncclDataType_t`: its name and element size; with a `Num(Count)` it gives
+    /// `bytes` (count x size).
+    Datatype,
+    /// An `ncclRedOp_t`: its name (`sum`, `prod`, `max`, `min`, `avg`, or `premulsum` for
+    /// the ops `ncclRedOpCreatePreMulSum` makes).
+    RedOp,
+    /// An `ncclUniqueId` passed by value (128 bytes, class MEMORY: on the stack, taking no
+    /// register). Stands at index 6; the probes read its first 32 bytes, which hold the
+    /// id's random magic and the root's address: the same on every rank of a communicator.
+    UniqueIdOnStack,
+    /// `ncclUniqueId *`: the first 32 bytes of the (first) id it points to.
+    UniqueIdRef,
+    /// `ncclComm_t *comms` of `ncclCommInitAll`, an output array whose length is the
+    /// argument at the given index: read at return (the first 32).
+    CommArrayOut(u8),
     /// A word reported as it is, in `args` (functions outside the catalog).
     Raw,
     /// Present in the signature, not reported.
@@ -186,6 +225,8 @@ pub const MEMCPY2D_LEN: u32 = 128;
 pub const MEMCPY3D_LEN: u32 = 200;
 pub const IPC_HANDLE_LEN: u32 = 64;
 pub const GRAPH_INSTANTIATE_PARAMS_LEN: u32 = 32;
+/// Bytes of an `ncclUniqueId` read (of its 128).
+pub const UNIQUE_ID_READ: u32 = 32;
 /// Sizes of a copy batch read at most (`DATA_LEN / 8`).
 pub const BATCH_SIZES_READ: u64 = (tracer_common::DATA_LEN / 8) as u64;
 
@@ -248,7 +289,12 @@ impl FnSpec {
                     spec.capture = capture::CSTR;
                     spec.capture_arg = index;
                 }
-                LaunchConfig | Memcpy2D | Memcpy3D | IpcHandleOut | GraphInstantiateParams => {
+                LaunchConfig
+                | Memcpy2D
+                | Memcpy3D
+                | IpcHandleOut
+                | GraphInstantiateParams
+                | UniqueIdRef => {
                     spec.capture = capture::STRUCT;
                     spec.capture_arg = index;
                     spec.capture_len = match arg {
@@ -256,10 +302,11 @@ impl FnSpec {
                         Memcpy2D => MEMCPY2D_LEN,
                         Memcpy3D => MEMCPY3D_LEN,
                         IpcHandleOut => IPC_HANDLE_LEN,
+                        UniqueIdRef => UNIQUE_ID_READ,
                         _ => GRAPH_INSTANTIATE_PARAMS_LEN,
                     };
                 }
-                BatchSizes(count) => {
+                BatchSizes(count) | CommArrayOut(count) => {
                     spec.capture = capture::STRUCT;
                     spec.capture_arg = index;
                     spec.capture_count_arg = u32::from(*count) + 1;
@@ -297,6 +344,8 @@ impl Arg {
                 | IpcHandleOut
                 | BatchSizes(_)
                 | GraphInstantiateParams
+                | UniqueIdRef
+                | CommArrayOut(_)
         )
     }
 }

@@ -5,9 +5,14 @@ use std::borrow::Cow;
 
 use tracer_common::{CallEvent, STACK_ARGS, flags};
 
-use super::{cuda_result, raw::c_string};
+#[cfg(test)]
+use super::cuda_result;
+use super::raw::c_string;
 use crate::{
-    catalog::{Arg, BATCH_SIZES_READ, CopyKind, Field, FnSpec, IPC_HANDLE_LEN, StrField},
+    catalog::{
+        Arg, BATCH_SIZES_READ, CopyKind, Field, FnSpec, IPC_HANDLE_LEN, StrField, UNIQUE_ID_READ,
+        nccl,
+    },
     schema::{CallLine, Hex},
 };
 
@@ -34,6 +39,8 @@ impl CallLine {
             Field::Addr => self.addr = value,
             Field::Image => self.image = value,
             Field::Host => self.host = value,
+            Field::Comm => self.comm = value,
+            Field::NewComm => self.new_comm = value,
             other => self.set_num(other, number),
         }
     }
@@ -56,6 +63,12 @@ impl CallLine {
             Field::Priority => self.priority = value.map(|v| v as i32),
             Field::LibraryOptionCount => self.library_option_count = value,
             Field::GraphResult => self.graph_result = value.map(|v| v as u32),
+            Field::Rank => self.rank = value.map(|v| v as i32),
+            Field::Nranks => self.nranks = value.map(|v| v as i32),
+            Field::Root => self.root = value.map(|v| v as i32),
+            Field::Peer => self.peer = value.map(|v| v as i32),
+            Field::Color => self.color = value.map(|v| v as i32),
+            Field::Key => self.key = value.map(|v| v as i32),
             other => self.set_hex(other, number),
         }
     }
@@ -229,8 +242,21 @@ fn advice_name(advice: u32) -> Option<&'static str> {
     })
 }
 
-/// Names a call's arguments through its catalog entry.
+/// Names a libcuda call's arguments through its catalog entry.
+#[cfg(test)]
 pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &FnSpec) -> CallLine {
+    decode_call_of(call, data, symbol, spec, cuda_result::name)
+}
+
+/// Names a call's arguments through its catalog entry; `result_name` names its return
+/// codes (the probe set's: `CUresult`, `ncclResult_t`).
+pub fn decode_call_of(
+    call: &CallEvent,
+    data: Option<&[u8]>,
+    symbol: &str,
+    spec: &FnSpec,
+    result_name: fn(u32) -> Option<&'static str>,
+) -> CallLine {
     let mut record = CallLine {
         name: symbol.to_owned(),
         pid: call.header.pid,
@@ -238,7 +264,7 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
         ts_ns: call.header.ts_ns,
         dur_ns: call.dur_ns,
         ret: call.ret,
-        ret_name: cuda_result::name(call.ret).map(Cow::Borrowed),
+        ret_name: result_name(call.ret).map(Cow::Borrowed),
         kind: spec.copy.map(|kind| Cow::Borrowed(kind.as_str())),
         ..CallLine::default()
     };
@@ -337,9 +363,55 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
                         .push(Cow::Borrowed("instantiate_params_unread"));
                 }
             }
+            Arg::Datatype => match nccl::datatype(word as u32) {
+                Some((name, size)) => {
+                    record.datatype = Some(Cow::Borrowed(name));
+                    record.datatype_size = Some(size);
+                }
+                None => record.datatype = Some(Cow::Owned(format!("type_{}", word as u32))),
+            },
+            Arg::RedOp => record.op = Some(Cow::Borrowed(nccl::red_op(word as u32))),
+            Arg::UniqueIdOnStack => {
+                let words = call.args.get(index..index + STACK_ARGS).unwrap_or(&[]);
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                record.unique_id = Some(hex_bytes(&bytes));
+            }
+            Arg::UniqueIdRef => {
+                if data.len() == UNIQUE_ID_READ as usize {
+                    record.unique_id = Some(hex_bytes(data));
+                } else {
+                    record.warnings.push(Cow::Borrowed("unique_id_unread"));
+                }
+            }
+            Arg::CommArrayOut(count_index) => {
+                let count = call
+                    .args
+                    .get(usize::from(count_index))
+                    .map_or(0, |word| u64::from(*word as u32));
+                let read = (data.len() / 8) as u64;
+                if count > read {
+                    record
+                        .warnings
+                        .push(Cow::Borrowed(if count > BATCH_SIZES_READ {
+                            "comms_cut"
+                        } else {
+                            "comms_unread"
+                        }));
+                }
+                record.comms = data
+                    .chunks_exact(8)
+                    .take(count as usize)
+                    .map(|word| Hex(u64::from_le_bytes(word.try_into().unwrap_or_default())))
+                    .collect();
+            }
             Arg::Raw => record.args.push(Hex(word)),
             Arg::Skip => {}
         }
+    }
+    if let (Some(count), Some(size)) = (record.count, record.datatype_size)
+        && record.bytes.is_none()
+    {
+        record.bytes = Some(count.saturating_mul(size));
     }
     if has_grid {
         record.grid = Some(grid);

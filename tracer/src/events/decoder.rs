@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use super::{
-    call::decode_call,
-    driver,
+    call::decode_call_of,
+    cuda_result, driver,
     gpu::{GpuDecoded, GpuDecoder, GpuEvent},
     process,
     raw::{DecodeError, RawEvent},
@@ -59,7 +59,18 @@ impl Decoder {
     ) -> Option<Event> {
         let event = match raw {
             Ok(RawEvent::Call { call, data }) => plans.probe(call.probe_id).map(|probe| {
-                let mut line = decode_call(&call, data.as_deref(), &probe.symbol, probe.spec);
+                let result_name = plans
+                    .get(probe.library)
+                    .map_or(cuda_result::name as fn(u32) -> _, |plan| {
+                        plan.set.result_name
+                    });
+                let mut line = decode_call_of(
+                    &call,
+                    data.as_deref(),
+                    &probe.symbol,
+                    probe.spec,
+                    result_name,
+                );
                 line.lib = Some(probe.library);
                 Event::Call(line)
             }),

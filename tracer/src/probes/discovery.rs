@@ -575,6 +575,7 @@ pub fn library_line(
             })
             .collect(),
         missing_functions: plan.missing.iter().map(|f| f.to_string()).collect(),
+        aliases: plan.aliases.clone(),
         attach_failures: failures
             .iter()
             .filter(|(id, _)| *id == plan.id)

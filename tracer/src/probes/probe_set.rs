@@ -4,11 +4,14 @@
 
 use tracer_common::GPU_RECORDS_SYMBOL;
 
-use crate::catalog::{Arg, CATALOG, Family, FnSpec, STREAM_VARIANTS};
+use crate::{
+    catalog::{Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, STREAM_VARIANTS, nccl},
+    events::cuda_result,
+};
 
 /// Every probe set, in the order their file-name patterns are tried. The index of a set
 /// here is how the eBPF side names it (`NamePattern::set`).
-pub static PROBE_SETS: &[&ProbeSet] = &[&LIBCUDA, &INJECTION];
+pub static PROBE_SETS: &[&ProbeSet] = &[&LIBCUDA, &NCCL, &INJECTION];
 
 /// A library cudatrace knows how to probe.
 #[derive(Debug)]
@@ -46,6 +49,8 @@ pub struct ProbeSet {
     /// the traced processes, and attached for every process, as only this run's processes
     /// can map it (so nobody else pays, and a process traced in any way has it).
     pub run_private: bool,
+    /// The name of a return code (`CUDA_ERROR_INVALID_VALUE`, `ncclInvalidUsage`).
+    pub result_name: fn(u32) -> Option<&'static str>,
 }
 
 /// The eBPF programs (by name in the object) a probe set's symbols get.
@@ -91,6 +96,36 @@ pub static LIBCUDA: ProbeSet = ProbeSet {
     },
     is_api_function: is_cuda_api_function,
     run_private: false,
+    result_name: cuda_result::name,
+};
+
+/// NCCL's API functions are `nccl` and a capital, or their `pnccl` profiling aliases.
+fn is_nccl_api_function(name: &str) -> bool {
+    name.strip_prefix("nccl")
+        .or_else(|| name.strip_prefix("pnccl"))
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()))
+}
+
+/// NCCL, the second probe set: found where the processes load it (PyTorch's wheel
+/// `nvidia/nccl/lib/libnccl.so.2`), or by `--lib PATH`.
+pub static NCCL: ProbeSet = ProbeSet {
+    library: "libnccl",
+    functions: "NCCL functions",
+    soname: "libnccl.so",
+    file_names: &["libnccl.so.2", "libnccl.so"],
+    path_flag: "--lib",
+    install_hint: "install NCCL (PyTorch's wheels bring it: nvidia/nccl/lib)",
+    standin_marker: "cudatrace_standin_libnccl",
+    identity: &["ncclGetVersion", "ncclCommInitRank", "ncclAllReduce"],
+    catalog: NCCL_CATALOG,
+    variants: &[],
+    programs: Programs {
+        entry: "call_enter",
+        ret: Some("call_return"),
+    },
+    is_api_function: is_nccl_api_function,
+    run_private: false,
+    result_name: nccl::result_name,
 };
 
 /// `--gpu`: cudatrace's injection library, written for the run (`inject/`). Its one symbol
@@ -114,7 +149,13 @@ pub static INJECTION: ProbeSet = ProbeSet {
     },
     is_api_function: no_api_function,
     run_private: true,
+    result_name: no_result_name,
 };
+
+/// The injection library's one function returns nothing.
+fn no_result_name(_: u32) -> Option<&'static str> {
+    None
+}
 
 /// The injection library has no API to probe beyond its catalog: `--functions` is
 /// libcuda's.
@@ -167,6 +208,22 @@ mod tests {
         );
         assert_eq!(LIBCUDA.version_in("libcuda.so.1"), None);
         assert_eq!(LIBCUDA.version_in("libcudart.so.12.8.1"), None);
+    }
+
+    #[test]
+    fn nccl_is_the_second_set_and_its_api_includes_the_aliases() {
+        assert_eq!(NCCL.index(), 1);
+        assert!(NCCL.matches_file_name("libnccl.so.2"));
+        assert!(NCCL.matches_file_name("libnccl.so.2.28.9"));
+        assert!(!NCCL.matches_file_name("libnccl-net.so"));
+        assert_eq!(
+            NCCL.version_in("libnccl.so.2.28.9").as_deref(),
+            Some("2.28.9")
+        );
+        let api = NCCL.is_api_function;
+        assert!(api("ncclAllReduce") && api("pncclAllReduce"));
+        assert!(!api("ncclx") && !api("cudatrace_standin_libnccl") && !api("cuInit"));
+        assert_eq!((NCCL.result_name)(5), Some("ncclInvalidUsage"));
     }
 
     #[test]

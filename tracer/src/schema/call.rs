@@ -131,6 +131,48 @@ pub struct CallLine {
     pub advice: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advice_name: Option<Cow<'static, str>>,
+    /// NCCL: the communicator (`ncclComm_t`) a call works on or created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<Hex>,
+    /// `ncclCommSplit`/`ncclCommShrink`: the communicator created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_comm: Option<Hex>,
+    /// `ncclCommInitAll`: the communicators created, rank 0 first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comms: Vec<Hex>,
+    /// `ncclCommInitRank*`: the first 32 bytes of the `ncclUniqueId`, as hex: the same on
+    /// every rank of the communicator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unique_id: Option<String>,
+    /// NCCL: the caller's rank and the communicator's number of ranks (from the call's
+    /// arguments, or added by the analysis from the communicator's creation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nranks: Option<i32>,
+    /// NCCL: the root rank (rooted collectives), the peer rank (send, receive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<i32>,
+    /// NCCL: the element type's name and size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datatype: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datatype_size: Option<u64>,
+    /// NCCL: the reduction op (`sum`, `prod`, `max`, `min`, `avg`, `premulsum`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<Cow<'static, str>>,
+    /// `ncclCommSplit`'s color and key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub color: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<i32>,
+    /// NCCL: the group (`ncclGroupStart` ... `ncclGroupEnd`, outermost, numbered per
+    /// process from 1) a collective was issued in, on it and on the `ncclGroupEnd` that
+    /// ends it (added by the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<u64>,
     /// Functions outside the catalog (`--functions`): the six register arguments as they
     /// were, undecoded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -47,6 +47,10 @@ pub struct LibraryLine {
     /// Catalog functions the file does not export.
     #[serde(skip_deserializing)]
     pub missing_functions: Vec<String>,
+    /// Exported names not attached because another name shares their address (NCCL's
+    /// `pncclX` profiling aliases of `ncclX`): `[alias, the name attached]`, each once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<(String, String)>,
     /// Symbols that could not be attached in this file (the kernel refused them), as the
     /// header's `attach_failures`.
     #[serde(skip_serializing_if = "Vec::is_empty", skip_deserializing)]

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod nccl;
 pub mod power;
 
 use std::{
