@@ -7,16 +7,18 @@
  *   gcc -O2 -g -Wall -Wextra -Werror -o OUT/cudatrace-bench-loop \
  *       standin/bench_loop.c -LOUT -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN' -lpthread
  *
- * Usage: cudatrace-bench-loop N [RATE [THREADS]]
+ * Usage: cudatrace-bench-loop N [RATE [THREADS [FUNCTION]]]
  *
- *   N        calls of cuCtxSynchronize() per thread (after WARMUP calls that are
- *            not timed; they are traced like the others)
+ *   N        calls of FUNCTION per thread (after WARMUP calls that are not
+ *            timed; they are traced like the others)
  *   RATE     0 (default): as fast as possible.  Otherwise the total target
  *            rate in calls/s over all threads: each thread issues its k-th call
  *            no earlier than start + k * THREADS / RATE seconds, busy-waiting on
  *            CLOCK_MONOTONIC (no sleeping, so the CPU stays busy as a real
  *            launch loop would).
  *   THREADS  calling threads (default 1); they start together at a barrier.
+ *   FUNCTION cuCtxSynchronize (default; no arguments) or cuLaunchKernel (eleven
+ *            arguments, five on the stack: the launch path of a real workload).
  *
  * Prints one JSON line on stdout:
  *   {"calls":TOTAL,"threads":T,"ns":ELAPSED,"ns_per_call":X,"calls_per_s":R,
@@ -34,6 +36,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -63,11 +66,19 @@ static unsigned long long tv_ns(struct timeval tv)
 
 static struct rusage g_usage_start;
 
+static int g_launch;
+
 static void call_once(void)
 {
-    CUresult r = cuCtxSynchronize();
+    CUresult r;
+    if (g_launch)
+        /* The stand-in launches nothing; the handle only has to be the same each time. */
+        r = cuLaunchKernel((CUfunction)0x1000, 64, 1, 1, 128, 1, 1, 0, (CUstream)0, NULL, NULL);
+    else
+        r = cuCtxSynchronize();
     if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "cudatrace-bench-loop: cuCtxSynchronize returned %d\n", (int)r);
+        fprintf(stderr, "cudatrace-bench-loop: %s returned %d\n",
+                g_launch ? "cuLaunchKernel" : "cuCtxSynchronize", (int)r);
         exit(3);
     }
 }
@@ -111,10 +122,13 @@ static int parse_u64(const char *s, unsigned long long *out)
 int main(int argc, char **argv)
 {
     unsigned long long threads = 1, rate = 0;
-    if (argc < 2 || argc > 4 || !parse_u64(argv[1], &g_calls) || g_calls == 0 ||
+    if (argc > 4)
+        g_launch = strcmp(argv[4], "cuLaunchKernel") == 0;
+    if (argc < 2 || argc > 5 || !parse_u64(argv[1], &g_calls) || g_calls == 0 ||
         (argc > 2 && !parse_u64(argv[2], &rate)) ||
-        (argc > 3 && (!parse_u64(argv[3], &threads) || threads == 0 || threads > MAX_THREADS))) {
-        fprintf(stderr, "usage: cudatrace-bench-loop N [RATE [THREADS]]\n");
+        (argc > 3 && (!parse_u64(argv[3], &threads) || threads == 0 || threads > MAX_THREADS)) ||
+        (argc > 4 && !g_launch && strcmp(argv[4], "cuCtxSynchronize") != 0)) {
+        fprintf(stderr, "usage: cudatrace-bench-loop N [RATE [THREADS [cuCtxSynchronize|cuLaunchKernel]]]\n");
         return 2;
     }
     g_rate = (double)rate;

@@ -45,7 +45,8 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 } CUresult;
 
 typedef int CUdevice;
@@ -62,6 +63,10 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+/* Only passed by pointer. */
+typedef struct CUmemcpyAttributes_st CUmemcpyAttributes;
 
 typedef enum CUmemorytype_enum {
     CU_MEMORYTYPE_HOST = 0x01,
@@ -177,6 +182,41 @@ typedef struct CUmemAccessDesc_st {
     int flags; /* CUmemAccess_flags */
 } CUmemAccessDesc;
 
+/* CUmemLocationType */
+#define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_LOCATION_TYPE_HOST 0x2
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA 0x3
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT 0x4
+
+#define CU_IPC_HANDLE_SIZE 64
+/* Passed BY VALUE to cuIpcOpenMemHandle: a 64-byte struct goes on the stack (SysV). */
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+
+typedef enum CUmem_advise_enum {
+    CU_MEM_ADVISE_SET_READ_MOSTLY = 1,
+    CU_MEM_ADVISE_UNSET_READ_MOSTLY = 2,
+    CU_MEM_ADVISE_SET_PREFERRED_LOCATION = 3,
+    CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+    CU_MEM_ADVISE_SET_ACCESSED_BY = 5,
+    CU_MEM_ADVISE_UNSET_ACCESSED_BY = 6
+} CUmem_advise;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult: 0 success, 1 error */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef struct CUgraphExecUpdateResultInfo_st {
+    int result; /* CUgraphExecUpdateResult: 0 success, 1 error */
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
 /* ---- layout checks (x86-64 LP64) ---------------------------------------- */
 
 #define CT_ASSERT_OFF(T, f, off) \
@@ -222,6 +262,12 @@ _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp size");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc size");
 CT_ASSERT_OFF(CUlaunchAttribute, value, 8);
 _Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute size");
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation size: one register");
+_Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle size");
+CT_ASSERT_OFF(CUDA_GRAPH_INSTANTIATE_PARAMS, hUploadStream, 8);
+CT_ASSERT_OFF(CUDA_GRAPH_INSTANTIATE_PARAMS, result_out, 24);
+_Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32, "instantiate params size");
+_Static_assert(sizeof(CUgraphExecUpdateResultInfo) == 24, "update result info size");
 
 /* ---- exported functions (real driver signatures) ------------------------ */
 
@@ -242,6 +288,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxSynchronize_v2(CUcontext ctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxPushCurrent_v2(CUcontext ctx);
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                              unsigned long long flags,
                              CUdriverProcAddressQueryResult *symbolStatus);
@@ -371,7 +419,49 @@ CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned 
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+CUresult cuStreamQuery(CUstream hStream);
+CUresult cuStreamQuery_ptsz(CUstream hStream);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+
+/* memory shared between processes, unified memory hints */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                            CUstream hStream);
+CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                 CUstream hStream);
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                               unsigned int flags, CUstream hStream);
+CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                    unsigned int flags, CUstream hStream);
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device);
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                        CUmemLocation location);
+
+/* graphs */
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                              CUgraphExecUpdateResultInfo *resultInfo);
+
+/* copy batches */
+CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                            CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
+                            size_t *failIdx, CUstream hStream);
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                               size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                               size_t numAttrs, CUstream hStream);
+CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                    size_t count, CUmemcpyAttributes *attrs,
+                                    size_t *attrsIdxs, size_t numAttrs, CUstream hStream);
 
 /* modules / libraries / kernels */
 CUresult cuModuleLoad(CUmodule *module, const char *fname);

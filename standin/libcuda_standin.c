@@ -39,10 +39,13 @@
  *    (0, 1, 2, ...), in call order.  Each call produces a fresh handle (also
  *    repeated cuModuleGetFunction with the same name).  Exception:
  *    cuDevicePrimaryCtxRetain returns the same context for a device every
- *    time; it takes its handle from the counter on the first retain.
+ *    time; it takes its handle from the counter on the device's first retain.
  *  - Host pointers (cuMemAllocHost_v2, cuMemHostAlloc) are real malloc()
  *    memory; cuMemFreeHost free()s them.
- *  - cuDriverGetVersion reports 13000; cuDeviceGetCount reports 1 device.
+ *  - cuDriverGetVersion reports 13000; cuDeviceGetCount reports 2 devices (0 and 1).
+ *  - The current context is not tracked: cuCtxSetCurrent and cuCtxPushCurrent accept
+ *    any context; cuCtxPopCurrent returns the one last pushed on the thread, NULL when
+ *    none (a small per-thread stack).
  *
  * Errors that mirror the real driver:
  *  - any NULL output pointer                      -> CUDA_ERROR_INVALID_VALUE (1)
@@ -51,7 +54,7 @@
  *    name == NULL                                 -> CUDA_ERROR_INVALID_VALUE (1)
  *    name == "missing_kernel"                     -> CUDA_ERROR_NOT_FOUND (500)
  *  - cuInit(flags != 0)                           -> CUDA_ERROR_INVALID_VALUE (1)
- *  - device ordinal other than 0                  -> CUDA_ERROR_INVALID_DEVICE (101)
+ *  - device ordinal other than 0 or 1             -> CUDA_ERROR_INVALID_DEVICE (101)
  *  - launching a NULL CUfunction / CUgraphExec    -> CUDA_ERROR_INVALID_HANDLE (400)
  * The stand-in does NOT require cuInit before other calls and does not track
  * allocations (freeing an unknown pointer succeeds).
@@ -93,6 +96,8 @@ const char cudatrace_standin_libcuda[] __attribute__((visibility("default"))) =
 #define STANDIN_DPTR_ALIGN 512ULL
 #define STANDIN_VA_BASE 0x7f8000000000ULL
 #define STANDIN_VA_GRANULE (2ULL << 20)
+#define STANDIN_IPC_BASE 0x7e0000000000ULL
+#define STANDIN_IPC_STEP (2ULL << 20)
 #define STANDIN_HANDLE_BASE 0x1000ULL
 #define STANDIN_HANDLE_STEP 0x10ULL
 #define STANDIN_DRIVER_VERSION 13000
@@ -107,8 +112,10 @@ static volatile unsigned long long g_calls[STANDIN_MAX_FUNCS];
 
 static unsigned long long g_next_dptr = STANDIN_DPTR_BASE;
 static unsigned long long g_next_va = STANDIN_VA_BASE;
+static unsigned long long g_next_ipc = STANDIN_IPC_BASE;
 static unsigned long long g_handle_count;
-static CUcontext g_primary_ctx; /* one device */
+#define STANDIN_DEVICES 2
+static CUcontext g_primary_ctx[STANDIN_DEVICES];
 
 static unsigned long long round_up(unsigned long long v, unsigned long long a)
 {
@@ -167,6 +174,29 @@ static CUresult lookup_name(const char *name)
         return CUDA_ERROR_INVALID_VALUE;
     if (strcmp(name, MISSING_KERNEL_NAME) == 0)
         return CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+/* IPC handles: the exporter's device pointer (8 bytes, little-endian), then bytes
+ * 0xc8, 0xc9, ..., 0xff: predictable, and different for every pointer. */
+static void ipc_handle_for(CUipcMemHandle *handle, CUdeviceptr dptr)
+{
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        handle->reserved[i] = (char)(i < 8 ? (dptr >> (8 * i)) & 0xffU : 0xc0U + (unsigned)i);
+}
+
+static CUresult check_device(CUdevice device)
+{
+    return device == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+static CUresult check_location(CUmemLocation location)
+{
+    if (location.type < CU_MEM_LOCATION_TYPE_DEVICE ||
+        location.type > CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        return check_device(location.id);
     return CUDA_SUCCESS;
 }
 
@@ -384,9 +414,9 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
     TOUCH();
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0)
+    if (ordinal < 0 || ordinal >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    *device = ordinal;
     return CUDA_SUCCESS;
 }
 
@@ -395,7 +425,7 @@ EXPORT CUresult cuDeviceGetCount(int *count)
     TOUCH();
     if (count == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = STANDIN_DEVICES;
     return CUDA_SUCCESS;
 }
 
@@ -404,12 +434,12 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     TOUCH();
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
-    CUcontext ctx = __atomic_load_n(&g_primary_ctx, __ATOMIC_ACQUIRE);
+    CUcontext ctx = __atomic_load_n(&g_primary_ctx[dev], __ATOMIC_ACQUIRE);
     if (ctx == NULL) {
         CUcontext fresh = (CUcontext)(unsigned long)next_handle();
-        if (__atomic_compare_exchange_n(&g_primary_ctx, &ctx, fresh, 0, __ATOMIC_ACQ_REL,
+        if (__atomic_compare_exchange_n(&g_primary_ctx[dev], &ctx, fresh, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE))
             ctx = fresh;
     }
@@ -420,20 +450,29 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     TOUCH();
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return dev < 0 || dev >= STANDIN_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     TOUCH();
-    return dev != 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return dev < 0 || dev >= STANDIN_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    TOUCH();
+    (void)flags;
+    if (dev < 0 || dev >= STANDIN_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return new_handle_out(pctx);
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     TOUCH();
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -445,7 +484,7 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams
     (void)paramsArray;
     (void)numParams;
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -456,7 +495,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned 
     TOUCH();
     (void)ctxCreateParams;
     (void)flags;
-    if (dev != 0)
+    if (dev < 0 || dev >= STANDIN_DEVICES)
         return CUDA_ERROR_INVALID_DEVICE;
     return new_handle_out(pctx);
 }
@@ -485,6 +524,52 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
     TOUCH();
     (void)ctx;
     return CUDA_SUCCESS;
+}
+
+/* Push/pop: a small per-thread stack, so a pop returns what the thread pushed. */
+static __thread CUcontext t_ctx_stack[16];
+static __thread int t_ctx_depth;
+
+static CUresult push_current(CUcontext ctx)
+{
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t_ctx_depth == 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    t_ctx_stack[t_ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+static CUresult pop_current(CUcontext *pctx)
+{
+    CUcontext ctx = t_ctx_depth > 0 ? t_ctx_stack[--t_ctx_depth] : NULL;
+    if (pctx != NULL)
+        *pctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    TOUCH();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    TOUCH();
+    return push_current(ctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    TOUCH();
+    return pop_current(pctx);
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    TOUCH();
+    return pop_current(pctx);
 }
 
 /* cuGetProcAddress_v2 is defined at the end of the file, after the table of
@@ -1233,6 +1318,220 @@ EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return new_handle_out(phEvent);
 }
 
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    TOUCH();
+    (void)flags;
+    (void)priority;
+    return new_handle_out(phStream);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+    TOUCH();
+    (void)hStream;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    TOUCH();
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    TOUCH();
+    return hEvent == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+/* ==== IPC, unified memory hints =========================================== */
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    TOUCH();
+    if (pHandle == NULL || dptr == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    ipc_handle_for(pHandle, dptr);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    TOUCH();
+    (void)handle;
+    if (pdptr == NULL || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = __atomic_fetch_add(&g_next_ipc, STANDIN_IPC_STEP, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    TOUCH();
+    return dptr == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                   CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_device(dstDevice);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice,
+                                        CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_device(dstDevice);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location,
+                                      unsigned int flags, CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)flags; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_location(location);
+}
+
+EXPORT CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count,
+                                           CUmemLocation location, unsigned int flags,
+                                           CUstream hStream)
+{
+    TOUCH();
+    (void)count; (void)flags; (void)hStream;
+    return devPtr == 0 ? CUDA_ERROR_INVALID_VALUE : check_location(location);
+}
+
+EXPORT CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                            CUdevice device)
+{
+    TOUCH();
+    (void)count;
+    if (devPtr == 0 || advice < CU_MEM_ADVISE_SET_READ_MOSTLY ||
+        advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_device(device);
+}
+
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                               CUmemLocation location)
+{
+    TOUCH();
+    (void)count;
+    if (devPtr == 0 || advice < CU_MEM_ADVISE_SET_READ_MOSTLY ||
+        advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        return CUDA_ERROR_INVALID_VALUE;
+    return check_location(location);
+}
+
+/* ==== graphs ============================================================== */
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                            unsigned long long flags)
+{
+    TOUCH();
+    (void)flags;
+    if (phGraphExec == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hGraph == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return new_handle_out(phGraphExec);
+}
+
+static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (phGraphExec == NULL || params == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    params->hErrNode_out = NULL;
+    if (hGraph == NULL) {
+        params->result_out = 1; /* CUDA_GRAPH_INSTANTIATE_ERROR */
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    params->result_out = 0; /* CUDA_GRAPH_INSTANTIATE_SUCCESS */
+    return new_handle_out(phGraphExec);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    TOUCH();
+    return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+    TOUCH();
+    return instantiate_with_params(phGraphExec, hGraph, instantiateParams);
+}
+
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                     CUgraphExecUpdateResultInfo *resultInfo)
+{
+    TOUCH();
+    if (hGraphExec == NULL || resultInfo == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    resultInfo->errorNode = NULL;
+    resultInfo->errorFromNode = NULL;
+    if (hGraph == NULL) {
+        resultInfo->result = 1; /* CU_GRAPH_EXEC_UPDATE_ERROR */
+        return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    resultInfo->result = 0; /* CU_GRAPH_EXEC_UPDATE_SUCCESS */
+    return CUDA_SUCCESS;
+}
+
+/* ==== copy batches ======================================================== */
+
+static CUresult check_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count)
+{
+    return dsts == NULL || srcs == NULL || sizes == NULL || count == 0
+               ? CUDA_ERROR_INVALID_VALUE
+               : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                   size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+                                   size_t numAttrs, size_t *failIdx, CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    CUresult r = check_batch(dsts, srcs, sizes, count);
+    if (failIdx != NULL)
+        *failIdx = r == CUDA_SUCCESS ? (size_t)-1 : 0;
+    return r;
+}
+
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                      size_t count, CUmemcpyAttributes *attrs,
+                                      size_t *attrsIdxs, size_t numAttrs, CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    return check_batch(dsts, srcs, sizes, count);
+}
+
+EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                           size_t count, CUmemcpyAttributes *attrs,
+                                           size_t *attrsIdxs, size_t numAttrs,
+                                           CUstream hStream)
+{
+    TOUCH();
+    (void)attrs; (void)attrsIdxs; (void)numAttrs; (void)hStream;
+    return check_batch(dsts, srcs, sizes, count);
+}
+
 /* ==== modules / libraries / kernels ======================================= */
 
 EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
@@ -1358,7 +1657,8 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                         \
     X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2) X(cuCtxCreate_v3)              \
     X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxSynchronize) X(cuCtxSynchronize_v2)  \
-    X(cuCtxSetCurrent)                                                               \
+    X(cuCtxSetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent)   \
+    X(cuCtxPopCurrent_v2) X(cuCtxCreate)                                             \
     X(cuMemAlloc_v2) X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemAllocManaged)     \
     X(cuMemAllocPitch_v2) X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz)                 \
     X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) X(cuMemFree_v2)       \
@@ -1385,6 +1685,14 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     X(cuEventRecord) X(cuEventRecord_ptsz) X(cuEventRecordWithFlags)                 \
     X(cuEventRecordWithFlags_ptsz) X(cuStreamWaitEvent) X(cuStreamWaitEvent_ptsz)    \
     X(cuStreamCreate) X(cuEventCreate)                                               \
+    X(cuStreamCreateWithPriority) X(cuStreamQuery) X(cuStreamQuery_ptsz)             \
+    X(cuEventQuery) X(cuEventDestroy_v2)                                             \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)             \
+    X(cuMemPrefetchAsync) X(cuMemPrefetchAsync_ptsz) X(cuMemPrefetchAsync_v2)        \
+    X(cuMemPrefetchAsync_v2_ptsz) X(cuMemAdvise) X(cuMemAdvise_v2)                   \
+    X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)                   \
+    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecUpdate_v2)                     \
+    X(cuMemcpyBatchAsync) X(cuMemcpyBatchAsync_v2) X(cuMemcpyBatchAsync_v2_ptsz)     \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx)                        \
     X(cuModuleLoadFatBinary) X(cuModuleUnload) X(cuModuleGetFunction)                \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload)                 \
@@ -1398,7 +1706,7 @@ struct export_entry {
 static void *find_export(const char *name);
 
 /*
- * Resolution rules (modelled on the real driver, see /work/shared/FACTS.md):
+ * Resolution rules (modelled on the real driver 580.159.04, as measured there):
  *  - callers pass the BASE name ("cuMemAlloc", "cuLaunchKernel", ...);
  *  - with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM in flags, the
  *    per-thread variants are preferred: NAME_v2_ptsz, NAME_v2_ptds,

@@ -17,7 +17,11 @@ With --profiler the inference stage runs inside torch.profiler.profile(CPU, CUDA
 comparing its cost; entering and leaving the profiler are not in the stage's time, and the
 time spent leaving it (its post-processing) is printed as "profiler post-processing: X s".
 
+With --dtype float16 the model runs in half precision (`.half()`), as serving stacks do;
+its kernels have some of PyTorch's longest names.
+
 Usage: python3 transformer_inference.py [--device cuda] [--tokens 20] [--profiler]
+       [--dtype float16]
 """
 
 import os
@@ -55,6 +59,8 @@ def main() -> None:
                         help="number of new tokens to generate (default 20)")
     parser.add_argument("--profiler", action="store_true",
                         help="run the inference stage inside torch.profiler.profile(CPU, CUDA)")
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                        help="the model's precision (default float32)")
     args = parser.parse_args()
     if args.tokens < 1:
         parser.error("--tokens must be >= 1")
@@ -89,6 +95,8 @@ def main() -> None:
         use_cache=True,
     )
     model = GPT2LMHeadModel(config).eval()
+    if args.dtype == "float16":
+        model = model.half()
     model = model.to(device)
     sync(device)
     report("weight_loading", t)

@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn the_forms_pytorch_uses_are_there() {
-        // FACTS.md: cuGetProcAddress_v2 hands out these exported forms.
+        // cuGetProcAddress_v2 hands out these exported forms (measured on driver 580.159.04).
         for (name, cbid) in [
             ("cuLaunchKernel", 307),
             ("cuLaunchKernel_ptsz", 442),

@@ -14,8 +14,10 @@ use crate::EventHeader;
 /// Records one call of `cudatrace_gpu_records` may carry; the uprobe counts any beyond this
 /// as lost (`counter::GPU_READ_FAILED`).
 pub const GPU_BATCH_MAX: usize = 32;
-/// Bytes of text a [`GpuTextEvent`] carries; longer text is cut and flagged.
-pub const GPU_TEXT_LEN: usize = 4096;
+/// Bytes of text a [`GpuTextEvent`] carries; longer text is cut and flagged. The same limit
+/// as a call's strings ([`crate::TEXT_LEN`]), so a kernel name is kept whole (or cut) alike
+/// whichever way it arrives.
+pub const GPU_TEXT_LEN: usize = crate::TEXT_LEN;
 /// The exported function the injection library calls with each batch.
 pub const GPU_RECORDS_SYMBOL: &str = "cudatrace_gpu_records";
 

@@ -6,7 +6,9 @@
 
 use core::mem::size_of;
 
+mod attach;
 mod gpu;
+pub use attach::*;
 pub use gpu::*;
 
 /// Event kinds. Numbers are stable and never reused.
@@ -23,6 +25,11 @@ pub mod kind {
     pub const GPU: u32 = 5;
     /// A GPU record that carries text: a kernel name, an error message ([`super::GpuTextEvent`]).
     pub const GPU_TEXT: u32 = 6;
+    /// A driver call plus a string an argument points to: a kernel name, a file path
+    /// ([`super::CallStringEvent`]).
+    pub const CALL_STRING: u32 = 7;
+    /// A library opened, a fork or an exec the loader must act on ([`super::AttachEvent`]).
+    pub const ATTACH: u32 = 8;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -31,7 +38,7 @@ pub mod kind {
 
 /// Header flags.
 pub mod flags {
-    /// A captured string filled the whole buffer and may be cut short.
+    /// A captured string or text was longer than [`super::TEXT_LEN`] bytes and was cut there.
     pub const DATA_TRUNCATED: u32 = 1 << 0;
     /// Reading user memory (stack arguments, a string, a struct) failed.
     pub const ENTRY_READ_FAILED: u32 = 1 << 1;
@@ -47,12 +54,35 @@ pub const REGISTER_ARGS: usize = 6;
 pub const STACK_ARGS: usize = MAX_ARGS - REGISTER_ARGS;
 /// Output parameters read back at return (e.g. `*dptr`, `*pitch`).
 pub const MAX_OUTS: usize = 2;
-/// Bytes captured at entry: a kernel name or a `CUlaunchConfig` / `CUDA_MEMCPY3D` struct.
+/// Bytes of a struct or array captured ([`CallDataEvent`]): a `CUlaunchConfig`, a
+/// `CUDA_MEMCPY3D`, an IPC handle, a batch's sizes.
 pub const DATA_LEN: usize = 256;
+/// The longest text kept whole, in bytes: a kernel name or path of a call
+/// ([`CallStringEvent`]), a GPU record's text ([`GpuTextEvent`]). Longer ones are cut to
+/// this and flagged [`flags::DATA_TRUNCATED`].
+pub const TEXT_LEN: usize = 4096;
+/// Bytes the kernel reads for a string: [`TEXT_LEN`], one more to tell a longer string
+/// from one of exactly [`TEXT_LEN`], and the NUL.
+pub const STRING_READ_LEN: usize = TEXT_LEN + 2;
+/// [`CallStringEvent::data`]'s size: [`STRING_READ_LEN`] rounded up to 8 bytes.
+pub const STRING_BUF_LEN: usize = STRING_READ_LEN.next_multiple_of(8);
+/// Bits of a call probe's attach cookie above its probe id (the low 32 bits, the index in
+/// `SPECS`): what the entry program would otherwise look up on every call.
+pub mod cookie {
+    /// The probe id: the low 32 bits.
+    pub const PROBE_ID: u64 = 0xffff_ffff;
+    /// The link is the traced process's own (uprobe_multi with a pid): the kernel runs the
+    /// program for that process only, so the traced-process lookup is skipped.
+    pub const PER_PROCESS: u64 = 1 << 32;
+    /// The function has arguments on the stack: the entry reads them with the return
+    /// address, in one read.
+    pub const STACK_ARGS: u64 = 1 << 33;
+}
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;
-/// Entries of the `SPECS` map, i.e. how many symbols one run can attach.
-pub const MAX_PROBES: u32 = 1024;
+/// Entries of the `SPECS` map, i.e. how many symbols one run can attach (`--functions all`
+/// on NVIDIA's 580 driver plans 682).
+pub const MAX_PROBES: u32 = 4096;
 
 /// Per-CPU counters in the `COUNTERS` map (indexes).
 pub mod counter {
@@ -75,16 +105,44 @@ pub mod counter {
     /// A GPU record could not be read from the traced process, or its batch held more than
     /// [`super::GPU_BATCH_MAX`] records: each such record is lost.
     pub const GPU_READ_FAILED: u32 = 8;
+    /// A new child of a traced process could not be added to the traced-process map, or to
+    /// the map of children being created: the child and its descendants are not traced, or
+    /// it runs without its own probes.
+    pub const TRACED_FULL: u32 = 9;
+    /// `--kernel`: an NVIDIA device fd could not be added to the fd map: its ioctls and
+    /// mmaps are not seen.
+    pub const FDS_FULL: u32 = 10;
+    /// An open could not be remembered until its return: the file it opens is not checked
+    /// for being a probe-set library (discovery) or, with `--kernel`, an NVIDIA device
+    /// (whose ioctls and mmaps are then not seen).
+    pub const OPENS_FULL: u32 = 11;
+    /// `--kernel`: an ioctl or mmap on an NVIDIA fd could not be remembered until its
+    /// return: its event is lost.
+    pub const SYSCALLS_FULL: u32 = 12;
+    /// `--kernel` with kprobes: a kernel function call could not be remembered until its
+    /// return: its event is lost.
+    pub const KFUNCS_FULL: u32 = 13;
+    /// Pending calls dropped because they can no longer be running: a later entry found
+    /// the stack below them unwound (`longjmp`, an exception through the library), or an
+    /// outer call returned first. Their events are never written.
+    pub const ABANDONED_FRAMES: u32 = 14;
+    /// Ring-buffer reserve failed for an attach event: a library opened or a fork that
+    /// the loader never heard of (its calls may be missed).
+    pub const ATTACH_RING_FULL: u32 = 15;
     /// Number of counters.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 16;
 }
 
-/// Which memory a probe captures (at return) into [`CallDataEvent::data`].
+/// Which memory a probe captures (at return): into [`CallStringEvent::data`] for strings,
+/// [`CallDataEvent::data`] otherwise.
 pub mod capture {
     pub const NONE: u32 = 0;
-    /// A NUL-terminated string pointed to by an argument (kernel names).
+    /// A NUL-terminated string pointed to by an argument (kernel names, paths), up to
+    /// [`super::TEXT_LEN`] bytes.
     pub const CSTR: u32 = 1;
-    /// `len` bytes pointed to by an argument (`CUlaunchConfig`, `CUDA_MEMCPY2D`...).
+    /// `capture_len` bytes pointed to by an argument (`CUlaunchConfig`, `CUDA_MEMCPY2D`...),
+    /// or with `capture_count_arg`, that argument's value times 8 (an array of 64-bit
+    /// words), at most [`super::DATA_LEN`].
     pub const STRUCT: u32 = 2;
 }
 
@@ -137,8 +195,12 @@ pub struct ProbeSpec {
     pub capture_len: u32,
     /// Argument indexes + 1 of output pointers read as u64 at return; 0 means none.
     pub out_args: [u32; MAX_OUTS],
+    /// For [`capture::STRUCT`]: argument index + 1 of an element count; the capture is then
+    /// that many 64-bit words (at most `DATA_LEN / 8`) instead of `capture_len` bytes.
+    pub capture_count_arg: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<ProbeSpec>() == 24);
+const _: () = assert!(size_of::<ProbeSpec>() == 32);
 
 /// Common prefix of every event in the ring buffer.
 #[repr(C)]
@@ -188,6 +250,22 @@ pub struct CallDataEvent {
     pub data: [u8; DATA_LEN],
 }
 const _: () = assert!(size_of::<CallDataEvent>() == 136 + 8 + DATA_LEN);
+
+/// A driver call plus the string its pointer argument referred to, read at return like
+/// [`CallDataEvent`]'s memory. Reserved in the ring only by probes that capture a string
+/// (name lookups, file loads), so other calls stay small. `data_len` bytes of `data` are
+/// the string, without its NUL, at most [`TEXT_LEN`]; longer strings are cut to
+/// [`TEXT_LEN`] and flagged [`flags::DATA_TRUNCATED`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallStringEvent {
+    pub call: CallEvent,
+    pub data_len: u32,
+    pub _pad: u32,
+    pub data: [u8; STRING_BUF_LEN],
+}
+const _: () = assert!(size_of::<CallStringEvent>() == 136 + 8 + STRING_BUF_LEN);
+const _: () = assert!(STRING_BUF_LEN >= STRING_READ_LEN);
 
 /// A traced process forked a child, exec'd, or exited.
 #[repr(C)]
@@ -267,9 +345,14 @@ pub struct Frame {
     pub probe_id: u32,
     pub flags: u32,
     pub ts_ns: u64,
+    /// The stack pointer at entry (pointing at the return address): a later entry with a
+    /// higher one means this call's frame is gone.
+    pub sp: u64,
+    /// The return address at entry, before the return probe replaces it.
+    pub ret_addr: u64,
     pub args: [u64; MAX_ARGS],
 }
-const _: () = assert!(size_of::<Frame>() == 8 + 8 + 80);
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 16 + 80);
 
 /// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
 #[repr(C)]
@@ -289,4 +372,48 @@ mod pod {
     unsafe impl aya::Pod for ProbeSpec {}
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
+    unsafe impl aya::Pod for NamePattern {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kind and counter numbers are a contract with the loader and recorded traces. Each
+    /// is listed here in order, so a number given twice (as two branches written in
+    /// parallel once did) or a gap fails.
+    #[test]
+    fn kinds_and_counters_are_numbered_once_each() {
+        let kinds = [
+            kind::CALL,
+            kind::CALL_DATA,
+            kind::PROC,
+            kind::DRIVER,
+            kind::GPU,
+            kind::GPU_TEXT,
+            kind::CALL_STRING,
+            kind::ATTACH,
+        ];
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8]);
+        let counters = [
+            counter::RING_FULL,
+            counter::TOO_DEEP,
+            counter::FRAMES_FULL,
+            counter::UNMATCHED_RETURN,
+            counter::ENTRIES,
+            counter::PROC_RING_FULL,
+            counter::DRIVER_RING_FULL,
+            counter::GPU_RING_FULL,
+            counter::GPU_READ_FAILED,
+            counter::TRACED_FULL,
+            counter::FDS_FULL,
+            counter::OPENS_FULL,
+            counter::SYSCALLS_FULL,
+            counter::KFUNCS_FULL,
+            counter::ABANDONED_FRAMES,
+            counter::ATTACH_RING_FULL,
+        ];
+        assert_eq!(counters, core::array::from_fn::<u32, 16, _>(|i| i as u32));
+        assert_eq!(counter::COUNT as usize, counters.len());
+    }
 }

@@ -1,24 +1,26 @@
 //! The generic driver-call probes. Entry saves a frame per thread (time, arguments);
-//! return pairs it, reads output parameters and pointed-to memory, and emits one event.
+//! return pairs it, reads output parameters and pointed-to memory, and emits one event:
+//! a `CallEvent`, a `CallStringEvent` (a name or path, up to 4 KiB) or a `CallDataEvent`
+//! (a struct or array), whichever the probe's spec captures.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_str_bytes, generated,
-    },
+    helpers::{bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, generated},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    CallDataEvent, CallEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_DEPTH, MAX_OUTS,
-    REGISTER_ARGS, STACK_ARGS, capture as capture_kind, counter, flags, kind,
+    CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_DEPTH,
+    MAX_OUTS, ProbeSpec, STACK_ARGS, STRING_READ_LEN, TEXT_LEN, capture as capture_kind,
+    cookie as cookie_bits, counter, flags, kind,
 };
 
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
-use crate::maps::{EVENTS, FRAMES, SPECS, ZERO_STACK, bump, is_traced, submit_flags};
+use crate::maps::{
+    EVENTS, FRAMES, SPECS, ZERO_STACK, add, bump, current_ids, is_traced, stopped, submit_flags,
+};
 
 #[uprobe]
 pub fn call_enter(ctx: ProbeContext) -> u32 {
@@ -47,14 +49,38 @@ fn thread_stack(tid: u32) -> Option<*mut FrameStack> {
 
 fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     let ts_ns = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_traced((pid_tgid >> 32) as u32) {
+    let (tgid, tid) = current_ids()?;
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    // A per-process link fires for its traced process only: no lookup needed.
+    let traced = if cookie & cookie_bits::PER_PROCESS != 0 {
+        tgid != 0 && !stopped()
+    } else {
+        is_traced(tgid)
+    };
+    if !traced {
         return None;
     }
     bump(counter::ENTRIES);
-    let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    let spec = SPECS.get(probe_id)?;
-    let stack = unsafe { &mut *thread_stack(pid_tgid as u32)? };
+    let probe_id = (cookie & cookie_bits::PROBE_ID) as u32;
+    let stack = unsafe { &mut *thread_stack(tid)? };
+    let regs = unsafe { &*ctx.regs };
+
+    // At entry [rsp] is the return address and the seventh argument is at rsp+8: one read.
+    let mut ret_addr = 0;
+    let mut stack_words = [0u64; STACK_ARGS];
+    let mut read_failed = false;
+    if cookie & cookie_bits::STACK_ARGS != 0 {
+        match unsafe { bpf_probe_read_user(regs.rsp as *const [u64; 1 + STACK_ARGS]) } {
+            Ok(words) => {
+                ret_addr = words[0];
+                stack_words = [words[1], words[2], words[3], words[4]];
+            }
+            Err(_) => read_failed = true,
+        }
+    } else if let Ok(word) = unsafe { bpf_probe_read_user(regs.rsp as *const u64) } {
+        ret_addr = word;
+    }
+    drop_abandoned(stack, regs.rsp, ret_addr);
 
     let depth = stack.depth;
     stack.depth = depth + 1;
@@ -64,87 +90,141 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let frame = stack.frames.get_mut(depth as usize)?;
     frame.probe_id = probe_id;
-    frame.flags = 0;
+    frame.flags = if read_failed {
+        flags::ENTRY_READ_FAILED
+    } else {
+        0
+    };
     frame.ts_ns = ts_ns;
-
-    let regs = unsafe { &*ctx.regs };
+    frame.sp = regs.rsp;
+    frame.ret_addr = ret_addr;
     frame.args[0] = regs.rdi;
     frame.args[1] = regs.rsi;
     frame.args[2] = regs.rdx;
     frame.args[3] = regs.rcx;
     frame.args[4] = regs.r8;
     frame.args[5] = regs.r9;
-    if spec.nargs as usize > REGISTER_ARGS {
-        // At entry [rsp] is the return address; the seventh argument is at rsp+8.
-        let slots = (regs.rsp + 8) as *const [u64; STACK_ARGS];
-        match unsafe { bpf_probe_read_user(slots) } {
-            Ok(words) => {
-                frame.args[6] = words[0];
-                frame.args[7] = words[1];
-                frame.args[8] = words[2];
-                frame.args[9] = words[3];
-            }
-            Err(_) => frame.flags |= flags::ENTRY_READ_FAILED,
-        }
-    }
+    frame.args[6] = stack_words[0];
+    frame.args[7] = stack_words[1];
+    frame.args[8] = stack_words[2];
+    frame.args[9] = stack_words[3];
     Some(())
 }
 
-/// Reads the memory the spec's pointer argument refers to into `data`; returns its length.
+/// Drops pending calls that cannot still be running, so that a call left by `longjmp` (or
+/// an exception thrown through the library) does not hold a nesting level for ever. The
+/// stack grows down: a pending call entered with its return address below the current
+/// stack pointer has been unwound. At the same stack pointer it is a call made again from
+/// the same place (same return address); a tail call from the pending one into another
+/// probed function would find the return probe's trampoline there instead, and is kept.
 #[inline(always)]
-fn capture(
+fn drop_abandoned(stack: &mut FrameStack, sp: u64, ret_addr: u64) {
+    let gone = |frame: &Frame| frame.sp < sp || (frame.sp == sp && frame.ret_addr == ret_addr);
+    let mut dropped = 0u64;
+    if stack.depth as usize > MAX_DEPTH {
+        // Calls too deep to keep were entered inside the deepest kept one: if it is gone,
+        // so are they (they were counted as lost when they entered).
+        let deepest = &stack.frames[MAX_DEPTH - 1];
+        if !gone(deepest) {
+            return;
+        }
+        stack.depth = MAX_DEPTH as u32;
+    }
+    for _ in 0..MAX_DEPTH {
+        let depth = stack.depth;
+        if depth == 0 {
+            break;
+        }
+        let Some(top) = stack.frames.get((depth as usize - 1) & (MAX_DEPTH - 1)) else {
+            break;
+        };
+        if !gone(top) {
+            break;
+        }
+        stack.depth = depth - 1;
+        dropped += 1;
+    }
+    if dropped > 0 {
+        add(counter::ABANDONED_FRAMES, dropped);
+    }
+}
+
+/// Reads the NUL-terminated string `ptr` points to into `data` (a ring reservation), and
+/// returns its length without the NUL, at most `TEXT_LEN`: a longer string is cut there and
+/// flagged `DATA_TRUNCATED`.
+#[inline(always)]
+fn capture_string(data: *mut u8, flags_out: &mut u32, ptr: u64) -> u32 {
+    if ptr == 0 {
+        return 0;
+    }
+    // Reads at most STRING_READ_LEN - 1 bytes and a NUL: one byte more than TEXT_LEN tells
+    // a string of exactly TEXT_LEN bytes from a longer one.
+    let rc = unsafe {
+        generated::bpf_probe_read_user_str(
+            data.cast(),
+            STRING_READ_LEN as u32,
+            ptr as *const core::ffi::c_void,
+        )
+    };
+    if rc < 0 {
+        *flags_out |= flags::ENTRY_READ_FAILED;
+        return 0;
+    }
+    // rc counts the NUL.
+    let len = (rc as u64).saturating_sub(1);
+    if len > TEXT_LEN as u64 {
+        *flags_out |= flags::DATA_TRUNCATED;
+        return TEXT_LEN as u32;
+    }
+    len as u32
+}
+
+/// Reads the struct or array the spec's pointer argument refers to into `data`; returns
+/// the bytes read.
+#[inline(always)]
+fn capture_struct(
     data: &mut [u8; DATA_LEN],
     flags_out: &mut u32,
     frame: &Frame,
-    what: u32,
-    arg: u32,
-    len: u32,
+    spec: &ProbeSpec,
 ) -> u32 {
-    let Some(&ptr) = frame.args.get(arg as usize) else {
+    let Some(&ptr) = frame.args.get(spec.capture_arg as usize) else {
         return 0;
     };
     if ptr == 0 {
         return 0;
     }
-    if what == capture_kind::CSTR {
-        match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, data) } {
-            Ok(bytes) => {
-                if bytes.len() >= DATA_LEN - 1 {
-                    *flags_out |= flags::DATA_TRUNCATED;
-                }
-                bytes.len() as u32
-            }
-            Err(_) => {
-                *flags_out |= flags::ENTRY_READ_FAILED;
-                0
-            }
-        }
+    let mut len = u64::from(spec.capture_len);
+    if spec.capture_count_arg != 0 {
+        let Some(&count) = frame.args.get(spec.capture_count_arg as usize - 1) else {
+            return 0;
+        };
+        len = count.min((DATA_LEN / 8) as u64) * 8;
+    }
+    if len > DATA_LEN as u64 {
+        len = DATA_LEN as u64;
+    }
+    if len == 0 {
+        return 0;
+    }
+    let rc = unsafe {
+        generated::bpf_probe_read_user(
+            data.as_mut_ptr().cast(),
+            len as u32,
+            ptr as *const core::ffi::c_void,
+        )
+    };
+    if rc == 0 {
+        len as u32
     } else {
-        let len = if len as usize > DATA_LEN {
-            DATA_LEN as u32
-        } else {
-            len
-        };
-        let rc = unsafe {
-            generated::bpf_probe_read_user(
-                data.as_mut_ptr().cast(),
-                len,
-                ptr as *const core::ffi::c_void,
-            )
-        };
-        if rc == 0 {
-            len
-        } else {
-            *flags_out |= flags::ENTRY_READ_FAILED;
-            0
-        }
+        *flags_out |= flags::ENTRY_READ_FAILED;
+        0
     }
 }
 
 fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
+    let (tgid, tid) = current_ids()?;
     // Only traced threads ever get a frame stack, so no filter is needed here.
     let stack = unsafe { &mut *FRAMES.get_ptr_mut(&tid)? };
     let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
@@ -163,6 +243,10 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         bump(counter::UNMATCHED_RETURN);
         return None;
     };
+    if depth > level {
+        // Calls entered inside this one that never returned (see `drop_abandoned`).
+        add(counter::ABANDONED_FRAMES, u64::from(depth - level));
+    }
     stack.depth = level;
     // Read back and masked: LLVM knows `level < MAX_DEPTH` and would drop a plain mask,
     // leaving the verifier an unbounded index.
@@ -176,7 +260,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             kind: kind::CALL,
             flags: frame.flags,
             ts_ns: frame.ts_ns,
-            pid: (pid_tgid >> 32) as u32,
+            pid: tgid,
             tid,
         },
         probe_id,
@@ -209,6 +293,28 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         };
         entry.write(call);
         entry.submit(submit_flags());
+    } else if spec.capture == capture_kind::CSTR {
+        call.header.kind = kind::CALL_STRING;
+        let Some(mut entry) = EVENTS.reserve::<CallStringEvent>(0) else {
+            bump(counter::RING_FULL);
+            return None;
+        };
+        let out = entry.as_mut_ptr();
+        let ptr = frame
+            .args
+            .get(spec.capture_arg as usize)
+            .copied()
+            .unwrap_or(0);
+        unsafe {
+            // Read straight into the ring: the 4 KiB buffer never touches the BPF stack.
+            let mut read_flags = 0;
+            let len = capture_string((*out).data.as_mut_ptr(), &mut read_flags, ptr);
+            call.header.flags |= read_flags;
+            (*out).call = call;
+            (*out).data_len = len;
+            (*out)._pad = 0;
+        }
+        entry.submit(submit_flags());
     } else {
         call.header.kind = kind::CALL_DATA;
         let Some(mut entry) = EVENTS.reserve::<CallDataEvent>(0) else {
@@ -217,16 +323,9 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         };
         let out = entry.as_mut_ptr();
         unsafe {
-            // Read straight into the ring: the 256-byte buffer never touches the BPF stack.
+            // Read straight into the ring: the buffer never touches the BPF stack.
             let mut read_flags = 0;
-            let len = capture(
-                &mut (*out).data,
-                &mut read_flags,
-                frame,
-                spec.capture,
-                spec.capture_arg,
-                spec.capture_len,
-            );
+            let len = capture_struct(&mut (*out).data, &mut read_flags, frame, spec);
             call.header.flags |= read_flags;
             (*out).call = call;
             (*out).data_len = len;

@@ -6,8 +6,7 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
-        bpf_probe_read_user_str_bytes, generated,
+        bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes, bpf_probe_read_user_str_bytes, generated,
     },
     macros::{kprobe, kretprobe, map, tracepoint},
     maps::HashMap,
@@ -18,7 +17,7 @@ use tracer_common::{
     device_kind, driver_event, kind,
 };
 
-use crate::maps::{EVENTS, bump, is_traced, load_const};
+use crate::maps::{EVENTS, bump, current_ids, is_traced, load_const};
 
 /// NVIDIA device fds of traced processes: key `tgid << 32 | fd`, value `index << 32 | kind`.
 #[map]
@@ -75,8 +74,9 @@ const IOC_TYPE_NVIDIA: u64 = b'F' as u64;
 
 #[inline(always)]
 fn current() -> (u64, u32, u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    (pid_tgid, (pid_tgid >> 32) as u32, pid_tgid as u32)
+    // A thread outside the loader's pid namespace is (0, 0): never traced.
+    let (tgid, tid) = current_ids().unwrap_or((0, 0));
+    ((u64::from(tgid) << 32) | u64::from(tid), tgid, tid)
 }
 
 #[inline(always)]
@@ -88,7 +88,9 @@ fn arg(ctx: &TracePointContext, index: usize) -> u64 {
 pub fn sys_enter_openat(ctx: TracePointContext) -> u32 {
     let (_, tgid, tid) = current();
     if is_traced(tgid) {
-        let _ = PENDING_OPEN.insert(&tid, &arg(&ctx, 1), 0);
+        if PENDING_OPEN.insert(&tid, &arg(&ctx, 1), 0).is_err() {
+            bump(counter::OPENS_FULL);
+        }
     }
     0
 }
@@ -130,7 +132,12 @@ fn try_exit_openat(ctx: &TracePointContext) -> Option<()> {
     }
     let (device, index) = classify(&name, prefix_len);
     let key = (u64::from(tgid) << 32) | (fd as u64 & 0xffff_ffff);
-    let _ = NV_FDS.insert(&key, &((u64::from(index) << 32) | u64::from(device)), 0);
+    if NV_FDS
+        .insert(&key, &((u64::from(index) << 32) | u64::from(device)), 0)
+        .is_err()
+    {
+        bump(counter::FDS_FULL);
+    }
     Some(())
 }
 
@@ -193,7 +200,9 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> u32 {
             c: 0,
             d: 0,
         };
-        let _ = SYSCALLS.insert(&tid, &frame, 0);
+        if SYSCALLS.insert(&tid, &frame, 0).is_err() {
+            bump(counter::SYSCALLS_FULL);
+        }
     }
     0
 }
@@ -214,7 +223,9 @@ pub fn sys_enter_mmap(ctx: TracePointContext) -> u32 {
             c: arg(&ctx, 2),
             d: arg(&ctx, 3),
         };
-        let _ = SYSCALLS.insert(&tid, &frame, 0);
+        if SYSCALLS.insert(&tid, &frame, 0).is_err() {
+            bump(counter::SYSCALLS_FULL);
+        }
     }
     0
 }
@@ -346,7 +357,9 @@ pub fn kfunc_enter(ctx: ProbeContext) -> u32 {
         d: ctx.arg(2).unwrap_or(0),
         ..SyscallFrame::default()
     };
-    let _ = KFUNCS.insert(&[u64::from(tid), ip], &frame, 0);
+    if KFUNCS.insert(&[u64::from(tid), ip], &frame, 0).is_err() {
+        bump(counter::KFUNCS_FULL);
+    }
     0
 }
 

@@ -3,7 +3,7 @@
 //! with its text (kernel name, error message) when it has one.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, generated},
     macros::uprobe,
     programs::ProbeContext,
 };
@@ -12,7 +12,7 @@ use tracer_common::{
     kind,
 };
 
-use crate::maps::{EVENTS, add, bump, is_traced, submit_flags};
+use crate::maps::{EVENTS, add, bump, current_ids, is_traced, submit_flags};
 
 #[uprobe]
 pub fn gpu_records(ctx: ProbeContext) -> u32 {
@@ -21,8 +21,7 @@ pub fn gpu_records(ctx: ProbeContext) -> u32 {
 }
 
 fn try_gpu_records(ctx: &ProbeContext) -> Option<()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
+    let (pid, tid) = current_ids()?;
     if !is_traced(pid) {
         return None;
     }
@@ -33,7 +32,7 @@ fn try_gpu_records(ctx: &ProbeContext) -> Option<()> {
         flags: 0,
         ts_ns: unsafe { bpf_ktime_get_ns() },
         pid,
-        tid: pid_tgid as u32,
+        tid,
     };
     if count as usize > GPU_BATCH_MAX {
         // The library never sends more; were it to, the excess is counted, not dropped silently.

@@ -1,13 +1,18 @@
 //! cudatrace's eBPF side: one generic uprobe/uretprobe pair that every libcuda symbol is
 //! attached to (the attach cookie says which one, and the `SPECS` map how to read its
-//! arguments), plus process-tree tracking from scheduler tracepoints, and the GPU activity
-//! records the injection library hands over (`gpu.rs`).
+//! arguments), plus process-tree tracking from scheduler tracepoints, library discovery and
+//! race-free stops for attaching (`discovery.rs`), and the GPU activity records the
+//! injection library hands over (`gpu.rs`).
 //!
 //! The probe catalog lives in userspace as data; nothing here knows a CUDA function by name.
 #![no_std]
 #![no_main]
+// The atomic add in `discovery.rs` (the crate is built with RUSTC_BOOTSTRAP=1, as aya-ebpf
+// needs).
+#![feature(asm_experimental_arch)]
 
 mod calls;
+mod discovery;
 mod driver;
 mod gpu;
 mod maps;

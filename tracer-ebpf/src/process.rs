@@ -1,22 +1,28 @@
 //! Process-tree tracking: a traced process's new child processes become traced, and
 //! forks, execs and exits of traced processes are reported.
+//!
+//! Pids are the loader's (its pid namespace). A child is named by the kernel's own pid in
+//! `task_newtask`, which runs in the parent; where the two differ, the child registers
+//! itself on its return from `clone` (`discovery.rs`), before its first user instruction.
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_kernel_str_bytes,
-    },
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
     macros::tracepoint,
     programs::TracePointContext,
 };
-use tracer_common::{EventHeader, ProcEvent, counter, kind, proc_event};
+use tracer_common::{EventHeader, PendingChild, ProcEvent, counter, kind, proc_event};
 
-use crate::maps::{
-    EVENTS, FRAMES, TRACED, bump, exec_filename_off, exit_group_dead_off, newtask_flags_off,
-    newtask_pid_off, trace_all,
+use crate::{
+    discovery::{LINKED, PENDING_CHILD, process_exited, report_new_leader},
+    maps::{
+        EVENTS, FRAMES, TRACED, bump, current_ids, exec_filename_off, exec_old_pid_off,
+        exec_pid_off, exit_group_dead_off, in_pid_namespace, is_traced, kernel_tid,
+        newtask_flags_off, newtask_pid_off, trace_all,
+    },
 };
 
+const CLONE_VFORK: u64 = 0x0000_4000;
 const CLONE_THREAD: u64 = 0x0001_0000;
 
 #[tracepoint]
@@ -42,46 +48,102 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     // The tracepoint runs in the parent: its tgid decides, whichever thread forks.
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let parent = (pid_tgid >> 32) as u32;
+    let (parent, parent_tid) = current_ids()?;
     unsafe { TRACED.get(&parent) }?;
     let clone_flags: u64 = unsafe { ctx.read_at(newtask_flags_off() as usize) }.ok()?;
     if clone_flags & CLONE_THREAD != 0 {
         return None;
     }
+    // The kernel's pid of the child.
     let child: i32 = unsafe { ctx.read_at(newtask_pid_off() as usize) }.ok()?;
-    let _ = TRACED.insert(&(child as u32), &1, 0);
-    emit(pid_tgid, proc_event::FORK, child as u32, |name| {
-        if let Ok(comm) = bpf_get_current_comm() {
-            name[..16].copy_from_slice(&comm);
+    // A vfork child only runs until its exec (its calls before it are not traced); any
+    // other child inherits the parent's breakpoints and needs its own probes first.
+    let stop = clone_flags & CLONE_VFORK == 0 && unsafe { LINKED.get(&parent) }.is_some();
+    let mut pending = PendingChild {
+        parent_pid: parent,
+        parent_tid,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        register: u32::from(in_pid_namespace()),
+        stop: u32::from(stop),
+        comm: [0; 16],
+    };
+    if let Ok(comm) = bpf_get_current_comm() {
+        pending.comm = comm;
+    }
+    if pending.register == 0 {
+        if TRACED.insert(&(child as u32), &1, 0).is_err() {
+            // The child goes untraced: say so rather than drop it silently, and give it no
+            // probes of its own (per-process links skip the traced-process lookup).
+            bump(counter::TRACED_FULL);
+            pending.stop = 0;
         }
-    });
+        emit_fork(&pending, child as u32);
+    }
+    if (pending.register != 0 || pending.stop != 0)
+        && PENDING_CHILD.insert(&(child as u32), &pending, 0).is_err()
+    {
+        // The child would go untraced (not registered) or without its own probes.
+        bump(counter::TRACED_FULL);
+    }
     Some(())
 }
 
+/// Reports a traced process's new child.
+#[inline(always)]
+pub fn emit_fork(pending: &PendingChild, child: u32) {
+    let comm = pending.comm;
+    emit(
+        (pending.parent_pid, pending.parent_tid),
+        pending.ts_ns,
+        proc_event::FORK,
+        child,
+        |name| name[..16].copy_from_slice(&comm),
+    );
+}
+
 fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !trace_all() {
-        unsafe { TRACED.get(&((pid_tgid >> 32) as u32)) }?;
+    let ids = current_ids()?;
+    // Under --all too, nothing once tracing has stopped.
+    if !is_traced(ids.0) {
+        return None;
     }
     let loc: u32 = unsafe { ctx.read_at(exec_filename_off() as usize) }.ok()?;
     let offset = (loc & 0xffff) as usize;
     let filename = unsafe { (ctx.as_ptr() as *const u8).add(offset) };
-    emit(pid_tgid, proc_event::EXEC, 0, |name| {
-        let _ = unsafe { bpf_probe_read_kernel_str_bytes(filename, name) };
-    });
+    emit(
+        ids,
+        unsafe { bpf_ktime_get_ns() },
+        proc_event::EXEC,
+        0,
+        |name| {
+            let _ = unsafe { bpf_probe_read_kernel_str_bytes(filename, name) };
+        },
+    );
+    // The new image maps nothing yet: its forks need no stop until it maps a library.
+    if unsafe { LINKED.get(&ids.0) }.is_some() {
+        let _ = LINKED.remove(&ids.0);
+        let old_pid_off = exec_old_pid_off();
+        if old_pid_off != 0 {
+            let pid: i32 = unsafe { ctx.read_at(exec_pid_off() as usize) }.ok()?;
+            let old_pid: i32 = unsafe { ctx.read_at(old_pid_off as usize) }.ok()?;
+            if pid != old_pid {
+                // A thread other than the leader exec'd and became the leader: probes
+                // made for the old leader no longer apply.
+                report_new_leader(ids);
+            }
+        }
+    }
     Some(())
 }
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if !trace_all() {
-        unsafe { TRACED.get(&tgid) }?;
+    let (tgid, tid) = current_ids()?;
+    if !is_traced(tgid) {
+        return None;
     }
     // A thread that dies mid-call never returns: drop its pending frames.
     let _ = FRAMES.remove(&tid);
+    let _ = PENDING_CHILD.remove(&kernel_tid());
     let group_dead = match exit_group_dead_off() {
         0 => tid == tgid,
         off => unsafe { ctx.read_at::<u8>(off as usize) }.ok()? != 0,
@@ -92,16 +154,29 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     if !trace_all() {
         let _ = TRACED.remove(&tgid);
     }
-    emit(pid_tgid, proc_event::EXIT, 0, |name| {
-        if let Ok(comm) = bpf_get_current_comm() {
-            name[..16].copy_from_slice(&comm);
-        }
-    });
+    process_exited(tgid);
+    emit(
+        (tgid, tid),
+        unsafe { bpf_ktime_get_ns() },
+        proc_event::EXIT,
+        0,
+        |name| {
+            if let Ok(comm) = bpf_get_current_comm() {
+                name[..16].copy_from_slice(&comm);
+            }
+        },
+    );
     Some(())
 }
 
 #[inline(always)]
-fn emit(pid_tgid: u64, what: u32, child_pid: u32, fill_name: impl FnOnce(&mut [u8; 64])) {
+fn emit(
+    (pid, tid): (u32, u32),
+    ts_ns: u64,
+    what: u32,
+    child_pid: u32,
+    fill_name: impl FnOnce(&mut [u8; 64]),
+) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         bump(counter::PROC_RING_FULL);
         return;
@@ -111,9 +186,9 @@ fn emit(pid_tgid: u64, what: u32, child_pid: u32, fill_name: impl FnOnce(&mut [u
         (*out).header = EventHeader {
             kind: kind::PROC,
             flags: 0,
-            ts_ns: bpf_ktime_get_ns(),
-            pid: (pid_tgid >> 32) as u32,
-            tid: pid_tgid as u32,
+            ts_ns,
+            pid,
+            tid,
         };
         (*out).what = what;
         (*out).child_pid = child_pid;

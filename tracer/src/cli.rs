@@ -8,8 +8,8 @@ use crate::{
     summary::SummaryArgs, view::ViewArgs,
 };
 
-/// Trace what a program does with the GPU: every CUDA driver call, with no change to
-/// the program.
+/// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
+/// with --functions all, every exported one), with no change to the program.
 #[derive(Debug, Parser)]
 #[command(
     name = "cudatrace",
@@ -21,15 +21,17 @@ use crate::{
         sudo cudatrace run -p 12345            # attach to a running process\n  \
         sudo cudatrace run --all               # every process that uses libcuda, until Ctrl-C\n  \
         sudo cudatrace run --power -- python3 infer.py   # and GPU power and energy every 20 ms\n  \
+        sudo cudatrace run --functions all -- ./app    # every exported cu* function\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
-        66 no such process or trace file, 69 no libcuda, 70 internal error, 72 no usable\n\
-        NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
+        66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
+        no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
         (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
         set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
-        command not found."
+        command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143\n\
+        SIGTERM."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -156,6 +158,7 @@ mod tests {
     #[test]
     fn ring_size_must_be_a_power_of_two() {
         assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "3", "--", "x"]).is_err());
-        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "4", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["cudatrace", "run", "--ring-kib", "8", "--", "x"]).is_ok());
     }
 }

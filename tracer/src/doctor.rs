@@ -1,9 +1,12 @@
 //! `cudatrace doctor`: what this machine allows, and why. Every check that can be tried
 //! is tried for real (a program loaded and attached), not guessed from config files.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     programs::{FEntry, KProbe, TracePoint, uprobe::UProbeScope},
@@ -22,7 +25,7 @@ use crate::{
         tracefs::tracefs,
         uprobe_multi,
     },
-    selftest::{SELFTEST_OBJECT, SelftestProbe},
+    selftest::{SELFTEST_OBJECT, SelftestProbe, Target},
 };
 
 #[derive(Debug, Args)]
@@ -69,11 +72,41 @@ pub extern "C" fn cudatrace_doctor_target(a: u64, b: u64) -> u64 {
     std::hint::black_box(a.wrapping_mul(3).wrapping_add(b))
 }
 
-/// uprobe + uretprobe on this binary, ring buffer, aya-log: the whole data path.
+/// The file mapped at `address` in this process and the address's offset in it: where a
+/// uprobe on the code there attaches. Needs no symbol table, so it works on a stripped
+/// binary too.
+fn mapped_file_offset(address: u64) -> Result<(PathBuf, u64)> {
+    let maps = fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
+    for line in maps.lines() {
+        // start-end perms offset dev inode path
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let [range, _perms, offset, _dev, _inode, path] = fields[..] else {
+            continue;
+        };
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let hex = |text: &str| u64::from_str_radix(text, 16).ok();
+        let (Some(start), Some(end), Some(offset)) = (hex(start), hex(end), hex(offset)) else {
+            continue;
+        };
+        if (start..end).contains(&address) {
+            let path = path.trim_start();
+            if !path.starts_with('/') {
+                bail!("{address:#x} is in {range}, which maps no file ({path:?})");
+            }
+            return Ok((PathBuf::from(path), address - start + offset));
+        }
+    }
+    bail!("{address:#x} is in no mapping of /proc/self/maps")
+}
+
+/// uprobe + uretprobe on this binary, ring buffer, aya-log: the whole data path. The
+/// target is found by its address, not its name, so a stripped binary passes too.
 fn uprobe_check() -> Result<String> {
-    let exe = fs::read_link("/proc/self/exe").context("reading /proc/self/exe")?;
-    let probe =
-        SelftestProbe::attach(&exe, "cudatrace_doctor_target", UProbeScope::CallingProcess)?;
+    let target = cudatrace_doctor_target as extern "C" fn(u64, u64) -> u64;
+    let (exe, offset) = mapped_file_offset(target as usize as u64)?;
+    let probe = SelftestProbe::attach(&exe, Target::Offset(offset), UProbeScope::CallingProcess)?;
     for i in 0..3 {
         std::hint::black_box(cudatrace_doctor_target(i, 100 + i));
     }
@@ -218,7 +251,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
         .map_err(anyhow::Error::from)
         .and_then(|path| Library::open(&LIBCUDA, &path).map_err(Into::into))
         .map(|lib| {
-            let plan = Plan::new(&LIBCUDA, &lib, 0);
+            let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &Default::default());
             format!(
                 "{}; {} probe points, {} catalog functions missing",
                 lib.file.describe(),

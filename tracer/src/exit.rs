@@ -11,7 +11,8 @@ pub enum ExitCode {
     BadInput = 65,
     /// `-p PID` names no process, or the trace to summarise cannot be opened.
     NoSuchProcess = 66,
-    /// No libcuda found, or it is not a usable library.
+    /// A library given by path (`--libcuda`, `--lib`) cannot be used, or a library given
+    /// or found at start exports none of the probed functions.
     NoLibcuda = 69,
     /// eBPF load/attach or another internal failure.
     Internal = 70,

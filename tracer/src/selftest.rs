@@ -15,7 +15,7 @@ use aya::{
     maps::RingBuf,
     programs::{
         UProbe,
-        uprobe::{UProbeAttachLocation, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
 use aya_log::EbpfLogger;
@@ -64,6 +64,22 @@ pub struct Seen {
     pub logs: Vec<String>,
 }
 
+/// The function to probe: by name, or by its file offset (no symbol table needed).
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    Symbol(&'a str),
+    Offset(u64),
+}
+
+impl std::fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Symbol(symbol) => f.write_str(symbol),
+            Target::Offset(offset) => write!(f, "file offset {offset:#x}"),
+        }
+    }
+}
+
 /// The self-test uprobe and uretprobe attached to one function, with aya-log running.
 pub struct SelftestProbe {
     bpf: Ebpf,
@@ -72,7 +88,8 @@ pub struct SelftestProbe {
 }
 
 impl SelftestProbe {
-    pub fn attach(library: &Path, symbol: &str, scope: UProbeScope) -> Result<Self> {
+    /// Attaches to `target` in `library`.
+    pub fn attach(library: &Path, target: Target<'_>, scope: UProbeScope) -> Result<Self> {
         let mut bpf = EbpfLoader::new()
             .load(SELFTEST_OBJECT)
             .context("loading the selftest object")?;
@@ -82,11 +99,17 @@ impl SelftestProbe {
         for name in ["selftest_return", "selftest_enter"] {
             let program: &mut UProbe = program(&mut bpf, name)?;
             program.load().with_context(|| format!("loading {name}"))?;
-            program
-                .attach(UProbeAttachLocation::Symbol(symbol), library, scope)
-                .with_context(|| {
-                    format!("attaching {name} to {symbol} in {}", library.display())
-                })?;
+            let location = match target {
+                Target::Symbol(symbol) => UProbeAttachLocation::Symbol(symbol),
+                Target::Offset(offset) => UProbeAttachLocation::AbsoluteOffset(offset),
+            };
+            let point = UProbeAttachPoint {
+                location,
+                cookie: None,
+            };
+            program.attach(point, library, scope).with_context(|| {
+                format!("attaching {name} to {target} in {}", library.display())
+            })?;
         }
         Ok(SelftestProbe {
             bpf,
@@ -129,8 +152,12 @@ impl SelftestProbe {
 pub fn run(args: SelftestArgs) -> Result<i32, Failure> {
     crate::privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
     let internal = |e: anyhow::Error| Failure::new(ExitCode::Internal, e);
-    let probe = SelftestProbe::attach(&args.library, &args.symbol, UProbeScope::AllProcesses)
-        .map_err(internal)?;
+    let probe = SelftestProbe::attach(
+        &args.library,
+        Target::Symbol(&args.symbol),
+        UProbeScope::AllProcesses,
+    )
+    .map_err(internal)?;
     let status = Command::new(&args.command[0])
         .args(&args.command[1..])
         .status()

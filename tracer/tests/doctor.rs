@@ -45,7 +45,7 @@ fn doctor_reports_what_this_kernel_allows() {
     );
     let libcuda = check("libcuda")["detail"].as_str().unwrap();
     assert!(
-        libcuda.contains("STAND-IN") && libcuda.contains("102 probe points"),
+        libcuda.contains("STAND-IN") && libcuda.contains("129 probe points"),
         "{libcuda}"
     );
 
@@ -57,4 +57,38 @@ fn doctor_reports_what_this_kernel_allows() {
     let text = String::from_utf8_lossy(&missing.stdout);
     assert!(text.contains("FAIL libcuda"), "{text}");
     assert!(text.contains("cannot trace here"), "{text}");
+}
+
+#[test]
+fn doctor_finds_its_uprobe_target_in_a_stripped_binary() {
+    let Some(_guard) = root() else { return };
+    // Distribution packages strip binaries: the self-test target has no symbol then.
+    let stripped = scratch("stripped").join("cudatrace");
+    std::fs::copy(CUDATRACE, &stripped).unwrap();
+    let status = Command::new("strip").arg(&stripped).status().unwrap();
+    assert!(status.success());
+    let symbols = Command::new("nm").arg(&stripped).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&symbols.stdout).contains("cudatrace_doctor_target"),
+        "strip left the symbol"
+    );
+    let output = Command::new(&stripped)
+        .args(["doctor", "--json", "--libcuda"])
+        .arg(&standin().lib)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ready"], true);
+    let uprobes = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "uprobes")
+        .unwrap();
+    assert_eq!(uprobes["ok"], true, "{uprobes}");
+    assert_eq!(
+        uprobes["detail"],
+        "3 calls seen at entry and return through the ring buffer; aya-log works"
+    );
 }

@@ -328,9 +328,33 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         footer["lost"],
         json!({"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
                "driver_ring_full": 0, "gpu_ring_full": 0, "gpu_read_failed": 0,
-               "cupti_dropped": 0, "calls": 0, "total": 0})
+               "cupti_dropped": 0, "traced_full": 0, "fds_full": 0, "opens_full": 0,
+               "syscalls_full": 0, "kfuncs_full": 0, "attach_ring_full": 0, "not_drained": 0,
+               "calls": 0, "total": 0})
     );
-    assert_library_removed(&trace[0]);
+    let injected = assert_library_removed(&trace[0]);
+    // The injection library is a library like libcuda: its own line, its one probe.
+    let libraries = of_type(&trace, "library");
+    let injection: Vec<&&Value> = libraries
+        .iter()
+        .filter(|l| l["set"] == "libcudatrace_inject")
+        .collect();
+    assert_eq!(injection.len(), 1, "{libraries:#?}");
+    assert_eq!(
+        (
+            &injection[0]["found"],
+            &injection[0]["path"],
+            &injection[0]["probes"][0]["symbol"],
+            &injection[0]["probes"][0]["family"],
+        ),
+        (
+            &json!("written"),
+            &json!(injected.display().to_string()),
+            &json!("cudatrace_gpu_records"),
+            &json!("gpu_records"),
+        )
+    );
+    assert_eq!(injection[0]["probes"].as_array().unwrap().len(), 1);
     assert_eq!(
         stderr(&output),
         format!(
@@ -382,10 +406,8 @@ fn cupti_drops_are_counted_like_every_loss() {
     assert_eq!(of_type(&trace, "gpu_kernel").len(), 4);
     let err = stderr(&output);
     assert!(
-        err.contains(
-            "cudatrace: WARNING: 7 events lost (calls: ring full 0, nesting 0, frame table 0; \
-             process events 0; GPU records: ring full 0, unreadable 0, dropped by CUPTI 7)\n"
-        ),
+        // CUPTI's own drops: a larger ring would not help, so no --ring-kib hint.
+        err.contains("cudatrace: WARNING: 7 events lost (cupti_dropped 7)\n"),
         "{err}"
     );
 }

@@ -278,7 +278,26 @@ struct Facts {
     gpus: BTreeSet<u64>,
     /// `--power`: counter values the samples give (each field present, and the energy).
     power_values: u64,
+    /// NCCL collective calls: each a slice again on its rank's track.
+    collectives: u64,
+    /// (pid, comm, rank, nranks) of the collectives: a rank track each.
+    rank_tracks: BTreeSet<(u64, String, String, String)>,
 }
+
+/// The NCCL collectives (each drawn on its rank's track too).
+const COLLECTIVES: [&str; 11] = [
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclBcast",
+    "ncclReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclAlltoAll",
+    "ncclGather",
+    "ncclScatter",
+    "ncclSend",
+    "ncclRecv",
+];
 
 /// The fields of a power line that become counter values, besides the energy.
 const POWER_FIELDS: [&str; 8] = [
@@ -304,6 +323,8 @@ fn facts(lines: &[Value]) -> Facts {
         memory: Vec::new(),
         gpus: BTreeSet::new(),
         power_values: 0,
+        collectives: 0,
+        rank_tracks: BTreeSet::new(),
     };
     let counter_gpus: Vec<&Value> = lines[0]["power"]["devices"]
         .as_array()
@@ -318,6 +339,7 @@ fn facts(lines: &[Value]) -> Facts {
     // Hand-written traces have no live_bytes: cudatrace computes them, and so does this,
     // for the plain cuMemAlloc_v2/cuMemFree_v2 they use.
     let mut live = BTreeMap::<u64, u64>::new();
+    let mut last_collective = BTreeMap::<(Option<u64>, Option<u64>), (u64, u64)>::new();
     let mut allocations = BTreeMap::<(u64, String), u64>::new();
     for line in lines {
         let (pid, tid) = (line["pid"].as_u64(), line["tid"].as_u64());
@@ -325,6 +347,22 @@ fn facts(lines: &[Value]) -> Facts {
             Some("call") => {
                 facts.calls += 1;
                 facts.threads.insert((pid.unwrap(), tid.unwrap()));
+                if COLLECTIVES.contains(&line["name"].as_str().unwrap()) {
+                    // A collective inside the thread's previous one (ncclBcast runs as
+                    // ncclBroadcast) is one rank slice for the two.
+                    let start = line["ts_ns"].as_u64().unwrap();
+                    let end = start + line["dur_ns"].as_u64().unwrap();
+                    let previous = last_collective.insert((pid, tid), (start, end));
+                    if !previous.is_some_and(|(ts, ends)| start <= ts && ends <= end) {
+                        facts.collectives += 1;
+                    }
+                    facts.rank_tracks.insert((
+                        pid.unwrap(),
+                        line["comm"].to_string(),
+                        line["rank"].to_string(),
+                        line["nranks"].to_string(),
+                    ));
+                }
                 facts.pids.insert(pid.unwrap());
                 let pid = pid.unwrap();
                 let dptr = line["dptr"].as_str().map(str::to_owned);
@@ -388,8 +426,8 @@ fn facts(lines: &[Value]) -> Facts {
 fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> {
     assert_eq!(
         written.slices,
-        facts.calls + facts.driver,
-        "cudatrace wrote a slice per call and driver line"
+        facts.calls + facts.driver + facts.collectives,
+        "cudatrace wrote a slice per call and driver line, and per collective on its rank's track"
     );
     assert_eq!(written.markers, facts.markers);
     assert_eq!(
@@ -397,10 +435,11 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         facts.memory.len() as u64 + facts.power_values
     );
     let driver_tracks = facts.driver_threads.len() as u64;
+    let rank_tracks = facts.rank_tracks.len() as u64;
     let (thread_tracks, driver_track_sql) = match format {
-        // The JSON has only thread tracks: a driver track is a thread of its own.
+        // The JSON has only thread tracks: a driver or NCCL rank track is a thread of its own.
         Format::Chrome => (
-            facts.threads.len() as u64 + driver_tracks,
+            facts.threads.len() as u64 + driver_tracks + rank_tracks,
             "select count(*) from thread where name like 'NVIDIA driver, tid %'",
         ),
         Format::Perfetto => (
@@ -435,6 +474,11 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
             "driver slices",
             "select count(*) from slice where category = 'driver'",
             facts.driver,
+        ),
+        count(
+            "collectives on rank tracks",
+            "select count(*) from slice where category = 'nccl_rank'",
+            facts.collectives,
         ),
         count(
             "counter values",
@@ -473,7 +517,7 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
             "threads with slices: (pid, tid)",
             "select distinct p.pid, t.tid from slice s join thread_track tt on s.track_id = tt.id \
              join thread t using (utid) join process p using (upid) \
-             where s.category not in ('driver')",
+             where s.category not in ('driver', 'nccl_rank')",
             facts
                 .threads
                 .iter()
@@ -1350,6 +1394,139 @@ fn a_power_gpu_trace_puts_each_gpus_streams_and_counters_in_one_group() {
         let (file, _) = export(&trace, format);
         let mut checks = power_checks(&lines);
         checks.push(gpu_slices(format, slices.clone()));
+        assert_checks(&file, &checks);
+    });
+}
+
+/// A collective slice's track: its name and its process's pid (an NCCL rank track is a
+/// thread of its process in the JSON, a named track of the process in the protobuf).
+fn rank_track_join(format: Format) -> &'static str {
+    match format {
+        Format::Chrome => {
+            "join thread_track tt on s.track_id = tt.id join thread t using (utid) \
+             join process p using (upid)"
+        }
+        Format::Perfetto => "join process_track t on s.track_id = t.id join process p using (upid)",
+    }
+}
+
+#[test]
+fn a_recorded_nccl_trace_has_a_track_per_communicator_and_rank() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-nccl");
+    let lines = common::nccl::trace_nccl_caller(&dir);
+    let trace = dir.join("t.jsonl");
+    let facts = facts(&lines);
+    let pid = lines[0]["pids"][0].as_u64().unwrap();
+    assert_eq!(facts.collectives, 18);
+    let main = "NCCL rank 1/2 (comm 0001020304050607…)";
+    let child_unknown = "NCCL rank ?/? (comm 0x2010)";
+    let child = "NCCL rank 0/1 (comm 0x2010)";
+    let second = "NCCL rank 1/2 (comm 0x2030)";
+    // nccl_caller.c's collectives, in order: the track and the slice's name.
+    let expected_names = [
+        (main, "AllReduce 3.91 KiB"),
+        (main, "AllReduce 3.91 KiB"),
+        (main, "AllReduce 3.91 KiB"),
+        (main, "AllReduce 20 B"),
+        (main, "Broadcast 4.00 KiB"),
+        (main, "Bcast 400 B"),
+        (main, "Reduce 80 B"),
+        (main, "AllGather 512 B"),
+        (main, "ReduceScatter 1.00 KiB"),
+        (main, "AlltoAll 64 B"),
+        (main, "Gather 128 B"),
+        (main, "Scatter 128 B"),
+        (main, "Send 200 B"),
+        (main, "Recv 200 B"),
+        (child_unknown, "AllReduce 20 B"),
+        (child, "AllReduce 24 B"),
+        (second, "AllReduce 32 B"),
+        (main, "AllReduce → ncclInvalidArgument"),
+    ];
+    let mut collectives: Vec<&Value> = calls(&lines)
+        .into_iter()
+        .filter(|c| COLLECTIVES.contains(&c["name"].as_str().unwrap()))
+        .collect();
+    // The stand-in's ncclBcast calls ncclBroadcast: that inner call has no rank slice.
+    let bcast = collectives
+        .iter()
+        .position(|c| c["name"] == "ncclBcast")
+        .unwrap();
+    assert_eq!(collectives[bcast - 1]["name"], "ncclBroadcast");
+    collectives.remove(bcast - 1);
+    assert_eq!(collectives.len(), expected_names.len());
+    // The arguments as the trace has them (null where absent).
+    const ARGS: [&str; 11] = [
+        "call", "comm", "rank", "nranks", "count", "datatype", "bytes", "op", "root", "peer",
+        "group",
+    ];
+    let rows: Vec<Value> = collectives
+        .iter()
+        .zip(expected_names)
+        .map(|(call, (track, name))| {
+            let mut row = vec![json!(track), json!(name)];
+            for key in ARGS {
+                row.push(match key {
+                    "call" => call["name"].clone(),
+                    key => call[key].clone(),
+                });
+            }
+            Value::Array(row)
+        })
+        .collect();
+
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        assert_eq!(written.slices, facts.calls + 18, "{format:?}");
+        let join = rank_track_join(format);
+        let args: Vec<String> = ARGS
+            .iter()
+            .map(|key| format!("extract_arg(s.arg_set_id, '{}')", format.arg(key)))
+            .collect();
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend([
+            check(
+                "rank tracks: pid, name, collectives",
+                format!(
+                    "select p.pid, t.name, count(*) from slice s {join} \
+                     where s.category = 'nccl_rank' group by 1, 2"
+                ),
+                vec![
+                    json!([pid, main, 15]),
+                    json!([pid, child_unknown, 1]),
+                    json!([pid, child, 1]),
+                    json!([pid, second, 1]),
+                ],
+            ),
+            ordered(check(
+                "collectives: track, name, call, comm, rank, nranks, count, datatype, bytes, \
+                 op, root, peer, group",
+                format!(
+                    "select t.name, s.name, {} from slice s {join} \
+                     where s.category = 'nccl_rank' order by s.ts",
+                    args.join(", ")
+                ),
+                rows.clone(),
+            )),
+            check(
+                "the outer call's rank slice names the inner call",
+                {
+                    let ran_as = format!("extract_arg(s.arg_set_id, '{}')", format.arg("ran_as"));
+                    format!(
+                        "select s.name, {ran_as} from slice s where s.category = 'nccl_rank' \
+                         and {ran_as} is not null"
+                    )
+                },
+                vec![json!(["Bcast 400 B", "ncclBroadcast"])],
+            ),
+            count(
+                "each collective's rank slice matches its call slice's time",
+                "select count(*) from slice c join slice r on c.ts = r.ts and c.dur = r.dur \
+                 where r.category = 'nccl_rank' and c.category = 'collective'",
+                18,
+            ),
+        ]);
         assert_checks(&file, &checks);
     });
 }

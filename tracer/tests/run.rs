@@ -114,7 +114,7 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
 
     let header = &trace[0];
     assert_eq!(header["format"], "cudatrace");
-    assert_eq!(header["version"], 1);
+    assert_eq!(header["version"], 2);
     assert_eq!(header["mode"], "command");
     assert_eq!(header["libcuda"]["standin"], true);
     assert_eq!(
@@ -343,10 +343,7 @@ fn sigterm_mid_run_leaves_a_complete_trace() {
         .count() as u64;
     assert!(syncs >= 1);
     assert_eq!(footer["calls_by_name"]["cuCtxSynchronize"], syncs);
-    let left: Vec<u32> = cudatrace_program_ids()
-        .into_iter()
-        .filter(|id| !before.contains(id))
-        .collect();
+    let left = programs_left_since(&before);
     assert!(
         left.is_empty(),
         "programs {left:?} outlived a SIGTERM'd cudatrace"
@@ -358,10 +355,10 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
     let Some(_guard) = root() else { return };
     let trace_path = scratch("loss").join("trace.jsonl");
     const TRIGGERED: u64 = 200_000;
-    // A 4 KiB ring holds about 28 call events.
+    // An 8 KiB ring holds about 56 call events.
     let output = trace_driver(
         &trace_path,
-        &["--ring-kib", "4"],
+        &["--ring-kib", "8"],
         &["loop", &TRIGGERED.to_string()],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

@@ -31,9 +31,24 @@ fn all_traces_processes_outside_the_command_tree() {
     let trace = read_trace(&trace_path);
     assert_complete(&trace);
     assert_eq!(trace[0]["mode"], "all");
+    // This test's stand-in only: --all also traces other test runs' stand-ins on a shared
+    // machine.
+    let ours = std::fs::canonicalize(&standin().lib).unwrap();
+    let our_libs: Vec<&serde_json::Value> = trace
+        .iter()
+        .filter(|l| {
+            l["type"] == "library"
+                && l["path"]
+                    .as_str()
+                    .and_then(|p| std::fs::canonicalize(p).ok())
+                    .is_some_and(|p| p == ours)
+        })
+        .map(|l| &l["id"])
+        .collect();
+    assert_eq!(our_libs.len(), 1, "one library line for the stand-in");
     let allocs: Vec<_> = calls(&trace)
         .into_iter()
-        .filter(|c| c["name"] == "cuMemAlloc_v2")
+        .filter(|c| c["name"] == "cuMemAlloc_v2" && our_libs.contains(&&c["lib"]))
         .map(|c| (c["pid"].as_u64().unwrap(), c["bytes"].as_u64().unwrap()))
         .collect();
     assert_eq!(

@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use foldhash::HashMap;
 
 use crate::{
-    catalog::{CATALOG, STREAM_VARIANTS},
-    schema::Header,
+    catalog::{CATALOG, NCCL_CATALOG, STREAM_VARIANTS},
+    schema::{Header, LibraryLine, ProbeInfo},
 };
 
 /// Families in the order the plot's lanes show them.
@@ -35,6 +35,7 @@ fn catalog_families() -> &'static HashMap<&'static str, &'static str> {
     FAMILIES_BY_SYMBOL.get_or_init(|| {
         CATALOG
             .iter()
+            .chain(NCCL_CATALOG)
             .flat_map(|spec| {
                 spec.symbols
                     .iter()
@@ -52,6 +53,19 @@ impl Families {
                 .iter()
                 .map(|probe| (probe.symbol.clone(), Arc::from(probe.family.as_str())))
                 .collect(),
+        }
+    }
+
+    /// Adds the probes of a library attached after the header.
+    pub fn add_library(&mut self, library: &LibraryLine) {
+        self.add(&library.probes);
+    }
+
+    fn add(&mut self, probes: &[ProbeInfo]) {
+        for probe in probes {
+            self.from_header
+                .entry(probe.symbol.clone())
+                .or_insert_with(|| Arc::from(probe.family.as_str()));
         }
     }
 

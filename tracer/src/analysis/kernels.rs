@@ -18,6 +18,8 @@ pub struct KernelName {
     pub display: Arc<str>,
     /// The raw name, when `display` differs from it.
     pub mangled: Option<Arc<str>>,
+    /// The probe cut the name at its 4 KiB limit: `display` is what was captured.
+    pub truncated: bool,
 }
 
 /// Demangles an Itanium C++ ABI name; `None` for names that are not mangled
@@ -50,10 +52,12 @@ impl KernelNames {
             Some(display) if display != raw => KernelName {
                 display: display.into(),
                 mangled: Some(raw.into()),
+                truncated,
             },
             _ => KernelName {
                 display: raw.into(),
                 mangled: None,
+                truncated,
             },
         });
         self.by_raw.insert(raw.to_owned(), name.clone());
@@ -121,6 +125,11 @@ impl KernelTable {
                     Some(name) => {
                         record.kernel = Some(name.display.to_string());
                         record.kernel_mangled = name.mangled.as_deref().map(str::to_owned);
+                        if name.truncated {
+                            record
+                                .warnings
+                                .push(std::borrow::Cow::Borrowed("kernel_name_truncated"));
+                        }
                     }
                     None => record.kernel = Some(format!("unknown@{handle:#x}")),
                 }

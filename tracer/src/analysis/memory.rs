@@ -83,6 +83,9 @@ pub struct MemoryState {
     allocations: u64,
     frees: u64,
     unmatched_frees: u64,
+    /// Device pointers of other processes' memory opened here (CUDA IPC), still open.
+    ipc_open: HashMap<u64, u64>,
+    ipc_opens: u64,
 }
 
 impl MemoryState {
@@ -214,6 +217,20 @@ impl MemoryState {
                 }
                 return;
             }
+            // Another process's allocation, already counted there: mappings, not bytes.
+            Role::IpcOpen => {
+                if let Some(dptr) = dptr {
+                    self.ipc_open.insert(dptr, ts_ns);
+                    self.ipc_opens += 1;
+                }
+                return;
+            }
+            Role::IpcClose => {
+                if let Some(dptr) = dptr {
+                    self.ipc_open.remove(&dptr);
+                }
+                return;
+            }
             _ => return,
         }
         record.live_bytes = Some(self.device_bytes.now);
@@ -288,6 +305,8 @@ impl MemoryState {
             allocations: self.allocations,
             frees: self.frees,
             unmatched_frees: self.unmatched_frees,
+            ipc_opens: self.ipc_opens,
+            final_ipc_open: self.ipc_open.len() as u64,
             leak_count,
             leaks_not_listed: leak_count - leaks.len() as u64,
             leaks,

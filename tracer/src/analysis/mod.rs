@@ -16,14 +16,17 @@
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
 //! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `devices.rs` | the device of each launch, copy and allocation (threads' current contexts); figures per device |
 //! | `device_map.rs` | `--power --gpu`: which NVML GPU each CUDA device is |
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
+//! | `nccl.rs` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod device_map;
+pub mod devices;
 pub mod driver;
 pub mod energy;
 pub mod families;
@@ -32,6 +35,7 @@ pub mod gpu_context;
 pub mod gpu_link;
 pub mod kernels;
 pub mod memory;
+pub mod nccl;
 pub mod power;
 mod role;
 pub mod stages;
@@ -65,6 +69,8 @@ struct ProcessState {
     kernels: KernelTable,
     memory: MemoryState,
     stages: StageTracker,
+    nccl: nccl::NcclState,
+    contexts: devices::ContextState,
 }
 
 /// The per-process results of a process that exec'd or exited.
@@ -87,15 +93,19 @@ pub struct Analysis {
     gpu_header: Option<GpuHeaderInfo>,
     /// `cudatrace run --gpu`: linking GPU work to calls.
     gpu_link: Option<GpuLinker>,
+    collectives: nccl::CollectiveAccumulator,
+    devices: devices::DeviceAccumulator,
 }
 
 impl Analysis {
     /// The analysis of `cudatrace run --gpu`: it also links GPU work to calls.
     pub fn with_gpu_linking() -> Self {
-        Analysis {
+        let mut analysis = Analysis {
             gpu_link: Some(GpuLinker::default()),
             ..Analysis::default()
-        }
+        };
+        analysis.collectives.expect_gpu();
+        analysis
     }
 
     /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
@@ -184,12 +194,14 @@ impl Analysis {
                 }
             }
             self.gpu.observe(line);
+            self.collectives.gpu_line(line);
         }
     }
 
     /// A `--gpu` line of a trace read back.
     pub fn gpu_line(&mut self, line: &GpuLine) {
         self.gpu.observe(line);
+        self.collectives.gpu_line(line);
     }
 
     /// Adds `kernel`/`kernel_mangled` to launches and `live_bytes` to memory-changing
@@ -197,11 +209,21 @@ impl Analysis {
     pub fn observe(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
+        process.contexts.observe(role, record);
+        self.devices.observe(role, record);
         process.kernels.observe(&mut self.names, role, record);
         process.memory.observe(role, symbol, record);
         process.stages.observe(role, record);
+        process.nccl.observe(record);
+        let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
+        self.collectives.observe(role, record, comm);
         self.summary.observe(role, record);
         self.power.call(role, record);
+    }
+
+    /// What the analysis knows of NCCL communicator `comm` of process `pid`.
+    pub fn nccl_comm(&self, pid: u32, comm: u64) -> Option<&nccl::CommInfo> {
+        self.processes.get(&pid)?.nccl.comm(comm)
     }
 
     /// The header's `power` object (`--power`).
@@ -212,6 +234,7 @@ impl Analysis {
     /// The header's `gpu` object (`--gpu`).
     pub fn gpu_header(&mut self, info: &GpuHeaderInfo) {
         self.gpu_header = Some(info.clone());
+        self.collectives.expect_gpu();
     }
 
     /// A `"type":"power"` line (`--power`).
@@ -219,13 +242,17 @@ impl Analysis {
         self.power.sample(line);
     }
 
-    /// Only what [`observe`](Analysis::observe) adds to the line (kernel names, live
-    /// bytes), without counting it: for readers that draw lines rather than sum them up.
+    /// Only what [`observe`](Analysis::observe) adds to the line (devices, kernel names,
+    /// live bytes, NCCL ranks and groups), without counting it: for readers that draw
+    /// lines rather than sum them up. Communicators are followed as in `observe`
+    /// ([`nccl_comm`](Analysis::nccl_comm)).
     pub fn annotate(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
+        process.contexts.observe(role, record);
         process.kernels.observe(&mut self.names, role, record);
         process.memory.observe(role, symbol, record);
+        process.nccl.observe(record);
     }
 
     /// A `"type":"driver"` line (`--kernel`).
@@ -239,6 +266,7 @@ impl Analysis {
         if !matches!(event, "exec" | "exit") {
             return;
         }
+        self.devices.forget_process(pid);
         if let Some(process) = self.processes.remove(&pid) {
             self.finished.push(Finished {
                 memory: process.memory.report(pid),
@@ -282,6 +310,8 @@ impl Analysis {
             stages,
             driver: self.driver.finish(),
             gpu,
+            collectives: self.collectives.finish(),
+            devices: self.devices.finish(),
         }
     }
 }
@@ -300,6 +330,10 @@ pub struct Report {
     pub kernel_energy: Option<power::GpuTimeEnergy>,
     /// What the GPU ran (`--gpu` traces).
     pub gpu: GpuSummary,
+    /// NCCL collectives per process, communicator and op.
+    pub collectives: nccl::CollectivesSummary,
+    /// Launches, copies and memory per device.
+    pub devices: devices::DevicesSummary,
 }
 
 impl Report {

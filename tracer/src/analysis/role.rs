@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use foldhash::{HashMap, HashMapExt};
 
-use crate::catalog::{CATALOG, Family, STREAM_VARIANTS};
+use crate::catalog::{CATALOG, Family, NCCL_CATALOG, STREAM_VARIANTS};
 
 /// What a driver function does, as far as the analysis is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +30,10 @@ pub enum Role {
     /// cuMemAddressReserve / cuMemAddressFree: address space only.
     AddressReserve,
     AddressFree,
+    /// cuIpcOpenMemHandle / cuIpcCloseMemHandle: another process's device memory mapped
+    /// into this one (not this process's device bytes: its exporter allocated them).
+    IpcOpen,
+    IpcClose,
     Copy,
     Memset,
     /// A kernel launch with a CUfunction (or CUkernel) handle.
@@ -45,7 +49,10 @@ pub enum Role {
     GetKernel,
     /// cuKernelGetFunction: CUkernel -> CUfunction.
     KernelGetFunction,
-    /// Everything else (memory access flags, events, stream creation, ...).
+    /// An NCCL collective or point-to-point call (libnccl).
+    Collective,
+    /// Everything else (memory access flags, events, stream creation, graph instantiation,
+    /// queries, functions outside the catalog, ...).
     Other,
 }
 
@@ -62,7 +69,7 @@ impl Role {
             | "cuMemAllocAsync"
             | "cuMemAllocFromPoolAsync" => Role::DeviceAlloc,
             "cuMemFree_v2" | "cuMemFree" | "cuMemFreeAsync" => Role::DeviceFree,
-            "cuMemAllocHost_v2" | "cuMemHostAlloc" => Role::HostAlloc,
+            "cuMemAllocHost_v2" | "cuMemAllocHost" | "cuMemHostAlloc" => Role::HostAlloc,
             "cuMemFreeHost" => Role::HostFree,
             "cuMemCreate" => Role::PhysicalCreate,
             "cuMemRelease" => Role::PhysicalRelease,
@@ -71,6 +78,14 @@ impl Role {
             "cuMemAddressReserve" => Role::AddressReserve,
             "cuMemAddressFree" => Role::AddressFree,
             "cuGraphLaunch" => Role::GraphLaunch,
+            "cuIpcOpenMemHandle_v2" => Role::IpcOpen,
+            "cuIpcCloseMemHandle" => Role::IpcClose,
+            // In the launch family, but they prepare graphs; they launch nothing.
+            "cuGraphInstantiateWithFlags"
+            | "cuGraphInstantiateWithParams"
+            | "cuGraphInstantiate_v2"
+            | "cuGraphExecUpdate_v2"
+            | "cuGraphExecUpdate" => Role::Other,
             "cuCtxSynchronize"
             | "cuCtxSynchronize_v2"
             | "cuStreamSynchronize"
@@ -84,9 +99,14 @@ impl Role {
                 Family::Memset => Role::Memset,
                 Family::Launch => Role::Launch,
                 Family::Module => Role::ModuleLoad,
-                Family::Memory | Family::VirtualMemory | Family::Sync | Family::GpuRecords => {
-                    Role::Other
-                }
+                Family::Collective => Role::Collective,
+                // NCCL's own allocations are made of the driver calls probed in libcuda.
+                Family::Communicator | Family::Group => Role::Other,
+                Family::Memory
+                | Family::VirtualMemory
+                | Family::Sync
+                | Family::GpuRecords
+                | Family::Other => Role::Other,
             },
         }
     }
@@ -97,7 +117,7 @@ fn roles() -> &'static HashMap<&'static str, Role> {
     static ROLES: OnceLock<HashMap<&'static str, Role>> = OnceLock::new();
     ROLES.get_or_init(|| {
         let mut roles = HashMap::new();
-        for spec in CATALOG {
+        for spec in CATALOG.iter().chain(NCCL_CATALOG) {
             let role = Role::of(spec.name(), spec.family);
             for symbol in spec.symbols {
                 roles.insert(*symbol, role);
@@ -136,10 +156,25 @@ mod tests {
             other,
             [
                 "cuMemSetAccess",
+                "cuIpcGetMemHandle",
+                "cuMemPrefetchAsync_v2",
+                "cuMemPrefetchAsync",
+                "cuMemAdvise_v2",
+                "cuMemAdvise",
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithParams",
+                "cuGraphInstantiate_v2",
+                "cuGraphExecUpdate_v2",
+                "cuGraphExecUpdate",
                 "cuEventRecord",
                 "cuEventRecordWithFlags",
                 "cuStreamWaitEvent",
-                "cuStreamCreate"
+                "cuStreamCreate",
+                "cuStreamCreateWithPriority",
+                "cuStreamQuery",
+                "cuEventCreate",
+                "cuEventQuery",
+                "cuEventDestroy_v2",
             ]
         );
     }
@@ -158,5 +193,8 @@ mod tests {
         assert_eq!(classify("cuCtxCreate_v4").0, Role::Setup);
         assert_eq!(classify("cuMemAllocAsync_ptsz").0, Role::DeviceAlloc);
         assert_eq!(classify("cuSomethingNew"), (Role::Other, None));
+        assert_eq!(classify("cuIpcOpenMemHandle").0, Role::IpcOpen);
+        assert_eq!(classify("cuGraphInstantiateWithParams_ptsz").0, Role::Other);
+        assert_eq!(classify("cuMemcpyBatchAsync_v2_ptsz").0, Role::Copy);
     }
 }

@@ -92,6 +92,7 @@ impl Kind {
             | Role::PhysicalCreate
             | Role::Map
             | Role::AddressReserve
+            | Role::IpcOpen
             | Role::Memset => Kind::Loading,
             Role::Launch | Role::GraphLaunch => Kind::Launch,
             Role::Sync => Kind::Sync,
@@ -100,6 +101,7 @@ impl Kind {
             | Role::PhysicalRelease
             | Role::Unmap
             | Role::AddressFree
+            | Role::IpcClose
             | Role::Teardown => Kind::Cleanup,
             _ => Kind::Other,
         }

@@ -100,6 +100,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.command = std::mem::take(&mut header.command);
             }
             Line::Power(power) => analysis.power_sample(power),
+            Line::Library(_) => {}
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;

@@ -1,5 +1,11 @@
 //! The libcuda catalog: every CUDA driver function cudatrace probes, the exported symbols
 //! that implement it, and how to read its arguments. Adding a function is adding a row.
+//!
+//! Signatures follow cuda.h, in x86-64 SysV order: six register words, then stack words
+//! (a struct of more than 16 bytes passed by value goes on the stack and takes no
+//! register). Every 32-bit parameter (`unsigned int`, `int`, an enum) is read with `U32`
+//! or `Int`, never `Num`: the ABI leaves the upper half of its register or stack slot
+//! undefined, and callers do leave garbage there.
 
 use super::spec::{
     Arg::{self, *},
@@ -34,7 +40,7 @@ const LAUNCH_ARGS: &[Arg] = &[
     Block(0),
     Block(1),
     Block(2),
-    Num(SharedMem),
+    U32(SharedMem),
     Ptr(Stream),
     Skip,
     Skip,
@@ -48,10 +54,10 @@ const fn library_load(source: Arg) -> [Arg; 8] {
         source,
         Skip,
         Skip,
-        Num(Count),
+        U32(Count),
         Skip,
         Skip,
-        Num(Flags),
+        U32(LibraryOptionCount),
     ]
 }
 const LIBRARY_LOAD_DATA: [Arg; 8] = library_load(Ptr(Image));
@@ -60,7 +66,7 @@ const LIBRARY_LOAD_FROM_FILE: [Arg; 8] = library_load(Str(StrField::Path));
 /// The catalog. Order is the documentation order.
 pub static CATALOG: &[FnSpec] = &[
     // Init, device and context.
-    f(&["cuInit"], Family::Init, &[Num(Flags)]),
+    f(&["cuInit"], Family::Init, &[U32(Flags)]),
     f(&["cuDriverGetVersion"], Family::Init, &[OutInt(Version)]),
     f(
         &["cuDeviceGet"],
@@ -78,19 +84,19 @@ pub static CATALOG: &[FnSpec] = &[
         &[Int(Device)],
     ),
     f(
-        &["cuCtxCreate_v2"],
+        &["cuCtxCreate", "cuCtxCreate_v2"],
         Family::Context,
-        &[OutPtr(Context), Num(Flags), Int(Device)],
+        &[OutPtr(Context), U32(Flags), Int(Device)],
     ),
     f(
         &["cuCtxCreate_v3"],
         Family::Context,
-        &[OutPtr(Context), Skip, Num(Count), Num(Flags), Int(Device)],
+        &[OutPtr(Context), Skip, U32(Count), U32(Flags), Int(Device)],
     ),
     f(
         &["cuCtxCreate_v4"],
         Family::Context,
-        &[OutPtr(Context), Skip, Num(Flags), Int(Device)],
+        &[OutPtr(Context), Skip, U32(Flags), Int(Device)],
     ),
     f(
         &["cuCtxDestroy", "cuCtxDestroy_v2"],
@@ -98,6 +104,17 @@ pub static CATALOG: &[FnSpec] = &[
         &[Ptr(Context)],
     ),
     f(&["cuCtxSetCurrent"], Family::Context, &[Ptr(Context)]),
+    f(
+        &["cuCtxPushCurrent", "cuCtxPushCurrent_v2"],
+        Family::Context,
+        &[Ptr(Context)],
+    ),
+    // The context popped (made current by the push that it undoes).
+    f(
+        &["cuCtxPopCurrent", "cuCtxPopCurrent_v2"],
+        Family::Context,
+        &[OutPtr(Context)],
+    ),
     f(&["cuCtxSynchronize"], Family::Sync, &[]),
     f(&["cuCtxSynchronize_v2"], Family::Sync, &[Ptr(Context)]),
     // Memory.
@@ -106,25 +123,31 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Memory,
         &[OutPtr(Dptr), Num(Bytes)],
     ),
+    // The legacy 32-bit entry points take `unsigned int` sizes.
     f(
         &["cuMemAlloc"],
         Family::Memory,
-        &[OutPtr32(Dptr), Num(Bytes)],
+        &[OutPtr32(Dptr), U32(Bytes)],
     ),
     f(
-        &["cuMemAllocHost_v2", "cuMemAllocHost"],
+        &["cuMemAllocHost_v2"],
         Family::Memory,
         &[OutPtr(Host), Num(Bytes)],
     ),
     f(
+        &["cuMemAllocHost"],
+        Family::Memory,
+        &[OutPtr(Host), U32(Bytes)],
+    ),
+    f(
         &["cuMemHostAlloc"],
         Family::Memory,
-        &[OutPtr(Host), Num(Bytes), Num(Flags)],
+        &[OutPtr(Host), Num(Bytes), U32(Flags)],
     ),
     f(
         &["cuMemAllocManaged"],
         Family::Memory,
-        &[OutPtr(Dptr), Num(Bytes), Num(Flags)],
+        &[OutPtr(Dptr), Num(Bytes), U32(Flags)],
     ),
     f(
         &["cuMemAllocPitch_v2"],
@@ -187,6 +210,50 @@ pub static CATALOG: &[FnSpec] = &[
         Family::VirtualMemory,
         &[Ptr(Dptr), Num(Bytes), Skip, Num(Count)],
     ),
+    // Memory shared between processes (CUDA IPC, as NCCL and vLLM use it).
+    f(
+        &["cuIpcGetMemHandle"],
+        Family::Memory,
+        &[IpcHandleOut, Ptr(Dptr)],
+    ),
+    // cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags):
+    // the handle goes on the stack, so Flags takes the second register.
+    f(
+        &["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"],
+        Family::Memory,
+        &[
+            OutPtr(Dptr),
+            U32(Flags),
+            Skip,
+            Skip,
+            Skip,
+            Skip,
+            IpcHandleOnStack,
+        ],
+    ),
+    f(&["cuIpcCloseMemHandle"], Family::Memory, &[Ptr(Dptr)]),
+    // Unified memory hints. The `_v2` forms take a `CUmemLocation` (8 bytes, one register)
+    // where the first took a device ordinal.
+    f(
+        &["cuMemPrefetchAsync_v2"],
+        Family::Memory,
+        &[Ptr(Dptr), Num(Bytes), Location, U32(Flags), Ptr(Stream)],
+    ),
+    f(
+        &["cuMemPrefetchAsync"],
+        Family::Memory,
+        &[Ptr(Dptr), Num(Bytes), Int(Device), Ptr(Stream)],
+    ),
+    f(
+        &["cuMemAdvise_v2"],
+        Family::Memory,
+        &[Ptr(Dptr), Num(Bytes), Advice, Location],
+    ),
+    f(
+        &["cuMemAdvise"],
+        Family::Memory,
+        &[Ptr(Dptr), Num(Bytes), Advice, Int(Device)],
+    ),
     // Copies.
     copy(
         &["cuMemcpy"],
@@ -206,7 +273,7 @@ pub static CATALOG: &[FnSpec] = &[
     copy(
         &["cuMemcpyHtoD"],
         CopyKind::HtoD,
-        &[Ptr32(Dst), Ptr(Src), Num(Bytes)],
+        &[Ptr32(Dst), Ptr(Src), U32(Bytes)],
     ),
     copy(
         &["cuMemcpyDtoH_v2"],
@@ -216,7 +283,7 @@ pub static CATALOG: &[FnSpec] = &[
     copy(
         &["cuMemcpyDtoH"],
         CopyKind::DtoH,
-        &[Ptr(Dst), Ptr32(Src), Num(Bytes)],
+        &[Ptr(Dst), Ptr32(Src), U32(Bytes)],
     ),
     copy(
         &["cuMemcpyDtoD_v2"],
@@ -226,7 +293,7 @@ pub static CATALOG: &[FnSpec] = &[
     copy(
         &["cuMemcpyDtoD"],
         CopyKind::DtoD,
-        &[Ptr32(Dst), Ptr32(Src), Num(Bytes)],
+        &[Ptr32(Dst), Ptr32(Src), U32(Bytes)],
     ),
     copy(
         &["cuMemcpyHtoDAsync_v2"],
@@ -282,36 +349,67 @@ pub static CATALOG: &[FnSpec] = &[
         CopyKind::Default,
         &[Memcpy3D, Ptr(Stream)],
     ),
+    // cuMemcpyBatchAsync_v2(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
+    // the first form has `size_t *failIdx` before the stream.
+    copy(
+        &["cuMemcpyBatchAsync_v2"],
+        CopyKind::Default,
+        &[
+            Skip,
+            Skip,
+            BatchSizes(3),
+            Num(Count),
+            Skip,
+            Skip,
+            Skip,
+            Ptr(Stream),
+        ],
+    ),
+    copy(
+        &["cuMemcpyBatchAsync"],
+        CopyKind::Default,
+        &[
+            Skip,
+            Skip,
+            BatchSizes(3),
+            Num(Count),
+            Skip,
+            Skip,
+            Skip,
+            Skip,
+            Ptr(Stream),
+        ],
+    ),
     // Memsets.
     f(
         &["cuMemsetD8_v2"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(1)],
+        &[Ptr(Dptr), U8(Value), MemsetCount(1)],
     ),
     f(
         &["cuMemsetD16_v2"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(2)],
+        &[Ptr(Dptr), U16(Value), MemsetCount(2)],
     ),
     f(
         &["cuMemsetD32_v2"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(4)],
+        &[Ptr(Dptr), U32(Value), MemsetCount(4)],
     ),
     f(
         &["cuMemsetD8Async"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(1), Ptr(Stream)],
+        &[Ptr(Dptr), U8(Value), MemsetCount(1), Ptr(Stream)],
     ),
     f(
         &["cuMemsetD16Async"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(2), Ptr(Stream)],
+        &[Ptr(Dptr), U16(Value), MemsetCount(2), Ptr(Stream)],
     ),
     f(
         &["cuMemsetD32Async"],
         Family::Memset,
-        &[Ptr(Dptr), Num(Value), MemsetCount(4), Ptr(Stream)],
+        &[Ptr(Dptr), U32(Value), MemsetCount(4), Ptr(Stream)],
     ),
     // Launches.
     f(&["cuLaunchKernel"], Family::Launch, LAUNCH_ARGS),
@@ -327,6 +425,36 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Launch,
         &[Ptr(Graph), Ptr(Stream)],
     ),
+    // Graphs: `graph` is the executable graph (what cuGraphLaunch launches),
+    // `source_graph` the CUgraph it comes from.
+    f(
+        &["cuGraphInstantiateWithFlags"],
+        Family::Launch,
+        &[OutPtr(Graph), Ptr(SourceGraph), Num(Flags)],
+    ),
+    f(
+        &["cuGraphInstantiateWithParams"],
+        Family::Launch,
+        &[OutPtr(Graph), Ptr(SourceGraph), GraphInstantiateParams],
+    ),
+    // The first forms: (exec*, graph, CUgraphNode *errorNode, char *log, size_t logSize).
+    f(
+        &["cuGraphInstantiate_v2", "cuGraphInstantiate"],
+        Family::Launch,
+        &[OutPtr(Graph), Ptr(SourceGraph), Skip, Skip, Skip],
+    ),
+    // cuGraphExecUpdate_v2(exec, graph, CUgraphExecUpdateResultInfo *info): the result is
+    // the first field of the info struct.
+    f(
+        &["cuGraphExecUpdate_v2"],
+        Family::Launch,
+        &[Ptr(Graph), Ptr(SourceGraph), OutInt(GraphResult)],
+    ),
+    f(
+        &["cuGraphExecUpdate"],
+        Family::Launch,
+        &[Ptr(Graph), Ptr(SourceGraph), Skip, OutInt(GraphResult)],
+    ),
     // Synchronisation and ordering.
     f(&["cuStreamSynchronize"], Family::Sync, &[Ptr(Stream)]),
     f(&["cuEventSynchronize"], Family::Sync, &[Ptr(Event)]),
@@ -334,17 +462,34 @@ pub static CATALOG: &[FnSpec] = &[
     f(
         &["cuEventRecordWithFlags"],
         Family::Sync,
-        &[Ptr(Event), Ptr(Stream), Num(Flags)],
+        &[Ptr(Event), Ptr(Stream), U32(Flags)],
     ),
     f(
         &["cuStreamWaitEvent"],
         Family::Sync,
-        &[Ptr(Stream), Ptr(Event), Num(Flags)],
+        &[Ptr(Stream), Ptr(Event), U32(Flags)],
     ),
     f(
         &["cuStreamCreate"],
         Family::Sync,
-        &[OutPtr(Stream), Num(Flags)],
+        &[OutPtr(Stream), U32(Flags)],
+    ),
+    f(
+        &["cuStreamCreateWithPriority"],
+        Family::Sync,
+        &[OutPtr(Stream), U32(Flags), Int(Priority)],
+    ),
+    f(&["cuStreamQuery"], Family::Sync, &[Ptr(Stream)]),
+    f(
+        &["cuEventCreate"],
+        Family::Sync,
+        &[OutPtr(Event), U32(Flags)],
+    ),
+    f(&["cuEventQuery"], Family::Sync, &[Ptr(Event)]),
+    f(
+        &["cuEventDestroy_v2", "cuEventDestroy"],
+        Family::Sync,
+        &[Ptr(Event)],
     ),
     // Modules and kernels.
     f(
@@ -360,7 +505,7 @@ pub static CATALOG: &[FnSpec] = &[
     f(
         &["cuModuleLoadDataEx"],
         Family::Module,
-        &[OutPtr(Module), Ptr(Image), Num(Count), Skip, Skip],
+        &[OutPtr(Module), Ptr(Image), U32(Count), Skip, Skip],
     ),
     f(
         &["cuModuleLoadFatBinary"],
@@ -421,11 +566,7 @@ mod tests {
             );
             let outs = spec.args.iter().filter(|a| a.is_output()).count();
             assert!(outs <= MAX_OUTS, "{} has {outs} outputs", spec.name());
-            let captures = spec
-                .args
-                .iter()
-                .filter(|a| matches!(a, Str(_) | LaunchConfig | Memcpy2D | Memcpy3D))
-                .count();
+            let captures = spec.args.iter().filter(|a| a.is_capture()).count();
             assert!(captures <= 1, "{} captures {captures} buffers", spec.name());
         }
     }

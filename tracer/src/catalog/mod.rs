@@ -1,14 +1,19 @@
 //! The probe catalog: every libcuda function cudatrace knows, the exported symbols that
 //! implement it, and how to read its arguments (x86-64 SysV order). `spec.rs` has the
-//! description's types, `libcuda.rs` the table.
+//! description's types, `libcuda.rs` libcuda's table, `nccl.rs` libnccl's.
 //!
 //! Attaching (`probes::probe_set::LIBCUDA`), the eBPF-side `ProbeSpec`s, decoding and the
 //! analysis's roles all come from this table; adding a function is adding a row.
 
 mod libcuda;
+pub mod nccl;
 mod spec;
 
 #[cfg(test)]
 pub use libcuda::lookup;
 pub use libcuda::{CATALOG, STREAM_VARIANTS};
-pub use spec::{Arg, CopyKind, Family, Field, FnSpec, StrField};
+pub use nccl::NCCL_CATALOG;
+pub use spec::{
+    Arg, BATCH_SIZES_READ, CopyKind, Family, Field, FnSpec, GENERIC, IPC_HANDLE_LEN, StrField,
+    UNIQUE_ID_READ,
+};

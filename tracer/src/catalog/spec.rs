@@ -15,8 +15,16 @@ pub enum Family {
     Launch,
     Sync,
     Module,
+    /// NCCL collectives and point-to-point calls (libnccl).
+    Collective,
+    /// NCCL communicator creation, queries and destruction.
+    Communicator,
+    /// `ncclGroupStart`/`ncclGroupEnd`.
+    Group,
     /// Not a libcuda function: the injection library's delivery of GPU records (`--gpu`).
     GpuRecords,
+    /// Functions outside the catalog, probed generically (`--functions`).
+    Other,
 }
 
 impl Family {
@@ -31,7 +39,11 @@ impl Family {
             Family::Launch => "launch",
             Family::Sync => "sync",
             Family::Module => "module",
+            Family::Collective => "collective",
+            Family::Communicator => "communicator",
+            Family::Group => "group",
             Family::GpuRecords => "gpu_records",
+            Family::Other => "other",
         }
     }
 }
@@ -94,14 +106,45 @@ pub enum Field {
     Image,
     Host,
     SharedMem,
+    /// `numLibraryOptions` of `cuLibraryLoad*`.
+    LibraryOptionCount,
+    /// A stream's priority (`cuStreamCreateWithPriority`; lower is more urgent).
+    Priority,
+    /// The `CUgraph` a graph exec is instantiated or updated from.
+    SourceGraph,
+    /// `cuGraphExecUpdate`'s `CUgraphExecUpdateResult`, `cuGraphInstantiateWithParams`'s
+    /// `CUgraphInstantiateResult`.
+    GraphResult,
+    /// An NCCL communicator (`ncclComm_t`).
+    Comm,
+    /// The communicator `ncclCommSplit`/`ncclCommShrink` create.
+    NewComm,
+    /// The root rank of a rooted collective.
+    Root,
+    /// The peer rank of `ncclSend`/`ncclRecv`.
+    Peer,
+    /// The caller's rank in its communicator.
+    Rank,
+    /// The number of ranks of a communicator.
+    Nranks,
+    /// `ncclCommSplit`'s color and key.
+    Color,
+    Key,
 }
 
 /// How one argument word is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arg {
-    /// An unsigned number (sizes, counts, flags).
+    /// An unsigned 64-bit number (`size_t`, `unsigned long long`: sizes, counts, flags).
     Num(Field),
-    /// A signed 32-bit number (device ordinals).
+    /// An `unsigned int`: the low 32 bits of its word. The x86-64 SysV ABI leaves the upper
+    /// half of a 32-bit argument undefined, in a register or a stack slot alike.
+    U32(Field),
+    /// An `unsigned short`: the low 16 bits (memset values).
+    U16(Field),
+    /// An `unsigned char`: the low 8 bits (memset values).
+    U8(Field),
+    /// A signed 32-bit number (device ordinals, priorities).
     Int(Field),
     /// A pointer or handle, written as a hex string.
     Ptr(Field),
@@ -129,6 +172,40 @@ pub enum Arg {
     Memcpy2D,
     /// `const CUDA_MEMCPY3D *`.
     Memcpy3D,
+    /// `CUipcMemHandle *`, an output: the 64-byte handle the driver wrote, read at return.
+    IpcHandleOut,
+    /// A `CUipcMemHandle` passed by value. The 64-byte struct is of class MEMORY, so the
+    /// caller copies it onto the stack (at entry `[rsp+8]`) and it takes no register: the
+    /// arguments after it move up into the registers. Stands at index 6, where the stack
+    /// words start; the probes read 4 stack words, the handle's first 32 bytes.
+    IpcHandleOnStack,
+    /// A `CUmemLocation` passed by value: 8 bytes in one register, `type` in the low half
+    /// and `id` in the high half.
+    Location,
+    /// A `CUmem_advise` value.
+    Advice,
+    /// `size_t *sizes` of a copy batch, whose element count is the argument at the given
+    /// index: the sizes are read at return (the first 32) and added up into `bytes`.
+    BatchSizes(u8),
+    /// `CUDA_GRAPH_INSTANTIATE_PARAMS *`, read at return: flags, upload stream, result.
+    GraphInstantiateParams,
+    /// An `ncclDataType_t`: its name and element size; with a `Num(Count)` it gives
+    /// `bytes` (count x size).
+    Datatype,
+    /// An `ncclRedOp_t`: its name (`sum`, `prod`, `max`, `min`, `avg`, or `premulsum` for
+    /// the ops `ncclRedOpCreatePreMulSum` makes).
+    RedOp,
+    /// An `ncclUniqueId` passed by value (128 bytes, class MEMORY: on the stack, taking no
+    /// register). Stands at index 6; the probes read its first 32 bytes, which hold the
+    /// id's random magic and the root's address: the same on every rank of a communicator.
+    UniqueIdOnStack,
+    /// `ncclUniqueId *`: the first 32 bytes of the (first) id it points to.
+    UniqueIdRef,
+    /// `ncclComm_t *comms` of `ncclCommInitAll`, an output array whose length is the
+    /// argument at the given index: read at return (the first 32).
+    CommArrayOut(u8),
+    /// A word reported as it is, in `args` (functions outside the catalog).
+    Raw,
     /// Present in the signature, not reported.
     Skip,
 }
@@ -146,6 +223,12 @@ pub enum StrField {
 pub const LAUNCH_CONFIG_LEN: u32 = 56;
 pub const MEMCPY2D_LEN: u32 = 128;
 pub const MEMCPY3D_LEN: u32 = 200;
+pub const IPC_HANDLE_LEN: u32 = 64;
+pub const GRAPH_INSTANTIATE_PARAMS_LEN: u32 = 32;
+/// Bytes of an `ncclUniqueId` read (of its 128).
+pub const UNIQUE_ID_READ: u32 = 32;
+/// Sizes of a copy batch read at most (`DATA_LEN / 8`).
+pub const BATCH_SIZES_READ: u64 = (tracer_common::DATA_LEN / 8) as u64;
 
 /// One driver function.
 #[derive(Debug)]
@@ -161,10 +244,25 @@ pub struct FnSpec {
 
 use Arg::*;
 
+/// How a function outside the catalog is probed (`--functions all|GLOB`): its six register
+/// arguments as they are, its return code and its time.
+pub static GENERIC: FnSpec = FnSpec {
+    symbols: &[],
+    family: Family::Other,
+    args: &[Raw, Raw, Raw, Raw, Raw, Raw],
+    copy: None,
+};
+
 impl FnSpec {
-    /// The first listed symbol, used as the function's documented name.
+    /// The first listed symbol, used as the function's documented name (`generic` for
+    /// [`GENERIC`], which probes functions by their own names).
     pub fn name(&self) -> &'static str {
-        self.symbols[0]
+        self.symbols.first().copied().unwrap_or("generic")
+    }
+
+    /// Whether this is [`GENERIC`], the spec of functions outside the catalog.
+    pub fn is_generic(&self) -> bool {
+        std::ptr::eq(self, &GENERIC)
     }
 
     /// The kernel-side spec: how many words to read, what to capture, which outputs.
@@ -191,14 +289,27 @@ impl FnSpec {
                     spec.capture = capture::CSTR;
                     spec.capture_arg = index;
                 }
-                LaunchConfig | Memcpy2D | Memcpy3D => {
+                LaunchConfig
+                | Memcpy2D
+                | Memcpy3D
+                | IpcHandleOut
+                | GraphInstantiateParams
+                | UniqueIdRef => {
                     spec.capture = capture::STRUCT;
                     spec.capture_arg = index;
                     spec.capture_len = match arg {
                         LaunchConfig => LAUNCH_CONFIG_LEN,
                         Memcpy2D => MEMCPY2D_LEN,
-                        _ => MEMCPY3D_LEN,
+                        Memcpy3D => MEMCPY3D_LEN,
+                        IpcHandleOut => IPC_HANDLE_LEN,
+                        UniqueIdRef => UNIQUE_ID_READ,
+                        _ => GRAPH_INSTANTIATE_PARAMS_LEN,
                     };
+                }
+                BatchSizes(count) | CommArrayOut(count) => {
+                    spec.capture = capture::STRUCT;
+                    spec.capture_arg = index;
+                    spec.capture_count_arg = u32::from(*count) + 1;
                 }
                 _ => {}
             }
@@ -219,5 +330,22 @@ impl FnSpec {
 impl Arg {
     pub fn is_output(&self) -> bool {
         matches!(self, OutPtr(_) | OutPtr32(_) | OutNum(_) | OutInt(_))
+    }
+
+    /// Whether the probe reads memory for this argument (a string, a struct, an array).
+    #[cfg(test)]
+    pub fn is_capture(&self) -> bool {
+        matches!(
+            self,
+            Str(_)
+                | LaunchConfig
+                | Memcpy2D
+                | Memcpy3D
+                | IpcHandleOut
+                | BatchSizes(_)
+                | GraphInstantiateParams
+                | UniqueIdRef
+                | CommArrayOut(_)
+        )
     }
 }

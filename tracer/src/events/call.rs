@@ -3,11 +3,16 @@
 
 use std::borrow::Cow;
 
-use tracer_common::{CallEvent, flags};
+use tracer_common::{CallEvent, STACK_ARGS, flags};
 
-use super::{cuda_result, raw::c_string};
+#[cfg(test)]
+use super::cuda_result;
+use super::raw::c_string;
 use crate::{
-    catalog::{Arg, CopyKind, Field, FnSpec, StrField},
+    catalog::{
+        Arg, BATCH_SIZES_READ, CopyKind, Field, FnSpec, IPC_HANDLE_LEN, StrField, UNIQUE_ID_READ,
+        nccl,
+    },
     schema::{CallLine, Hex},
 };
 
@@ -24,6 +29,7 @@ impl CallLine {
             Field::Function => self.function = value,
             Field::Kernel => self.kernel_handle = value,
             Field::Library => self.library = value,
+            Field::SourceGraph => self.source_graph = value,
             Field::Module => self.module = value,
             Field::Context => self.context = value,
             Field::Event => self.event = value,
@@ -33,6 +39,8 @@ impl CallLine {
             Field::Addr => self.addr = value,
             Field::Image => self.image = value,
             Field::Host => self.host = value,
+            Field::Comm => self.comm = value,
+            Field::NewComm => self.new_comm = value,
             other => self.set_num(other, number),
         }
     }
@@ -52,6 +60,15 @@ impl CallLine {
             Field::Count => self.count = value,
             Field::Device => self.device = value.map(|v| v as i32),
             Field::Version => self.version = value.map(|v| v as i32),
+            Field::Priority => self.priority = value.map(|v| v as i32),
+            Field::LibraryOptionCount => self.library_option_count = value,
+            Field::GraphResult => self.graph_result = value.map(|v| v as u32),
+            Field::Rank => self.rank = value.map(|v| v as i32),
+            Field::Nranks => self.nranks = value.map(|v| v as i32),
+            Field::Root => self.root = value.map(|v| v as i32),
+            Field::Peer => self.peer = value.map(|v| v as i32),
+            Field::Color => self.color = value.map(|v| v as i32),
+            Field::Key => self.key = value.map(|v| v as i32),
             other => self.set_hex(other, number),
         }
     }
@@ -174,8 +191,72 @@ fn decode_launch_config(record: &mut CallLine, data: &[u8]) -> Option<()> {
     Some(())
 }
 
-/// Names a call's arguments through its catalog entry.
+/// CUDA_GRAPH_INSTANTIATE_PARAMS: flags at 0, hUploadStream at 8, result_out at 24.
+fn decode_instantiate_params(record: &mut CallLine, data: &[u8]) -> Option<()> {
+    record.flags = Some(u64_at(data, 0)?);
+    record.stream = Some(Hex(u64_at(data, 8)?));
+    record.graph_result = Some(u32_at(data, 24)?);
+    Some(())
+}
+
+/// The sizes of a copy batch, added up; `None` when some were not read.
+fn batch_bytes(data: &[u8], count: u64) -> Option<u64> {
+    if count > BATCH_SIZES_READ || data.len() < count as usize * 8 {
+        return None;
+    }
+    Some(
+        data.chunks_exact(8)
+            .take(count as usize)
+            .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()))
+            .fold(0u64, u64::saturating_add),
+    )
+}
+
+/// Bytes as lower-case hex, in memory order.
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `CUmemLocationType` names.
+fn location_name(location_type: u32) -> Cow<'static, str> {
+    Cow::Borrowed(match location_type {
+        0 => "none",
+        1 => "device",
+        2 => "host",
+        3 => "host_numa",
+        4 => "host_numa_current",
+        other => return Cow::Owned(format!("type_{other}")),
+    })
+}
+
+/// `CUmem_advise` names.
+fn advice_name(advice: u32) -> Option<&'static str> {
+    Some(match advice {
+        1 => "CU_MEM_ADVISE_SET_READ_MOSTLY",
+        2 => "CU_MEM_ADVISE_UNSET_READ_MOSTLY",
+        3 => "CU_MEM_ADVISE_SET_PREFERRED_LOCATION",
+        4 => "CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION",
+        5 => "CU_MEM_ADVISE_SET_ACCESSED_BY",
+        6 => "CU_MEM_ADVISE_UNSET_ACCESSED_BY",
+        _ => return None,
+    })
+}
+
+/// Names a libcuda call's arguments through its catalog entry.
+#[cfg(test)]
 pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &FnSpec) -> CallLine {
+    decode_call_of(call, data, symbol, spec, cuda_result::name)
+}
+
+/// Names a call's arguments through its catalog entry; `result_name` names its return
+/// codes (the probe set's: `CUresult`, `ncclResult_t`).
+pub fn decode_call_of(
+    call: &CallEvent,
+    data: Option<&[u8]>,
+    symbol: &str,
+    spec: &FnSpec,
+    result_name: fn(u32) -> Option<&'static str>,
+) -> CallLine {
     let mut record = CallLine {
         name: symbol.to_owned(),
         pid: call.header.pid,
@@ -183,7 +264,7 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
         ts_ns: call.header.ts_ns,
         dur_ns: call.dur_ns,
         ret: call.ret,
-        ret_name: cuda_result::name(call.ret).map(Cow::Borrowed),
+        ret_name: result_name(call.ret).map(Cow::Borrowed),
         kind: spec.copy.map(|kind| Cow::Borrowed(kind.as_str())),
         ..CallLine::default()
     };
@@ -200,6 +281,10 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
         };
         match *arg {
             Arg::Num(field) => record.set_num(field, word),
+            // The ABI leaves the bits above a narrow argument undefined: never read them.
+            Arg::U32(field) => record.set_num(field, word & 0xffff_ffff),
+            Arg::U16(field) => record.set_num(field, word & 0xffff),
+            Arg::U8(field) => record.set_num(field, word & 0xff),
             Arg::Int(field) => record.set_num(field, u64::from(word as u32 as i32 as u32)),
             Arg::Ptr(field) => record.set_hex(field, word),
             Arg::Ptr32(field) => record.set_hex(field, word & 0xffff_ffff),
@@ -236,8 +321,97 @@ pub fn decode_call(call: &CallEvent, data: Option<&[u8]>, symbol: &str, spec: &F
                     record.warnings.push(Cow::Borrowed("memcpy_struct_unread"));
                 }
             }
+            Arg::IpcHandleOut => {
+                if data.len() == IPC_HANDLE_LEN as usize {
+                    record.ipc_handle = Some(hex_bytes(data));
+                } else {
+                    record.warnings.push(Cow::Borrowed("ipc_handle_unread"));
+                }
+            }
+            Arg::IpcHandleOnStack => {
+                let words = call.args.get(index..index + STACK_ARGS).unwrap_or(&[]);
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                record.ipc_handle = Some(hex_bytes(&bytes));
+            }
+            Arg::Location => {
+                record.location = Some(location_name(word as u32));
+                record.location_id = Some((word >> 32) as u32 as i32);
+            }
+            Arg::Advice => {
+                let advice = word as u32;
+                record.advice = Some(advice);
+                record.advice_name = advice_name(advice).map(Cow::Borrowed);
+            }
+            Arg::BatchSizes(count_index) => {
+                let count = call
+                    .args
+                    .get(usize::from(count_index))
+                    .copied()
+                    .unwrap_or(0);
+                match batch_bytes(data, count) {
+                    Some(bytes) => record.bytes = Some(bytes),
+                    None if count > BATCH_SIZES_READ => {
+                        record.warnings.push(Cow::Borrowed("batch_sizes_cut"));
+                    }
+                    None => record.warnings.push(Cow::Borrowed("batch_sizes_unread")),
+                }
+            }
+            Arg::GraphInstantiateParams => {
+                if decode_instantiate_params(&mut record, data).is_none() {
+                    record
+                        .warnings
+                        .push(Cow::Borrowed("instantiate_params_unread"));
+                }
+            }
+            Arg::Datatype => match nccl::datatype(word as u32) {
+                Some((name, size)) => {
+                    record.datatype = Some(Cow::Borrowed(name));
+                    record.datatype_size = Some(size);
+                }
+                None => record.datatype = Some(Cow::Owned(format!("type_{}", word as u32))),
+            },
+            Arg::RedOp => record.op = Some(Cow::Borrowed(nccl::red_op(word as u32))),
+            Arg::UniqueIdOnStack => {
+                let words = call.args.get(index..index + STACK_ARGS).unwrap_or(&[]);
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                record.unique_id = Some(hex_bytes(&bytes));
+            }
+            Arg::UniqueIdRef => {
+                if data.len() == UNIQUE_ID_READ as usize {
+                    record.unique_id = Some(hex_bytes(data));
+                } else {
+                    record.warnings.push(Cow::Borrowed("unique_id_unread"));
+                }
+            }
+            Arg::CommArrayOut(count_index) => {
+                let count = call
+                    .args
+                    .get(usize::from(count_index))
+                    .map_or(0, |word| u64::from(*word as u32));
+                let read = (data.len() / 8) as u64;
+                if count > read {
+                    record
+                        .warnings
+                        .push(Cow::Borrowed(if count > BATCH_SIZES_READ {
+                            "comms_cut"
+                        } else {
+                            "comms_unread"
+                        }));
+                }
+                record.comms = data
+                    .chunks_exact(8)
+                    .take(count as usize)
+                    .map(|word| Hex(u64::from_le_bytes(word.try_into().unwrap_or_default())))
+                    .collect();
+            }
+            Arg::Raw => record.args.push(Hex(word)),
             Arg::Skip => {}
         }
+    }
+    if let (Some(count), Some(size)) = (record.count, record.datatype_size)
+        && record.bytes.is_none()
+    {
+        record.bytes = Some(count.saturating_mul(size));
     }
     if has_grid {
         record.grid = Some(grid);
@@ -411,6 +585,158 @@ mod tests {
         assert_eq!(record.function, Some(Hex(0x1030)));
         assert_eq!(record.module, Some(Hex(0x1020)));
         assert_eq!(record.warnings, vec!["string_truncated"]);
+    }
+
+    const DIRTY: u64 = 0xdead_beef_0000_0000;
+
+    #[test]
+    fn narrow_arguments_ignore_the_upper_bits_of_their_slot() {
+        let spec = lookup("cuLaunchKernel").unwrap();
+        let words = [
+            0x1030,
+            DIRTY | 4096,
+            DIRTY | 2,
+            DIRTY | 1,
+            DIRTY | 256,
+            DIRTY | 1,
+            DIRTY | 3,
+            DIRTY | 1024,
+            0x1010,
+            0x7ffe,
+        ];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "cuLaunchKernel", spec);
+        assert_eq!(
+            (record.grid, record.block, record.shared_mem),
+            (Some([4096, 2, 1]), Some([256, 1, 3]), Some(1024))
+        );
+        let spec = lookup("cuLibraryLoadData").unwrap();
+        let words = [0x7ffc, 0x5000, 0, 0, DIRTY | 3, 0, 0, DIRTY | 2];
+        let record = decode_call(
+            &call(&words, [0x1040, 0], 0),
+            None,
+            "cuLibraryLoadData",
+            spec,
+        );
+        assert_eq!(
+            (record.count, record.library_option_count, record.flags),
+            (Some(3), Some(2), None)
+        );
+        let spec = lookup("cuMemsetD8_v2").unwrap();
+        let words = [0x7f00, 0xdead_beef_cafe_baab, 16];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "cuMemsetD8_v2", spec);
+        assert_eq!(record.value, Some(0xab));
+        let spec = lookup("cuStreamCreateWithPriority").unwrap();
+        let words = [0x7ffc, DIRTY | 1, DIRTY | u64::from(-3i32 as u32)];
+        let record = decode_call(&call(&words, [0x1000, 0], 0), None, "x", spec);
+        assert_eq!((record.flags, record.priority), (Some(1), Some(-3)));
+    }
+
+    #[test]
+    fn ipc_locations_batches_and_graphs_are_decoded() {
+        // The handle passed by value sits in the stack words (args 6..10).
+        let spec = lookup("cuIpcOpenMemHandle_v2").unwrap();
+        let words = [
+            0x7ffc,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0x0807_0605_0403_0201,
+            0x1817_1615_1413_1211,
+            0,
+            u64::MAX,
+        ];
+        let record = decode_call(&call(&words, [0x7e00_0000_0000, 0], 0), None, "x", spec);
+        assert_eq!(
+            record.ipc_handle.as_deref(),
+            Some("01020304050607081112131415161718".to_owned() + &"00".repeat(8) + &"ff".repeat(8))
+                .as_deref()
+        );
+        assert_eq!(
+            (record.dptr, record.flags),
+            (Some(Hex(0x7e00_0000_0000)), Some(1))
+        );
+
+        let spec = lookup("cuIpcGetMemHandle").unwrap();
+        let record = decode_call(
+            &call(&[0x7ffc, 0x7f00], [0, 0], 0),
+            Some(&[0xab; 64]),
+            "x",
+            spec,
+        );
+        assert_eq!(record.ipc_handle, Some("ab".repeat(64)));
+        let short = decode_call(&call(&[0x7ffc, 0x7f00], [0, 0], 0), Some(&[]), "x", spec);
+        assert_eq!(short.warnings, ["ipc_handle_unread"]);
+
+        // CUmemLocation {type 3, id 7} in one register.
+        let spec = lookup("cuMemAdvise_v2").unwrap();
+        let words = [0x7f00, 4096, DIRTY_ADVICE | 3, (7 << 32) | 3];
+        let record = decode_call(&call(&words, [0, 0], 0), None, "x", spec);
+        assert_eq!(
+            (
+                record.advice,
+                record.advice_name.as_deref(),
+                record.location.as_deref(),
+                record.location_id
+            ),
+            (
+                Some(3),
+                Some("CU_MEM_ADVISE_SET_PREFERRED_LOCATION"),
+                Some("host_numa"),
+                Some(7)
+            )
+        );
+
+        let spec = lookup("cuMemcpyBatchAsync_v2").unwrap();
+        let sizes: Vec<u8> = [4096u64, 512, 100]
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
+        let words = [0x1, 0x2, 0x3, 3, 0, 0, 0, 0x1010];
+        let record = decode_call(&call(&words, [0, 0], 0), Some(&sizes), "x", spec);
+        assert_eq!(
+            (
+                record.bytes,
+                record.count,
+                record.stream,
+                record.kind.as_deref()
+            ),
+            (Some(4708), Some(3), Some(Hex(0x1010)), Some("Default"))
+        );
+        let words = [0x1, 0x2, 0x3, 40, 0, 0, 0, 0x1010];
+        let record = decode_call(&call(&words, [0, 0], 0), Some(&[0; 256]), "x", spec);
+        assert_eq!(record.bytes, None);
+        assert_eq!(record.warnings, ["batch_sizes_cut"]);
+
+        let spec = lookup("cuGraphExecUpdate_v2").unwrap();
+        let record = decode_call(
+            &call(&[0x1020, 0x5000, 0x7ffc], [1, 0], 910),
+            None,
+            "x",
+            spec,
+        );
+        assert_eq!(
+            (record.graph, record.source_graph, record.graph_result),
+            (Some(Hex(0x1020)), Some(Hex(0x5000)), Some(1))
+        );
+    }
+
+    const DIRTY_ADVICE: u64 = 0xffff_ffff_0000_0000;
+
+    #[test]
+    fn functions_outside_the_catalog_keep_their_raw_registers() {
+        let words = [1, 2, 3, 0xdead_beef_0000_0004, 5, 6, 7, 8];
+        let record = decode_call(
+            &call(&words, [0, 0], 0),
+            None,
+            "cuCtxGetDevice",
+            &crate::catalog::GENERIC,
+        );
+        assert_eq!(
+            json(&record),
+            r#"{"type":"call","name":"cuCtxGetDevice","pid":10,"tid":11,"ts_ns":1000,"dur_ns":250,"ret":0,"args":["0x1","0x2","0x3","0xdeadbeef00000004","0x5","0x6"]}"#
+        );
     }
 
     #[test]

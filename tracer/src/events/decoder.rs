@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 
 use super::{
-    call::decode_call,
-    driver,
+    call::decode_call_of,
+    cuda_result, driver,
     gpu::{GpuDecoded, GpuDecoder, GpuEvent},
-    process, raw,
+    process,
+    raw::{DecodeError, RawEvent},
 };
 use crate::{
     probes::plan::Plans,
@@ -30,8 +31,7 @@ pub enum Event {
     Gpu(GpuEvent),
 }
 
-pub struct Decoder<'a> {
-    plans: &'a Plans,
+pub struct Decoder {
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
     gpu: GpuDecoder,
@@ -39,42 +39,58 @@ pub struct Decoder<'a> {
     pub undecodable: u64,
 }
 
-impl<'a> Decoder<'a> {
-    pub fn new(plans: &'a Plans, kernel_functions: HashMap<u64, String>) -> Self {
+impl Decoder {
+    pub fn new(kernel_functions: HashMap<u64, String>) -> Self {
         Decoder {
-            plans,
             kernel_functions,
             gpu: GpuDecoder::default(),
             undecodable: 0,
         }
     }
 
-    /// The line a record becomes; `None` for a record that makes no sense (counted), or
-    /// one kept for later records (a GPU kernel name or clock pair).
-    pub fn decode(&mut self, bytes: &[u8]) -> Option<Event> {
-        let event = match raw::decode(bytes) {
-            Ok(raw::RawEvent::Call { call, data }) => self
-                .plans
-                .probe(call.probe_id)
-                .map(|probe| decode_call(&call, data.as_deref(), &probe.symbol, probe.spec))
-                .map(Event::Call),
-            Ok(raw::RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
+    /// The line a record (read as a [`RawEvent`]) becomes, its calls named through
+    /// `plans` (which grow as libraries are found); `None` for a record that makes no sense
+    /// (counted), or one kept for later records (a GPU kernel name or clock pair). Attach
+    /// events are no line: they are for the attach layer.
+    pub fn decode_raw(
+        &mut self,
+        raw: Result<RawEvent, DecodeError>,
+        plans: &Plans,
+    ) -> Option<Event> {
+        let event = match raw {
+            Ok(RawEvent::Call { call, data }) => plans.probe(call.probe_id).map(|probe| {
+                let result_name = plans
+                    .get(probe.library)
+                    .map_or(cuda_result::name as fn(u32) -> _, |plan| {
+                        plan.set.result_name
+                    });
+                let mut line = decode_call_of(
+                    &call,
+                    data.as_deref(),
+                    &probe.symbol,
+                    probe.spec,
+                    result_name,
+                );
+                line.lib = Some(probe.library);
+                Event::Call(line)
+            }),
+            Ok(RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
                 &event,
                 &self.kernel_functions,
             ))),
-            Ok(raw::RawEvent::Proc(event)) => {
+            Ok(RawEvent::Proc(event)) => {
                 let line = process::decode(&event);
                 if matches!(line.event.as_str(), "exec" | "exit") {
                     self.gpu.forget(line.pid);
                 }
                 Some(Event::Process(line))
             }
-            Ok(raw::RawEvent::Gpu(record)) => match self.gpu.decode(record) {
+            Ok(RawEvent::Gpu(record)) => match self.gpu.decode(record) {
                 GpuDecoded::Event(event) => Some(Event::Gpu(event)),
                 GpuDecoded::Consumed => return None,
                 GpuDecoded::Unknown => None,
             },
-            Err(_) => None,
+            Ok(RawEvent::Attach(_)) | Err(_) => None,
         };
         if event.is_none() {
             self.undecodable += 1;

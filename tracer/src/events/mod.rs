@@ -13,5 +13,4 @@ mod process;
 mod raw;
 
 pub use decoder::{Decoder, Event};
-#[cfg(test)]
-pub use raw::{RawEvent, decode};
+pub use raw::{RawEvent, decode, is_call_kind};

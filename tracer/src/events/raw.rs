@@ -4,8 +4,8 @@
 use std::mem::size_of;
 
 use tracer_common::{
-    CallDataEvent, CallEvent, DATA_LEN, DriverEvent, EventHeader, GPU_TEXT_LEN, GpuEvent,
-    GpuRecord, GpuTextEvent, ProcEvent, kind,
+    AttachEvent, CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader,
+    GPU_TEXT_LEN, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent, TEXT_LEN, kind,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -23,7 +23,8 @@ pub enum DecodeError {
 /// A record as the kernel wrote it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawEvent {
-    /// A call; `data` holds the bytes captured at entry, if the probe captures any.
+    /// A call; `data` holds the bytes its probe captured (a string without its NUL, a
+    /// struct), if it captures any.
     Call {
         call: CallEvent,
         data: Option<Vec<u8>>,
@@ -32,6 +33,8 @@ pub enum RawEvent {
     Driver(DriverEvent),
     /// A GPU record from the injection library (`--gpu`), with its text if it has one.
     Gpu(RawGpu),
+    /// For the attach layer, not the trace: a library opened, a fork, an exec.
+    Attach(Box<AttachEvent>),
 }
 
 /// A GPU record as the `gpu_records` uprobe wrote it.
@@ -57,6 +60,11 @@ fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
     Ok(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
 }
 
+/// Whether records of `kind` are calls (with or without captured memory).
+pub fn is_call_kind(kind: u32) -> bool {
+    matches!(kind, kind::CALL | kind::CALL_DATA | kind::CALL_STRING)
+}
+
 /// Decodes one ring-buffer record. Never panics, whatever the input.
 pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
     let header: EventHeader = read(bytes, "header")?;
@@ -68,6 +76,14 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
         kind::CALL_DATA => {
             let event: CallDataEvent = read(bytes, "call data event")?;
             let len = (event.data_len as usize).min(DATA_LEN);
+            Ok(RawEvent::Call {
+                call: event.call,
+                data: Some(event.data[..len].to_vec()),
+            })
+        }
+        kind::CALL_STRING => {
+            let event: CallStringEvent = read(bytes, "call string event")?;
+            let len = (event.data_len as usize).min(TEXT_LEN);
             Ok(RawEvent::Call {
                 call: event.call,
                 data: Some(event.data[..len].to_vec()),
@@ -92,6 +108,7 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
                 text: Some(event.text[..len].to_vec()),
             }))
         }
+        kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -201,6 +218,76 @@ mod tests {
     }
 
     #[test]
+    fn attach_events_are_kind_8_for_the_attach_layer() {
+        let mut event = AttachEvent {
+            header: EventHeader {
+                kind: 8,
+                flags: tracer_common::attach_flags::STOPPED,
+                pid: 42,
+                tid: 43,
+                ..EventHeader::default()
+            },
+            what: tracer_common::attach_event::LIBRARY_OPENED,
+            fd: 5,
+            parent: 0,
+            set: 0,
+            path_len: 12,
+            _pad: 0,
+            path: [0; tracer_common::PATH_LEN],
+        };
+        event.path[..12].copy_from_slice(b"libcuda.so.1");
+        assert_eq!(
+            decode(&as_bytes(&event)),
+            Ok(RawEvent::Attach(Box::new(event)))
+        );
+        assert_eq!(
+            decode(&as_bytes(&event)[..100]),
+            Err(DecodeError::Short {
+                what: "attach event",
+                len: 100,
+                need: 304
+            })
+        );
+    }
+
+    #[test]
+    fn strings_come_whole_up_to_the_text_limit() {
+        let mut event = CallStringEvent {
+            call: CallEvent::default(),
+            data_len: TEXT_LEN as u32,
+            _pad: 0,
+            data: [b'x'; tracer_common::STRING_BUF_LEN],
+        };
+        event.call.header.kind = kind::CALL_STRING;
+        let Ok(RawEvent::Call {
+            data: Some(data), ..
+        }) = decode(&as_bytes(&event))
+        else {
+            panic!("not a call with a string");
+        };
+        assert_eq!(data, vec![b'x'; 4096]);
+        // A length past the limit (never written by the kernel) is held to it.
+        event.data_len = 5000;
+        let Ok(RawEvent::Call {
+            data: Some(data), ..
+        }) = decode(&as_bytes(&event))
+        else {
+            panic!("not a call with a string");
+        };
+        assert_eq!(data.len(), TEXT_LEN);
+        // A record cut short is an error, not a panic.
+        let bytes = as_bytes(&event);
+        assert_eq!(
+            decode(&bytes[..200]),
+            Err(DecodeError::Short {
+                what: "call string event",
+                len: 200,
+                need: 136 + 8 + 4104
+            })
+        );
+    }
+
+    #[test]
     fn short_and_unknown_records_are_errors() {
         assert_eq!(
             decode(&[1, 0, 0, 0]),
@@ -228,9 +315,15 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        // A cheap deterministic fuzz: every length and kind byte, pseudo-random payloads.
+        // A cheap deterministic fuzz: every length and kind byte, pseudo-random payloads,
+        // and the lengths around the two text-carrying records.
         let mut state = 0x2545_f491_4f6c_dd1du64;
-        for len in 0..600 {
+        let call_string = size_of::<CallStringEvent>();
+        let gpu_text = size_of::<GpuTextEvent>();
+        for len in (0..600)
+            .chain(call_string - 1..=call_string + 1)
+            .chain(gpu_text - 1..=gpu_text + 1)
+        {
             let mut bytes: Vec<u8> = (0..len)
                 .map(|_| {
                     state ^= state << 13;
@@ -240,7 +333,7 @@ mod tests {
                 })
                 .collect();
             if len >= 4 {
-                bytes[0] = (len % 7) as u8;
+                bytes[0] = (len % 9) as u8;
                 bytes[1..4].fill(0);
             }
             let _ = decode(&bytes);

@@ -19,6 +19,10 @@ use crate::schema::{Header, compact};
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
 
+/// NCCL rank tracks are threads of their process in this format: tid this plus the
+/// track's index (above any Linux tid and the driver tracks').
+pub const NCCL_TID_BASE: u32 = 3 << 29;
+
 /// The category both ends of a flow share (viewers pair them by it, the name and the id).
 pub const FLOW_CATEGORY: &str = "flow";
 
@@ -95,6 +99,7 @@ impl<W: Write> ChromeWriter<W> {
             Track::Thread { pid, tid } => (pid, tid),
             Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
             Track::Global => (0, 0),
+            Track::Nccl { pid, index } => (pid, NCCL_TID_BASE.saturating_add(index)),
             Track::Gpu { device, .. } => {
                 let next = self.gpu_tids.len() as u32 + 1;
                 let tid = *self.gpu_tids.entry(track).or_insert(next);

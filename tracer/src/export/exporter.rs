@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     analysis::{Analysis, Role, classify, families::Families},
+    catalog::nccl::collective_op,
     format::format_bytes,
     reader::{ReadError, TraceLines},
     schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
@@ -81,6 +82,26 @@ pub struct Exporter<'f, S> {
     args: Arguments,
     /// The GPUs' groups (named from `--power`'s header) and `--power`'s counter tracks.
     gpus: GpuTracks,
+    /// NCCL rank tracks by (pid, communicator, rank, nranks).
+    nccl_tracks: HashMap<(u32, String, Option<i32>, Option<i32>), Track>,
+    /// Per (pid, tid), the last collective's rank-track slice, held until the next
+    /// collective of the thread shows whether it ran inside that one.
+    pending_rank_slices: HashMap<(u32, u32), RankSlice>,
+}
+
+/// A collective call's slice on its rank's track, not yet drawn.
+struct RankSlice {
+    track: Track,
+    /// Relative to the trace's start.
+    ts_ns: u64,
+    dur_ns: u64,
+    label: String,
+    /// Sorted when the slice is drawn.
+    args: Arguments,
+    /// The call's own clock span and function.
+    call_ts_ns: u64,
+    call_end_ns: u64,
+    function: String,
 }
 
 impl<'f, S: TimelineSink> Exporter<'f, S> {
@@ -99,6 +120,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             counter_before_window: HashMap::default(),
             args: Arguments::default(),
             gpus: GpuTracks::default(),
+            nccl_tracks: HashMap::default(),
+            pending_rank_slices: HashMap::default(),
         }
     }
 
@@ -113,9 +136,17 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Driver(driver) => self.driver(driver)?,
                 Line::Power(power) => self.power(power)?,
                 Line::Gpu(gpu) => self.gpu(gpu)?,
+                Line::Library(library) => self.families.add_library(library),
                 Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
+        }
+        let mut pending: Vec<RankSlice> = std::mem::take(&mut self.pending_rank_slices)
+            .into_values()
+            .collect();
+        pending.sort_by_key(|slice| slice.call_ts_ns);
+        for slice in pending {
+            self.rank_slice(slice)?;
         }
         for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {
             self.counter(pid, self.filters.start_ns.unwrap_or(0), bytes)?;
@@ -192,7 +223,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 }
                 return Ok(());
             }
-            Track::Global => return Ok(()),
+            Track::Global | Track::Nccl { .. } => return Ok(()),
         };
         self.announce_process(pid)?;
         if self.names.threads.insert(track) {
@@ -285,6 +316,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             })?;
             self.stats.slices += 1;
             self.stats.flows += flows_in.len() as u64;
+            if let Some(op) = collective_op(&record.name) {
+                self.collective(record, op, ts)?;
+            }
         } else {
             self.stats.filtered += 1;
         }
@@ -301,6 +335,91 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 self.counter(record.pid, end, bytes)?;
             }
         }
+        Ok(())
+    }
+
+    /// An NCCL collective call, again on its rank's track: one track per process,
+    /// communicator (its unique id's start where known, else the `ncclComm_t`) and rank.
+    fn collective(&mut self, record: &CallLine, op: &str, ts: u64) -> io::Result<()> {
+        let comm = record.comm.map_or(0, |comm| comm.0);
+        let communicator = self
+            .analysis
+            .nccl_comm(record.pid, comm)
+            .and_then(|info| info.unique_id.as_deref())
+            .map_or_else(
+                || format!("{comm:#x}"),
+                |id| format!("{}…", id.chars().take(16).collect::<String>()),
+            );
+        let key = (record.pid, communicator, record.rank, record.nranks);
+        let track = match self.nccl_tracks.get(&key) {
+            Some(track) => *track,
+            None => {
+                let track = Track::Nccl {
+                    pid: record.pid,
+                    index: self.nccl_tracks.len() as u32 + 1,
+                };
+                let name = nccl_track_name(&key.1, record.rank, record.nranks);
+                self.nccl_tracks.insert(key, track);
+                self.announce_process(record.pid)?;
+                self.sink.thread(track, &name)?;
+                track
+            }
+        };
+        let mut label = match record.bytes {
+            Some(bytes) => format!("{op} {}", format_bytes(bytes)),
+            None => op.to_owned(),
+        };
+        if record.ret != 0 {
+            label.push_str(" → ");
+            match &record.ret_name {
+                Some(name) => label.push_str(name),
+                None => label.push_str(&format!("error {}", record.ret)),
+            }
+        }
+        let mut args = Arguments::default();
+        args.fill(record, |key| !NCCL_ARGS.contains(&key));
+        args.insert_text("call", &record.name);
+        // A collective NCCL made inside another (ncclBcast runs as ncclBroadcast) is
+        // drawn once: the outer call, which names the inner one.
+        let thread = (record.pid, record.tid);
+        let end = record.ts_ns + record.dur_ns;
+        if let Some(previous) = self.pending_rank_slices.remove(&thread) {
+            if record.ts_ns <= previous.call_ts_ns && previous.call_end_ns <= end {
+                args.insert_text("ran_as", &previous.function);
+            } else {
+                self.rank_slice(previous)?;
+            }
+        }
+        self.pending_rank_slices.insert(
+            thread,
+            RankSlice {
+                track,
+                ts_ns: ts,
+                dur_ns: record.dur_ns,
+                label,
+                args,
+                call_ts_ns: record.ts_ns,
+                call_end_ns: end,
+                function: record.name.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    fn rank_slice(&mut self, mut slice: RankSlice) -> io::Result<()> {
+        slice.args.sort();
+        self.sink.slice(&Slice {
+            track: slice.track,
+            ts_ns: slice.ts_ns,
+            dur_ns: slice.dur_ns,
+            name: &slice.label,
+            category: "nccl_rank",
+            args: &slice.args,
+            flow_out: &[],
+            flows_in: &[],
+        })?;
+        self.stats.slices += 1;
+        self.stats.nccl_slices += 1;
         Ok(())
     }
 
@@ -566,6 +685,22 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         self.stats.instants += 1;
         Ok(())
     }
+}
+
+/// The fields of a collective call its rank-track slice carries.
+const NCCL_ARGS: [&str; 12] = [
+    "comm", "rank", "nranks", "count", "datatype", "bytes", "op", "root", "peer", "stream",
+    "group", "ret",
+];
+
+/// `NCCL rank 0/2 (comm 0a1b2c3d4e5f6071…)`; `?` for what is not known.
+pub fn nccl_track_name(communicator: &str, rank: Option<i32>, nranks: Option<i32>) -> String {
+    let known = |value: Option<i32>| value.map_or_else(|| "?".to_owned(), |v| v.to_string());
+    format!(
+        "NCCL rank {}/{} (comm {communicator})",
+        known(rank),
+        known(nranks)
+    )
 }
 
 /// A GPU work slice's name: the kernel, or the copy's direction and size, or the memset's

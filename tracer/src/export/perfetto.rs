@@ -485,7 +485,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 ..TrackDescriptor::default()
             },
             // A named track of the process, not a thread of its own.
-            Track::Driver { pid, .. } => TrackDescriptor {
+            Track::Driver { pid, .. } | Track::Nccl { pid, .. } => TrackDescriptor {
                 uuid: Some(uuid),
                 parent_uuid: Some(self.uuid(TrackKey::Process(pid)).0),
                 name: Some(name.to_owned()),

@@ -737,3 +737,153 @@ fn the_time_window_applies_to_power_samples() {
     // Samples 10 to 15 of both GPUs; --pid keeps GPU tracks (they are no process's).
     assert_eq!(stats.counters, 6 * (9 + 8));
 }
+
+/// Two ranks of one communicator (pids 7 and 8, the same unique id) and a collective on a
+/// communicator whose creation was not traced.
+fn nccl_trace() -> String {
+    let id = "aabbccddeeff00112233445566778899aabbccddeeff00112233445566778899";
+    let call = |name: &str, pid: u32, ts: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":{pid},"tid":{pid},"ts_ns":{ts},"dur_ns":100,"ret":0{extra}}}"#
+        )
+    };
+    let all_reduce = r#","comm":"0x10","count":256,"datatype":"float32","datatype_size":4,"bytes":1024,"op":"sum","stream":"0x5""#;
+    [
+        r#"{"type":"header","format":"cudatrace","version":1,"command":["torchrun"],"pids":[7,8],"start_monotonic_ns":0}"#.to_owned(),
+        call("ncclCommInitRank", 7, 1_000, &format!(r#","comm":"0x10","rank":0,"nranks":2,"unique_id":"{id}""#)),
+        call("ncclCommInitRank", 8, 1_100, &format!(r#","comm":"0x10","rank":1,"nranks":2,"unique_id":"{id}""#)),
+        call("ncclAllReduce", 7, 2_000, all_reduce),
+        call("ncclAllReduce", 8, 2_050, all_reduce),
+        call("ncclAllReduce", 7, 3_000, all_reduce),
+        call("ncclBroadcast", 7, 4_000, r#","comm":"0x10","count":8,"datatype":"int8","datatype_size":1,"bytes":8,"root":1,"stream":"0x5""#),
+        call("ncclAllReduce", 7, 5_000, &all_reduce.replace("0x10", "0x99")),
+        // ncclBcast runs as ncclBroadcast: the inner call returns first.
+        r#"{"type":"call","name":"ncclBroadcast","pid":7,"tid":7,"ts_ns":6010,"dur_ns":80,"ret":0,"comm":"0x10","count":4,"datatype":"int8","datatype_size":1,"bytes":4,"root":0,"stream":"0x5"}"#.to_owned(),
+        r#"{"type":"call","name":"ncclBcast","pid":7,"tid":7,"ts_ns":6000,"dur_ns":100,"ret":0,"comm":"0x10","count":4,"datatype":"int8","datatype_size":1,"bytes":4,"root":0,"stream":"0x5"}"#.to_owned(),
+    ]
+    .join("\n")
+}
+
+#[test]
+fn nccl_collectives_get_a_track_per_communicator_and_rank() {
+    const RANK_0: &str = "NCCL rank 0/2 (comm aabbccddeeff0011…)";
+    const RANK_1: &str = "NCCL rank 1/2 (comm aabbccddeeff0011…)";
+    const UNKNOWN: &str = "NCCL rank ?/? (comm 0x99)";
+    let export_nccl = |format| {
+        let mut out = Vec::new();
+        let stats = export(
+            nccl_trace().as_bytes(),
+            "nccl.jsonl",
+            &mut out,
+            format,
+            &Filters::default(),
+            false,
+        )
+        .unwrap();
+        (out, stats)
+    };
+
+    let (out, stats) = export_nccl(ExportFormat::Chrome);
+    assert_eq!((stats.slices, stats.nccl_slices), (9 + 6, 6));
+    let json: Value = serde_json::from_slice(&out).unwrap();
+    let events = json["traceEvents"].as_array().unwrap();
+    let base = chrome::NCCL_TID_BASE;
+    let mut tracks: Vec<(u64, u64, &str)> = events
+        .iter()
+        .filter(|e| e["name"] == "thread_name" && e["tid"].as_u64().unwrap() > base as u64)
+        .map(|e| {
+            let (pid, tid) = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+            (pid, tid - base as u64, e["args"]["name"].as_str().unwrap())
+        })
+        .collect();
+    tracks.sort();
+    assert_eq!(tracks, [(7, 1, RANK_0), (7, 3, UNKNOWN), (8, 2, RANK_1)]);
+    // (µs, pid, track, name, rank, bytes, root, ran_as)
+    type RankSlice<'a> = (
+        u64,
+        u64,
+        u64,
+        &'a str,
+        &'a Value,
+        &'a Value,
+        &'a Value,
+        &'a Value,
+    );
+    let mut rank_slices: Vec<RankSlice> = with_phase(events, "X")
+        .into_iter()
+        .filter(|e| e["cat"] == "nccl_rank")
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap() as u64,
+                e["pid"].as_u64().unwrap(),
+                e["tid"].as_u64().unwrap() - base as u64,
+                e["name"].as_str().unwrap(),
+                &e["args"]["rank"],
+                &e["args"]["bytes"],
+                &e["args"]["root"],
+                &e["args"]["ran_as"],
+            )
+        })
+        .collect();
+    rank_slices.sort_by_key(|slice| (slice.0, slice.1));
+    let null = Value::Null;
+    let (r0, r1, kib, eight, four) = (
+        Value::from(0),
+        Value::from(1),
+        Value::from(1024),
+        Value::from(8),
+        Value::from(4),
+    );
+    let inner = Value::from("ncclBroadcast");
+    // Chrome's ts is in µs from the header's start; the inner ncclBroadcast has no slice.
+    assert_eq!(
+        rank_slices,
+        [
+            (2, 7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null, &null),
+            (2, 8, 2, "AllReduce 1.00 KiB", &r1, &kib, &null, &null),
+            (3, 7, 1, "AllReduce 1.00 KiB", &r0, &kib, &null, &null),
+            (4, 7, 1, "Broadcast 8 B", &r0, &eight, &r1, &null),
+            (5, 7, 3, "AllReduce 1.00 KiB", &null, &kib, &null, &null),
+            (6, 7, 1, "Bcast 4 B", &r0, &four, &r0, &inner),
+        ]
+    );
+    // The call's own slice stays on its thread.
+    assert_eq!(
+        with_phase(events, "X")
+            .iter()
+            .filter(|e| e["name"] == "ncclAllReduce" && e["tid"] == 7)
+            .count(),
+        3
+    );
+
+    let (out, stats) = export_nccl(ExportFormat::Perfetto);
+    assert_eq!((stats.slices, stats.nccl_slices), (15, 6));
+    let mut trace = Trace::decode(out.as_slice()).unwrap();
+    proto::resolve_interned(&mut trace);
+    let descriptors: Vec<&TrackDescriptor> = trace
+        .packet
+        .iter()
+        .filter_map(|p| p.track_descriptor.as_ref())
+        .collect();
+    let process_uuid = |pid: i32| {
+        descriptors
+            .iter()
+            .find(|d| d.process.as_ref().is_some_and(|p| p.pid == Some(pid)))
+            .unwrap()
+            .uuid
+    };
+    for (name, pid, slices) in [(RANK_0, 7, 4), (RANK_1, 8, 1), (UNKNOWN, 7, 1)] {
+        let track = descriptors
+            .iter()
+            .find(|d| d.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no track {name}"));
+        assert_eq!(track.parent_uuid, process_uuid(pid), "{name}");
+        let begins = trace
+            .packet
+            .iter()
+            .filter_map(|p| p.track_event.as_ref())
+            .filter(|e| e.track_uuid == track.uuid && e.r#type == Some(event_type::SLICE_BEGIN))
+            .count();
+        assert_eq!(begins, slices, "{name}");
+    }
+}

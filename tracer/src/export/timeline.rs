@@ -25,6 +25,8 @@ pub struct ExportStats {
     pub flows_dropped: u64,
     /// `--gpu`: kernels, copies and memsets drawn on the GPU tracks (among `slices`).
     pub gpu_slices: u64,
+    /// NCCL collective calls drawn again on their rank's track (among `slices`).
+    pub nccl_slices: u64,
 }
 
 /// Where an event is drawn.
@@ -36,6 +38,9 @@ pub enum Track {
     Driver { pid: u32, tid: u32 },
     /// Trace-wide markers (lost events).
     Global,
+    /// NCCL: the collective calls of one process on one (communicator, rank), beside its
+    /// threads; `index` numbers these tracks across the export, from 1.
+    Nccl { pid: u32, index: u32 },
     /// `--gpu`: the work one process ran on one stream of one GPU (CUPTI's ids), in the
     /// GPU's group (`device`: the group's number, the NVML GPU's in a `--power` trace). Work of one stream that overlaps (programmatic dependent launch, or
     /// clock jitter) goes to `lane` 1, 2, ... beside it: viewers drop slices that overlap

@@ -113,6 +113,7 @@ fn bin(
     while let Some(line) = lines.next_line()? {
         match line {
             Line::Header(header) => families = Families::from_header(header),
+            Line::Library(library) => families.add_library(library),
             Line::Call(record) => {
                 analysis.annotate(record);
                 bins.call(families.of(&record.name), record.ts_ns, record.dur_ns);

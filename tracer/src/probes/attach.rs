@@ -1,10 +1,41 @@
-//! Attaching plans: the programs of each plan's probe set on every planned symbol, each
-//! with its probe id as the attach cookie: the generic entry and return programs (libcuda),
-//! or a set's own entry program (the injection library's `gpu_records`). One uprobe_multi
-//! link per program and plan where the kernel has them (6.6+), else one perf-event link per
-//! symbol and program; detaching everything at the end.
+//! Attaching plans: the programs of each plan's probe set (libcuda's entry and return pair,
+//! the injection library's `gpu_records`) on every planned symbol, each with its probe id
+//! and flags as the attach cookie ([`PlannedProbe::cookie`]).
+//!
+//! Two scopes. **Per process** (kernels with uprobe_multi, 6.6+, unless `--all`): each
+//! traced process gets its own uprobe_multi links per library file, filtered by the kernel
+//! to that process, so breakpoints exist only in traced processes and nobody else takes
+//! the trap; their cookies say so, and the entry program skips the traced-process lookup.
+//! **Host**: links for every process (`--all`, a run-private library, or one
+//! perf-event link per symbol and program on kernels without uprobe_multi); the eBPF side
+//! then drops the calls of untraced processes, after the trap.
+//!
+//! What the kernel does per process: a link's pid filter decides where breakpoints are
+//! written (`link->task->mm == mm`, when a file is mapped or a link made) and whom its
+//! program runs for (`same_thread_group`). A fork child inherits its parent's breakpoints
+//! (they are in its copy of the memory) but not its links: until it has its own, it takes
+//! the trap and nothing runs (the uprobe_multi handler returns 0, so the kernel leaves the
+//! breakpoint in place). Hence the child's stop on its return from `fork` (discovery).
+//! The links hold the process's thread-group leader: one that execs keeps them, unless a
+//! thread other than the leader exec'd (the eBPF side reports it, and the links go).
+//!
+//! **Refused functions.** One function the kernel cannot probe (a LOCK-prefixed first
+//! instruction, say) fails a whole uprobe_multi link, but only where a process maps the
+//! file when the breakpoints are written: a process linked before it maps the library
+//! would silently lack the breakpoint. So each file is checked once, when it is planned,
+//! with cudatrace itself mapping it: the set is halved until the refused functions stand
+//! alone, the others keep their links, and every later link leaves the refused ones out.
+//! Per-symbol perf links are the last resort (past [`MAX_REFUSED_LINKS`] refusals): their
+//! closes wait for a grace period each, one after another.
 
-use std::{collections::HashSet, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    fs::File,
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+    sync::mpsc,
+    thread::JoinHandle,
+};
 
 use anyhow::{Context, Result, bail};
 use aya::{
@@ -12,15 +43,15 @@ use aya::{
     maps::Array,
     programs::{
         UProbe,
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
 use tracer_common::{MAX_PROBES, ProbeSpec};
 
 use super::{
     object::PROBES_OBJECT,
-    plan::{Plan, Plans},
-    probe_set::Programs,
+    plan::{Plan, PlannedProbe},
+    probe_set::{PROBE_SETS, Programs},
     programs::program,
     uprobe_multi::{self, MultiLink},
 };
@@ -32,94 +63,429 @@ pub struct AttachFailure {
     pub error: String,
 }
 
-/// How the probes were attached.
-#[derive(Debug, Default)]
-pub struct Attached {
-    /// Two uprobe_multi links per plan (kernels with uprobe_multi, 6.6+).
-    multi: Vec<MultiLink>,
-    /// Per-symbol perf-event links otherwise.
-    links: Vec<(&'static str, UProbeLinkId)>,
+/// Where the probes of a plan go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Into every process that maps the file (`--all`; kernels without uprobe_multi).
+    Host,
+    /// Into each traced process, as it maps the file.
+    PerProcess,
 }
 
-impl Attached {
-    /// `uprobe_multi` or `perf_event`, for the header and doctor.
-    pub fn mechanism(&self) -> &'static str {
-        if self.multi.is_empty() {
-            "perf_event"
+/// The probe sets' programs, loaded once for uprobe_multi links, by name.
+#[derive(Debug, Default)]
+struct MultiPrograms {
+    loaded: HashMap<&'static str, OwnedFd>,
+}
+
+/// Failed uprobe_multi attempts (each costs the kernel a grace period to undo) after which
+/// the rest of a set goes to per-symbol links.
+const MAX_REFUSED_LINKS: usize = 64;
+
+/// Everything attached, and how.
+#[derive(Debug)]
+pub struct Attacher {
+    scope: Scope,
+    multi: Option<MultiPrograms>,
+    /// Why uprobe_multi is not used, where it is not.
+    pub fallback_reason: Option<String>,
+    /// The kernel's error for the first uprobe_multi link it refused (a function it cannot
+    /// probe): the set was then split around the refused functions.
+    pub refused_reason: Option<String>,
+    /// Host links: uprobe_multi links per plan.
+    host_multi: Vec<MultiLink>,
+    /// Host links otherwise: one perf-event link per symbol and program.
+    host_perf: Vec<(&'static str, UProbeLinkId)>,
+    /// Per-process links: by pid, the library ids linked and their links.
+    processes: HashMap<u32, Vec<(u32, Vec<MultiLink>)>>,
+    /// Probe ids the kernel refused, by library id: later links leave them out.
+    refused: HashMap<u32, HashSet<u32>>,
+    closer: Closer,
+}
+
+impl Attacher {
+    /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
+    /// (before any map is taken out of `bpf`). `all`: probe every process.
+    pub fn new(bpf: &Ebpf, all: bool) -> Self {
+        let (multi, fallback_reason) = if uprobe_multi::supported() {
+            match load_multi(bpf) {
+                Ok(programs) => (Some(programs), None),
+                Err(error) => (None, Some(format!("{error:#}"))),
+            }
         } else {
-            "uprobe_multi"
+            (
+                None,
+                Some("this kernel has no uprobe_multi links (Linux 6.6+)".into()),
+            )
+        };
+        let scope = if multi.is_some() && !all {
+            Scope::PerProcess
+        } else {
+            Scope::Host
+        };
+        Attacher {
+            scope,
+            multi,
+            fallback_reason,
+            refused_reason: None,
+            host_multi: Vec::new(),
+            host_perf: Vec::new(),
+            processes: HashMap::new(),
+            refused: HashMap::new(),
+            closer: Closer::start(),
         }
     }
-}
 
-/// Writes the specs and attaches entry and return probes to every planned symbol.
-/// Return probes go first so no entry is ever pushed without a return to pop it.
-pub fn attach(
-    bpf: &mut Ebpf,
-    plans: &Plans,
-    attached: &mut Attached,
-) -> Result<Vec<AttachFailure>> {
-    if plans.probe_count() > MAX_PROBES as usize {
-        bail!(
-            "{} symbols to attach, more than the {MAX_PROBES} the probes support",
-            plans.probe_count()
-        );
+    pub fn scope(&self) -> Scope {
+        self.scope
     }
-    {
+
+    /// `uprobe_multi`, `perf_event`, or `uprobe_multi+perf_event` when some symbols went to
+    /// per-symbol links after all; for the header and doctor.
+    pub fn mechanism(&self) -> &'static str {
+        match (self.multi.is_some(), self.host_perf.is_empty()) {
+            (true, true) => "uprobe_multi",
+            (true, false) => "uprobe_multi+perf_event",
+            (false, _) => "perf_event",
+        }
+    }
+
+    /// Writes a plan's specs into the `SPECS` map: before any of its probes can fire.
+    pub fn write_specs(bpf: &mut Ebpf, plan: &Plan) -> Result<()> {
+        if let Some(last) = plan.probes.last()
+            && last.id >= MAX_PROBES
+        {
+            bail!(
+                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
+                last.id + 1
+            );
+        }
         let mut specs: Array<_, ProbeSpec> =
             Array::try_from(bpf.map_mut("SPECS").context("map SPECS missing")?)?;
-        for probe in plans.probes() {
+        for probe in &plan.probes {
             specs.set(probe.id, probe.spec.probe_spec(), 0)?;
         }
+        Ok(())
     }
-    let mut failures = Vec::new();
-    for plan in plans.iter() {
-        failures.extend(attach_plan(bpf, plan, attached)?);
-    }
-    Ok(failures)
-}
 
-/// The programs of a plan, return probes first; whether each is a return probe.
-fn programs_of(plan: &Plan) -> Vec<(&'static str, bool)> {
-    match plan.set.programs {
-        Programs::Calls => vec![("call_return", true), ("call_enter", false)],
-        Programs::Entry(program) => vec![(program, false)],
+    /// Attaches `plan` (its file reached through `path`, open as `file`) for every process.
+    pub fn attach_host(
+        &mut self,
+        bpf: &mut Ebpf,
+        plan: &Plan,
+        path: &Path,
+        file: &File,
+    ) -> Result<Vec<AttachFailure>> {
+        let _mapped = map_for_check(file);
+        if self.multi.is_none() {
+            return attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf);
+        }
+        let (links, failures, left_over) = self.link_split(plan, &plan.probes, path, 0)?;
+        self.host_multi.extend(links);
+        let mut failures = failures;
+        if !left_over.is_empty() {
+            failures.extend(attach_per_symbol(
+                bpf,
+                path,
+                plan,
+                &left_over,
+                &mut self.host_perf,
+            )?);
+        }
+        Ok(failures)
     }
-}
 
-fn attach_plan(bpf: &mut Ebpf, plan: &Plan, attached: &mut Attached) -> Result<Vec<AttachFailure>> {
-    if uprobe_multi::supported() {
-        match attach_multi(bpf, &plan.library.path, plan) {
-            Ok(links) => {
-                attached.multi.extend(links);
-                return Ok(Vec::new());
+    /// Per-process scope: finds the functions of `plan` the kernel refuses, once per file,
+    /// with cudatrace itself mapping it (a process linked before it maps the file would
+    /// not be refused, and would lack those breakpoints). Returns them, as attach failures.
+    pub fn check_refused(
+        &mut self,
+        plan: &Plan,
+        path: &Path,
+        file: &File,
+    ) -> Result<Vec<AttachFailure>> {
+        let _mapped = map_for_check(file);
+        let (links, failures, left_over) =
+            self.link_split(plan, &plan.probes, path, std::process::id())?;
+        // The check's own links served their purpose.
+        self.closer.close(links);
+        if !left_over.is_empty() {
+            // Too many refusals to tell them apart: they are linked per process, where a
+            // refusal fails that process's link (and says so).
+            eprintln!(
+                "cudatrace: {}: {} functions left unchecked after {MAX_REFUSED_LINKS} refused \
+                 uprobe_multi links",
+                plan.library.path.display(),
+                left_over.len()
+            );
+        }
+        Ok(failures)
+    }
+
+    /// Attaches `plan` (its file reached through `path`) for process `pid` alone, unless
+    /// it is already; the functions the kernel refused are left out. Returns the symbols
+    /// that could not be attached for it.
+    pub fn link_process(
+        &mut self,
+        plan: &Plan,
+        path: &Path,
+        pid: u32,
+    ) -> Result<Vec<AttachFailure>> {
+        if self.multi.is_none() {
+            bail!("per-process probes need uprobe_multi");
+        }
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|linked| linked.iter().any(|(library, _)| *library == plan.id))
+        {
+            return Ok(Vec::new());
+        }
+        let refused = self.refused.get(&plan.id);
+        let probes: Vec<PlannedProbe> = plan
+            .probes
+            .iter()
+            .filter(|probe| !refused.is_some_and(|ids| ids.contains(&probe.id)))
+            .cloned()
+            .collect();
+        let (links, mut failures, left_over) = if probes.is_empty() {
+            (Vec::new(), Vec::new(), Vec::new())
+        } else {
+            self.link_split(plan, &probes, path, pid)?
+        };
+        failures.extend(left_over.into_iter().map(|probe| AttachFailure {
+            symbol: probe.symbol,
+            error: format!(
+                "not attached for pid {pid}: more than {MAX_REFUSED_LINKS} refused uprobe_multi \
+                 links"
+            ),
+        }));
+        self.processes
+            .entry(pid)
+            .or_default()
+            .push((plan.id, links));
+        Ok(failures)
+    }
+
+    /// Links `probes` of `plan` for `pid` (0: every process) with uprobe_multi links: one
+    /// link per program if the kernel takes them all, else the set is halved until each
+    /// refused function stands alone (2 log n links per refused function). Returns the
+    /// links, the refused functions, and what is left past [`MAX_REFUSED_LINKS`] refusals.
+    fn link_split(
+        &mut self,
+        plan: &Plan,
+        probes: &[PlannedProbe],
+        path: &Path,
+        pid: u32,
+    ) -> Result<(Vec<MultiLink>, Vec<AttachFailure>, Vec<PlannedProbe>)> {
+        let programs = self
+            .multi
+            .as_ref()
+            .context("uprobe_multi programs not loaded")?;
+        let mut links = Vec::new();
+        let mut failures = Vec::new();
+        let mut left_over: Vec<PlannedProbe> = Vec::new();
+        let mut refused_ids = Vec::new();
+        let mut refusals = 0;
+        let mut pending: Vec<&[PlannedProbe]> = vec![probes];
+        while let Some(chunk) = pending.pop() {
+            if chunk.is_empty() {
+                continue;
             }
-            // One bad offset fails a whole multi link: per-symbol links name the culprit.
-            Err(error) => log::debug!("uprobe_multi attach failed, falling back: {error:#}"),
+            if refusals >= MAX_REFUSED_LINKS {
+                left_over.extend_from_slice(chunk);
+                continue;
+            }
+            match link_multi(
+                programs,
+                &plan.set.programs,
+                chunk,
+                (path, &plan.library.path),
+                pid,
+            ) {
+                Ok(made) => links.extend(made),
+                // A program that does not load, or a bad path: no subset would do better.
+                Err(error) if !is_link_refused(&error) => return Err(error),
+                Err(error) => {
+                    refusals += 1;
+                    if self.refused_reason.is_none() {
+                        let reason = format!("{error:#}");
+                        eprintln!(
+                            "cudatrace: uprobe_multi attach failed (attached the other \
+                             functions with smaller uprobe_multi links): {reason}"
+                        );
+                        self.refused_reason = Some(reason);
+                    }
+                    if let [probe] = chunk {
+                        refused_ids.push(probe.id);
+                        failures.push(AttachFailure {
+                            symbol: probe.symbol.clone(),
+                            error: format!("{error:#}"),
+                        });
+                    } else {
+                        let (first, second) = chunk.split_at(chunk.len() / 2);
+                        pending.push(second);
+                        pending.push(first);
+                    }
+                }
+            }
+        }
+        self.refused.entry(plan.id).or_default().extend(refused_ids);
+        Ok((links, failures, left_over))
+    }
+
+    /// The library ids linked for `pid`.
+    pub fn linked_libraries(&self, pid: u32) -> Vec<u32> {
+        self.processes
+            .get(&pid)
+            .map(|links| links.iter().map(|(library, _)| *library).collect())
+            .unwrap_or_default()
+    }
+
+    /// Drops `pid`'s links (it exited, or exec'd into a new leader), in the background:
+    /// each close waits for an RCU grace period.
+    pub fn forget_process(&mut self, pid: u32) {
+        if let Some(links) = self.processes.remove(&pid) {
+            self.closer
+                .close(links.into_iter().flat_map(|(_, pair)| pair).collect());
         }
     }
-    attach_per_symbol(bpf, &plan.library.path, plan, attached)
+
+    /// Takes every uprobe link out of the attacher and the object, without closing them
+    /// yet: closing them detaches the probes. Nothing is attached from here on.
+    pub fn take_links(&mut self, bpf: &mut Ebpf) -> Links {
+        let closer = std::mem::replace(&mut self.closer, Closer::none());
+        let mut multi: Vec<MultiLink> = self.host_multi.drain(..).collect();
+        for (_, links) in self.processes.drain() {
+            multi.extend(links.into_iter().flat_map(|(_, pair)| pair));
+        }
+        let mut per_symbol = Vec::with_capacity(self.host_perf.len());
+        for (program_name, link_id) in self.host_perf.drain(..) {
+            let program: Option<&mut UProbe> = bpf
+                .program_mut(program_name)
+                .and_then(|p| p.try_into().ok());
+            if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
+                per_symbol.push(link);
+            }
+        }
+        self.multi = None;
+        Links {
+            multi,
+            per_symbol,
+            closer,
+        }
+    }
+
+    /// Detaches everything: closes the links, then unloads the programs.
+    pub fn detach_all(&mut self, bpf: &mut Ebpf) {
+        self.take_links(bpf).close();
+        unload_programs(bpf);
+    }
 }
 
-/// One link per program for all symbols: returns first, so no entry is pushed without its
-/// return.
-fn attach_multi(bpf: &Ebpf, lib_path: &Path, plan: &Plan) -> Result<Vec<MultiLink>> {
-    let offsets: Vec<u64> = plan.probes.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = plan.probes.iter().map(|p| u64::from(p.id)).collect();
-    programs_of(plan)
-        .iter()
-        .map(|&(program, retprobe)| {
-            uprobe_multi::attach(
-                bpf,
-                PROBES_OBJECT,
-                program,
-                lib_path,
-                &offsets,
-                &cookies,
-                retprobe,
-            )
-        })
-        .collect()
+/// The links of attached probes, taken out of the object: closing them detaches the
+/// probes. Each uprobe link close waits for an RCU grace period (about 0.1 s in our VMs,
+/// several times that on a loaded machine), so [`Links::close`] closes them from several
+/// threads at once.
+pub struct Links {
+    multi: Vec<MultiLink>,
+    per_symbol: Vec<UProbeLink>,
+    /// The links already handed over for closing (processes that exited).
+    closer: Closer,
+}
+
+impl Links {
+    /// Closes every link: the probes are gone when this returns.
+    pub fn close(self) {
+        let Links {
+            multi,
+            per_symbol,
+            mut closer,
+        } = self;
+        std::thread::scope(|scope| {
+            scope.spawn(move || drop_in_parallel(multi));
+            scope.spawn(move || closer.finish());
+            drop_in_parallel(per_symbol);
+        });
+    }
+}
+
+/// Unloads the object's uprobe, tracepoint and kprobe programs, detaching what is still
+/// attached. Each detach waits for the kernel (a grace period), so the programs are
+/// unloaded from several threads at once.
+pub fn unload_programs(bpf: &mut Ebpf) {
+    std::thread::scope(|scope| {
+        for (_, program) in bpf.programs_mut() {
+            scope.spawn(move || {
+                let _ = match program {
+                    aya::programs::Program::UProbe(p) => p.unload(),
+                    aya::programs::Program::TracePoint(p) => p.unload(),
+                    aya::programs::Program::KProbe(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            });
+        }
+    });
+}
+
+/// The kernel refused to create a link (an errno from `BPF_LINK_CREATE`), as opposed to the
+/// program failing to load, which no subset of the symbols would change.
+fn is_link_refused(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<std::io::Error>().is_some()
+}
+
+/// Maps `file` into cudatrace itself, privately and read-only, for as long as the result
+/// lives: the kernel then writes (or refuses) breakpoints when a link is made, as it would
+/// in a traced process that maps the file. Nothing here ever runs its code.
+fn map_for_check(file: &File) -> Option<memmap2::Mmap> {
+    // SAFETY: a private read-only mapping of a library file that nothing here writes.
+    unsafe { memmap2::MmapOptions::new().map_copy_read_only(file) }.ok()
+}
+
+/// Loads every probe set's programs (the maps they use must still be in `bpf`: before the
+/// event loop takes the ring out).
+fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
+    let mut programs = MultiPrograms::default();
+    for set in PROBE_SETS {
+        for (name, retprobe) in set.programs.names() {
+            if !programs.loaded.contains_key(name) {
+                let fd = uprobe_multi::load_program(bpf, PROBES_OBJECT, name, retprobe)?;
+                programs.loaded.insert(name, fd);
+            }
+        }
+    }
+    Ok(programs)
+}
+
+/// The links for `probes`, one per program: returns first, so no entry is pushed without
+/// its return.
+fn link_multi(
+    programs: &MultiPrograms,
+    set_programs: &Programs,
+    probes: &[PlannedProbe],
+    (path, shown_as): (&Path, &Path),
+    pid: u32,
+) -> Result<Vec<MultiLink>> {
+    let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
+    let cookies: Vec<u64> = probes.iter().map(|p| p.cookie(pid != 0)).collect();
+    let mut links = Vec::with_capacity(2);
+    for (name, retprobe) in set_programs.names() {
+        let program = programs
+            .loaded
+            .get(name)
+            .with_context(|| format!("program {name} not loaded"))?;
+        links.push(uprobe_multi::link(
+            program.as_fd(),
+            name,
+            path,
+            shown_as,
+            &offsets,
+            &cookies,
+            retprobe,
+            pid,
+        )?);
+    }
+    Ok(links)
 }
 
 /// One perf-event link per symbol and program (kernels before 6.6). Detaching these is
@@ -128,11 +494,12 @@ fn attach_per_symbol(
     bpf: &mut Ebpf,
     lib_path: &Path,
     plan: &Plan,
-    attached: &mut Attached,
+    probes: &[PlannedProbe],
+    attached: &mut Vec<(&'static str, UProbeLinkId)>,
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
-    for (program_name, _) in programs_of(plan) {
+    for (program_name, _) in plan.set.programs.names() {
         let program: &mut UProbe = program(bpf, program_name)?;
         // A second plan finds the programs loaded already.
         if program.fd().is_err() {
@@ -140,16 +507,16 @@ fn attach_per_symbol(
                 .load()
                 .with_context(|| format!("loading {program_name}"))?;
         }
-        for probe in &plan.probes {
+        for probe in probes {
             if failed.contains(&probe.id) {
                 continue;
             }
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(u64::from(probe.id)),
+                cookie: Some(probe.cookie(false)),
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
-                Ok(link) => attached.links.push((program_name, link)),
+                Ok(link) => attached.push((program_name, link)),
                 Err(error) => {
                     failed.insert(probe.id);
                     failures.push(AttachFailure {
@@ -163,38 +530,72 @@ fn attach_per_symbol(
     Ok(failures)
 }
 
-/// Detaches everything. Each uprobe link close waits for an RCU grace period (about
-/// 0.1 s in our VMs), so links are closed from several threads at once.
-pub fn detach_all(bpf: &mut Ebpf, attached: &mut Attached) {
+/// Drops everything in `items` from up to 64 threads at once.
+fn drop_in_parallel<T: Send>(mut items: Vec<T>) {
+    let per_thread = items.len().div_ceil(64).max(1);
     std::thread::scope(|scope| {
-        for link in attached.multi.drain(..) {
-            scope.spawn(move || drop(link));
-        }
-    });
-    let mut links = Vec::with_capacity(attached.links.len());
-    for (program_name, link_id) in attached.links.drain(..) {
-        let program: Option<&mut UProbe> = bpf
-            .program_mut(program_name)
-            .and_then(|p| p.try_into().ok());
-        if let Some(link) = program.and_then(|p| p.take_link(link_id).ok()) {
-            links.push(link);
-        }
-    }
-    let per_thread = links.len().div_ceil(64).max(1);
-    std::thread::scope(|scope| {
-        while !links.is_empty() {
-            let chunk: Vec<_> = links.drain(..per_thread.min(links.len())).collect();
+        while !items.is_empty() {
+            let chunk: Vec<T> = items.drain(..per_thread.min(items.len())).collect();
             scope.spawn(move || drop(chunk));
         }
     });
-    let names: Vec<String> = bpf.programs().map(|(name, _)| name.to_owned()).collect();
-    for name in names {
-        if let Some(program) = bpf.program_mut(&name) {
-            let _ = match program {
-                aya::programs::Program::UProbe(p) => p.unload(),
-                aya::programs::Program::TracePoint(p) => p.unload(),
-                _ => Ok(()),
-            };
+}
+
+/// Closes links in a background thread, so that a process's exit does not hold up the
+/// event loop for a grace period.
+#[derive(Debug)]
+struct Closer {
+    sender: Option<mpsc::Sender<Vec<MultiLink>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Closer {
+    /// One with no thread: closes at once (what is left once the links are taken out).
+    fn none() -> Self {
+        Closer {
+            sender: None,
+            thread: None,
+        }
+    }
+
+    fn start() -> Self {
+        let (sender, receiver) = mpsc::channel::<Vec<MultiLink>>();
+        let thread = std::thread::Builder::new()
+            .name("cudatrace-close".into())
+            .spawn(move || {
+                while let Ok(mut links) = receiver.recv() {
+                    while let Ok(more) = receiver.try_recv() {
+                        links.extend(more);
+                    }
+                    drop_in_parallel(links);
+                }
+            })
+            .ok();
+        Closer {
+            sender: thread.is_some().then_some(sender),
+            thread,
+        }
+    }
+
+    fn close(&self, links: Vec<MultiLink>) {
+        if links.is_empty() {
+            return;
+        }
+        match &self.sender {
+            Some(sender) => {
+                if let Err(mpsc::SendError(links)) = sender.send(links) {
+                    drop_in_parallel(links);
+                }
+            }
+            None => drop_in_parallel(links),
+        }
+    }
+
+    /// Waits until everything handed over is closed.
+    fn finish(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }

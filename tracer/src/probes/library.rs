@@ -10,7 +10,7 @@ use std::{
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::probe_set::ProbeSet;
+use super::probe_set::{PROBE_SETS, ProbeSet};
 
 /// Directories searched after the ldconfig cache and `LD_LIBRARY_PATH`.
 pub const USUAL_DIRS: &[&str] = &[
@@ -34,6 +34,22 @@ pub enum LibraryError {
     Unreadable(&'static ProbeSet, PathBuf, std::io::Error),
     #[error("{0} is not an ELF shared library with dynamic symbols: {1}")]
     NotElf(PathBuf, object::Error),
+    #[error("--lib {}: {}", .0.display(), .1)]
+    LibUnreadable(PathBuf, std::io::Error),
+    #[error(
+        "--lib {}: not a library cudatrace probes: its name, soname and exports match none of {}",
+        .0.display(), known_libraries()
+    )]
+    Unknown(PathBuf),
+}
+
+fn known_libraries() -> String {
+    PROBE_SETS
+        .iter()
+        .filter(|set| !set.run_private)
+        .map(|set| set.library)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// An exported function: its name and the file offset a uprobe attaches to.
@@ -119,14 +135,79 @@ fn parse_ldconfig(set: &ProbeSet, text: &str) -> Vec<PathBuf> {
     paths.into_iter().map(|(_, p)| p).collect()
 }
 
+/// Which probe set the library file `file` (shown as `path`) belongs to: by its file
+/// name, then its soname, then its exports (`--lib` of a copy under another name).
+pub fn identify(file: &fs::File, path: &Path) -> Result<&'static ProbeSet, LibraryError> {
+    // cudatrace's own run-private libraries (the injection library) are not for `--lib`.
+    let by_name = |name: &str| {
+        PROBE_SETS
+            .iter()
+            .copied()
+            .filter(|set| !set.run_private)
+            .find(|set| set.matches_file_name(name))
+    };
+    if let Some(set) = path.file_name().and_then(|n| n.to_str()).and_then(by_name) {
+        return Ok(set);
+    }
+    // SAFETY: read-only mapping of a library file that nothing here writes.
+    let map = unsafe { memmap2::Mmap::map(file) }
+        .map_err(|e| LibraryError::LibUnreadable(path.into(), e))?;
+    let elf = object::File::parse(&*map).map_err(|e| LibraryError::NotElf(path.into(), e))?;
+    if let Some(set) = soname(&map).as_deref().and_then(by_name) {
+        return Ok(set);
+    }
+    let exported: std::collections::HashSet<&str> = elf
+        .dynamic_symbols()
+        .filter(|symbol| !symbol.is_undefined())
+        .filter_map(|symbol| symbol.name().ok())
+        .collect();
+    PROBE_SETS
+        .iter()
+        .copied()
+        .filter(|set| !set.run_private)
+        .find(|set| set.identity.iter().all(|name| exported.contains(name)))
+        .ok_or_else(|| LibraryError::Unknown(path.into()))
+}
+
+/// The `DT_SONAME` of a 64-bit little-endian ELF file, if it has one.
+fn soname(data: &[u8]) -> Option<String> {
+    use object::{
+        LittleEndian,
+        elf::{DT_SONAME, FileHeader64},
+        read::elf::{Dyn, FileHeader},
+    };
+    let header = FileHeader64::<LittleEndian>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, data).ok()?;
+    let (dynamic, strings_index) = sections.dynamic(endian, data).ok()??;
+    let strings = sections.strings(endian, data, strings_index).ok()?;
+    dynamic
+        .iter()
+        .find(|entry| entry.tag32(endian) == Some(DT_SONAME))
+        .and_then(|entry| entry.string(endian, strings).ok())
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+}
+
 impl Library {
     /// Reads the dynamic symbols of `set`'s library at `path`.
     pub fn open(set: &'static ProbeSet, path: &Path) -> Result<Self, LibraryError> {
+        let file =
+            fs::File::open(path).map_err(|e| LibraryError::Unreadable(set, path.into(), e))?;
+        Self::read(set, &file, path)
+    }
+
+    /// Reads the dynamic symbols of `set`'s library from `file`, an open library file;
+    /// `path` names it in messages and the trace (a file opened through `/proc/PID/fd` is
+    /// named by the path the process used).
+    pub fn read(
+        set: &'static ProbeSet,
+        file: &fs::File,
+        path: &Path,
+    ) -> Result<Self, LibraryError> {
         let unreadable = |e| LibraryError::Unreadable(set, path.into(), e);
-        let file = fs::File::open(path).map_err(unreadable)?;
         let metadata = file.metadata().map_err(unreadable)?;
         // SAFETY: read-only mapping of a library file that nothing here writes.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(unreadable)?;
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(unreadable)?;
         let elf = object::File::parse(&*map).map_err(|e| LibraryError::NotElf(path.into(), e))?;
         let segments: Vec<(u64, u64, u64)> = elf
             .segments()

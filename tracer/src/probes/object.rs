@@ -19,6 +19,25 @@ pub struct LoadOptions {
     pub ring_bytes: u32,
     /// Path prefix of NVIDIA device files (`--kernel`; tests point it elsewhere).
     pub device_prefix: String,
+    /// Sizes that replace the object's own for some of [`super::maps::SIZED_MAPS`] (tests).
+    pub map_entries: Vec<(String, u32)>,
+}
+
+/// The inode of the kernel's root pid namespace (`PROC_PID_INIT_INO`).
+const ROOT_PIDNS_INODE: u64 = 0xEFFF_FFFC;
+
+/// This process's pid namespace as the eBPF side names it (the kernel's device number and
+/// the inode of `/proc/self/ns/pid`), or `None` in the root namespace, where the kernel's
+/// ids are ours.
+pub fn own_pid_namespace() -> Result<Option<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = fs::metadata("/proc/self/ns/pid").context("reading /proc/self/ns/pid")?;
+    if ns.ino() == ROOT_PIDNS_INODE {
+        return Ok(None);
+    }
+    // The kernel compares its own dev_t encoding (major << 20 | minor), not stat's.
+    let device = (u64::from(libc::major(ns.dev())) << 20) | u64::from(libc::minor(ns.dev()));
+    Ok(Some((device, ns.ino())))
 }
 
 /// Field offsets of the scheduler tracepoints on the running kernel.
@@ -27,6 +46,8 @@ struct TracepointOffsets {
     newtask_pid: u32,
     newtask_flags: u32,
     exec_filename: u32,
+    exec_pid: u32,
+    exec_old_pid: u32,
     exit_group_dead: u32,
 }
 
@@ -46,6 +67,8 @@ fn tracepoint_offsets(tracefs: &Path) -> Result<TracepointOffsets> {
         newtask_pid: need(&newtask, "pid", "task_newtask")?,
         newtask_flags: need(&newtask, "clone_flags", "task_newtask")?,
         exec_filename: need(&exec, "filename", "sched_process_exec")?,
+        exec_pid: field_offset(&exec, "pid").unwrap_or(0),
+        exec_old_pid: field_offset(&exec, "old_pid").unwrap_or(0),
         exit_group_dead: field_offset(&exit, "group_dead").unwrap_or(0),
     })
 }
@@ -81,7 +104,16 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let trace_all = u32::from(options.trace_all);
     let (prefix, prefix_used) = prefix_bytes(&options.device_prefix)?;
     let (xid_code, xid_dev, xid_msg) = xid_offsets(&tracefs).unwrap_or((0, 0, 0));
-    EbpfLoader::new()
+    let (pidns_dev, pidns_ino) = own_pid_namespace()?.unwrap_or((0, 0));
+    let mut loader = EbpfLoader::new();
+    for (map, entries) in &options.map_entries {
+        loader.map_max_entries(map, *entries);
+    }
+    loader
+        .override_global("PIDNS_DEV", &pidns_dev, true)
+        .override_global("PIDNS_INO", &pidns_ino, true)
+        .override_global("EXEC_PID_OFF", &offsets.exec_pid, true)
+        .override_global("EXEC_OLD_PID_OFF", &offsets.exec_old_pid, true)
         .override_global("DEVICE_PREFIX", &prefix, true)
         .override_global("DEVICE_PREFIX_USED", &prefix_used, true)
         .override_global("XID_CODE_OFF", &xid_code, true)

@@ -3,14 +3,14 @@
 //! numbers the probes. The numbers are the attach cookies and index the `SPECS` map, so they
 //! are unique across all the plans of a run: a second library is one more plan.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{
-    library::{Library, LibraryFile},
+    library::{ExportedFn, Library, LibraryFile},
     probe_set::ProbeSet,
 };
 use crate::{
-    catalog::FnSpec,
+    catalog::{FnSpec, GENERIC},
     exit::{ExitCode, Failure},
 };
 
@@ -26,23 +26,19 @@ pub enum MissingProbes {
 }
 
 impl MissingProbes {
-    /// Applies the policy to `names`, functions that are `why` (`not exported by libcuda`,
-    /// `failed to attach`).
-    pub fn apply(self, why: &str, names: &[&str]) -> Result<(), Failure> {
+    /// Applies the policy to `names`, which are `what` (`functions not exported by libcuda`,
+    /// `functions failed to attach`, `patterns of --functions match no libcuda export`).
+    pub fn apply(self, what: &str, names: &[&str]) -> Result<(), Failure> {
         match self {
             MissingProbes::Ignore => Ok(()),
             MissingProbes::Warn => {
-                eprintln!(
-                    "cudatrace: {} functions {why}: {}",
-                    names.len(),
-                    names.join(", ")
-                );
+                eprintln!("cudatrace: {} {what}: {}", names.len(), names.join(", "));
                 Ok(())
             }
             MissingProbes::Error => Err(Failure::new(
                 ExitCode::ProbesMissing,
                 anyhow::anyhow!(
-                    "{} functions {why}: {} (--missing-probes warn to go on without them)",
+                    "{} {what}: {} (--missing-probes warn to go on without them)",
                     names.len(),
                     names.join(", ")
                 ),
@@ -51,19 +47,118 @@ impl MissingProbes {
     }
 }
 
+/// Which exported functions to probe (`--functions`): the catalog's, every function of the
+/// library, and any matching a glob. Catalog functions are decoded whichever way they are
+/// chosen; the others are probed generically ([`GENERIC`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FunctionSelection {
+    /// The catalog's functions.
+    pub catalog: bool,
+    /// Every exported API function of the library (`cu` and a capital, for libcuda).
+    pub all: bool,
+    /// Exported functions matching one of these (`*`, `?`, `[...]`).
+    pub globs: Vec<glob::Pattern>,
+}
+
+impl Default for FunctionSelection {
+    fn default() -> Self {
+        FunctionSelection {
+            catalog: true,
+            all: false,
+            globs: Vec::new(),
+        }
+    }
+}
+
+impl FunctionSelection {
+    /// Parses `catalog`, `all`, globs, or a comma-separated mix of them.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut selection = FunctionSelection {
+            catalog: false,
+            all: false,
+            globs: Vec::new(),
+        };
+        for item in text.split(',').map(str::trim) {
+            match item {
+                "" => return Err("an empty item (two commas, or a trailing comma)".into()),
+                "catalog" => selection.catalog = true,
+                "all" => {
+                    selection.catalog = true;
+                    selection.all = true;
+                }
+                glob => selection.globs.push(
+                    glob::Pattern::new(glob).map_err(|e| format!("bad pattern {glob:?}: {e}"))?,
+                ),
+            }
+        }
+        Ok(selection)
+    }
+
+    /// Whether this selection probes more than the catalog.
+    pub fn beyond_catalog(&self) -> bool {
+        self.all || !self.globs.is_empty()
+    }
+
+    fn matches(&self, set: &ProbeSet, name: &str) -> bool {
+        (self.all && (set.is_api_function)(name))
+            || self.globs.iter().any(|glob| glob.matches(name))
+    }
+}
+
+impl std::fmt::Display for FunctionSelection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut items: Vec<&str> = Vec::new();
+        if self.all {
+            items.push("all");
+        } else if self.catalog {
+            items.push("catalog");
+        }
+        items.extend(self.globs.iter().map(glob::Pattern::as_str));
+        f.write_str(&items.join(","))
+    }
+}
+
 /// One symbol to attach.
 #[derive(Clone, Debug)]
 pub struct PlannedProbe {
     /// The attach cookie, and the index in the `SPECS` map: unique across plans.
     pub id: u32,
+    /// The id of its plan's library file (the trace's `lib`).
+    pub library: u32,
     pub symbol: String,
     pub spec: &'static FnSpec,
     pub file_offset: u64,
 }
 
+impl PlannedProbe {
+    /// Its attach cookie: the id, and what the entry program needs to know of it without a
+    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's.
+    pub fn cookie(&self, per_process: bool) -> u64 {
+        let mut cookie = u64::from(self.id);
+        if per_process {
+            cookie |= tracer_common::cookie::PER_PROCESS;
+        }
+        if self.spec.probe_spec().nargs as usize > tracer_common::REGISTER_ARGS {
+            cookie |= tracer_common::cookie::STACK_ARGS;
+        }
+        cookie
+    }
+
+    /// The function it belongs to: the catalog's name, or its own outside the catalog.
+    pub fn function(&self) -> &str {
+        if self.spec.is_generic() {
+            &self.symbol
+        } else {
+            self.spec.name()
+        }
+    }
+}
+
 /// One probe set bound to one library file.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// The library id: the plan's place among the run's plans, 0 first.
+    pub id: u32,
     pub set: &'static ProbeSet,
     pub library: LibraryFile,
     /// In id order.
@@ -72,20 +167,32 @@ pub struct Plan {
     pub missing: Vec<&'static str>,
     /// Exported names skipped because another name shares their address.
     pub aliases: Vec<(String, String)>,
+    /// `--functions` patterns that match no exported function.
+    pub unmatched_globs: Vec<String>,
 }
 
 impl Plan {
     /// Matches `set`'s catalog against `library`'s exports, numbering the probes from
-    /// `first_id`.
-    pub fn new(set: &'static ProbeSet, library: &Library, first_id: u32) -> Self {
+    /// `first_id`; `id` is the library's. With a `selection` beyond the catalog, the other
+    /// exported functions it names follow, probed generically, in name order.
+    pub fn new(
+        set: &'static ProbeSet,
+        library: &Library,
+        id: u32,
+        first_id: u32,
+        selection: &FunctionSelection,
+    ) -> Self {
         let mut plan = Plan {
+            id,
             set,
             library: library.file.clone(),
             probes: Vec::new(),
             missing: Vec::new(),
             aliases: Vec::new(),
+            unmatched_globs: Vec::new(),
         };
         let mut by_offset: HashMap<u64, String> = HashMap::new();
+        let mut planned: HashSet<String> = HashSet::new();
         for spec in set.catalog {
             let mut found = false;
             for symbol in spec.symbols {
@@ -99,24 +206,60 @@ impl Plan {
                         continue;
                     };
                     found = true;
-                    if let Some(first) = by_offset.get(&export.file_offset) {
-                        plan.aliases.push((name, first.clone()));
-                        continue;
+                    if selection.catalog || selection.matches(set, &name) {
+                        planned.insert(name.clone());
+                        plan.push(name, spec, export.file_offset, first_id, &mut by_offset);
                     }
-                    by_offset.insert(export.file_offset, name.clone());
-                    plan.probes.push(PlannedProbe {
-                        id: first_id + plan.probes.len() as u32,
-                        symbol: name,
-                        spec,
-                        file_offset: export.file_offset,
-                    });
                 }
             }
-            if !found {
+            if !found && selection.catalog {
                 plan.missing.push(spec.name());
             }
         }
+        if selection.beyond_catalog() {
+            let mut others: Vec<&ExportedFn> = library
+                .functions
+                .values()
+                .filter(|export| {
+                    !planned.contains(&export.name) && selection.matches(set, &export.name)
+                })
+                .collect();
+            others.sort_by(|a, b| a.name.cmp(&b.name));
+            for export in others {
+                let name = export.name.clone();
+                plan.push(name, &GENERIC, export.file_offset, first_id, &mut by_offset);
+            }
+        }
+        plan.unmatched_globs = selection
+            .globs
+            .iter()
+            .filter(|glob| !library.functions.keys().any(|name| glob.matches(name)))
+            .map(|glob| glob.as_str().to_owned())
+            .collect();
         plan
+    }
+
+    /// Plans `name`, unless another name at the same address is planned already.
+    fn push(
+        &mut self,
+        name: String,
+        spec: &'static FnSpec,
+        file_offset: u64,
+        first_id: u32,
+        by_offset: &mut HashMap<u64, String>,
+    ) {
+        if let Some(first) = by_offset.get(&file_offset) {
+            self.aliases.push((name, first.clone()));
+            return;
+        }
+        by_offset.insert(file_offset, name.clone());
+        self.probes.push(PlannedProbe {
+            id: first_id + self.probes.len() as u32,
+            library: self.id,
+            symbol: name,
+            spec,
+            file_offset,
+        });
     }
 }
 
@@ -128,10 +271,37 @@ pub struct Plans {
 
 impl Plans {
     /// Plans `set` on `library`, its ids after those already planned.
-    pub fn add(&mut self, set: &'static ProbeSet, library: &Library) -> &Plan {
-        let plan = Plan::new(set, library, self.probe_count() as u32);
+    pub fn add(
+        &mut self,
+        set: &'static ProbeSet,
+        library: &Library,
+        selection: &FunctionSelection,
+    ) -> &Plan {
+        let plan = Plan::new(
+            set,
+            library,
+            self.plans.len() as u32,
+            self.probe_count() as u32,
+            selection,
+        );
         self.plans.push(plan);
         self.plans.last().expect("just pushed")
+    }
+
+    /// The plan of the library with this id.
+    pub fn get(&self, id: u32) -> Option<&Plan> {
+        self.plans.get(id as usize)
+    }
+
+    /// The plan of the file with this device and inode.
+    pub fn of_file(&self, device: u64, inode: u64) -> Option<&Plan> {
+        self.plans
+            .iter()
+            .find(|plan| plan.library.device == device && plan.library.inode == inode)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Plan> {
@@ -206,7 +376,7 @@ mod tests {
             ("cuMemcpyHtoD_v2_ptds", 0x300),
             ("cuSomethingElse", 0x400),
         ]);
-        let plan = Plan::new(&LIBCUDA, &lib, 0);
+        let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &FunctionSelection::default());
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol.as_str()).collect();
         assert_eq!(
             names,
@@ -235,16 +405,116 @@ mod tests {
         let first = library(&[("cuInit", 0x10), ("cuMemAlloc_v2", 0x20)]);
         let second = library(&[("cuLaunchKernel", 0x30)]);
         let mut plans = Plans::default();
-        plans.add(&LIBCUDA, &first);
-        plans.add(&LIBCUDA, &second);
+        plans.add(&LIBCUDA, &first, &FunctionSelection::default());
+        plans.add(&LIBCUDA, &second, &FunctionSelection::default());
         let ids: Vec<(u32, &str)> = plans.probes().map(|p| (p.id, p.symbol.as_str())).collect();
         assert_eq!(
             ids,
             [(0, "cuInit"), (1, "cuMemAlloc_v2"), (2, "cuLaunchKernel")]
         );
         assert_eq!(plans.probe(2).unwrap().symbol, "cuLaunchKernel");
+        assert_eq!(
+            (
+                plans.probe(1).unwrap().library,
+                plans.probe(2).unwrap().library
+            ),
+            (0, 1)
+        );
         assert_eq!(plans.probe(1).unwrap().symbol, "cuMemAlloc_v2");
         assert!(plans.probe(3).is_none());
         assert_eq!(plans.probe_count(), 3);
+    }
+
+    #[test]
+    fn functions_beyond_the_catalog_are_probed_generically_after_it() {
+        let lib = library(&[
+            ("cuMemAlloc_v2", 0x100),
+            ("cuCtxGetDevice", 0x200),
+            ("cuCtxGetDevice_v2", 0x210),
+            ("cuDeviceGetAttribute", 0x300),
+            ("cuGetErrorString", 0x400),
+            ("cuGetErrorName", 0x400),
+            ("nvInternal", 0x500),
+            ("cudbgApiInit", 0x600),
+        ]);
+        let plan = |text: &str| {
+            let selection = FunctionSelection::parse(text).unwrap();
+            let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &selection);
+            let probes: Vec<(String, String)> = plan
+                .probes
+                .iter()
+                .map(|p| (p.symbol.clone(), p.function().to_owned()))
+                .collect();
+            (probes, plan)
+        };
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+
+        let (probes, all) = plan("all");
+        assert_eq!(
+            probes,
+            pairs(&[
+                ("cuMemAlloc_v2", "cuMemAlloc_v2"),
+                ("cuCtxGetDevice", "cuCtxGetDevice"),
+                ("cuCtxGetDevice_v2", "cuCtxGetDevice_v2"),
+                ("cuDeviceGetAttribute", "cuDeviceGetAttribute"),
+                ("cuGetErrorName", "cuGetErrorName"),
+            ])
+        );
+        assert!(all.probes[0].spec.name() == "cuMemAlloc_v2" && !all.probes[0].spec.is_generic());
+        assert!(all.probes[1..].iter().all(|p| p.spec.is_generic()));
+        // Same address: probed once.
+        assert_eq!(
+            all.aliases,
+            [("cuGetErrorString".into(), "cuGetErrorName".into())]
+        );
+        assert_eq!(all.missing.len(), CATALOG.len() - 1);
+
+        // Globs alone: only what they match, catalog functions still decoded.
+        let (probes, globbed) = plan("cuCtxGet*,cuMemAlloc*,cuNothing*");
+        assert_eq!(
+            probes,
+            pairs(&[
+                ("cuMemAlloc_v2", "cuMemAlloc_v2"),
+                ("cuCtxGetDevice", "cuCtxGetDevice"),
+                ("cuCtxGetDevice_v2", "cuCtxGetDevice_v2"),
+            ])
+        );
+        assert!(globbed.missing.is_empty(), "no catalog asked for");
+        assert_eq!(globbed.unmatched_globs, ["cuNothing*"]);
+
+        let (probes, _) = plan("catalog,cuDevice?etAttribute");
+        assert_eq!(
+            probes,
+            pairs(&[
+                ("cuMemAlloc_v2", "cuMemAlloc_v2"),
+                ("cuDeviceGetAttribute", "cuDeviceGetAttribute"),
+            ])
+        );
+        let (probes, _) = plan("catalog");
+        assert_eq!(probes, pairs(&[("cuMemAlloc_v2", "cuMemAlloc_v2")]));
+    }
+
+    #[test]
+    fn selections_parse_and_print_back() {
+        for text in ["catalog", "all", "cuCtx*", "catalog,cuCtx*,cuDevice[GS]et*"] {
+            assert_eq!(FunctionSelection::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(
+            FunctionSelection::parse("catalog").unwrap(),
+            FunctionSelection::default()
+        );
+        assert_eq!(
+            FunctionSelection::parse("cuA,,cuB").unwrap_err(),
+            "an empty item (two commas, or a trailing comma)"
+        );
+        assert!(
+            FunctionSelection::parse("cu[")
+                .unwrap_err()
+                .starts_with("bad pattern \"cu[\": ")
+        );
     }
 }

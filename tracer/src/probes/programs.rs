@@ -41,3 +41,49 @@ pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
         ],
     )
 }
+
+/// Attaches library discovery and the child stops: the exits of `open`, `openat` and
+/// `openat2` (libraries opened by traced processes) and of `clone`, `clone3`, `fork` and
+/// `vfork` in the child (its own probes before it runs). `openat` and `clone` are needed;
+/// the others are attached where the kernel has them.
+pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path) -> Result<()> {
+    let exists = |event: &str| tracefs.join("events/syscalls").join(event).is_dir();
+    for (program_name, events) in [
+        (
+            "lib_enter_openat",
+            &["sys_enter_openat", "sys_enter_openat2"][..],
+        ),
+        ("lib_enter_open", &["sys_enter_open"][..]),
+        (
+            "lib_exit_open",
+            &["sys_exit_openat", "sys_exit_open", "sys_exit_openat2"][..],
+        ),
+        (
+            "child_exit_clone",
+            &[
+                "sys_exit_clone",
+                "sys_exit_clone3",
+                "sys_exit_fork",
+                "sys_exit_vfork",
+            ][..],
+        ),
+    ] {
+        let program: &mut TracePoint = program(bpf, program_name)?;
+        program
+            .load()
+            .with_context(|| format!("loading {program_name}"))?;
+        for event in events {
+            let needed = matches!(
+                *event,
+                "sys_enter_openat" | "sys_exit_openat" | "sys_exit_clone"
+            );
+            if !needed && !exists(event) {
+                continue;
+            }
+            program
+                .attach("syscalls", event)
+                .with_context(|| format!("attaching tracepoint syscalls:{event}"))?;
+        }
+    }
+    Ok(())
+}

@@ -49,8 +49,9 @@ pub struct MultiLink {
     // Declared first so it closes first: the link is what holds the probes.
     _link: OwnedFd,
     // The kernel link keeps its own reference to the program; holding the fd as well
-    // keeps the program inspectable (bpftool) for as long as the link lives.
-    _program: OwnedFd,
+    // keeps the program inspectable (bpftool) for as long as the link lives. Links made
+    // from a program loaded once ([`load_program`]) leave it to the program's owner.
+    _program: Option<OwnedFd>,
     #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     probes: usize,
 }
@@ -83,22 +84,15 @@ fn probe_support() -> io::Result<bool> {
     insns[1].code = (BPF_JMP | BPF_EXIT) as u8;
     let program = prog_load(c"uprobe_multi_pr", &insns, FALLBACK_LICENSE, 0, 0, None)?;
     let offsets = [0u64];
-    match link_create(program.as_fd(), c"/", &offsets, &[], false) {
+    match link_create(program.as_fd(), c"/", &offsets, &[], false, 0) {
         Ok(_link) => Ok(false),
         Err(error) => Ok(error.raw_os_error() == Some(libc::EBADF)),
     }
 }
 
-/// Loads program `program_name` from `object` (an aya-built eBPF ELF) as a
-/// BPF_PROG_TYPE_KPROBE with expected_attach_type BPF_TRACE_UPROBE_MULTI, relocating its
-/// map references against the maps already created by `bpf` (an [`Ebpf`] loaded from the
-/// same object, so globals set with `override_global` and map contents are shared), and
-/// attaches it to every `offsets[i]` of `path` with one BPF_LINK_CREATE, `cookies[i]`
-/// being what `bpf_get_attach_cookie` returns there (`cookies` may be empty: all zero).
-/// Return probes when `retprobe`. All processes (pid 0).
-///
-/// The maps the program uses must still be in `bpf` (attach before `take_map`).
-/// One bad offset fails the whole link: nothing is attached then.
+/// Loads program `program_name` from `object` (an aya-built eBPF ELF) and attaches it to
+/// every `offsets[i]` of `path` for all processes: [`load_program`], then [`link`].
+#[cfg(test)]
 pub fn attach(
     bpf: &Ebpf,
     object: &[u8],
@@ -109,20 +103,75 @@ pub fn attach(
     retprobe: bool,
 ) -> Result<MultiLink> {
     check_counts(program_name, offsets, cookies)?;
-    let program = load(bpf, object, program_name, retprobe)?;
+    let program = load_program(bpf, object, program_name, retprobe)?;
+    let mut link = link(
+        program.as_fd(),
+        program_name,
+        path,
+        path,
+        offsets,
+        cookies,
+        retprobe,
+        0,
+    )?;
+    link._program = Some(program);
+    Ok(link)
+}
+
+/// Loads program `program_name` from `object` (an aya-built eBPF ELF) as a
+/// BPF_PROG_TYPE_KPROBE with expected_attach_type BPF_TRACE_UPROBE_MULTI, relocating its
+/// map references against the maps already created by `bpf` (an [`Ebpf`] loaded from the
+/// same object, so globals set with `override_global` and map contents are shared). One
+/// loaded program serves any number of links.
+///
+/// The maps the program uses must still be in `bpf` (load before `take_map`).
+pub fn load_program(
+    bpf: &Ebpf,
+    object: &[u8],
+    program_name: &str,
+    retprobe: bool,
+) -> Result<OwnedFd> {
+    load(bpf, object, program_name, retprobe)
+}
+
+/// Attaches `program` (from [`load_program`]) to every `offsets[i]` of `path` with one
+/// BPF_LINK_CREATE, `cookies[i]` being what `bpf_get_attach_cookie` returns there
+/// (`cookies` may be empty: all zero). Return probes when `retprobe`. `pid` 0: every
+/// process; otherwise only that process (its pid as this process sees it): breakpoints
+/// are installed in its memory only, and the program runs for its threads only.
+///
+/// One bad offset fails the whole link: nothing is attached then. Errors name the file as
+/// `shown_as` (`path` may be a `/proc/self/fd` link).
+#[expect(clippy::too_many_arguments, reason = "one BPF_LINK_CREATE's fields")]
+pub fn link(
+    program: BorrowedFd<'_>,
+    program_name: &str,
+    path: &Path,
+    shown_as: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    retprobe: bool,
+    pid: u32,
+) -> Result<MultiLink> {
+    check_counts(program_name, offsets, cookies)?;
     let c_path = CString::new(path.as_os_str().as_bytes())
         .with_context(|| format!("{}: path contains a NUL byte", path.display()))?;
     let link =
-        link_create(program.as_fd(), &c_path, offsets, cookies, retprobe).with_context(|| {
+        link_create(program, &c_path, offsets, cookies, retprobe, pid).with_context(|| {
+            let whose = match pid {
+                0 => String::new(),
+                own if own == std::process::id() => " (mapped by cudatrace itself)".into(),
+                pid => format!(" for pid {pid}"),
+            };
             format!(
-                "creating a uprobe_multi link for {program_name} on {} offsets of {}",
+                "creating a uprobe_multi link for {program_name} on {} offsets of {}{whose}",
                 offsets.len(),
-                path.display()
+                shown_as.display()
             )
         })?;
     Ok(MultiLink {
         _link: link,
-        _program: program,
+        _program: None,
         probes: offsets.len(),
     })
 }
@@ -355,6 +404,7 @@ fn link_create(
     offsets: &[u64],
     cookies: &[u64],
     retprobe: bool,
+    pid: u32,
 ) -> io::Result<OwnedFd> {
     // SAFETY: as in prog_load.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
@@ -377,7 +427,7 @@ fn link_create(
     } else {
         0
     };
-    multi.pid = 0;
+    multi.pid = pid;
     sys_bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 

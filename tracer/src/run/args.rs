@@ -4,7 +4,14 @@ use std::{ffi::OsString, path::PathBuf};
 
 use clap::Args;
 
-use crate::{export::ExportFormat, kernel_hooks::HookChoice, probes::plan::MissingProbes};
+use crate::{
+    export::ExportFormat,
+    kernel_hooks::HookChoice,
+    probes::{
+        maps::SIZED_MAPS,
+        plan::{FunctionSelection, MissingProbes},
+    },
+};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -12,12 +19,29 @@ The command starts suspended: probes are attached before its first instruction, 
 is seen. Its children (fork, exec, Python multiprocessing, torchrun workers) are traced
 too; other processes are not, unless --all is given.
 
+Libraries are found where the traced processes load them: a file named like libcuda
+(libcuda.so, libcuda.so.*) that a traced process opens, from any path (a wheel, a
+container's forward-compatibility libcuda), is attached before the process goes on (it
+is stopped with SIGSTOP for the moment that takes, then continued with SIGCONT). Each
+distinct file is attached once; call lines say which (`lib`). With uprobe_multi (Linux
+6.6+), probes go into the traced processes only: other processes pay nothing. --all, or
+an older kernel, probes every process that maps the library.
+
 Under sudo the command runs as the invoking user (SUDO_UID/SUDO_GID, with their groups)
 and the trace file belongs to them; --as-root keeps root.
 
-When the command exits, cudatrace detaches, drains the ring buffer, writes the footer
-and exits with the command's exit code. Ctrl-C (SIGINT) and SIGTERM do the same and
-exit 130/143; SIGTERM is passed on to the command.
+When the command exits (with -p: when the last of the processes exits), cudatrace
+detaches, drains the ring buffer, writes the footer and exits with the command's exit
+code. SIGINT (Ctrl-C), SIGTERM, SIGHUP and SIGQUIT stop tracing at once and end with a
+footer within a second, exiting 130, 143, 129 and 131; SIGTERM and SIGHUP are passed on to
+the command (the terminal sends Ctrl-C and Ctrl-\\ to it already). Records the ring still
+holds half a second after such a signal are counted as lost (not_drained), not written.
+
+--functions all probes every exported cu* function: the catalog's with their arguments
+decoded, the others with name, times, return code and their six register arguments
+(`args`). NVIDIA's 580 driver exports 682 cu* functions, and PyTorch calls the cheap
+queries among them (cuCtxGetDevice, cuDevicePrimaryCtxGetState, ...) about ten times as
+often as everything else: each probed call costs about 2 us (a uprobe and a uretprobe).
 
 --gpu also records what the GPU ran: gpu_kernel, gpu_copy and gpu_memset lines with GPU
 start and duration, each linked to the call that issued it (docs/gpu.md). Without --gpu
@@ -41,14 +65,35 @@ pub struct RunArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// The libcuda to probe. Default: the ldconfig cache, LD_LIBRARY_PATH, then
-    /// /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib.
+    /// A libcuda to probe from the start, instead of the one the default search finds
+    /// (the ldconfig cache, LD_LIBRARY_PATH, then /usr/local/nvidia/lib64,
+    /// /usr/lib/x86_64-linux-gnu, /usr/lib64, /usr/lib/wsl/lib). Libraries the traced
+    /// processes load are attached too, wherever they come from.
     #[arg(long, value_name = "PATH")]
     pub libcuda: Option<PathBuf>,
 
-    /// What to do when a catalog function is not exported by libcuda or fails to attach.
+    /// Also probe this library file from the start (repeatable): any library cudatrace
+    /// knows (libcuda), recognised by its name, soname or exports, whatever it is called.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+
+    /// What to do when a catalog function is not exported by libcuda or fails to attach,
+    /// or a --functions pattern matches nothing.
     #[arg(long, value_enum, default_value = "warn", value_name = "POLICY")]
     pub missing_probes: MissingProbes,
+
+    /// Which libcuda functions to probe: `catalog` (the functions cudatrace decodes), `all`
+    /// (the catalog and every other exported cu* function), or glob patterns
+    /// (`cuCtxGet*`, `cuDevice?etAttribute`), comma-separated and mixed with `catalog`.
+    /// Functions outside the catalog are recorded generically: name, pid, tid, ts_ns,
+    /// dur_ns, ret and the six register arguments as `args`.
+    #[arg(
+        long,
+        default_value = "catalog",
+        value_name = "SELECTION",
+        value_parser = FunctionSelection::parse
+    )]
+    pub functions: FunctionSelection,
 
     /// Run the command as root even under sudo.
     #[arg(long)]
@@ -58,7 +103,7 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Ring buffer size in KiB (a power of two, at least 4). Larger rides out bursts.
+    /// Ring buffer size in KiB (a power of two, at least 8). Larger rides out bursts.
     #[arg(long, default_value_t = 16384, value_name = "KIB", value_parser = parse_ring_kib)]
     pub ring_kib: u32,
 
@@ -115,6 +160,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", requires = "gpu")]
     pub cupti: Option<PathBuf>,
 
+    /// Entries of one of the eBPF hash maps (TRACED, FRAMES, NV_FDS, PENDING_OPEN, SYSCALLS,
+    /// KFUNCS, OPENING, PENDING_CHILD), replacing its size; repeatable. Tests shrink them to
+    /// prove that a full map is counted in `lost`, never silent.
+    #[arg(long, hide = true, value_name = "MAP=N", value_parser = parse_map_entries)]
+    pub map_entries: Vec<(String, u32)>,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
     /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -127,8 +178,23 @@ pub struct RunArgs {
 
 fn parse_ring_kib(text: &str) -> Result<u32, String> {
     let kib: u32 = text.parse().map_err(|e| format!("{e}"))?;
-    if kib < 4 || !kib.is_power_of_two() || kib > 1 << 20 {
-        return Err("must be a power of two between 4 and 1048576".into());
+    // 8 KiB holds the largest record, a call with a 4 KiB name.
+    if kib < 8 || !kib.is_power_of_two() || kib > 1 << 20 {
+        return Err("must be a power of two between 8 and 1048576".into());
     }
     Ok(kib)
+}
+
+fn parse_map_entries(text: &str) -> Result<(String, u32), String> {
+    let (map, entries) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not MAP=N"))?;
+    if !SIZED_MAPS.contains(&map) {
+        return Err(format!("{map:?} is not one of {}", SIZED_MAPS.join(", ")));
+    }
+    let entries: u32 = entries.parse().map_err(|e| format!("{entries:?}: {e}"))?;
+    if entries == 0 {
+        return Err("a map needs at least 1 entry".into());
+    }
+    Ok((map.to_owned(), entries))
 }

@@ -1,112 +1,197 @@
-//! The event loop: waits on the ring buffer, the traced command's exit, Ctrl-C and SIGTERM,
-//! `--power`'s samples and a quarter-second tick; on any ending, detaches, drains the ring,
-//! settles the losses and stops the sampler, so the footer that follows is complete.
+//! The event loop: waits on the ring buffer, the traced processes' exits, Ctrl-C, SIGTERM,
+//! SIGHUP and SIGQUIT, `--power`'s samples and a quarter-second tick; on any ending, stops
+//! stopping processes, continues those waiting, detaches, drains the ring, settles the
+//! losses and stops the sampler, so the footer that follows is complete and no process is
+//! left stopped.
+//!
+//! Every drain is bounded, in records and in time, so a signal is seen within one drain
+//! however fast the traced threads produce: the reader of a ring fed by more CPUs than it
+//! has can never empty it. Once stopped, the probes are detached (nothing new arrives) and
+//! the ring is drained to the end, or, when a signal stopped the run and time runs out,
+//! what is left is counted (`not_drained`) rather than written.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    time::Duration,
+    sync::atomic::{AtomicI32, Ordering},
+    task::Poll,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Result, anyhow};
-use aya::Ebpf;
+use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{Signal, SignalKind, signal},
 };
 
-use super::{loss::LossAccount, outcome::Outcome, pipeline::Pipeline, power_feed::PowerFeed};
+use super::{
+    loss::{LossAccount, NotDrained},
+    outcome::Outcome,
+    pipeline::Pipeline,
+    power_feed::PowerFeed,
+};
+use tracer_common::attach_flags;
+
 use crate::{
-    probes::{
-        attach::{self, Attached},
-        maps::{self, CounterReader},
-    },
+    events::{RawEvent, decode},
+    probes::maps::{self, CounterReader},
     sinks::progress::Progress,
 };
 
-/// SIGINT/SIGTERM streams and the watched process's exit, registered up front.
+/// Records one drain passes down the pipeline at most before the loop looks at signals
+/// and the clock again.
+const DRAIN_RECORDS: usize = 65536;
+/// Time one drain takes at most while tracing.
+const DRAIN_TIME: Duration = Duration::from_millis(50);
+/// Time from a stopping signal to the footer: detaching and the last drain. What the ring
+/// still holds after it is counted, not written.
+const STOP_TIME: Duration = Duration::from_millis(500);
+
+/// The signals that end tracing, and whether each is passed on to the command.
+const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
+    // The terminal sends Ctrl-C and Ctrl-\ to the command as well.
+    ("SIGINT", libc::SIGINT, false),
+    ("SIGTERM", libc::SIGTERM, true),
+    ("SIGHUP", libc::SIGHUP, true),
+    ("SIGQUIT", libc::SIGQUIT, false),
+];
+
+/// The last stopping signal received, stored by the signal handler itself: a drain sees it
+/// between two records, without waiting for the runtime to deliver the signal (which it
+/// does only between polls, and a ring that never empties is always ready).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+fn stop_signal() -> Option<usize> {
+    let number = STOP_SIGNAL.load(Ordering::Relaxed);
+    STOP_SIGNALS.iter().position(|(_, n, _)| *n == number)
+}
+
+/// The stopping signals' streams and the watched processes' exits, registered up front.
 pub struct Watches {
-    sigint: Signal,
-    sigterm: Signal,
-    /// Readable once the watched process exits.
-    exit_fd: Option<AsyncFd<OwnedFd>>,
-    /// The watched process had already exited when the watch was set up.
-    already_exited: bool,
+    signals: Vec<Signal>,
+    /// pidfds, readable once their process exits.
+    exits: Vec<(u32, AsyncFd<OwnedFd>)>,
+    /// Processes to watch were given, and all had exited before the watch was set up.
+    all_gone: bool,
 }
 
 impl Watches {
-    /// Must run inside the runtime's context.
-    pub fn new(watched: Option<u32>) -> Result<Self> {
-        let sigint = signal(SignalKind::interrupt())?;
-        let sigterm = signal(SignalKind::terminate())?;
-        let (exit_fd, already_exited) = match watched.map(pidfd_open) {
-            Some(Ok(fd)) => (Some(watch(fd, "the pidfd")?), false),
-            Some(Err(error)) if error.raw_os_error() == Some(libc::ESRCH) => (None, true),
-            Some(Err(error)) => return Err(anyhow::Error::from(error).context("pidfd_open")),
-            None => (None, false),
-        };
+    /// Must run inside the runtime's context. Tracing ends when every `watched` process
+    /// has exited (none: only a signal ends it).
+    pub fn new(watched: &[u32]) -> Result<Self> {
+        let signals = STOP_SIGNALS
+            .iter()
+            .map(|(_, number, _)| signal(SignalKind::from_raw(*number)))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        for (_, number, _) in STOP_SIGNALS {
+            // SAFETY: the action only stores to an atomic, which is async-signal-safe.
+            unsafe {
+                signal_hook_registry::register(number, move || {
+                    STOP_SIGNAL.store(number, Ordering::Relaxed)
+                })
+            }?;
+        }
+        let mut exits = Vec::new();
+        for pid in watched {
+            match pidfd_open(*pid) {
+                Ok(fd) => exits.push((*pid, watch(fd, "a pidfd")?)),
+                // Gone already: nothing to wait for.
+                Err(error) if error.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(error) => return Err(anyhow::Error::from(error).context("pidfd_open")),
+            }
+        }
         Ok(Watches {
-            sigint,
-            sigterm,
-            exit_fd,
-            already_exited,
+            all_gone: !watched.is_empty() && exits.is_empty(),
+            signals,
+            exits,
         })
     }
 }
 
-/// Runs until the command exits or a signal stops tracing; `child` is reaped for its exit
-/// status and passed SIGTERM on.
+/// The index of the first stopping signal received.
+async fn any_signal(signals: &mut [Signal]) -> usize {
+    std::future::poll_fn(|cx| {
+        for (index, signal) in signals.iter_mut().enumerate() {
+            if signal.poll_recv(cx).is_ready() {
+                return Poll::Ready(index);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The index of the first watched process that exited.
+async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
+    std::future::poll_fn(|cx| {
+        for (index, (_, fd)) in exits.iter().enumerate() {
+            if fd.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(index);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Runs until the watched processes exit or a signal stops tracing; `child` (the command)
+/// is reaped for its exit status and passed SIGTERM and SIGHUP on.
 pub async fn event_loop(
-    bpf: &mut Ebpf,
-    attached: &mut Attached,
     pipeline: &mut Pipeline<'_>,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
     mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
-    let mut ring = watch(maps::take_ring(bpf)?, "the ring buffer")?;
-    let counters = CounterReader::take(bpf)?;
+    let mut ring = watch(
+        maps::take_ring(pipeline.discovery.bpf())?,
+        "the ring buffer",
+    )?;
+    let counters = CounterReader::take(pipeline.discovery.bpf())?;
     let Watches {
-        mut sigint,
-        mut sigterm,
-        exit_fd,
-        already_exited,
+        mut signals,
+        mut exits,
+        all_gone,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
     let mut loss = LossAccount::new(pipeline.gpu);
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
 
-    // A `-p` target that was gone before the watch started: nothing more will come.
-    let mut running = !already_exited;
+    let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
+    // `-p` targets that were gone before the watch started: nothing more will come.
+    let mut running = !all_gone;
     while running {
+        if let Some(index) = stop_signal() {
+            stop(&mut outcome, index, child);
+            break;
+        }
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                let n = pipeline.drain(guard.get_inner_mut(), 65536)?;
-                if n < 65536 {
+                let drained =
+                    pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                if drained.empty {
                     // Drained: wait for the next wakeup (the fd is edge-triggered).
                     guard.clear_ready();
+                } else {
+                    // Still full: let the runtime poll its driver, which is what delivers
+                    // signals and exits; a ring that never empties must not starve them.
+                    drop(guard);
+                    tokio::task::yield_now().await;
                 }
             }
-            _ = async { exit_fd.as_ref().unwrap().readable().await }, if exit_fd.is_some() => {
-                if let Some(pid) = child {
+            index = any_exit(&exits), if !exits.is_empty() => {
+                let (pid, _) = exits.swap_remove(index);
+                if child == Some(pid) {
                     let (code, signal) = reap(pid);
                     outcome.code = code;
                     outcome.signal = signal;
                 }
-                running = false;
+                running = !exits.is_empty();
             }
-            _ = sigint.recv() => {
-                outcome.stopped_by = Some("SIGINT");
-                running = false;
-            }
-            _ = sigterm.recv() => {
-                outcome.stopped_by = Some("SIGTERM");
-                if let Some(pid) = child {
-                    // SAFETY: kill(2) on our own child.
-                    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-                }
+            index = any_signal(&mut signals) => {
+                stop(&mut outcome, index, child);
                 running = false;
             }
             batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
@@ -122,9 +207,10 @@ pub async fn event_loop(
             }
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.
-                pipeline.drain(ring.get_mut(), usize::MAX)?;
+                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
                 pipeline.tick()?;
-                loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
+                let now = pipeline.counters(counters.read()?);
+                loss.update(now, NotDrained::default(), pipeline.writer)?;
                 progress.update(pipeline.writer.footer.events.call, loss.lost());
                 // A live trace can be followed (`tail -f`) a quarter second behind.
                 pipeline.writer.flush()?;
@@ -132,12 +218,37 @@ pub async fn event_loop(
         }
     }
 
-    // Detach first so nothing new arrives, then drain what the ring still holds.
-    attach::detach_all(bpf, attached);
+    // Stop recording at once, and stopping processes (those stopped go on); close the links
+    // (the kernel takes its time) while the ring is drained, then drain what the last
+    // in-flight calls left: all of it when the command ended, as much as the time allows
+    // when a signal stopped the run.
+    let stop = Instant::now();
+    let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
+    super::bpf_stats::report();
+    maps::stop_tracing(pipeline.discovery.bpf())?;
+    let closing = pipeline.discovery.end();
     let ring = ring.get_mut();
-    while pipeline.drain(ring, usize::MAX)? > 0 {}
+    let never = || false;
+    while !closing.is_finished() && !past(deadline) {
+        if pipeline
+            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+            .empty
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    if closing.join().is_err() {
+        return Err(anyhow!("detaching the probes panicked"));
+    }
+    while !past(deadline)
+        && !pipeline
+            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+            .empty
+    {}
+    let not_drained = count_rest(ring);
     pipeline.finish()?;
-    loss.update(pipeline.counters(counters.read()?), pipeline.writer)?;
+    let now = pipeline.counters(counters.read()?);
+    loss.update(now, not_drained, pipeline.writer)?;
     if let Some(feed) = power {
         pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
     }
@@ -145,6 +256,53 @@ pub async fn event_loop(
     progress.finish();
     pipeline.writer.flush()?;
     Ok(outcome)
+}
+
+/// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.
+fn stop(outcome: &mut Outcome, index: usize, child: Option<u32>) {
+    let (name, number, pass_on) = STOP_SIGNALS[index];
+    outcome.stopped_by = Some(name);
+    if let (Some(pid), true) = (child, pass_on) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, number) };
+    }
+}
+
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|deadline| Instant::now() >= deadline)
+}
+
+/// Time left before `deadline` (no deadline: no limit).
+fn left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |deadline| {
+        deadline.saturating_duration_since(Instant::now())
+    })
+}
+
+/// Reads and counts what the ring still holds, without writing it. The probes are detached,
+/// so this ends; the bound only guards against a producer left attached by mistake.
+fn count_rest(ring: &mut RingBuf<MapData>) -> NotDrained {
+    let mut rest = NotDrained::default();
+    for _ in 0..(1usize << 24) {
+        let Some(record) = ring.next() else { break };
+        let kind = record.get(..4).map_or(0, |bytes| {
+            u32::from_ne_bytes(bytes.try_into().unwrap_or_default())
+        });
+        if let Ok(RawEvent::Attach(event)) = decode(&record) {
+            // For the attach layer, no line; a process it stopped goes on.
+            if event.header.flags & attach_flags::STOPPED != 0 {
+                // SAFETY: kill(2) of a process our probes stopped.
+                unsafe { libc::kill(event.header.pid as i32, libc::SIGCONT) };
+            }
+            continue;
+        }
+        if crate::events::is_call_kind(kind) {
+            rest.calls += 1;
+        } else {
+            rest.other += 1;
+        }
+    }
+    rest
 }
 
 /// A pidfd: readable once the process exits (works for non-children too).

@@ -6,14 +6,19 @@ use std::{collections::HashSet, time::UNIX_EPOCH};
 use super::{args::RunArgs, clock::Clocks};
 use crate::{
     probes::{plan::Plans, probe_set::LIBCUDA},
-    schema::{AttachFailureInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo},
+    schema::{
+        AttachFailureInfo, AttachInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo,
+        ProbeInfo,
+    },
 };
 
-/// The header of a run. `pids` are the processes traced from the start (the command's
-/// first); symbols in `failures` did not attach and are left out of `probes`.
+/// The header of a run. `plans` are the libraries attached at start (each has its
+/// `library` line after the header); `pids` the processes traced from the start (the
+/// command's first); symbols in `failures` did not attach and are left out of `probes`.
 pub fn header(
     args: &RunArgs,
     plans: &Plans,
+    attach: AttachInfo,
     clocks: Clocks,
     pids: &[u32],
     failures: Vec<AttachFailureInfo>,
@@ -49,6 +54,7 @@ pub fn header(
         start_monotonic_ns: Some(clocks.monotonic_ns),
         host,
         kernel,
+        functions: args.functions.to_string(),
         libcuda: plans
             .of(&LIBCUDA)
             .map(|plan| LibcudaInfo {
@@ -57,14 +63,16 @@ pub fn header(
                 standin: plan.library.standin,
             })
             .unwrap_or_default(),
+        attach,
         ring_bytes: args.ring_kib * 1024,
         probes: plans
             .probes()
             .filter(|p| !failed.contains(p.symbol.as_str()))
             .map(|p| ProbeInfo {
                 id: p.id,
+                lib: p.library,
                 symbol: p.symbol.clone(),
-                function: p.spec.name().into(),
+                function: p.function().into(),
                 family: p.spec.family.as_str().into(),
             })
             .collect(),

@@ -12,11 +12,13 @@
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
 //! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
 //! `crate::inject`; its records go down the same pipeline.
 
 mod args;
+mod bpf_stats;
 pub(crate) mod clock;
 mod event_loop;
 mod header;
@@ -36,7 +38,9 @@ use std::{
 
 use anyhow::anyhow;
 
-use self::{clock::Clocks, outcome::Outcome, output::open_output, session::Session};
+use self::{
+    clock::Clocks, loss::LossAccount, outcome::Outcome, output::open_output, session::Session,
+};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
@@ -44,11 +48,12 @@ use crate::{
     power::{PowerSetup, sampler::describe_errors},
     privileges,
     probes::{
-        library::{self, Library},
-        plan::Plans,
-        probe_set::{INJECTION, LIBCUDA},
+        discovery::{Found, FoundLibrary},
+        library::{self, Library, LibraryError},
+        plan::{FunctionSelection, Plan},
+        probe_set::{INJECTION, LIBCUDA, PROBE_SETS},
     },
-    schema::{Footer, PowerFooter},
+    schema::PowerFooter,
     sinks::jsonl::TraceWriter,
     spawn,
     summary::text::{render_gpu_short, render_short},
@@ -57,6 +62,7 @@ use crate::{
 /// Runs `cudatrace run` and returns the process exit code.
 pub fn run(args: RunArgs) -> Result<i32, Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
+    bpf_stats::enable();
     if args.command.is_empty() && args.pids.is_empty() && !args.all {
         return Err(Failure::new(
             ExitCode::Usage,
@@ -76,7 +82,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
         inject::check_environment(&privileges::command_env(None))?;
     }
-    let mut plans = plan_libraries(&args)?;
+    let mut libraries = start_libraries(&args)?;
     // NVML is started before anything else happens, so its absence stops the run early.
     let power = match args.power {
         Some(period_ms) => Some(
@@ -119,7 +125,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
                 &env,
                 user.as_ref(),
             )?;
-            plan_injection(&mut plans, &injection)?;
+            libraries.push(injection_library(&injection)?);
             Some(injection)
         }
         false => None,
@@ -143,12 +149,15 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         power_info: power.as_ref().map(|setup| setup.info.clone()),
         power,
         args: &args,
-        plans: &plans,
+        start: libraries,
         user: user.as_ref(),
         program,
         clocks: Clocks::now(),
         kernel_hooks: None,
         gpu: gpu.as_ref(),
+        planned: Default::default(),
+        attach: Default::default(),
+        loaded_any: false,
     };
     let (exit, error) = match session.trace(&mut writer, &mut analysis) {
         Ok(exit) => (exit, None),
@@ -168,6 +177,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
+    let loaded_any = session.loaded_any;
     let footer = writer.finish().map_err(|e| {
         Failure::new(
             ExitCode::OutputNotWritable,
@@ -185,28 +195,43 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         footer.events.process,
         exit.describe()
     );
-    if lost > 0 {
-        let cupti_only = footer.lost.cupti_dropped == Some(lost);
-        eprintln!(
-            "cudatrace: WARNING: {lost} events lost (calls: ring full {}, nesting {}, frame \
-             table {}; process events {}{}){}",
-            footer.lost.ring_full,
-            footer.lost.too_deep,
-            footer.lost.frames_full,
-            footer.lost.process_ring_full,
-            gpu_losses(&footer),
-            if cupti_only {
-                String::new()
-            } else {
-                format!(
-                    "; try --ring-kib {}",
-                    args.ring_kib.saturating_mul(4).min(1 << 20)
-                )
-            }
-        );
+    if let Some(reasons) = LossAccount::describe(&footer.lost) {
+        // Only what the ring refused grows with a larger ring (not CUPTI's own drops).
+        let ring_refused = footer.lost.ring_full
+            + footer.lost.process_ring_full
+            + footer.lost.driver_ring_full
+            + footer.lost.gpu_ring_full.unwrap_or(0);
+        let hint = if ring_refused > 0 {
+            format!(
+                "; try --ring-kib {}",
+                args.ring_kib.saturating_mul(4).min(1 << 20)
+            )
+        } else {
+            String::new()
+        };
+        eprintln!("cudatrace: WARNING: {lost} events lost ({reasons}){hint}");
     }
     if let Some(power) = &footer.power {
         warn_power(power);
+    }
+    if footer.abandoned_calls > 0 {
+        eprintln!(
+            "cudatrace: {} calls never returned (longjmp or an exception through the library): \
+             they have no line",
+            footer.abandoned_calls
+        );
+    }
+    if !loaded_any {
+        eprintln!(
+            "cudatrace: WARNING: no traced process loaded {}: nothing to trace. Does the \
+             program use the GPU? A library under another name can be given with --lib PATH",
+            PROBE_SETS
+                .iter()
+                .filter(|set| !set.run_private)
+                .map(|set| set.library)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        );
     }
     if !args.quiet {
         eprint!("{}", render_short(&report));
@@ -240,26 +265,19 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     }
 }
 
-/// `; GPU records: ring full N, unreadable N, dropped by CUPTI N` when any were lost.
-fn gpu_losses(footer: &Footer) -> String {
-    let lost = &footer.lost;
-    let figures = [lost.gpu_ring_full, lost.gpu_read_failed, lost.cupti_dropped];
-    if figures.iter().all(|n| n.unwrap_or(0) == 0) {
-        return String::new();
-    }
-    format!(
-        "; GPU records: ring full {}, unreadable {}, dropped by CUPTI {}",
-        figures[0].unwrap_or(0),
-        figures[1].unwrap_or(0),
-        figures[2].unwrap_or(0)
-    )
-}
-
-/// `--gpu`: the injection library as written for this run, planned like any library.
-fn plan_injection(plans: &mut Plans, injection: &GpuInjection) -> Result<(), Failure> {
+/// `--gpu`: the injection library as written for this run, a library like any other.
+fn injection_library(injection: &GpuInjection) -> Result<FoundLibrary, Failure> {
     let internal = |e| Failure::new(ExitCode::Internal, e);
-    let library = Library::open(&INJECTION, injection.library_path()).map_err(internal)?;
-    let plan = plans.add(&INJECTION, &library);
+    let found = FoundLibrary::open(&INJECTION, injection.library_path(), Found::Written)
+        .map_err(internal)?;
+    // Probed for its catalog alone: `--functions` is libcuda's.
+    let plan = Plan::new(
+        &INJECTION,
+        &found.library,
+        0,
+        0,
+        &FunctionSelection::default(),
+    );
     if plan.probes.is_empty() {
         return Err(Failure::new(
             ExitCode::Internal,
@@ -270,20 +288,70 @@ fn plan_injection(plans: &mut Plans, injection: &GpuInjection) -> Result<(), Fai
             ),
         ));
     }
-    Ok(())
+    Ok(found)
 }
 
-/// Finds libcuda and plans its probes; a function it lacks is reported by
-/// `--missing-probes`, a library with none of them is an error.
-fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
-    let no_libcuda = |e| Failure::new(ExitCode::NoLibcuda, e);
-    let path = library::find(&LIBCUDA, args.libcuda.as_deref()).map_err(no_libcuda)?;
-    let library = Library::open(&LIBCUDA, &path).map_err(no_libcuda)?;
-    let mut plans = Plans::default();
-    let plan = plans.add(&LIBCUDA, &library);
+/// The library files probed from the start: `--libcuda`, `--lib`, and for each probe set
+/// given no file, the one the default search finds (none is no error: libraries are also
+/// found as the traced processes load them). `--missing-probes` applies to each; a file
+/// given by path that cannot be used is an error.
+fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
+    let unusable = |e: anyhow::Error| Failure::new(ExitCode::NoLibcuda, e);
+    let mut found = Vec::new();
+    if let Some(path) = &args.libcuda {
+        let path = library::find(&LIBCUDA, Some(path)).map_err(|e| unusable(e.into()))?;
+        found.push(FoundLibrary::open(&LIBCUDA, &path, Found::Explicit).map_err(unusable)?);
+    }
+    for path in &args.libs {
+        let file = std::fs::File::open(path)
+            .map_err(|e| unusable(LibraryError::LibUnreadable(path.clone(), e).into()))?;
+        let set = library::identify(&file, path).map_err(|e| unusable(e.into()))?;
+        let library = Library::read(set, &file, path).map_err(|e| unusable(e.into()))?;
+        found.push(FoundLibrary {
+            set,
+            library,
+            file,
+            found: Found::Explicit,
+            pid: None,
+            ts_ns: None,
+        });
+    }
+    for set in PROBE_SETS.iter().filter(|set| !set.run_private) {
+        if found.iter().any(|f| std::ptr::eq(f.set, *set)) {
+            continue;
+        }
+        if let Ok(path) = library::find(set, None)
+            && let Ok(library) = FoundLibrary::open(set, &path, Found::Search)
+        {
+            found.push(library);
+        }
+    }
+    for library in &found {
+        check_plan(args, library)?;
+    }
+    Ok(found)
+}
+
+/// `--missing-probes` on a library planned at start; one that exports none of its
+/// functions is an error.
+fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
+    let plan = Plan::new(found.set, &found.library, 0, 0, &args.functions);
+    if !plan.unmatched_globs.is_empty() {
+        args.missing_probes.apply(
+            &format!(
+                "patterns of --functions match no {} export",
+                plan.set.library
+            ),
+            &plan
+                .unmatched_globs
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )?;
+    }
     if !plan.missing.is_empty() {
         args.missing_probes.apply(
-            &format!("not exported by {}", plan.set.library),
+            &format!("functions not exported by {}", plan.set.library),
             &plan.missing,
         )?;
     }
@@ -297,7 +365,7 @@ fn plan_libraries(args: &RunArgs) -> Result<Plans, Failure> {
             ),
         ));
     }
-    Ok(plans)
+    Ok(())
 }
 
 /// `--power`: what the sampler could not do, on stderr (also in the footer and summary).

@@ -19,6 +19,8 @@ impl Outcome {
         match (self.stopped_by, self.code, self.signal) {
             (Some("SIGINT"), _, _) => 128 + libc::SIGINT,
             (Some("SIGTERM"), _, _) => 128 + libc::SIGTERM,
+            (Some("SIGHUP"), _, _) => 128 + libc::SIGHUP,
+            (Some("SIGQUIT"), _, _) => 128 + libc::SIGQUIT,
             (_, Some(code), _) => code,
             (_, None, Some(signal)) => 128 + signal,
             _ => 0,

@@ -5,22 +5,32 @@
 //! figures) → **sinks** (`sinks::jsonl::TraceWriter`; the progress line reads its counts).
 //! Each stage knows only the one before it; this file wires them. `--power`'s sampler is a
 //! second source: its lines need no decoding and go through enrich and sinks.
+//!
+//! Beside it, the attach layer (`probes::discovery::Discovery`) takes the records that are
+//! for it rather than for the trace: a library opened, a fork, an exec (it attaches, writes
+//! a `library` line for a new file, and continues the stopped process), and every exit
+//! (the process's probes go).
 
-use std::io;
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
 use aya::maps::{MapData, RingBuf};
+use tracer_common::proc_event;
 
 use super::clock::monotonic_ns;
 use crate::{
     analysis::Analysis,
-    events::{Decoder, Event, gpu::GpuEvent},
-    probes::maps::Counters,
+    events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
+    probes::{discovery::Discovery, maps::Counters},
     schema::{GpuLine, PowerLine},
     sinks::jsonl::TraceWriter,
 };
 
 pub struct Pipeline<'a> {
-    pub decoder: Decoder<'a>,
+    pub decoder: Decoder,
+    pub discovery: &'a mut Discovery,
     pub analysis: &'a mut Analysis,
     pub writer: &'a mut TraceWriter,
     /// `--gpu` lines the enrich stage released, on their way to the writer.
@@ -31,15 +41,28 @@ pub struct Pipeline<'a> {
     pub gpu: bool,
 }
 
+/// What one drain did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    pub records: usize,
+    /// The ring was found empty (rather than the budget running out).
+    pub empty: bool,
+}
+
+/// Records between two looks at the clock.
+const CLOCK_EVERY: usize = 256;
+
 impl<'a> Pipeline<'a> {
     pub fn new(
-        decoder: Decoder<'a>,
+        decoder: Decoder,
+        discovery: &'a mut Discovery,
         analysis: &'a mut Analysis,
         writer: &'a mut TraceWriter,
         gpu: bool,
     ) -> Self {
         Pipeline {
             decoder,
+            discovery,
             analysis,
             writer,
             gpu_lines: Vec::new(),
@@ -54,21 +77,54 @@ impl<'a> Pipeline<'a> {
         kernel
     }
 
-    /// The source: passes up to `budget` records from the ring down the pipeline; returns
-    /// how many.
-    pub fn drain(&mut self, ring: &mut RingBuf<MapData>, budget: usize) -> io::Result<usize> {
+    /// The source: passes records from the ring down the pipeline until it is empty, or
+    /// `records` of them have passed, or `time` has elapsed, or `stop` says so.
+    pub fn drain(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        records: usize,
+        time: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> io::Result<Drained> {
+        let deadline = Instant::now().checked_add(time);
         let mut n = 0;
-        while n < budget {
-            let Some(record) = ring.next() else { break };
+        while n < records {
+            if n % CLOCK_EVERY == CLOCK_EVERY - 1
+                && (deadline.is_some_and(|deadline| Instant::now() >= deadline) || stop())
+            {
+                break;
+            }
+            let Some(record) = ring.next() else {
+                return Ok(Drained {
+                    records: n,
+                    empty: true,
+                });
+            };
             self.record(&record)?;
             n += 1;
         }
-        Ok(n)
+        Ok(Drained {
+            records: n,
+            empty: false,
+        })
     }
 
-    /// One record through decode, enrich and the sinks.
+    /// One record through decode, enrich and the sinks (or to the attach layer).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let Some(mut event) = self.decoder.decode(bytes) else {
+        let raw = decode(bytes);
+        match &raw {
+            Ok(RawEvent::Attach(event)) => {
+                for line in self.discovery.handle(event) {
+                    self.writer.write(&line)?;
+                }
+                return Ok(());
+            }
+            Ok(RawEvent::Proc(event)) if event.what == proc_event::EXIT => {
+                self.discovery.process_exited(event.header.pid);
+            }
+            _ => {}
+        }
+        let Some(mut event) = self.decoder.decode_raw(raw, &self.discovery.plans) else {
             return Ok(());
         };
         if let Event::Gpu(gpu) = event {

@@ -1,7 +1,9 @@
 //! A tracing session, set up in the order that lets the command's first call (`cuInit`) be
-//! seen: load the eBPF object, attach the plans and the process tracking (and `--kernel`'s
-//! hooks), fork the command suspended and mark it traced, watch for signals and its exit,
-//! write the header, release the command; then wire the pipeline and run the event loop.
+//! seen: load the eBPF object, plan and attach the libraries known at start (with `--gpu`,
+//! the injection library too) and the process tracking and library discovery (and
+//! `--kernel`'s hooks), fork the command suspended, mark it traced and give it its probes,
+//! watch for signals and its exit, write the header and the `library` lines, start
+//! `--power`'s sampler, release the command; then wire the pipeline and run the event loop.
 
 use std::{
     collections::HashMap,
@@ -13,7 +15,7 @@ use aya::Ebpf;
 
 use super::{
     args::RunArgs,
-    clock::Clocks,
+    clock::{Clocks, monotonic_ns},
     event_loop::{Watches, event_loop},
     header,
     outcome::Outcome,
@@ -29,20 +31,23 @@ use crate::{
     power::PowerSetup,
     privileges::{self, TargetUser},
     probes::{
-        attach::{self, AttachFailure, Attached},
+        attach::{Attacher, Scope},
+        discovery::{Discovery, FoundLibrary, library_names},
         maps,
         object::{self, LoadOptions},
         plan::Plans,
         programs, tracefs,
     },
-    schema::{AttachFailureInfo, Header, KernelHooksInfo, PowerInfo},
+    schema::{AttachFailureInfo, AttachInfo, Header, KernelHooksInfo, LibraryLine, PowerInfo},
     sinks::jsonl::TraceWriter,
     spawn,
 };
 
 pub struct Session<'a> {
     pub args: &'a RunArgs,
-    pub plans: &'a Plans,
+    /// The libraries probed from the start (`--libcuda`, `--lib`, the default search);
+    /// taken when tracing starts.
+    pub start: Vec<FoundLibrary>,
     pub user: Option<&'a TargetUser>,
     /// The command's resolved path (`None` for `-p` and `--all`).
     pub program: Option<PathBuf>,
@@ -55,6 +60,11 @@ pub struct Session<'a> {
     pub power_info: Option<PowerInfo>,
     /// `--gpu`: what goes into the command.
     pub gpu: Option<&'a GpuInjection>,
+    /// The plans made before the header, for it.
+    pub planned: Plans,
+    pub attach: AttachInfo,
+    /// Some traced process loaded a probe-set library.
+    pub loaded_any: bool,
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -70,7 +80,8 @@ impl Session<'_> {
             gpu: self.gpu.map(GpuInjection::header),
             ..header::header(
                 self.args,
-                self.plans,
+                &self.planned,
+                self.attach.clone(),
                 self.clocks,
                 pids,
                 failures,
@@ -86,20 +97,81 @@ impl Session<'_> {
         writer: &mut TraceWriter,
         analysis: &mut Analysis,
     ) -> Result<Outcome, Failure> {
-        let mut bpf = object::load(&LoadOptions {
+        let bpf = object::load(&LoadOptions {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
             device_prefix: self.device_prefix().to_owned(),
+            map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let (mut attached, failures) = self.attach_probes(&mut bpf)?;
-        programs::attach_process_tracking(&mut bpf).map_err(internal)?;
+        let attacher = Attacher::new(&bpf, self.args.all);
+        self.attach = AttachInfo {
+            scope: match attacher.scope() {
+                Scope::PerProcess => "process",
+                Scope::Host => "host",
+            }
+            .into(),
+            mechanism: attacher.mechanism().into(),
+            fallback_reason: attacher.fallback_reason.clone(),
+            refused: None,
+        };
+        if let (Some(reason), false) = (&attacher.fallback_reason, self.args.quiet) {
+            eprintln!("cudatrace: probing every process that maps the library: {reason}");
+        }
+        // From here on every way out (errors included) continues what the probes stopped.
+        let mut discovery = Discovery::new(
+            bpf,
+            attacher,
+            self.args.missing_probes,
+            self.args.functions.clone(),
+            monotonic_ns,
+        );
+        let explicit: Vec<&FoundLibrary> = self.start.iter().collect();
+        maps::set_library_names(discovery.bpf(), &library_names(&explicit)).map_err(internal)?;
+        maps::allow_stops(discovery.bpf(), true).map_err(internal)?;
+
+        let mut lines: Vec<LibraryLine> = Vec::new();
+        let mut start_ids = Vec::new();
+        for found in std::mem::take(&mut self.start) {
+            let (id, line) = discovery.add(found).map_err(internal)?;
+            start_ids.push(id);
+            lines.extend(line);
+        }
+        self.check_attached(&discovery)?;
+        // What the start libraries' attaching decided (some symbols may have gone to
+        // per-symbol links, some functions been refused).
+        self.attach.mechanism = discovery.attacher.mechanism().into();
+        self.attach.refused = discovery.attacher.refused_reason.clone();
+        programs::attach_process_tracking(discovery.bpf()).map_err(internal)?;
+        let tracefs = tracefs::tracefs().map_err(internal)?;
+        programs::attach_discovery(discovery.bpf(), &tracefs).map_err(internal)?;
+
         let mut pids = self.args.pids.clone();
         for pid in &pids {
-            maps::trace_pid(&mut bpf, *pid).map_err(internal)?;
+            maps::trace_pid(discovery.bpf(), *pid).map_err(internal)?;
+        }
+        // What the processes already map, read after discovery is watching: a library
+        // they open from now on is reported.
+        let mapping: Vec<u32> = if self.args.all {
+            all_pids()
+        } else {
+            pids.clone()
+        };
+        for pid in mapping {
+            // --all probes every process already: nothing to link.
+            lines.extend(
+                discovery
+                    .add_mapped(pid, !self.args.all)
+                    .map_err(internal)?,
+            );
+        }
+        for pid in &self.args.pids {
+            for id in &start_ids {
+                discovery.link(*id, *pid).map_err(internal)?;
+            }
         }
         if self.args.kernel {
-            self.attach_kernel_hooks(&mut bpf, &pids)
+            self.attach_kernel_hooks(discovery.bpf(), &pids)
                 .map_err(internal)?;
         }
 
@@ -118,9 +190,16 @@ impl Session<'_> {
             }
             None => None,
         };
+        // Each traced process holds two link fds per library: raise our own fd limit, once
+        // the command has been forked with the limit it would have had anyway.
+        raise_open_files_limit();
         if let Some(gated) = &gated {
             pids.insert(0, gated.pid);
-            maps::trace_pid(&mut bpf, gated.pid).map_err(internal)?;
+            maps::trace_pid(discovery.bpf(), gated.pid).map_err(internal)?;
+            // Its probes exist before its exec: they apply to the image it execs.
+            for id in &start_ids {
+                discovery.link(*id, gated.pid).map_err(internal)?;
+            }
         }
         // Signals and the exit watch are set up before the header: from the moment the
         // trace file says tracing started, SIGINT/SIGTERM must end in a footer, and a
@@ -129,30 +208,38 @@ impl Session<'_> {
             .enable_all()
             .build()
             .map_err(|e| internal(e.into()))?;
-        let watched = gated
-            .as_ref()
-            .map(|g| g.pid)
-            .or_else(|| self.args.pids.first().copied());
+        // The command when there is one, else every `-p` target: tracing ends when the
+        // last of them exits.
+        let watched: Vec<u32> = match &gated {
+            Some(gated) => vec![gated.pid],
+            None => self.args.pids.clone(),
+        };
         let watch_setup = {
             let _context = runtime.enter();
-            Watches::new(watched)
+            Watches::new(&watched)
         };
         let watches = watch_setup.map_err(internal)?;
-        let failure_info = failures
-            .into_iter()
-            .map(|f| AttachFailureInfo {
-                symbol: f.symbol,
-                error: f.error,
+        self.planned = discovery.plans.clone();
+        let failure_info = discovery
+            .failures
+            .iter()
+            .map(|(_, f)| AttachFailureInfo {
+                symbol: f.symbol.clone(),
+                error: f.error.clone(),
             })
             .collect();
+        let header_error = |e: std::io::Error| {
+            Failure::new(
+                ExitCode::OutputNotWritable,
+                anyhow!("writing the trace header: {e}"),
+            )
+        };
         writer
             .header(&self.header(&pids, failure_info))
-            .map_err(|e| {
-                Failure::new(
-                    ExitCode::OutputNotWritable,
-                    anyhow!("writing the trace header: {e}"),
-                )
-            })?;
+            .map_err(header_error)?;
+        for line in &lines {
+            writer.write(line).map_err(header_error)?;
+        }
 
         // The sampler starts before the command does: its first samples are the GPUs'
         // power before the command touched them.
@@ -173,18 +260,7 @@ impl Session<'_> {
             None => None,
         };
         if !self.args.quiet {
-            let libraries: Vec<String> = self
-                .plans
-                .iter()
-                .map(|plan| plan.library.describe())
-                .collect();
-            eprintln!(
-                "cudatrace: {} probes ({}) on {}; tracing {}",
-                self.plans.probe_count(),
-                attached.mechanism(),
-                libraries.join(", "),
-                describe_targets(self.args, &pids)
-            );
+            self.say_what_is_traced(&discovery, &pids);
             if let Some(gpu) = self.gpu {
                 eprintln!(
                     "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
@@ -195,50 +271,79 @@ impl Session<'_> {
             }
         }
         let mut pipeline = Pipeline::new(
-            Decoder::new(self.plans, self.kernel_functions().map_err(internal)?),
+            Decoder::new(self.kernel_functions().map_err(internal)?),
+            &mut discovery,
             analysis,
             writer,
             self.gpu.is_some(),
         );
         let loop_result = runtime.block_on(event_loop(
-            &mut bpf,
-            &mut attached,
             &mut pipeline,
             watches,
             child,
             self.args.quiet,
             power,
         ));
+        pipeline.writer.footer.stops = pipeline.discovery.stops.clone();
+        self.loaded_any = discovery.loaded_any;
+        discovery.finish();
         loop_result.map_err(internal)
     }
 
-    /// Attaches every plan; symbols that failed are reported by `--missing-probes`.
-    fn attach_probes(&self, bpf: &mut Ebpf) -> Result<(Attached, Vec<AttachFailure>), Failure> {
-        let mut attached = Attached::default();
-        let failures = match attach::attach(bpf, self.plans, &mut attached) {
-            Ok(failures) => failures,
-            Err(e) => {
-                attach::detach_all(bpf, &mut attached);
-                return Err(internal(e));
-            }
-        };
-        if !failures.is_empty() {
-            let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
-            self.args.missing_probes.apply("failed to attach", &names)?;
-            if failures.len() == self.plans.probe_count() {
-                let paths: Vec<String> = self
-                    .plans
-                    .iter()
-                    .map(|plan| plan.library.path.display().to_string())
-                    .collect();
-                return Err(internal(anyhow!(
-                    "no probe could be attached to {}: {}",
-                    paths.join(", "),
-                    failures[0].error
-                )));
-            }
+    /// Symbols that failed to attach are reported by `--missing-probes`; nothing attached
+    /// at all is an error.
+    fn check_attached(&self, discovery: &Discovery) -> Result<(), Failure> {
+        if discovery.failures.is_empty() {
+            return Ok(());
         }
-        Ok((attached, failures))
+        let names: Vec<&str> = discovery
+            .failures
+            .iter()
+            .map(|(_, f)| f.symbol.as_str())
+            .collect();
+        self.args
+            .missing_probes
+            .apply("functions failed to attach", &names)?;
+        if discovery.failures.len() == discovery.plans.probe_count() {
+            let paths: Vec<String> = discovery
+                .plans
+                .iter()
+                .map(|plan| plan.library.path.display().to_string())
+                .collect();
+            return Err(internal(anyhow!(
+                "no probe could be attached to {}: {}",
+                paths.join(", "),
+                discovery.failures[0].1.error
+            )));
+        }
+        Ok(())
+    }
+
+    fn say_what_is_traced(&self, discovery: &Discovery, pids: &[u32]) {
+        let scope = match discovery.attacher.scope() {
+            Scope::PerProcess => "per traced process",
+            Scope::Host => "for every process",
+        };
+        let targets = describe_targets(self.args, pids);
+        if discovery.plans.is_empty() {
+            eprintln!(
+                "cudatrace: no library found at start; libraries are attached as traced \
+                 processes load them ({}, {scope}); tracing {targets}",
+                discovery.attacher.mechanism()
+            );
+            return;
+        }
+        let libraries: Vec<String> = discovery
+            .plans
+            .iter()
+            .map(|plan| plan.library.describe())
+            .collect();
+        eprintln!(
+            "cudatrace: {} probes ({}, {scope}) on {}; tracing {targets}",
+            discovery.plans.probe_count(),
+            discovery.attacher.mechanism(),
+            libraries.join(", "),
+        );
     }
 
     fn device_prefix(&self) -> &str {
@@ -307,6 +412,35 @@ fn internal_spawn(e: spawn::SpawnError) -> Failure {
         _ => ExitCode::Internal,
     };
     Failure::new(code, e)
+}
+
+/// Raises the soft limit of open files to the hard one (per-process probes take two fds
+/// per traced process and library).
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Every process but this one (`--all`: what they map is attached at start).
+fn all_pids() -> Vec<u32> {
+    let own = std::process::id();
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|pid| *pid != own)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn describe_targets(args: &RunArgs, pids: &[u32]) -> String {

@@ -23,6 +23,9 @@ pub struct CallLine {
     pub ts_ns: u64,
     pub dur_ns: u64,
     pub ret: u32,
+    /// The id of the library file the call went into (its `library` line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lib: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ret_name: Option<Cow<'static, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -103,6 +106,77 @@ pub struct CallLine {
     pub count: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<i32>,
+    /// `numLibraryOptions` of `cuLibraryLoad*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub library_option_count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// The `CUgraph` a graph exec (`graph`) is instantiated or updated from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_graph: Option<Hex>,
+    /// `cuGraphExecUpdate*`'s update result, `cuGraphInstantiateWithParams`'s result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_result: Option<u32>,
+    /// A `CUipcMemHandle`'s bytes as hex, in memory order (see docs/trace-format.md for
+    /// how many each function gives).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipc_handle: Option<String>,
+    /// A `CUmemLocation`: its type (`device`, `host`, `host_numa`, ...) and id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location_id: Option<i32>,
+    /// A `CUmem_advise` value and its name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice_name: Option<Cow<'static, str>>,
+    /// NCCL: the communicator (`ncclComm_t`) a call works on or created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<Hex>,
+    /// `ncclCommSplit`/`ncclCommShrink`: the communicator created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_comm: Option<Hex>,
+    /// `ncclCommInitAll`: the communicators created, rank 0 first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comms: Vec<Hex>,
+    /// `ncclCommInitRank*`: the first 32 bytes of the `ncclUniqueId`, as hex: the same on
+    /// every rank of the communicator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unique_id: Option<String>,
+    /// NCCL: the caller's rank and the communicator's number of ranks (from the call's
+    /// arguments, or added by the analysis from the communicator's creation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nranks: Option<i32>,
+    /// NCCL: the root rank (rooted collectives), the peer rank (send, receive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<i32>,
+    /// NCCL: the element type's name and size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datatype: Option<Cow<'static, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datatype_size: Option<u64>,
+    /// NCCL: the reduction op (`sum`, `prod`, `max`, `min`, `avg`, `premulsum`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op: Option<Cow<'static, str>>,
+    /// `ncclCommSplit`'s color and key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub color: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<i32>,
+    /// NCCL: the group (`ncclGroupStart` ... `ncclGroupEnd`, outermost, numbered per
+    /// process from 1) a collective was issued in, on it and on the `ncclGroupEnd` that
+    /// ends it (added by the analysis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<u64>,
+    /// Functions outside the catalog (`--functions`): the six register arguments as they
+    /// were, undecoded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<Hex>,
     /// Memory-changing calls: the process's live device bytes after the call (added by
     /// the analysis).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -29,6 +29,12 @@ pub struct Footer {
     pub entries_seen: u64,
     /// Returns with no recorded entry (a call already running when probes attached).
     pub unmatched_returns: u64,
+    /// Calls that entered and never returned: left by `longjmp` or an exception thrown
+    /// through the library (found when a later call or an outer return shows their stack
+    /// unwound). They have no line.
+    pub abandoned_calls: u64,
+    /// Processes stopped so that probes were attached before they went on.
+    pub stops: StopFigures,
     /// Records the loader could not decode.
     pub undecodable: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,6 +88,19 @@ pub struct EventCounts {
     pub gpu_info: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub gpu_error: u64,
+    /// `"type":"library"` lines.
+    pub library: u64,
+}
+
+/// Stops for attaching: each from the stop (in the process's own syscall exit) to the
+/// `SIGCONT` after its probes were attached.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StopFigures {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    /// The kernel could not stop the process: its probes may have come late.
+    pub failed: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
@@ -105,7 +124,27 @@ pub struct LostCounts {
     /// `--gpu`: records CUPTI itself dropped (its buffers were full).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cupti_dropped: Option<u64>,
-    /// Call events lost: `ring_full + too_deep + frames_full`.
+    /// New child processes the traced-process map (or the map of children being created)
+    /// had no room for: not traced, or without their own probes.
+    pub traced_full: u64,
+    /// `--kernel`: NVIDIA device fds the fd map had no room for: their ioctls and mmaps
+    /// are not seen.
+    pub fds_full: u64,
+    /// Opens a pending-open map had no room for: the file is not checked for being a
+    /// probe-set library, or (`--kernel`) an NVIDIA device.
+    pub opens_full: u64,
+    /// `--kernel`: ioctls and mmaps the in-flight map had no room for: their events.
+    pub syscalls_full: u64,
+    /// `--kernel` with kprobes: kernel function calls the in-flight map had no room for.
+    pub kfuncs_full: u64,
+    /// Records still in the ring when a signal-stopped run's last drain ran out of time
+    /// (read and counted, not written).
+    pub not_drained: u64,
+    /// Library opens and forks the loader never heard of because the ring buffer was full
+    /// (their processes were not stopped; their first calls may be missed).
+    pub attach_ring_full: u64,
+    /// Call events lost: `ring_full + too_deep + frames_full` and the calls among
+    /// `not_drained`.
     pub calls: u64,
     /// Everything lost.
     pub total: u64,
@@ -167,6 +206,13 @@ pub struct ProcessMemory {
     pub frees: u64,
     /// Successful frees of memory never seen allocated (allocated before attaching).
     pub unmatched_frees: u64,
+    /// Successful `cuIpcOpenMemHandle`s: other processes' device memory mapped here (not
+    /// in this process's device bytes; absent when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ipc_opens: u64,
+    /// Of those, still open at the end (absent when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub final_ipc_open: u64,
     /// Every allocation never freed (device, physical and host pinned).
     pub leak_count: u64,
     pub leaks: Vec<Leak>,

@@ -45,8 +45,15 @@ pub struct Header {
     pub host: String,
     #[serde(skip_deserializing)]
     pub kernel: String,
+    /// `--functions`: `catalog`, `all`, or the patterns given.
+    #[serde(skip_deserializing)]
+    pub functions: String,
+    /// The first libcuda attached at start (each file attached has a `library` line).
     #[serde(skip_deserializing)]
     pub libcuda: LibcudaInfo,
+    /// Where the probes go and how they are attached.
+    #[serde(skip_deserializing)]
+    pub attach: AttachInfo,
     #[serde(skip_deserializing)]
     pub ring_bytes: u32,
     pub probes: Vec<ProbeInfo>,
@@ -85,18 +92,41 @@ pub struct LibcudaInfo {
     pub standin: bool,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AttachInfo {
+    /// `process`: into each traced process only (uprobe_multi with a pid filter);
+    /// `host`: into every process that maps the library (`--all`, or kernels without
+    /// uprobe_multi), untraced processes' calls being dropped after the trap.
+    pub scope: String,
+    /// `uprobe_multi` (links for many symbols each, Linux 6.6+), `perf_event` (one link
+    /// per symbol), or `uprobe_multi+perf_event` (some symbols went to per-symbol links).
+    pub mechanism: String,
+    /// Why uprobe_multi is not used, where it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
+    /// The kernel's error for the first uprobe_multi link it refused at start (a function
+    /// it cannot probe fails a whole link): the refused functions are in
+    /// `attach_failures`, the others were attached with smaller links.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
 /// One attached symbol.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeInfo {
     /// The attach cookie.
     #[serde(skip_deserializing)]
     pub id: u32,
+    /// The library file's id (its `library` line).
+    #[serde(default)]
+    pub lib: u32,
     /// The exported symbol.
     pub symbol: String,
-    /// The catalog function it belongs to.
+    /// The catalog function it belongs to; outside the catalog, the symbol itself.
     #[serde(skip_deserializing)]
     pub function: String,
-    /// `init`, `context`, `memory`, ... (the catalog's `Family`).
+    /// `init`, `context`, `memory`, ... (the catalog's `Family`); `other` for functions
+    /// outside the catalog, probed generically.
     pub family: String,
 }
 

@@ -12,6 +12,7 @@
 //! | `driver.rs` | [`DriverLine`] | `--kernel`: the NVIDIA module's ioctls, mmaps, Xids |
 //! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
 //! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
+//! | `library.rs` | [`LibraryLine`] | a library file the probes were attached to |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //! | `compact.rs` | | a fast reader for lines exactly as the writer writes them |
 //!
@@ -41,6 +42,7 @@ mod fields;
 mod footer;
 pub mod gpu;
 mod header;
+mod library;
 mod lost;
 mod power;
 mod process;
@@ -48,13 +50,17 @@ mod process;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
-pub use footer::{EventLine, Footer, FooterFigures, GpuFooter, Leak, MemoryFooter, ProcessMemory};
+pub use footer::{
+    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, ProcessMemory,
+    StopFigures,
+};
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
 pub use header::{
-    AttachFailureInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+    AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
 };
+pub use library::LibraryLine;
 pub use lost::LostLine;
 pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
@@ -65,7 +71,7 @@ pub use process::ProcessLine;
 use serde_json::Value;
 
 /// Bumped on any incompatible change of the line schema.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One line of a trace, as read back.
 #[derive(Debug, PartialEq)]
@@ -78,6 +84,7 @@ pub enum Line {
     Power(Box<PowerLine>),
     /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
     Gpu(Box<GpuLine>),
+    Library(Box<LibraryLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -113,6 +120,7 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         LostLine::TYPE => Line::Lost(LostLine::read(&value, bytes)?),
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
         PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
+        LibraryLine::TYPE => Line::Library(Box::new(LibraryLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
         other => match GpuLine::read(other, bytes) {
             Some(line) => Line::Gpu(Box::new(line?)),
@@ -215,6 +223,7 @@ mod tests {
             start_monotonic_ns: Some(100),
             probes: vec![ProbeInfo {
                 id: 0,
+                lib: 0,
                 symbol: "cuInit".into(),
                 function: "cuInit".into(),
                 family: "init".into(),
@@ -224,7 +233,7 @@ mod tests {
         };
         let text = serde_json::to_string(&header).unwrap();
         assert!(
-            text.starts_with(r#"{"type":"header","format":"cudatrace","version":1,"#),
+            text.starts_with(r#"{"type":"header","format":"cudatrace","version":2,"#),
             "{text}"
         );
         assert!(!text.contains("kernel_hooks"), "absent unless --kernel");
@@ -241,10 +250,46 @@ mod tests {
     }
 
     #[test]
+    fn a_library_line_is_written_type_first_and_read_back() {
+        let library = LibraryLine {
+            id: 1,
+            set: "libcuda".into(),
+            path: "/w/libcuda.so.1".into(),
+            device: 2049,
+            inode: 77,
+            found: "opened".into(),
+            pid: Some(9),
+            ts_ns: Some(5),
+            probes: vec![ProbeInfo {
+                id: 111,
+                lib: 1,
+                symbol: "cuInit".into(),
+                function: "cuInit".into(),
+                family: "init".into(),
+            }],
+            ..LibraryLine::default()
+        };
+        let text = serde_json::to_string(&library).unwrap();
+        assert_eq!(
+            text,
+            r#"{"type":"library","id":1,"set":"libcuda","path":"/w/libcuda.so.1","device":2049,"inode":77,"standin":false,"found":"opened","pid":9,"ts_ns":5,"probes":[{"id":111,"lib":1,"symbol":"cuInit","function":"cuInit","family":"init"}],"missing_functions":[]}"#
+        );
+        let Ok(Line::Library(read)) = parse(text.as_bytes()) else {
+            panic!("not a library line")
+        };
+        assert_eq!((read.id, read.probes[0].lib), (1, 1));
+        assert_eq!(read.probes[0].symbol, "cuInit");
+        assert_eq!(
+            parse(br#"{"type":"library","path":"/x"}"#),
+            Err(r#"library line: no valid "id""#.to_owned())
+        );
+    }
+
+    #[test]
     fn the_footer_gives_its_figures_leniently() {
         let footer = Footer {
             exit_code: Some(3),
-            lost: footer::LostCounts {
+            lost: LostCounts {
                 total: 4,
                 ..Default::default()
             },

@@ -86,6 +86,8 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             driver: &result.report.driver,
             gpu: &result.report.gpu,
             power: result.report.power.as_ref(),
+            collectives: &result.report.collectives,
+            devices: &result.report.devices,
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;

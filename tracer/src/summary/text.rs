@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        Report, driver::DriverSummary, gpu::GpuSummary, power::PowerReport, stages::ProcessStages,
-        summarise::TraceInfo, summary::Summary,
+        Report, devices::DevicesSummary, driver::DriverSummary, gpu::GpuSummary,
+        nccl::CollectivesSummary, power::PowerReport, stages::ProcessStages, summarise::TraceInfo,
+        summary::Summary,
     },
     format::{format_bytes, format_ns, plural, shorten},
     schema::{GpuFooter, ProcessMemory},
@@ -31,6 +32,127 @@ pub struct SummaryJson<'a> {
     /// Present for `--power` traces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub power: Option<&'a PowerReport>,
+    /// Present for traces with NCCL collectives.
+    #[serde(skip_serializing_if = "is_empty_collectives")]
+    pub collectives: &'a CollectivesSummary,
+    /// Present when calls went to more than one device.
+    #[serde(skip_serializing_if = "single_device")]
+    pub devices: &'a DevicesSummary,
+}
+
+fn single_device(devices: &&DevicesSummary) -> bool {
+    devices.rows.len() < 2
+}
+
+/// The devices section, when calls went to more than one device.
+fn render_devices(out: &mut String, devices: &DevicesSummary) {
+    if single_device(&devices) {
+        return;
+    }
+    let _ = writeln!(out, "\nBy device (the thread's current context)");
+    let _ = writeln!(
+        out,
+        "  {:>6} {:>9} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11}",
+        "device",
+        "launches",
+        "copies",
+        "copied",
+        "memsets",
+        "set",
+        "allocs",
+        "allocated",
+        "peak live",
+        "live at end"
+    );
+    for row in &devices.rows {
+        let _ = writeln!(
+            out,
+            "  {:>6} {:>9} {:>7} {:>11} {:>7} {:>11} {:>7} {:>11} {:>11} {:>11}",
+            row.device,
+            row.launches,
+            row.copies,
+            format_bytes(row.copy_bytes),
+            row.memsets,
+            format_bytes(row.memset_bytes),
+            row.allocations,
+            format_bytes(row.allocated_bytes),
+            format_bytes(row.peak_live_bytes),
+            format_bytes(row.live_bytes),
+        );
+    }
+    if devices.unattributed > 0 {
+        let _ = writeln!(
+            out,
+            "  {} (launches, copies, memsets, allocations) on no known device",
+            plural(devices.unattributed, "call")
+        );
+    }
+}
+
+fn is_empty_collectives(collectives: &&CollectivesSummary) -> bool {
+    collectives.rows.is_empty()
+}
+
+/// The collectives section: per communicator, rank and op.
+fn render_collectives(out: &mut String, collectives: &CollectivesSummary) {
+    if collectives.rows.is_empty() {
+        return;
+    }
+    let gpu = collectives.rows.iter().any(|row| row.gpu_ns.is_some());
+    let _ = writeln!(out, "\nNCCL collectives, by communicator and rank");
+    let _ = write!(
+        out,
+        "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+        "communicator", "rank", "pid", "op", "calls", "errors", "bytes", "host"
+    );
+    if gpu {
+        let _ = write!(out, " {:>10} {:>11} {:>11}", "gpu", "algbw", "busbw");
+    }
+    out.push('\n');
+    let known = |value: Option<i32>| value.map_or("?".to_owned(), |v| v.to_string());
+    for row in &collectives.rows {
+        let _ = write!(
+            out,
+            "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+            shorten(&row.communicator, 18),
+            format!("{} of {}", known(row.rank), known(row.nranks)),
+            row.pid,
+            row.op,
+            row.calls,
+            row.errors,
+            format_bytes(row.bytes),
+            format_ns(row.host_ns),
+        );
+        if gpu {
+            let rate = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2} GB/s"));
+            let _ = write!(
+                out,
+                " {:>10} {:>11} {:>11}",
+                row.gpu_ns.map_or("-".to_owned(), format_ns),
+                rate(row.algbw_gb_s),
+                rate(row.busbw_gb_s)
+            );
+        }
+        out.push('\n');
+        if row.inner_calls > 0 {
+            let _ = writeln!(
+                out,
+                "  {:<18} {:>9} {:>8} ran as {} inside it ({} calls, counted once, here)",
+                "",
+                "",
+                "",
+                row.inner_functions.join(", "),
+                row.inner_calls
+            );
+        }
+    }
+    if collectives.unattributed_kernels > 0 {
+        let _ = writeln!(
+            out,
+            "  {} NCCL kernels launched outside any collective seen (not attributed)",
+            collectives.unattributed_kernels
+        );
+    }
 }
 
 fn is_empty_gpu(gpu: &&GpuSummary) -> bool {
@@ -264,6 +386,8 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
             );
         }
     }
+    render_devices(&mut out, &report.devices);
+    render_collectives(&mut out, &report.collectives);
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
     if let Some(power) = &report.power {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod nccl;
 pub mod power;
 
 use std::{
@@ -36,18 +37,89 @@ pub struct Standin {
     pub lib: PathBuf,
     pub driver: PathBuf,
     pub demo: PathBuf,
+    /// `cudatrace-bench-loop N [RATE [THREADS]]`: cuCtxSynchronize as fast as it goes.
+    pub bench_loop: PathBuf,
 }
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Compiles with gcc. The output is kept in `CARGO_TARGET_TMPDIR/gcc-cache`, named by
+/// everything that goes into it (the arguments, with the output's directory as a
+/// placeholder, and every `.c`/`.h` file beside each source), and copied from there when
+/// the same build is asked for again: `vm-test`'s guest, where gcc runs about 40 times
+/// slower, then finds what the host's run of the same tests built (it sees the host's
+/// files). Only a finished build is kept.
 pub fn gcc(args: &[&str]) {
+    let output = args
+        .iter()
+        .position(|arg| *arg == "-o")
+        .and_then(|index| args.get(index + 1))
+        .map(Path::new);
+    let cached = output.map(|output| gcc_cache().join(gcc_key(args, output)));
+    if let (Some(output), Some(cached)) = (output, &cached)
+        && std::fs::copy(cached, output).is_ok()
+    {
+        return;
+    }
     let status = Command::new("gcc")
         .args(args)
         .status()
         .expect("running gcc");
     assert!(status.success(), "gcc {args:?} failed");
+    if let (Some(output), Some(cached)) = (output, cached) {
+        // Written aside, then renamed: a reader never sees half a file.
+        let partial = cached.with_extension(format!("partial-{}", std::process::id()));
+        if std::fs::copy(output, &partial).is_ok() {
+            let _ = std::fs::rename(&partial, &cached);
+        }
+    }
+}
+
+fn gcc_cache() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gcc-cache");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// FNV-1a over what makes the build: the arguments (the output's directory, which differs
+/// per test process, written as `$OUT`) and the sources' directories' `.c` and `.h` files.
+fn gcc_key(args: &[&str], output: &Path) -> String {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut feed = |bytes: &[u8]| {
+        for byte in bytes.iter().chain([&0u8]) {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    let out_dir = output.parent().map(|dir| dir.display().to_string());
+    let mut source_dirs: Vec<PathBuf> = Vec::new();
+    for arg in args {
+        let arg = match &out_dir {
+            Some(dir) if !dir.is_empty() => arg.replace(dir.as_str(), "$OUT"),
+            _ => (*arg).to_owned(),
+        };
+        feed(arg.as_bytes());
+        let path = Path::new(&arg);
+        if path.extension().is_some_and(|ext| ext == "c")
+            && let Some(dir) = path.parent()
+            && !source_dirs.iter().any(|known| known == dir)
+        {
+            source_dirs.push(dir.to_owned());
+        }
+    }
+    for dir in source_dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| entries.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
+        files.retain(|f| f.extension().is_some_and(|ext| ext == "c" || ext == "h"));
+        files.sort();
+        for file in files {
+            feed(file.display().to_string().as_bytes());
+            feed(&std::fs::read(&file).unwrap_or_default());
+        }
+    }
+    format!("{hash:016x}")
 }
 
 /// The stand-in libcuda and its programs, built once per test binary.
@@ -76,6 +148,7 @@ pub fn standin() -> &'static Standin {
         for (program, source) in [
             ("cudatrace-driver", "cudatrace_driver.c"),
             ("cudatrace-demo", "demo_inference.c"),
+            ("cudatrace-bench-loop", "bench_loop.c"),
         ] {
             gcc(&[
                 "-O2",
@@ -96,6 +169,7 @@ pub fn standin() -> &'static Standin {
             lib: dir.join("libcuda.so.1"),
             driver: dir.join("cudatrace-driver"),
             demo: dir.join("cudatrace-demo"),
+            bench_loop: dir.join("cudatrace-bench-loop"),
             dir,
         }
     })
@@ -216,15 +290,60 @@ pub fn cudatrace_program_ids() -> Vec<u32> {
         .collect()
 }
 
-/// Runs `f` and asserts that no cudatrace program it loaded is still loaded afterwards
-/// (programs of other, concurrent tracers are left out by comparing ids).
+/// Programs held open by a live process (a file descriptor of the program or of a link
+/// to it): on a machine shared with other test runs, another cudatrace's.
+fn held_programs() -> Vec<u32> {
+    let mut ids = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return ids;
+    };
+    for process in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(process.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(info) = std::fs::read_to_string(fd.path()) else {
+                continue;
+            };
+            ids.extend(info.lines().filter_map(|line| {
+                line.strip_prefix("prog_id:")
+                    .and_then(|id| id.trim().parse::<u32>().ok())
+            }));
+        }
+    }
+    ids
+}
+
+/// cudatrace programs loaded now that were not in `before` and that no live process
+/// holds: what a finished cudatrace left behind. Programs of other, concurrent tracers
+/// are left out (loaded before, or held by their tracer); so are those the kernel frees
+/// within 2 s (a link's release waits for an RCU grace period, so a tracer that exited a
+/// moment ago may still show its programs).
+pub fn programs_left_since(before: &[u32]) -> Vec<u32> {
+    let mut left = Vec::new();
+    for _ in 0..20 {
+        let new: Vec<u32> = cudatrace_program_ids()
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect();
+        if new.is_empty() {
+            return new;
+        }
+        let held = held_programs();
+        left = new.into_iter().filter(|id| !held.contains(id)).collect();
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    left
+}
+
+/// Runs `f` and asserts that no cudatrace program it loaded is still loaded afterwards.
 pub fn assert_no_probe_outlives<T>(f: impl FnOnce() -> T) -> T {
     let before = cudatrace_program_ids();
     let result = f();
-    let left: Vec<u32> = cudatrace_program_ids()
-        .into_iter()
-        .filter(|id| !before.contains(id))
-        .collect();
+    let left = programs_left_since(&before);
     assert!(left.is_empty(), "programs {left:?} outlived cudatrace");
     result
 }

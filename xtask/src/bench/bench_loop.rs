@@ -4,8 +4,9 @@
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// The function every loop calls.
-pub const FUNCTION: &str = "cuCtxSynchronize";
+/// The function every loop calls: the launch, the hot path of a real workload (eleven
+/// arguments, five on the stack).
+pub const FUNCTION: &str = "cuLaunchKernel";
 /// Untimed calls each loop thread makes first (`WARMUP` in standin/bench_loop.c).
 pub const WARMUP: u64 = 1000;
 pub const LOOP_PROGRAM: &str = "cudatrace-bench-loop";

@@ -2,6 +2,8 @@
 
 use std::{ffi::OsString, path::PathBuf};
 
+use super::bench_loop::FUNCTION;
+
 /// Paths and settings every part uses.
 pub struct Env {
     /// target/bench: traces, logs and results.json.
@@ -19,11 +21,14 @@ pub struct Env {
 }
 
 impl Env {
-    /// `cudatrace-bench-loop` with these arguments: `N [RATE THREADS]`.
+    /// `cudatrace-bench-loop CALLS [RATE [THREADS]]` with the defaults filled in (rate 0:
+    /// flat out; 1 thread) and [`FUNCTION`] last.
     pub fn loop_command(&self, args: &[u64]) -> Vec<OsString> {
-        let args = args.iter().map(|n| OsString::from(n.to_string()));
+        let mut numbers = [0, 0, 1];
+        numbers[..args.len()].copy_from_slice(args);
         std::iter::once(self.bench_loop.clone().into_os_string())
-            .chain(args)
+            .chain(numbers.iter().map(|n| OsString::from(n.to_string())))
+            .chain(std::iter::once(OsString::from(FUNCTION)))
             .collect()
     }
 }

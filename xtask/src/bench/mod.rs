@@ -3,7 +3,7 @@
 //! Four parts, each printed as a table at the end and written to target/bench/results.json
 //! (BENCHMARKS.md says what each measures and shows a run):
 //!
-//! - **overhead**: ns per call of `cuCtxSynchronize` in a tight loop
+//! - **overhead**: ns per call of `cuLaunchKernel` in a tight loop
 //!   (`cudatrace-bench-loop`, standin/bench_loop.c) untraced, under the kernel's bare tracefs
 //!   uprobe + uretprobe, under `cudatrace run` and under bpftrace, interleaved round by round;
 //! - **rate**: the loop paced at increasing call rates under `cudatrace run`, with the lost
@@ -58,7 +58,7 @@ pub struct BenchOptions {
     /// Timed calls per overhead run (each condition, each round).
     #[arg(long, default_value_t = 200_000)]
     pub calls: u64,
-    /// Rounds of the four overhead conditions, interleaved (the order rotates each round).
+    /// Rounds of the overhead conditions, interleaved (the order rotates each round).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// Seconds each paced-rate step aims to last (longer when the loop cannot keep pace).

@@ -30,6 +30,8 @@ pub struct Condition {
 pub const BASELINE: &str = "untraced";
 /// The floor the added ns of the other conditions are divided by.
 pub const FLOOR: &str = "tracefs_uprobe_uretprobe";
+/// The untraced loop beside a traced command: compared with the baseline, not the floor.
+pub const BYSTANDER: &str = "bystander";
 
 /// The conditions, in the table's order; the rounds run them in this order, rotated.
 pub const CONDITIONS: &[Condition] = &[
@@ -49,6 +51,16 @@ pub const CONDITIONS: &[Condition] = &[
         tracer: Tracer::CudatraceRun {
             args: &[],
             trace: "overhead.jsonl",
+            bpf_stats: false,
+        },
+    },
+    Condition {
+        key: "cudatrace_bpf_stats",
+        label: "cudatrace run, BPF stats on",
+        tracer: Tracer::CudatraceRun {
+            args: &[],
+            trace: "overhead.jsonl",
+            bpf_stats: true,
         },
     },
     Condition {
@@ -56,12 +68,18 @@ pub const CONDITIONS: &[Condition] = &[
         label: "bpftrace (entry/return pairing)",
         tracer: Tracer::Bpftrace,
     },
+    Condition {
+        key: BYSTANDER,
+        label: "no tracing, beside `cudatrace run` of another command",
+        tracer: Tracer::Bystander,
+    },
 ];
 
 impl Condition {
-    /// Compared with the floor: every condition but the baseline and the floor.
+    /// Compared with the floor: every condition but the baseline, the floor and the
+    /// bystander.
     pub fn compared_to_floor(&self) -> bool {
-        self.key != BASELINE && self.key != FLOOR
+        self.key != BASELINE && self.key != FLOOR && self.key != BYSTANDER
     }
 }
 
@@ -82,6 +100,13 @@ pub struct OverheadResults {
     pub added_ns_ratio_to_floor: BTreeMap<String, Option<f64>>,
     /// The same ratio within each round (a round's conditions ran back to back).
     pub added_ns_ratio_to_floor_per_round: BTreeMap<String, Option<Stats>>,
+    /// The bystander's ns per call over the untraced loop's, from the medians (absent from
+    /// runs before the condition existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bystander_ratio_to_untraced: Option<f64>,
+    /// The same ratio within each round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bystander_ratio_to_untraced_per_round: Option<Stats>,
 }
 
 /// One condition's runs and their figures.
@@ -106,6 +131,47 @@ pub struct OverheadRun {
     /// Events the tracer recorded, checked against the calls made.
     pub recorded: Option<u64>,
     pub lost: Option<u64>,
+    /// With `CUDATRACE_BPF_STATS=1`: each cudatrace program's run count and run time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub programs: BTreeMap<String, ProgramRuns>,
+}
+
+/// One eBPF program's figures over a run, as cudatrace printed them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ProgramRuns {
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+}
+
+impl ProgramRuns {
+    pub fn ns_per_run(&self) -> f64 {
+        self.run_time_ns as f64 / self.run_cnt.max(1) as f64
+    }
+}
+
+/// The `cudatrace: bpf-stats NAME id=N run_cnt=N run_time_ns=N ...` lines of a stderr.
+pub fn parse_program_stats(stderr: &str) -> BTreeMap<String, ProgramRuns> {
+    let mut programs = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("cudatrace: bpf-stats ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        let field = |key: &str| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.parse::<u64>().ok())
+        };
+        if let (Some(run_cnt), Some(run_time_ns)) = (field("run_cnt="), field("run_time_ns=")) {
+            let entry = programs.entry(name.to_owned()).or_insert(ProgramRuns {
+                run_cnt: 0,
+                run_time_ns: 0,
+            });
+            entry.run_cnt += run_cnt;
+            entry.run_time_ns += run_time_ns;
+        }
+    }
+    programs
 }
 
 /// Runs every available condition `rounds` times with `calls` timed calls each.
@@ -178,12 +244,14 @@ fn run_once(point: &AttachPoint, tracer: Tracer, calls: u64) -> Result<OverheadR
     let stopped = stopped?;
     run.ensure_ok(runs_as)?;
     let report = LoopReport::parse(&run.stdout)?;
+    let programs = parse_program_stats(&run.stderr);
     let tally = stopped.tally(&report)?;
     Ok(OverheadRun {
         report,
         interrupts: difference(&before, &after),
         recorded: tally.recorded,
         lost: tally.lost,
+        programs,
     })
 }
 
@@ -241,7 +309,21 @@ fn results(
         Some(Stats::of(&ratios))
     };
     let compared = CONDITIONS.iter().filter(|c| c.compared_to_floor());
+    let bystander_per_round = match (runs.get(BYSTANDER), runs.get(BASELINE)) {
+        (Some(bystander), Some(bases)) => Some(Stats::of(
+            &bystander
+                .iter()
+                .zip(bases)
+                .map(|(r, b)| r.report.ns_per_call / b.report.ns_per_call)
+                .collect::<Vec<_>>(),
+        )),
+        _ => None,
+    };
     OverheadResults {
+        bystander_ratio_to_untraced: median(BYSTANDER)
+            .map(|v| v / base)
+            .filter(|r| r.is_finite()),
+        bystander_ratio_to_untraced_per_round: bystander_per_round,
         calls_per_run: calls,
         rounds,
         tracefs_offset: format!("0x{offset:x}"),
@@ -281,6 +363,7 @@ mod tests {
             interrupts: [("IWI".to_owned(), 20), ("RES".to_owned(), 2)].into(),
             recorded: None,
             lost: None,
+            programs: BTreeMap::new(),
         }
     }
 
@@ -293,7 +376,9 @@ mod tests {
                 "untraced",
                 "tracefs_uprobe_uretprobe",
                 "cudatrace",
-                "bpftrace"
+                "cudatrace_bpf_stats",
+                "bpftrace",
+                "bystander"
             ]
         );
         let compared: Vec<&str> = CONDITIONS
@@ -301,7 +386,21 @@ mod tests {
             .filter(|c| c.compared_to_floor())
             .map(|c| c.key)
             .collect();
-        assert_eq!(compared, ["cudatrace", "bpftrace"]);
+        assert_eq!(compared, ["cudatrace", "cudatrace_bpf_stats", "bpftrace"]);
+    }
+
+    #[test]
+    fn program_stats_lines_are_read_and_summed_by_name() {
+        let stderr = "loop output\n\
+            cudatrace: bpf-stats call_enter id=12 run_cnt=201000 run_time_ns=20100000 ns_per_run=100.0\n\
+            cudatrace: bpf-stats call_return id=13 run_cnt=201000 run_time_ns=30150000 ns_per_run=150.0\n\
+            cudatrace: bpf-stats call_return id=14 run_cnt=0 run_time_ns=0 ns_per_run=0.0\n";
+        let programs = parse_program_stats(stderr);
+        assert_eq!(programs.len(), 2);
+        assert_eq!(programs["call_enter"].run_cnt, 201000);
+        assert_eq!(programs["call_enter"].ns_per_run(), 100.0);
+        assert_eq!(programs["call_return"].run_time_ns, 30150000);
+        assert_eq!(programs["call_return"].ns_per_run(), 150.0);
     }
 
     #[test]
@@ -310,6 +409,7 @@ mod tests {
             (BASELINE, vec![run_at(3.0), run_at(5.0)]),
             (FLOOR, vec![run_at(1003.0), run_at(2005.0)]),
             ("cudatrace", vec![run_at(1103.0), run_at(2005.0)]),
+            (BYSTANDER, vec![run_at(3.3), run_at(5.0)]),
         ]
         .into();
         let results = results(1000, 2, 0x3280, None, Vec::new(), &runs);
@@ -325,6 +425,19 @@ mod tests {
         assert!(!results.conditions.contains_key("bpftrace"));
         assert_eq!(results.added_ns_ratio_to_floor["bpftrace"], None);
         assert_eq!(results.added_ns_ratio_to_floor_per_round["bpftrace"], None);
+        // The bystander against the baseline: medians 4.15 / 4, and 1.1, 1.0 per round.
+        let bystander = results.bystander_ratio_to_untraced.unwrap();
+        assert!((bystander - 4.15 / 4.0).abs() < 1e-12, "{bystander}");
+        assert_eq!(
+            results
+                .bystander_ratio_to_untraced_per_round
+                .unwrap()
+                .values
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(!results.added_ns_ratio_to_floor.contains_key(BYSTANDER));
         let untraced = &results.conditions[BASELINE];
         assert_eq!(untraced.label, "no tracing");
         assert_eq!(untraced.sys_ns_per_call.median, Some(0.5));

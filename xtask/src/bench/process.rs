@@ -166,6 +166,11 @@ impl Background {
     }
 
     pub fn stop(&mut self) -> Result<()> {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// Stops it with `signal` (then SIGKILL after 30 s).
+    pub fn stop_with(&mut self, signal: libc::c_int) -> Result<()> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
@@ -173,7 +178,7 @@ impl Background {
             return Ok(());
         }
         // SAFETY: our own child's pid, not yet reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if child.try_wait()?.is_some() {
@@ -189,7 +194,7 @@ impl Background {
         child.kill()?;
         child.wait()?;
         bail!(
-            "{} did not stop on SIGINT in 30 s ({state}, wchan {wchan}; stack: {}); killed",
+            "{} did not stop on signal {signal} in 30 s ({state}, wchan {wchan}; stack: {}); killed",
             self.name,
             stack.lines().take(6).collect::<Vec<_>>().join(" < ")
         )

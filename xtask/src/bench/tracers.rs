@@ -3,17 +3,21 @@
 
 use std::{
     ffi::OsString,
+    fs,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 
 use super::{
     bench_loop::{LOOP_PROGRAM, LoopReport},
     bpftrace::{self, Bpftrace},
     cudatrace::{Footer, cudatrace_run},
     env::Env,
+    process::{Background, check_interrupted},
     tracefs::TracefsProbes,
 };
 
@@ -26,13 +30,18 @@ pub enum Tracer {
     /// The kernel's bare tracefs `p:` + `r:` uprobe events: the floor.
     TracefsFloor,
     /// `cudatrace run` of the loop, with these arguments before `--`, writing `trace` (a
-    /// file in target/bench).
+    /// file in target/bench); with `bpf_stats`, `CUDATRACE_BPF_STATS=1`: cudatrace prints
+    /// its programs' run time and count (the kernel's statistics, on for the run).
     CudatraceRun {
         args: &'static [&'static str],
         trace: &'static str,
+        bpf_stats: bool,
     },
     /// bpftrace pairing entries and returns as cudatrace does.
     Bpftrace,
+    /// Nothing on the loop, while `cudatrace run` traces another process that uses the same
+    /// library (`cudatrace-driver sleep`): what a bystander pays.
+    Bystander,
 }
 
 /// Where a tracer attaches: the function's library and its file offset.
@@ -51,8 +60,14 @@ pub enum Attached {
     CudatraceRun {
         args: &'static [&'static str],
         trace: PathBuf,
+        bpf_stats: bool,
     },
     Bpftrace(Bpftrace),
+    /// `cudatrace run` of another command, in the background, and its trace.
+    Bystander {
+        cudatrace: Background,
+        trace: PathBuf,
+    },
 }
 
 /// What a stopped tracer holds, to be checked against the loop's report.
@@ -68,6 +83,10 @@ pub enum Stopped {
     /// bpftrace's output, with its histogram.
     Bpftrace {
         log: String,
+    },
+    /// The trace of the other command.
+    Bystander {
+        trace: PathBuf,
     },
 }
 
@@ -88,14 +107,24 @@ impl Tracer {
                 &env.libcuda,
                 target.offset,
             )?),
-            Tracer::CudatraceRun { args, trace } => Attached::CudatraceRun {
+            Tracer::CudatraceRun {
+                args,
+                trace,
+                bpf_stats,
+            } => Attached::CudatraceRun {
                 args,
                 trace: env.out.join(trace),
+                bpf_stats,
             },
             Tracer::Bpftrace => Attached::Bpftrace(Bpftrace::attach(
                 &env.libcuda,
                 env.out.join("bpftrace.txt"),
             )?),
+            Tracer::Bystander => {
+                let trace = env.out.join("bystander.jsonl");
+                let cudatrace = start_other_command(env, &trace)?;
+                Attached::Bystander { cudatrace, trace }
+            }
         })
     }
 
@@ -113,7 +142,17 @@ impl Attached {
     /// The command that runs the loop (`loop_command`, program first) under this tracer.
     pub fn command(&self, env: &Env, loop_command: &[OsString]) -> Command {
         match self {
-            Attached::CudatraceRun { args, trace } => cudatrace_run(env, trace, args, loop_command),
+            Attached::CudatraceRun {
+                args,
+                trace,
+                bpf_stats,
+            } => {
+                let mut command = cudatrace_run(env, trace, args, loop_command);
+                if *bpf_stats {
+                    command.env("CUDATRACE_BPF_STATS", "1");
+                }
+                command
+            }
             _ => {
                 let mut command = Command::new(&loop_command[0]);
                 command.args(&loop_command[1..]);
@@ -143,7 +182,70 @@ impl Attached {
             Attached::Bpftrace(bpftrace) => Stopped::Bpftrace {
                 log: bpftrace.stop()?,
             },
+            Attached::Bystander {
+                mut cudatrace,
+                trace,
+            } => {
+                // SIGTERM: cudatrace passes it on to its command.
+                cudatrace.stop_with(libc::SIGTERM)?;
+                Stopped::Bystander { trace }
+            }
         })
+    }
+}
+
+/// Every call line of `trace` is its command's (the header's first pid): the loop beside
+/// it was not traced.
+fn check_only_the_command_is_traced(trace: &Path) -> Result<()> {
+    let text = fs::read_to_string(trace)?;
+    let mut lines = text.lines().map(serde_json::from_str::<serde_json::Value>);
+    let header = lines.next().context("empty trace")??;
+    let command = header["pids"][0].as_u64().context("no pid in the header")?;
+    for line in lines {
+        let line = line?;
+        if line["type"] == "call" {
+            ensure!(
+                line["pid"].as_u64() == Some(command),
+                "{} traced a call of pid {} beside its command {command}",
+                trace.display(),
+                line["pid"]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `cudatrace run -- cudatrace-driver sleep 3600` in the background, once the driver's
+/// `cuInit` is in its trace (its probes are attached).
+fn start_other_command(env: &Env, trace: &Path) -> Result<Background> {
+    let _ = fs::remove_file(trace);
+    let driver = env.standin.join("cudatrace-driver");
+    let child = cudatrace_run(
+        env,
+        trace,
+        &[],
+        &[driver.as_os_str(), "sleep".as_ref(), "3600".as_ref()],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .spawn()
+    .context("starting cudatrace run of cudatrace-driver sleep")?;
+    let mut background = Background::new(child, "cudatrace run (bystander)");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        check_interrupted()?;
+        let text = fs::read_to_string(trace).unwrap_or_default();
+        if text.contains(r#""name":"cuInit""#) {
+            return Ok(background);
+        }
+        if let Some(status) = background.try_wait()? {
+            bail!("cudatrace run of cudatrace-driver sleep exited ({status}) before tracing");
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "cudatrace run of cudatrace-driver sleep did not trace its cuInit in 120 s"
+        );
+        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -183,6 +285,14 @@ impl Stopped {
                 recorded: Some(bpftrace::check_histogram(&log, calls)?),
                 lost: None,
             },
+            Stopped::Bystander { trace } => {
+                Footer::read(&trace)?;
+                check_only_the_command_is_traced(&trace)?;
+                Tally {
+                    recorded: None,
+                    lost: None,
+                }
+            }
         })
     }
 }

@@ -90,11 +90,12 @@ fn standin() -> (PathBuf, PathBuf) {
 fn setup() -> (Ebpf, Library, Plan) {
     let (lib_path, _) = standin();
     let lib = Library::open(&LIBCUDA, &lib_path).unwrap();
-    let plan = Plan::new(&LIBCUDA, &lib, 0);
+    let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &Default::default());
     let mut bpf = object::load(&LoadOptions {
         trace_all: false,
         ring_bytes: 1 << 22,
         device_prefix: crate::kernel_hooks::DEVICE_PREFIX.into(),
+        map_entries: Vec::new(),
     })
     .unwrap();
     let mut specs: Array<_, ProbeSpec> = Array::try_from(bpf.map_mut("SPECS").unwrap()).unwrap();
@@ -208,7 +209,10 @@ fn traces_the_sequence_with_cookies_and_detaches_at_once() {
     let mut calls = Vec::new();
     while let Some(item) = ring.next() {
         if let Ok(RawEvent::Call { call, .. }) = decode(&item) {
-            assert!(matches!(call.header.kind, kind::CALL | kind::CALL_DATA));
+            assert!(matches!(
+                call.header.kind,
+                kind::CALL | kind::CALL_DATA | kind::CALL_STRING
+            ));
             calls.push(call);
         }
     }

@@ -1,0 +1,354 @@
+/*
+ * libnccl_standin.c -- cudatrace's STAND-IN libnccl.so.2, for tests ONLY.
+ *
+ *      THIS IS NOT NVIDIA'S NCCL.  It does no communication and no GPU work.
+ *
+ * It exports the NCCL functions cudatrace probes under their real names with their
+ * real signatures (nccl.h of NCCL 2.28, x86-64 SysV: same argument order and widths;
+ * the 128-byte ncclUniqueId passed by value), each also as its profiling alias
+ * pnccl* at the SAME address, as NCCL 2.28 exports them.  Every function checks a few
+ * arguments the way NCCL does, fills its outputs with deterministic values and
+ * returns.  No sleeping, no printing.
+ *
+ * Build (see standin/README.md):
+ *   gcc -shared -fPIC -O2 -fno-ipa-icf -g -Wall -Wextra -Werror \
+ *       -Wl,-soname,libnccl.so.2 -o OUT/libnccl.so.2 standin/libnccl_standin.c
+ *
+ * -fno-ipa-icf: functions with identical bodies (ncclGather, ncclScatter) must stay
+ * functions of their own, at addresses of their own.
+ *
+ * The marker `cudatrace_standin_libnccl` lets the tracer tell the stand-in from NCCL.
+ *
+ * Deterministic values:
+ *  - Communicators (ncclCommInitRank*, ncclCommInitAll, ncclCommSplit, ncclCommShrink)
+ *    are 0x2000 + 0x10 * n, n counting communicators made in the process, in call
+ *    order; ncclCommInitAll makes ndev of them, comms[i] being rank i of ndev, on
+ *    device devlist[i] (or i without a devlist).  ncclCommInitRank* record the rank,
+ *    nranks and device 0 (so ncclCommCuDevice gives 0); a split child has rank 0 of 1.
+ *    At most 64 communicators per process; more give ncclInternalError (3).
+ *  - ncclGetVersion reports 22809 (2.28.9); ncclMemAlloc returns 0x7e0000000000 plus
+ *    the sizes allocated before it.
+ *  - ncclBcast(buff, ...) calls ncclBroadcast(buff, buff, ...), as NCCL's does.
+ * Errors that mirror NCCL:
+ *  - NULL output pointer, NULL or unknown comm         -> ncclInvalidArgument (4)
+ *  - nranks < 1, rank outside [0, nranks)               -> ncclInvalidArgument (4)
+ *  - datatype >= 12, op outside [0, 5)                  -> ncclInvalidArgument (4)
+ *  - root or peer outside [0, nranks)                   -> ncclInvalidArgument (4)
+ *  - ncclGroupEnd without ncclGroupStart                -> ncclInvalidUsage (5)
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EXPORT __attribute__((visibility("default")))
+/* The profiling alias: the same function at the same address. */
+#define ALIAS(name) extern __typeof__(name) p##name __attribute__((alias(#name))) EXPORT;
+
+EXPORT const char cudatrace_standin_libnccl[] =
+    "cudatrace stand-in libnccl (not NVIDIA's NCCL)";
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+} ncclResult_t;
+
+typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+_Static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes");
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+typedef void *cudaStream_t;
+typedef struct ncclConfig ncclConfig_t;
+
+#define MAX_COMMS 64
+#define FIRST_COMM 0x2000u
+#define NUM_TYPES 12
+#define NUM_OPS 5
+
+struct comm_info {
+    int rank, nranks, device;
+};
+static struct comm_info comms[MAX_COMMS];
+static unsigned made;
+static int group_depth;
+static uint64_t mem_cursor = 0x7e0000000000ull;
+
+static ncclResult_t new_comm(ncclComm_t *out, int rank, int nranks, int device)
+{
+    if (made >= MAX_COMMS)
+        return ncclInternalError;
+    comms[made] = (struct comm_info){ rank, nranks, device };
+    *out = (ncclComm_t)(uintptr_t)(FIRST_COMM + 0x10u * made);
+    made++;
+    return ncclSuccess;
+}
+
+static struct comm_info *info(ncclComm_t comm)
+{
+    uintptr_t handle = (uintptr_t)comm;
+    if (handle < FIRST_COMM || (handle - FIRST_COMM) % 0x10 != 0)
+        return NULL;
+    uintptr_t index = (handle - FIRST_COMM) / 0x10;
+    return index < made ? &comms[index] : NULL;
+}
+
+EXPORT ncclResult_t ncclGetVersion(int *version)
+{
+    if (version == NULL)
+        return ncclInvalidArgument;
+    *version = 22809;
+    return ncclSuccess;
+}
+ALIAS(ncclGetVersion)
+
+EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+    (void)commId;
+    if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
+        return ncclInvalidArgument;
+    return new_comm(comm, rank, nranks, 0);
+}
+ALIAS(ncclCommInitRank)
+
+EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId,
+                                           int rank, ncclConfig_t *config)
+{
+    (void)config;
+    return ncclCommInitRank(comm, nranks, commId, rank);
+}
+ALIAS(ncclCommInitRankConfig)
+
+EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int myrank, int nId,
+                                             ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    (void)config;
+    if (comm == NULL || commIds == NULL || nId < 1 || nranks < 1 || myrank < 0 ||
+        myrank >= nranks)
+        return ncclInvalidArgument;
+    return new_comm(comm, myrank, nranks, 0);
+}
+ALIAS(ncclCommInitRankScalable)
+
+EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
+{
+    if (comm == NULL || ndev < 1)
+        return ncclInvalidArgument;
+    for (int i = 0; i < ndev; i++) {
+        ncclResult_t rc = new_comm(&comm[i], i, ndev, devlist ? devlist[i] : i);
+        if (rc != ncclSuccess)
+            return rc;
+    }
+    return ncclSuccess;
+}
+ALIAS(ncclCommInitAll)
+
+EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                                  ncclConfig_t *config)
+{
+    (void)color;
+    (void)key;
+    (void)config;
+    struct comm_info *parent = info(comm);
+    if (parent == NULL || newcomm == NULL)
+        return ncclInvalidArgument;
+    return new_comm(newcomm, 0, 1, parent->device);
+}
+ALIAS(ncclCommSplit)
+
+EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+                                   ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
+{
+    (void)excludeRanksList;
+    (void)config;
+    (void)shrinkFlags;
+    struct comm_info *parent = info(comm);
+    if (parent == NULL || newcomm == NULL || excludeRanksCount < 0 ||
+        excludeRanksCount >= parent->nranks)
+        return ncclInvalidArgument;
+    return new_comm(newcomm, 0, parent->nranks - excludeRanksCount, parent->device);
+}
+ALIAS(ncclCommShrink)
+
+static ncclResult_t comm_only(ncclComm_t comm)
+{
+    return info(comm) ? ncclSuccess : ncclInvalidArgument;
+}
+
+EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) { return comm_only(comm); }
+ALIAS(ncclCommFinalize)
+EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) { return comm_only(comm); }
+ALIAS(ncclCommDestroy)
+EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) { return comm_only(comm); }
+ALIAS(ncclCommAbort)
+
+EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    struct comm_info *c = info(comm);
+    if (c == NULL || count == NULL)
+        return ncclInvalidArgument;
+    *count = c->nranks;
+    return ncclSuccess;
+}
+ALIAS(ncclCommCount)
+
+EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    struct comm_info *c = info(comm);
+    if (c == NULL || rank == NULL)
+        return ncclInvalidArgument;
+    *rank = c->rank;
+    return ncclSuccess;
+}
+ALIAS(ncclCommUserRank)
+
+EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
+{
+    struct comm_info *c = info(comm);
+    if (c == NULL || device == NULL)
+        return ncclInvalidArgument;
+    *device = c->device;
+    return ncclSuccess;
+}
+ALIAS(ncclCommCuDevice)
+
+EXPORT ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    if (ptr == NULL || size == 0)
+        return ncclInvalidArgument;
+    *ptr = (void *)(uintptr_t)mem_cursor;
+    mem_cursor += size;
+    return ncclSuccess;
+}
+ALIAS(ncclMemAlloc)
+
+EXPORT ncclResult_t ncclMemFree(void *ptr)
+{
+    (void)ptr;
+    return ncclSuccess;
+}
+ALIAS(ncclMemFree)
+
+/* A collective's common checks; root_or_peer < 0 means none. */
+static ncclResult_t check(ncclComm_t comm, ncclDataType_t datatype, int op, int root_or_peer)
+{
+    struct comm_info *c = info(comm);
+    if (c == NULL || datatype < 0 || datatype >= NUM_TYPES || op < 0 || op >= NUM_OPS)
+        return ncclInvalidArgument;
+    if (root_or_peer != -1 && (root_or_peer < 0 || root_or_peer >= c->nranks))
+        return ncclInvalidArgument;
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                  cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, op, -1);
+}
+ALIAS(ncclAllReduce)
+
+EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                                  ncclDataType_t datatype, int root, ncclComm_t comm,
+                                  cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, root);
+}
+ALIAS(ncclBroadcast)
+
+/* As NCCL 2.28 does, ncclBcast is ncclBroadcast in place, called through the exported
+ * symbol (-fPIC keeps it interposable, so it is a real call into the probed function,
+ * never inlined): a trace has an ncclBroadcast line inside each ncclBcast. */
+EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+                              ncclComm_t comm, cudaStream_t stream)
+{
+    return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+ALIAS(ncclBcast)
+
+EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+                               ncclDataType_t datatype, ncclRedOp_t op, int root,
+                               ncclComm_t comm, cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, op, root);
+}
+ALIAS(ncclReduce)
+
+EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)sendcount, (void)stream;
+    return check(comm, datatype, 0, -1);
+}
+ALIAS(ncclAllGather)
+
+EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                      cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)recvcount, (void)stream;
+    return check(comm, datatype, op, -1);
+}
+ALIAS(ncclReduceScatter)
+
+EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+                                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, -1);
+}
+ALIAS(ncclAlltoAll)
+
+EXPORT ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count,
+                               ncclDataType_t datatype, int root, ncclComm_t comm,
+                               cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, root);
+}
+ALIAS(ncclGather)
+
+EXPORT ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
+                                ncclDataType_t datatype, int root, ncclComm_t comm,
+                                cudaStream_t stream)
+{
+    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, root);
+}
+ALIAS(ncclScatter)
+
+EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                             ncclComm_t comm, cudaStream_t stream)
+{
+    (void)sendbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, peer);
+}
+ALIAS(ncclSend)
+
+EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                             ncclComm_t comm, cudaStream_t stream)
+{
+    (void)recvbuff, (void)count, (void)stream;
+    return check(comm, datatype, 0, peer);
+}
+ALIAS(ncclRecv)
+
+EXPORT ncclResult_t ncclGroupStart(void)
+{
+    group_depth++;
+    return ncclSuccess;
+}
+ALIAS(ncclGroupStart)
+
+EXPORT ncclResult_t ncclGroupEnd(void)
+{
+    if (group_depth == 0)
+        return ncclInvalidUsage;
+    group_depth--;
+    return ncclSuccess;
+}
+ALIAS(ncclGroupEnd)

@@ -1,0 +1,929 @@
+//! Root tests of library discovery and per-process probes: libraries `dlopen()`ed from
+//! paths no search knows and called at once (with `--functions`' selection, their refused
+//! functions split off), several copies of libcuda each attributed,
+//! a library in a mount namespace of its own, `-p` finding it in the maps, fork children
+//! calling at once, shells and Python's subprocess as parents of stopped children, pid
+//! namespaces, bystanders without breakpoints, calls abandoned by `longjmp`, no process
+//! left stopped (or killed while stopped), `--lib`, and the no-library warning.
+//! The program under test is `tests/c/loader.c` (not linked against libcuda).
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read},
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use common::*;
+use object::{Object, ObjectSegment, ObjectSymbol};
+use serde_json::Value;
+
+/// `tests/c/loader.c`, built once.
+fn loader() -> &'static Path {
+    static LOADER: OnceLock<PathBuf> = OnceLock::new();
+    LOADER.get_or_init(|| {
+        let program = scratch("loader-bin").join("loader");
+        gcc(&[
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/loader.c"),
+        ]);
+        program
+    })
+}
+
+/// A copy of the stand-in libcuda at `dir/relative`: a file of its own (another inode),
+/// where no search looks.
+fn copy_standin(dir: &Path, relative: &str) -> PathBuf {
+    let path = dir.join(relative);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::copy(&standin().lib, &path).unwrap();
+    path
+}
+
+fn cudatrace(trace: &Path, extra: &[&str], command: &[&str]) -> Output {
+    Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(trace)
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("running cudatrace")
+}
+
+/// Calls per (name, pid, lib).
+fn call_counts(trace: &[Value]) -> BTreeMap<(String, u64, u64), u64> {
+    let mut counts = BTreeMap::new();
+    for call in calls(trace) {
+        let key = (
+            call["name"].as_str().unwrap().to_owned(),
+            call["pid"].as_u64().unwrap(),
+            call["lib"]
+                .as_u64()
+                .expect("every call line names its library"),
+        );
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+}
+
+fn libraries(trace: &[Value]) -> Vec<&Value> {
+    trace.iter().filter(|l| l["type"] == "library").collect()
+}
+
+/// The id of the library line with this path.
+fn library_id(trace: &[Value], path: &Path) -> u64 {
+    libraries(trace)
+        .iter()
+        .find(|l| l["path"] == path.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no library line for {}", path.display()))["id"]
+        .as_u64()
+        .unwrap()
+}
+
+fn footer(trace: &[Value]) -> &Value {
+    trace.last().unwrap()
+}
+
+fn command_pid(trace: &[Value]) -> u64 {
+    trace[0]["pids"][0].as_u64().unwrap()
+}
+
+/// The header of a trace being written: its first line, once whole.
+fn header_of(path: &Path) -> Value {
+    wait_for_trace(path, HEADER);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap();
+        if let Some((line, _)) = text.split_once('\n') {
+            return serde_json::from_str(line).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn key(name: &str, pid: u64, lib: u64) -> (String, u64, u64) {
+    (name.to_owned(), pid, lib)
+}
+
+#[test]
+fn a_library_dlopened_from_an_unknown_path_is_traced_from_its_first_call() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dlopen");
+    let lib = copy_standin(&dir, "site-packages/nvidia/cu13/lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "calls",
+            "100",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    assert_eq!(
+        (&line["found"], &line["pid"], &line["set"], &line["standin"]),
+        (
+            &Value::from("opened"),
+            &Value::from(pid),
+            &Value::from("libcuda"),
+            &Value::from(true)
+        )
+    );
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([
+            (key("cuInit", pid, id), 1),
+            (key("cuCtxSynchronize", pid, id), 100)
+        ]),
+        "cuInit, called right after dlopen, is there"
+    );
+    let stops = &footer(&trace)["stops"];
+    assert!(stops["count"].as_u64().unwrap() >= 1, "{stops}");
+    assert_eq!(stops["failed"], 0);
+}
+
+#[test]
+fn a_library_found_later_gets_the_same_function_selection() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dlopen-functions");
+    let lib = copy_standin(&dir, "wheel/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &["--functions", "cuInit"],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "calls",
+            "3",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let probes: Vec<&str> = line["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (&line["found"], probes),
+        (&Value::from("opened"), vec!["cuInit"])
+    );
+    // cuCtxSynchronize (3 calls) is not selected, in this library as at start.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuInit", pid, id), 1)])
+    );
+}
+
+#[test]
+fn a_library_found_later_has_its_refused_functions_split_off() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dlopen-refused");
+    // cuLocked starts with a LOCK-prefixed instruction, which uprobes refuse. The library
+    // is linked for the process when it opens it, before it maps it, so only cudatrace's
+    // own check finds the refusal.
+    let lib = dir.join("deep/libcuda.so.1");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    gcc(&[
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-o",
+        lib.to_str().unwrap(),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/unprobeable.c"),
+    ]);
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &["--functions", "all", "--missing-probes", "ignore"],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "reopen",
+            "2",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let probes: Vec<&str> = line["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    assert_eq!(probes, ["cuInit"]);
+    let failures = line["attach_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{line}");
+    assert_eq!(failures[0]["symbol"], "cuLocked");
+    assert!(
+        failures[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("os error 524"),
+        "ENOTSUPP: {line}"
+    );
+    // The other function is traced, in each of the two opens.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuInit", pid, id), 2)])
+    );
+}
+
+#[test]
+fn copies_of_libcuda_are_each_attached_once_and_named_on_their_calls() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("copies");
+    let first = copy_standin(&dir, "one/libcuda.so.1");
+    let second = copy_standin(&dir, "compat/libcuda.so.580.159.04");
+    let trace_path = dir.join("trace.jsonl");
+    let script = format!(
+        "{loader} {first} calls 3 && {loader} {second} calls 5 && {driver} child",
+        loader = loader().display(),
+        first = first.display(),
+        second = second.display(),
+        driver = standin().driver.display(),
+    );
+    let output = cudatrace(
+        &trace_path,
+        &["--libcuda", standin().lib.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let explicit = library_id(&trace, &std::fs::canonicalize(&standin().lib).unwrap());
+    let one = library_id(&trace, &first);
+    let compat = library_id(&trace, &second);
+    assert_eq!(
+        [explicit, one, compat].len(),
+        libraries(&trace).len(),
+        "one library line per file"
+    );
+    assert_eq!(
+        (explicit, one, compat),
+        (0, 1, 2),
+        "ids in the order attached"
+    );
+    let compat_line = libraries(&trace)[2];
+    assert_eq!(compat_line["version"], "580.159.04");
+    assert_eq!(compat_line["found"], "opened");
+    // Each program's calls went into its own copy.
+    let mut by_library: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for ((name, _, lib), count) in call_counts(&trace) {
+        *by_library.entry((name, lib)).or_default() += count;
+    }
+    assert_eq!(
+        by_library,
+        BTreeMap::from([
+            (("cuInit".to_owned(), one), 1),
+            (("cuCtxSynchronize".to_owned(), one), 3),
+            (("cuInit".to_owned(), compat), 1),
+            (("cuCtxSynchronize".to_owned(), compat), 5),
+            (("cuMemAlloc_v2".to_owned(), explicit), 1),
+            (("cuInit".to_owned(), explicit), 1),
+        ])
+    );
+}
+
+#[test]
+fn a_fork_child_calling_at_once_is_traced() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("fork-at-once");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[loader().to_str().unwrap(), lib.to_str().unwrap(), "fork"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let parent = command_pid(&trace);
+    let fork = trace
+        .iter()
+        .find(|l| l["event"] == "fork")
+        .expect("fork line");
+    let child = fork["child_pid"].as_u64().unwrap();
+    let id = library_id(&trace, &lib);
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([
+            (key("cuInit", parent, id), 1),
+            (key("cuMemAlloc_v2", parent, id), 1),
+            (key("cuMemAlloc_v2", child, id), 1),
+        ])
+    );
+    let bytes = |pid: u64| {
+        calls(&trace)
+            .iter()
+            .find(|c| c["pid"] == pid && c["name"] == "cuMemAlloc_v2")
+            .unwrap()["bytes"]
+            .as_u64()
+    };
+    assert_eq!((bytes(parent), bytes(child)), (Some(54321), Some(12345)));
+    if per_process(&trace) {
+        // The library's open, then the fork.
+        assert_eq!(footer(&trace)["stops"]["count"], 2);
+    }
+}
+
+fn per_process(trace: &[Value]) -> bool {
+    trace[0]["attach"]["scope"] == "process"
+}
+
+#[test]
+fn in_a_pid_namespace_pids_are_cudatraces_own_and_the_command_is_traced() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("pidns");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            CUDATRACE,
+            "run",
+            "-q",
+            "-o",
+        ])
+        .arg(&trace_path)
+        .args([
+            "--",
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "fork",
+        ])
+        .output()
+        .expect("running unshare");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let parent = command_pid(&trace);
+    let fork = trace
+        .iter()
+        .find(|l| l["event"] == "fork")
+        .expect("fork line");
+    assert_eq!(fork["pid"].as_u64(), Some(parent));
+    let child = fork["child_pid"].as_u64().unwrap();
+    // cudatrace is the namespace's pid 1: its command and children come right after.
+    assert!(parent < 100 && child < 100, "{parent} {child}");
+    let id = library_id(&trace, &lib);
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([
+            (key("cuInit", parent, id), 1),
+            (key("cuMemAlloc_v2", parent, id), 1),
+            (key("cuMemAlloc_v2", child, id), 1),
+        ])
+    );
+    let exits: Vec<u64> = trace
+        .iter()
+        .filter(|l| l["event"] == "exit")
+        .map(|l| l["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(exits, [child, parent]);
+}
+
+/// The first byte of `symbol` in process `pid`'s mapping of `lib` (as the process named it
+/// in its maps).
+fn first_byte_in(pid: u32, lib: &Path, symbol: &str) -> u8 {
+    let data = std::fs::read(lib).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    let address = elf
+        .dynamic_symbols()
+        .find(|s| s.name() == Ok(symbol))
+        .unwrap()
+        .address();
+    let file_offset = elf
+        .segments()
+        .find(|s| address >= s.address() && address < s.address() + s.size())
+        .map(|s| address - s.address() + s.file_range().0)
+        .unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mapped = maps
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 6 || fields[5] != lib.to_str().unwrap() {
+                return None;
+            }
+            let (start, end) = fields[0].split_once('-')?;
+            let start = u64::from_str_radix(start, 16).ok()?;
+            let end = u64::from_str_radix(end, 16).ok()?;
+            let offset = u64::from_str_radix(fields[2], 16).ok()?;
+            (file_offset >= offset && file_offset < offset + (end - start))
+                .then(|| start + file_offset - offset)
+        })
+        .unwrap_or_else(|| panic!("{symbol} not mapped in {pid}"));
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut byte = [0u8];
+    mem.read_exact_at(&mut byte, mapped).unwrap();
+    byte[0]
+}
+
+const INT3: u8 = 0xcc;
+
+/// A `loader stop-here` process, waiting before its dlopen ("ready" read).
+fn start_stop_here(lib: &Path) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(loader())
+        .arg(lib)
+        .arg("stop-here")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    (child, out)
+}
+
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+}
+
+fn read_line(out: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    line
+}
+
+#[test]
+fn bystanders_get_no_breakpoints_and_their_calls_are_not_seen() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("bystander");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    // The bystander maps the same file before tracing starts and calls it after.
+    let (mut bystander, mut bystander_out) = start_stop_here(&lib);
+    signal(bystander.id(), libc::SIGUSR1);
+    assert_eq!(read_line(&mut bystander_out), "opened\n");
+
+    for (extra, scope) in [(&[][..], "process"), (&["--all"][..], "host")] {
+        let trace_path = dir.join(format!("{scope}.jsonl"));
+        let mut tracer = Command::new(CUDATRACE)
+            .args(["run", "-q", "-o"])
+            .arg(&trace_path)
+            .args(extra)
+            .args(["--", loader().to_str().unwrap(), lib.to_str().unwrap()])
+            .args(["pause", "2"])
+            .spawn()
+            .unwrap();
+        wait_for_trace(&trace_path, r#""name":"cuInit""#);
+        let header = header_of(&trace_path);
+        if header["attach"]["scope"] != scope {
+            // A kernel without uprobe_multi probes every process: nothing to compare.
+            eprintln!("skipped: attach scope is {}", header["attach"]["scope"]);
+            assert!(tracer.wait().unwrap().success());
+            break;
+        }
+        let traced = header["pids"][0].as_u64().unwrap() as u32;
+        assert_eq!(first_byte_in(traced, &lib, "cuMemAlloc_v2"), INT3);
+        let expected = if scope == "process" { 0x00 } else { INT3 };
+        let bystander_byte = first_byte_in(bystander.id(), &lib, "cuMemAlloc_v2");
+        assert_eq!(
+            bystander_byte == INT3,
+            expected == INT3,
+            "{scope}: the bystander's first byte of cuMemAlloc_v2 is {bystander_byte:#x}"
+        );
+        assert!(tracer.wait().unwrap().success());
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        let id = library_id(&trace, &lib);
+        // With --all, other processes of this machine may show up too.
+        let mine: BTreeMap<_, _> = call_counts(&trace)
+            .into_iter()
+            .filter(|((_, pid, _), _)| scope == "process" || *pid == u64::from(traced))
+            .collect();
+        assert_eq!(
+            mine,
+            BTreeMap::from([
+                (key("cuInit", u64::from(traced), id), 1),
+                (key("cuMemAlloc_v2", u64::from(traced), id), 1),
+            ])
+        );
+        if scope == "process" {
+            assert_eq!(
+                footer(&trace)["entries_seen"],
+                2,
+                "no bystander call reached the probes"
+            );
+        }
+    }
+    // The bystander goes on, untraced, and its breakpoints are gone.
+    assert_ne!(first_byte_in(bystander.id(), &lib, "cuMemAlloc_v2"), INT3);
+    signal(bystander.id(), libc::SIGUSR1);
+    assert!(bystander.wait().unwrap().success());
+}
+
+#[test]
+fn a_call_abandoned_by_longjmp_does_not_use_up_a_nesting_level() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("longjmp");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    // Ten calls that never return, more than the four nesting levels kept per thread.
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "longjmp",
+            "10",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("10 calls never returned"),
+        "{}",
+        stderr(&output)
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let sizes: Vec<u64> = calls(&trace)
+        .iter()
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1000, 1001, 1002, 1003, 1004, 1005]);
+    let footer = footer(&trace);
+    assert_eq!(footer["abandoned_calls"], 10);
+    assert_eq!(footer["lost"]["too_deep"], 0);
+    assert_eq!(footer["entries_seen"], 16);
+}
+
+/// The state letter of `pid` (`T` stopped), or `None` once it is gone.
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn no_process_is_left_stopped_when_cudatrace_is_interrupted() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("left-stopped");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    for (signal_name, signal_number, code) in [
+        ("SIGINT", libc::SIGINT, 130),
+        ("SIGTERM", libc::SIGTERM, 143),
+    ] {
+        let trace_path = dir.join(format!("{signal_name}.jsonl"));
+        let mut tracer = Command::new(CUDATRACE)
+            .args(["run", "-q", "-o"])
+            .arg(&trace_path)
+            .args(["--", loader().to_str().unwrap(), lib.to_str().unwrap()])
+            .arg("stop-here")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(tracer.stdout.take().unwrap());
+        assert_eq!(read_line(&mut out), "ready\n");
+        let command = header_of(&trace_path)["pids"][0].as_u64().unwrap() as u32;
+        // cudatrace cannot answer while it is stopped itself: the command, stopped in its
+        // open of the library, waits for it.
+        signal(tracer.id(), libc::SIGSTOP);
+        signal(command, libc::SIGUSR1);
+        wait_until("the command is stopped", || state(command) == Some('T'));
+        signal(tracer.id(), signal_number);
+        signal(tracer.id(), libc::SIGCONT);
+        assert_eq!(tracer.wait().unwrap().code(), Some(code), "{signal_name}");
+        wait_until("the command runs again", || state(command) != Some('T'));
+        if signal_number == libc::SIGINT {
+            // It goes on by itself, untraced from now on.
+            assert_eq!(read_line(&mut out), "opened\n");
+            signal(command, libc::SIGUSR1);
+        }
+        wait_until("the command ends", || {
+            matches!(state(command), None | Some('Z'))
+        });
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        assert_eq!(footer(&trace)["stopped_by"], signal_name);
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+    }
+}
+
+#[test]
+fn dash_dash_lib_adds_a_library_under_any_name_and_bad_ones_are_refused() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dash-lib");
+    let renamed = copy_standin(&dir, "vendor/libgpu-runtime.so");
+    let trace_path = dir.join("lib.jsonl");
+    let command = [
+        loader().to_str().unwrap(),
+        renamed.to_str().unwrap(),
+        "calls",
+        "3",
+    ];
+    let output = cudatrace(&trace_path, &["--lib", renamed.to_str().unwrap()], &command);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    let id = library_id(&trace, &renamed);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    assert_eq!(
+        (&line["set"], &line["found"]),
+        (&"libcuda".into(), &"explicit".into())
+    );
+    let pid = command_pid(&trace);
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([
+            (key("cuInit", pid, id), 1),
+            (key("cuCtxSynchronize", pid, id), 3)
+        ])
+    );
+
+    // Without --lib, a library under another name is not recognised: nothing is traced,
+    // and cudatrace says so.
+    let trace_path = dir.join("without.jsonl");
+    let output = cudatrace(&trace_path, &[], &command);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(calls(&read_trace(&trace_path)).len(), 0);
+    assert!(
+        stderr(&output).contains("WARNING: no traced process loaded libcuda"),
+        "{}",
+        stderr(&output)
+    );
+
+    let not_elf = dir.join("notes.txt");
+    std::fs::write(&not_elf, "not a library").unwrap();
+    let output = cudatrace(
+        &dir.join("x.jsonl"),
+        &["--lib", not_elf.to_str().unwrap()],
+        &["true"],
+    );
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&format!("{} is not an ELF", not_elf.display())),
+        "{}",
+        stderr(&output)
+    );
+    // A real library, but none cudatrace probes: the loader program itself is ELF.
+    let output = cudatrace(
+        &dir.join("x.jsonl"),
+        &["--lib", loader().to_str().unwrap()],
+        &["true"],
+    );
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("not a library cudatrace probes"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!dir.join("x.jsonl").exists());
+}
+
+#[test]
+fn a_command_that_loads_no_library_ends_with_a_warning() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("no-library").join("trace.jsonl");
+    let output = cudatrace(&trace_path, &[], &["true"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(
+            "cudatrace: WARNING: no traced process loaded libcuda or libnccl: nothing to trace"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert_complete(&read_trace(&trace_path));
+}
+
+#[test]
+fn a_library_opened_many_times_is_attached_once() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("reopen");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "reopen",
+            "50",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(libraries(&trace).len(), 1);
+    let pid = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuInit", pid, id), 50)])
+    );
+    let stops = &footer(&trace)["stops"];
+    // Every dlopen opens the file again (dlclose unmapped it) and waits for the check.
+    assert_eq!(stops["count"], 50, "{stops}");
+    eprintln!(
+        "50 opens: {} ms stopped in all, {} ms at most",
+        stops["total_ns"].as_u64().unwrap() / 1_000_000,
+        stops["max_ns"].as_u64().unwrap() / 1_000_000
+    );
+}
+
+#[test]
+fn dash_p_finds_the_library_in_the_process_maps() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dash-p-maps");
+    let lib = copy_standin(&dir, "opt/lib/libcuda.so.1");
+    let (mut target, mut target_out) = start_stop_here(&lib);
+    signal(target.id(), libc::SIGUSR1);
+    assert_eq!(read_line(&mut target_out), "opened\n");
+    let trace_path = dir.join("trace.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .spawn()
+        .unwrap();
+    header_of(&trace_path);
+    signal(target.id(), libc::SIGUSR1);
+    assert!(target.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let id = library_id(&trace, &lib);
+    let line = libraries(&trace)
+        .into_iter()
+        .find(|l| l["id"] == id)
+        .unwrap();
+    let pid = u64::from(target.id());
+    assert_eq!(
+        (&line["found"], &line["pid"]),
+        (&Value::from("mapped"), &Value::from(pid))
+    );
+    // cuInit ran before cudatrace started: only the later call is there.
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuMemAlloc_v2", pid, id), 1)])
+    );
+}
+
+#[test]
+fn a_library_only_the_process_can_see_is_read_through_its_fd() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("mount-ns");
+    let lib = copy_standin(&dir, "source/libcuda.so.1");
+    // A mount namespace of the command's own, as a container has: the library is copied
+    // onto a tmpfs mounted there, at a path that holds nothing in cudatrace's.
+    let hidden = dir.join("container");
+    std::fs::create_dir_all(&hidden).unwrap();
+    let inside = hidden.join("libcuda.so.1");
+    let script = format!(
+        "mount -t tmpfs none {hidden} && cp {lib} {inside} && {loader} {inside} calls 4",
+        hidden = hidden.display(),
+        lib = lib.display(),
+        inside = inside.display(),
+        loader = loader().display(),
+    );
+    let trace_path = dir.join("trace.jsonl");
+    let output = cudatrace(
+        &trace_path,
+        &[],
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!inside.exists(), "the tmpfs is the command's alone");
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let id = library_id(&trace, &inside);
+    let counts: BTreeMap<String, u64> = call_counts(&trace)
+        .into_iter()
+        .filter(|((_, _, lib), _)| *lib == id)
+        .map(|((name, _, _), count)| (name, count))
+        .collect();
+    assert_eq!(
+        counts,
+        BTreeMap::from([("cuInit".to_owned(), 1), ("cuCtxSynchronize".to_owned(), 4)])
+    );
+}
+
+#[test]
+fn shells_and_python_subprocesses_run_their_stopped_children_to_the_end() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("parents");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let (loader, lib) = (loader().to_str().unwrap(), lib.to_str().unwrap());
+    // Each child is stopped when it opens the library (and the fork child again): the
+    // parents wait for them as usual and see them exit 0.
+    let python = format!(
+        "import os, subprocess\n\
+         print('run', subprocess.run(['{loader}', '{lib}', 'calls', '2']).returncode)\n\
+         print('popen', subprocess.Popen(['{loader}', '{lib}', 'fork']).wait())\n\
+         pid = os.fork()\n\
+         if pid == 0:\n    os.execv('{loader}', ['{loader}', '{lib}', 'calls', '1'])\n\
+         print('fork', os.waitpid(pid, 0)[1])\n"
+    );
+    let trace_path = dir.join("python.jsonl");
+    let output = cudatrace(&trace_path, &[], &["python3", "-c", &python]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Python's own lines are buffered, its children's are not: compare them sorted.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["1", "2", "fork 0", "popen 0", "run 0"]);
+    // cuInit + 2, cuInit + 2 allocations, cuInit + 1.
+    assert_eq!(calls(&read_trace(&trace_path)).len(), 8);
+
+    let trace_path = dir.join("bash.jsonl");
+    let script = format!("{loader} {lib} calls 3; echo rc=$?; {loader} {lib} fork; echo rc=$?");
+    let output = cudatrace(&trace_path, &[], &["bash", "-c", &script]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "3\nrc=0\nrc=0\n");
+    assert_eq!(calls(&read_trace(&trace_path)).len(), 7);
+}
+
+#[test]
+fn a_process_killed_while_stopped_ends_the_run_normally() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("killed-stopped");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let trace_path = dir.join("trace.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["--", loader().to_str().unwrap(), lib.to_str().unwrap()])
+        .arg("stop-here")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(tracer.stdout.take().unwrap());
+    assert_eq!(read_line(&mut out), "ready\n");
+    let command = header_of(&trace_path)["pids"][0].as_u64().unwrap() as u32;
+    signal(tracer.id(), libc::SIGSTOP);
+    signal(command, libc::SIGUSR1);
+    wait_until("the command is stopped", || state(command) == Some('T'));
+    signal(command, libc::SIGKILL);
+    signal(tracer.id(), libc::SIGCONT);
+    assert_eq!(
+        tracer.wait().unwrap().code(),
+        Some(128 + libc::SIGKILL),
+        "the command's fate is cudatrace's exit code"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(footer(&trace)["exit_signal"], libc::SIGKILL);
+    assert_eq!(calls(&trace).len(), 0);
+}
