@@ -1,0 +1,280 @@
+//! Booting the guest under QEMU with virtiofsd, and reading its results back.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+use super::{EXIT_MARK, KERNEL_ARGS, Kernel, QEMU, ROOT_TAG, VIRTIOFSD, VmTestOptions};
+
+/// A child process killed (and reaped) when dropped, and by the kernel if xtask dies.
+struct Reaped(Child);
+
+impl Reaped {
+    fn spawn(command: &mut Command, what: &str) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        Ok(Self(
+            command
+                .spawn()
+                .with_context(|| format!("starting {what}"))?,
+        ))
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(super) struct Outcome {
+    /// The guest's exit mark: the number of failed test binaries, 125 for a setup failure.
+    pub(super) exit: Option<i32>,
+    pub(super) timed_out: bool,
+    pub(super) results: String,
+    pub(super) guest_time: Duration,
+    pub(super) first_output: Option<Duration>,
+}
+
+pub(super) fn boot(
+    vm_dir: &Path,
+    kernel: &Kernel,
+    initramfs: &Path,
+    opts: &VmTestOptions,
+) -> Result<Outcome> {
+    let socket = vm_dir.join("virtiofsd.sock");
+    let results_path = vm_dir.join("results.log");
+    let console = vm_dir.join("console.log");
+    for stale in [&socket, &results_path, &console] {
+        let _ = fs::remove_file(stale);
+    }
+    let log = |name: &str| -> Result<(Stdio, Stdio)> {
+        let file = fs::File::create(vm_dir.join(name))?;
+        Ok((file.try_clone()?.into(), file.into()))
+    };
+    let (virtiofsd_out, virtiofsd_err) = log("virtiofsd.log")?;
+    let (qemu_out, qemu_err) = log("qemu.log")?;
+
+    // The guest mounts this read-only and puts an overlay on it; it has no write path back.
+    // The default sandbox pivot_roots into the source, which fails (EBUSY) for "/".
+    let _virtiofsd = Reaped::spawn(
+        Command::new(VIRTIOFSD)
+            .arg(format!("--socket-path={}", socket.display()))
+            .args(["-o", "source=/,sandbox=chroot,cache=always"])
+            .stdin(Stdio::null())
+            .stdout(virtiofsd_out)
+            .stderr(virtiofsd_err),
+        VIRTIOFSD,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        ensure!(
+            Instant::now() < deadline,
+            "virtiofsd made no socket: see target/vm/virtiofsd.log"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let memory = format!("{}M", opts.memory);
+    let mut append = String::from(KERNEL_ARGS);
+    if !opts.append.is_empty() {
+        append.push(' ');
+        append.push_str(&opts.append);
+    }
+    let started = Instant::now();
+    let mut qemu = Reaped::spawn(
+        Command::new(QEMU)
+            .args([
+                "-accel",
+                "tcg",
+                "-cpu",
+                "max",
+                "-smp",
+                &opts.cpus.to_string(),
+            ])
+            .args([
+                "-m",
+                &memory,
+                "-nodefaults",
+                "-no-user-config",
+                "-no-reboot",
+            ])
+            .args(["-display", "none", "-monitor", "none"])
+            // virtiofs needs the guest's memory shared with virtiofsd.
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-memfd,id=mem,size={memory},share=on"
+            ))
+            .args(["-numa", "node,memdev=mem"])
+            .arg("-chardev")
+            .arg(format!("socket,id=vfs,path={}", socket.display()))
+            .arg("-device")
+            .arg(format!(
+                "vhost-user-fs-pci,chardev=vfs,tag={ROOT_TAG},queue-size=1024"
+            ))
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-serial")
+            .arg(format!("file:{}", results_path.display()))
+            .arg("-kernel")
+            .arg(&kernel.vmlinuz)
+            .arg("-initrd")
+            .arg(initramfs)
+            .args(["-append", &append])
+            .stdin(Stdio::null())
+            .stdout(qemu_out)
+            .stderr(qemu_err),
+        QEMU,
+    )?;
+
+    // Follow the results port, printing whole lines as they come.
+    let deadline = started + Duration::from_secs(opts.timeout);
+    let mut results = String::new();
+    let mut printed = 0;
+    let mut offset = 0;
+    let mut first_output = None;
+    let mut timed_out = false;
+    loop {
+        let exited = qemu.0.try_wait()?.is_some();
+        if let Ok(mut file) = fs::File::open(&results_path) {
+            file.seek(SeekFrom::Start(offset))?;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            offset += bytes.len() as u64;
+            if !bytes.is_empty() && first_output.is_none() {
+                first_output = Some(started.elapsed());
+            }
+            results.push_str(&String::from_utf8_lossy(&bytes).replace('\r', ""));
+        }
+        let complete = if exited {
+            results.len()
+        } else {
+            results.rfind('\n').map_or(0, |i| i + 1)
+        };
+        if complete > printed {
+            print!("{}", &results[printed..complete]);
+            std::io::stdout().flush()?;
+            printed = complete;
+        }
+        if exited {
+            break;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            eprintln!(
+                "xtask: vm-test: timeout after {} s: killing qemu",
+                opts.timeout
+            );
+            let _ = qemu.0.kill();
+            let _ = qemu.0.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let guest_time = started.elapsed();
+    let exit = results
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(EXIT_MARK))
+        .and_then(|code| code.trim().parse().ok());
+    Ok(Outcome {
+        exit,
+        timed_out,
+        results,
+        guest_time,
+        first_output,
+    })
+}
+
+/// Counts from libtest's `test result:` lines, and the names in its closing `failures:` lists.
+pub(super) struct Summary {
+    pub(super) passed: u64,
+    pub(super) failed: u64,
+    pub(super) failed_names: Vec<String>,
+}
+
+impl Summary {
+    pub(super) fn of(results: &str) -> Self {
+        let mut summary = Summary {
+            passed: 0,
+            failed: 0,
+            failed_names: Vec::new(),
+        };
+        let mut binary = "";
+        // The names after the last `failures:` line: libtest lists the failed tests there,
+        // indented, just before `test result:` (an earlier `failures:` holds their output).
+        let mut listed: Vec<String> = Vec::new();
+        for line in results.lines() {
+            if let Some(name) = line.strip_prefix("vm-test: === ") {
+                if !name.contains(" took ") {
+                    binary = name;
+                }
+            } else if line == "failures:" {
+                listed.clear();
+            } else if let Some(name) = line.strip_prefix("    ") {
+                if !name.is_empty() && !name.contains(char::is_whitespace) {
+                    listed.push(format!("{binary}: {name}"));
+                }
+            } else if let Some(counts) = line.strip_prefix("test result: ") {
+                let count = |what: &str| -> u64 {
+                    counts
+                        .split(';')
+                        .filter_map(|part| {
+                            part.trim()
+                                .trim_start_matches(|c: char| !c.is_ascii_digit())
+                                .strip_suffix(what)
+                        })
+                        .find_map(|n| n.trim().parse().ok())
+                        .unwrap_or(0)
+                };
+                summary.passed += count("passed");
+                let failed = count("failed");
+                summary.failed += failed;
+                if failed > 0 {
+                    summary.failed_names.append(&mut listed);
+                }
+                listed.clear();
+            }
+        }
+        summary
+    }
+}
+
+pub(super) fn print_tail(path: &Path, lines: usize) {
+    let Ok(text) = fs::read_to_string(path) else {
+        return;
+    };
+    let all: Vec<&str> = text.lines().collect();
+    eprintln!("--- last lines of {} ---", path.display());
+    for line in &all[all.len().saturating_sub(lines)..] {
+        eprintln!("{}", line.trim_end_matches('\r'));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_counts_libtest_lines() {
+        let results = "vm-test: === selftest\ntest result: ok. 1 passed; 0 failed; 0 ignored\n\
+                       vm-test: === run\ntest a ... ok <1.0s>\ntest b ... noise\nFAILED <2.0s>\n\
+                       failures:\n\n---- b stdout ----\n    at x.rs:1\n\nfailures:\n    b\n\n\
+                       test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured\n\
+                       vm-test: === run took 3 s\n";
+        let s = Summary::of(results);
+        assert_eq!((s.passed, s.failed), (2, 1));
+        assert_eq!(s.failed_names, ["run: b"]);
+    }
+}

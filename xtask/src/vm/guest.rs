@@ -1,0 +1,169 @@
+//! The test binaries the guest runs, and the guest's scripts (its init and its test run).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::Stdio;
+
+use anyhow::{Context, Result, ensure};
+
+use crate::cmd::{self};
+
+use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TEST_TARGETS, TestBinary, VmTestOptions};
+
+pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
+    eprintln!("xtask: vm-test: cargo test -p cudatrace --no-run");
+    let mut child = cmd::cargo()
+        .args([
+            "test",
+            "-p",
+            "cudatrace",
+            "--tests",
+            "--no-run",
+            "--locked",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting cargo test --no-run")?;
+    let mut found: HashMap<String, TestBinary> = HashMap::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let message: serde_json::Value = match serde_json::from_str(&line?) {
+            Ok(v) => v,
+            Err(_) => continue,
+        };
+        let target = &message["target"];
+        let (Some(name), Some(exe), Some(manifest)) = (
+            target["name"].as_str(),
+            message["executable"].as_str(),
+            message["manifest_path"].as_str(),
+        ) else {
+            continue;
+        };
+        let is_test = target["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if is_test && TEST_TARGETS.contains(&name) {
+            found.insert(
+                name.to_owned(),
+                TestBinary {
+                    name: name.to_owned(),
+                    exe: exe.into(),
+                    cwd: Path::new(manifest)
+                        .parent()
+                        .context("manifest path")?
+                        .into(),
+                },
+            );
+        }
+    }
+    let status = child.wait()?;
+    ensure!(status.success(), "cargo test --no-run failed ({status})");
+    let mut tests = Vec::new();
+    for name in TEST_TARGETS {
+        match found.remove(*name) {
+            Some(test) => tests.push(test),
+            None => eprintln!("xtask: vm-test: no test target {name} in cudatrace: skipped"),
+        }
+    }
+    Ok(tests)
+}
+
+/// Single-quotes `s` for sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// What the guest runs in its new root (the host's files, writes in memory). Its output goes
+/// to the results port; the exit status is the number of failed test binaries.
+pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptions) -> String {
+    let mut s = String::from(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         export HOME=/root RUST_BACKTRACE=1 LANG=C.UTF-8\n\
+         # --report-time is unstable in libtest: RUSTC_BOOTSTRAP lets a stable build print it.\n\
+         export RUSTC_BOOTSTRAP=1\n\
+         echo \"vm-test: guest $(uname -r) up after $(cut -d' ' -f1 /proc/uptime) s, $(nproc) cpus\"\n\
+         failed=0\n",
+    );
+    if let Some(command) = &opts.exec {
+        let _ = writeln!(
+            s,
+            "cd {} && sh -c {} || failed=$?",
+            quote(&root.to_string_lossy()),
+            quote(command)
+        );
+    }
+    let mut filter = opts.filter.as_deref().map(quote).unwrap_or_default();
+    for (name, _) in SKIPPED.iter().filter(|_| !opts.no_skip) {
+        let _ = write!(filter, " --skip {}", quote(name));
+    }
+    for test in tests.iter().filter(|_| opts.exec.is_none()) {
+        let _ = write!(
+            s,
+            "echo \"vm-test: === {name}\"\n\
+             t0=$(cut -d' ' -f1 /proc/uptime)\n\
+             (cd {cwd} && {exe} --test-threads=1 --color never -Z unstable-options --report-time {filter}) \
+             || failed=$((failed + 1))\n\
+             echo \"vm-test: === {name} took $(awk -v t0=$t0 '{{print $1 - t0}}' /proc/uptime) s\"\n",
+            name = test.name,
+            cwd = quote(&test.cwd.to_string_lossy()),
+            exe = quote(&test.exe.to_string_lossy()),
+        );
+    }
+    s.push_str("exit $failed\n");
+    s
+}
+
+/// The guest's /init: modules, the read-only host root under an overlay, the kernel's
+/// filesystems, then the test script chrooted into it.
+pub(super) fn init_script(modules: &[String]) -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+# The results port: raw, so the output arrives as written.
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+exec 3>/dev/ttyS1
+die() {{ echo "vm-test: guest setup failed: $*" >&3; echo "{mark} 125" >&3; poweroff -f; }}
+for m in {modules}; do insmod /lib/modules/$m.ko || die "insmod $m"; done
+mkdir -p /lower /rw /newroot
+mount -t virtiofs -o ro {tag} /lower || die "mount virtiofs {tag}"
+mount -t tmpfs -o mode=0755 tmpfs /rw
+mkdir -p /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \
+    || die "mount overlay"
+mount -t proc proc /newroot/proc
+mount -t sysfs sysfs /newroot/sys
+mount -t devtmpfs devtmpfs /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts devpts /newroot/dev/pts
+mount -t tmpfs tmpfs /newroot/dev/shm
+mount -t tracefs tracefs /newroot/sys/kernel/tracing || die "mount tracefs"
+mount -t debugfs debugfs /newroot/sys/kernel/debug
+mount -t bpf bpf /newroot/sys/fs/bpf
+# /tmp and the rest stay the host's, writable through the overlay: a checkout under /tmp works.
+cp /vm-test.sh /newroot/.cudatrace-vm-test.sh
+setsid chroot /newroot /bin/sh /.cudatrace-vm-test.sh >&3 2>&1
+echo "{mark} $?" >&3
+poweroff -f
+"#,
+        mark = EXIT_MARK,
+        tag = ROOT_TAG,
+        modules = modules.join(" "),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quote_survives_single_quotes() {
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}
