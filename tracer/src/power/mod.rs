@@ -13,7 +13,7 @@
 //! | `sampler.rs` | the sampling thread and its channel to the event loop |
 //!
 //! The lines are `"type":"power"` (`schema/power.rs`); the figures are computed by
-//! `analysis/power.rs`, the same in `run`, `summary`, `export` and `plot`.
+//! `analysis/power/`, the same in `run`, `summary`, `export` and `plot`.
 
 mod fields;
 pub mod library;
