@@ -265,20 +265,23 @@ if os.path.exists(f"{out}/loop.jsonl"):
             ret = prog.get("call_return", (0, 0))
             ns_enter = enter[1] / enter[0] if enter[0] else 0.0
             ns_ret = ret[1] / ret[0] if ret[0] else 0.0
+            # Program time per probed call: with --launch-entry-only call_return runs for
+            # the few calls that are not launches, not once per launch.
+            ns_programs = (enter[1] + ret[1]) / enter[0] if enter[0] else 0.0
             added = (by[run][k] - base[k]) * 1000
             floor_added = (by[floor][k] - base[k]) * 1000
             rows.append((k, added, floor_added, added / floor_added, ns_enter, ns_ret,
-                         enter[0], ret[0]))
+                         enter[0], ret[0], ns_programs))
         if not rows:
             return
         print(f"{title}: ns per launch, per round")
         print()
-        print("| round | added by cudatrace | added by the floor | ratio | call_enter ns/run | call_return ns/run | programs | traps and the rest | call_enter runs | call_return runs |")
+        print("| round | added by cudatrace | added by the floor | ratio | call_enter ns/run | call_return ns/run | programs per call | traps and the rest | call_enter runs | call_return runs |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for k, added, floor_added, ratio, ne, nr, ce, cr in rows:
-            print(f"| {k} | {added:.0f} | {floor_added:.0f} | {ratio:.3f} | {ne:.0f} | {nr:.0f} | {ne + nr:.0f} | {added - ne - nr:.0f} | {ce} | {cr} |")
+        for k, added, floor_added, ratio, ne, nr, ce, cr, np in rows:
+            print(f"| {k} | {added:.0f} | {floor_added:.0f} | {ratio:.3f} | {ne:.0f} | {nr:.0f} | {np:.0f} | {added - np:.0f} | {ce} | {cr} |")
         cols = list(zip(*rows))
-        print(f"| median | {med(cols[1]):.0f} | {med(cols[2]):.0f} | {med(cols[3]):.3f} | {med(cols[4]):.0f} | {med(cols[5]):.0f} | {med([a + b for a, b in zip(cols[4], cols[5])]):.0f} | {med([a - b - c for a, b, c in zip(cols[1], cols[4], cols[5])]):.0f} | | |")
+        print(f"| median | {med(cols[1]):.0f} | {med(cols[2]):.0f} | {med(cols[3]):.3f} | {med(cols[4]):.0f} | {med(cols[5]):.0f} | {med(cols[8]):.0f} | {med([a - p for a, p in zip(cols[1], cols[8])]):.0f} | | |")
         print()
         print(f"Runs counted: {launches} launches per loop run plus the process's other driver "
               "calls (start-up); ns/run is over all of them.")

@@ -44,6 +44,9 @@ pub mod flags {
     pub const ENTRY_READ_FAILED: u32 = 1 << 1;
     /// Reading an output parameter at return failed.
     pub const OUT_READ_FAILED: u32 = 1 << 2;
+    /// Emitted at entry by an entry-only probe ([`super::cookie::ENTRY_ONLY`]): no return
+    /// was seen, so the event's `ret` and `dur_ns` mean nothing (they are 0).
+    pub const NO_RETURN: u32 = 1 << 3;
 }
 
 /// Registers plus stack slots captured per call: `cuLaunchKernel` needs ten.
@@ -77,6 +80,9 @@ pub mod cookie {
     /// The function has arguments on the stack: the entry reads them with the return
     /// address, in one read.
     pub const STACK_ARGS: u64 = 1 << 33;
+    /// No return probe (`--launch-entry-only`): the entry emits the whole event itself,
+    /// flagged [`super::flags::NO_RETURN`], and keeps no frame.
+    pub const ENTRY_ONLY: u64 = 1 << 34;
 }
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;

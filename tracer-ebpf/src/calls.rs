@@ -2,6 +2,10 @@
 //! return pairs it, reads output parameters and pointed-to memory, and emits one event:
 //! a `CallEvent`, a `CallStringEvent` (a name or path, up to 4 KiB) or a `CallDataEvent`
 //! (a struct or array), whichever the probe's spec captures.
+//!
+//! An entry-only probe (`cookie::ENTRY_ONLY`, `--launch-entry-only`) has no return probe:
+//! its entry reads the memory and emits the event itself, flagged `NO_RETURN`, and keeps
+//! no frame.
 
 use aya_ebpf::{
     EbpfContext,
@@ -11,8 +15,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_DEPTH,
-    MAX_OUTS, ProbeSpec, STACK_ARGS, STRING_READ_LEN, TEXT_LEN, capture as capture_kind,
+    CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_ARGS,
+    MAX_DEPTH, MAX_OUTS, ProbeSpec, STACK_ARGS, STRING_READ_LEN, TEXT_LEN, capture as capture_kind,
     cookie as cookie_bits, counter, flags, kind,
 };
 
@@ -62,7 +66,6 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     }
     bump(counter::ENTRIES);
     let probe_id = (cookie & cookie_bits::PROBE_ID) as u32;
-    let stack = unsafe { &mut *thread_stack(tid)? };
     let regs = unsafe { &*ctx.regs };
 
     // At entry [rsp] is the return address and the seventh argument is at rsp+8: one read.
@@ -77,9 +80,49 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
             }
             Err(_) => read_failed = true,
         }
-    } else if let Ok(word) = unsafe { bpf_probe_read_user(regs.rsp as *const u64) } {
+    } else if cookie & cookie_bits::ENTRY_ONLY == 0
+        && let Ok(word) = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }
+    {
+        // The return address tells an abandoned frame (`drop_abandoned`); without a frame
+        // it is not needed.
         ret_addr = word;
     }
+    let args = [
+        regs.rdi,
+        regs.rsi,
+        regs.rdx,
+        regs.rcx,
+        regs.r8,
+        regs.r9,
+        stack_words[0],
+        stack_words[1],
+        stack_words[2],
+        stack_words[3],
+    ];
+    let entry_flags = if read_failed {
+        flags::ENTRY_READ_FAILED
+    } else {
+        0
+    };
+    if cookie & cookie_bits::ENTRY_ONLY != 0 {
+        // No return will come: the whole event now, without a frame.
+        let call = CallEvent {
+            header: EventHeader {
+                kind: kind::CALL,
+                flags: entry_flags | flags::NO_RETURN,
+                ts_ns,
+                pid: tgid,
+                tid,
+            },
+            probe_id,
+            ret: 0,
+            dur_ns: 0,
+            args,
+            outs: [0; MAX_OUTS],
+        };
+        return emit(call, SPECS.get(probe_id)?);
+    }
+    let stack = unsafe { &mut *thread_stack(tid)? };
     drop_abandoned(stack, regs.rsp, ret_addr);
 
     let depth = stack.depth;
@@ -90,24 +133,11 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     }
     let frame = stack.frames.get_mut(depth as usize)?;
     frame.probe_id = probe_id;
-    frame.flags = if read_failed {
-        flags::ENTRY_READ_FAILED
-    } else {
-        0
-    };
+    frame.flags = entry_flags;
     frame.ts_ns = ts_ns;
     frame.sp = regs.rsp;
     frame.ret_addr = ret_addr;
-    frame.args[0] = regs.rdi;
-    frame.args[1] = regs.rsi;
-    frame.args[2] = regs.rdx;
-    frame.args[3] = regs.rcx;
-    frame.args[4] = regs.r8;
-    frame.args[5] = regs.r9;
-    frame.args[6] = stack_words[0];
-    frame.args[7] = stack_words[1];
-    frame.args[8] = stack_words[2];
-    frame.args[9] = stack_words[3];
+    frame.args = args;
     Some(())
 }
 
@@ -185,10 +215,10 @@ fn capture_string(data: *mut u8, flags_out: &mut u32, ptr: u64) -> u32 {
 fn capture_struct(
     data: &mut [u8; DATA_LEN],
     flags_out: &mut u32,
-    frame: &Frame,
+    args: &[u64; MAX_ARGS],
     spec: &ProbeSpec,
 ) -> u32 {
-    let Some(&ptr) = frame.args.get(spec.capture_arg as usize) else {
+    let Some(&ptr) = args.get(spec.capture_arg as usize) else {
         return 0;
     };
     if ptr == 0 {
@@ -196,7 +226,7 @@ fn capture_struct(
     }
     let mut len = u64::from(spec.capture_len);
     if spec.capture_count_arg != 0 {
-        let Some(&count) = frame.args.get(spec.capture_count_arg as usize - 1) else {
+        let Some(&count) = args.get(spec.capture_count_arg as usize - 1) else {
             return 0;
         };
         len = count.min((DATA_LEN / 8) as u64) * 8;
@@ -286,6 +316,13 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         }
     }
 
+    emit(call, spec)
+}
+
+/// Writes `call` to the ring, with the memory its spec captures read now: a `CallEvent`,
+/// a `CallStringEvent` or a `CallDataEvent`.
+#[inline(always)]
+fn emit(mut call: CallEvent, spec: &ProbeSpec) -> Option<()> {
     if spec.capture == capture_kind::NONE {
         let Some(mut entry) = EVENTS.reserve::<CallEvent>(0) else {
             bump(counter::RING_FULL);
@@ -300,7 +337,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             return None;
         };
         let out = entry.as_mut_ptr();
-        let ptr = frame
+        let ptr = call
             .args
             .get(spec.capture_arg as usize)
             .copied()
@@ -325,7 +362,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         unsafe {
             // Read straight into the ring: the buffer never touches the BPF stack.
             let mut read_flags = 0;
-            let len = capture_struct(&mut (*out).data, &mut read_flags, frame, spec);
+            let len = capture_struct(&mut (*out).data, &mut read_flags, &call.args, spec);
             call.header.flags |= read_flags;
             (*out).call = call;
             (*out).data_len = len;

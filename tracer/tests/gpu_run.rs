@@ -45,16 +45,21 @@ fn run_gpu(trace: &Path, extra: &[&str], envs: &[(&str, &str)], command: &[&str]
 
 /// `cudatrace run --gpu --cupti STANDIN -- cudatrace-driver gpu`, with `cupti` and `envs`.
 fn trace_gpu(name: &str, cupti: &Path, envs: &[(&str, &str)]) -> (Output, Vec<Value>) {
+    trace_gpu_with(name, cupti, &[], envs)
+}
+
+/// [`trace_gpu`] with `extra` flags.
+fn trace_gpu_with(
+    name: &str,
+    cupti: &Path,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> (Output, Vec<Value>) {
     let trace = scratch(name).join("trace.jsonl");
     let driver = standin().driver.display().to_string();
-    let output = assert_no_probe_outlives(|| {
-        run_gpu(
-            &trace,
-            &["--cupti", cupti.to_str().unwrap()],
-            envs,
-            &[&driver, "gpu"],
-        )
-    });
+    let mut flags = vec!["--cupti", cupti.to_str().unwrap()];
+    flags.extend_from_slice(extra);
+    let output = assert_no_probe_outlives(|| run_gpu(&trace, &flags, envs, &[&driver, "gpu"]));
     (output, read_trace(&trace))
 }
 
@@ -246,10 +251,10 @@ fn assert_driver_gpu_lines(trace: &[Value]) {
         assert_eq!(line["queued_ns"], 1000, "{line}");
         let (ts, call_ts) = (u(&line["ts_ns"]), u(&call["ts_ns"]));
         assert!(call_ts + 1000 < ts, "{line} starts after {call}");
-        assert!(
-            ts <= call_ts + u(&call["dur_ns"]) + 1000,
-            "{line} vs {call}"
-        );
+        // A launch probed at entry alone (--launch-entry-only) has no duration.
+        if let Some(dur) = call["dur_ns"].as_u64() {
+            assert!(ts <= call_ts + dur + 1000, "{line} vs {call}");
+        }
         assert!(
             start < ts && ts + u(&line["dur_ns"]) < end,
             "{line} in the run"
@@ -363,6 +368,44 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         ),
         "-q: the closing line only"
     );
+}
+
+#[test]
+fn launches_probed_at_entry_alone_still_link_every_piece_of_work() {
+    let Some(_guard) = root() else { return };
+    let cupti = cupti_standin();
+    let (output, trace) = trace_gpu_with(
+        "gpu-run-entry-only",
+        &cupti.lib,
+        &["--launch-entry-only"],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // The same 8 pieces of work, each linked to the same call as without the flag.
+    assert_driver_gpu_lines(&trace);
+    assert_eq!(trace[0]["launch_entry_only"], true);
+    let launches: Vec<(&Value, &Value, &Value)> = calls(&trace)
+        .iter()
+        .filter(|c| c["name"].as_str().unwrap().starts_with("cuLaunchKernel"))
+        .map(|c| (&c["name"], &c["ret"], &c["dur_ns"]))
+        .collect();
+    // Four launches and the failed one (CUDA_ERROR_INVALID_HANDLE, unseen now).
+    assert_eq!(
+        launches,
+        [
+            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
+            (&json!("cuLaunchKernelEx"), &Value::Null, &Value::Null),
+            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
+            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
+            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
+        ]
+    );
+    let memset = calls(&trace)
+        .into_iter()
+        .find(|c| c["name"] == "cuMemsetD8_v2")
+        .unwrap();
+    assert_eq!(memset["ret"], 0);
+    assert!(u(&memset["dur_ns"]) > 0, "{memset}");
 }
 
 #[test]

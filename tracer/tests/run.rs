@@ -114,8 +114,16 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
 
     let header = &trace[0];
     assert_eq!(header["format"], "cudatrace");
-    assert_eq!(header["version"], 2);
+    assert_eq!(header["version"], 3);
     assert_eq!(header["mode"], "command");
+    assert!(header.get("launch_entry_only").is_none(), "{header}");
+    assert!(
+        header["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p.get("entry_only").is_none())
+    );
     assert_eq!(header["libcuda"]["standin"], true);
     assert_eq!(
         header["libcuda"]["path"],
@@ -162,6 +170,93 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
     assert_eq!(processes[0]["event"], "exec");
     assert_eq!(processes[0]["filename"], standin().driver.to_str().unwrap());
     assert_eq!(processes[1]["event"], "exit");
+}
+
+/// The launches `--launch-entry-only` probes at entry alone, as `cudatrace-driver
+/// sequence` calls them.
+const ENTRY_ONLY: &[&str] = &["cuLaunchKernel", "cuLaunchKernelEx"];
+
+#[test]
+fn launch_entry_only_drops_ret_and_dur_of_launches_alone() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("sequence-entry-only");
+    let trace_path = dir.join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| {
+        trace_driver(&trace_path, &["--launch-entry-only"], &["sequence"])
+    });
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let header = &trace[0];
+    assert_eq!(header["launch_entry_only"], true);
+    let mut entry_only: Vec<&str> = header["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["entry_only"] == true)
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    entry_only.sort_unstable();
+    assert_eq!(
+        entry_only,
+        [
+            "cuGraphLaunch",
+            "cuGraphLaunch_ptsz",
+            "cuLaunchCooperativeKernel",
+            "cuLaunchCooperativeKernel_ptsz",
+            "cuLaunchKernel",
+            "cuLaunchKernelEx",
+            "cuLaunchKernelEx_ptsz",
+            "cuLaunchKernel_ptsz",
+        ]
+    );
+
+    // The same calls in the same order, with the same arguments (grid, block, shared
+    // memory, stream, function; cuLaunchKernelEx's from its CUlaunchConfig, read at entry).
+    let calls = calls(&trace);
+    let expected = expected_sequence();
+    assert_eq!(
+        names(&calls),
+        expected
+            .iter()
+            .map(|(name, _)| name.to_string())
+            .collect::<Vec<_>>()
+    );
+    let mut last_ts = 0;
+    for (call, (name, fields)) in calls.iter().zip(&expected) {
+        for (key, value) in fields.as_object().unwrap() {
+            assert_eq!(&call[key], value, "{name}.{key} in {call}");
+        }
+        let ts = call["ts_ns"].as_u64().unwrap();
+        assert!(ts > last_ts, "timestamps increase: {call}");
+        last_ts = ts;
+        if ENTRY_ONLY.contains(name) {
+            for key in ["ret", "dur_ns", "ret_name", "warnings"] {
+                assert!(call.get(key).is_none(), "{key} in {call}");
+            }
+        } else {
+            assert!(call["ret"].is_u64(), "{call}");
+            assert!(call["dur_ns"].as_u64().unwrap() > 0, "{call}");
+        }
+    }
+    let kernels: Vec<&Value> = calls
+        .iter()
+        .filter(|c| ENTRY_ONLY.contains(&c["name"].as_str().unwrap()))
+        .map(|c| &c["kernel"])
+        .collect();
+    assert_eq!(
+        kernels,
+        [
+            "vector_add(float const*, float const*, float*, int)",
+            "vector_add(float const*, float const*, float*, int)",
+            "torch::native::add_kernel(float const*, float const*, float*, int)"
+        ]
+    );
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["lost"]["total"], 0);
+    assert_eq!(footer["entries_seen"], 28);
+    assert_eq!(footer["calls_by_name"]["cuLaunchKernel"], 2);
+    assert_eq!(footer["calls_by_name"]["cuLaunchKernelEx"], 1);
 }
 
 fn alloc_sizes_by_pid(trace: &[Value]) -> Vec<(u64, u64)> {

@@ -61,7 +61,7 @@ impl ContextState {
             }
             return;
         }
-        if record.ret != 0 {
+        if !record.ok() {
             return;
         }
         let context = record.context.map(|c| c.0);
@@ -163,7 +163,7 @@ pub struct DeviceAccumulator {
 
 impl DeviceAccumulator {
     pub fn observe(&mut self, role: Role, record: &CallLine) {
-        if record.ret != 0
+        if !record.ok()
             || !matches!(
                 role,
                 Role::Launch
@@ -288,7 +288,7 @@ mod tests {
         assert_eq!(run(launch(11)), Some(1), "a created context is current");
         let failed = call("cuCtxPushCurrent_v2", 11, |r| {
             r.context = Some(Hex(0xa0));
-            r.ret = 1;
+            r.ret = Some(1);
         });
         run(failed);
         assert_eq!(run(launch(11)), Some(1), "a failed push changes nothing");

@@ -84,7 +84,7 @@ impl GpuContext {
     }
 
     pub fn call(&mut self, call: &CallLine) {
-        let end = call.ts_ns.saturating_add(call.dur_ns);
+        let end = call.ts_ns.saturating_add(call.dur_or_zero());
         for gap in &mut self.gaps {
             if call.ts_ns >= gap.end || end <= gap.start {
                 continue;

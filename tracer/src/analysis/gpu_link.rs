@@ -3,7 +3,10 @@
 //!
 //! - CUPTI's record of a call (an [`ApiRecord`]: thread, start, end) lies inside exactly
 //!   one traced `call` line: same pid and tid, `call.ts_ns <= api.start` and
-//!   `api.end <= call.ts_ns + call.dur_ns` (the innermost, if calls nest);
+//!   `api.end <= call.ts_ns + call.dur_ns` (the innermost, if calls nest). A call probed
+//!   at entry alone (`--launch-entry-only`) has no `dur_ns`: it is taken to last until
+//!   the next launch, copy or memset call of its thread begins (or for ever, if it is the
+//!   thread's last);
 //! - a GPU record names its API record by correlation id (per process).
 //!
 //! Records arrive late: the injection library hands them over when CUPTI flushes (every
@@ -40,7 +43,11 @@ pub const PENDING_MAX: usize = 1 << 17;
 #[derive(Clone, Copy, Debug)]
 struct RecentCall {
     ts_ns: u64,
+    /// `u64::MAX` until the next call of the thread closes it, for a call whose return was
+    /// not seen.
     end_ns: u64,
+    /// Its return was not seen: `end_ns` is where the thread's next call began.
+    open: bool,
 }
 
 /// One thread's recent calls, by `ts_ns`.
@@ -89,6 +96,20 @@ impl Thread {
             .iter()
             .rposition(|c| c.ts_ns <= call.ts_ns)
             .map_or(0, |i| i + 1);
+        let mut call = call;
+        // A thread runs one call at a time: a call whose return was not seen ended before
+        // the thread's next call began.
+        if call.open
+            && let Some(next) = self.calls.get(at)
+        {
+            call.end_ns = next.ts_ns;
+        }
+        if at > 0
+            && let Some(previous) = self.calls.get_mut(at - 1)
+            && previous.open
+        {
+            previous.end_ns = previous.end_ns.min(call.ts_ns);
+        }
         self.calls.insert(at, call);
         if self.calls.len() > CALL_WINDOW {
             self.calls.pop_front();
@@ -111,8 +132,9 @@ impl Thread {
 }
 
 impl GpuLinker {
-    /// A launch, copy or memset call line, as it goes by.
-    pub fn call(&mut self, pid: u32, tid: u32, ts_ns: u64, dur_ns: u64) {
+    /// A launch, copy or memset call line, as it goes by; `dur_ns` is `None` for a call
+    /// probed at entry alone.
+    pub fn call(&mut self, pid: u32, tid: u32, ts_ns: u64, dur_ns: Option<u64>) {
         self.processes
             .entry(pid)
             .or_default()
@@ -121,7 +143,8 @@ impl GpuLinker {
             .or_default()
             .push(RecentCall {
                 ts_ns,
-                end_ns: ts_ns.saturating_add(dur_ns),
+                end_ns: dur_ns.map_or(u64::MAX, |dur| ts_ns.saturating_add(dur)),
+                open: dur_ns.is_none(),
             });
     }
 
@@ -342,9 +365,9 @@ mod tests {
         let mut out = Vec::new();
         // Thread 1: an outer call 100..400 around an inner one 150..250 (the inner returns,
         // and so arrives, first); thread 2: 120..300.
-        linker.call(1, 1, 150, 100);
-        linker.call(1, 1, 100, 300);
-        linker.call(1, 2, 120, 180);
+        linker.call(1, 1, 150, Some(100));
+        linker.call(1, 1, 100, Some(300));
+        linker.call(1, 2, 120, Some(180));
         linker.api(api(1, 5, 160, 240), 0, &mut out);
         assert!(out.is_empty());
         linker.work(kernel(1, 5, 1240), 0, &mut out);
@@ -406,11 +429,55 @@ mod tests {
     }
 
     #[test]
+    fn a_call_without_its_return_lasts_until_the_threads_next_call() {
+        let mut linker = GpuLinker::default();
+        let mut out = Vec::new();
+        // Thread 1: entry-only launches at 100 and 300, a copy 500..600 and a last launch
+        // at 700; thread 2: an entry-only launch at 200.
+        linker.call(1, 1, 100, None);
+        linker.call(1, 2, 200, None);
+        linker.call(1, 1, 300, None);
+        linker.call(1, 1, 500, Some(100));
+        linker.call(1, 1, 700, None);
+        for (id, tid, start, end) in [
+            (1, 1, 110, 290),
+            (2, 2, 210, 10_000),
+            (3, 1, 310, 490),
+            (4, 1, 510, 590),
+            (5, 1, 710, 10_000),
+            // Past the launch at 300 but not before the copy began: no call encloses it.
+            (6, 1, 320, 520),
+            // Between the copy's end and the next launch: the copy is over.
+            (7, 1, 650, 660),
+        ] {
+            linker.api(api(tid, id, start, end), 0, &mut out);
+            linker.work(kernel(1, id, 20_000), 0, &mut out);
+        }
+        let calls: Vec<_> = out.iter().map(|line| link(line).0).collect();
+        assert_eq!(
+            calls,
+            [
+                Some((1, 100)),
+                Some((2, 200)),
+                Some((1, 300)),
+                Some((1, 500)),
+                Some((1, 700)),
+                None,
+                None
+            ]
+        );
+        assert_eq!(
+            (linker.counts.linked, linker.counts.unlinked.no_call),
+            (5, 2)
+        );
+    }
+
+    #[test]
     fn calls_beyond_the_window_are_told_apart() {
         let mut linker = GpuLinker::default();
         let mut out = Vec::new();
         for i in 0..=CALL_WINDOW as u64 {
-            linker.call(1, 1, i * 10, 5);
+            linker.call(1, 1, i * 10, Some(5));
         }
         linker.api(api(1, 1, 1, 2), 0, &mut out);
         linker.work(kernel(1, 1, 100), 0, &mut out);

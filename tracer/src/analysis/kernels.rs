@@ -75,7 +75,7 @@ pub struct KernelTable {
 impl KernelTable {
     /// Registers names from successful creation calls; names launches.
     pub fn observe(&mut self, names: &mut KernelNames, role: Role, record: &mut CallLine) {
-        let ok = record.ret == 0;
+        let ok = record.ok();
         match role {
             Role::GetFunction | Role::GetKernel if ok => {
                 let (Some(symbol), Some(Hex(handle))) = (
@@ -251,7 +251,7 @@ mod tests {
         script
             // A failed lookup registers nothing.
             .call("cuModuleGetFunction", |r| {
-                r.ret = 500;
+                r.ret = Some(500);
                 r.function = Some(Hex(0x3000));
                 r.symbol = Some("missing_kernel".into());
             })

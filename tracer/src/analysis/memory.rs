@@ -91,7 +91,7 @@ pub struct MemoryState {
 impl MemoryState {
     /// Accounts a call and sets `live_bytes` on the calls that can change device memory.
     pub fn observe(&mut self, role: Role, symbol: Option<&'static str>, record: &mut CallLine) {
-        if record.ret != 0 {
+        if !record.ok() {
             return;
         }
         let call = symbol.unwrap_or("unknown");
@@ -340,7 +340,7 @@ mod tests {
             .alloc(0x1000, MIB) // 1000
             .alloc(0x2000, 4096) // 2000
             .call("cuMemAlloc_v2", |r| {
-                r.ret = 1;
+                r.ret = Some(1);
                 r.bytes = Some(0);
                 r.dptr = Some(Hex(0));
             })
@@ -480,7 +480,7 @@ mod tests {
                 r.handle = Some(Hex(0xc0));
             })
             .call("cuMemCreate", |r| {
-                r.ret = 2;
+                r.ret = Some(2);
                 r.bytes = Some(MIB);
             })
             .call("cuMemRelease", |r| r.handle = Some(Hex(0xdead)))

@@ -116,7 +116,7 @@ impl Analysis {
             Event::Call(call) => {
                 self.observe(call);
                 if let Some(linker) = &mut self.gpu_link
-                    && call.ret == 0
+                    && call.ok()
                     && matches!(
                         classify(&call.name).0,
                         Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
@@ -376,7 +376,8 @@ pub(crate) mod testing {
                 pid: self.pid,
                 tid: self.pid,
                 ts_ns: self.ts,
-                dur_ns: 100,
+                dur_ns: Some(100),
+                ret: Some(0),
                 ..Default::default()
             };
             fill(&mut record);

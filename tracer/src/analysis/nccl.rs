@@ -72,7 +72,7 @@ impl NcclState {
         let Some(spec) = lookup(&record.name) else {
             return;
         };
-        let made = record.ret == 0 || record.ret == IN_PROGRESS;
+        let made = record.ok() || record.ret == Some(IN_PROGRESS);
         match spec.name() {
             "ncclCommInitRank" | "ncclCommInitRankConfig" | "ncclCommInitRankScalable" if made => {
                 if let Some(comm) = record.comm {
@@ -104,17 +104,17 @@ impl NcclState {
                     self.comms.insert(child.0, CommInfo::default());
                 }
             }
-            "ncclCommUserRank" if record.ret == 0 => {
+            "ncclCommUserRank" if record.ok() => {
                 if let Some(comm) = record.comm {
                     self.comms.entry(comm.0).or_default().rank = record.rank;
                 }
             }
-            "ncclCommCount" if record.ret == 0 => {
+            "ncclCommCount" if record.ok() => {
                 if let Some(comm) = record.comm {
                     self.comms.entry(comm.0).or_default().nranks = record.nranks;
                 }
             }
-            "ncclCommCuDevice" if record.ret == 0 => {
+            "ncclCommCuDevice" if record.ok() => {
                 if let Some(comm) = record.comm {
                     self.comms.entry(comm.0).or_default().device = record.device;
                 }
@@ -149,7 +149,7 @@ impl NcclState {
             record.group = Some(*group);
         }
         if matches!(spec.name(), "ncclCommDestroy" | "ncclCommAbort")
-            && record.ret == 0
+            && record.ok()
             && let Some(comm) = record.comm
         {
             // The pointer may come back for another communicator.
@@ -297,7 +297,7 @@ impl CollectiveAccumulator {
     }
 
     pub fn observe(&mut self, role: Role, record: &CallLine, comm: Option<&CommInfo>) {
-        if self.gpu && matches!(role, Role::Launch | Role::GraphLaunch) && record.ret == 0 {
+        if self.gpu && matches!(role, Role::Launch | Role::GraphLaunch) && record.ok() {
             let launches = self.launches.entry((record.pid, record.tid)).or_default();
             if launches.len() == LAUNCHES_KEPT {
                 launches.pop_front();
@@ -368,11 +368,11 @@ impl CollectiveAccumulator {
                 slots.push(taken);
             }
         }
-        let ok = record.ret == 0;
+        let ok = record.ok();
         let bytes = if ok { record.bytes.unwrap_or(0) } else { 0 };
         if ok {
             row.calls += 1;
-            row.host_ns += record.dur_ns;
+            row.host_ns += record.dur_or_zero();
             row.bytes += bytes;
         } else {
             row.errors += 1;
@@ -385,10 +385,10 @@ impl CollectiveAccumulator {
             key,
             name: record.name.clone(),
             ts_ns: record.ts_ns,
-            end_ns: record.ts_ns + record.dur_ns,
+            end_ns: record.ts_ns + record.dur_or_zero(),
             ok,
             bytes,
-            dur_ns: record.dur_ns,
+            dur_ns: record.dur_or_zero(),
             group: record.group.filter(|_| ok),
             slots,
         });
@@ -413,7 +413,7 @@ impl CollectiveAccumulator {
         let Some(recent) = self.recent.get_mut(&(record.pid, record.tid)) else {
             return Vec::new();
         };
-        let end = record.ts_ns + record.dur_ns;
+        let end = record.ts_ns + record.dur_or_zero();
         let inside = |call: &RecentCall| record.ts_ns <= call.ts_ns && call.end_ns <= end;
         if !recent.iter().any(inside) {
             return Vec::new();
@@ -452,7 +452,7 @@ impl CollectiveAccumulator {
         let Some(launches) = self.launches.get_mut(&(record.pid, record.tid)) else {
             return;
         };
-        let end = record.ts_ns + record.dur_ns;
+        let end = record.ts_ns + record.dur_or_zero();
         let inside: Vec<u64> = launches
             .iter()
             .copied()
@@ -645,7 +645,7 @@ mod tests {
             pid: 7,
             tid: 7,
             ts_ns: ts,
-            dur_ns: 10,
+            dur_ns: Some(10),
             ..CallLine::default()
         };
         lines.push(script.records[0].clone());
@@ -655,7 +655,7 @@ mod tests {
             pid: 7,
             tid: 7,
             ts_ns: 5_000,
-            dur_ns: 200,
+            dur_ns: Some(200),
             comm: Some(Hex(0x2000)),
             bytes: Some(1_000_000),
             ..CallLine::default()
@@ -666,7 +666,7 @@ mod tests {
             pid: 7,
             tid: 7,
             ts_ns: 6_000,
-            dur_ns: 5,
+            dur_ns: Some(5),
             ..CallLine::default()
         };
         lines.push(start);
@@ -679,7 +679,7 @@ mod tests {
                 pid: 7,
                 tid: 7,
                 ts_ns: ts,
-                dur_ns: 10,
+                dur_ns: Some(10),
                 comm: Some(Hex(0x2000)),
                 bytes: Some(bytes),
                 ..CallLine::default()
@@ -691,7 +691,7 @@ mod tests {
             pid: 7,
             tid: 7,
             ts_ns: 6_300,
-            dur_ns: 100,
+            dur_ns: Some(100),
             ..CallLine::default()
         });
         for line in &mut lines {
@@ -754,7 +754,7 @@ mod tests {
             pid: 7,
             tid: 8,
             ts_ns: ts,
-            dur_ns: dur,
+            dur_ns: Some(dur),
             comm: bytes.map(|_| Hex(0x2000)),
             bytes,
             rank: Some(0),

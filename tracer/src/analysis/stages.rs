@@ -48,7 +48,7 @@ pub struct Tally {
 impl Tally {
     fn add(&mut self, kind: Kind, record: &CallLine) {
         self.calls += 1;
-        let ok = record.ret == 0;
+        let ok = record.ok();
         let bytes = record.bytes.unwrap_or(0);
         match kind {
             Kind::Launch if ok => self.launches += 1,
@@ -181,7 +181,7 @@ impl StageTracker {
     pub fn observe(&mut self, role: Role, record: &CallLine) {
         let kind = Kind::of(role, record);
         let start = record.ts_ns;
-        let end = start.saturating_add(record.dur_ns);
+        let end = start.saturating_add(record.dur_or_zero());
         if self.calls == 0 || start < self.t_start {
             self.t_start = start;
         }

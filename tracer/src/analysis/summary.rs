@@ -20,6 +20,8 @@ const MAX_TRACKED_NS: u64 = 1 << 50;
 
 struct FunctionStats {
     count: u64,
+    /// Calls without a return seen (`--launch-entry-only`): no duration, no result.
+    untimed: u64,
     errors: u64,
     total_ns: u64,
     max_ns: u64,
@@ -34,6 +36,7 @@ impl FunctionStats {
     fn new(name: &str, role: Role) -> Self {
         FunctionStats {
             count: 0,
+            untimed: 0,
             errors: 0,
             total_ns: 0,
             max_ns: 0,
@@ -78,8 +81,8 @@ fn call_bytes(record: &CallLine) -> Option<u64> {
 
 impl SummaryAccumulator {
     pub fn observe(&mut self, role: Role, record: &CallLine) {
-        let ok = record.ret == 0;
-        let end = record.ts_ns.saturating_add(record.dur_ns);
+        let ok = record.ok();
+        let end = record.end_ns().unwrap_or(record.ts_ns);
         self.calls += 1;
         self.errors += u64::from(!ok);
         self.first_ts = Some(self.first_ts.map_or(record.ts_ns, |t| t.min(record.ts_ns)));
@@ -95,12 +98,16 @@ impl SummaryAccumulator {
         };
         stats.count += 1;
         stats.errors += u64::from(!ok);
-        stats.total_ns = stats.total_ns.saturating_add(record.dur_ns);
-        stats.max_ns = stats.max_ns.max(record.dur_ns);
-        // `record` grows the histogram as needed (`saturating_record` would clamp instead).
-        let latency = record.dur_ns.min(MAX_TRACKED_NS);
-        if stats.latency.record(latency).is_err() {
-            stats.latency.saturating_record(latency);
+        if let Some(dur_ns) = record.dur_ns {
+            stats.total_ns = stats.total_ns.saturating_add(dur_ns);
+            stats.max_ns = stats.max_ns.max(dur_ns);
+            // `record` grows the histogram as needed (`saturating_record` would clamp).
+            let latency = dur_ns.min(MAX_TRACKED_NS);
+            if stats.latency.record(latency).is_err() {
+                stats.latency.saturating_record(latency);
+            }
+        } else {
+            stats.untimed += 1;
         }
         let bytes = call_bytes(record);
         if let Some(bytes) = bytes {
@@ -108,7 +115,7 @@ impl SummaryAccumulator {
             if ok {
                 *sum = sum.saturating_add(bytes);
                 if stats.synchronous_copy {
-                    stats.copy_ns = stats.copy_ns.saturating_add(record.dur_ns);
+                    stats.copy_ns = stats.copy_ns.saturating_add(record.dur_or_zero());
                 }
             }
         }
@@ -158,22 +165,27 @@ impl SummaryAccumulator {
         let mut functions: Vec<FunctionSummary> = self
             .functions
             .into_iter()
-            .map(|(name, stats)| FunctionSummary {
-                count: stats.count,
-                errors: stats.errors,
-                total_ns: stats.total_ns,
-                mean_ns: stats.total_ns / stats.count.max(1),
-                p50_ns: stats.latency.value_at_quantile(0.5).min(stats.max_ns),
-                p99_ns: stats.latency.value_at_quantile(0.99).min(stats.max_ns),
-                max_ns: stats.max_ns,
-                bytes: stats.bytes,
-                bandwidth_gb_s: match (stats.synchronous_copy, stats.bytes) {
-                    (true, Some(bytes)) if stats.copy_ns > 0 => {
-                        Some(bytes as f64 / stats.copy_ns as f64)
-                    }
-                    _ => None,
-                },
-                name,
+            .map(|(name, stats)| {
+                let timed = stats.count - stats.untimed;
+                let when_timed = |value: u64| (timed > 0).then_some(value);
+                FunctionSummary {
+                    count: stats.count,
+                    untimed: stats.untimed,
+                    errors: stats.errors,
+                    total_ns: stats.total_ns,
+                    mean_ns: when_timed(stats.total_ns / timed.max(1)),
+                    p50_ns: when_timed(stats.latency.value_at_quantile(0.5).min(stats.max_ns)),
+                    p99_ns: when_timed(stats.latency.value_at_quantile(0.99).min(stats.max_ns)),
+                    max_ns: when_timed(stats.max_ns),
+                    bytes: stats.bytes,
+                    bandwidth_gb_s: match (stats.synchronous_copy, stats.bytes) {
+                        (true, Some(bytes)) if stats.copy_ns > 0 => {
+                            Some(bytes as f64 / stats.copy_ns as f64)
+                        }
+                        _ => None,
+                    },
+                    name,
+                }
             })
             .collect();
         functions.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.name.cmp(&b.name)));
@@ -228,13 +240,23 @@ impl SummaryAccumulator {
 pub struct FunctionSummary {
     pub name: String,
     pub count: u64,
+    /// Calls probed at entry alone (`--launch-entry-only`): no duration and no result
+    /// (they count as successes, and in no duration figure).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub untimed: u64,
     /// Calls that returned something other than CUDA_SUCCESS.
     pub errors: u64,
+    /// The time of the calls with a duration.
     pub total_ns: u64,
-    pub mean_ns: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-    pub max_ns: u64,
+    /// Of the calls with a duration; absent when none has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ns: Option<u64>,
     /// Bytes of successful calls (copies, memsets, allocations); absent for functions
     /// without a size.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -242,6 +264,10 @@ pub struct FunctionSummary {
     /// Synchronous copies: bytes / time in the call (GB/s = bytes per ns).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bandwidth_gb_s: Option<f64>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -305,19 +331,19 @@ mod tests {
             script.call("cuMemcpyHtoD_v2", |r| {
                 r.kind = Some("HtoD".into());
                 r.bytes = Some(1000);
-                r.dur_ns = dur;
+                r.dur_ns = Some(dur);
             });
         }
         script.call("cuMemcpyHtoD_v2", |r| {
             r.kind = Some("HtoD".into());
             r.bytes = Some(5000);
-            r.dur_ns = 1000;
-            r.ret = 1;
+            r.dur_ns = Some(1000);
+            r.ret = Some(1);
         });
         script.copy("cuMemcpyDtoHAsync_v2", "DtoH", 64);
         // Long calls: percentiles within the histogram's 0.1%.
         for dur in [10_000, 20_000, 30_000, 40_000_000_000] {
-            script.call("cuStreamSynchronize", |r| r.dur_ns = dur);
+            script.call("cuStreamSynchronize", |r| r.dur_ns = Some(dur));
         }
         let summary = script.report().summary;
         assert_eq!(summary.calls, 10);
@@ -325,21 +351,27 @@ mod tests {
         assert_eq!(summary.span_ns, 9000 + 40_000_000_000);
         let sync = &summary.functions[0];
         assert_eq!(sync.name, "cuStreamSynchronize");
-        assert_eq!(sync.max_ns, 40_000_000_000);
-        assert_eq!(sync.p99_ns, 40_000_000_000, "capped at the exact maximum");
-        assert!(sync.p50_ns.abs_diff(20_000) <= 20, "{}", sync.p50_ns);
+        assert_eq!(sync.max_ns, Some(40_000_000_000));
+        assert_eq!(
+            sync.p99_ns,
+            Some(40_000_000_000),
+            "capped at the exact maximum"
+        );
+        let p50 = sync.p50_ns.unwrap();
+        assert!(p50.abs_diff(20_000) <= 20, "{p50}");
         let htod = &summary.functions[1];
         assert_eq!(
             *htod,
             FunctionSummary {
                 name: "cuMemcpyHtoD_v2".into(),
                 count: 5,
+                untimed: 0,
                 errors: 1,
                 total_ns: 2000,
-                mean_ns: 400,
-                p50_ns: 300,
-                p99_ns: 1000,
-                max_ns: 1000,
+                mean_ns: Some(400),
+                p50_ns: Some(300),
+                p99_ns: Some(1000),
+                max_ns: Some(1000),
                 bytes: Some(4000),
                 // 4000 bytes in the 1000 ns of the successful calls.
                 bandwidth_gb_s: Some(4.0),
@@ -362,6 +394,52 @@ mod tests {
                     bytes: 4000
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn calls_without_their_return_count_as_successes_without_durations() {
+        let mut script = Script::new(5);
+        for _ in 0..3 {
+            script.call("cuLaunchKernel", |r| {
+                r.function = Some(Hex(0x10));
+                r.grid = Some([2, 1, 1]);
+                r.block = Some([64, 1, 1]);
+                r.dur_ns = None;
+                r.ret = None;
+            });
+        }
+        script.call("cuStreamSynchronize", |r| r.dur_ns = Some(700));
+        let summary = script.report().summary;
+        assert_eq!((summary.calls, summary.errors), (4, 0));
+        assert_eq!(summary.kernel_launches, 3);
+        // From the first launch's entry to the synchronisation's return.
+        assert_eq!(summary.span_ns, 3000 + 700);
+        let launch = summary
+            .functions
+            .iter()
+            .find(|f| f.name == "cuLaunchKernel")
+            .unwrap();
+        assert_eq!(
+            *launch,
+            FunctionSummary {
+                name: "cuLaunchKernel".into(),
+                count: 3,
+                untimed: 3,
+                errors: 0,
+                total_ns: 0,
+                mean_ns: None,
+                p50_ns: None,
+                p99_ns: None,
+                max_ns: None,
+                bytes: None,
+                bandwidth_gb_s: None,
+            }
+        );
+        let json = serde_json::to_string(launch).unwrap();
+        assert_eq!(
+            json,
+            r#"{"name":"cuLaunchKernel","count":3,"untimed":3,"errors":0,"total_ns":0}"#
         );
     }
 
@@ -391,7 +469,7 @@ mod tests {
             .launch(0x99)
             .call("cuLaunchKernel", |r| {
                 r.function = Some(Hex(0x99));
-                r.ret = 400;
+                r.ret = Some(400);
             })
             .call("cuGraphLaunch", |r| r.graph = Some(Hex(0x5)));
         let summary = script.report().summary;

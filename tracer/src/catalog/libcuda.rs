@@ -624,6 +624,43 @@ mod tests {
         assert_eq!(spec.capture_len, 56);
     }
 
+    /// An entry-only launch has no return probe: nothing of it may be read at return (an
+    /// output), and what it captures (`cuLaunchKernelEx`'s config, the caller's memory) is
+    /// read at entry.
+    #[test]
+    fn entry_only_launches_are_launches_with_nothing_to_read_at_return() {
+        let entry_only: Vec<&str> = CATALOG
+            .iter()
+            .filter(|spec| spec.is_entry_only_launch())
+            .map(|spec| spec.name())
+            .collect();
+        assert_eq!(entry_only, crate::catalog::ENTRY_ONLY_LAUNCHES);
+        for name in entry_only {
+            let spec = lookup(name).unwrap();
+            assert_eq!(spec.family, Family::Launch, "{name}");
+            assert!(!spec.args.iter().any(Arg::is_output), "{name}");
+            let probe = spec.probe_spec();
+            assert_eq!(probe.out_args, [0, 0], "{name}");
+            assert!(
+                probe.capture == capture::NONE
+                    || (probe.capture == capture::STRUCT && spec.args.contains(&LaunchConfig)),
+                "{name}"
+            );
+            assert!(
+                lookup(&format!("{name}_ptsz"))
+                    .unwrap()
+                    .is_entry_only_launch()
+            );
+        }
+        for name in [
+            "cuGraphInstantiateWithFlags",
+            "cuGraphExecUpdate_v2",
+            "cuMemAlloc_v2",
+        ] {
+            assert!(!lookup(name).unwrap().is_entry_only_launch(), "{name}");
+        }
+    }
+
     #[test]
     fn get_function_captures_name_and_reads_handle_at_return() {
         let spec = lookup("cuModuleGetFunction").unwrap().probe_spec();

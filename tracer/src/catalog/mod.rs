@@ -13,6 +13,8 @@ mod spec;
 pub use libcuda::lookup;
 pub use libcuda::{CATALOG, STREAM_VARIANTS};
 pub use nccl::NCCL_CATALOG;
+#[cfg(test)]
+pub use spec::ENTRY_ONLY_LAUNCHES;
 pub use spec::{
     Arg, BATCH_SIZES_READ, CopyKind, Family, Field, FnSpec, GENERIC, IPC_HANDLE_LEN, StrField,
     UNIQUE_ID_READ,

@@ -242,6 +242,16 @@ pub struct FnSpec {
     pub copy: Option<CopyKind>,
 }
 
+/// The functions `--launch-entry-only` probes at entry alone: those that launch GPU work
+/// and give nothing back but their result (no output argument, nothing read at return).
+/// Their `_ptsz` forms go with them.
+pub const ENTRY_ONLY_LAUNCHES: &[&str] = &[
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuLaunchCooperativeKernel",
+    "cuGraphLaunch",
+];
+
 use Arg::*;
 
 /// How a function outside the catalog is probed (`--functions all|GLOB`): its six register
@@ -258,6 +268,12 @@ impl FnSpec {
     /// [`GENERIC`], which probes functions by their own names).
     pub fn name(&self) -> &'static str {
         self.symbols.first().copied().unwrap_or("generic")
+    }
+
+    /// Whether `--launch-entry-only` probes this function at entry alone
+    /// ([`ENTRY_ONLY_LAUNCHES`]).
+    pub fn is_entry_only_launch(&self) -> bool {
+        self.family == Family::Launch && ENTRY_ONLY_LAUNCHES.contains(&self.name())
     }
 
     /// Whether this is [`GENERIC`], the spec of functions outside the catalog.

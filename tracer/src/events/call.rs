@@ -257,14 +257,18 @@ pub fn decode_call_of(
     spec: &FnSpec,
     result_name: fn(u32) -> Option<&'static str>,
 ) -> CallLine {
+    // An entry-only probe saw no return: no result, no duration.
+    let returned = call.header.flags & flags::NO_RETURN == 0;
     let mut record = CallLine {
         name: symbol.to_owned(),
         pid: call.header.pid,
         tid: call.header.tid,
         ts_ns: call.header.ts_ns,
-        dur_ns: call.dur_ns,
-        ret: call.ret,
-        ret_name: result_name(call.ret).map(Cow::Borrowed),
+        dur_ns: returned.then_some(call.dur_ns),
+        ret: returned.then_some(call.ret),
+        ret_name: result_name(call.ret)
+            .filter(|_| returned)
+            .map(Cow::Borrowed),
         kind: spec.copy.map(|kind| Cow::Borrowed(kind.as_str())),
         ..CallLine::default()
     };
@@ -506,6 +510,29 @@ mod tests {
         assert_eq!(record.block, Some([256, 1, 3]));
         assert_eq!(record.shared_mem, Some(1024));
         assert_eq!(record.stream, Some(Hex(0x1010)));
+    }
+
+    #[test]
+    fn a_call_seen_at_entry_alone_has_no_result_nor_duration() {
+        let spec = lookup("cuLaunchKernel").unwrap();
+        // The entry program leaves 0 in `ret` and `dur_ns`; a stray value must not show.
+        let mut event = call(
+            &[0x1030, 64, 1, 1, 128, 1, 1, 0, 0x1010, 0x7ffe],
+            [0, 0],
+            400,
+        );
+        event.header.flags = flags::NO_RETURN;
+        let record = decode_call(&event, None, "cuLaunchKernel", spec);
+        assert_eq!(
+            json(&record),
+            r#"{"type":"call","name":"cuLaunchKernel","pid":10,"tid":11,"ts_ns":1000,"grid":[64,1,1],"block":[128,1,1],"shared_mem":0,"stream":"0x1010","function":"0x1030"}"#
+        );
+        event.header.flags = 0;
+        let returned = decode_call(&event, None, "cuLaunchKernel", spec);
+        assert_eq!(
+            (returned.ret, returned.dur_ns, returned.ret_name.as_deref()),
+            (Some(400), Some(250), Some("CUDA_ERROR_INVALID_HANDLE"))
+        );
     }
 
     #[test]

@@ -245,7 +245,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let label = call_label(record, role);
         let pid_kept = self.filters.pid(record.pid);
         let kept = pid_kept
-            && self.filters.span(ts, record.dur_ns)
+            && self.filters.span(ts, record.dur_or_zero())
             && self.filters.name(&record.name, &label);
 
         // Flows follow every call, kept or not: a filtered-out sync still ends its launches'
@@ -256,13 +256,13 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             id,
             pid: record.pid,
             tid: record.tid,
-            ts_ns: ts + record.dur_ns / 2,
+            ts_ns: ts + record.dur_or_zero() / 2,
             launch_ts_ns: record.ts_ns,
             kept,
             name,
         };
         if let Some(gpu_flows) = &mut self.gpu_flows
-            && record.ret == 0
+            && record.ok()
             && matches!(
                 role,
                 Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
@@ -275,7 +275,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             }
         }
         match role {
-            Role::Launch | Role::GraphLaunch if record.ret == 0 => {
+            Role::Launch | Role::GraphLaunch if record.ok() => {
                 if let Some(stream) = StreamKey::of(record) {
                     let id = self.flows.next_id();
                     self.flows.launch(stream, start(id, TO_SYNC));
@@ -304,10 +304,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.track(track)?;
             call_args(record, role, &mut self.args);
             let category = self.families.of(&record.name).unwrap_or("other");
+            // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
                 track,
                 ts_ns: ts,
-                dur_ns: record.dur_ns,
+                dur_ns: record.dur_or_zero(),
                 name: &label,
                 category,
                 args: &self.args,
@@ -325,7 +326,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
         if let (Some(bytes), true) = (record.live_bytes, pid_kept) {
             // The bytes are those after the call.
-            let end = ts.saturating_add(record.dur_ns);
+            let end = ts.saturating_add(record.dur_or_zero());
             if self.filters.before_window(end) {
                 self.counter_before_window.insert(record.pid, bytes);
             } else if self.filters.span(end, 0) {
@@ -369,11 +370,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             Some(bytes) => format!("{op} {}", format_bytes(bytes)),
             None => op.to_owned(),
         };
-        if record.ret != 0 {
+        if !record.ok() {
             label.push_str(" → ");
             match &record.ret_name {
                 Some(name) => label.push_str(name),
-                None => label.push_str(&format!("error {}", record.ret)),
+                None => label.push_str(&format!("error {}", record.ret.unwrap_or(0))),
             }
         }
         let mut args = Arguments::default();
@@ -382,7 +383,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         // A collective NCCL made inside another (ncclBcast runs as ncclBroadcast) is
         // drawn once: the outer call, which names the inner one.
         let thread = (record.pid, record.tid);
-        let end = record.ts_ns + record.dur_ns;
+        let end = record.ts_ns + record.dur_or_zero();
         if let Some(previous) = self.pending_rank_slices.remove(&thread) {
             if record.ts_ns <= previous.call_ts_ns && previous.call_end_ns <= end {
                 args.insert_text("ran_as", &previous.function);
@@ -395,7 +396,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             RankSlice {
                 track,
                 ts_ns: ts,
-                dur_ns: record.dur_ns,
+                dur_ns: record.dur_or_zero(),
                 label,
                 args,
                 call_ts_ns: record.ts_ns,
@@ -744,12 +745,12 @@ pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
         },
         _ => Cow::Borrowed(record.name.as_str()),
     };
-    if record.ret != 0 {
+    if !record.ok() {
         let label = label.to_mut();
         label.push_str(" → ");
         match &record.ret_name {
             Some(name) => label.push_str(name),
-            None => label.push_str(&format!("error {}", record.ret)),
+            None => label.push_str(&format!("error {}", record.ret.unwrap_or(0))),
         }
     }
     label

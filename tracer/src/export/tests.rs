@@ -486,7 +486,10 @@ fn labels_name_kernels_copies_and_errors() {
         record("cuMemsetD32_v2", &|r| r.bytes = Some(64)),
         "cuMemsetD32_v2 64 B"
     );
-    assert_eq!(record("cuInit", &|r| r.ret = 999), "cuInit → error 999");
+    assert_eq!(
+        record("cuInit", &|r| r.ret = Some(999)),
+        "cuInit → error 999"
+    );
 }
 
 /// A shell's forked child execs another program: both formats rename it, the protobuf

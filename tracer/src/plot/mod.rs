@@ -116,9 +116,14 @@ fn bin(
             Line::Library(library) => families.add_library(library),
             Line::Call(record) => {
                 analysis.annotate(record);
-                bins.call(families.of(&record.name), record.ts_ns, record.dur_ns);
+                // A call probed at entry alone counts, and takes no time.
+                bins.call(
+                    families.of(&record.name),
+                    record.ts_ns,
+                    record.dur_or_zero(),
+                );
                 if let Some(bytes) = record.live_bytes {
-                    let end = record.ts_ns.saturating_add(record.dur_ns);
+                    let end = record.ts_ns.saturating_add(record.dur_or_zero());
                     bins.memory(record.pid, end, bytes);
                 }
             }

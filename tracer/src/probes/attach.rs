@@ -86,6 +86,8 @@ const MAX_REFUSED_LINKS: usize = 64;
 #[derive(Debug)]
 pub struct Attacher {
     scope: Scope,
+    /// `--launch-entry-only`: launches get the entry program alone.
+    launch_entry_only: bool,
     multi: Option<MultiPrograms>,
     /// Why uprobe_multi is not used, where it is not.
     pub fallback_reason: Option<String>,
@@ -105,8 +107,9 @@ pub struct Attacher {
 
 impl Attacher {
     /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
-    /// (before any map is taken out of `bpf`). `all`: probe every process.
-    pub fn new(bpf: &Ebpf, all: bool) -> Self {
+    /// (before any map is taken out of `bpf`). `all`: probe every process;
+    /// `launch_entry_only`: no return probe on launches (`--launch-entry-only`).
+    pub fn new(bpf: &Ebpf, all: bool, launch_entry_only: bool) -> Self {
         let (multi, fallback_reason) = if uprobe_multi::supported() {
             match load_multi(bpf) {
                 Ok(programs) => (Some(programs), None),
@@ -125,6 +128,7 @@ impl Attacher {
         };
         Attacher {
             scope,
+            launch_entry_only,
             multi,
             fallback_reason,
             refused_reason: None,
@@ -134,6 +138,11 @@ impl Attacher {
             refused: HashMap::new(),
             closer: Closer::start(),
         }
+    }
+
+    /// Whether launches get the entry program alone (`--launch-entry-only`).
+    pub fn launch_entry_only(&self) -> bool {
+        self.launch_entry_only
     }
 
     pub fn scope(&self) -> Scope {
@@ -178,7 +187,14 @@ impl Attacher {
     ) -> Result<Vec<AttachFailure>> {
         let _mapped = map_for_check(file);
         if self.multi.is_none() {
-            return attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf);
+            return attach_per_symbol(
+                bpf,
+                path,
+                plan,
+                &plan.probes,
+                self.launch_entry_only,
+                &mut self.host_perf,
+            );
         }
         let (links, failures, left_over) = self.link_split(plan, &plan.probes, path, 0)?;
         self.host_multi.extend(links);
@@ -189,6 +205,7 @@ impl Attacher {
                 path,
                 plan,
                 &left_over,
+                self.launch_entry_only,
                 &mut self.host_perf,
             )?);
         }
@@ -302,6 +319,7 @@ impl Attacher {
                 chunk,
                 (path, &plan.library.path),
                 pid,
+                self.launch_entry_only,
             ) {
                 Ok(made) => links.extend(made),
                 // A program that does not load, or a bad path: no subset would do better.
@@ -458,18 +476,29 @@ fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
 }
 
 /// The links for `probes`, one per program: returns first, so no entry is pushed without
-/// its return.
+/// its return. Entry-only probes (`--launch-entry-only`) are left out of the return link.
 fn link_multi(
     programs: &MultiPrograms,
     set_programs: &Programs,
     probes: &[PlannedProbe],
     (path, shown_as): (&Path, &Path),
     pid: u32,
+    launch_entry_only: bool,
 ) -> Result<Vec<MultiLink>> {
-    let offsets: Vec<u64> = probes.iter().map(|p| p.file_offset).collect();
-    let cookies: Vec<u64> = probes.iter().map(|p| p.cookie(pid != 0)).collect();
     let mut links = Vec::with_capacity(2);
     for (name, retprobe) in set_programs.names() {
+        let linked: Vec<&PlannedProbe> = probes
+            .iter()
+            .filter(|p| !(retprobe && p.entry_only(launch_entry_only)))
+            .collect();
+        if linked.is_empty() {
+            continue;
+        }
+        let offsets: Vec<u64> = linked.iter().map(|p| p.file_offset).collect();
+        let cookies: Vec<u64> = linked
+            .iter()
+            .map(|p| p.cookie(pid != 0, launch_entry_only))
+            .collect();
         let program = programs
             .loaded
             .get(name)
@@ -495,11 +524,12 @@ fn attach_per_symbol(
     lib_path: &Path,
     plan: &Plan,
     probes: &[PlannedProbe],
+    launch_entry_only: bool,
     attached: &mut Vec<(&'static str, UProbeLinkId)>,
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
-    for (program_name, _) in plan.set.programs.names() {
+    for (program_name, retprobe) in plan.set.programs.names() {
         let program: &mut UProbe = program(bpf, program_name)?;
         // A second plan finds the programs loaded already.
         if program.fd().is_err() {
@@ -508,12 +538,12 @@ fn attach_per_symbol(
                 .with_context(|| format!("loading {program_name}"))?;
         }
         for probe in probes {
-            if failed.contains(&probe.id) {
+            if failed.contains(&probe.id) || (retprobe && probe.entry_only(launch_entry_only)) {
                 continue;
             }
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(probe.cookie(false)),
+                cookie: Some(probe.cookie(false, launch_entry_only)),
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
                 Ok(link) => attached.push((program_name, link)),

@@ -132,16 +132,26 @@ pub struct PlannedProbe {
 
 impl PlannedProbe {
     /// Its attach cookie: the id, and what the entry program needs to know of it without a
-    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's.
-    pub fn cookie(&self, per_process: bool) -> u64 {
+    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's;
+    /// `launch_entry_only`: `--launch-entry-only` was given.
+    pub fn cookie(&self, per_process: bool, launch_entry_only: bool) -> u64 {
         let mut cookie = u64::from(self.id);
         if per_process {
             cookie |= tracer_common::cookie::PER_PROCESS;
+        }
+        if self.entry_only(launch_entry_only) {
+            cookie |= tracer_common::cookie::ENTRY_ONLY;
         }
         if self.spec.probe_spec().nargs as usize > tracer_common::REGISTER_ARGS {
             cookie |= tracer_common::cookie::STACK_ARGS;
         }
         cookie
+    }
+
+    /// Whether it gets the entry program alone, no return probe: a launch
+    /// ([`FnSpec::is_entry_only_launch`]) under `--launch-entry-only`.
+    pub fn entry_only(&self, launch_entry_only: bool) -> bool {
+        launch_entry_only && self.spec.is_entry_only_launch()
     }
 
     /// The function it belongs to: the catalog's name, or its own outside the catalog.
@@ -398,6 +408,51 @@ mod tests {
         assert!(plan.missing.contains(&"cuInit"));
         assert!(!plan.missing.contains(&"cuMemAlloc_v2"));
         assert_eq!(plan.missing.len(), CATALOG.len() - 3);
+    }
+
+    #[test]
+    fn cookies_carry_the_entry_only_bit_for_launches_under_the_flag_alone() {
+        use tracer_common::cookie;
+        let lib = library(&[
+            ("cuMemAlloc_v2", 0x100),
+            ("cuLaunchKernel", 0x200),
+            ("cuLaunchKernelEx_ptsz", 0x300),
+        ]);
+        let plan = Plan::new(&LIBCUDA, &lib, 0, 7, &FunctionSelection::default());
+        let cookies: Vec<(&str, u64, u64)> = plan
+            .probes
+            .iter()
+            .map(|p| {
+                (
+                    p.symbol.as_str(),
+                    p.cookie(true, false),
+                    p.cookie(false, true),
+                )
+            })
+            .collect();
+        assert_eq!(
+            cookies,
+            [
+                ("cuMemAlloc_v2", 7 | cookie::PER_PROCESS, 7),
+                (
+                    "cuLaunchKernel",
+                    8 | cookie::PER_PROCESS | cookie::STACK_ARGS,
+                    8 | cookie::STACK_ARGS | cookie::ENTRY_ONLY
+                ),
+                (
+                    "cuLaunchKernelEx_ptsz",
+                    9 | cookie::PER_PROCESS,
+                    9 | cookie::ENTRY_ONLY
+                ),
+            ]
+        );
+        assert_eq!(
+            plan.probes
+                .iter()
+                .map(|p| (p.entry_only(false), p.entry_only(true)))
+                .collect::<Vec<_>>(),
+            [(false, false), (false, true), (false, true)]
+        );
     }
 
     #[test]

@@ -95,6 +95,17 @@ pub struct RunArgs {
     )]
     pub functions: FunctionSelection,
 
+    /// Probe the launches at entry only, without a return probe: cuLaunchKernel,
+    /// cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch and their _ptsz forms.
+    /// Their call lines then have no `ret` and no `dur_ns`: a failed launch is recorded
+    /// (and counted) as a launch, and the summary and export give no launch durations.
+    /// Arguments, grid, block, shared memory, stream and kernel names are kept, and other
+    /// functions keep their return probes. It saves the return trap and its program on
+    /// every launch: use it for launch-heavy programs, where cudatrace's added latency per
+    /// launch matters more than how long each launch call took (BENCHMARKS.md).
+    #[arg(long)]
+    pub launch_entry_only: bool,
+
     /// Run the command as root even under sudo.
     #[arg(long)]
     pub as_root: bool,

@@ -55,6 +55,7 @@ pub fn header(
         host,
         kernel,
         functions: args.functions.to_string(),
+        launch_entry_only: args.launch_entry_only,
         libcuda: plans
             .of(&LIBCUDA)
             .map(|plan| LibcudaInfo {
@@ -74,6 +75,7 @@ pub fn header(
                 symbol: p.symbol.clone(),
                 function: p.function().into(),
                 family: p.spec.family.as_str().into(),
+                entry_only: p.entry_only(args.launch_entry_only),
             })
             .collect(),
         missing_functions: plans

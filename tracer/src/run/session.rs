@@ -104,7 +104,7 @@ impl Session<'_> {
             map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let attacher = Attacher::new(&bpf, self.args.all);
+        let attacher = Attacher::new(&bpf, self.args.all, self.args.launch_entry_only);
         self.attach = AttachInfo {
             scope: match attacher.scope() {
                 Scope::PerProcess => "process",

@@ -21,8 +21,12 @@ pub struct CallLine {
     pub pid: u32,
     pub tid: u32,
     pub ts_ns: u64,
-    pub dur_ns: u64,
-    pub ret: u32,
+    /// Entry to return. Absent from calls probed at entry alone (`--launch-entry-only`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dur_ns: Option<u64>,
+    /// The result returned. Absent like `dur_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<u32>,
     /// The id of the library file the call went into (its `library` line).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lib: Option<u32>,
@@ -184,6 +188,25 @@ pub struct CallLine {
     /// Reading user memory failed or a name was cut short; see docs/trace-format.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<Cow<'static, str>>,
+}
+
+impl CallLine {
+    /// Whether the call did not fail: it returned 0, or it was probed at entry alone and
+    /// its result is unknown (counted as a success, as `--launch-entry-only` says).
+    pub fn ok(&self) -> bool {
+        self.ret.is_none_or(|ret| ret == 0)
+    }
+
+    /// Entry to return, 0 for a call probed at entry alone: for sums and spans, where an
+    /// unknown duration adds nothing.
+    pub fn dur_or_zero(&self) -> u64 {
+        self.dur_ns.unwrap_or(0)
+    }
+
+    /// When the call returned, if its return was seen.
+    pub fn end_ns(&self) -> Option<u64> {
+        self.dur_ns.map(|dur| self.ts_ns.saturating_add(dur))
+    }
 }
 
 impl LineType for CallLine {

@@ -481,8 +481,8 @@ mod tests {
             pid: 7,
             tid: 8,
             ts_ns: u64::MAX,
-            dur_ns: 0,
-            ret: 719,
+            dur_ns: Some(0),
+            ret: Some(719),
             ret_name: Some("CUDA_ERROR_LAUNCH_FAILED".into()),
             grid: Some([1, 2, 3]),
             block: Some([4294967295, 0, 1]),
@@ -515,7 +515,7 @@ mod tests {
             r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"ret":1}"#,
             r#"{"type":"call","name":"cuInit","pid":4294967296,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0}"#,
             r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"dptr":"0xzz"}"#,
-            r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1}"#,
+            r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"dur_ns":1,"ret":0}"#,
             r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"grid":[1,2]}"#,
             "{\"type\":\"call\",\"name\":\"cu\tInit\",\"pid\":1,\"tid\":1,\"ts_ns\":1,\"dur_ns\":1,\"ret\":0}",
         ] {
@@ -595,7 +595,7 @@ mod tests {
     prop_compose! {
         fn call_line()(
             name in text(),
-            (pid, tid, ts_ns, dur_ns, ret) in (any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>(), any::<u32>()),
+            (pid, tid, ts_ns, dur_ns, ret) in (any::<u32>(), any::<u32>(), any::<u64>(), proptest::option::of(any::<u64>()), proptest::option::of(any::<u32>())),
             kind in proptest::option::of(text()),
             bytes in proptest::option::of(any::<u64>()),
             dptr in proptest::option::of(any::<u64>()),

@@ -48,6 +48,10 @@ pub struct Header {
     /// `--functions`: `catalog`, `all`, or the patterns given.
     #[serde(skip_deserializing)]
     pub functions: String,
+    /// `--launch-entry-only`: the launches (probes marked `entry_only`) were probed at
+    /// entry alone, and their call lines have no `ret` nor `dur_ns`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub launch_entry_only: bool,
     /// The first libcuda attached at start (each file attached has a `library` line).
     #[serde(skip_deserializing)]
     pub libcuda: LibcudaInfo,
@@ -128,6 +132,9 @@ pub struct ProbeInfo {
     /// `init`, `context`, `memory`, ... (the catalog's `Family`); `other` for functions
     /// outside the catalog, probed generically.
     pub family: String,
+    /// Probed at entry alone (`--launch-entry-only`): its calls have no `ret`, `dur_ns`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub entry_only: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

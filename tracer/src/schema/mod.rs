@@ -71,7 +71,7 @@ pub use process::ProcessLine;
 use serde_json::Value;
 
 /// Bumped on any incompatible change of the line schema.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// One line of a trace, as read back.
 #[derive(Debug, PartialEq)]
@@ -200,7 +200,8 @@ mod tests {
             pid: 1,
             tid: 1,
             ts_ns: 2,
-            dur_ns: 3,
+            dur_ns: Some(3),
+            ret: Some(0),
             bytes: Some(64),
             dptr: Some(Hex(0x7f00)),
             ..CallLine::default()
@@ -210,6 +211,40 @@ mod tests {
             r#"{"type":"call","name":"cuMemAlloc_v2","pid":1,"tid":1,"ts_ns":2,"dur_ns":3,"ret":0,"bytes":64,"dptr":"0x7f00"}"#,
         );
         assert_eq!(read, Line::Call(Box::new(call)));
+    }
+
+    #[test]
+    fn a_call_without_its_return_has_no_ret_nor_dur_either_way_it_is_read() {
+        let launch = CallLine {
+            name: "cuLaunchKernel".into(),
+            pid: 1,
+            tid: 2,
+            ts_ns: 3,
+            grid: Some([4, 1, 1]),
+            ..CallLine::default()
+        };
+        let text =
+            r#"{"type":"call","name":"cuLaunchKernel","pid":1,"tid":2,"ts_ns":3,"grid":[4,1,1]}"#;
+        assert_eq!(
+            round_trip(&launch, text),
+            Line::Call(Box::new(launch.clone()))
+        );
+        // The compact reader and serde_json (keys in another order) agree.
+        let reordered =
+            r#"{"name":"cuLaunchKernel","type":"call","pid":1,"tid":2,"ts_ns":3,"grid":[4,1,1]}"#;
+        assert_eq!(
+            parse(reordered.as_bytes()),
+            Ok(Line::Call(Box::new(launch.clone())))
+        );
+        assert!(launch.ok(), "an unknown result counts as a success");
+        assert_eq!((launch.dur_or_zero(), launch.end_ns()), (0, None));
+        let failed = CallLine {
+            ret: Some(1),
+            dur_ns: Some(5),
+            ..launch
+        };
+        assert!(!failed.ok());
+        assert_eq!((failed.dur_or_zero(), failed.end_ns()), (5, Some(8)));
     }
 
     #[test]
@@ -227,16 +262,46 @@ mod tests {
                 symbol: "cuInit".into(),
                 function: "cuInit".into(),
                 family: "init".into(),
+                entry_only: false,
             }],
             missing_functions: vec!["cuMemAlloc".into()],
             ..Header::default()
         };
         let text = serde_json::to_string(&header).unwrap();
         assert!(
-            text.starts_with(r#"{"type":"header","format":"cudatrace","version":2,"#),
+            text.starts_with(r#"{"type":"header","format":"cudatrace","version":3,"#),
             "{text}"
         );
         assert!(!text.contains("kernel_hooks"), "absent unless --kernel");
+        assert!(
+            !text.contains("entry_only"),
+            "absent without --launch-entry-only"
+        );
+        let lean = Header {
+            launch_entry_only: true,
+            probes: vec![ProbeInfo {
+                id: 0,
+                lib: 0,
+                symbol: "cuLaunchKernel".into(),
+                function: "cuLaunchKernel".into(),
+                family: "launch".into(),
+                entry_only: true,
+            }],
+            ..Header::default()
+        };
+        let lean_text = serde_json::to_string(&lean).unwrap();
+        assert!(
+            lean_text.contains(r#""launch_entry_only":true"#),
+            "{lean_text}"
+        );
+        assert!(
+            lean_text.contains(r#""family":"launch","entry_only":true}"#),
+            "{lean_text}"
+        );
+        let Line::Header(lean_read) = parse(lean_text.as_bytes()).unwrap() else {
+            panic!("not a header")
+        };
+        assert!(lean_read.launch_entry_only && lean_read.probes[0].entry_only);
         let Line::Header(read) = parse(text.as_bytes()).unwrap() else {
             panic!("not a header")
         };
@@ -266,6 +331,7 @@ mod tests {
                 symbol: "cuInit".into(),
                 function: "cuInit".into(),
                 family: "init".into(),
+                entry_only: false,
             }],
             ..LibraryLine::default()
         };

@@ -236,22 +236,41 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
         "function", "calls", "errors", "total", "mean", "p50", "p99", "max", "bytes", "bandwidth"
     );
+    let or_na = |value: Option<u64>| value.map_or_else(|| "n/a".to_owned(), format_ns);
     for f in &summary.functions {
+        // Calls probed at entry alone have no duration and no result.
+        let untimed = f.untimed == f.count;
         let _ = writeln!(
             out,
             "  {:<30} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>11} {:>10}",
             f.name,
             f.count,
-            f.errors,
-            format_ns(f.total_ns),
-            format_ns(f.mean_ns),
-            format_ns(f.p50_ns),
-            format_ns(f.p99_ns),
-            format_ns(f.max_ns),
+            if untimed {
+                "n/a".to_owned()
+            } else {
+                f.errors.to_string()
+            },
+            if untimed {
+                "n/a".to_owned()
+            } else {
+                format_ns(f.total_ns)
+            },
+            or_na(f.mean_ns),
+            or_na(f.p50_ns),
+            or_na(f.p99_ns),
+            or_na(f.max_ns),
             f.bytes.map(format_bytes).unwrap_or_default(),
             f.bandwidth_gb_s
                 .map(|b| format!("{b:.2} GB/s"))
                 .unwrap_or_default(),
+        );
+    }
+
+    if summary.functions.iter().any(|f| f.untimed > 0) {
+        let _ = writeln!(
+            out,
+            "  n/a: probed at entry only (--launch-entry-only): no duration, no return code \
+             (failed launches count as launches)"
         );
     }
 
@@ -613,6 +632,7 @@ pub fn render_short(report: &Report) -> String {
     let top: Vec<String> = summary
         .functions
         .iter()
+        .filter(|f| f.untimed < f.count)
         .take(5)
         .map(|f| format!("{} {} ({})", f.name, format_ns(f.total_ns), f.count))
         .collect();

@@ -24,12 +24,18 @@ pub struct Condition {
     /// Its row in the table.
     pub label: &'static str,
     pub tracer: Tracer,
+    /// The floor its added ns are divided by: [`FLOOR`], or [`ENTRY_FLOOR`] for the
+    /// conditions without a return probe.
+    pub floor: &'static str,
 }
 
 /// The baseline every condition's added ns are counted from.
 pub const BASELINE: &str = "untraced";
 /// The floor the added ns of the other conditions are divided by.
 pub const FLOOR: &str = "tracefs_uprobe_uretprobe";
+/// The floor of the conditions without a return probe (`--launch-entry-only`): the
+/// kernel's bare entry uprobe alone.
+pub const ENTRY_FLOOR: &str = "tracefs_uprobe";
 /// The untraced loop beside a traced command: compared with the baseline, not the floor.
 pub const BYSTANDER: &str = "bystander";
 
@@ -39,11 +45,13 @@ pub const CONDITIONS: &[Condition] = &[
         key: BASELINE,
         label: "no tracing",
         tracer: Tracer::None,
+        floor: FLOOR,
     },
     Condition {
         key: FLOOR,
         label: "tracefs uprobe+uretprobe (floor)",
-        tracer: Tracer::TracefsFloor,
+        tracer: Tracer::TracefsFloor { returns: true },
+        floor: FLOOR,
     },
     Condition {
         key: "cudatrace",
@@ -53,6 +61,7 @@ pub const CONDITIONS: &[Condition] = &[
             trace: "overhead.jsonl",
             bpf_stats: false,
         },
+        floor: FLOOR,
     },
     Condition {
         key: "cudatrace_bpf_stats",
@@ -62,16 +71,45 @@ pub const CONDITIONS: &[Condition] = &[
             trace: "overhead.jsonl",
             bpf_stats: true,
         },
+        floor: FLOOR,
+    },
+    Condition {
+        key: ENTRY_FLOOR,
+        label: "tracefs uprobe alone (entry-only floor)",
+        tracer: Tracer::TracefsFloor { returns: false },
+        floor: ENTRY_FLOOR,
+    },
+    Condition {
+        key: "cudatrace_lean",
+        label: "cudatrace run --launch-entry-only",
+        tracer: Tracer::CudatraceRun {
+            args: &["--launch-entry-only"],
+            trace: "overhead.jsonl",
+            bpf_stats: false,
+        },
+        floor: ENTRY_FLOOR,
+    },
+    Condition {
+        key: "cudatrace_lean_bpf_stats",
+        label: "cudatrace run --launch-entry-only, BPF stats on",
+        tracer: Tracer::CudatraceRun {
+            args: &["--launch-entry-only"],
+            trace: "overhead.jsonl",
+            bpf_stats: true,
+        },
+        floor: ENTRY_FLOOR,
     },
     Condition {
         key: "bpftrace",
         label: "bpftrace (entry/return pairing)",
         tracer: Tracer::Bpftrace,
+        floor: FLOOR,
     },
     Condition {
         key: BYSTANDER,
         label: "no tracing, beside `cudatrace run` of another command",
         tracer: Tracer::Bystander,
+        floor: FLOOR,
     },
 ];
 
@@ -79,7 +117,7 @@ impl Condition {
     /// Compared with the floor: every condition but the baseline, the floor and the
     /// bystander.
     pub fn compared_to_floor(&self) -> bool {
-        self.key != BASELINE && self.key != FLOOR && self.key != BYSTANDER
+        ![BASELINE, FLOOR, ENTRY_FLOOR, BYSTANDER].contains(&self.key)
     }
 }
 
@@ -96,7 +134,8 @@ pub struct OverheadResults {
     pub bpftrace_runs_redone: Vec<String>,
     /// By condition key; a skipped condition has none.
     pub conditions: BTreeMap<String, ConditionResults>,
-    /// Each compared condition's added ns over the floor's added ns, from the medians.
+    /// Each compared condition's added ns over its floor's added ns (`Condition::floor`),
+    /// from the medians.
     pub added_ns_ratio_to_floor: BTreeMap<String, Option<f64>>,
     /// The same ratio within each round (a round's conditions ran back to back).
     pub added_ns_ratio_to_floor_per_round: BTreeMap<String, Option<Stats>>,
@@ -290,10 +329,9 @@ fn results(
             .and_then(|c: &ConditionResults| c.ns_per_call.median)
     };
     let base = median(BASELINE).unwrap_or(0.0);
-    let floor = median(FLOOR).unwrap_or(f64::NAN);
-    let per_round = |key: &str| {
+    let per_round = |key: &str, floor: &str| {
         let (Some(runs), Some(floors), Some(bases)) =
-            (runs.get(key), runs.get(FLOOR), runs.get(BASELINE))
+            (runs.get(key), runs.get(floor), runs.get(BASELINE))
         else {
             return None;
         };
@@ -332,13 +370,14 @@ fn results(
         added_ns_ratio_to_floor: compared
             .clone()
             .map(|c| {
+                let floor = median(c.floor).unwrap_or(f64::NAN);
                 let ratio = median(c.key).map(|v| (v - base) / (floor - base));
                 // JSON has no NaN: a ratio that is not a number is null.
                 (c.key.to_owned(), ratio.filter(|r| r.is_finite()))
             })
             .collect(),
         added_ns_ratio_to_floor_per_round: compared
-            .map(|c| (c.key.to_owned(), per_round(c.key)))
+            .map(|c| (c.key.to_owned(), per_round(c.key, c.floor)))
             .collect(),
         conditions,
     }
@@ -377,16 +416,28 @@ mod tests {
                 "tracefs_uprobe_uretprobe",
                 "cudatrace",
                 "cudatrace_bpf_stats",
+                "tracefs_uprobe",
+                "cudatrace_lean",
+                "cudatrace_lean_bpf_stats",
                 "bpftrace",
                 "bystander"
             ]
         );
-        let compared: Vec<&str> = CONDITIONS
+        let compared: Vec<(&str, &str)> = CONDITIONS
             .iter()
             .filter(|c| c.compared_to_floor())
-            .map(|c| c.key)
+            .map(|c| (c.key, c.floor))
             .collect();
-        assert_eq!(compared, ["cudatrace", "cudatrace_bpf_stats", "bpftrace"]);
+        assert_eq!(
+            compared,
+            [
+                ("cudatrace", FLOOR),
+                ("cudatrace_bpf_stats", FLOOR),
+                ("cudatrace_lean", ENTRY_FLOOR),
+                ("cudatrace_lean_bpf_stats", ENTRY_FLOOR),
+                ("bpftrace", FLOOR)
+            ]
+        );
     }
 
     #[test]
@@ -409,6 +460,8 @@ mod tests {
             (BASELINE, vec![run_at(3.0), run_at(5.0)]),
             (FLOOR, vec![run_at(1003.0), run_at(2005.0)]),
             ("cudatrace", vec![run_at(1103.0), run_at(2005.0)]),
+            (ENTRY_FLOOR, vec![run_at(503.0), run_at(1005.0)]),
+            ("cudatrace_lean", vec![run_at(553.0), run_at(1005.0)]),
             (BYSTANDER, vec![run_at(3.3), run_at(5.0)]),
         ]
         .into();
@@ -421,6 +474,13 @@ mod tests {
             .clone()
             .unwrap();
         assert_eq!(per_round.values, Some(vec![Some(1.1), Some(1.0)]));
+        // The lean mode over its own floor: medians (779 - 4) / (754 - 4); 1.1, 1.0.
+        let lean = results.added_ns_ratio_to_floor["cudatrace_lean"].unwrap();
+        assert!((lean - 775.0 / 750.0).abs() < 1e-12, "{lean}");
+        let lean_per_round = results.added_ns_ratio_to_floor_per_round["cudatrace_lean"]
+            .clone()
+            .unwrap();
+        assert_eq!(lean_per_round.values, Some(vec![Some(1.1), Some(1.0)]));
         // bpftrace did not run: no condition, and null ratios under its key.
         assert!(!results.conditions.contains_key("bpftrace"));
         assert_eq!(results.added_ns_ratio_to_floor["bpftrace"], None);

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use super::{
     bench_loop::FUNCTION,
-    overhead::{BASELINE, CONDITIONS, OverheadResults},
+    overhead::{BASELINE, CONDITIONS, FLOOR, OverheadResults},
     rate::{RATE_TARGET, RateResults},
     resources::ResourceResults,
     results::Results,
@@ -149,8 +149,14 @@ fn overhead_table(out: &mut String, o: &OverheadResults) -> Result<Vec<Target>, 
         .filter(|c| c.compared_to_floor() && o.added_ns_ratio_to_floor.contains_key(c.key))
         .map(|c| {
             let per_round = o.added_ns_ratio_to_floor_per_round.get(c.key).cloned();
+            // The usual floor goes unnamed; another is named after the ratio.
+            let floor = if c.floor == FLOOR {
+                String::new()
+            } else {
+                format!(" {}'s", c.floor)
+            };
             format!(
-                "{} {:.2}x (per round: {})",
+                "{} {:.2}x{floor} (per round: {})",
                 c.key,
                 ratio(c.key),
                 per_round

@@ -46,8 +46,9 @@ fn append(path: &Path, line: &str) -> Result<()> {
         .with_context(|| format!("writing {:?} to {}", line.trim_end(), path.display()))
 }
 
-/// A `p:` and an `r:` uprobe event on one function, enabled in a tracefs instance of their
-/// own (so the global trace buffer is left alone). Dropping it disables and removes both.
+/// A `p:` uprobe event on one function, and an `r:` one unless asked not to, enabled in a
+/// tracefs instance of their own (so the global trace buffer is left alone). Dropping it
+/// disables and removes them.
 pub struct TracefsProbes {
     dir: PathBuf,
     instance: PathBuf,
@@ -56,7 +57,8 @@ pub struct TracefsProbes {
 }
 
 impl TracefsProbes {
-    pub fn attach(dir: &Path, lib: &Path, offset: u64) -> Result<Self> {
+    /// `returns`: the `r:` event too.
+    pub fn attach(dir: &Path, lib: &Path, offset: u64, returns: bool) -> Result<Self> {
         let path = lib.display().to_string();
         ensure!(
             !path.contains(char::is_whitespace),
@@ -68,7 +70,12 @@ impl TracefsProbes {
             events: Vec::new(),
             enabled: false,
         };
-        for (kind, name) in [("p", "entry"), ("r", "ret")] {
+        let kinds: &[(&str, &'static str)] = if returns {
+            &[("p", "entry"), ("r", "ret")]
+        } else {
+            &[("p", "entry")]
+        };
+        for &(kind, name) in kinds {
             append(
                 &dir.join("uprobe_events"),
                 &format!("{kind}:{GROUP}/{name} {path}:0x{offset:x}\n"),
@@ -84,6 +91,11 @@ impl TracefsProbes {
         .context("enabling the tracefs uprobes")?;
         probes.enabled = true;
         Ok(probes)
+    }
+
+    /// Events recorded per call: one per probe.
+    pub fn events_per_call(&self) -> u64 {
+        self.events.len() as u64
     }
 
     /// Records the instance's buffer took (kept + overwritten), over all CPUs.

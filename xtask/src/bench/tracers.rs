@@ -27,8 +27,9 @@ use super::{
 pub enum Tracer {
     /// Nothing: the baseline.
     None,
-    /// The kernel's bare tracefs `p:` + `r:` uprobe events: the floor.
-    TracefsFloor,
+    /// The kernel's bare tracefs `p:` uprobe event, and with `returns` its `r:` one: the
+    /// floors.
+    TracefsFloor { returns: bool },
     /// `cudatrace run` of the loop, with these arguments before `--`, writing `trace` (a
     /// file in target/bench); with `bpf_stats`, `CUDATRACE_BPF_STATS=1`: cudatrace prints
     /// its programs' run time and count (the kernel's statistics, on for the run).
@@ -76,6 +77,8 @@ pub enum Stopped {
     /// Records the tracefs instance took (entries and returns).
     TracefsFloor {
         records: u64,
+        /// Events per call: 2 with the return probe, 1 without.
+        per_call: u64,
     },
     CudatraceRun {
         trace: PathBuf,
@@ -102,10 +105,11 @@ impl Tracer {
         let env = target.env;
         Ok(match self {
             Tracer::None => Attached::None,
-            Tracer::TracefsFloor => Attached::TracefsFloor(TracefsProbes::attach(
+            Tracer::TracefsFloor { returns } => Attached::TracefsFloor(TracefsProbes::attach(
                 target.tracefs,
                 &env.libcuda,
                 target.offset,
+                returns,
             )?),
             Tracer::CudatraceRun {
                 args,
@@ -175,8 +179,9 @@ impl Attached {
             Attached::None => Stopped::None,
             Attached::TracefsFloor(probes) => {
                 let records = probes.recorded()?;
+                let per_call = probes.events_per_call();
                 probes.detach()?;
-                Stopped::TracefsFloor { records }
+                Stopped::TracefsFloor { records, per_call }
             }
             Attached::CudatraceRun { trace, .. } => Stopped::CudatraceRun { trace },
             Attached::Bpftrace(bpftrace) => Stopped::Bpftrace {
@@ -258,10 +263,10 @@ impl Stopped {
                 recorded: None,
                 lost: None,
             },
-            Stopped::TracefsFloor { records } => {
+            Stopped::TracefsFloor { records, per_call } => {
                 ensure!(
-                    records >= 2 * calls,
-                    "the tracefs probes recorded {records} events for {calls} calls (expected 2 per call)",
+                    records >= per_call * calls,
+                    "the tracefs probes recorded {records} events for {calls} calls (expected {per_call} per call)",
                 );
                 Tally {
                     recorded: Some(records),

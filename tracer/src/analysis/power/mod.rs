@@ -142,9 +142,9 @@ impl PowerAccumulator {
 
     /// A call: launches open launch windows, synchronisations close them.
     pub fn call(&mut self, role: Role, record: &CallLine) {
-        let end = record.ts_ns.saturating_add(record.dur_ns);
+        let end = record.ts_ns.saturating_add(record.dur_or_zero());
         self.last_call_end_ns = self.last_call_end_ns.max(end);
-        if record.ret != 0 {
+        if !record.ok() {
             return;
         }
         // Windows are kept only for traces with power samples (the header says so, or

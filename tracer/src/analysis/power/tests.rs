@@ -134,7 +134,7 @@ fn launch_windows_give_energy_to_kernels_and_power_before_the_first_launch() {
         script.ts = ts;
         script.call(name, |r| {
             r.function = Some(crate::schema::Hex(0x10));
-            r.dur_ns = dur;
+            r.dur_ns = Some(dur);
         });
     }
     for record in &script.records {

@@ -205,6 +205,8 @@ fn traces_the_sequence_with_cookies_and_detaches_at_once() {
     let status = child.wait().unwrap();
     assert!(status.success(), "driver: {status}");
 
+    // Loaded while the ring is still in `bpf`: both programs write to it.
+    let spare_enter = load_program(&bpf, PROBES_OBJECT, "call_enter", false).unwrap();
     let mut ring = maps::take_ring(&mut bpf).unwrap();
     let mut calls = Vec::new();
     while let Some(item) = ring.next() {
@@ -288,14 +290,15 @@ fn traces_the_sequence_with_cookies_and_detaches_at_once() {
     // One offset the kernel refuses (past the end of the file) fails the whole link.
     let size = std::fs::metadata(&lib_path).unwrap().len();
     let bad = [offsets[0], size + 0x10000];
-    let err = attach(
-        &bpf,
-        PROBES_OBJECT,
+    let err = link(
+        spare_enter.as_fd(),
         "call_enter",
+        &lib_path,
         &lib_path,
         &bad,
         &[0, 1],
         false,
+        0,
     )
     .unwrap_err();
     eprintln!("offset past the end: {err:#}");
