@@ -24,9 +24,15 @@ pub enum ReadError {
     },
 }
 
-/// The lines of a trace, one at a time.
-pub struct TraceLines<R> {
-    source: Source<R>,
+/// Work done for each well-formed line where it is parsed (on the worker threads for a
+/// file), given its bytes and what was parsed; the result is kept beside the line (the
+/// export: whether its strings need escaping).
+pub type Prepare<X> = fn(&[u8], &Line) -> X;
+
+/// The lines of a trace, one at a time, each with what [`Prepare`] made of it (`X`).
+pub struct TraceLines<R, X = ()> {
+    source: Source<R, X>,
+    prepare: Prepare<X>,
     file: String,
     skip_bad_lines: bool,
     /// Lines read so far.
@@ -37,28 +43,39 @@ pub struct TraceLines<R> {
     pub first_skipped: Vec<(u64, String)>,
 }
 
-enum Source<R> {
+enum Source<R, X> {
     /// Read and parsed on this thread.
     Here {
         reader: R,
         buf: Vec<u8>,
-        current: Option<Line>,
+        current: Option<(Line, X)>,
     },
     /// Read and parsed on worker threads (a file).
-    Workers(pipeline::Pipeline),
+    Workers(pipeline::Pipeline<X>),
 }
 
-/// A line's bytes read and parsed (or why it is malformed).
-type Parsed = Result<Line, String>;
+/// A line parsed and prepared.
+type Prepared<X> = Result<(Line, X), String>;
+
+fn no_preparation(_: &[u8], _: &Line) {}
 
 impl<R: BufRead> TraceLines<R> {
+    #[cfg_attr(not(test), expect(dead_code, reason = "files are read by from_file"))]
     pub fn new(reader: R, file: &str, skip_bad_lines: bool) -> Self {
+        TraceLines::prepared(reader, file, skip_bad_lines, no_preparation)
+    }
+}
+
+impl<R: BufRead, X> TraceLines<R, X> {
+    /// As [`new`](TraceLines::new), each line also given to `prepare`.
+    pub fn prepared(reader: R, file: &str, skip_bad_lines: bool, prepare: Prepare<X>) -> Self {
         TraceLines {
             source: Source::Here {
                 reader,
                 buf: Vec::new(),
                 current: None,
             },
+            prepare,
             file: file.to_owned(),
             skip_bad_lines,
             lines: 0,
@@ -76,6 +93,12 @@ impl<R: BufRead> TraceLines<R> {
     /// line, unless `skip_bad_lines`. The line is lent: take what is to be kept (it is
     /// dropped with its block of lines, on the thread that parsed it).
     pub fn next_line(&mut self) -> Result<Option<&mut Line>, ReadError> {
+        Ok(self.next_prepared()?.map(|(line, _)| line))
+    }
+
+    /// As [`next_line`](TraceLines::next_line), with what `prepare` made of the line.
+    pub fn next_prepared(&mut self) -> Result<Option<(&mut Line, &mut X)>, ReadError> {
+        let prepare = self.prepare;
         loop {
             // Whether the next line is there and well-formed; the line itself is lent below.
             let next = match &mut self.source {
@@ -83,8 +106,9 @@ impl<R: BufRead> TraceLines<R> {
                     reader,
                     buf,
                     current,
-                } => read_here(reader, buf)
-                    .map(|parsed| parsed.map(|parsed| parsed.map(|line| *current = Some(line)))),
+                } => read_here(reader, buf, prepare).map(|parsed| {
+                    parsed.map(|parsed| parsed.map(|prepared| *current = Some(prepared)))
+                }),
                 Source::Workers(pipeline) => pipeline.advance(),
             };
             let next = next.map_err(|source| ReadError::Io {
@@ -113,7 +137,7 @@ impl<R: BufRead> TraceLines<R> {
             }
         }
         Ok(match &mut self.source {
-            Source::Here { current, .. } => current.as_mut(),
+            Source::Here { current, .. } => current.as_mut().map(|(line, x)| (line, x)),
             Source::Workers(pipeline) => pipeline.current(),
         })
     }
@@ -124,8 +148,22 @@ impl TraceLines<io::Empty> {
     /// the same lines, errors and line numbers as [`TraceLines::new`], in order, faster
     /// where there is more than one core. Memory holds a few blocks of lines.
     pub fn from_file(file: File, label: &str, skip_bad_lines: bool) -> Self {
+        TraceLines::from_file_prepared(file, label, skip_bad_lines, no_preparation)
+    }
+}
+
+impl<X: Send + 'static> TraceLines<io::Empty, X> {
+    /// As [`from_file`](TraceLines::from_file), each line also given to `prepare` on the
+    /// worker that parsed it.
+    pub fn from_file_prepared(
+        file: File,
+        label: &str,
+        skip_bad_lines: bool,
+        prepare: Prepare<X>,
+    ) -> Self {
         TraceLines {
-            source: Source::Workers(pipeline::Pipeline::start(file)),
+            source: Source::Workers(pipeline::Pipeline::start(file, prepare)),
+            prepare,
             file: label.to_owned(),
             skip_bad_lines,
             lines: 0,
@@ -135,17 +173,33 @@ impl TraceLines<io::Empty> {
     }
 }
 
-/// Parses a line, without its newline and a trailing CR.
-fn parse_line(line: &[u8]) -> Parsed {
-    schema::parse(line.strip_suffix(b"\r").unwrap_or(line))
+/// Parses a line, without its newline and a trailing CR, and prepares it.
+fn parse_line<X>(line: &[u8], prepare: Prepare<X>) -> Prepared<X> {
+    parse_prepared(line.strip_suffix(b"\r").unwrap_or(line), prepare)
 }
 
-fn too_long() -> Parsed {
-    Err(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20))
+/// Parses a line as it is, and prepares it.
+fn parse_prepared<X>(line: &[u8], prepare: Prepare<X>) -> Prepared<X> {
+    schema::parse(line).map(|parsed| {
+        let prepared = prepare(line, &parsed);
+        (parsed, prepared)
+    })
 }
 
-/// The next line of `reader`, parsed; `None` at the end.
-fn read_here(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<Parsed>> {
+fn too_long<X>() -> Prepared<X> {
+    Err(too_long_message())
+}
+
+fn too_long_message() -> String {
+    format!("line longer than {} MiB", MAX_LINE_BYTES >> 20)
+}
+
+/// The next line of `reader`, parsed and prepared; `None` at the end.
+fn read_here<X>(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    prepare: Prepare<X>,
+) -> io::Result<Option<Prepared<X>>> {
     loop {
         // Nearly every line lies whole in the reader's buffer: parsed where it is.
         let available = match reader.fill_buf() {
@@ -157,13 +211,17 @@ fn read_here(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<Option<
             // A reader with a large buffer (a slice) may hold an over-long line whole.
             let parsed = match end > MAX_LINE_BYTES {
                 true => too_long(),
-                false => parse_line(&available[..end]),
+                false => parse_line(&available[..end], prepare),
             };
             reader.consume(end + 1);
             return Ok(Some(parsed));
         }
-        return Ok(read_line(reader, buf, MAX_LINE_BYTES)?
-            .map(|kept| if kept { schema::parse(buf) } else { too_long() }));
+        return Ok(
+            read_line(reader, buf, MAX_LINE_BYTES)?.map(|kept| match kept {
+                true => parse_prepared(buf, prepare),
+                false => too_long(),
+            }),
+        );
     }
 }
 
@@ -177,7 +235,7 @@ mod pipeline {
         thread,
     };
 
-    use super::{Line, MAX_LINE_BYTES, Parsed, parse_line, too_long};
+    use super::{Line, MAX_LINE_BYTES, Prepare, Prepared, parse_line, too_long, too_long_message};
 
     /// Bytes read for a block; it is cut after its last newline.
     const BLOCK_BYTES: usize = 256 << 10;
@@ -192,22 +250,22 @@ mod pipeline {
         Failed(io::Error),
     }
 
-    enum Batch {
-        Lines(Vec<Parsed>),
+    enum Batch<X> {
+        Lines(Vec<Prepared<X>>),
         Failed(io::Error),
         /// The file ended: sent by the worker whose turn came after the last block.
         End,
     }
 
-    pub struct Pipeline {
+    pub struct Pipeline<X> {
         /// Each worker's parsed blocks; block `n` comes from worker `n % workers`.
-        batches: Vec<Receiver<Batch>>,
+        batches: Vec<Receiver<Batch<X>>>,
         /// Blocks of lines used up, back to the worker that parsed them: their memory is
         /// freed (and reused) there.
-        used: Vec<Sender<Vec<Parsed>>>,
+        used: Vec<Sender<Vec<Prepared<X>>>>,
         next_worker: usize,
         /// The block being read, from `worker`, and the line lent.
-        current: Vec<Parsed>,
+        current: Vec<Prepared<X>>,
         worker: usize,
         position: Option<usize>,
         ended: bool,
@@ -215,8 +273,8 @@ mod pipeline {
         reading: Option<thread::JoinHandle<()>>,
     }
 
-    impl Pipeline {
-        pub fn start(file: File) -> Pipeline {
+    impl<X: Send + 'static> Pipeline<X> {
+        pub fn start(file: File, prepare: Prepare<X>) -> Pipeline<X> {
             let workers = thread::available_parallelism()
                 .map_or(1, usize::from)
                 .clamp(1, MAX_WORKERS);
@@ -225,10 +283,10 @@ mod pipeline {
             let mut used = Vec::with_capacity(workers);
             for _ in 0..workers {
                 let (block_sender, block_receiver) = sync_channel::<Block>(1);
-                let (batch_sender, batch_receiver) = sync_channel::<Batch>(1);
-                let (used_sender, used_receiver) = channel::<Vec<Parsed>>();
+                let (batch_sender, batch_receiver) = sync_channel::<Batch<X>>(1);
+                let (used_sender, used_receiver) = channel::<Vec<Prepared<X>>>();
                 thread::spawn(move || {
-                    parse_blocks(&block_receiver, &batch_sender, &used_receiver);
+                    parse_blocks(&block_receiver, &batch_sender, &used_receiver, prepare);
                 });
                 blocks.push(block_sender);
                 batches.push(batch_receiver);
@@ -246,7 +304,9 @@ mod pipeline {
                 reading: Some(reading),
             }
         }
+    }
 
+    impl<X> Pipeline<X> {
         /// Moves to the next line: `Ok(())` if it is well-formed (see
         /// [`current`](Pipeline::current)), else why not; `None` at the end.
         pub fn advance(&mut self) -> io::Result<Option<Result<(), String>>> {
@@ -298,9 +358,9 @@ mod pipeline {
         }
 
         /// The line [`advance`](Pipeline::advance) moved to, if well-formed.
-        pub fn current(&mut self) -> Option<&mut Line> {
+        pub fn current(&mut self) -> Option<(&mut Line, &mut X)> {
             match self.current.get_mut(self.position?) {
-                Some(Ok(line)) => Some(line),
+                Some(Ok((line, prepared))) => Some((line, prepared)),
                 _ => None,
             }
         }
@@ -308,10 +368,11 @@ mod pipeline {
 
     /// A worker: parses the blocks it is given until there are no more, or the lines are
     /// no longer wanted.
-    fn parse_blocks(
+    fn parse_blocks<X>(
         blocks: &Receiver<Block>,
-        batches: &SyncSender<Batch>,
-        used: &Receiver<Vec<Parsed>>,
+        batches: &SyncSender<Batch<X>>,
+        used: &Receiver<Vec<Prepared<X>>>,
+        prepare: Prepare<X>,
     ) {
         let mut spare = Vec::new();
         for block in blocks {
@@ -326,7 +387,7 @@ mod pipeline {
                     let mut start = 0;
                     let line = |line: &[u8]| match line.len() > MAX_LINE_BYTES {
                         true => too_long(),
-                        false => parse_line(line),
+                        false => parse_line(line, prepare),
                     };
                     for end in memchr::memchr_iter(b'\n', &bytes) {
                         lines.push(line(&bytes[start..end]));
@@ -337,7 +398,7 @@ mod pipeline {
                     }
                     Batch::Lines(lines)
                 }
-                Block::TooLong => Batch::Lines(vec![too_long()]),
+                Block::TooLong => Batch::Lines(vec![Err(too_long_message())]),
                 Block::Failed(error) => Batch::Failed(error),
             };
             if batches.send(batch).is_err() {

@@ -51,6 +51,9 @@ pub struct Arguments {
     orders: Vec<Option<KnownOrder>>,
     /// The static keys' addresses of the entries being sorted.
     keys: Vec<(usize, usize)>,
+    /// The caller vouched that no key or text value has anything JSON escapes
+    /// ([`mark_plain`](Arguments::mark_plain)); any change forgets it.
+    plain: bool,
 }
 
 /// The sorted order of one sequence of static keys.
@@ -87,6 +90,7 @@ impl Entry {
 
 impl Arguments {
     pub fn clear(&mut self) {
+        self.plain = false;
         self.text.clear();
         self.entries.clear();
         self.order.clear();
@@ -94,6 +98,7 @@ impl Arguments {
 
     /// Adds the fields `line` serialises (a struct), except those `skip` names.
     pub fn fill<T: Serialize>(&mut self, line: &T, skip: impl Fn(&str) -> bool) {
+        self.plain = false;
         // A line that is not a struct adds nothing.
         let _ = line.serialize(FieldCollector {
             arguments: self,
@@ -115,11 +120,24 @@ impl Arguments {
 
     /// Sets `key` to a string (replacing a field of that name).
     pub fn insert_text(&mut self, key: &'static str, value: &str) {
+        self.plain = false;
         let stored = self.push_text(value);
         match self.entries.iter_mut().find(|entry| entry.key == key) {
             Some(entry) => entry.value = stored,
             None => self.entries.push(Entry::new(Cow::Borrowed(key), stored)),
         }
+    }
+
+    /// Says that no key or text value has a quote, a backslash or a control character (a
+    /// line read without escapes, whose field names are plain): a JSON writer copies them
+    /// as they are. Until the next change.
+    pub fn mark_plain(&mut self) {
+        self.plain = true;
+    }
+
+    /// See [`mark_plain`](Arguments::mark_plain).
+    pub fn is_plain(&self) -> bool {
+        self.plain
     }
 
     /// Orders the entries by key, as a JSON map (byte-wise).

@@ -72,12 +72,17 @@ impl<W: Write> ChromeWriter<W> {
         ]);
     }
 
+    /// A string with nothing to escape, quoted.
+    fn quoted(&mut self, text: &str) {
+        self.buf.push(b'"');
+        self.raw(text.as_bytes());
+        self.buf.push(b'"');
+    }
+
     /// A JSON string, escaped as serde_json escapes it.
     fn string(&mut self, text: &str) {
         if compact::plain(text.as_bytes()) {
-            self.buf.push(b'"');
-            self.raw(text.as_bytes());
-            self.buf.push(b'"');
+            self.quoted(text);
         } else {
             // Writing into a Vec does not fail.
             let _ = serde_json::to_writer(&mut self.buf, text);
@@ -109,13 +114,17 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     /// Starts an event: the separator, then `{"name":NAME,"ph":PH`.
-    fn open(&mut self, name: &str, phase: &str) {
+    /// `plain`: `name` is known to hold nothing to escape.
+    fn open(&mut self, name: &str, plain: bool, phase: &str) {
         if self.events > 0 {
             self.raw(b",\n");
         }
         self.events += 1;
         self.raw(b"{\"name\":");
-        self.string(name);
+        match plain {
+            true => self.quoted(name),
+            false => self.string(name),
+        }
         self.raw(b",\"ph\":\"");
         self.raw(phase.as_bytes());
         self.buf.push(b'"');
@@ -136,13 +145,19 @@ impl<W: Write> ChromeWriter<W> {
     /// `,"args":{...}`, as serde_json writes a map.
     fn args(&mut self, args: &Arguments) {
         self.raw(b",\"args\":{");
+        // Checked where they were collected: nothing to escape.
+        let plain = args.is_plain();
         for (index, (key, value)) in args.iter().enumerate() {
             if index > 0 {
                 self.buf.push(b',');
             }
-            self.string(key);
+            match plain {
+                true => self.quoted(key),
+                false => self.string(key),
+            }
             self.buf.push(b':');
             match value {
+                Arg::Text(text) if plain => self.quoted(text),
                 Arg::Unsigned(n) => self.number(n),
                 Arg::Signed(n) => self.number(n),
                 Arg::Float(x) => {
@@ -157,7 +172,7 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     fn metadata(&mut self, kind: &str, pid: u32, tid: u32, name: &str) -> io::Result<()> {
-        self.open(kind, "M");
+        self.open(kind, false, "M");
         self.write_pid_tid(pid, tid);
         self.raw(b",\"args\":{\"name\":");
         self.string(name);
@@ -175,7 +190,7 @@ impl<W: Write> ChromeWriter<W> {
         (pid, tid): (u32, u32),
         ts: u64,
     ) -> io::Result<()> {
-        self.open(name, if finish { "f" } else { "s" });
+        self.open(name, false, if finish { "f" } else { "s" });
         self.category(FLOW_CATEGORY);
         self.raw(b",\"id\":");
         self.number(id);
@@ -219,7 +234,7 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
 
     fn slice(&mut self, slice: &Slice<'_>) -> io::Result<()> {
         let (pid, tid) = self.pid_tid(slice.track);
-        self.open(slice.name, "X");
+        self.open(slice.name, slice.plain_name, "X");
         self.category(slice.category);
         self.raw(b",\"ts\":");
         self.micros(slice.ts_ns);
@@ -244,7 +259,7 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         } else {
             b"t"
         };
-        self.open(instant.name, "i");
+        self.open(instant.name, false, "i");
         self.category(instant.category);
         self.raw(b",\"s\":\"");
         self.raw(scope);
@@ -256,7 +271,7 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
     }
 
     fn counter(&mut self, pid: u32, ts_ns: u64, bytes: u64) -> io::Result<()> {
-        self.open("device memory", "C");
+        self.open("device memory", false, "C");
         self.raw(b",\"cat\":\"memory\",\"ts\":");
         self.micros(ts_ns);
         self.raw(b",\"pid\":");
@@ -280,7 +295,7 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         value: f64,
     ) -> io::Result<()> {
         let (name, unit) = counter.name_and_unit();
-        self.open(name, "C");
+        self.open(name, false, "C");
         self.raw(b",\"cat\":\"power\",\"ts\":");
         self.micros(ts_ns);
         self.raw(b",\"pid\":");

@@ -125,12 +125,16 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
     }
 
-    /// Reads every line and draws it; the sink's `finish` last.
-    pub fn run(mut self, mut lines: TraceLines<impl BufRead>) -> Result<ExportStats, ExportError> {
-        while let Some(line) = lines.next_line()? {
+    /// Reads every line and draws it; the sink's `finish` last. Each line comes with
+    /// whether it has no escapes ([`no_escapes`]).
+    pub fn run(
+        mut self,
+        mut lines: TraceLines<impl BufRead, bool>,
+    ) -> Result<ExportStats, ExportError> {
+        while let Some((line, no_escapes)) = lines.next_prepared()? {
             match line {
                 Line::Header(header) => self.header(header)?,
-                Line::Call(record) => self.call(record)?,
+                Line::Call(record) => self.call(record, *no_escapes)?,
                 Line::Process(process) => self.process(process)?,
                 Line::Lost(lost) => self.lost(lost)?,
                 Line::Driver(driver) => self.driver(driver)?,
@@ -238,8 +242,13 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         Ok(())
     }
 
-    fn call(&mut self, record: &mut CallLine) -> io::Result<()> {
+    /// `no_escapes`: the line had none, so neither have its strings.
+    fn call(&mut self, record: &mut CallLine, no_escapes: bool) -> io::Result<()> {
+        let named = (record.kernel.is_some(), record.warnings.len());
         self.analysis.annotate(record);
+        // A kernel name the analysis added comes from another line, which may have had
+        // escapes; its numbers need none.
+        let plain = no_escapes && named == (record.kernel.is_some(), record.warnings.len());
         let (role, _) = classify(&record.name);
         let ts = self.relative(record.ts_ns);
         let label = call_label(record, role);
@@ -303,6 +312,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.track(track)?;
             call_args(record, role, &mut self.args);
+            if plain {
+                self.args.mark_plain();
+            }
             let category = self.families.of(&record.name).unwrap_or("other");
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
@@ -310,6 +322,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 ts_ns: ts,
                 dur_ns: record.dur_or_zero(),
                 name: &label,
+                plain_name: plain,
                 category,
                 args: &self.args,
                 flow_out: &flow_out,
@@ -414,6 +427,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             ts_ns: slice.ts_ns,
             dur_ns: slice.dur_ns,
             name: &slice.label,
+            plain_name: false,
             category: "nccl_rank",
             args: &slice.args,
             flow_out: &[],
@@ -562,6 +576,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             ts_ns: ts,
             dur_ns: line.dur_ns,
             name: &name,
+            plain_name: false,
             category: "driver",
             args: &Arguments::from_map(&line.details()),
             flow_out: &[],
@@ -635,6 +650,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             ts_ns: ts,
             dur_ns: work.dur_ns,
             name: &label,
+            plain_name: false,
             category: "gpu",
             args: &self.args,
             flow_out: &[],
@@ -754,6 +770,13 @@ pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
         }
     }
     label
+}
+
+/// The reader's [`Prepare`](crate::reader::Prepare) for an export: whether the line has
+/// no backslash, and so none of its strings has anything JSON escapes (a quote or a
+/// control character can only be in a string escaped). Checked on the reader's workers.
+pub fn no_escapes(bytes: &[u8], _: &Line) -> bool {
+    memchr::memchr(b'\\', bytes).is_none()
 }
 
 /// The decoded fields of a call (everything but what the slice itself says), into `args`.

@@ -41,7 +41,7 @@ use anyhow::anyhow;
 
 use self::{
     chrome::ChromeWriter,
-    exporter::{ExportError, Exporter},
+    exporter::{ExportError, Exporter, no_escapes},
     perfetto::PerfettoWriter,
     timeline::ExportStats,
 };
@@ -63,13 +63,13 @@ pub fn export(
     filters: &Filters,
     skip_bad_lines: bool,
 ) -> Result<ExportStats, ExportError> {
-    let lines = TraceLines::new(reader, label, skip_bad_lines);
+    let lines = TraceLines::prepared(reader, label, skip_bad_lines, no_escapes);
     export_lines(lines, out, format, filters)
 }
 
 /// Exports the trace's `lines` to `out` in `format`.
 pub fn export_lines(
-    lines: TraceLines<impl BufRead>,
+    lines: TraceLines<impl BufRead, bool>,
     out: impl Write,
     format: ExportFormat,
     filters: &Filters,
@@ -181,7 +181,7 @@ pub fn export_file(
     // The writers gather their output in blocks of their own.
     let out = open_output(output)?;
     let stats = export_lines(
-        TraceLines::from_file(file, &label, skip_bad_lines),
+        TraceLines::from_file_prepared(file, &label, skip_bad_lines, no_escapes),
         out,
         format,
         filters,

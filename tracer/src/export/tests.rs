@@ -890,3 +890,49 @@ fn nccl_collectives_get_a_track_per_communicator_and_rank() {
         assert_eq!(begins, slices, "{name}");
     }
 }
+
+/// Lines without a backslash are written without the escape check: a kernel name the
+/// analysis takes from an escaped line, and lines with escapes of their own, are still
+/// escaped; the whole output is valid JSON with the exact strings.
+#[test]
+fn strings_are_escaped_where_a_line_had_escapes() {
+    let trace = r#"{"type":"header","format":"cudatrace","version":2,"command":["./app"],"pids":[7],"start_monotonic_ns":1000}
+{"type":"call","name":"cuModuleGetFunction","pid":7,"tid":7,"ts_ns":2000,"dur_ns":10,"ret":0,"function":"0x30","symbol":"k\"q\\z\u0001","module":"0x20"}
+{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":3000,"dur_ns":10,"ret":0,"stream":"0x10","function":"0x30"}
+{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":4000,"dur_ns":10,"ret":0,"stream":"0x10","function":"0x31","kernel":"plain é"}
+{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":5000,"dur_ns":10,"ret":0,"stream":"0x10","function":"0x32","kernel":"a\\b","warnings":["x\ty"]}
+"#;
+    let mut out = Vec::new();
+    export(
+        trace.as_bytes(),
+        "escapes.jsonl",
+        &mut out,
+        ExportFormat::Chrome,
+        &Filters::default(),
+        false,
+    )
+    .unwrap();
+    let json: Value = serde_json::from_slice(&out).expect("valid JSON");
+    let events = json["traceEvents"].as_array().unwrap();
+    let slices = with_phase(events, "X");
+    let launches: Vec<(&str, &str)> = slices
+        .iter()
+        .filter(|slice| slice["args"]["call"] == "cuLaunchKernel")
+        .map(|slice| {
+            (
+                slice["name"].as_str().unwrap(),
+                slice["args"]["kernel"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        launches,
+        [
+            ("k\"q\\z\u{1}", "k\"q\\z\u{1}"),
+            ("plain é", "plain é"),
+            ("a\\b", "a\\b")
+        ]
+    );
+    assert_eq!(slices[3]["args"]["warnings"], serde_json::json!(["x\ty"]));
+    assert_eq!(slices[0]["args"]["symbol"], "k\"q\\z\u{1}");
+}

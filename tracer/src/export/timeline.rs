@@ -104,6 +104,8 @@ pub struct Slice<'a> {
     pub ts_ns: u64,
     pub dur_ns: u64,
     pub name: &'a str,
+    /// `name` is known to hold nothing JSON escapes (see [`Arguments::mark_plain`]).
+    pub plain_name: bool,
     pub category: &'a str,
     /// In key order ([`Arguments::sort`]).
     pub args: &'a Arguments,
