@@ -563,7 +563,8 @@ fn launches_of(lines: &[Value], name: impl Fn(&Value) -> String) -> Vec<(Value, 
             continue;
         }
         let mut label = name(call);
-        if call["ret"] != 0 {
+        // An entry-only launch (`--launch-entry-only`) has no `ret`: it counts as launched.
+        if call.get("ret").is_some_and(|ret| ret != 0) {
             label = format!("{label} → {}", call["ret_name"].as_str().unwrap());
         }
         let key = json!([
@@ -608,9 +609,16 @@ fn write_trace(name: &str, text: &str) -> PathBuf {
 
 /// The stand-in demo recorded for real.
 fn record_demo(dir: &Path) -> PathBuf {
+    record_demo_with(dir, &[])
+}
+
+/// The stand-in demo recorded with `run`'s `flags`.
+fn record_demo_with(dir: &Path, flags: &[&str]) -> PathBuf {
     let trace = dir.join("demo.jsonl");
     let output = Command::new(CUDATRACE)
-        .args(["run", "-q", "--libcuda"])
+        .args(["run", "-q"])
+        .args(flags)
+        .arg("--libcuda")
         .arg(&standin().lib)
         .arg("-o")
         .arg(&trace)
@@ -737,6 +745,59 @@ fn the_recorded_demo_loads_in_perfettos_trace_processor() {
                 "categories (API families)",
                 "select count(distinct category) from slice",
                 8,
+            ),
+        ]);
+        assert_checks(&file, &checks);
+    });
+}
+
+/// `--launch-entry-only` (trace format 3): launch lines without `ret` and `dur_ns` load as
+/// zero-length launch slices, with their arguments, and still flow to the synchronisations.
+#[test]
+fn an_entry_only_demo_loads_with_zero_length_launch_slices() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("perfetto-entry-only");
+    let trace = record_demo_with(&dir, &["--launch-entry-only"]);
+    let lines = read_trace(&trace);
+    assert_complete(&lines);
+    assert_eq!(lines[0]["launch_entry_only"], true);
+    let untimed = calls(&lines)
+        .into_iter()
+        .filter(|c| c.get("ret").is_none() && c.get("dur_ns").is_none())
+        .count();
+    assert_eq!(
+        untimed, 80,
+        "the demo's 80 launches, and nothing else, are untimed"
+    );
+    let facts = facts(&lines);
+    let launches = launches_of(&lines, |c| c["kernel"].as_str().unwrap().to_owned());
+
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        // The same figures as the demo traced with return probes.
+        assert_eq!(
+            (
+                written.slices,
+                written.counters,
+                written.flows,
+                written.markers
+            ),
+            (133, 13, 80, 2),
+            "{format:?}"
+        );
+        let mut checks = common_checks(format, written, &facts);
+        checks.extend([
+            launch_groups(format, &launches),
+            count(
+                "launch slices of zero length",
+                "select count(*) from slice where category = 'launch' and dur = 0",
+                80,
+            ),
+            count(
+                "other call slices with a duration",
+                "select count(*) from slice where category not in ('launch', 'process', 'lost') \
+                 and dur > 0",
+                written.slices - 80,
             ),
         ]);
         assert_checks(&file, &checks);
