@@ -342,18 +342,12 @@ pub fn collective_op(name: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::{MAX_ARGS, MAX_OUTS, ProbeSpec, capture};
+    use tracer_common::{ProbeSpec, capture};
 
     #[test]
-    fn every_function_fits_the_kernel_limits_and_pairs_its_alias() {
+    fn every_function_pairs_its_alias() {
+        // The kernel limits: probe_set.rs checks every set's catalog.
         for spec in NCCL_CATALOG {
-            assert!(
-                spec.probe_spec().nargs as usize <= MAX_ARGS,
-                "{}",
-                spec.name()
-            );
-            assert!(spec.args.iter().filter(|a| a.is_output()).count() <= MAX_OUTS);
-            assert!(spec.args.iter().filter(|a| a.is_capture()).count() <= 1);
             assert_eq!(spec.symbols.len(), 2, "{}", spec.name());
             assert!(spec.symbols[0].starts_with("nccl"), "{}", spec.name());
             assert_eq!(spec.symbols[1], format!("p{}", spec.symbols[0]));

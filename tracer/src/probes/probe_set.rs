@@ -199,6 +199,33 @@ impl ProbeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::{MAX_ARGS, MAX_OUTS};
+
+    #[test]
+    fn every_sets_functions_fit_the_kernel_limits_and_have_unique_symbols() {
+        for set in PROBE_SETS {
+            for spec in set.catalog {
+                let name = spec.name();
+                assert!(
+                    spec.probe_spec().nargs as usize <= MAX_ARGS,
+                    "{name} reads too many arguments"
+                );
+                let outs = spec.args.iter().filter(|a| a.is_output()).count();
+                assert!(outs <= MAX_OUTS, "{name} has {outs} outputs");
+                let captures = spec.args.iter().filter(|a| a.is_capture()).count();
+                assert!(captures <= 1, "{name} captures {captures} buffers");
+            }
+            let mut symbols: Vec<&str> = set
+                .catalog
+                .iter()
+                .flat_map(|spec| spec.symbols.iter().copied())
+                .collect();
+            let count = symbols.len();
+            symbols.sort_unstable();
+            symbols.dedup();
+            assert_eq!(symbols.len(), count, "{}'s symbols", set.library);
+        }
+    }
 
     #[test]
     fn version_comes_from_the_real_file_name() {
