@@ -26,10 +26,7 @@ pub fn cupti_standin() -> &'static CuptiStandin {
     static CUPTI: OnceLock<CuptiStandin> = OnceLock::new();
     CUPTI.get_or_init(|| {
         let dir = &super::standin().dir;
-        let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../standin/libcupti_standin.c")
-            .display()
-            .to_string();
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../standin/libcupti_standin.c");
         let nots = dir.join("nots");
         std::fs::create_dir_all(&nots).unwrap();
         let lib = dir.join("libcupti.so.13");
@@ -41,22 +38,8 @@ pub fn cupti_standin() -> &'static CuptiStandin {
                 Some("-DCUPTI_STANDIN_NO_TIMESTAMP_CALLBACK"),
             ),
         ] {
-            let out = out.display().to_string();
-            let mut args = vec![
-                "-shared",
-                "-fPIC",
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-Wl,-soname,libcupti.so.13",
-                "-o",
-                &out,
-            ];
-            args.extend(define);
-            args.push(&source);
-            super::gcc(&args);
+            let extra: Vec<&str> = define.into_iter().collect();
+            super::standin_library("libcupti.so.13", out, &source, &extra);
         }
         CuptiStandin {
             lib,

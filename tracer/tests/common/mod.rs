@@ -131,20 +131,12 @@ pub fn standin() -> &'static Standin {
         std::fs::create_dir_all(&dir).unwrap();
         let src = repo().join("standin");
         let out = |name: &str| dir.join(name).display().to_string();
-        gcc(&[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-fno-ipa-icf",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wl,-soname,libcuda.so.1",
-            "-o",
-            &out("libcuda.so.1"),
-            &src.join("libcuda_standin.c").display().to_string(),
-        ]);
+        standin_library(
+            "libcuda.so.1",
+            &dir.join("libcuda.so.1"),
+            &src.join("libcuda_standin.c"),
+            &[],
+        );
         for (program, source) in [
             ("cudatrace-driver", "cudatrace_driver.c"),
             ("cudatrace-demo", "demo_inference.c"),
@@ -173,6 +165,29 @@ pub fn standin() -> &'static Standin {
             dir,
         }
     })
+}
+
+/// Builds a stand-in library (NOT NVIDIA's) from `source` into `out`, with `soname` and
+/// gcc's `extra` flags. `-fno-ipa-icf`: functions with identical bodies keep addresses of
+/// their own, as the real library's do, instead of being folded into aliases of each other.
+pub fn standin_library(soname: &str, out: &Path, source: &Path, extra: &[&str]) {
+    let soname = format!("-Wl,-soname,{soname}");
+    let mut args = vec![
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-fno-ipa-icf",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        &soname,
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    args.push(source.to_str().unwrap());
+    gcc(&args);
 }
 
 /// `tests/c/fake_nvidia.c` built: a process's ioctls and mmap on plain files that play the

@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use super::{CUDATRACE, assert_complete, gcc, read_trace, scratch, stderr};
+use super::{CUDATRACE, assert_complete, gcc, read_trace, scratch, standin_library, stderr};
 
 pub struct NcclStandin {
     /// `DIR/site-packages/nvidia/nccl/lib/libnccl.so.2`: where no search looks.
@@ -25,20 +25,15 @@ pub fn nccl_standin() -> &'static NcclStandin {
         let lib_dir = dir.join("site-packages/nvidia/nccl/lib");
         std::fs::create_dir_all(&lib_dir).unwrap();
         let lib = lib_dir.join("libnccl.so.2");
-        gcc(&[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-fno-ipa-icf",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wl,-soname,libnccl.so.2",
-            "-o",
-            lib.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../standin/libnccl_standin.c"),
-        ]);
+        standin_library(
+            "libnccl.so.2",
+            &lib,
+            Path::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../standin/libnccl_standin.c"
+            )),
+            &[],
+        );
         let caller = dir.join("nccl_caller");
         gcc(&[
             "-O2",

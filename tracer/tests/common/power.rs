@@ -1,7 +1,10 @@
 //! `--power` tests: the stand-in libnvidia-ml (standin/libnvml_standin.c, NOT NVIDIA's NVML)
 //! and its values.
 
-use std::{path::PathBuf, sync::OnceLock};
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 /// device 0's power in the stand-in (device i draws (i + 1) times it).
 pub const STANDIN_POWER_W: f64 = 100.0;
@@ -25,19 +28,7 @@ pub fn nvml_standin() -> &'static NvmlStandin {
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         }
         let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../standin/libnvml_standin.c");
-        super::gcc(&[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-            lib.to_str().unwrap(),
-            source,
-        ]);
+        super::standin_library("libnvidia-ml.so.1", &lib, Path::new(source), &[]);
         std::fs::copy(&lib, &in_stubs).unwrap();
         NvmlStandin { lib, in_stubs }
     })
