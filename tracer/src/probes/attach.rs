@@ -86,8 +86,6 @@ const MAX_REFUSED_LINKS: usize = 64;
 #[derive(Debug)]
 pub struct Attacher {
     scope: Scope,
-    /// `--launch-entry-only`: launches get the entry program alone.
-    launch_entry_only: bool,
     multi: Option<MultiPrograms>,
     /// Why uprobe_multi is not used, where it is not.
     pub fallback_reason: Option<String>,
@@ -107,9 +105,8 @@ pub struct Attacher {
 
 impl Attacher {
     /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
-    /// (before any map is taken out of `bpf`). `all`: probe every process;
-    /// `launch_entry_only`: no return probe on launches (`--launch-entry-only`).
-    pub fn new(bpf: &Ebpf, all: bool, launch_entry_only: bool) -> Self {
+    /// (before any map is taken out of `bpf`). `all`: probe every process.
+    pub fn new(bpf: &Ebpf, all: bool) -> Self {
         let (multi, fallback_reason) = if uprobe_multi::supported() {
             match load_multi(bpf) {
                 Ok(programs) => (Some(programs), None),
@@ -128,7 +125,6 @@ impl Attacher {
         };
         Attacher {
             scope,
-            launch_entry_only,
             multi,
             fallback_reason,
             refused_reason: None,
@@ -138,11 +134,6 @@ impl Attacher {
             refused: HashMap::new(),
             closer: Closer::start(),
         }
-    }
-
-    /// Whether launches get the entry program alone (`--launch-entry-only`).
-    pub fn launch_entry_only(&self) -> bool {
-        self.launch_entry_only
     }
 
     pub fn scope(&self) -> Scope {
@@ -187,14 +178,7 @@ impl Attacher {
     ) -> Result<Vec<AttachFailure>> {
         let _mapped = map_for_check(file);
         if self.multi.is_none() {
-            return attach_per_symbol(
-                bpf,
-                path,
-                plan,
-                &plan.probes,
-                self.launch_entry_only,
-                &mut self.host_perf,
-            );
+            return attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf);
         }
         let (links, failures, left_over) = self.link_split(plan, &plan.probes, path, 0)?;
         self.host_multi.extend(links);
@@ -205,7 +189,6 @@ impl Attacher {
                 path,
                 plan,
                 &left_over,
-                self.launch_entry_only,
                 &mut self.host_perf,
             )?);
         }
@@ -319,7 +302,6 @@ impl Attacher {
                 chunk,
                 (path, &plan.library.path),
                 pid,
-                self.launch_entry_only,
             ) {
                 Ok(made) => links.extend(made),
                 // A program that does not load, or a bad path: no subset would do better.
@@ -483,22 +465,18 @@ fn link_multi(
     probes: &[PlannedProbe],
     (path, shown_as): (&Path, &Path),
     pid: u32,
-    launch_entry_only: bool,
 ) -> Result<Vec<MultiLink>> {
     let mut links = Vec::with_capacity(2);
     for (name, retprobe) in set_programs.names() {
         let linked: Vec<&PlannedProbe> = probes
             .iter()
-            .filter(|p| !(retprobe && p.entry_only(launch_entry_only)))
+            .filter(|p| !(retprobe && p.entry_only))
             .collect();
         if linked.is_empty() {
             continue;
         }
         let offsets: Vec<u64> = linked.iter().map(|p| p.file_offset).collect();
-        let cookies: Vec<u64> = linked
-            .iter()
-            .map(|p| p.cookie(pid != 0, launch_entry_only))
-            .collect();
+        let cookies: Vec<u64> = linked.iter().map(|p| p.cookie(pid != 0)).collect();
         let program = programs
             .loaded
             .get(name)
@@ -524,7 +502,6 @@ fn attach_per_symbol(
     lib_path: &Path,
     plan: &Plan,
     probes: &[PlannedProbe],
-    launch_entry_only: bool,
     attached: &mut Vec<(&'static str, UProbeLinkId)>,
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
@@ -538,12 +515,12 @@ fn attach_per_symbol(
                 .with_context(|| format!("loading {program_name}"))?;
         }
         for probe in probes {
-            if failed.contains(&probe.id) || (retprobe && probe.entry_only(launch_entry_only)) {
+            if failed.contains(&probe.id) || (retprobe && probe.entry_only) {
                 continue;
             }
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(probe.cookie(false, launch_entry_only)),
+                cookie: Some(probe.cookie(false)),
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
                 Ok(link) => attached.push((program_name, link)),

@@ -300,14 +300,7 @@ impl Discovery {
         let plan = self.plans.get(id).expect("just planned");
         Ok((
             id,
-            Some(library_line(
-                plan,
-                how,
-                pid,
-                ts_ns,
-                &self.failures,
-                self.attacher.launch_entry_only(),
-            )),
+            Some(library_line(plan, how, pid, ts_ns, &self.failures)),
         ))
     }
 
@@ -552,7 +545,6 @@ pub fn library_line(
     pid: Option<u32>,
     ts_ns: Option<u64>,
     failures: &[(u32, AttachFailure)],
-    launch_entry_only: bool,
 ) -> LibraryLine {
     let failed: HashSet<&str> = failures
         .iter()
@@ -580,7 +572,7 @@ pub fn library_line(
                 symbol: p.symbol.clone(),
                 function: p.function().into(),
                 family: p.spec.family.as_str().into(),
-                entry_only: p.entry_only(launch_entry_only),
+                entry_only: p.entry_only,
             })
             .collect(),
         missing_functions: plan.missing.iter().map(|f| f.to_string()).collect(),

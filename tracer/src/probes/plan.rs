@@ -58,6 +58,8 @@ pub struct FunctionSelection {
     pub all: bool,
     /// Exported functions matching one of these (`*`, `?`, `[...]`).
     pub globs: Vec<glob::Pattern>,
+    /// `--launch-entry-only`: the launches get the entry program alone.
+    pub launch_entry_only: bool,
 }
 
 impl Default for FunctionSelection {
@@ -66,6 +68,7 @@ impl Default for FunctionSelection {
             catalog: true,
             all: false,
             globs: Vec::new(),
+            launch_entry_only: false,
         }
     }
 }
@@ -77,6 +80,7 @@ impl FunctionSelection {
             catalog: false,
             all: false,
             globs: Vec::new(),
+            launch_entry_only: false,
         };
         for item in text.split(',').map(str::trim) {
             match item {
@@ -128,30 +132,26 @@ pub struct PlannedProbe {
     pub symbol: String,
     pub spec: &'static FnSpec,
     pub file_offset: u64,
+    /// It gets the entry program alone, no return probe: a launch
+    /// ([`FnSpec::is_entry_only_launch`]) under `--launch-entry-only`.
+    pub entry_only: bool,
 }
 
 impl PlannedProbe {
     /// Its attach cookie: the id, and what the entry program needs to know of it without a
-    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's;
-    /// `launch_entry_only`: `--launch-entry-only` was given.
-    pub fn cookie(&self, per_process: bool, launch_entry_only: bool) -> u64 {
+    /// lookup (`tracer_common::cookie`). `per_process`: the link is one traced process's.
+    pub fn cookie(&self, per_process: bool) -> u64 {
         let mut cookie = u64::from(self.id);
         if per_process {
             cookie |= tracer_common::cookie::PER_PROCESS;
         }
-        if self.entry_only(launch_entry_only) {
+        if self.entry_only {
             cookie |= tracer_common::cookie::ENTRY_ONLY;
         }
         if self.spec.probe_spec().nargs as usize > tracer_common::REGISTER_ARGS {
             cookie |= tracer_common::cookie::STACK_ARGS;
         }
         cookie
-    }
-
-    /// Whether it gets the entry program alone, no return probe: a launch
-    /// ([`FnSpec::is_entry_only_launch`]) under `--launch-entry-only`.
-    pub fn entry_only(&self, launch_entry_only: bool) -> bool {
-        launch_entry_only && self.spec.is_entry_only_launch()
     }
 
     /// The function it belongs to: the catalog's name, or its own outside the catalog.
@@ -246,6 +246,9 @@ impl Plan {
             .filter(|glob| !library.functions.keys().any(|name| glob.matches(name)))
             .map(|glob| glob.as_str().to_owned())
             .collect();
+        for probe in &mut plan.probes {
+            probe.entry_only = selection.launch_entry_only && probe.spec.is_entry_only_launch();
+        }
         plan
     }
 
@@ -269,6 +272,7 @@ impl Plan {
             symbol: name,
             spec,
             file_offset,
+            entry_only: false,
         });
     }
 }
@@ -419,16 +423,16 @@ mod tests {
             ("cuLaunchKernelEx_ptsz", 0x300),
         ]);
         let plan = Plan::new(&LIBCUDA, &lib, 0, 7, &FunctionSelection::default());
+        let lean_selection = FunctionSelection {
+            launch_entry_only: true,
+            ..FunctionSelection::default()
+        };
+        let lean = Plan::new(&LIBCUDA, &lib, 0, 7, &lean_selection);
         let cookies: Vec<(&str, u64, u64)> = plan
             .probes
             .iter()
-            .map(|p| {
-                (
-                    p.symbol.as_str(),
-                    p.cookie(true, false),
-                    p.cookie(false, true),
-                )
-            })
+            .zip(&lean.probes)
+            .map(|(p, l)| (p.symbol.as_str(), p.cookie(true), l.cookie(false)))
             .collect();
         assert_eq!(
             cookies,
@@ -449,7 +453,8 @@ mod tests {
         assert_eq!(
             plan.probes
                 .iter()
-                .map(|p| (p.entry_only(false), p.entry_only(true)))
+                .zip(&lean.probes)
+                .map(|(p, l)| (p.entry_only, l.entry_only))
                 .collect::<Vec<_>>(),
             [(false, false), (false, true), (false, true)]
         );

@@ -187,6 +187,17 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+impl RunArgs {
+    /// What to probe in each library found, and how: `--functions` and
+    /// `--launch-entry-only`.
+    pub fn selection(&self) -> FunctionSelection {
+        FunctionSelection {
+            launch_entry_only: self.launch_entry_only,
+            ..self.functions.clone()
+        }
+    }
+}
+
 fn parse_ring_kib(text: &str) -> Result<u32, String> {
     let kib: u32 = text.parse().map_err(|e| format!("{e}"))?;
     // 8 KiB holds the largest record, a call with a 4 KiB name.

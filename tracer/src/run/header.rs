@@ -75,7 +75,7 @@ pub fn header(
                 symbol: p.symbol.clone(),
                 function: p.function().into(),
                 family: p.spec.family.as_str().into(),
-                entry_only: p.entry_only(args.launch_entry_only),
+                entry_only: p.entry_only,
             })
             .collect(),
         missing_functions: plans

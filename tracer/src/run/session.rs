@@ -104,7 +104,7 @@ impl Session<'_> {
             map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let attacher = Attacher::new(&bpf, self.args.all, self.args.launch_entry_only);
+        let attacher = Attacher::new(&bpf, self.args.all);
         self.attach = AttachInfo {
             scope: match attacher.scope() {
                 Scope::PerProcess => "process",
@@ -123,7 +123,7 @@ impl Session<'_> {
             bpf,
             attacher,
             self.args.missing_probes,
-            self.args.functions.clone(),
+            self.args.selection(),
             monotonic_ns,
         );
         let explicit: Vec<&FoundLibrary> = self.start.iter().collect();
