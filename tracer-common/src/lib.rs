@@ -273,6 +273,10 @@ pub struct CallStringEvent {
 const _: () = assert!(size_of::<CallStringEvent>() == 136 + 8 + STRING_BUF_LEN);
 const _: () = assert!(STRING_BUF_LEN >= STRING_READ_LEN);
 
+/// Bytes of [`ProcEvent::name`]: an exec's file name is kept up to 255 bytes (the comm of a
+/// fork or exit needs 16).
+pub const PROC_NAME_LEN: usize = 256;
+
 /// A traced process forked a child, exec'd, or exited.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,10 +286,10 @@ pub struct ProcEvent {
     pub what: u32,
     /// Child pid for FORK; 0 otherwise.
     pub child_pid: u32,
-    /// `comm` for FORK/EXIT, the start of the file name for EXEC.
-    pub name: [u8; 64],
+    /// `comm` for FORK/EXIT, the file name for EXEC (its first 255 bytes).
+    pub name: [u8; PROC_NAME_LEN],
 }
-const _: () = assert!(size_of::<ProcEvent>() == 24 + 8 + 64);
+const _: () = assert!(size_of::<ProcEvent>() == 24 + 8 + PROC_NAME_LEN);
 
 /// Activity of the NVIDIA kernel driver for a traced process.
 #[repr(C)]

@@ -11,7 +11,9 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use tracer_common::{EventHeader, PendingChild, ProcEvent, counter, kind, proc_event};
+use tracer_common::{
+    EventHeader, PROC_NAME_LEN, PendingChild, ProcEvent, counter, kind, proc_event,
+};
 
 use crate::{
     discovery::{LINKED, PENDING_CHILD, process_exited, report_new_leader},
@@ -175,7 +177,7 @@ fn emit(
     ts_ns: u64,
     what: u32,
     child_pid: u32,
-    fill_name: impl FnOnce(&mut [u8; 64]),
+    fill_name: impl FnOnce(&mut [u8; PROC_NAME_LEN]),
 ) {
     let Some(mut entry) = EVENTS.reserve::<ProcEvent>(0) else {
         bump(counter::PROC_RING_FULL);
@@ -192,7 +194,7 @@ fn emit(
         };
         (*out).what = what;
         (*out).child_pid = child_pid;
-        (*out).name = [0; 64];
+        (*out).name = [0; PROC_NAME_LEN];
         fill_name(&mut (*out).name);
     }
     entry.submit(0);

@@ -24,7 +24,7 @@ pub struct ProcessLine {
     /// `fork` and `exit`: the process's command name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comm: Option<String>,
-    /// `exec`: the program (cut at 63 bytes).
+    /// `exec`: the program (cut at 255 bytes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
 }
