@@ -57,7 +57,8 @@ tracefs=/sys/kernel/tracing
 group=cudatrace_gpu_bench
 instance="$tracefs/instances/$group"
 floor_off() {
-    echo 0 >"$instance/events/$group/enable" 2>/dev/null
+    # (Braces: the redirection's own error, with no instance, goes to /dev/null too.)
+    { echo 0 >"$instance/events/$group/enable"; } 2>/dev/null
     rmdir "$instance" 2>/dev/null
     for event in launch_entry launch_return; do
         grep -q "$group/$event " "$tracefs/uprobe_events" 2>/dev/null &&
