@@ -59,7 +59,7 @@ def main():
             kind = line["type"]
             if kind == "call":
                 calls[(line["pid"], line["tid"], line["ts_ns"])] = line
-                if line["ret"] == 0 and is_launch(line["name"]):
+                if line.get("ret", 0) == 0 and is_launch(line["name"]):  # no ret: --launch-entry-only
                     launches_ok += 1
             elif kind in WORK_TYPES:
                 work[kind].append(line)

@@ -111,7 +111,7 @@ def main():
             rec = json.loads(line)
             if rec.get("type") != "call":
                 continue
-            calls[(rec["pid"], rec["tid"])].append((rec["ts_ns"], rec["ts_ns"] + rec["dur_ns"],
+            calls[(rec["pid"], rec["tid"])].append((rec["ts_ns"], rec["ts_ns"] + rec.get("dur_ns", 0),
                                                     rec["name"]))
             if rec["name"].startswith(("cuLaunch", "cuGraphLaunch")):
                 launch_calls += 1

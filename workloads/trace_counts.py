@@ -32,7 +32,7 @@ def main():
             elif kind == "call":
                 names[rec["name"]] += 1
                 pids.add(rec["pid"])
-                if rec["ret"] != 0:
+                if rec.get("ret", 0) != 0:  # no ret: a launch under --launch-entry-only
                     errors[(rec["name"], rec.get("ret_name", rec["ret"]))] += 1
                 if "kind" in rec:
                     copies[rec["kind"]][0] += 1
