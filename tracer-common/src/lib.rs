@@ -7,6 +7,7 @@
 use core::mem::size_of;
 
 mod attach;
+pub mod cbids;
 mod gpu;
 pub use attach::*;
 pub use gpu::*;

@@ -6,7 +6,9 @@
 //!   `api.end <= call.ts_ns + call.dur_ns` (the innermost, if calls nest). A call probed
 //!   at entry alone (`--launch-entry-only`) has no `dur_ns`: it is taken to last until
 //!   the next launch, copy or memset call of its thread begins (or for ever, if it is the
-//!   thread's last);
+//!   thread's last), and encloses only API records of its own function (CUPTI's callback
+//!   id), so that the work of a launch function cudatrace does not probe is not taken for
+//!   the probed launch's;
 //! - a GPU record names its API record by correlation id (per process).
 //!
 //! Records arrive late: the injection library hands them over when CUPTI flushes (every
@@ -17,12 +19,39 @@
 //! Nothing is ever dropped: a record that cannot be linked is written without a link, with
 //! the reason (`unlinked`), and counted.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::LazyLock,
+};
+
+use tracer_common::cbids::LINKED_DRIVER_FUNCTIONS;
 
 use crate::{
+    catalog::STREAM_VARIANTS,
     events::gpu::ApiRecord,
     schema::{GpuFooter, GpuLine, gpu::unlinked},
 };
+
+/// A driver function's name without its per-thread-stream suffix (`_ptsz`, `_ptds`): a call
+/// line names the catalog's function, CUPTI the form that was called.
+fn base(name: &str) -> &str {
+    STREAM_VARIANTS
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
+/// The function (its [`base`] name) of each CUPTI callback id whose API records come.
+static FUNCTION_OF: LazyLock<HashMap<u32, &'static str>> = LazyLock::new(|| {
+    LINKED_DRIVER_FUNCTIONS
+        .iter()
+        .map(|&(name, cbid)| (cbid, base(name)))
+        .collect()
+});
+
+/// Those functions' base names.
+static FUNCTIONS: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| FUNCTION_OF.values().copied().collect());
 
 /// Launch, copy and memset calls kept per thread for linking (about 2.5 s of the fastest
 /// launch loop measured, 100k launches/s); an API record of an older call is
@@ -48,6 +77,10 @@ struct RecentCall {
     end_ns: u64,
     /// Its return was not seen: `end_ns` is where the thread's next call began.
     open: bool,
+    /// An open call's function (its [`base`] name): it encloses only API records of that
+    /// function. `None` for a call whose return was seen, and for a function CUPTI's ids do
+    /// not name (it encloses any).
+    function: Option<&'static str>,
 }
 
 /// One thread's recent calls, by `ts_ns`.
@@ -117,10 +150,17 @@ impl Thread {
         }
     }
 
-    /// The innermost kept call enclosing `[start, end]`.
-    fn enclosing(&self, start: u64, end: u64) -> Result<RecentCall, &'static str> {
+    /// The innermost kept call enclosing `[start, end]`, the API record of `function`.
+    fn enclosing(
+        &self,
+        start: u64,
+        end: u64,
+        function: Option<&str>,
+    ) -> Result<RecentCall, &'static str> {
         let after = self.calls.partition_point(|c| c.ts_ns <= start);
-        let found = self.calls.range(..after).rev().find(|c| c.end_ns >= end);
+        let found = self.calls.range(..after).rev().find(|c| {
+            c.end_ns >= end && (!c.open || c.function.is_none() || c.function == function)
+        });
         let oldest = self.calls.front().map_or(u64::MAX, |c| c.ts_ns);
         match found {
             Some(call) => Ok(*call),
@@ -132,9 +172,13 @@ impl Thread {
 }
 
 impl GpuLinker {
-    /// A launch, copy or memset call line, as it goes by; `dur_ns` is `None` for a call
-    /// probed at entry alone.
-    pub fn call(&mut self, pid: u32, tid: u32, ts_ns: u64, dur_ns: Option<u64>) {
+    /// A launch, copy or memset call line of function `name`, as it goes by; `dur_ns` is
+    /// `None` for a call probed at entry alone.
+    pub fn call(&mut self, pid: u32, tid: u32, ts_ns: u64, dur_ns: Option<u64>, name: &str) {
+        let function = match dur_ns {
+            Some(_) => None,
+            None => FUNCTIONS.get(base(name)).copied(),
+        };
         self.processes
             .entry(pid)
             .or_default()
@@ -145,6 +189,7 @@ impl GpuLinker {
                 ts_ns,
                 end_ns: dur_ns.map_or(u64::MAX, |dur| ts_ns.saturating_add(dur)),
                 open: dur_ns.is_none(),
+                function,
             });
     }
 
@@ -154,9 +199,10 @@ impl GpuLinker {
         self.counts.api_records += 1;
         let process = self.processes.entry(api.pid).or_default();
         process.last_api_ns = process.last_api_ns.max(arrived_ns);
+        let function = FUNCTION_OF.get(&api.cbid).copied();
         let call = match process.threads.get(&api.tid) {
             Some(thread) => thread
-                .enclosing(api.start_ns, api.end_ns)
+                .enclosing(api.start_ns, api.end_ns, function)
                 .map(|call| (api.tid, call.ts_ns)),
             None => Err(unlinked::NO_CALL),
         };
@@ -343,13 +389,18 @@ mod tests {
     }
 
     fn api(tid: u32, correlation_id: u32, start_ns: u64, end_ns: u64) -> ApiRecord {
+        api_of(307, tid, correlation_id, start_ns, end_ns)
+    }
+
+    /// CUPTI's record of a call to function `cbid`.
+    fn api_of(cbid: u32, tid: u32, correlation_id: u32, start_ns: u64, end_ns: u64) -> ApiRecord {
         ApiRecord {
             pid: 1,
             tid,
             correlation_id,
             start_ns,
             end_ns,
-            cbid: 307,
+            cbid,
             result: 0,
         }
     }
@@ -365,9 +416,9 @@ mod tests {
         let mut out = Vec::new();
         // Thread 1: an outer call 100..400 around an inner one 150..250 (the inner returns,
         // and so arrives, first); thread 2: 120..300.
-        linker.call(1, 1, 150, Some(100));
-        linker.call(1, 1, 100, Some(300));
-        linker.call(1, 2, 120, Some(180));
+        linker.call(1, 1, 150, Some(100), "cuLaunchKernel");
+        linker.call(1, 1, 100, Some(300), "cuLaunchKernel");
+        linker.call(1, 2, 120, Some(180), "cuLaunchKernel");
         linker.api(api(1, 5, 160, 240), 0, &mut out);
         assert!(out.is_empty());
         linker.work(kernel(1, 5, 1240), 0, &mut out);
@@ -434,11 +485,11 @@ mod tests {
         let mut out = Vec::new();
         // Thread 1: entry-only launches at 100 and 300, a copy 500..600 and a last launch
         // at 700; thread 2: an entry-only launch at 200.
-        linker.call(1, 1, 100, None);
-        linker.call(1, 2, 200, None);
-        linker.call(1, 1, 300, None);
-        linker.call(1, 1, 500, Some(100));
-        linker.call(1, 1, 700, None);
+        linker.call(1, 1, 100, None, "cuLaunchKernel");
+        linker.call(1, 2, 200, None, "cuLaunchKernel");
+        linker.call(1, 1, 300, None, "cuLaunchKernel");
+        linker.call(1, 1, 500, Some(100), "cuMemcpyHtoD");
+        linker.call(1, 1, 700, None, "cuLaunchKernel");
         for (id, tid, start, end) in [
             (1, 1, 110, 290),
             (2, 2, 210, 10_000),
@@ -473,11 +524,56 @@ mod tests {
     }
 
     #[test]
+    fn a_call_without_its_return_encloses_only_its_own_functions_api_records() {
+        let mut linker = GpuLinker::default();
+        let mut out = Vec::new();
+        // Entry-only: cuLaunchKernel at 100 (probed as its _ptsz form), cuGraphLaunch at
+        // 400; with its return seen: cuLaunchKernel 700..800.
+        linker.call(1, 1, 100, None, "cuLaunchKernel");
+        linker.call(1, 1, 400, None, "cuGraphLaunch");
+        linker.call(1, 1, 700, Some(100), "cuLaunchKernel");
+        for (id, cbid, start, end) in [
+            // cuLaunchKernel_ptsz (442) and cuLaunchKernel (307) inside the launch at 100.
+            (1, 442, 110, 190),
+            (2, 307, 210, 290),
+            // cuLaunch (115), cuLaunchGrid (116): functions cudatrace does not probe, made
+            // while the launch at 100 is taken to last.
+            (3, 115, 300, 310),
+            (4, 116, 320, 330),
+            // cuGraphLaunch_ptsz (515) in the graph launch; a kernel launch there is not.
+            (5, 515, 410, 420),
+            (6, 307, 430, 440),
+            // A call whose return was seen encloses what lies inside it, whatever its id.
+            (7, 115, 710, 720),
+        ] {
+            linker.api(api_of(cbid, 1, id, start, end), 0, &mut out);
+            linker.work(kernel(1, id, 20_000), 0, &mut out);
+        }
+        let calls: Vec<_> = out.iter().map(|line| link(line).0).collect();
+        assert_eq!(
+            calls,
+            [
+                Some((1, 100)),
+                Some((1, 100)),
+                None,
+                None,
+                Some((1, 400)),
+                None,
+                Some((1, 700))
+            ]
+        );
+        assert_eq!(
+            (linker.counts.linked, linker.counts.unlinked.no_call),
+            (4, 3)
+        );
+    }
+
+    #[test]
     fn calls_beyond_the_window_are_told_apart() {
         let mut linker = GpuLinker::default();
         let mut out = Vec::new();
         for i in 0..=CALL_WINDOW as u64 {
-            linker.call(1, 1, i * 10, Some(5));
+            linker.call(1, 1, i * 10, Some(5), "cuLaunchKernel");
         }
         linker.api(api(1, 1, 1, 2), 0, &mut out);
         linker.work(kernel(1, 1, 100), 0, &mut out);

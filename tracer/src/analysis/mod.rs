@@ -122,7 +122,7 @@ impl Analysis {
                         Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
                     )
                 {
-                    linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns);
+                    linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
             Event::Process(process) => self.process_event(process.pid, &process.event),
