@@ -100,11 +100,19 @@ fn sighup_and_sigquit_end_tracing_with_a_footer_and_their_own_codes() {
         let command = trace[0]["pids"][0].as_u64().unwrap() as u32;
         // SIGHUP is passed on like SIGTERM; SIGQUIT, like Ctrl-C, comes from the
         // terminal to the command too, so cudatrace leaves it alone.
-        let alive = Path::new(&format!("/proc/{command}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{command}/stat"))
-                .unwrap_or_default()
-                .contains(") Z ");
-        assert_eq!(alive, !passed_on, "{name}: command alive");
+        let alive = || {
+            Path::new(&format!("/proc/{command}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{command}/stat"))
+                    .unwrap_or_default()
+                    .contains(") Z ")
+        };
+        // A signal passed on is delivered, not awaited: the command may take a moment
+        // to die after cudatrace has exited.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while passed_on && alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(alive(), !passed_on, "{name}: command alive");
         kill(command, libc::SIGKILL);
     }
 }
