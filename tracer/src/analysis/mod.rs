@@ -21,7 +21,7 @@
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
-//! | `nccl.rs` | NCCL: communicators' ranks, groups, the collectives section |
+//! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
