@@ -15,13 +15,13 @@
 //! | `stages.rs` | the stages of a run (initialisation ... cleanup) |
 //! | `summary.rs` | per-function latency, per-kernel and per-direction statistics |
 //! | `driver.rs` | `--kernel`: NVIDIA driver activity by call and class |
-//! | `power.rs`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
+//! | `power/`, `energy.rs` | `--power`: energy per GPU, stage and kernel; the arithmetic under it |
 //! | `devices.rs` | the device of each launch, copy and allocation (threads' current contexts); figures per device |
 //! | `device_map.rs` | `--power --gpu`: which NVML GPU each CUDA device is |
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
-//! | `nccl.rs` | NCCL: communicators' ranks, groups, the collectives section |
+//! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
