@@ -13,7 +13,19 @@ use serde_json::Value;
 
 /// `cudatrace run -q ... -- ARGS` in the background, writing `trace`.
 fn start(trace: &std::path::Path, args: &[&std::ffi::OsStr]) -> Child {
-    Command::new(CUDATRACE)
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(CUDATRACE);
+    // SIGHUP at its default, whatever this test inherited (under `nohup` it is ignored,
+    // and an ignored signal stays ignored across exec: the traced command would survive
+    // the SIGHUP cudatrace passes on, as it should under nohup).
+    // SAFETY: signal(2) is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    command
         .args(["run", "-q", "--missing-probes", "ignore", "--libcuda"])
         .arg(&standin().lib)
         .arg("-o")
@@ -31,7 +43,7 @@ fn kill(pid: u32, signal: libc::c_int) {
 }
 
 #[test]
-fn sigint_under_a_flat_out_multithreaded_loop_ends_within_a_second_with_a_footer() {
+fn sigint_under_a_flat_out_multithreaded_loop_ends_promptly_with_a_footer() {
     let Some(_guard) = root() else { return };
     const THREADS: u64 = 4;
     let trace_path = scratch("sigint-load").join("trace.jsonl");
@@ -54,7 +66,10 @@ fn sigint_under_a_flat_out_multithreaded_loop_ends_within_a_second_with_a_footer
     let status = tracer.wait().unwrap();
     let took = sent.elapsed();
     assert_eq!(status.code(), Some(130));
-    assert!(took < Duration::from_secs(1), "SIGINT took {took:?}");
+    // An unbounded drain would never end under this loop; a bounded one (50 ms a drain,
+    // then detach and the footer) ends in about 0.25 s on an idle 2-core machine. 5 s keeps
+    // the bound's meaning on a loaded one (1.18 s was seen while other builds ran).
+    assert!(took < Duration::from_secs(5), "SIGINT took {took:?}");
 
     let trace = read_trace(&trace_path);
     assert_complete(&trace);

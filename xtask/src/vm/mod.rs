@@ -59,7 +59,7 @@ pub const HOST_ONLY: &[(&str, &str)] = &[
         "gpu_run",
         "GPU records linked in userspace; their transport is gpu_transport's",
     ),
-    ("signals", "its 1 s bound is for real hardware, not TCG"),
+    ("signals", "its 5 s bound is for real hardware, not TCG"),
 ];
 
 /// Tests left out in the guest (libtest `--skip`) unless `--no-skip`, with the reason. None is
