@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use super::{
     arguments::Arguments,
+    call_args::{CallArgs, SliceArgs},
     filters::Filters,
     flows::{FlowStart, FlowTracker, GpuFlows, StreamKey, TO_GPU, TO_SYNC},
     power::GpuTracks,
@@ -311,10 +312,6 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 tid: record.tid,
             };
             self.track(track)?;
-            call_args(record, role, &mut self.args);
-            if plain {
-                self.args.mark_plain();
-            }
             let category = self.families.of(&record.name).unwrap_or("other");
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
@@ -324,7 +321,13 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 name: &label,
                 plain_name: plain,
                 category,
-                args: &self.args,
+                // A launch's slice is named by its kernel: the function called is an
+                // argument.
+                args: SliceArgs::Call(CallArgs {
+                    record,
+                    with_call: role == Role::Launch,
+                    plain,
+                }),
                 flow_out: &flow_out,
                 flows_in: &flows_in,
             })?;
@@ -429,7 +432,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &slice.label,
             plain_name: false,
             category: "nccl_rank",
-            args: &slice.args,
+            args: SliceArgs::Collected(&slice.args),
             flow_out: &[],
             flows_in: &[],
         })?;
@@ -578,7 +581,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &name,
             plain_name: false,
             category: "driver",
-            args: &Arguments::from_map(&line.details()),
+            args: SliceArgs::Collected(&Arguments::from_map(&line.details())),
             flow_out: &[],
             flows_in: &[],
         })?;
@@ -652,7 +655,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &label,
             plain_name: false,
             category: "gpu",
-            args: &self.args,
+            args: SliceArgs::Collected(&self.args),
             flow_out: &[],
             flows_in: &flows_in,
         })?;
@@ -777,16 +780,4 @@ pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
 /// control character can only be in a string escaped). Checked on the reader's workers.
 pub fn no_escapes(bytes: &[u8], _: &Line) -> bool {
     memchr::memchr(b'\\', bytes).is_none()
-}
-
-/// The decoded fields of a call (everything but what the slice itself says), into `args`.
-fn call_args(record: &CallLine, role: Role, args: &mut Arguments) {
-    args.clear();
-    args.fill(record, |key| {
-        matches!(key, "type" | "name" | "pid" | "tid" | "dur_ns")
-    });
-    if role == Role::Launch {
-        args.insert_text("call", &record.name);
-    }
-    args.sort();
 }
