@@ -260,7 +260,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
         // Flows follow every call, kept or not: a filtered-out sync still ends its launches'
         // wait (the arrow needs both ends).
-        let mut flow_out = Vec::new();
+        // To its GPU work and to its synchronisation: at most two (not allocated).
+        let mut flow_out = [0u64; 2];
+        let mut flows_out = 0;
         let mut flows_in = Vec::new();
         let start = |id, name| FlowStart {
             id,
@@ -281,7 +283,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             let id = self.flows.next_id();
             gpu_flows.call(start(id, TO_GPU));
             if kept {
-                flow_out.push(id);
+                flow_out[flows_out] = id;
+                flows_out += 1;
             }
         }
         match role {
@@ -290,7 +293,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     let id = self.flows.next_id();
                     self.flows.launch(stream, start(id, TO_SYNC));
                     if kept {
-                        flow_out.push(id);
+                        flow_out[flows_out] = id;
+                        flows_out += 1;
                     }
                 }
             }
@@ -328,7 +332,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     with_call: role == Role::Launch,
                     plain,
                 }),
-                flow_out: &flow_out,
+                flow_out: &flow_out[..flows_out],
                 flows_in: &flows_in,
             })?;
             self.stats.slices += 1;

@@ -80,6 +80,8 @@ pub struct PerfettoWriter<W: Write> {
     packets: u64,
     /// The latest event timestamp written.
     latest_ts_ns: u64,
+    /// The track of the last event and its uuid.
+    last_track: Option<(Track, u64)>,
     uuids: HashMap<TrackKey, u64>,
     /// GPU groups' names, by device.
     gpu_names: HashMap<u32, String>,
@@ -132,6 +134,7 @@ impl<W: Write> PerfettoWriter<W> {
             buf: Vec::with_capacity(FLUSH_BYTES + 4096),
             packets: 0,
             latest_ts_ns: 0,
+            last_track: None,
             uuids: HashMap::default(),
             gpu_names: HashMap::default(),
             names: Interner::default(),
@@ -225,7 +228,14 @@ impl<W: Write> PerfettoWriter<W> {
     /// The track's uuid; the global track is described on first use (the exporter names
     /// processes and threads before their first event).
     fn track_uuid(&mut self, track: Track) -> io::Result<u64> {
+        // Runs of events on one track: its uuid, once looked up, stays.
+        if let Some((last, uuid)) = self.last_track
+            && last == track
+        {
+            return Ok(uuid);
+        }
         let (uuid, new) = self.uuid(TrackKey::Event(track));
+        self.last_track = Some((track, uuid));
         if new && track == Track::Global {
             self.describe(TrackDescriptor {
                 uuid: Some(uuid),
@@ -276,12 +286,12 @@ impl<W: Write> PerfettoWriter<W> {
                     wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
                 }
                 let mut annotation = |key: &str, iid: Option<u64>, value: Arg<'_>| {
-                    wire::message(
-                        track_event,
-                        event_field::DEBUG_ANNOTATIONS,
-                        1,
-                        |annotation| debug_annotation(annotation, key, iid, value),
-                    );
+                    // Its length is known before it is written: no room to set aside.
+                    let length = debug_annotation_len(key, iid, value);
+                    wire::length_delimited(track_event, event_field::DEBUG_ANNOTATIONS, length);
+                    let start = track_event.len();
+                    debug_annotation(track_event, key, iid, value);
+                    debug_assert_eq!(track_event.len() - start, length);
                 };
                 match args {
                     SliceArgs::Collected(arguments) => {
@@ -415,6 +425,30 @@ fn debug_annotation(buf: &mut Vec<u8>, key: &str, iid: Option<u64>, value: Arg<'
     }
 }
 
+/// The bytes [`debug_annotation`] writes.
+fn debug_annotation_len(key: &str, iid: Option<u64>, value: Arg<'_>) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    let delimited =
+        |field: u32, length: usize| key_len(field) + encoded_len_varint(length as u64) + length;
+    let name = match iid {
+        Some(iid) => key_len(annotation_field::NAME_IID) + encoded_len_varint(iid),
+        None => delimited(annotation_field::NAME, key.len()),
+    };
+    let value = match value {
+        Arg::Bool(flag) => key_len(annotation_field::BOOL_VALUE) + encoded_len_varint(flag.into()),
+        Arg::Unsigned(n) => key_len(annotation_field::UINT_VALUE) + encoded_len_varint(n),
+        Arg::Signed(n) => key_len(annotation_field::INT_VALUE) + encoded_len_varint(n as u64),
+        Arg::Float(_) => key_len(annotation_field::DOUBLE_VALUE) + 8,
+        Arg::Text(text) => delimited(annotation_field::STRING_VALUE, text.len()),
+        Arg::Hex(value) => {
+            let digits = (64 - (value | 1).leading_zeros()).div_ceil(4) as usize;
+            delimited(annotation_field::STRING_VALUE, 2 + digits)
+        }
+        Arg::Json(json) => delimited(annotation_field::LEGACY_JSON_VALUE, json.len()),
+    };
+    name + value
+}
+
 /// The protobuf wire format, written straight into a buffer.
 mod wire {
     use prost::encoding::{WireType, encoded_len_varint};
@@ -440,6 +474,12 @@ mod wire {
     pub fn fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
         key(buf, field, WireType::SixtyFourBit);
         buf.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// A length-delimited field's key and length; its `length` bytes follow.
+    pub fn length_delimited(buf: &mut Vec<u8>, field: u32, length: usize) {
+        key(buf, field, WireType::LengthDelimited);
+        raw_varint(buf, length as u64);
     }
 
     pub fn string(buf: &mut Vec<u8>, field: u32, text: &str) {
@@ -681,7 +721,38 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
 
 #[cfg(test)]
 mod tests {
-    use super::wire;
+    use super::{Arg, debug_annotation, debug_annotation_len, wire};
+
+    /// Every kind of value, named by iid or in full, short and long: the length is what
+    /// is written.
+    #[test]
+    fn annotation_lengths_are_what_is_written() {
+        let long = "k".repeat(300);
+        let values = [
+            Arg::Bool(true),
+            Arg::Unsigned(0),
+            Arg::Unsigned(u64::MAX),
+            Arg::Signed(-1),
+            Arg::Float(1.5),
+            Arg::Text(""),
+            Arg::Text(&long),
+            Arg::Hex(0),
+            Arg::Hex(0x7f00_0000_1234),
+            Arg::Hex(u64::MAX),
+            Arg::Json("[1,2,3]"),
+        ];
+        for value in values {
+            for (key, iid) in [("bytes", Some(1)), ("bytes", Some(300)), ("name", None)] {
+                let mut written = Vec::new();
+                debug_annotation(&mut written, key, iid, value);
+                assert_eq!(
+                    written.len(),
+                    debug_annotation_len(key, iid, value),
+                    "{value:?}"
+                );
+            }
+        }
+    }
 
     /// A nested message's length takes the width it needs, whatever was set aside for it,
     /// as prost writes it.
