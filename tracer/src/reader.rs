@@ -7,7 +7,7 @@ use std::{
     io::{self, BufRead},
 };
 
-use crate::schema::{self, Line};
+use crate::schema::{self, Line, SpareCalls};
 
 /// Longer lines are malformed (a footer listing 1000 leaks per process is far shorter).
 pub const MAX_LINE_BYTES: usize = 64 << 20;
@@ -173,14 +173,23 @@ impl<X: Send + 'static> TraceLines<io::Empty, X> {
     }
 }
 
-/// Parses a line, without its newline and a trailing CR, and prepares it.
-fn parse_line<X>(line: &[u8], prepare: Prepare<X>) -> Prepared<X> {
-    parse_prepared(line.strip_suffix(b"\r").unwrap_or(line), prepare)
+/// Parses a line, without its newline and a trailing CR, and prepares it; a call goes
+/// into one of `spare_calls` if there is one ([`schema::parse_reusing`]).
+fn parse_line<X>(line: &[u8], prepare: Prepare<X>, spare_calls: &mut SpareCalls) -> Prepared<X> {
+    parse_prepared(
+        line.strip_suffix(b"\r").unwrap_or(line),
+        prepare,
+        spare_calls,
+    )
 }
 
 /// Parses a line as it is, and prepares it.
-fn parse_prepared<X>(line: &[u8], prepare: Prepare<X>) -> Prepared<X> {
-    schema::parse(line).map(|parsed| {
+fn parse_prepared<X>(
+    line: &[u8],
+    prepare: Prepare<X>,
+    spare_calls: &mut SpareCalls,
+) -> Prepared<X> {
+    schema::parse_reusing(line, spare_calls).map(|parsed| {
         let prepared = prepare(line, &parsed);
         (parsed, prepared)
     })
@@ -211,14 +220,14 @@ fn read_here<X>(
             // A reader with a large buffer (a slice) may hold an over-long line whole.
             let parsed = match end > MAX_LINE_BYTES {
                 true => too_long(),
-                false => parse_line(&available[..end], prepare),
+                false => parse_line(&available[..end], prepare, &mut Vec::new()),
             };
             reader.consume(end + 1);
             return Ok(Some(parsed));
         }
         return Ok(
             read_line(reader, buf, MAX_LINE_BYTES)?.map(|kept| match kept {
-                true => parse_prepared(buf, prepare),
+                true => parse_prepared(buf, prepare, &mut Vec::new()),
                 false => too_long(),
             }),
         );
@@ -235,12 +244,16 @@ mod pipeline {
         thread,
     };
 
-    use super::{Line, MAX_LINE_BYTES, Prepare, Prepared, parse_line, too_long, too_long_message};
+    use super::{
+        Line, MAX_LINE_BYTES, Prepare, Prepared, SpareCalls, parse_line, too_long, too_long_message,
+    };
 
     /// Bytes read for a block; it is cut after its last newline.
     const BLOCK_BYTES: usize = 256 << 10;
     /// Most parser threads (the callers do little per line besides).
     const MAX_WORKERS: usize = 4;
+    /// Boxes of calls a worker keeps for reuse: about a block's lines.
+    const MAX_SPARE_CALLS: usize = 1024;
 
     enum Block {
         /// Whole lines, each ending with a newline but perhaps the file's last.
@@ -375,19 +388,27 @@ mod pipeline {
         prepare: Prepare<X>,
     ) {
         let mut spare = Vec::new();
+        let mut spare_calls = SpareCalls::new();
         for block in blocks {
-            // Lines used up are dropped here, where they were allocated.
+            // Lines used up are dropped here, where they were allocated; their calls'
+            // boxes are kept for the next lines (a block's worth at most).
             while let Ok(mut lines) = used.try_recv() {
-                lines.clear();
+                for line in lines.drain(..) {
+                    if let (Ok((Line::Call(call), _)), true) =
+                        (line, spare_calls.len() < MAX_SPARE_CALLS)
+                    {
+                        spare_calls.push(call);
+                    }
+                }
                 spare = lines;
             }
             let batch = match block {
                 Block::Lines(bytes) => {
                     let mut lines = std::mem::take(&mut spare);
                     let mut start = 0;
-                    let line = |line: &[u8]| match line.len() > MAX_LINE_BYTES {
+                    let mut line = |line: &[u8]| match line.len() > MAX_LINE_BYTES {
                         true => too_long(),
-                        false => parse_line(line, prepare),
+                        false => parse_line(line, prepare, &mut spare_calls),
                     };
                     for end in memchr::memchr_iter(b'\n', &bytes) {
                         lines.push(line(&bytes[start..end]));

@@ -2,9 +2,10 @@
 //!
 //! They are what `serde_json::to_value` would make of a line, keys sorted as a JSON map
 //! sorts them, but collected into one reused buffer instead of a map of allocated strings
-//! and values: a call's arguments are written millions of times. Any `Serialize` line
-//! (a call, a GPU activity record, a power sample) gives its fields with [`Arguments::fill`];
-//! a map from elsewhere with [`Arguments::from_map`].
+//! and values: GPU work can be as many as launches. Any `Serialize` line (a GPU activity
+//! record, an NCCL call's rank-track slice) gives its fields with [`Arguments::fill`]; a
+//! map from elsewhere with [`Arguments::from_map`]. A call's own slice reads its fields
+//! straight from the line instead (`call_args`).
 
 use std::{borrow::Cow, fmt::Write as _, ops::Range};
 
@@ -24,6 +25,9 @@ pub enum Arg<'a> {
     Float(f64),
     Bool(bool),
     Text(&'a str),
+    /// A pointer or handle: text, `0x` and lowercase hex digits (a call's, read straight
+    /// from its line: see [`hex_digits`](super::call_args::hex_digits)).
+    Hex(u64),
     /// Anything else (arrays, objects, `null`) as compact JSON.
     Json(&'a str),
 }
@@ -51,9 +55,6 @@ pub struct Arguments {
     orders: Vec<Option<KnownOrder>>,
     /// The static keys' addresses of the entries being sorted.
     keys: Vec<(usize, usize)>,
-    /// The caller vouched that no key or text value has anything JSON escapes
-    /// ([`mark_plain`](Arguments::mark_plain)); any change forgets it.
-    plain: bool,
 }
 
 /// The sorted order of one sequence of static keys.
@@ -90,7 +91,6 @@ impl Entry {
 
 impl Arguments {
     pub fn clear(&mut self) {
-        self.plain = false;
         self.text.clear();
         self.entries.clear();
         self.order.clear();
@@ -98,7 +98,6 @@ impl Arguments {
 
     /// Adds the fields `line` serialises (a struct), except those `skip` names.
     pub fn fill<T: Serialize>(&mut self, line: &T, skip: impl Fn(&str) -> bool) {
-        self.plain = false;
         // A line that is not a struct adds nothing.
         let _ = line.serialize(FieldCollector {
             arguments: self,
@@ -120,24 +119,11 @@ impl Arguments {
 
     /// Sets `key` to a string (replacing a field of that name).
     pub fn insert_text(&mut self, key: &'static str, value: &str) {
-        self.plain = false;
         let stored = self.push_text(value);
         match self.entries.iter_mut().find(|entry| entry.key == key) {
             Some(entry) => entry.value = stored,
             None => self.entries.push(Entry::new(Cow::Borrowed(key), stored)),
         }
-    }
-
-    /// Says that no key or text value has a quote, a backslash or a control character (a
-    /// line read without escapes, whose field names are plain): a JSON writer copies them
-    /// as they are. Until the next change.
-    pub fn mark_plain(&mut self) {
-        self.plain = true;
-    }
-
-    /// See [`mark_plain`](Arguments::mark_plain).
-    pub fn is_plain(&self) -> bool {
-        self.plain
     }
 
     /// Orders the entries by key, as a JSON map (byte-wise).
@@ -792,6 +778,7 @@ mod tests {
             Arg::Float(x) => x.into(),
             Arg::Bool(b) => b.into(),
             Arg::Text(text) => text.into(),
+            Arg::Hex(value) => format!("{value:#x}").into(),
             Arg::Json(json) => serde_json::from_str(json).unwrap(),
         }
     }

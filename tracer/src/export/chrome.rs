@@ -9,7 +9,8 @@ use foldhash::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::{
-    arguments::{Arg, Arguments},
+    arguments::Arg,
+    call_args::{CALL_ARG_KEYS, SliceArgs, hex_digits},
     timeline::{
         ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
     },
@@ -36,6 +37,8 @@ pub struct ChromeWriter<W: Write> {
     header: Option<Value>,
     /// `--gpu`: stream tracks, threads of their GPU's group, by tid from 1.
     gpu_tids: HashMap<Track, u32>,
+    /// `"KEY":` of each of [`CALL_ARG_KEYS`] (plain names: nothing to escape).
+    call_keys: Vec<Vec<u8>>,
 }
 
 impl<W: Write> ChromeWriter<W> {
@@ -46,6 +49,10 @@ impl<W: Write> ChromeWriter<W> {
             events: 0,
             header: None,
             gpu_tids: HashMap::default(),
+            call_keys: CALL_ARG_KEYS
+                .iter()
+                .map(|key| format!("\"{key}\":").into_bytes())
+                .collect(),
         };
         writer.buf.reserve(FLUSH_BYTES + 4096);
         writer.raw(b"{\"traceEvents\":[\n");
@@ -143,32 +150,59 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     /// `,"args":{...}`, as serde_json writes a map.
-    fn args(&mut self, args: &Arguments) {
+    fn args(&mut self, args: SliceArgs<'_>) {
         self.raw(b",\"args\":{");
         // Checked where they were collected: nothing to escape.
         let plain = args.is_plain();
-        for (index, (key, value)) in args.iter().enumerate() {
-            if index > 0 {
-                self.buf.push(b',');
-            }
-            match plain {
-                true => self.quoted(key),
-                false => self.string(key),
-            }
-            self.buf.push(b':');
-            match value {
-                Arg::Text(text) if plain => self.quoted(text),
-                Arg::Unsigned(n) => self.number(n),
-                Arg::Signed(n) => self.number(n),
-                Arg::Float(x) => {
-                    let _ = serde_json::to_writer(&mut self.buf, &x);
+        let mut first = true;
+        match args {
+            SliceArgs::Collected(arguments) => {
+                for (key, value) in arguments.iter() {
+                    self.arg(&mut first, plain, key, value);
                 }
-                Arg::Bool(b) => self.raw(if b { b"true" } else { b"false" }),
-                Arg::Text(text) => self.string(text),
-                Arg::Json(json) => self.raw(json.as_bytes()),
             }
+            SliceArgs::Call(call) => call.visit(|index, _, value| {
+                if !std::mem::take(&mut first) {
+                    self.buf.push(b',');
+                }
+                self.buf.extend_from_slice(&self.call_keys[index]);
+                self.value(plain, value);
+            }),
         }
         self.buf.push(b'}');
+    }
+
+    /// One `"key":value` of `args`, after a comma unless `first`.
+    fn arg(&mut self, first: &mut bool, plain: bool, key: &str, value: Arg<'_>) {
+        if !std::mem::take(first) {
+            self.buf.push(b',');
+        }
+        match plain {
+            true => self.quoted(key),
+            false => self.string(key),
+        }
+        self.buf.push(b':');
+        self.value(plain, value);
+    }
+
+    /// An argument's value; `plain`: a text has nothing to escape.
+    fn value(&mut self, plain: bool, value: Arg<'_>) {
+        match value {
+            Arg::Text(text) if plain => self.quoted(text),
+            Arg::Hex(value) => {
+                self.buf.push(b'"');
+                self.raw(hex_digits(&mut [0; 18], value));
+                self.buf.push(b'"');
+            }
+            Arg::Unsigned(n) => self.number(n),
+            Arg::Signed(n) => self.number(n),
+            Arg::Float(x) => {
+                let _ = serde_json::to_writer(&mut self.buf, &x);
+            }
+            Arg::Bool(b) => self.raw(if b { b"true" } else { b"false" }),
+            Arg::Text(text) => self.string(text),
+            Arg::Json(json) => self.raw(json.as_bytes()),
+        }
     }
 
     fn metadata(&mut self, kind: &str, pid: u32, tid: u32, name: &str) -> io::Result<()> {
@@ -266,7 +300,7 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         self.raw(b"\",\"ts\":");
         self.micros(instant.ts_ns);
         self.write_pid_tid(pid, tid);
-        self.args(instant.args);
+        self.args(SliceArgs::Collected(instant.args));
         self.close()
     }
 

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use super::{
     arguments::Arguments,
+    call_args::{CallArgs, SliceArgs},
     filters::Filters,
     flows::{FlowStart, FlowTracker, GpuFlows, StreamKey, TO_GPU, TO_SYNC},
     power::GpuTracks,
@@ -259,7 +260,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
 
         // Flows follow every call, kept or not: a filtered-out sync still ends its launches'
         // wait (the arrow needs both ends).
-        let mut flow_out = Vec::new();
+        // To its GPU work and to its synchronisation: at most two (not allocated).
+        let mut flow_out = [0u64; 2];
+        let mut flows_out = 0;
         let mut flows_in = Vec::new();
         let start = |id, name| FlowStart {
             id,
@@ -280,7 +283,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             let id = self.flows.next_id();
             gpu_flows.call(start(id, TO_GPU));
             if kept {
-                flow_out.push(id);
+                flow_out[flows_out] = id;
+                flows_out += 1;
             }
         }
         match role {
@@ -289,7 +293,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     let id = self.flows.next_id();
                     self.flows.launch(stream, start(id, TO_SYNC));
                     if kept {
-                        flow_out.push(id);
+                        flow_out[flows_out] = id;
+                        flows_out += 1;
                     }
                 }
             }
@@ -311,10 +316,6 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 tid: record.tid,
             };
             self.track(track)?;
-            call_args(record, role, &mut self.args);
-            if plain {
-                self.args.mark_plain();
-            }
             let category = self.families.of(&record.name).unwrap_or("other");
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
@@ -324,8 +325,14 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 name: &label,
                 plain_name: plain,
                 category,
-                args: &self.args,
-                flow_out: &flow_out,
+                // A launch's slice is named by its kernel: the function called is an
+                // argument.
+                args: SliceArgs::Call(CallArgs {
+                    record,
+                    with_call: role == Role::Launch,
+                    plain,
+                }),
+                flow_out: &flow_out[..flows_out],
                 flows_in: &flows_in,
             })?;
             self.stats.slices += 1;
@@ -429,7 +436,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &slice.label,
             plain_name: false,
             category: "nccl_rank",
-            args: &slice.args,
+            args: SliceArgs::Collected(&slice.args),
             flow_out: &[],
             flows_in: &[],
         })?;
@@ -578,7 +585,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &name,
             plain_name: false,
             category: "driver",
-            args: &Arguments::from_map(&line.details()),
+            args: SliceArgs::Collected(&Arguments::from_map(&line.details())),
             flow_out: &[],
             flows_in: &[],
         })?;
@@ -652,7 +659,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             name: &label,
             plain_name: false,
             category: "gpu",
-            args: &self.args,
+            args: SliceArgs::Collected(&self.args),
             flow_out: &[],
             flows_in: &flows_in,
         })?;
@@ -777,16 +784,4 @@ pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
 /// control character can only be in a string escaped). Checked on the reader's workers.
 pub fn no_escapes(bytes: &[u8], _: &Line) -> bool {
     memchr::memchr(b'\\', bytes).is_none()
-}
-
-/// The decoded fields of a call (everything but what the slice itself says), into `args`.
-fn call_args(record: &CallLine, role: Role, args: &mut Arguments) {
-    args.clear();
-    args.fill(record, |key| {
-        matches!(key, "type" | "name" | "pid" | "tid" | "dur_ns")
-    });
-    if role == Role::Launch {
-        args.insert_text("call", &record.name);
-    }
-    args.sort();
 }

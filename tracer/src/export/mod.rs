@@ -18,6 +18,7 @@
 
 mod args;
 mod arguments;
+mod call_args;
 mod chrome;
 mod exporter;
 mod filters;

@@ -14,6 +14,7 @@ use prost::Message;
 
 use super::{
     arguments::{Arg, Arguments},
+    call_args::{CALL_ARG_KEYS, SliceArgs, hex_digits},
     flows::FlowStart,
     proto::{
         CounterDescriptor, InternedData, InternedString, ProcessDescriptor, ProcessTree,
@@ -79,6 +80,8 @@ pub struct PerfettoWriter<W: Write> {
     packets: u64,
     /// The latest event timestamp written.
     latest_ts_ns: u64,
+    /// The track of the last event and its uuid.
+    last_track: Option<(Track, u64)>,
     uuids: HashMap<TrackKey, u64>,
     /// GPU groups' names, by device.
     gpu_names: HashMap<u32, String>,
@@ -86,6 +89,8 @@ pub struct PerfettoWriter<W: Write> {
     categories: Interner,
     annotation_names: Interner,
     known_names: KnownNames,
+    /// A call's argument names' iids, by index in [`CALL_ARG_KEYS`], once looked up.
+    call_iids: [Option<Option<u64>>; CALL_ARG_KEYS.len()],
 }
 
 /// A list of (static) argument names, by address and length, and their iids.
@@ -129,12 +134,14 @@ impl<W: Write> PerfettoWriter<W> {
             buf: Vec::with_capacity(FLUSH_BYTES + 4096),
             packets: 0,
             latest_ts_ns: 0,
+            last_track: None,
             uuids: HashMap::default(),
             gpu_names: HashMap::default(),
             names: Interner::default(),
             categories: Interner::default(),
             annotation_names: Interner::default(),
             known_names: KnownNames::new(),
+            call_iids: [None; CALL_ARG_KEYS.len()],
         }
     }
 
@@ -221,7 +228,14 @@ impl<W: Write> PerfettoWriter<W> {
     /// The track's uuid; the global track is described on first use (the exporter names
     /// processes and threads before their first event).
     fn track_uuid(&mut self, track: Track) -> io::Result<u64> {
+        // Runs of events on one track: its uuid, once looked up, stays.
+        if let Some((last, uuid)) = self.last_track
+            && last == track
+        {
+            return Ok(uuid);
+        }
         let (uuid, new) = self.uuid(TrackKey::Event(track));
+        self.last_track = Some((track, uuid));
         if new && track == Track::Global {
             self.describe(TrackDescriptor {
                 uuid: Some(uuid),
@@ -238,53 +252,90 @@ impl<W: Write> PerfettoWriter<W> {
         &mut self,
         ts_ns: u64,
         event: NamedEvent<'_>,
-        args: &Arguments,
+        args: SliceArgs<'_>,
     ) -> io::Result<()> {
         let mut new = InternedData::default();
         let name_iid = self.names.iid(event.name, &mut new.event_names);
         let category_iid = self
             .categories
             .iid(event.category, &mut new.event_categories);
-        let annotation_iids = self.annotation_iids(args, &mut new.debug_annotation_names);
-        let fresh = !(new.event_names.is_empty()
-            && new.event_categories.is_empty()
-            && new.debug_annotation_names.is_empty());
+        // A call's argument names are interned as they are written, below.
+        let annotation_iids = match args {
+            SliceArgs::Collected(arguments) => {
+                self.annotation_iids(arguments, &mut new.debug_annotation_names)
+            }
+            SliceArgs::Call(_) => std::mem::take(&mut self.known_names.scratch_iids),
+        };
         let large = !args.is_empty() || event.name.len() > 64;
-        let result = self.event_packet(ts_ns, fresh.then_some(&new), large, |track_event| {
-            // TrackEvent fields in tag order.
-            if let Some(iid) = category_iid {
-                wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
+        let guess = if large { 2 } else { 1 };
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
+        let flags = self.next_flags(true);
+        let annotation_names = &mut self.annotation_names;
+        let call_iids = &mut self.call_iids;
+        // As `event_packet`, with the interned data known once the event is written.
+        wire::message(&mut self.buf, TRACE_PACKET_FIELD, guess, |packet| {
+            wire::varint(packet, packet_field::TIMESTAMP, ts_ns);
+            wire::varint(
+                packet,
+                packet_field::TRUSTED_PACKET_SEQUENCE_ID,
+                SEQUENCE_ID.into(),
+            );
+            wire::message(packet, packet_field::TRACK_EVENT, guess, |track_event| {
+                // TrackEvent fields in tag order.
+                if let Some(iid) = category_iid {
+                    wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
+                }
+                let mut annotation = |key: &str, iid: Option<u64>, value: Arg<'_>| {
+                    // Its length is known before it is written: no room to set aside.
+                    let length = debug_annotation_len(key, iid, value);
+                    wire::length_delimited(track_event, event_field::DEBUG_ANNOTATIONS, length);
+                    let start = track_event.len();
+                    debug_annotation(track_event, key, iid, value);
+                    debug_assert_eq!(track_event.len() - start, length);
+                };
+                match args {
+                    SliceArgs::Collected(arguments) => {
+                        for ((key, value), iid) in arguments.iter().zip(&annotation_iids) {
+                            annotation(key, *iid, value);
+                        }
+                    }
+                    SliceArgs::Call(call) => call.visit(|index, key, value| {
+                        let iid = *call_iids[index].get_or_insert_with(|| {
+                            annotation_names.iid(key, &mut new.debug_annotation_names)
+                        });
+                        annotation(key, iid, value);
+                    }),
+                }
+                wire::varint(track_event, event_field::TYPE, event.kind as u64);
+                if let Some(iid) = name_iid {
+                    wire::varint(track_event, event_field::NAME_IID, iid);
+                }
+                wire::varint(track_event, event_field::TRACK_UUID, event.track_uuid);
+                if category_iid.is_none() {
+                    wire::string(track_event, event_field::CATEGORIES, event.category);
+                }
+                if name_iid.is_none() {
+                    wire::string(track_event, event_field::NAME, event.name);
+                }
+                for id in event.flow_out {
+                    wire::fixed64(track_event, event_field::FLOW_IDS, *id);
+                }
+                for start in event.flows_in {
+                    wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
+                }
+            });
+            let fresh = !(new.event_names.is_empty()
+                && new.event_categories.is_empty()
+                && new.debug_annotation_names.is_empty());
+            if fresh {
+                prost::encoding::message::encode(packet_field::INTERNED_DATA, &new, packet);
             }
-            for ((key, value), iid) in args.iter().zip(&annotation_iids) {
-                wire::message(
-                    track_event,
-                    event_field::DEBUG_ANNOTATIONS,
-                    1,
-                    |annotation| {
-                        debug_annotation(annotation, key, *iid, value);
-                    },
-                );
-            }
-            wire::varint(track_event, event_field::TYPE, event.kind as u64);
-            if let Some(iid) = name_iid {
-                wire::varint(track_event, event_field::NAME_IID, iid);
-            }
-            wire::varint(track_event, event_field::TRACK_UUID, event.track_uuid);
-            if category_iid.is_none() {
-                wire::string(track_event, event_field::CATEGORIES, event.category);
-            }
-            if name_iid.is_none() {
-                wire::string(track_event, event_field::NAME, event.name);
-            }
-            for id in event.flow_out {
-                wire::fixed64(track_event, event_field::FLOW_IDS, *id);
-            }
-            for start in event.flows_in {
-                wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
+            if let Some(flags) = flags {
+                wire::varint(packet, packet_field::SEQUENCE_FLAGS, flags.into());
             }
         });
         self.known_names.scratch_iids = annotation_iids;
-        result
+        self.written()
     }
 
     /// The iids of the arguments' names, in order (`None`: written in full). A line type's
@@ -359,11 +410,43 @@ fn debug_annotation(buf: &mut Vec<u8>, key: &str, iid: Option<u64>, value: Arg<'
         Arg::Signed(n) => wire::varint(buf, annotation_field::INT_VALUE, n as u64),
         Arg::Float(x) => wire::fixed64(buf, annotation_field::DOUBLE_VALUE, x.to_bits()),
         Arg::Text(text) => wire::string(buf, annotation_field::STRING_VALUE, text),
+        Arg::Hex(value) => {
+            let mut text = [0; 18];
+            wire::bytes(
+                buf,
+                annotation_field::STRING_VALUE,
+                hex_digits(&mut text, value),
+            );
+        }
         Arg::Json(json) => wire::string(buf, annotation_field::LEGACY_JSON_VALUE, json),
     }
     if iid.is_none() {
         wire::string(buf, annotation_field::NAME, key);
     }
+}
+
+/// The bytes [`debug_annotation`] writes.
+fn debug_annotation_len(key: &str, iid: Option<u64>, value: Arg<'_>) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    let delimited =
+        |field: u32, length: usize| key_len(field) + encoded_len_varint(length as u64) + length;
+    let name = match iid {
+        Some(iid) => key_len(annotation_field::NAME_IID) + encoded_len_varint(iid),
+        None => delimited(annotation_field::NAME, key.len()),
+    };
+    let value = match value {
+        Arg::Bool(flag) => key_len(annotation_field::BOOL_VALUE) + encoded_len_varint(flag.into()),
+        Arg::Unsigned(n) => key_len(annotation_field::UINT_VALUE) + encoded_len_varint(n),
+        Arg::Signed(n) => key_len(annotation_field::INT_VALUE) + encoded_len_varint(n as u64),
+        Arg::Float(_) => key_len(annotation_field::DOUBLE_VALUE) + 8,
+        Arg::Text(text) => delimited(annotation_field::STRING_VALUE, text.len()),
+        Arg::Hex(value) => {
+            let digits = (64 - (value | 1).leading_zeros()).div_ceil(4) as usize;
+            delimited(annotation_field::STRING_VALUE, 2 + digits)
+        }
+        Arg::Json(json) => delimited(annotation_field::LEGACY_JSON_VALUE, json.len()),
+    };
+    name + value
 }
 
 /// The protobuf wire format, written straight into a buffer.
@@ -393,10 +476,20 @@ mod wire {
         buf.extend_from_slice(&value.to_le_bytes());
     }
 
-    pub fn string(buf: &mut Vec<u8>, field: u32, text: &str) {
+    /// A length-delimited field's key and length; its `length` bytes follow.
+    pub fn length_delimited(buf: &mut Vec<u8>, field: u32, length: usize) {
         key(buf, field, WireType::LengthDelimited);
-        raw_varint(buf, text.len() as u64);
-        buf.extend_from_slice(text.as_bytes());
+        raw_varint(buf, length as u64);
+    }
+
+    pub fn string(buf: &mut Vec<u8>, field: u32, text: &str) {
+        bytes(buf, field, text.as_bytes());
+    }
+
+    pub fn bytes(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
+        key(buf, field, WireType::LengthDelimited);
+        raw_varint(buf, bytes.len() as u64);
+        buf.extend_from_slice(bytes);
     }
 
     /// A nested message: its length is known once `body` has written it, so `guess` bytes
@@ -552,7 +645,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 flow_out: &[],
                 flows_in: &[],
             },
-            instant.args,
+            SliceArgs::Collected(instant.args),
         )
     }
 
@@ -628,7 +721,38 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
 
 #[cfg(test)]
 mod tests {
-    use super::wire;
+    use super::{Arg, debug_annotation, debug_annotation_len, wire};
+
+    /// Every kind of value, named by iid or in full, short and long: the length is what
+    /// is written.
+    #[test]
+    fn annotation_lengths_are_what_is_written() {
+        let long = "k".repeat(300);
+        let values = [
+            Arg::Bool(true),
+            Arg::Unsigned(0),
+            Arg::Unsigned(u64::MAX),
+            Arg::Signed(-1),
+            Arg::Float(1.5),
+            Arg::Text(""),
+            Arg::Text(&long),
+            Arg::Hex(0),
+            Arg::Hex(0x7f00_0000_1234),
+            Arg::Hex(u64::MAX),
+            Arg::Json("[1,2,3]"),
+        ];
+        for value in values {
+            for (key, iid) in [("bytes", Some(1)), ("bytes", Some(300)), ("name", None)] {
+                let mut written = Vec::new();
+                debug_annotation(&mut written, key, iid, value);
+                assert_eq!(
+                    written.len(),
+                    debug_annotation_len(key, iid, value),
+                    "{value:?}"
+                );
+            }
+        }
+    }
 
     /// A nested message's length takes the width it needs, whatever was set aside for it,
     /// as prost writes it.

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use super::{arguments::Arguments, flows::FlowStart};
+use super::{arguments::Arguments, call_args::SliceArgs, flows::FlowStart};
 use crate::schema::Header;
 
 /// Figures of one export, printed on stderr and checked by the tests.
@@ -104,11 +104,11 @@ pub struct Slice<'a> {
     pub ts_ns: u64,
     pub dur_ns: u64,
     pub name: &'a str,
-    /// `name` is known to hold nothing JSON escapes (see [`Arguments::mark_plain`]).
+    /// `name` is known to hold nothing JSON escapes (see [`SliceArgs::is_plain`]).
     pub plain_name: bool,
     pub category: &'a str,
-    /// In key order ([`Arguments::sort`]).
-    pub args: &'a Arguments,
+    /// In key order.
+    pub args: SliceArgs<'a>,
     /// A launch: the flows it starts (to its synchronisation, to its GPU work).
     pub flow_out: &'a [u64],
     /// A synchronisation: the launches it waited for.

@@ -93,6 +93,24 @@ pub enum Line {
 /// Parses one line (without its newline); the error says what is wrong, and where when
 /// the JSON itself is. Never panics.
 pub fn parse(bytes: &[u8]) -> Result<Line, String> {
+    parse_reusing(bytes, &mut Vec::new())
+}
+
+/// Boxes of calls read before and no longer wanted, for [`parse_reusing`]: the boxes
+/// themselves are what is reused, moved in and out of [`Line::Call`].
+pub type SpareCalls = Vec<Box<CallLine>>;
+
+/// As [`parse`], a call going into one of `spare_calls` (boxes of calls read before, no
+/// longer wanted) where there is one: a call is over a kilobyte, and allocating that
+/// takes the allocator's slow path.
+pub fn parse_reusing(bytes: &[u8], spare_calls: &mut SpareCalls) -> Result<Line, String> {
+    let boxed = |call: CallLine, spare_calls: &mut SpareCalls| match spare_calls.pop() {
+        Some(mut spare) => {
+            *spare = call;
+            Line::Call(spare)
+        }
+        None => Line::Call(Box::new(call)),
+    };
     // The tracer writes `type` first: call lines (nearly all of them) parse in one pass,
     // by the compact reader where the line is as the writer writes it.
     if bytes.starts_with(call::FAST_PREFIX) {
@@ -100,9 +118,9 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
             .ok()
             .and_then(compact::from_str::<CallLine>)
         {
-            return Ok(Line::Call(Box::new(call)));
+            return Ok(boxed(call, spare_calls));
         }
-        return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
+        return CallLine::read_fast(bytes).map(|call| boxed(call, spare_calls));
     }
     for (prefix, kind) in gpu::FAST_PREFIXES {
         if bytes.starts_with(prefix) {
