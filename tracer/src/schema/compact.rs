@@ -15,32 +15,39 @@ use serde::{
     de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor},
 };
 
-/// Reads `line` as a `T`, or `None` when it is not in the compact shape (or not a `T`).
-pub fn from_str<'de, T: Deserialize<'de>>(line: &'de str) -> Option<T> {
+/// Reads `line` as a `T`, or `None` when it is not in the compact shape (or not a `T`,
+/// or not UTF-8).
+pub fn from_bytes<'de, T: Deserialize<'de>>(line: &'de [u8]) -> Option<T> {
     let mut quotes = [0u32; MAX_QUOTES];
-    let count = find_quotes(line.as_bytes(), &mut quotes)?;
-    let mut reader = Compact {
-        text: line,
-        bytes: line.as_bytes(),
-        at: 0,
-        quotes: &quotes[..count],
-    };
+    let mut reader = Compact::new(line, &mut quotes)?;
     let value = T::deserialize(&mut reader).ok()?;
-    (reader.at == reader.bytes.len()).then_some(value)
+    reader.at_end().then_some(value)
 }
 
-/// The positions of the quotes in `line`, or `None` if it has an escape or a control
-/// character (JSON whitespace, or invalid), or too many quotes. Without escapes every quote
-/// opens or closes a string, in order.
-fn find_quotes(line: &[u8], quotes: &mut [u32; MAX_QUOTES]) -> Option<usize> {
+/// Reads `line` into `place`, reusing what it owns (a call's strings), and says whether
+/// it could. On `false`, `place` may be half written: the caller reads the line afresh.
+pub fn from_bytes_in_place<'de, T: Deserialize<'de>>(line: &'de [u8], place: &mut T) -> bool {
+    let mut quotes = [0u32; MAX_QUOTES];
+    let Some(mut reader) = Compact::new(line, &mut quotes) else {
+        return false;
+    };
+    T::deserialize_in_place(&mut reader, place).is_ok() && reader.at_end()
+}
+
+/// The positions of the quotes in `line`, and whether it is all ASCII; `None` if it has an
+/// escape or a control character (JSON whitespace, or invalid), or too many quotes. Without
+/// escapes every quote opens or closes a string, in order.
+fn find_quotes(line: &[u8], quotes: &mut [u32; MAX_QUOTES]) -> Option<(usize, bool)> {
     let mut count = 0;
     let mut blocks = line.chunks_exact(BLOCK);
     let mut offset = 0;
+    let mut ascii = true;
     for block in &mut blocks {
         let (mut quote_bits, unusual) = classify(block.try_into().ok()?);
         if unusual {
             return None;
         }
+        ascii &= is_ascii(block.try_into().ok()?);
         while quote_bits != 0 {
             *quotes.get_mut(count)? = u32::try_from(offset).ok()? + quote_bits.trailing_zeros();
             count += 1;
@@ -55,12 +62,13 @@ fn find_quotes(line: &[u8], quotes: &mut [u32; MAX_QUOTES]) -> Option<usize> {
     if unusual {
         return None;
     }
+    ascii &= is_ascii(&last);
     while quote_bits != 0 {
         *quotes.get_mut(count)? = u32::try_from(offset).ok()? + quote_bits.trailing_zeros();
         count += 1;
         quote_bits &= quote_bits - 1;
     }
-    Some(count)
+    Some((count, ascii))
 }
 
 /// Whether JSON writes `text` as it is between quotes: no quote, backslash or control
@@ -122,6 +130,19 @@ fn classify(block: &[u8; BLOCK]) -> (u64, bool) {
     }
 }
 
+/// Whether every byte of `block` is ASCII.
+#[cfg(target_arch = "x86_64")]
+fn is_ascii(block: &[u8; BLOCK]) -> bool {
+    use std::arch::x86_64::{_mm_loadu_si128, _mm_movemask_epi8};
+    // SAFETY: as in `classify`: SSE2 is x86_64's baseline; the load reads `block`'s bytes.
+    unsafe { _mm_movemask_epi8(_mm_loadu_si128(block.as_ptr().cast())) == 0 }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn is_ascii(block: &[u8; BLOCK]) -> bool {
+    block.is_ascii()
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn classify(block: &[u8; BLOCK]) -> (u64, bool) {
     let mut quote_bits = 0;
@@ -163,6 +184,30 @@ struct Compact<'de, 'q> {
     at: usize,
     /// The positions of the quotes not yet read.
     quotes: &'q [u32],
+}
+
+impl<'de, 'q> Compact<'de, 'q> {
+    /// A reader of `line`, or `None` when it has escapes or too many quotes, or is not
+    /// UTF-8 (checked only where a byte is not ASCII: an ASCII line is UTF-8).
+    fn new(line: &'de [u8], quotes: &'q mut [u32; MAX_QUOTES]) -> Option<Self> {
+        let (count, ascii) = find_quotes(line, quotes)?;
+        let text = match ascii {
+            // SAFETY: every byte is ASCII, and ASCII is UTF-8.
+            true => unsafe { std::str::from_utf8_unchecked(line) },
+            false => std::str::from_utf8(line).ok()?,
+        };
+        Some(Compact {
+            text,
+            bytes: line,
+            at: 0,
+            quotes: &quotes[..count],
+        })
+    }
+
+    /// Whether the whole line was read (nothing after the value).
+    fn at_end(&self) -> bool {
+        self.at == self.bytes.len()
+    }
 }
 
 impl<'de> Compact<'de, '_> {
@@ -470,8 +515,12 @@ mod tests {
     use proptest::prelude::*;
 
     /// What serde_json makes of `line`, for comparison.
-    fn serde_json_reads(line: &str) -> Option<CallLine> {
-        serde_json::from_str(line).ok()
+    fn serde_json_reads(line: &[u8]) -> Option<CallLine> {
+        serde_json::from_slice(line).ok()
+    }
+
+    fn from_str<'de, T: Deserialize<'de>>(line: &'de str) -> Option<T> {
+        from_bytes(line.as_bytes())
     }
 
     #[test]
@@ -521,9 +570,20 @@ mod tests {
         ] {
             assert_eq!(from_str::<CallLine>(line), None, "{line}");
         }
+        // Bytes that are not UTF-8, in a string and in the middle of a long ASCII line.
+        for at in [22, 100] {
+            let mut line = format!(
+                r#"{{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"kernel":"{}"}}"#,
+                "k".repeat(64)
+            )
+            .into_bytes();
+            line[at] = 0xff;
+            assert_eq!(from_bytes::<CallLine>(&line), None, "{at}");
+            assert_eq!(serde_json_reads(&line), None, "{at}");
+        }
         // A key this version does not know, with a plain value, is skipped as serde does.
         let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"new":"x","newer":-5}"#;
-        assert_eq!(from_str::<CallLine>(line), serde_json_reads(line));
+        assert_eq!(from_str::<CallLine>(line), serde_json_reads(line.as_bytes()));
         assert!(from_str::<CallLine>(line).is_some());
     }
 
@@ -638,13 +698,27 @@ mod tests {
             let mut changed = line.clone().into_bytes();
             let at = cut.index(changed.len());
             changed[at] = byte;
+            // Bytes that are not UTF-8 too: serde_json rejects them, and so must this.
             for variant in [&line.as_bytes()[..at], &changed[..]] {
-                if let Ok(text) = std::str::from_utf8(variant) {
-                    let compact = from_str::<CallLine>(text);
-                    if compact.is_some() {
-                        prop_assert_eq!(compact, serde_json_reads(text), "{}", text);
-                    }
+                let compact = from_bytes::<CallLine>(variant);
+                if compact.is_some() {
+                    prop_assert_eq!(compact, serde_json_reads(variant), "{}", String::from_utf8_lossy(variant));
                 }
+            }
+        }
+
+        /// Read into the place of another call, a line leaves nothing of that call behind:
+        /// the place ends equal to the line read afresh, field for field.
+        #[test]
+        fn reading_in_place_leaves_nothing_of_the_call_before(call in call_line(), before in call_line()) {
+            let line = serde_json::to_string(&call).unwrap();
+            let mut place = before;
+            match from_str::<CallLine>(&line) {
+                Some(fresh) => {
+                    prop_assert!(from_bytes_in_place(line.as_bytes(), &mut place), "{}", line);
+                    prop_assert_eq!(&place, &fresh);
+                }
+                None => prop_assert!(!from_bytes_in_place(line.as_bytes(), &mut place), "{}", line),
             }
         }
     }

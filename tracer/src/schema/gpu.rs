@@ -275,10 +275,7 @@ impl GpuLine {
     pub(super) fn read(kind: &str, bytes: &[u8]) -> Option<Result<Self, String>> {
         fn read<T: for<'de> Deserialize<'de>>(kind: &str, bytes: &[u8]) -> Result<T, String> {
             // Kernel lines can be as many as launches: the compact reader first, as for calls.
-            if let Some(line) = std::str::from_utf8(bytes)
-                .ok()
-                .and_then(compact::from_str::<T>)
-            {
+            if let Some(line) = compact::from_bytes::<T>(bytes) {
                 return Ok(line);
             }
             serde_json::from_slice(bytes).map_err(|e| format!("{kind} line: {}", describe(&e)))

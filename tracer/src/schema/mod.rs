@@ -114,11 +114,14 @@ pub fn parse_reusing(bytes: &[u8], spare_calls: &mut SpareCalls) -> Result<Line,
     // The tracer writes `type` first: call lines (nearly all of them) parse in one pass,
     // by the compact reader where the line is as the writer writes it.
     if bytes.starts_with(call::FAST_PREFIX) {
-        if let Some(call) = std::str::from_utf8(bytes)
-            .ok()
-            .and_then(compact::from_str::<CallLine>)
-        {
-            return Ok(boxed(call, spare_calls));
+        // Into a spare box where there is one: no kilobyte built and then moved.
+        if let Some(mut spare) = spare_calls.pop() {
+            if compact::from_bytes_in_place(bytes, &mut *spare) {
+                return Ok(Line::Call(spare));
+            }
+            spare_calls.push(spare);
+        } else if let Some(call) = compact::from_bytes::<CallLine>(bytes) {
+            return Ok(Line::Call(Box::new(call)));
         }
         return CallLine::read_fast(bytes).map(|call| boxed(call, spare_calls));
     }
