@@ -245,14 +245,15 @@ impl Analysis {
     /// Only what [`observe`](Analysis::observe) adds to the line (devices, kernel names,
     /// live bytes, NCCL ranks and groups), without counting it: for readers that draw
     /// lines rather than sum them up. Communicators are followed as in `observe`
-    /// ([`nccl_comm`](Analysis::nccl_comm)).
-    pub fn annotate(&mut self, record: &mut CallLine) {
+    /// ([`nccl_comm`](Analysis::nccl_comm)). Gives the call's role, which it looks up.
+    pub fn annotate(&mut self, record: &mut CallLine) -> Role {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
         process.contexts.observe(role, record);
         process.kernels.observe(&mut self.names, role, record);
         process.memory.observe(role, symbol, record);
         process.nccl.observe(record);
+        role
     }
 
     /// A `"type":"driver"` line (`--kernel`).

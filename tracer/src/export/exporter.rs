@@ -22,9 +22,9 @@ use super::{
     timeline::{ExportStats, Instant, ProcessName, Slice, TimelineSink, Track},
 };
 use crate::{
-    analysis::{Analysis, Role, classify, families::Families},
+    analysis::{Analysis, Role, families::Families},
     catalog::nccl::collective_op,
-    format::format_bytes,
+    format::{format_bytes, push_bytes},
     reader::{ReadError, TraceLines},
     schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
 };
@@ -246,11 +246,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     /// `no_escapes`: the line had none, so neither have its strings.
     fn call(&mut self, record: &mut CallLine, no_escapes: bool) -> io::Result<()> {
         let named = (record.kernel.is_some(), record.warnings.len());
-        self.analysis.annotate(record);
+        let role = self.analysis.annotate(record);
         // A kernel name the analysis added comes from another line, which may have had
         // escapes; its numbers need none.
         let plain = no_escapes && named == (record.kernel.is_some(), record.warnings.len());
-        let (role, _) = classify(&record.name);
         let ts = self.relative(record.ts_ns);
         let label = call_label(record, role);
         let pid_kept = self.filters.pid(record.pid);
@@ -749,21 +748,26 @@ pub fn call_label(record: &CallLine, role: Role) -> Cow<'_, str> {
             (None, None) => Cow::Borrowed(record.name.as_str()),
         },
         Role::Copy => {
-            let mut label = record.name.clone();
-            for part in [
-                record.kind.as_deref().map(str::to_owned),
-                record.bytes.map(format_bytes),
-            ]
-            .into_iter()
-            .flatten()
-            {
+            let mut label = String::with_capacity(record.name.len() + 32);
+            label.push_str(&record.name);
+            if let Some(kind) = &record.kind {
                 label.push(' ');
-                label.push_str(&part);
+                label.push_str(kind);
+            }
+            if let Some(bytes) = record.bytes {
+                label.push(' ');
+                push_bytes(&mut label, bytes);
             }
             Cow::Owned(label)
         }
         Role::Memset => match record.bytes {
-            Some(bytes) => Cow::Owned(format!("{} {}", record.name, format_bytes(bytes))),
+            Some(bytes) => {
+                let mut label = String::with_capacity(record.name.len() + 16);
+                label.push_str(&record.name);
+                label.push(' ');
+                push_bytes(&mut label, bytes);
+                Cow::Owned(label)
+            }
             None => Cow::Borrowed(record.name.as_str()),
         },
         _ => Cow::Borrowed(record.name.as_str()),
