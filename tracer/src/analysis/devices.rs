@@ -61,7 +61,10 @@ impl ContextState {
             }
             return;
         }
-        if !record.ok() {
+        // Every call matched below is one of these (read for every call of a trace).
+        let context_call =
+            record.name.starts_with("cuCtx") || record.name.starts_with("cuDevicePrimaryCtx");
+        if !record.ok() || !context_call {
             return;
         }
         let context = record.context.map(|c| c.0);

@@ -24,8 +24,9 @@ pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
 /// track's index (above any Linux tid and the driver tracks').
 pub const NCCL_TID_BASE: u32 = 3 << 29;
 
-/// The category both ends of a flow share (viewers pair them by it, the name and the id).
-pub const FLOW_CATEGORY: &str = "flow";
+/// The category both ends of a flow share (viewers pair them by it, the name and the id),
+/// as its field: `,"cat":"flow"`.
+const FLOW_CATEGORY_FIELD: &[u8] = b",\"cat\":\"flow\"";
 
 /// Output is gathered here and handed to the writer in blocks of this size.
 const FLUSH_BYTES: usize = 256 << 10;
@@ -224,8 +225,9 @@ impl<W: Write> ChromeWriter<W> {
         (pid, tid): (u32, u32),
         ts: u64,
     ) -> io::Result<()> {
-        self.open(name, false, if finish { "f" } else { "s" });
-        self.category(FLOW_CATEGORY);
+        // A flow is named by TO_SYNC or TO_GPU: nothing to escape (tested below).
+        self.open(name, true, if finish { "f" } else { "s" });
+        self.raw(FLOW_CATEGORY_FIELD);
         self.raw(b",\"id\":");
         self.number(id);
         self.raw(b",\"ts\":");
@@ -364,5 +366,25 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         self.out.write_all(&self.buf)?;
         self.buf.clear();
         self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::flows::{TO_GPU, TO_SYNC};
+
+    /// Flow events are written without the escaping check: their names and category must
+    /// need none.
+    #[test]
+    fn flow_names_and_their_category_need_no_escaping() {
+        let event: Value =
+            serde_json::from_slice(&[b"{\"ph\":\"s\"", FLOW_CATEGORY_FIELD, b"}"].concat())
+                .unwrap();
+        assert_eq!(event["cat"], "flow");
+        for name in [TO_SYNC, TO_GPU] {
+            assert!(compact::plain(name.as_bytes()), "{name}");
+            assert_eq!(serde_json::to_string(name).unwrap(), format!("\"{name}\""));
+        }
     }
 }

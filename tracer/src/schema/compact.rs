@@ -583,7 +583,10 @@ mod tests {
         }
         // A key this version does not know, with a plain value, is skipped as serde does.
         let line = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"new":"x","newer":-5}"#;
-        assert_eq!(from_str::<CallLine>(line), serde_json_reads(line.as_bytes()));
+        assert_eq!(
+            from_str::<CallLine>(line),
+            serde_json_reads(line.as_bytes())
+        );
         assert!(from_str::<CallLine>(line).is_some());
     }
 
