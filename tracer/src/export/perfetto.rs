@@ -176,10 +176,7 @@ impl<W: Write> PerfettoWriter<W> {
         self.written()
     }
 
-    /// A track event packet (nearly every packet), encoded field by field as prost encodes
-    /// a [`TracePacket`] (fields in tag order) without building one.
-    /// `large`: the event will likely take 128 bytes or more (names and arguments), so two
-    /// bytes are set aside for the lengths.
+    /// A track event packet (nearly every packet): see [`track_event_packet`].
     fn event_packet(
         &mut self,
         ts_ns: u64,
@@ -187,25 +184,18 @@ impl<W: Write> PerfettoWriter<W> {
         large: bool,
         event: impl FnOnce(&mut Vec<u8>),
     ) -> io::Result<()> {
-        let guess = if large { 2 } else { 1 };
-        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
-        let flags = self.next_flags(true);
-        wire::message(&mut self.buf, TRACE_PACKET_FIELD, guess, |packet| {
-            wire::varint(packet, packet_field::TIMESTAMP, ts_ns);
-            wire::varint(
-                packet,
-                packet_field::TRUSTED_PACKET_SEQUENCE_ID,
-                SEQUENCE_ID.into(),
-            );
-            wire::message(packet, packet_field::TRACK_EVENT, guess, event);
-            if let Some(data) = interned_data {
-                prost::encoding::message::encode(packet_field::INTERNED_DATA, data, packet);
-            }
-            if let Some(flags) = flags {
-                wire::varint(packet, packet_field::SEQUENCE_FLAGS, flags.into());
-            }
+        let flags = self.next_event(ts_ns);
+        track_event_packet(&mut self.buf, ts_ns, large, flags, |track_event| {
+            event(track_event);
+            interned_data
         });
         self.written()
+    }
+
+    /// Notes a track event at `ts_ns`; gives its packet's sequence flags.
+    fn next_event(&mut self, ts_ns: u64) -> Option<u32> {
+        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
+        self.next_flags(true)
     }
 
     fn uuid(&mut self, key: TrackKey) -> (u64, bool) {
@@ -267,72 +257,57 @@ impl<W: Write> PerfettoWriter<W> {
             SliceArgs::Call(_) => std::mem::take(&mut self.known_names.scratch_iids),
         };
         let large = !args.is_empty() || event.name.len() > 64;
-        let guess = if large { 2 } else { 1 };
-        self.latest_ts_ns = self.latest_ts_ns.max(ts_ns);
-        let flags = self.next_flags(true);
+        let flags = self.next_event(ts_ns);
         let annotation_names = &mut self.annotation_names;
         let call_iids = &mut self.call_iids;
-        // As `event_packet`, with the interned data known once the event is written.
-        wire::message(&mut self.buf, TRACE_PACKET_FIELD, guess, |packet| {
-            wire::varint(packet, packet_field::TIMESTAMP, ts_ns);
-            wire::varint(
-                packet,
-                packet_field::TRUSTED_PACKET_SEQUENCE_ID,
-                SEQUENCE_ID.into(),
-            );
-            wire::message(packet, packet_field::TRACK_EVENT, guess, |track_event| {
-                // TrackEvent fields in tag order.
-                if let Some(iid) = category_iid {
-                    wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
-                }
-                let mut annotation = |key: &str, iid: Option<u64>, value: Arg<'_>| {
-                    // Its length is known before it is written: no room to set aside.
-                    let length = debug_annotation_len(key, iid, value);
-                    wire::length_delimited(track_event, event_field::DEBUG_ANNOTATIONS, length);
-                    let start = track_event.len();
-                    debug_annotation(track_event, key, iid, value);
-                    debug_assert_eq!(track_event.len() - start, length);
-                };
-                match args {
-                    SliceArgs::Collected(arguments) => {
-                        for ((key, value), iid) in arguments.iter().zip(&annotation_iids) {
-                            annotation(key, *iid, value);
-                        }
+        let new = &mut new;
+        track_event_packet(&mut self.buf, ts_ns, large, flags, |track_event| {
+            // TrackEvent fields in tag order.
+            if let Some(iid) = category_iid {
+                wire::varint(track_event, event_field::CATEGORY_IIDS, iid);
+            }
+            let mut annotation = |key: &str, iid: Option<u64>, value: Arg<'_>| {
+                // Its length is known before it is written: no room to set aside.
+                let length = debug_annotation_len(key, iid, value);
+                wire::length_delimited(track_event, event_field::DEBUG_ANNOTATIONS, length);
+                let start = track_event.len();
+                debug_annotation(track_event, key, iid, value);
+                debug_assert_eq!(track_event.len() - start, length);
+            };
+            match args {
+                SliceArgs::Collected(arguments) => {
+                    for ((key, value), iid) in arguments.iter().zip(&annotation_iids) {
+                        annotation(key, *iid, value);
                     }
-                    SliceArgs::Call(call) => call.visit(|index, key, value| {
-                        let iid = *call_iids[index].get_or_insert_with(|| {
-                            annotation_names.iid(key, &mut new.debug_annotation_names)
-                        });
-                        annotation(key, iid, value);
-                    }),
                 }
-                wire::varint(track_event, event_field::TYPE, event.kind as u64);
-                if let Some(iid) = name_iid {
-                    wire::varint(track_event, event_field::NAME_IID, iid);
-                }
-                wire::varint(track_event, event_field::TRACK_UUID, event.track_uuid);
-                if category_iid.is_none() {
-                    wire::string(track_event, event_field::CATEGORIES, event.category);
-                }
-                if name_iid.is_none() {
-                    wire::string(track_event, event_field::NAME, event.name);
-                }
-                for id in event.flow_out {
-                    wire::fixed64(track_event, event_field::FLOW_IDS, *id);
-                }
-                for start in event.flows_in {
-                    wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
-                }
-            });
+                SliceArgs::Call(call) => call.visit(|index, key, value| {
+                    let iid = *call_iids[index].get_or_insert_with(|| {
+                        annotation_names.iid(key, &mut new.debug_annotation_names)
+                    });
+                    annotation(key, iid, value);
+                }),
+            }
+            wire::varint(track_event, event_field::TYPE, event.kind as u64);
+            if let Some(iid) = name_iid {
+                wire::varint(track_event, event_field::NAME_IID, iid);
+            }
+            wire::varint(track_event, event_field::TRACK_UUID, event.track_uuid);
+            if category_iid.is_none() {
+                wire::string(track_event, event_field::CATEGORIES, event.category);
+            }
+            if name_iid.is_none() {
+                wire::string(track_event, event_field::NAME, event.name);
+            }
+            for id in event.flow_out {
+                wire::fixed64(track_event, event_field::FLOW_IDS, *id);
+            }
+            for start in event.flows_in {
+                wire::fixed64(track_event, event_field::TERMINATING_FLOW_IDS, start.id);
+            }
             let fresh = !(new.event_names.is_empty()
                 && new.event_categories.is_empty()
                 && new.debug_annotation_names.is_empty());
-            if fresh {
-                prost::encoding::message::encode(packet_field::INTERNED_DATA, &new, packet);
-            }
-            if let Some(flags) = flags {
-                wire::varint(packet, packet_field::SEQUENCE_FLAGS, flags.into());
-            }
+            fresh.then_some(&*new)
         });
         self.known_names.scratch_iids = annotation_iids;
         self.written()
@@ -385,6 +360,40 @@ impl<W: Write> PerfettoWriter<W> {
             }
         })
     }
+}
+
+/// A `TracePacket` holding one `TrackEvent`, encoded field by field as prost encodes a
+/// [`TracePacket`] (fields in tag order) without building one: the event as `event`
+/// writes it, then the interned data it gives (after the event, whose argument names may
+/// be interned as they are written), then the sequence `flags`.
+/// `large`: the event will likely take 128 bytes or more (names and arguments), so two
+/// bytes are set aside for the lengths.
+fn track_event_packet<'d>(
+    buf: &mut Vec<u8>,
+    ts_ns: u64,
+    large: bool,
+    flags: Option<u32>,
+    event: impl FnOnce(&mut Vec<u8>) -> Option<&'d InternedData>,
+) {
+    let guess = if large { 2 } else { 1 };
+    wire::message(buf, TRACE_PACKET_FIELD, guess, |packet| {
+        wire::varint(packet, packet_field::TIMESTAMP, ts_ns);
+        wire::varint(
+            packet,
+            packet_field::TRUSTED_PACKET_SEQUENCE_ID,
+            SEQUENCE_ID.into(),
+        );
+        let mut interned_data = None;
+        wire::message(packet, packet_field::TRACK_EVENT, guess, |track_event| {
+            interned_data = event(track_event);
+        });
+        if let Some(data) = interned_data {
+            prost::encoding::message::encode(packet_field::INTERNED_DATA, data, packet);
+        }
+        if let Some(flags) = flags {
+            wire::varint(packet, packet_field::SEQUENCE_FLAGS, flags.into());
+        }
+    });
 }
 
 /// What a named event carries besides its arguments.
