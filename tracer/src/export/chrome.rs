@@ -40,6 +40,8 @@ pub struct ChromeWriter<W: Write> {
     gpu_tids: HashMap<Track, u32>,
     /// `"KEY":` of each of [`CALL_ARG_KEYS`] (plain names: nothing to escape).
     call_keys: Vec<Vec<u8>>,
+    /// The last event's pid and tid, and `,"pid":PID,"tid":TID` for them.
+    pid_tid_text: (Option<(u32, u32)>, Vec<u8>),
 }
 
 impl<W: Write> ChromeWriter<W> {
@@ -54,6 +56,7 @@ impl<W: Write> ChromeWriter<W> {
                 .iter()
                 .map(|key| format!("\"{key}\":").into_bytes())
                 .collect(),
+            pid_tid_text: (None, Vec::new()),
         };
         writer.buf.reserve(FLUSH_BYTES + 4096);
         writer.raw(b"{\"traceEvents\":[\n");
@@ -144,10 +147,17 @@ impl<W: Write> ChromeWriter<W> {
     }
 
     fn write_pid_tid(&mut self, pid: u32, tid: u32) {
-        self.raw(b",\"pid\":");
-        self.number(pid);
-        self.raw(b",\"tid\":");
-        self.number(tid);
+        // Runs of events on one thread (a slice and its flows): the text is kept.
+        let (last, text) = &mut self.pid_tid_text;
+        if *last != Some((pid, tid)) {
+            *last = Some((pid, tid));
+            text.clear();
+            text.extend_from_slice(b",\"pid\":");
+            text.extend_from_slice(itoa::Buffer::new().format(pid).as_bytes());
+            text.extend_from_slice(b",\"tid\":");
+            text.extend_from_slice(itoa::Buffer::new().format(tid).as_bytes());
+        }
+        self.buf.extend_from_slice(text);
     }
 
     /// `,"args":{...}`, as serde_json writes a map.
