@@ -148,14 +148,25 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
             } else {
                 String::new()
             };
+            let mark = if stage.within_one_step { '*' } else { ' ' };
             let _ = writeln!(
                 out,
-                "  {:<18} {:>11} {:>11} {:>12} {:>8.1} W{covered}",
+                "  {:<18} {:>11} {:>11} {:>12}{mark}{:>8.1} W{covered}",
                 stage.name,
                 at(stage.start_ns),
                 format_ns(stage.duration_ns),
                 joules(stage.energy_j),
                 stage.mean_w
+            );
+        }
+        if let Some(step) = power.step_ns
+            && process.stages.iter().any(|stage| stage.within_one_step)
+        {
+            let _ = writeln!(
+                out,
+                "  * shorter than one step of NVML's readings ({}: the median time between their \
+                 changes):\n    its energy is a share of that step's, not a measurement of the stage",
+                format_ns(step)
             );
         }
     }
@@ -336,6 +347,20 @@ mod tests {
                 "{stage:?}"
             );
         }
+        // GPU 0's counter moves at every 100 µs sample (GPU 1's power never changes):
+        // stages shorter than that are marked.
+        assert_eq!(power.step_ns, Some(100_000));
+        let marked: Vec<(&str, u64, bool)> = stages
+            .iter()
+            .map(|s| (s.name, s.duration_ns, s.within_one_step))
+            .collect();
+        for (name, duration, within) in &marked {
+            assert_eq!(*within, *duration < 100_000, "{name}");
+        }
+        assert!(
+            marked.iter().any(|m| m.2) && marked.iter().any(|m| !m.2),
+            "{marked:?}"
+        );
         let idle = power.before_first_launch.as_ref().unwrap();
         let first_launch = result.report.stages[0].stages[3].start_ns;
         assert_eq!(
@@ -366,9 +391,13 @@ mod tests {
             "  1    test GPU B                       integrated power        21      0.500 J    250.0 W    250.0 W      0.500 J    30.0 µs       0",
             "       GPU 1: energy counter NOT SUPPORTED on this GPU: energy integrated from power samples",
             "Energy by stage, pid 42 (30 calls; all GPUs, interpolated at the stage boundaries)",
+            "  * shorter than one step of NVML's readings (100.0 µs: the median time between their changes):\n    its energy is a share of that step's, not a measurement of the stage",
             "Energy by kernel name (3 kernels), launch windows (estimate: no --gpu)",
         ] {
             assert!(text.contains(needle), "{needle:?} not in\n{text}");
         }
+        // Each marked stage's energy has its mark.
+        let marked_rows = text.lines().filter(|line| line.contains(" J*")).count();
+        assert_eq!(marked_rows, marked.iter().filter(|m| m.2).count(), "{text}");
     }
 }

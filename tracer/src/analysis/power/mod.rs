@@ -39,6 +39,47 @@ pub const GPU_TIME: &str = "GPU time (--gpu)";
 /// ended (the linker's longest wait), so later kernel time in it is not expected.
 pub const KERNEL_HOLD_NS: u64 = 60_000_000_000;
 
+/// How often a reading changes: the times between its changes, from the samples. NVML
+/// updates its readings on its own schedule (every 100 ms on an H100, whatever the
+/// sample period), so energy is known only to within one such step.
+#[derive(Default)]
+struct ReadingSteps {
+    /// The last value and when it last changed.
+    last: Option<(u64, Option<u64>)>,
+    /// The first [`MAX_STEPS`] times between changes.
+    steps: Vec<u64>,
+}
+
+/// Steps kept for the median: a few minutes of 100 ms steps.
+const MAX_STEPS: usize = 4096;
+
+impl ReadingSteps {
+    fn observe(&mut self, ts_ns: u64, value: u64) {
+        let Some((last, changed)) = &mut self.last else {
+            // The first value: when it came to be is not known.
+            self.last = Some((value, None));
+            return;
+        };
+        if *last == value {
+            return;
+        }
+        if let Some(previous) = *changed
+            && self.steps.len() < MAX_STEPS
+        {
+            self.steps.push(ts_ns.saturating_sub(previous));
+        }
+        *last = value;
+        *changed = Some(ts_ns);
+    }
+
+    /// The median time between changes; `None` before two changes.
+    fn median_ns(&self) -> Option<u64> {
+        let mut steps = self.steps.clone();
+        steps.sort_unstable();
+        steps.get(steps.len().checked_sub(1)? / 2).copied()
+    }
+}
+
 /// One device's samples.
 #[derive(Default)]
 struct DeviceState {
@@ -56,6 +97,9 @@ struct DeviceState {
     read_ns_total: u64,
     read_ns_max: u64,
     errors: BTreeMap<String, u64>,
+    /// How often the counter's and the integrated power's readings change.
+    counter_steps: ReadingSteps,
+    power_steps: ReadingSteps,
 }
 
 impl DeviceState {
@@ -70,6 +114,16 @@ impl DeviceState {
 
     fn uses_counter(&self) -> bool {
         self.use_counter && !self.counter.is_empty()
+    }
+
+    /// The median time between changes of the readings [`energy`](Self::energy) comes
+    /// from.
+    fn step_ns(&self) -> Option<u64> {
+        if self.uses_counter() {
+            self.counter_steps.median_ns()
+        } else {
+            self.power_steps.median_ns()
+        }
     }
 }
 
@@ -192,12 +246,14 @@ impl PowerAccumulator {
             *device.errors.entry(field.clone()).or_default() += 1;
         }
         if let Some(energy) = line.energy_mj {
+            device.counter_steps.observe(line.ts_ns, energy);
             let origin = *device.counter_origin.get_or_insert(energy);
             device
                 .counter
                 .push(line.ts_ns, energy as f64 - origin as f64);
         }
         if let Some(power) = line.best_power_mw() {
+            device.power_steps.observe(line.ts_ns, power.into());
             let total = device.integrator.push(line.ts_ns, power);
             device.integrated.push(line.ts_ns, total);
         }
@@ -266,6 +322,8 @@ impl PowerAccumulator {
             _ => 0,
         };
         let energy_j: f64 = devices.iter().map(|d| d.energy_j).sum();
+        // The coarsest device's: a stage's energy sums every device's.
+        let step_ns = self.devices.values().filter_map(DeviceState::step_ns).max();
 
         let energy_in = |start: u64, end: u64| -> (f64, u64) {
             let energy = self
@@ -298,6 +356,7 @@ impl PowerAccumulator {
                             covered_ns,
                             energy_j: energy_mj / 1e3,
                             mean_w: watts(energy_mj, covered_ns),
+                            within_one_step: step_ns.is_some_and(|step| stage.duration_ns < step),
                         }
                     })
                     .collect(),
@@ -352,6 +411,7 @@ impl PowerAccumulator {
             },
             peak_w: self.peak_tick.map_or(0.0, |(mw, _)| mw as f64 / 1e3),
             peak_ts_ns: self.peak_tick.map_or(0, |(_, ts)| ts),
+            step_ns,
             read_errors,
             devices,
             before_first_launch,

@@ -22,6 +22,11 @@ pub struct PowerReport {
     /// The highest sum of the GPUs' `power_mw` in one tick.
     pub peak_w: f64,
     pub peak_ts_ns: u64,
+    /// The median time between changes of the readings the energy comes from (the
+    /// counter, or the power integrated), the coarsest GPU's: energy is known to within
+    /// one such step. Absent before two changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_ns: Option<u64>,
     /// NVML reads that failed during sampling.
     pub read_errors: u64,
     pub devices: Vec<DeviceEnergy>,
@@ -89,6 +94,9 @@ pub struct StageEnergy {
     pub covered_ns: u64,
     pub energy_j: f64,
     pub mean_w: f64,
+    /// Shorter than one step of the readings ([`PowerReport::step_ns`]): its energy is a
+    /// share of the step it falls in, by time, not a measurement of the stage.
+    pub within_one_step: bool,
 }
 
 /// Energy per kernel name. A kernel's window is, with [`LAUNCH_WINDOWS`], from its launch

@@ -110,6 +110,10 @@ fn run_device_and_stage_figures_are_exact() {
         (stages[1].energy_j, stages[1].covered_ns, stages[1].mean_w),
         (1.5, 5_000_000, 300.0)
     );
+    // GPU 0's counter moves at every 10 ms sample; GPU 1's power never changes. Neither
+    // stage is shorter than 10 ms.
+    assert_eq!(report.step_ns, Some(10_000_000));
+    assert!(stages.iter().all(|stage| !stage.within_one_step));
 }
 
 #[test]
@@ -253,4 +257,92 @@ fn errors_are_counted_by_field() {
 #[test]
 fn a_trace_without_power_has_no_report() {
     assert_eq!(PowerAccumulator::default().finish(&[]), None);
+}
+
+/// A stage of `name` from `start_ns` for `duration_ns`.
+fn stage(name: &'static str, start_ns: u64, duration_ns: u64) -> crate::analysis::stages::Stage {
+    crate::analysis::stages::Stage {
+        name,
+        start_ns,
+        duration_ns,
+        calls: 1,
+        launches: 0,
+        htod_bytes: 0,
+        dtoh_bytes: 0,
+        gpu_busy_ns: None,
+    }
+}
+
+#[test]
+fn stages_shorter_than_one_step_of_the_readings_are_marked() {
+    // As NVML on an H100: sampled every 10 ms, the counter moves every 100 ms (by 30 J:
+    // 300 W), the power reading with it.
+    let mut accumulator = PowerAccumulator::default();
+    accumulator.header(&info(&[true]));
+    for seq in 0..=50 {
+        let ts = seq * 10_000_000;
+        let updates = seq / 10;
+        let power = 300_000 + u32::try_from(updates % 2).unwrap();
+        accumulator.sample(&line(0, seq, ts, power, Some(updates * 30_000)));
+    }
+    let stages = [ProcessStages {
+        pid: 5,
+        calls: 3,
+        stages: vec![
+            stage("inference", 0, 400_000_000),
+            stage("output retrieval", 400_000_000, 100_000),
+            stage("cleanup", 400_100_000, 99_900_000),
+        ],
+    }];
+    let report = accumulator.finish(&stages).unwrap();
+    // Changes seen at 100, 200, 300, 400 and 500 ms.
+    assert_eq!(report.step_ns, Some(100_000_000));
+    let marked: Vec<(&str, bool)> = report.stages[0]
+        .stages
+        .iter()
+        .map(|stage| (stage.name, stage.within_one_step))
+        .collect();
+    assert_eq!(
+        marked,
+        [
+            ("inference", false),
+            ("output retrieval", true),
+            ("cleanup", true)
+        ]
+    );
+    // The short stage still gets its share, by time, of the step it falls in (the
+    // counter read 120 J at 400 ms and 120 J at 410 ms: nothing).
+    assert_eq!(report.stages[0].stages[1].energy_j, 0.0);
+
+    // Without the counter, the integrated power's changes set the step; a reading that
+    // never changes gives none, and nothing is marked.
+    let mut steady = PowerAccumulator::default();
+    steady.header(&info(&[false]));
+    for seq in 0..=50 {
+        steady.sample(&line(0, seq, seq * 10_000_000, 300_000, None));
+    }
+    let report = steady.finish(&stages).unwrap();
+    assert_eq!(report.step_ns, None);
+    assert!(report.stages[0].stages.iter().all(|s| !s.within_one_step));
+}
+
+#[test]
+fn the_step_is_the_median_time_between_changes() {
+    let mut steps = ReadingSteps::default();
+    assert_eq!(steps.median_ns(), None);
+    // The first value at 0 (when it came to be is unknown), then changes at 5, 105, 205,
+    // 215 and 315.
+    for (ts, value) in [
+        (0, 1),
+        (5, 2),
+        (50, 2),
+        (105, 3),
+        (205, 4),
+        (215, 5),
+        (315, 6),
+    ] {
+        steps.observe(ts, value);
+    }
+    // Steps 100, 100, 10, 100.
+    assert_eq!(steps.median_ns(), Some(100));
 }
