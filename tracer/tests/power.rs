@@ -207,7 +207,13 @@ fn energy_per_stage_and_for_the_run_is_power_times_time() {
     );
     assert_eq!(power["read_errors"], 0);
 
-    // The demo's six stages, each the counter's energy between its boundaries.
+    // The stand-in's counter moves at every 5 ms sample, so the readings' step is about
+    // the sample period (a late tick lengthens one step, not the median).
+    let step = power["step_ns"].as_u64().expect("the readings' step");
+    assert!((2_500_000..=50_000_000).contains(&step), "step {step} ns");
+
+    // The demo's six stages, each the counter's energy between its boundaries, marked
+    // where shorter than one step.
     let stages = &summary["stages"][0]["stages"];
     let energies = &power["stages"][0]["stages"];
     assert_eq!(energies.as_array().unwrap().len(), 6);
@@ -221,6 +227,11 @@ fn energy_per_stage_and_for_the_run_is_power_times_time() {
         assert_eq!(stage["name"], energy["name"]);
         assert_eq!(stage["start_ns"], energy["start_ns"]);
         assert_eq!(stage["duration_ns"], energy["duration_ns"]);
+        assert_eq!(
+            energy["within_one_step"],
+            u(&stage["duration_ns"]) < step,
+            "{energy}"
+        );
         assert_eq!(
             energy["covered_ns"], stage["duration_ns"],
             "inside the samples: {energy}"
