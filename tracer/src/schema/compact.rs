@@ -39,35 +39,30 @@ pub fn from_bytes_in_place<'de, T: Deserialize<'de>>(line: &'de [u8], place: &mu
 /// escapes every quote opens or closes a string, in order.
 fn find_quotes(line: &[u8], quotes: &mut [u32; MAX_QUOTES]) -> Option<(usize, bool)> {
     let mut count = 0;
-    let mut blocks = line.chunks_exact(BLOCK);
-    let mut offset = 0;
     let mut ascii = true;
-    for block in &mut blocks {
-        let (mut quote_bits, unusual) = classify(block.try_into().ok()?);
+    let mut scan = |block: &[u8; BLOCK], offset: usize| -> Option<()> {
+        let (mut quote_bits, unusual, block_ascii) = classify(block);
         if unusual {
             return None;
         }
-        ascii &= is_ascii(block.try_into().ok()?);
+        ascii &= block_ascii;
         while quote_bits != 0 {
             *quotes.get_mut(count)? = u32::try_from(offset).ok()? + quote_bits.trailing_zeros();
             count += 1;
             quote_bits &= quote_bits - 1;
         }
+        Some(())
+    };
+    let mut blocks = line.chunks_exact(BLOCK);
+    let mut offset = 0;
+    for block in &mut blocks {
+        scan(block.try_into().ok()?, offset)?;
         offset += BLOCK;
     }
     // The rest, padded with spaces (neither quotes nor unusual).
     let mut last = [b' '; BLOCK];
     last[..blocks.remainder().len()].copy_from_slice(blocks.remainder());
-    let (mut quote_bits, unusual) = classify(&last);
-    if unusual {
-        return None;
-    }
-    ascii &= is_ascii(&last);
-    while quote_bits != 0 {
-        *quotes.get_mut(count)? = u32::try_from(offset).ok()? + quote_bits.trailing_zeros();
-        count += 1;
-        quote_bits &= quote_bits - 1;
-    }
+    scan(&last, offset)?;
     Some((count, ascii))
 }
 
@@ -103,15 +98,16 @@ pub fn plain(text: &[u8]) -> bool {
 
 /// Whether `block` holds a quote, a backslash or a control character.
 fn escaped(block: &[u8; BLOCK]) -> bool {
-    let (quotes, unusual) = classify(block);
+    let (quotes, unusual, _) = classify(block);
     quotes != 0 || unusual
 }
 
 const BLOCK: usize = 16;
 
-/// A bit per quote in `block`, and whether it holds a backslash or a control character.
+/// A bit per quote in `block`, whether it holds a backslash or a control character, and
+/// whether all of it is ASCII.
 #[cfg(target_arch = "x86_64")]
-fn classify(block: &[u8; BLOCK]) -> (u64, bool) {
+fn classify(block: &[u8; BLOCK]) -> (u64, bool, bool) {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
@@ -126,32 +122,25 @@ fn classify(block: &[u8; BLOCK]) -> (u64, bool) {
         let limit = _mm_set1_epi8(0x1f);
         let control = _mm_cmpeq_epi8(_mm_max_epu8(bytes, limit), limit);
         let unusual = _mm_movemask_epi8(_mm_or_si128(backslash, control));
-        (_mm_movemask_epi8(quote) as u16 as u64, unusual != 0)
+        // The high bit of each byte: set on bytes that are not ASCII.
+        let high = _mm_movemask_epi8(bytes);
+        (
+            _mm_movemask_epi8(quote) as u16 as u64,
+            unusual != 0,
+            high == 0,
+        )
     }
 }
 
-/// Whether every byte of `block` is ASCII.
-#[cfg(target_arch = "x86_64")]
-fn is_ascii(block: &[u8; BLOCK]) -> bool {
-    use std::arch::x86_64::{_mm_loadu_si128, _mm_movemask_epi8};
-    // SAFETY: as in `classify`: SSE2 is x86_64's baseline; the load reads `block`'s bytes.
-    unsafe { _mm_movemask_epi8(_mm_loadu_si128(block.as_ptr().cast())) == 0 }
-}
-
 #[cfg(not(target_arch = "x86_64"))]
-fn is_ascii(block: &[u8; BLOCK]) -> bool {
-    block.is_ascii()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn classify(block: &[u8; BLOCK]) -> (u64, bool) {
+fn classify(block: &[u8; BLOCK]) -> (u64, bool, bool) {
     let mut quote_bits = 0;
     let mut unusual = false;
     for (index, byte) in block.iter().enumerate() {
         quote_bits |= u64::from(*byte == b'"') << index;
         unusual |= (*byte < 0x20) | (*byte == b'\\');
     }
-    (quote_bits, unusual)
+    (quote_bits, unusual, block.is_ascii())
 }
 
 /// Why the compact reader gave up; never shown (serde_json reads the line again).
