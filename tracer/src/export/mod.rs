@@ -10,7 +10,8 @@
 //! | `args.rs` | the flags and formats |
 //! | `exporter.rs` | trace lines → timeline events |
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
-//! | `arguments.rs` | a slice's arguments, from any serialisable line, without a JSON map |
+//! | `arguments/` | a slice's arguments, from any serialisable line (`collect.rs`), without a JSON map |
+//! | `call_args.rs` | a call's arguments, read straight from its line |
 //! | `chrome.rs`, `perfetto.rs` (`proto.rs`) | the two formats |
 //! | `flows.rs` | launch → synchronisation arrows |
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
