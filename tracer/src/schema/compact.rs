@@ -559,8 +559,9 @@ mod tests {
         ] {
             assert_eq!(from_str::<CallLine>(line), None, "{line}");
         }
-        // Bytes that are not UTF-8, in a string and in the middle of a long ASCII line.
-        for at in [22, 100] {
+        // Bytes that are not UTF-8, inside strings: "cuInit" and, far into the line, the
+        // kernel name.
+        for at in [23, 100] {
             let mut line = format!(
                 r#"{{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0,"kernel":"{}"}}"#,
                 "k".repeat(64)
@@ -633,6 +634,28 @@ mod tests {
             assert_eq!(memset, serde_json::from_str(line).ok(), "{line}");
         }
         assert!(read >= 3, "{read} GPU lines read");
+    }
+
+    /// Over a call with every field set, a line with a few fields leaves none of the
+    /// others behind.
+    #[test]
+    fn reading_in_place_over_every_field_leaves_none_behind() {
+        use crate::schema::testing::{every_field, field_names};
+        let mut place = every_field(&[
+            serde_json::json!("0x7f00ab"),
+            serde_json::json!([4, 1, 65535]),
+            serde_json::json!(["0x1"]),
+            serde_json::json!(7),
+        ]);
+        let set = serde_json::to_value(&place).unwrap();
+        assert_eq!(
+            set.as_object().unwrap().len(),
+            field_names::<CallLine>().len()
+        );
+        let line =
+            r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":1,"dur_ns":1,"ret":0}"#;
+        assert!(from_bytes_in_place(line.as_bytes(), &mut place));
+        assert_eq!(Some(place), from_str::<CallLine>(line));
     }
 
     fn text() -> impl Strategy<Value = String> {

@@ -47,6 +47,8 @@ mod lost;
 mod power;
 mod process;
 
+#[cfg(test)]
+pub mod testing;
 pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
