@@ -40,13 +40,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf,
-    maps::Array,
     programs::{
         UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
 };
-use tracer_common::{MAX_PROBES, ProbeSpec};
 
 use super::{
     object::PROBES_OBJECT,
@@ -63,6 +61,20 @@ pub struct AttachFailure {
     pub error: String,
 }
 
+/// What one attach call did besides making links: what it left out, and what the run should
+/// hear about.
+#[derive(Debug, Default)]
+pub struct AttachOutcome {
+    /// The symbols not attached, and why.
+    pub failures: Vec<AttachFailure>,
+    /// The kernel's error for the run's first refused uprobe_multi link, when this call met
+    /// it: the other functions were attached with smaller uprobe_multi links.
+    pub first_refusal: Option<String>,
+    /// Functions left unchecked after [`MAX_REFUSED_LINKS`] refused links (they are linked
+    /// per process, where a refusal fails that process's link).
+    pub unchecked: usize,
+}
+
 /// Where the probes of a plan go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -74,13 +86,34 @@ pub enum Scope {
 
 /// The probe sets' programs, loaded once for uprobe_multi links, by name.
 #[derive(Debug, Default)]
-struct MultiPrograms {
+pub struct MultiPrograms {
     loaded: HashMap<&'static str, OwnedFd>,
+}
+
+impl MultiPrograms {
+    /// Loads every probe set's programs for uprobe_multi links where the kernel has them,
+    /// or says why not. The maps they use must still be in `bpf` (before any is taken out).
+    pub fn load(bpf: &Ebpf) -> Result<Self, String> {
+        if !uprobe_multi::supported() {
+            return Err("this kernel has no uprobe_multi links (Linux 6.6+)".into());
+        }
+        let mut programs = MultiPrograms::default();
+        for set in PROBE_SETS {
+            for (name, retprobe) in set.programs.names() {
+                if !programs.loaded.contains_key(name) {
+                    let fd = uprobe_multi::load_program(bpf, PROBES_OBJECT, name, retprobe)
+                        .map_err(|error| format!("{error:#}"))?;
+                    programs.loaded.insert(name, fd);
+                }
+            }
+        }
+        Ok(programs)
+    }
 }
 
 /// Failed uprobe_multi attempts (each costs the kernel a grace period to undo) after which
 /// the rest of a set goes to per-symbol links.
-const MAX_REFUSED_LINKS: usize = 64;
+pub const MAX_REFUSED_LINKS: usize = 64;
 
 /// Everything attached, and how.
 #[derive(Debug)]
@@ -104,19 +137,12 @@ pub struct Attacher {
 }
 
 impl Attacher {
-    /// Loads what attaching needs: the uprobe_multi programs where the kernel has them
-    /// (before any map is taken out of `bpf`). `all`: probe every process.
-    pub fn new(bpf: &Ebpf, all: bool) -> Self {
-        let (multi, fallback_reason) = if uprobe_multi::supported() {
-            match load_multi(bpf) {
-                Ok(programs) => (Some(programs), None),
-                Err(error) => (None, Some(format!("{error:#}"))),
-            }
-        } else {
-            (
-                None,
-                Some("this kernel has no uprobe_multi links (Linux 6.6+)".into()),
-            )
+    /// Attaches with the uprobe_multi programs where they loaded, else per-symbol links.
+    /// `all`: probe every process.
+    pub fn new(uprobe_multi: Result<MultiPrograms, String>, all: bool) -> Self {
+        let (multi, fallback_reason) = match uprobe_multi {
+            Ok(programs) => (Some(programs), None),
+            Err(reason) => (None, Some(reason)),
         };
         let scope = if multi.is_some() && !all {
             Scope::PerProcess
@@ -150,24 +176,6 @@ impl Attacher {
         }
     }
 
-    /// Writes a plan's specs into the `SPECS` map: before any of its probes can fire.
-    pub fn write_specs(bpf: &mut Ebpf, plan: &Plan) -> Result<()> {
-        if let Some(last) = plan.probes.last()
-            && last.id >= MAX_PROBES
-        {
-            bail!(
-                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
-                last.id + 1
-            );
-        }
-        let mut specs: Array<_, ProbeSpec> =
-            Array::try_from(bpf.map_mut("SPECS").context("map SPECS missing")?)?;
-        for probe in &plan.probes {
-            specs.set(probe.id, probe.spec.probe_spec(), 0)?;
-        }
-        Ok(())
-    }
-
     /// Attaches `plan` (its file reached through `path`, open as `file`) for every process.
     pub fn attach_host(
         &mut self,
@@ -175,24 +183,31 @@ impl Attacher {
         plan: &Plan,
         path: &Path,
         file: &File,
-    ) -> Result<Vec<AttachFailure>> {
+    ) -> Result<AttachOutcome> {
         let _mapped = map_for_check(file);
         if self.multi.is_none() {
-            return attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf);
+            return Ok(AttachOutcome {
+                failures: attach_per_symbol(bpf, path, plan, &plan.probes, &mut self.host_perf)?,
+                ..AttachOutcome::default()
+            });
         }
-        let (links, failures, left_over) = self.link_split(plan, &plan.probes, path, 0)?;
-        self.host_multi.extend(links);
-        let mut failures = failures;
-        if !left_over.is_empty() {
+        let split = self.link_split(plan, &plan.probes, path, 0)?;
+        self.host_multi.extend(split.links);
+        let mut failures = split.failures;
+        if !split.left_over.is_empty() {
             failures.extend(attach_per_symbol(
                 bpf,
                 path,
                 plan,
-                &left_over,
+                &split.left_over,
                 &mut self.host_perf,
             )?);
         }
-        Ok(failures)
+        Ok(AttachOutcome {
+            failures,
+            first_refusal: split.first_refusal,
+            unchecked: 0,
+        })
     }
 
     /// Per-process scope: finds the functions of `plan` the kernel refuses, once per file,
@@ -203,34 +218,24 @@ impl Attacher {
         plan: &Plan,
         path: &Path,
         file: &File,
-    ) -> Result<Vec<AttachFailure>> {
+    ) -> Result<AttachOutcome> {
         let _mapped = map_for_check(file);
-        let (links, failures, left_over) =
-            self.link_split(plan, &plan.probes, path, std::process::id())?;
+        let split = self.link_split(plan, &plan.probes, path, std::process::id())?;
         // The check's own links served their purpose.
-        self.closer.close(links);
-        if !left_over.is_empty() {
+        self.closer.close(split.links);
+        Ok(AttachOutcome {
+            failures: split.failures,
+            first_refusal: split.first_refusal,
             // Too many refusals to tell them apart: they are linked per process, where a
             // refusal fails that process's link (and says so).
-            eprintln!(
-                "cudatrace: {}: {} functions left unchecked after {MAX_REFUSED_LINKS} refused \
-                 uprobe_multi links",
-                plan.library.path.display(),
-                left_over.len()
-            );
-        }
-        Ok(failures)
+            unchecked: split.left_over.len(),
+        })
     }
 
     /// Attaches `plan` (its file reached through `path`) for process `pid` alone, unless
     /// it is already; the functions the kernel refused are left out. Returns the symbols
     /// that could not be attached for it.
-    pub fn link_process(
-        &mut self,
-        plan: &Plan,
-        path: &Path,
-        pid: u32,
-    ) -> Result<Vec<AttachFailure>> {
+    pub fn link_process(&mut self, plan: &Plan, path: &Path, pid: u32) -> Result<AttachOutcome> {
         if self.multi.is_none() {
             bail!("per-process probes need uprobe_multi");
         }
@@ -239,7 +244,7 @@ impl Attacher {
             .get(&pid)
             .is_some_and(|linked| linked.iter().any(|(library, _)| *library == plan.id))
         {
-            return Ok(Vec::new());
+            return Ok(AttachOutcome::default());
         }
         let refused = self.refused.get(&plan.id);
         let probes: Vec<PlannedProbe> = plan
@@ -248,12 +253,13 @@ impl Attacher {
             .filter(|probe| !refused.is_some_and(|ids| ids.contains(&probe.id)))
             .cloned()
             .collect();
-        let (links, mut failures, left_over) = if probes.is_empty() {
-            (Vec::new(), Vec::new(), Vec::new())
+        let split = if probes.is_empty() {
+            Split::default()
         } else {
             self.link_split(plan, &probes, path, pid)?
         };
-        failures.extend(left_over.into_iter().map(|probe| AttachFailure {
+        let mut failures = split.failures;
+        failures.extend(split.left_over.into_iter().map(|probe| AttachFailure {
             symbol: probe.symbol,
             error: format!(
                 "not attached for pid {pid}: more than {MAX_REFUSED_LINKS} refused uprobe_multi \
@@ -263,28 +269,29 @@ impl Attacher {
         self.processes
             .entry(pid)
             .or_default()
-            .push((plan.id, links));
-        Ok(failures)
+            .push((plan.id, split.links));
+        Ok(AttachOutcome {
+            failures,
+            first_refusal: split.first_refusal,
+            unchecked: 0,
+        })
     }
 
     /// Links `probes` of `plan` for `pid` (0: every process) with uprobe_multi links: one
     /// link per program if the kernel takes them all, else the set is halved until each
-    /// refused function stands alone (2 log n links per refused function). Returns the
-    /// links, the refused functions, and what is left past [`MAX_REFUSED_LINKS`] refusals.
+    /// refused function stands alone (2 log n links per refused function).
     fn link_split(
         &mut self,
         plan: &Plan,
         probes: &[PlannedProbe],
         path: &Path,
         pid: u32,
-    ) -> Result<(Vec<MultiLink>, Vec<AttachFailure>, Vec<PlannedProbe>)> {
+    ) -> Result<Split> {
         let programs = self
             .multi
             .as_ref()
             .context("uprobe_multi programs not loaded")?;
-        let mut links = Vec::new();
-        let mut failures = Vec::new();
-        let mut left_over: Vec<PlannedProbe> = Vec::new();
+        let mut split = Split::default();
         let mut refused_ids = Vec::new();
         let mut refusals = 0;
         let mut pending: Vec<&[PlannedProbe]> = vec![probes];
@@ -293,7 +300,7 @@ impl Attacher {
                 continue;
             }
             if refusals >= MAX_REFUSED_LINKS {
-                left_over.extend_from_slice(chunk);
+                split.left_over.extend_from_slice(chunk);
                 continue;
             }
             match link_multi(
@@ -303,22 +310,19 @@ impl Attacher {
                 (path, &plan.library.path),
                 pid,
             ) {
-                Ok(made) => links.extend(made),
+                Ok(made) => split.links.extend(made),
                 // A program that does not load, or a bad path: no subset would do better.
                 Err(error) if !is_link_refused(&error) => return Err(error),
                 Err(error) => {
                     refusals += 1;
                     if self.refused_reason.is_none() {
                         let reason = format!("{error:#}");
-                        eprintln!(
-                            "cudatrace: uprobe_multi attach failed (attached the other \
-                             functions with smaller uprobe_multi links): {reason}"
-                        );
+                        split.first_refusal = Some(reason.clone());
                         self.refused_reason = Some(reason);
                     }
                     if let [probe] = chunk {
                         refused_ids.push(probe.id);
-                        failures.push(AttachFailure {
+                        split.failures.push(AttachFailure {
                             symbol: probe.symbol.clone(),
                             error: format!("{error:#}"),
                         });
@@ -331,7 +335,7 @@ impl Attacher {
             }
         }
         self.refused.entry(plan.id).or_default().extend(refused_ids);
-        Ok((links, failures, left_over))
+        Ok(split)
     }
 
     /// The library ids linked for `pid`.
@@ -442,19 +446,16 @@ fn map_for_check(file: &File) -> Option<memmap2::Mmap> {
     unsafe { memmap2::MmapOptions::new().map_copy_read_only(file) }.ok()
 }
 
-/// Loads every probe set's programs (the maps they use must still be in `bpf`: before the
-/// event loop takes the ring out).
-fn load_multi(bpf: &Ebpf) -> Result<MultiPrograms> {
-    let mut programs = MultiPrograms::default();
-    for set in PROBE_SETS {
-        for (name, retprobe) in set.programs.names() {
-            if !programs.loaded.contains_key(name) {
-                let fd = uprobe_multi::load_program(bpf, PROBES_OBJECT, name, retprobe)?;
-                programs.loaded.insert(name, fd);
-            }
-        }
-    }
-    Ok(programs)
+/// What [`Attacher::link_split`] made of a set of probes.
+#[derive(Default)]
+struct Split {
+    links: Vec<MultiLink>,
+    /// The refused functions.
+    failures: Vec<AttachFailure>,
+    /// What is left past [`MAX_REFUSED_LINKS`] refusals.
+    left_over: Vec<PlannedProbe>,
+    /// The run's first refusal, met here.
+    first_refusal: Option<String>,
 }
 
 /// The links for `probes`, one per program: returns first, so no entry is pushed without

@@ -10,10 +10,11 @@
 //! - a process exec'd from a thread other than its leader: its per-process probes held the
 //!   old leader and are dropped (the new image makes them again when it maps a library).
 //!
-//! Every stop ends in `SIGCONT`, also when tracing ends ([`Discovery::finish`]).
+//! The stops themselves, and continuing the processes, are [`super::stops`]'s. What is
+//! done here comes back as data ([`Attached`]): the run turns it into `library` lines and
+//! reports.
 
 use std::{
-    collections::HashSet,
     fs::{self, File},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -22,16 +23,15 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
-use tracer_common::{AttachEvent, SET_UNKNOWN, attach_event, attach_flags};
+use tracer_common::{AttachEvent, SET_UNKNOWN, attach_event};
 
 use super::{
-    attach::{self, AttachFailure, Attacher, Scope},
+    attach::{self, AttachOutcome, Attacher, Scope},
     library::Library,
-    maps,
-    plan::{FunctionSelection, MissingProbes, Plan, Plans},
+    maps::{self, LinkedSet, ProbeTable},
+    plan::{FunctionSelection, Plans},
     probe_set::{PROBE_SETS, ProbeSet},
 };
-use crate::schema::{AttachFailureInfo, LibraryLine, ProbeInfo, StopFigures};
 
 /// How a library file came to be attached: the `library` line's `found`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,67 +168,77 @@ pub fn library_names(explicit: &[&FoundLibrary]) -> Vec<maps::LibraryName> {
     names
 }
 
-/// The attach layer while tracing: the object, the plans (one per library file), the
-/// links, and the processes stopped for them.
+/// What the attach layer did, in the order it did it.
+#[derive(Debug)]
+pub enum Attached {
+    /// A library file planned for the first time (its plan is [`Discovery::plans`]'s
+    /// `id`), and what attaching it left out.
+    Library(NewLibrary),
+    /// A traced process opened or maps a probe-set library.
+    Loaded,
+    /// Process `pid` got its own probes on library `library`, but they left something out
+    /// (only then is it said).
+    Linked {
+        pid: u32,
+        library: u32,
+        outcome: AttachOutcome,
+    },
+}
+
+/// A library file planned and attached for the first time.
+#[derive(Debug)]
+pub struct NewLibrary {
+    pub id: u32,
+    pub found: Found,
+    /// `Mapped`, `Opened`: the process, and when (`Opened`).
+    pub pid: Option<u32>,
+    pub ts_ns: Option<u64>,
+    pub outcome: AttachOutcome,
+}
+
+/// What the attach layer did for one attach event.
+#[derive(Debug, Default)]
+pub struct Handled {
+    pub attached: Vec<Attached>,
+    /// What could not be done (the process goes on without it).
+    pub error: Option<anyhow::Error>,
+}
+
+/// The attach layer while tracing: the plans (one per library file) and the links. The
+/// object is lent to it to attach and detach.
 pub struct Discovery {
-    /// The object, until [`Discovery::end`] hands it to the thread that detaches it.
-    bpf: Option<Ebpf>,
-    pub attacher: Attacher,
+    attacher: Attacher,
     pub plans: Plans,
     /// Each plan's file, open: probes attach to `/proc/self/fd/N`, which reaches the file
     /// whatever mount namespace its path belongs to.
     files: Vec<File>,
-    policy: MissingProbes,
     /// `--functions`: what to probe in each library found (its catalog alone for a
     /// run-private one).
     selection: FunctionSelection,
-    /// Missing-function lists already reported, so that each copy does not repeat them.
-    reported_missing: HashSet<Vec<&'static str>>,
-    /// Symbols that failed to attach, per library id.
-    pub failures: Vec<(u32, AttachFailure)>,
-    /// Some traced process opened or mapped a probe-set library.
-    pub loaded_any: bool,
-    pub stops: StopFigures,
-    /// Tracing is ending: processes are continued, nothing more is attached.
-    ending: bool,
-    /// The events' clock (`CLOCK_MONOTONIC` ns), to time the stops.
-    clock: fn() -> u64,
-    finished: bool,
-}
-
-/// The object while tracing runs.
-fn object(bpf: &mut Option<Ebpf>) -> &mut Ebpf {
-    bpf.as_mut().expect("the object is kept until tracing ends")
+    probe_table: ProbeTable,
+    linked: LinkedSet,
 }
 
 impl Discovery {
-    /// The eBPF object (its maps, its programs), until tracing ends.
-    pub fn bpf(&mut self) -> &mut Ebpf {
-        object(&mut self.bpf)
-    }
-
     pub fn new(
-        bpf: Ebpf,
         attacher: Attacher,
-        policy: MissingProbes,
+        probe_table: ProbeTable,
+        linked: LinkedSet,
         selection: FunctionSelection,
-        clock: fn() -> u64,
     ) -> Self {
         Discovery {
-            bpf: Some(bpf),
             attacher,
             plans: Plans::default(),
             files: Vec::new(),
-            policy,
             selection,
-            reported_missing: HashSet::new(),
-            failures: Vec::new(),
-            loaded_any: false,
-            stops: StopFigures::default(),
-            ending: false,
-            clock,
-            finished: false,
+            probe_table,
+            linked,
         }
+    }
+
+    /// How the probes are attached.
+    pub fn attacher(&self) -> &Attacher {
+        &self.attacher
     }
 
     fn attach_path(&self, library: u32) -> PathBuf {
@@ -239,11 +249,16 @@ impl Discovery {
     }
 
     /// Plans `found` (or finds its plan, for a file already planned) and attaches it for
-    /// the host when that is the scope. Returns its id and, for a new file, its line.
-    pub fn add(&mut self, found: FoundLibrary) -> Result<(u32, Option<LibraryLine>)> {
+    /// the host when that is the scope. Returns its id; a new file is in `attached`.
+    pub fn add(
+        &mut self,
+        bpf: &mut Ebpf,
+        found: FoundLibrary,
+        attached: &mut Vec<Attached>,
+    ) -> Result<u32> {
         let file = &found.library.file;
         if let Some(plan) = self.plans.of_file(file.device, file.inode) {
-            return Ok((plan.id, None));
+            return Ok(plan.id);
         }
         let selection = if found.set.run_private {
             FunctionSelection::default()
@@ -260,53 +275,33 @@ impl Discovery {
         } = found;
         self.files.push(file);
         let plan = self.plans.get(id).expect("just planned");
-        // The policy was applied to the libraries given or searched for before tracing;
-        // one found later cannot stop the run, so `error` only warns for it, once per list.
-        let first_time = self.reported_missing.insert(plan.missing.clone());
-        let found_later = matches!(how, Found::Mapped | Found::Opened);
-        if !plan.missing.is_empty()
-            && first_time
-            && found_later
-            && self.policy != MissingProbes::Ignore
-        {
-            let why = format!("functions not exported by {}", plan.library.path.display());
-            let _ = MissingProbes::Warn.apply(&why, &plan.missing);
-        }
-        if !plan.unmatched_globs.is_empty() && found_later && self.policy != MissingProbes::Ignore {
-            let what = format!(
-                "patterns of --functions match no export of {}",
-                plan.library.path.display()
-            );
-            let globs: Vec<&str> = plan.unmatched_globs.iter().map(String::as_str).collect();
-            let _ = MissingProbes::Warn.apply(&what, &globs);
-        }
-        Attacher::write_specs(object(&mut self.bpf), plan)?;
+        self.probe_table.write(plan)?;
+        let mut outcome = AttachOutcome::default();
         if !plan.probes.is_empty() {
             let path = self.attach_path(id);
-            let plan = self.plans.get(id).expect("just planned");
             let file = &self.files[id as usize];
             // A run-private file (the injection library) is mapped by this run's processes
             // alone: host links cost nobody else, and every traced process has them however
             // it was created.
-            let failures = if self.attacher.scope() == Scope::Host || plan.set.run_private {
-                self.attacher
-                    .attach_host(object(&mut self.bpf), plan, &path, file)?
+            outcome = if self.attacher.scope() == Scope::Host || plan.set.run_private {
+                self.attacher.attach_host(bpf, plan, &path, file)?
             } else {
                 self.attacher.check_refused(plan, &path, file)?
             };
-            self.failures
-                .extend(failures.into_iter().map(|failure| (id, failure)));
         }
-        let plan = self.plans.get(id).expect("just planned");
-        Ok((
+        attached.push(Attached::Library(NewLibrary {
             id,
-            Some(library_line(plan, how, pid, ts_ns, &self.failures)),
-        ))
+            found: how,
+            pid,
+            ts_ns,
+            outcome,
+        }));
+        Ok(id)
     }
 
-    /// Gives `pid` its own probes on library `id` (per-process scope). Returns whether
-    /// the process has any.
-    pub fn link(&mut self, id: u32, pid: u32) -> Result<bool> {
+    /// Gives `pid` its own probes on library `id` (per-process scope); what they left out
+    /// is in `attached`. Returns whether the process has any.
+    pub fn link(&mut self, id: u32, pid: u32, attached: &mut Vec<Attached>) -> Result<bool> {
         if self.attacher.scope() != Scope::PerProcess {
             return Ok(false);
         }
@@ -314,65 +309,51 @@ impl Discovery {
         if !plan.probes.is_empty() && !plan.set.run_private {
             let path = self.attach_path(id);
             let plan = self.plans.get(id).expect("checked");
-            let failures = self.attacher.link_process(plan, &path, pid)?;
-            if !failures.is_empty() {
-                let names: Vec<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
-                eprintln!(
-                    "cudatrace: pid {pid}: {} functions of {} not attached: {} ({})",
-                    names.len(),
-                    plan.library.path.display(),
-                    names.join(", "),
-                    failures[0].error
-                );
+            let outcome = self.attacher.link_process(plan, &path, pid)?;
+            if !outcome.failures.is_empty() || outcome.first_refusal.is_some() {
+                attached.push(Attached::Linked {
+                    pid,
+                    library: id,
+                    outcome,
+                });
             }
         }
         let linked = !self.attacher.linked_libraries(pid).is_empty();
         if linked {
-            maps::mark_linked(object(&mut self.bpf), pid)?;
+            self.linked.mark(pid)?;
         }
         Ok(linked)
     }
 
-    /// Acts on an attach event from the ring; returns the `library` lines of files
-    /// attached for the first time.
-    pub fn handle(&mut self, event: &AttachEvent) -> Vec<LibraryLine> {
+    /// Acts on an attach event from the ring (a library opened, a fork, an exec from
+    /// another thread than the leader). The process's stop is not its business.
+    pub fn handle(&mut self, bpf: &mut Ebpf, event: &AttachEvent) -> Handled {
         let pid = event.header.pid;
-        let stopped = event.header.flags & attach_flags::STOPPED != 0;
-        if event.header.flags & attach_flags::STOP_FAILED != 0 {
-            self.stops.failed += 1;
-        }
-        let mut lines = Vec::new();
-        if !self.ending {
-            let result = match event.what {
-                attach_event::LIBRARY_OPENED => self.opened(event).map(|l| lines.extend(l)),
-                attach_event::FORKED => self.forked(pid, event.parent).map(|l| lines = l),
-                attach_event::NEW_LEADER => {
-                    self.attacher.forget_process(pid);
-                    Ok(())
-                }
-                _ => Ok(()),
-            };
-            if let Err(error) = result {
-                eprintln!("cudatrace: pid {pid}: {error:#}");
+        let mut handled = Handled::default();
+        let result = match event.what {
+            attach_event::LIBRARY_OPENED => self.opened(bpf, event, &mut handled),
+            attach_event::FORKED => self.forked(bpf, pid, event.parent, &mut handled),
+            attach_event::NEW_LEADER => {
+                self.attacher.forget_process(pid);
+                Ok(())
             }
-        }
-        if stopped {
-            self.continue_process(pid, event.header.ts_ns);
-        }
-        lines
+            _ => Ok(()),
+        };
+        handled.error = result.err();
+        handled
     }
 
-    fn opened(&mut self, event: &AttachEvent) -> Result<Option<LibraryLine>> {
+    fn opened(&mut self, bpf: &mut Ebpf, event: &AttachEvent, handled: &mut Handled) -> Result<()> {
         let pid = event.header.pid;
         let fd_path = format!("/proc/{pid}/fd/{}", event.fd);
         let file = match File::open(&fd_path) {
             Ok(file) => file,
             // Gone already (the process was killed): nothing to attach.
-            Err(_) => return Ok(None),
+            Err(_) => return Ok(()),
         };
         let metadata = file.metadata()?;
-        let (id, line) = match self.plans.of_file(metadata.dev(), metadata.ino()) {
-            Some(plan) => (plan.id, None),
+        let id = match self.plans.of_file(metadata.dev(), metadata.ino()) {
+            Some(plan) => plan.id,
             None => {
                 let path = if event.set == SET_UNKNOWN {
                     fs::read_link(&fd_path)?
@@ -390,83 +371,83 @@ impl Discovery {
                         {
                             Some(set) => *set,
                             // A long path that is no library after all.
-                            None => return Ok(None),
+                            None => return Ok(()),
                         }
                     }
                 };
                 let library = Library::read(set, &file, &path)?;
-                self.add(FoundLibrary {
-                    set,
-                    library,
-                    file,
-                    found: Found::Opened,
-                    pid: Some(pid),
-                    ts_ns: Some(event.header.ts_ns),
-                })?
+                self.add(
+                    bpf,
+                    FoundLibrary {
+                        set,
+                        library,
+                        file,
+                        found: Found::Opened,
+                        pid: Some(pid),
+                        ts_ns: Some(event.header.ts_ns),
+                    },
+                    &mut handled.attached,
+                )?
             }
         };
-        self.loaded_any = true;
-        self.link(id, pid)?;
-        Ok(line)
+        handled.attached.push(Attached::Loaded);
+        self.link(id, pid, &mut handled.attached)?;
+        Ok(())
     }
 
     /// A child of a process with per-process probes: the same probes, before it runs.
-    /// Returns the `library` lines of files planned for it.
-    fn forked(&mut self, child: u32, parent: u32) -> Result<Vec<LibraryLine>> {
+    fn forked(
+        &mut self,
+        bpf: &mut Ebpf,
+        child: u32,
+        parent: u32,
+        handled: &mut Handled,
+    ) -> Result<()> {
         let libraries = self.attacher.linked_libraries(parent);
         if libraries.is_empty() {
             // The parent is gone (and forgotten): what the child maps says it.
-            return self.add_mapped(child, true);
+            return self.add_mapped(bpf, child, true, &mut handled.attached);
         }
         for id in libraries {
-            self.link(id, child)?;
+            self.link(id, child, &mut handled.attached)?;
         }
-        Ok(Vec::new())
+        Ok(())
     }
 
     /// Plans the probe-set libraries process `pid` maps (a file already planned is not
-    /// read again) and, when `link`, gives the process its probes on each. Returns the
-    /// `library` lines of the files planned for the first time.
-    pub fn add_mapped(&mut self, pid: u32, link: bool) -> Result<Vec<LibraryLine>> {
-        let mut lines = Vec::new();
+    /// read again) and, when `link`, gives the process its probes on each.
+    pub fn add_mapped(
+        &mut self,
+        bpf: &mut Ebpf,
+        pid: u32,
+        link: bool,
+        attached: &mut Vec<Attached>,
+    ) -> Result<()> {
         for mapped in mapped_files(pid) {
             let id = match self.plans.of_file(mapped.device, mapped.inode) {
                 Some(plan) => plan.id,
                 None => {
                     let library = Library::read(mapped.set, &mapped.file, &mapped.path)?;
-                    let (id, line) = self.add(FoundLibrary {
-                        set: mapped.set,
-                        library,
-                        file: mapped.file,
-                        found: Found::Mapped,
-                        pid: Some(pid),
-                        ts_ns: None,
-                    })?;
-                    lines.extend(line);
-                    id
+                    self.add(
+                        bpf,
+                        FoundLibrary {
+                            set: mapped.set,
+                            library,
+                            file: mapped.file,
+                            found: Found::Mapped,
+                            pid: Some(pid),
+                            ts_ns: None,
+                        },
+                        attached,
+                    )?
                 }
             };
-            self.loaded_any = true;
+            attached.push(Attached::Loaded);
             if link {
-                self.link(id, pid)?;
+                self.link(id, pid, attached)?;
             }
         }
-        Ok(lines)
-    }
-
-    fn continue_process(&mut self, pid: u32, stopped_at_ns: u64) {
-        // Ending, nothing more is attached: each stop goes on at once (a stop that raced
-        // with the end is continued here, whatever the stop counts say).
-        if !self.ending && !maps::stop_handled(object(&mut self.bpf), pid) {
-            // Another thread's stop of the same process is still to be handled.
-            return;
-        }
-        // SAFETY: kill(2); the pid was stopped by our probes (ESRCH if it died since).
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-        let stopped_ns = (self.clock)().saturating_sub(stopped_at_ns);
-        self.stops.count += 1;
-        self.stops.total_ns += stopped_ns;
-        self.stops.max_ns = self.stops.max_ns.max(stopped_ns);
+        Ok(())
     }
 
     /// A traced process exited: its links go.
@@ -474,38 +455,10 @@ impl Discovery {
         self.attacher.forget_process(pid);
     }
 
-    /// Tracing ends: no more stops, and from now on events only continue processes.
-    pub fn begin_ending(&mut self) {
-        self.ending = true;
-        if let Some(bpf) = &mut self.bpf
-            && let Err(error) = maps::allow_stops(bpf, false)
-        {
-            eprintln!("cudatrace: {error:#}");
-        }
-    }
-
-    /// Continues every process still stopped.
-    fn continue_stopped(&mut self) {
-        let Some(bpf) = &mut self.bpf else { return };
-        for pid in maps::stopped_pids(bpf).unwrap_or_default() {
-            maps::forget_stopped(bpf, pid);
-            // SAFETY: kill(2) of a process our probes stopped.
-            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-        }
-    }
-
-    /// Tracing ends: no more stops, every process still stopped goes on, and the links
-    /// and the object go to a thread of their own that detaches everything (the kernel
-    /// takes a grace period per detach), while the caller drains the ring: stop events
-    /// still in it continue their processes. Joining the thread means all is detached.
-    pub fn end(&mut self) -> JoinHandle<()> {
-        self.begin_ending();
-        self.continue_stopped();
-        self.finished = true;
-        let mut bpf = self
-            .bpf
-            .take()
-            .expect("the object is kept until tracing ends");
+    /// Tracing ends: the links and the object go to a thread of their own that detaches
+    /// everything (the kernel takes a grace period per detach) while the caller drains
+    /// the ring. Joining the thread means all is detached; nothing is attached from here on.
+    pub fn detach_on_thread(&mut self, mut bpf: Ebpf) -> JoinHandle<()> {
         let links = self.attacher.take_links(&mut bpf);
         std::thread::spawn(move || {
             std::thread::scope(|scope| {
@@ -516,75 +469,8 @@ impl Discovery {
         })
     }
 
-    /// Continues every process still stopped (after the last events were handled) and
-    /// detaches everything: what [`Discovery::end`] left, and the programs.
-    pub fn finish(&mut self) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        self.begin_ending();
-        self.continue_stopped();
-        if let Some(bpf) = &mut self.bpf {
-            self.attacher.detach_all(bpf);
-        }
-    }
-}
-
-impl Drop for Discovery {
-    /// Every way out (an error, a panic) continues what was stopped.
-    fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-/// The `library` line of a plan.
-pub fn library_line(
-    plan: &Plan,
-    found: Found,
-    pid: Option<u32>,
-    ts_ns: Option<u64>,
-    failures: &[(u32, AttachFailure)],
-) -> LibraryLine {
-    let failed: HashSet<&str> = failures
-        .iter()
-        .filter(|(id, _)| *id == plan.id)
-        .map(|(_, f)| f.symbol.as_str())
-        .collect();
-    LibraryLine {
-        id: plan.id,
-        set: plan.set.library.to_owned(),
-        path: plan.library.path.display().to_string(),
-        device: plan.library.device,
-        inode: plan.library.inode,
-        version: plan.library.version.clone(),
-        standin: plan.library.standin,
-        found: found.as_str().to_owned(),
-        pid,
-        ts_ns,
-        probes: plan
-            .probes
-            .iter()
-            .filter(|p| !failed.contains(p.symbol.as_str()))
-            .map(|p| ProbeInfo {
-                id: p.id,
-                lib: p.library,
-                symbol: p.symbol.clone(),
-                function: p.function().into(),
-                family: p.spec.family.as_str().into(),
-                entry_only: p.entry_only,
-            })
-            .collect(),
-        missing_functions: plan.missing.iter().map(|f| f.to_string()).collect(),
-        aliases: plan.aliases.clone(),
-        attach_failures: failures
-            .iter()
-            .filter(|(id, _)| *id == plan.id)
-            .map(|(_, f)| AttachFailureInfo {
-                symbol: f.symbol.clone(),
-                error: f.error.clone(),
-            })
-            .collect(),
-        ..LibraryLine::default()
+    /// Detaches everything: closes the links, then unloads the programs.
+    pub fn detach_all(&mut self, bpf: &mut Ebpf) {
+        self.attacher.detach_all(bpf);
     }
 }

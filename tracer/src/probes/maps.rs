@@ -1,15 +1,19 @@
-//! The object's maps as the loader uses them: the traced-process set, the events ring
-//! buffer, the per-CPU loss and entry counters, and discovery's: the library name
-//! patterns, the processes with per-process probes, the processes stopped for attaching.
-//! [`SIZED_MAPS`] are the hash maps whose size the hidden `--map-entries` flag can change
-//! (tests shrink them to prove that a full map is counted, never silent).
+//! The object's maps as the loader uses them, each taken out of the object once, at load
+//! ([`super::loaded::LoadedObject`]), and owned by the part of the run that uses it: the
+//! traced-process set, the events ring, the per-CPU loss and entry counters, the probe
+//! table (`SPECS`), and discovery's: the library name patterns, the processes with
+//! per-process probes, the processes stopped for attaching. [`SIZED_MAPS`] are the hash maps
+//! whose size the hidden `--map-entries` flag can change (tests shrink them to prove that a
+//! full map is counted, never silent).
 
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
 };
-use tracer_common::{MAX_PATTERNS, NamePattern, PATTERN_LEN, counter};
+use tracer_common::{MAX_PATTERNS, MAX_PROBES, NamePattern, PATTERN_LEN, ProbeSpec, counter};
+
+use super::plan::Plan;
 
 /// Hash maps whose inserts can fail when full, each counted by its own `lost` reason.
 pub const SIZED_MAPS: &[&str] = &[
@@ -23,7 +27,17 @@ pub const SIZED_MAPS: &[&str] = &[
     "PENDING_CHILD",
 ];
 
-/// Marks a process as traced (the command, or a `-p` target).
+/// Takes map `name` out of the object, as its type.
+fn take<M: TryFrom<Map, Error = MapError>>(bpf: &mut Ebpf, name: &str) -> Result<M> {
+    let map = bpf
+        .take_map(name)
+        .with_context(|| format!("map {name} missing"))?;
+    Ok(M::try_from(map)?)
+}
+
+/// Marks a process as traced (the command, or a `-p` target), in an object that still
+/// holds its maps (tests; a run's is [`TracedSet::add`]).
+#[cfg(test)]
 pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
     let mut traced: BpfHashMap<_, u32, u32> =
         BpfHashMap::try_from(bpf.map_mut("TRACED").context("map TRACED missing")?)?;
@@ -33,30 +47,75 @@ pub fn trace_pid(bpf: &mut Ebpf, pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Stops recording: no process is traced from now on, and the `TRACING_STOPPED` flag says so (for
-/// `--all` and per-process links, which skip the traced-process lookup), so probes that
-/// still fire return at once. Calls already in flight still complete
-/// their events. Detaching, which waits for the kernel, can follow at leisure.
-pub fn stop_tracing(bpf: &mut Ebpf) -> Result<()> {
-    let mut traced: BpfHashMap<_, u32, u32> =
-        BpfHashMap::try_from(bpf.map_mut("TRACED").context("map TRACED missing")?)?;
-    // A few passes: a child forked by a process removed in this pass is inserted by the
-    // kernel before its parent leaves the map.
-    for _ in 0..8 {
-        let pids: Vec<u32> = traced.keys().filter_map(Result::ok).collect();
-        if pids.is_empty() {
-            break;
-        }
-        for pid in pids {
-            let _ = traced.remove(&pid);
-        }
+/// The traced processes (`TRACED`) and the flag that says recording stopped
+/// (`TRACING_STOPPED`).
+pub struct TracedSet {
+    traced: BpfHashMap<MapData, u32, u32>,
+    stopped: Array<MapData, u32>,
+}
+
+impl TracedSet {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        Ok(TracedSet {
+            traced: take(bpf, "TRACED")?,
+            stopped: take(bpf, "TRACING_STOPPED")?,
+        })
     }
-    let mut stopped: Array<_, u32> = Array::try_from(
-        bpf.map_mut("TRACING_STOPPED")
-            .context("map TRACING_STOPPED missing")?,
-    )?;
-    stopped.set(0, 1, 0).context("marking tracing stopped")?;
-    Ok(())
+
+    /// Marks a process as traced (the command, or a `-p` target).
+    pub fn add(&mut self, pid: u32) -> Result<()> {
+        self.traced
+            .insert(pid, 1, 0)
+            .context("adding the pid to the traced set")
+    }
+
+    /// Stops recording: no process is traced from now on, and the `TRACING_STOPPED` flag
+    /// says so (for `--all` and per-process links, which skip the traced-process lookup),
+    /// so probes that still fire return at once. Calls already in flight still complete
+    /// their events. Detaching, which waits for the kernel, can follow at leisure.
+    pub fn stop_tracing(&mut self) -> Result<()> {
+        // A few passes: a child forked by a process removed in this pass is inserted by the
+        // kernel before its parent leaves the map.
+        for _ in 0..8 {
+            let pids: Vec<u32> = self.traced.keys().filter_map(Result::ok).collect();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                let _ = self.traced.remove(&pid);
+            }
+        }
+        self.stopped.set(0, 1, 0).context("marking tracing stopped")
+    }
+}
+
+/// The probe table (`SPECS`): how the programs read each probe's arguments, by probe id.
+pub struct ProbeTable {
+    specs: Array<MapData, ProbeSpec>,
+}
+
+impl ProbeTable {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        Ok(ProbeTable {
+            specs: take(bpf, "SPECS")?,
+        })
+    }
+
+    /// Writes a plan's specs: before any of its probes can fire.
+    pub fn write(&mut self, plan: &Plan) -> Result<()> {
+        if let Some(last) = plan.probes.last()
+            && last.id >= MAX_PROBES
+        {
+            bail!(
+                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
+                last.id + 1
+            );
+        }
+        for probe in &plan.probes {
+            self.specs.set(probe.id, probe.spec.probe_spec(), 0)?;
+        }
+        Ok(())
+    }
 }
 
 /// A file name the eBPF side recognises as probe set `set`'s library.
@@ -68,99 +127,116 @@ pub struct LibraryName {
     pub exact: bool,
 }
 
-/// Sets the names that make an opened file a library to attach.
-pub fn set_library_names(bpf: &mut Ebpf, names: &[LibraryName]) -> Result<()> {
-    if names.len() > MAX_PATTERNS as usize {
-        bail!(
-            "{} library names, more than the {MAX_PATTERNS} the probes hold",
-            names.len()
-        );
+/// The names that make an opened file a library to attach (`NAME_PATTERNS`).
+pub struct NamePatterns {
+    patterns: Array<MapData, NamePattern>,
+}
+
+impl NamePatterns {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        Ok(NamePatterns {
+            patterns: take(bpf, "NAME_PATTERNS")?,
+        })
     }
-    let mut patterns: Array<_, NamePattern> = Array::try_from(
-        bpf.map_mut("NAME_PATTERNS")
-            .context("map NAME_PATTERNS missing")?,
-    )?;
-    for (index, library) in names.iter().enumerate() {
-        let bytes = library.name.as_bytes();
-        if bytes.is_empty() || bytes.len() > PATTERN_LEN {
+
+    /// Sets the names that make an opened file a library to attach.
+    pub fn set(&mut self, names: &[LibraryName]) -> Result<()> {
+        if names.len() > MAX_PATTERNS as usize {
             bail!(
-                "library name {:?} must be 1 to {PATTERN_LEN} bytes",
-                library.name
+                "{} library names, more than the {MAX_PATTERNS} the probes hold",
+                names.len()
             );
         }
-        let mut name = [0u8; PATTERN_LEN];
-        name[..bytes.len()].copy_from_slice(bytes);
-        let pattern = NamePattern {
-            len: bytes.len() as u32,
-            set: library.set,
-            exact: u32::from(library.exact),
-            _pad: 0,
-            name,
-        };
-        patterns.set(index as u32, pattern, 0)?;
+        for (index, library) in names.iter().enumerate() {
+            let bytes = library.name.as_bytes();
+            if bytes.is_empty() || bytes.len() > PATTERN_LEN {
+                bail!(
+                    "library name {:?} must be 1 to {PATTERN_LEN} bytes",
+                    library.name
+                );
+            }
+            let mut name = [0u8; PATTERN_LEN];
+            name[..bytes.len()].copy_from_slice(bytes);
+            let pattern = NamePattern {
+                len: bytes.len() as u32,
+                set: library.set,
+                exact: u32::from(library.exact),
+                _pad: 0,
+                name,
+            };
+            self.patterns.set(index as u32, pattern, 0)?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
-/// Marks `pid` as having per-process probes: its fork children stop for their own.
-pub fn mark_linked(bpf: &mut Ebpf, pid: u32) -> Result<()> {
-    let mut linked: BpfHashMap<_, u32, u32> =
-        BpfHashMap::try_from(bpf.map_mut("LINKED").context("map LINKED missing")?)?;
-    linked
-        .insert(pid, 1, 0)
-        .context("adding the pid to the linked set")?;
-    Ok(())
+/// The processes with per-process probes (`LINKED`): their fork children stop for their
+/// own.
+pub struct LinkedSet {
+    linked: BpfHashMap<MapData, u32, u32>,
 }
 
-/// Allows or forbids the eBPF side to stop processes.
-pub fn allow_stops(bpf: &mut Ebpf, allowed: bool) -> Result<()> {
-    let mut control: Array<_, u32> =
-        Array::try_from(bpf.map_mut("CONTROL").context("map CONTROL missing")?)?;
-    control.set(0, u32::from(allowed), 0)?;
-    Ok(())
+impl LinkedSet {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        Ok(LinkedSet {
+            linked: take(bpf, "LINKED")?,
+        })
+    }
+
+    /// Marks `pid` as having per-process probes.
+    pub fn mark(&mut self, pid: u32) -> Result<()> {
+        self.linked
+            .insert(pid, 1, 0)
+            .context("adding the pid to the linked set")
+    }
 }
 
-/// Processes the eBPF side stopped and nobody continued yet.
-pub fn stopped_pids(bpf: &Ebpf) -> Result<Vec<u32>> {
-    let stopped: BpfHashMap<_, u32, u64> =
-        BpfHashMap::try_from(bpf.map("STOPPED").context("map STOPPED missing")?)?;
-    Ok(stopped.keys().filter_map(|key| key.ok()).collect())
+/// Whether the eBPF side may stop processes (`CONTROL`), and those it stopped (`STOPPED`).
+pub struct StopMaps {
+    control: Array<MapData, u32>,
+    stopped: BpfHashMap<MapData, u32, u64>,
 }
 
-/// Counts one of `pid`'s stops as handled; true when none is left (continue it then).
-/// Two threads stopping the process at once are both counted in the kernel; the process
-/// goes on after the second is handled.
-pub fn stop_handled(bpf: &mut Ebpf, pid: u32) -> bool {
-    let Some(Ok(mut stopped)) = bpf
-        .map_mut("STOPPED")
-        .map(BpfHashMap::<_, u32, u64>::try_from)
-    else {
-        return true;
-    };
-    match stopped.get(&pid, 0) {
-        Ok(count) if count > 1 => stopped.insert(pid, count - 1, 0).is_err(),
-        _ => {
-            let _ = stopped.remove(&pid);
-            true
+impl StopMaps {
+    pub fn take(bpf: &mut Ebpf) -> Result<Self> {
+        Ok(StopMaps {
+            control: take(bpf, "CONTROL")?,
+            stopped: take(bpf, "STOPPED")?,
+        })
+    }
+
+    /// Allows or forbids the eBPF side to stop processes.
+    pub fn allow(&mut self, allowed: bool) -> Result<()> {
+        Ok(self.control.set(0, u32::from(allowed), 0)?)
+    }
+
+    /// Processes the eBPF side stopped and nobody continued yet.
+    pub fn stopped_pids(&self) -> Vec<u32> {
+        self.stopped.keys().filter_map(|key| key.ok()).collect()
+    }
+
+    /// Counts one of `pid`'s stops as handled; true when none is left (continue it then).
+    /// Two threads stopping the process at once are both counted in the kernel; the
+    /// process goes on after the second is handled.
+    pub fn handled(&mut self, pid: u32) -> bool {
+        match self.stopped.get(&pid, 0) {
+            Ok(count) if count > 1 => self.stopped.insert(pid, count - 1, 0).is_err(),
+            _ => {
+                let _ = self.stopped.remove(&pid);
+                true
+            }
         }
     }
-}
 
-/// Forgets every stop of `pid` (continued at the end).
-pub fn forget_stopped(bpf: &mut Ebpf, pid: u32) {
-    if let Some(Ok(mut stopped)) = bpf
-        .map_mut("STOPPED")
-        .map(BpfHashMap::<_, u32, u64>::try_from)
-    {
-        let _ = stopped.remove(&pid);
+    /// Forgets every stop of `pid` (continued at the end).
+    pub fn forget(&mut self, pid: u32) {
+        let _ = self.stopped.remove(&pid);
     }
 }
 
 /// Takes the events ring buffer out of the object.
 pub fn take_ring(bpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
-    Ok(RingBuf::try_from(
-        bpf.take_map("EVENTS").context("map EVENTS missing")?,
-    )?)
+    take(bpf, "EVENTS")
 }
 
 /// Kernel-side counters summed over CPUs.
@@ -221,9 +297,8 @@ pub struct CounterReader {
 
 impl CounterReader {
     pub fn take(bpf: &mut Ebpf) -> Result<Self> {
-        let map = bpf.take_map("COUNTERS").context("map COUNTERS missing")?;
         Ok(Self {
-            map: PerCpuArray::try_from(map)?,
+            map: take(bpf, "COUNTERS")?,
         })
     }
 

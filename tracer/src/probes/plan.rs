@@ -9,12 +9,10 @@ use super::{
     library::{ExportedFn, Library, LibraryFile},
     probe_set::ProbeSet,
 };
-use crate::{
-    catalog::{FnSpec, GENERIC},
-    exit::{ExitCode, Failure},
-};
+use crate::catalog::{FnSpec, GENERIC};
 
-/// What to do when a catalog function is absent from the library or fails to attach.
+/// What to do when a catalog function is absent from the library or fails to attach (the
+/// run applies it: `run/missing.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum MissingProbes {
     /// Stop with an error.
@@ -23,28 +21,6 @@ pub enum MissingProbes {
     Warn,
     /// Go on silently (they are still listed in the trace header).
     Ignore,
-}
-
-impl MissingProbes {
-    /// Applies the policy to `names`, which are `what` (`functions not exported by libcuda`,
-    /// `functions failed to attach`, `patterns of --functions match no libcuda export`).
-    pub fn apply(self, what: &str, names: &[&str]) -> Result<(), Failure> {
-        match self {
-            MissingProbes::Ignore => Ok(()),
-            MissingProbes::Warn => {
-                eprintln!("cudatrace: {} {what}: {}", names.len(), names.join(", "));
-                Ok(())
-            }
-            MissingProbes::Error => Err(Failure::new(
-                ExitCode::ProbesMissing,
-                anyhow::anyhow!(
-                    "{} {what}: {} (--missing-probes warn to go on without them)",
-                    names.len(),
-                    names.join(", ")
-                ),
-            )),
-        }
-    }
 }
 
 /// Which exported functions to probe (`--functions`): the catalog's, every function of the

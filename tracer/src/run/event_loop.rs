@@ -34,7 +34,7 @@ use tracer_common::attach_flags;
 
 use crate::{
     events::{RawEvent, decode},
-    probes::maps::{self, CounterReader},
+    probes::maps::CounterReader,
     sinks::progress::Progress,
 };
 
@@ -134,20 +134,19 @@ async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
     .await
 }
 
-/// Runs until the watched processes exit or a signal stops tracing; `child` (the command)
-/// is reaped for its exit status and passed SIGTERM and SIGHUP on.
+/// Runs until the watched processes exit or a signal stops tracing, reading `ring` and the
+/// kernel's `counters`; `child` (the command) is reaped for its exit status and passed
+/// SIGTERM and SIGHUP on.
 pub async fn event_loop(
     pipeline: &mut Pipeline<'_>,
+    ring: RingBuf<MapData>,
+    counters: CounterReader,
     watches: Watches,
     child: Option<u32>,
     quiet: bool,
     mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
-    let mut ring = watch(
-        maps::take_ring(pipeline.discovery.bpf())?,
-        "the ring buffer",
-    )?;
-    let counters = CounterReader::take(pipeline.discovery.bpf())?;
+    let mut ring = watch(ring, "the ring buffer")?;
     let Watches {
         mut signals,
         mut exits,
@@ -225,8 +224,7 @@ pub async fn event_loop(
     let stop = Instant::now();
     let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
     super::bpf_stats::report();
-    maps::stop_tracing(pipeline.discovery.bpf())?;
-    let closing = pipeline.discovery.end();
+    let closing = pipeline.attaching.end()?;
     let ring = ring.get_mut();
     let never = || false;
     while !closing.is_finished() && !past(deadline) {

@@ -1,14 +1,20 @@
 //! The trace's header: what is traced, on which clock and machine, with which probes on
-//! which library.
+//! which library; and each library's `library` line, which follows it (or comes later, for
+//! a library found while tracing).
 
 use std::{collections::HashSet, time::UNIX_EPOCH};
 
 use super::{args::RunArgs, clock::Clocks};
 use crate::{
-    probes::{plan::Plans, probe_set::LIBCUDA},
+    probes::{
+        attach::AttachFailure,
+        discovery::NewLibrary,
+        plan::{Plan, PlannedProbe, Plans},
+        probe_set::LIBCUDA,
+    },
     schema::{
         AttachFailureInfo, AttachInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo,
-        ProbeInfo,
+        LibraryLine, ProbeInfo,
     },
 };
 
@@ -69,14 +75,7 @@ pub fn header(
         probes: plans
             .probes()
             .filter(|p| !failed.contains(p.symbol.as_str()))
-            .map(|p| ProbeInfo {
-                id: p.id,
-                lib: p.library,
-                symbol: p.symbol.clone(),
-                function: p.function().into(),
-                family: p.spec.family.as_str().into(),
-                entry_only: p.entry_only,
-            })
+            .map(probe_info)
             .collect(),
         missing_functions: plans
             .iter()
@@ -90,6 +89,58 @@ pub fn header(
         attach_failures: failures,
         kernel_hooks,
         ..Header::default()
+    }
+}
+
+/// A probe as the header and the `library` lines list it.
+fn probe_info(probe: &PlannedProbe) -> ProbeInfo {
+    ProbeInfo {
+        id: probe.id,
+        lib: probe.library,
+        symbol: probe.symbol.clone(),
+        function: probe.function().into(),
+        family: probe.spec.family.as_str().into(),
+        entry_only: probe.entry_only,
+    }
+}
+
+/// A symbol that did not attach, as the header and the `library` lines list it.
+pub fn failure_info(failure: &AttachFailure) -> AttachFailureInfo {
+    AttachFailureInfo {
+        symbol: failure.symbol.clone(),
+        error: failure.error.clone(),
+    }
+}
+
+/// The `library` line of a library file planned for the first time (`plan` is its).
+pub fn library_line(plan: &Plan, new: &NewLibrary) -> LibraryLine {
+    let failed: HashSet<&str> = new
+        .outcome
+        .failures
+        .iter()
+        .map(|f| f.symbol.as_str())
+        .collect();
+    LibraryLine {
+        id: plan.id,
+        set: plan.set.library.to_owned(),
+        path: plan.library.path.display().to_string(),
+        device: plan.library.device,
+        inode: plan.library.inode,
+        version: plan.library.version.clone(),
+        standin: plan.library.standin,
+        found: new.found.as_str().to_owned(),
+        pid: new.pid,
+        ts_ns: new.ts_ns,
+        probes: plan
+            .probes
+            .iter()
+            .filter(|p| !failed.contains(p.symbol.as_str()))
+            .map(probe_info)
+            .collect(),
+        missing_functions: plan.missing.iter().map(|f| f.to_string()).collect(),
+        aliases: plan.aliases.clone(),
+        attach_failures: new.outcome.failures.iter().map(failure_info).collect(),
+        ..LibraryLine::default()
     }
 }
 

@@ -5,7 +5,9 @@
 //! |---|---|
 //! | `args.rs` | the flags |
 //! | `session.rs` | set-up: load, attach, spawn, header; then the event loop |
-//! | `header.rs` | the header line |
+//! | `attaching.rs` | the probes while tracing: the object lent to the attach layer (`probes/`), the stopped processes; what attaching did as `library` lines and reports |
+//! | `missing.rs` | `--missing-probes` |
+//! | `header.rs` | the header line and the `library` lines |
 //! | `output.rs` | the trace file (or stdout) |
 //! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends |
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
@@ -18,11 +20,13 @@
 //! `crate::inject`; its records go down the same pipeline.
 
 mod args;
+mod attaching;
 mod bpf_stats;
 pub(crate) mod clock;
 mod event_loop;
 mod header;
 mod loss;
+mod missing;
 mod outcome;
 mod output;
 mod pipeline;
@@ -337,7 +341,8 @@ fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
 fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
     let plan = Plan::new(found.set, &found.library, 0, 0, &args.functions);
     if !plan.unmatched_globs.is_empty() {
-        args.missing_probes.apply(
+        missing::apply(
+            args.missing_probes,
             &format!(
                 "patterns of --functions match no {} export",
                 plan.set.library
@@ -350,7 +355,8 @@ fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
         )?;
     }
     if !plan.missing.is_empty() {
-        args.missing_probes.apply(
+        missing::apply(
+            args.missing_probes,
             &format!("functions not exported by {}", plan.set.library),
             &plan.missing,
         )?;

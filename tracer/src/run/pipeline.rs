@@ -6,10 +6,10 @@
 //! Each stage knows only the one before it; this file wires them. `--power`'s sampler is a
 //! second source: its lines need no decoding and go through enrich and sinks.
 //!
-//! Beside it, the attach layer (`probes::discovery::Discovery`) takes the records that are
-//! for it rather than for the trace: a library opened, a fork, an exec (it attaches, writes
-//! a `library` line for a new file, and continues the stopped process), and every exit
-//! (the process's probes go).
+//! Beside it, the probes (`attaching.rs`, over the attach layer `probes::discovery`) take
+//! the records that are for them rather than for the trace: a library opened, a fork, an
+//! exec (they attach, give a `library` line for a new file, and continue the stopped
+//! process), and every exit (the process's probes go).
 
 use std::{
     io,
@@ -19,18 +19,18 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::proc_event;
 
-use super::clock::monotonic_ns;
+use super::{attaching::Attaching, clock::monotonic_ns};
 use crate::{
     analysis::Analysis,
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
-    probes::{discovery::Discovery, maps::Counters},
+    probes::maps::Counters,
     schema::{GpuLine, PowerLine},
     sinks::jsonl::TraceWriter,
 };
 
 pub struct Pipeline<'a> {
     pub decoder: Decoder,
-    pub discovery: &'a mut Discovery,
+    pub attaching: &'a mut Attaching,
     pub analysis: &'a mut Analysis,
     pub writer: &'a mut TraceWriter,
     /// `--gpu` lines the enrich stage released, on their way to the writer.
@@ -55,14 +55,14 @@ const CLOCK_EVERY: usize = 256;
 impl<'a> Pipeline<'a> {
     pub fn new(
         decoder: Decoder,
-        discovery: &'a mut Discovery,
+        attaching: &'a mut Attaching,
         analysis: &'a mut Analysis,
         writer: &'a mut TraceWriter,
         gpu: bool,
     ) -> Self {
         Pipeline {
             decoder,
-            discovery,
+            attaching,
             analysis,
             writer,
             gpu_lines: Vec::new(),
@@ -114,17 +114,17 @@ impl<'a> Pipeline<'a> {
         let raw = decode(bytes);
         match &raw {
             Ok(RawEvent::Attach(event)) => {
-                for line in self.discovery.handle(event) {
+                for line in self.attaching.handle(event) {
                     self.writer.write(&line)?;
                 }
                 return Ok(());
             }
             Ok(RawEvent::Proc(event)) if event.what == proc_event::EXIT => {
-                self.discovery.process_exited(event.header.pid);
+                self.attaching.process_exited(event.header.pid);
             }
             _ => {}
         }
-        let Some(mut event) = self.decoder.decode_raw(raw, &self.discovery.plans) else {
+        let Some(mut event) = self.decoder.decode_raw(raw, self.attaching.plans()) else {
             return Ok(());
         };
         if let Event::Gpu(gpu) = event {

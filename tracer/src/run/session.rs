@@ -15,9 +15,11 @@ use aya::Ebpf;
 
 use super::{
     args::RunArgs,
+    attaching::Attaching,
     clock::{Clocks, monotonic_ns},
     event_loop::{Watches, event_loop},
-    header,
+    header::{self, failure_info},
+    missing,
     outcome::Outcome,
     pipeline::Pipeline,
     power_feed::PowerFeed,
@@ -33,10 +35,12 @@ use crate::{
     probes::{
         attach::{Attacher, Scope},
         discovery::{Discovery, FoundLibrary, library_names},
-        maps,
-        object::{self, LoadOptions},
+        loaded::LoadedObject,
+        object::LoadOptions,
         plan::Plans,
-        programs, tracefs,
+        programs,
+        stops::Stops,
+        tracefs,
     },
     schema::{AttachFailureInfo, AttachInfo, Header, KernelHooksInfo, LibraryLine, PowerInfo},
     sinks::jsonl::TraceWriter,
@@ -97,58 +101,55 @@ impl Session<'_> {
         writer: &mut TraceWriter,
         analysis: &mut Analysis,
     ) -> Result<Outcome, Failure> {
-        let bpf = object::load(&LoadOptions {
+        let loaded = LoadedObject::load(&LoadOptions {
             trace_all: self.args.all,
             ring_bytes: self.args.ring_kib * 1024,
             device_prefix: self.device_prefix().to_owned(),
             map_entries: self.args.map_entries.clone(),
         })
         .map_err(internal)?;
-        let attacher = Attacher::new(&bpf, self.args.all);
-        self.attach = AttachInfo {
-            scope: match attacher.scope() {
-                Scope::PerProcess => "process",
-                Scope::Host => "host",
-            }
-            .into(),
-            mechanism: attacher.mechanism().into(),
-            fallback_reason: attacher.fallback_reason.clone(),
-            refused: None,
-        };
+        let LoadedObject {
+            bpf,
+            uprobe_multi,
+            ring,
+            counters,
+            probe_table,
+            traced,
+            mut names,
+            linked,
+            stops,
+        } = loaded;
+        let attacher = Attacher::new(uprobe_multi, self.args.all);
         if let (Some(reason), false) = (&attacher.fallback_reason, self.args.quiet) {
             eprintln!("cudatrace: probing every process that maps the library: {reason}");
         }
+        let discovery = Discovery::new(attacher, probe_table, linked, self.args.selection());
+        let stops = Stops::new(stops, monotonic_ns);
         // From here on every way out (errors included) continues what the probes stopped.
-        let mut discovery = Discovery::new(
-            bpf,
-            attacher,
-            self.args.missing_probes,
-            self.args.selection(),
-            monotonic_ns,
-        );
+        let mut attaching = Attaching::new(bpf, discovery, traced, stops, self.args.missing_probes);
+        self.attach = attaching.attach_info();
         let explicit: Vec<&FoundLibrary> = self.start.iter().collect();
-        maps::set_library_names(discovery.bpf(), &library_names(&explicit)).map_err(internal)?;
-        maps::allow_stops(discovery.bpf(), true).map_err(internal)?;
+        names.set(&library_names(&explicit)).map_err(internal)?;
+        attaching.allow_stops().map_err(internal)?;
 
         let mut lines: Vec<LibraryLine> = Vec::new();
         let mut start_ids = Vec::new();
         for found in std::mem::take(&mut self.start) {
-            let (id, line) = discovery.add(found).map_err(internal)?;
+            let (id, line) = attaching.add(found).map_err(internal)?;
             start_ids.push(id);
             lines.extend(line);
         }
-        self.check_attached(&discovery)?;
+        self.check_attached(&attaching)?;
         // What the start libraries' attaching decided (some symbols may have gone to
         // per-symbol links, some functions been refused).
-        self.attach.mechanism = discovery.attacher.mechanism().into();
-        self.attach.refused = discovery.attacher.refused_reason.clone();
-        programs::attach_process_tracking(discovery.bpf()).map_err(internal)?;
+        self.attach = attaching.attach_info();
+        programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
         let tracefs = tracefs::tracefs().map_err(internal)?;
-        programs::attach_discovery(discovery.bpf(), &tracefs).map_err(internal)?;
+        programs::attach_discovery(attaching.bpf(), &tracefs).map_err(internal)?;
 
         let mut pids = self.args.pids.clone();
         for pid in &pids {
-            maps::trace_pid(discovery.bpf(), *pid).map_err(internal)?;
+            attaching.trace_pid(*pid).map_err(internal)?;
         }
         // What the processes already map, read after discovery is watching: a library
         // they open from now on is reported.
@@ -160,18 +161,18 @@ impl Session<'_> {
         for pid in mapping {
             // --all probes every process already: nothing to link.
             lines.extend(
-                discovery
+                attaching
                     .add_mapped(pid, !self.args.all)
                     .map_err(internal)?,
             );
         }
         for pid in &self.args.pids {
             for id in &start_ids {
-                discovery.link(*id, *pid).map_err(internal)?;
+                attaching.link(*id, *pid).map_err(internal)?;
             }
         }
         if self.args.kernel {
-            self.attach_kernel_hooks(discovery.bpf(), &pids)
+            self.attach_kernel_hooks(attaching.bpf(), &pids)
                 .map_err(internal)?;
         }
 
@@ -195,10 +196,10 @@ impl Session<'_> {
         raise_open_files_limit();
         if let Some(gated) = &gated {
             pids.insert(0, gated.pid);
-            maps::trace_pid(discovery.bpf(), gated.pid).map_err(internal)?;
+            attaching.trace_pid(gated.pid).map_err(internal)?;
             // Its probes exist before its exec: they apply to the image it execs.
             for id in &start_ids {
-                discovery.link(*id, gated.pid).map_err(internal)?;
+                attaching.link(*id, gated.pid).map_err(internal)?;
             }
         }
         // Signals and the exit watch are set up before the header: from the moment the
@@ -219,14 +220,11 @@ impl Session<'_> {
             Watches::new(&watched)
         };
         let watches = watch_setup.map_err(internal)?;
-        self.planned = discovery.plans.clone();
-        let failure_info = discovery
+        self.planned = attaching.plans().clone();
+        let failure_info = attaching
             .failures
             .iter()
-            .map(|(_, f)| AttachFailureInfo {
-                symbol: f.symbol.clone(),
-                error: f.error.clone(),
-            })
+            .map(|(_, f)| failure_info(f))
             .collect();
         let header_error = |e: std::io::Error| {
             Failure::new(
@@ -260,7 +258,7 @@ impl Session<'_> {
             None => None,
         };
         if !self.args.quiet {
-            self.say_what_is_traced(&discovery, &pids);
+            self.say_what_is_traced(&attaching, &pids);
             if let Some(gpu) = self.gpu {
                 eprintln!(
                     "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
@@ -272,76 +270,81 @@ impl Session<'_> {
         }
         let mut pipeline = Pipeline::new(
             Decoder::new(self.kernel_functions().map_err(internal)?),
-            &mut discovery,
+            &mut attaching,
             analysis,
             writer,
             self.gpu.is_some(),
         );
         let loop_result = runtime.block_on(event_loop(
             &mut pipeline,
+            ring,
+            counters,
             watches,
             child,
             self.args.quiet,
             power,
         ));
-        pipeline.writer.footer.stops = pipeline.discovery.stops.clone();
-        self.loaded_any = discovery.loaded_any;
-        discovery.finish();
+        pipeline.writer.footer.stops = pipeline.attaching.stop_figures.clone();
+        self.loaded_any = attaching.loaded_any;
+        attaching.finish();
         loop_result.map_err(internal)
     }
 
     /// Symbols that failed to attach are reported by `--missing-probes`; nothing attached
     /// at all is an error.
-    fn check_attached(&self, discovery: &Discovery) -> Result<(), Failure> {
-        if discovery.failures.is_empty() {
+    fn check_attached(&self, attaching: &Attaching) -> Result<(), Failure> {
+        if attaching.failures.is_empty() {
             return Ok(());
         }
-        let names: Vec<&str> = discovery
+        let names: Vec<&str> = attaching
             .failures
             .iter()
             .map(|(_, f)| f.symbol.as_str())
             .collect();
-        self.args
-            .missing_probes
-            .apply("functions failed to attach", &names)?;
-        if discovery.failures.len() == discovery.plans.probe_count() {
-            let paths: Vec<String> = discovery
-                .plans
+        missing::apply(
+            self.args.missing_probes,
+            "functions failed to attach",
+            &names,
+        )?;
+        if attaching.failures.len() == attaching.plans().probe_count() {
+            let paths: Vec<String> = attaching
+                .plans()
                 .iter()
                 .map(|plan| plan.library.path.display().to_string())
                 .collect();
             return Err(internal(anyhow!(
                 "no probe could be attached to {}: {}",
                 paths.join(", "),
-                discovery.failures[0].1.error
+                attaching.failures[0].1.error
             )));
         }
         Ok(())
     }
 
-    fn say_what_is_traced(&self, discovery: &Discovery, pids: &[u32]) {
-        let scope = match discovery.attacher.scope() {
+    fn say_what_is_traced(&self, attaching: &Attaching, pids: &[u32]) {
+        let attacher = attaching.attacher();
+        let scope = match attacher.scope() {
             Scope::PerProcess => "per traced process",
             Scope::Host => "for every process",
         };
         let targets = describe_targets(self.args, pids);
-        if discovery.plans.is_empty() {
+        if attaching.plans().is_empty() {
             eprintln!(
                 "cudatrace: no library found at start; libraries are attached as traced \
                  processes load them ({}, {scope}); tracing {targets}",
-                discovery.attacher.mechanism()
+                attacher.mechanism()
             );
             return;
         }
-        let libraries: Vec<String> = discovery
-            .plans
+        let libraries: Vec<String> = attaching
+            .plans()
             .iter()
             .map(|plan| plan.library.describe())
             .collect();
         eprintln!(
             "cudatrace: {} probes ({}, {scope}) on {}; tracing {targets}",
-            discovery.plans.probe_count(),
-            discovery.attacher.mechanism(),
+            attaching.plans().probe_count(),
+            attacher.mechanism(),
             libraries.join(", "),
         );
     }
