@@ -13,82 +13,111 @@ use crate::{
         probe_set::LIBCUDA,
     },
     schema::{
-        AttachFailureInfo, AttachInfo, FORMAT_VERSION, Header, KernelHooksInfo, LibcudaInfo,
-        LibraryLine, ProbeInfo,
+        AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, KernelHooksInfo,
+        LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo,
     },
 };
 
-/// The header of a run. `plans` are the libraries attached at start (each has its
-/// `library` line after the header); `pids` the processes traced from the start (the
-/// command's first); symbols in `failures` did not attach and are left out of `probes`.
-pub fn header(
-    args: &RunArgs,
-    plans: &Plans,
-    attach: AttachInfo,
-    clocks: Clocks,
-    pids: &[u32],
-    failures: Vec<AttachFailureInfo>,
-    kernel_hooks: Option<KernelHooksInfo>,
-) -> Header {
-    let (host, kernel) = uname();
-    let mode = if args.all {
-        "all"
-    } else if args.command.is_empty() {
-        "pid"
-    } else {
-        "command"
-    };
-    let failed: HashSet<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
-    Header {
-        format: "cudatrace".into(),
-        version: FORMAT_VERSION,
-        cudatrace_version: env!("CARGO_PKG_VERSION").into(),
-        mode: mode.into(),
-        command: args
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        pids: pids.to_vec(),
-        start_wall: humantime::format_rfc3339_nanos(clocks.wall).to_string(),
-        start_wall_ns: clocks
-            .wall
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64,
-        clock: "CLOCK_MONOTONIC".into(),
-        start_monotonic_ns: Some(clocks.monotonic_ns),
-        host,
-        kernel,
-        functions: args.functions.to_string(),
-        launch_entry_only: args.launch_entry_only,
-        libcuda: plans
-            .of(&LIBCUDA)
-            .map(|plan| LibcudaInfo {
-                path: plan.library.path.display().to_string(),
-                version: plan.library.version.clone(),
-                standin: plan.library.standin,
-            })
-            .unwrap_or_default(),
-        attach,
-        ring_bytes: args.ring_kib * 1024,
-        probes: plans
-            .probes()
-            .filter(|p| !failed.contains(p.symbol.as_str()))
-            .map(probe_info)
-            .collect(),
-        missing_functions: plans
-            .iter()
-            .flat_map(|plan| &plan.missing)
-            .map(|f| f.to_string())
-            .collect(),
-        aliases: plans
-            .iter()
-            .flat_map(|plan| plan.aliases.iter().cloned())
-            .collect(),
-        attach_failures: failures,
-        kernel_hooks,
-        ..Header::default()
+/// What the header says that is known before anything is attached: the flags, the clocks,
+/// and the objects of `--power` and `--gpu` (from their own set-up).
+pub struct HeaderBase<'a> {
+    pub args: &'a RunArgs,
+    pub clocks: Clocks,
+    pub power: Option<PowerInfo>,
+    pub gpu: Option<GpuHeaderInfo>,
+}
+
+impl HeaderBase<'_> {
+    /// The header of a run. `plans` are the libraries attached at start (each has its
+    /// `library` line after the header); `pids` the processes traced from the start (the
+    /// command's first); symbols in `failures` did not attach and are left out of `probes`.
+    pub fn header(
+        &self,
+        plans: &Plans,
+        attach: AttachInfo,
+        pids: &[u32],
+        failures: Vec<AttachFailureInfo>,
+        kernel_hooks: Option<KernelHooksInfo>,
+    ) -> Header {
+        let args = self.args;
+        let (host, kernel) = uname();
+        let mode = if args.all {
+            "all"
+        } else if args.command.is_empty() {
+            "pid"
+        } else {
+            "command"
+        };
+        let failed: HashSet<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
+        Header {
+            format: "cudatrace".into(),
+            version: FORMAT_VERSION,
+            cudatrace_version: env!("CARGO_PKG_VERSION").into(),
+            mode: mode.into(),
+            command: args
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            pids: pids.to_vec(),
+            start_wall: humantime::format_rfc3339_nanos(self.clocks.wall).to_string(),
+            start_wall_ns: self
+                .clocks
+                .wall
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64,
+            clock: "CLOCK_MONOTONIC".into(),
+            start_monotonic_ns: Some(self.clocks.monotonic_ns),
+            host,
+            kernel,
+            functions: args.functions.to_string(),
+            launch_entry_only: args.launch_entry_only,
+            libcuda: plans
+                .of(&LIBCUDA)
+                .map(|plan| LibcudaInfo {
+                    path: plan.library.path.display().to_string(),
+                    version: plan.library.version.clone(),
+                    standin: plan.library.standin,
+                })
+                .unwrap_or_default(),
+            attach,
+            ring_bytes: args.ring_kib * 1024,
+            probes: plans
+                .probes()
+                .filter(|p| !failed.contains(p.symbol.as_str()))
+                .map(probe_info)
+                .collect(),
+            missing_functions: plans
+                .iter()
+                .flat_map(|plan| &plan.missing)
+                .map(|f| f.to_string())
+                .collect(),
+            aliases: plans
+                .iter()
+                .flat_map(|plan| plan.aliases.iter().cloned())
+                .collect(),
+            attach_failures: failures,
+            kernel_hooks,
+            power: self.power.clone(),
+            gpu: self.gpu.clone(),
+            ..Header::default()
+        }
+    }
+
+    /// The header of a start that failed before writing its own: what was known by then.
+    pub fn failed_start(
+        &self,
+        attach: Option<AttachInfo>,
+        kernel_hooks: Option<KernelHooksInfo>,
+    ) -> Header {
+        self.header(
+            &Plans::default(),
+            attach.unwrap_or_default(),
+            &[],
+            Vec::new(),
+            kernel_hooks,
+        )
     }
 }
 

@@ -1,19 +1,66 @@
 //! Where the trace goes: a file (by default `traces/trace_YYYYMMDD_HHMMSS.jsonl`, given to
-//! the sudo user) or standard output.
+//! the sudo user) or standard output; and the trace while it is written.
 
 use std::{
     fs::{self, OpenOptions},
     io::Write,
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use anyhow::{Context, Result};
 
-use crate::privileges::{self, TargetUser};
+use super::args::RunArgs;
+use crate::{
+    analysis::Analysis,
+    exit::{ExitCode, Failure},
+    power::PowerSetup,
+    privileges::{self, TargetUser},
+    sinks::jsonl::TraceWriter,
+};
+
+/// The trace while it is written: from its opening on, every way out completes it with a
+/// footer.
+pub struct Trace {
+    pub writer: TraceWriter,
+    /// Its name in messages (`stdout` for `-o -`).
+    pub label: String,
+    /// The enrich stage, which the footer and the closing report read at the end.
+    pub analysis: Analysis,
+    pub started: Instant,
+}
+
+impl Trace {
+    /// Opens the trace (given to `user`), its analysis knowing `--gpu` and `--power`.
+    pub fn open(
+        args: &RunArgs,
+        user: Option<&TargetUser>,
+        power: Option<&PowerSetup>,
+    ) -> Result<Self, Failure> {
+        let (output, label) = open_output(args.output.as_deref(), user)
+            .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
+        let writer = TraceWriter::new(output);
+        let started = Instant::now();
+        let mut analysis = if args.gpu {
+            Analysis::with_gpu_linking()
+        } else {
+            Analysis::default()
+        };
+        if let Some(setup) = power {
+            analysis.power_header(&setup.info);
+        }
+        Ok(Trace {
+            writer,
+            label,
+            analysis,
+            started,
+        })
+    }
+}
 
 /// The trace's destination and its name in messages (`stdout` for `-o -`).
-pub fn open_output(
+fn open_output(
     requested: Option<&Path>,
     user: Option<&TargetUser>,
 ) -> Result<(Box<dyn Write>, String)> {

@@ -15,7 +15,6 @@ use crate::{
 pub struct TraceWriter {
     out: BufWriter<Box<dyn Write>>,
     pub footer: Footer,
-    header_written: bool,
 }
 
 impl TraceWriter {
@@ -23,7 +22,6 @@ impl TraceWriter {
         Self {
             out: BufWriter::with_capacity(1 << 20, out),
             footer: Footer::default(),
-            header_written: false,
         }
     }
 
@@ -33,14 +31,9 @@ impl TraceWriter {
     }
 
     pub fn header(&mut self, header: &Header) -> io::Result<()> {
-        self.header_written = true;
         self.line(header)?;
         // The header reaches the disk before the command starts.
         self.out.flush()
-    }
-
-    pub fn header_written(&self) -> bool {
-        self.header_written
     }
 
     /// A decoded event, as its line.

@@ -1,0 +1,88 @@
+//! Finishing a run, whatever happened: the footer (also after a failure: a trace opened
+//! always ends with one), the closing report, `--export`, the exit code.
+
+use std::{path::Path, time::SystemTime};
+
+use anyhow::anyhow;
+
+use super::{
+    Traced,
+    args::RunArgs,
+    outcome::Outcome,
+    output::Trace,
+    prepare::Command,
+    report::{self, Closing},
+};
+use crate::{
+    exit::{ExitCode, Failure},
+    privileges,
+};
+
+/// Completes the trace with its footer, reports, exports, and returns the exit code (or
+/// the failure that ended tracing).
+pub fn finish(
+    args: &RunArgs,
+    command: Command,
+    trace: Trace,
+    traced: Result<Traced, Failure>,
+) -> Result<i32, Failure> {
+    let Trace {
+        mut writer,
+        label,
+        analysis,
+        started,
+    } = trace;
+    let (exit, loaded_any, error) = match traced {
+        Ok(traced) => (traced.outcome, traced.loaded_any, None),
+        Err(failure) => (Outcome::failed(), false, Some(failure)),
+    };
+    writer.footer.end_wall = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+    writer.footer.duration_ns = started.elapsed().as_nanos() as u64;
+    writer.footer.exit_code = exit.code;
+    writer.footer.exit_signal = exit.signal;
+    writer.footer.stopped_by = exit.stopped_by;
+    writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
+    writer.footer.gpu = analysis.gpu_footer();
+    let report = analysis.finish();
+    writer.footer.memory = Some(report.memory_footer());
+    let footer = writer
+        .finish()
+        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, anyhow!("writing {label}: {e}")))?;
+    if let Some(failure) = error {
+        return Err(failure);
+    }
+    report::print(
+        args,
+        &Closing {
+            footer: &footer,
+            report: &report,
+            exit,
+            loaded_any,
+            output_label: &label,
+        },
+    );
+    // Dropping the injection removes its directory; the command is gone by now.
+    drop(command.gpu);
+    match (args.export, label == "stdout") {
+        (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
+        (Some(format), false) => {
+            let exported = crate::export::after_run(Path::new(&label), format);
+            if let (Some(path), Some(user)) = (exported, command.user.as_ref()) {
+                let _ = privileges::chown_to(&path, user);
+            }
+        }
+        (None, _) => {}
+    }
+    let code = exit.process_exit_code();
+    match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {
+        Some(fatal) if fatal > 0 && code == 0 => {
+            eprintln!(
+                "cudatrace: GPU recording failed in {} (see the gpu_error lines): exit code {}",
+                crate::format::plural(fatal, "process"),
+                ExitCode::GpuRecordingFailed as i32
+            );
+            Ok(ExitCode::GpuRecordingFailed as i32)
+        }
+        _ => Ok(code),
+    }
+}
