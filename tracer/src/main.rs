@@ -2,10 +2,10 @@
 //!
 //! Where to start: `cli.rs` assembles the commands, each a module with one entry function
 //! (`run::run`, `summary::run`, `export::run`, `plot::run`, `view::run`, `doctor::run`).
-//! The trace format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans
-//! what to attach (`probes/`, from the `catalog/`), sets up a session, then runs each
-//! ring-buffer record through decode (`events/`), enrich (`analysis/`) and the sinks
-//! (`sinks/`). The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s
+//! The trace format is `schema/`. `cudatrace run` reads top to bottom in `run/`, in phases
+//! (check → prepare → start → trace → finish): it plans what to attach (`probes/`, from the
+//! `catalog/`), starts, then runs each ring-buffer record through decode (`events/`),
+//! enrich (`analysis/`) and the sinks (`sinks/`). The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s
 //! set-up (libcupti, the injection library) is `inject/`.
 
 mod analysis;
