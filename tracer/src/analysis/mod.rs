@@ -50,7 +50,7 @@ use crate::{
     events::{Event, gpu::GpuEvent},
     schema::{
         CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, MemoryFooter, PowerInfo,
-        PowerLine, ProcessMemory,
+        PowerLine, ProcessEvent, ProcessMemory,
     },
 };
 
@@ -125,7 +125,7 @@ impl Analysis {
                     linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
-            Event::Process(process) => self.process_event(process.pid, &process.event),
+            Event::Process(process) => self.process_event(process.pid, process.event.clone()),
             Event::Driver(driver) => self.driver(driver),
             Event::Gpu(_) => {}
         }
@@ -263,8 +263,8 @@ impl Analysis {
 
     /// A `process` line: `exec` and `exit` end the process's handle and memory tables
     /// (its address space is gone); its figures are kept for the report.
-    pub fn process_event(&mut self, pid: u32, event: &str) {
-        if !matches!(event, "exec" | "exit") {
+    pub fn process_event(&mut self, pid: u32, event: impl Into<ProcessEvent>) {
+        if !event.into().ends_address_space() {
             return;
         }
         self.devices.forget_process(pid);

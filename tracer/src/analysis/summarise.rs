@@ -87,7 +87,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     while let Some(line) = lines.next_line()? {
         match line {
             Line::Call(call) => analysis.observe(call),
-            Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Process(process) => analysis.process_event(process.pid, process.event.clone()),
             Line::Driver(driver) => analysis.driver(driver),
             Line::Gpu(gpu) => analysis.gpu_line(gpu),
             Line::Header(header) => {

@@ -80,7 +80,7 @@ impl Decoder {
             ))),
             Ok(RawEvent::Proc(event)) => {
                 let line = process::decode(&event);
-                if matches!(line.event.as_str(), "exec" | "exit") {
+                if line.event.ends_address_space() {
                     self.gpu.forget(line.pid);
                 }
                 Some(Event::Process(line))

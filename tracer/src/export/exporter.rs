@@ -26,7 +26,9 @@ use crate::{
     catalog::nccl::collective_op,
     format::{format_bytes, push_bytes},
     reader::{ReadError, TraceLines},
-    schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
+    schema::{
+        CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessEvent, ProcessLine,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -452,13 +454,13 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
     }
 
     fn process(&mut self, line: &ProcessLine) -> io::Result<()> {
-        self.analysis.process_event(line.pid, &line.event);
+        self.analysis.process_event(line.pid, line.event.clone());
         let ts = self.relative(line.ts_ns);
         let kept = self.filters.pid(line.pid) && self.filters.span(ts, 0);
-        let name = match line.event.as_str() {
-            "fork" => format!("fork: pid {}", line.child_pid.unwrap_or(0)),
-            "exec" => format!("exec {}", line.filename.as_deref().unwrap_or("?")),
-            other => other.to_owned(),
+        let name = match &line.event {
+            ProcessEvent::Fork => format!("fork: pid {}", line.child_pid.unwrap_or(0)),
+            ProcessEvent::Exec => format!("exec {}", line.filename.as_deref().unwrap_or("?")),
+            other => other.as_str().to_owned(),
         };
         if kept {
             let track = Track::Thread {
@@ -490,19 +492,14 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         // Names take effect for the events after this one.
         self.names.current = None;
-        match (
-            line.event.as_str(),
-            line.child_pid,
-            &line.comm,
-            &line.filename,
-        ) {
-            ("fork", Some(child), comm, _) => {
+        match (&line.event, line.child_pid, &line.comm, &line.filename) {
+            (ProcessEvent::Fork, Some(child), comm, _) => {
                 self.names.parents.insert(child, line.pid);
                 if let Some(comm) = comm {
                     self.names.processes.insert(child, (comm.clone(), false));
                 }
             }
-            ("exec", _, _, Some(filename)) => {
+            (ProcessEvent::Exec, _, _, Some(filename)) => {
                 let from_command = self.names.processes.get(&line.pid).is_some_and(|n| n.1);
                 if !from_command {
                     let name = basename(filename).to_owned();
@@ -510,10 +507,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 }
                 self.flows.forget_process(line.pid);
             }
-            ("exit", ..) => self.flows.forget_process(line.pid),
+            (ProcessEvent::Exit, ..) => self.flows.forget_process(line.pid),
             _ => {}
         }
-        if matches!(line.event.as_str(), "exec" | "exit")
+        if line.event.ends_address_space()
             && let Some(gpu_flows) = &mut self.gpu_flows
         {
             gpu_flows.forget_process(line.pid);

@@ -133,7 +133,7 @@ impl<'a> Pipeline<'a> {
         self.analysis.enrich(&mut event);
         self.writer.event(&event)?;
         if let Event::Process(process) = &event
-            && matches!(process.event.as_str(), "exec" | "exit")
+            && process.event.ends_address_space()
         {
             self.analysis
                 .end_gpu(Some(process.pid), &mut self.gpu_lines);

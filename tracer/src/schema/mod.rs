@@ -68,7 +68,7 @@ pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
     PowerLine,
 };
-pub use process::ProcessLine;
+pub use process::{ProcessEvent, ProcessLine};
 
 use serde_json::Value;
 
