@@ -47,9 +47,9 @@ pub use role::{Role, classify};
 use foldhash::HashMap;
 
 use crate::{
-    events::{Event, gpu::GpuEvent},
+    events::gpu::GpuEvent,
     schema::{
-        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, MemoryFooter, PowerInfo,
+        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, Line, MemoryFooter, PowerInfo,
         PowerLine, ProcessEvent, ProcessMemory,
     },
 };
@@ -108,12 +108,13 @@ impl Analysis {
         analysis
     }
 
-    /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
-    /// bytes go into the line itself, and every event counts toward the run's figures.
-    /// GPU records go through [`Self::enrich_gpu`] instead.
-    pub fn enrich(&mut self, event: &mut Event) {
-        match event {
-            Event::Call(call) => {
+    /// A line of the trace, in trace order: `cudatrace run`'s enrich stage (between
+    /// decoding and writing) and every reader that sums a trace up. Kernel names and live
+    /// bytes go into a call itself, and every line counts toward the figures. `run`'s GPU
+    /// records go through [`Self::enrich_gpu`] instead.
+    pub fn line(&mut self, line: &mut Line) {
+        match line {
+            Line::Call(call) => {
                 self.observe(call);
                 if let Some(linker) = &mut self.gpu_link
                     && call.ok()
@@ -125,9 +126,19 @@ impl Analysis {
                     linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
-            Event::Process(process) => self.process_event(process.pid, process.event.clone()),
-            Event::Driver(driver) => self.driver(driver),
-            Event::Gpu(_) => {}
+            Line::Process(process) => self.process_event(process.pid, process.event.clone()),
+            Line::Driver(driver) => self.driver(driver),
+            Line::Gpu(gpu) => self.gpu_line(gpu),
+            Line::Power(power) => self.power_sample(power),
+            Line::Header(header) => {
+                if let Some(power) = &header.power {
+                    self.power_header(power);
+                }
+                if let Some(gpu) = &header.gpu {
+                    self.gpu_header(gpu);
+                }
+            }
+            Line::Lost(_) | Line::Library(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }
 

@@ -6,10 +6,7 @@ use std::io::{self, BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::{
-    events::Event,
-    schema::{EventLine, Footer, GpuLine, Header},
-};
+use crate::schema::{EventLine, Footer, GpuLine, Header, Line};
 
 /// Writes trace lines and keeps the footer's counts.
 pub struct TraceWriter {
@@ -27,14 +24,14 @@ impl TraceWriter {
         }
     }
 
-    fn line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+    fn put<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
         serde_json::to_writer(&mut self.out, value)?;
         self.out.write_all(b"\n")
     }
 
     pub fn header(&mut self, header: &Header) -> io::Result<()> {
         self.header_written = true;
-        self.line(header)?;
+        self.put(header)?;
         // The header reaches the disk before the command starts.
         self.out.flush()
     }
@@ -43,14 +40,20 @@ impl TraceWriter {
         self.header_written
     }
 
-    /// A decoded event, as its line.
-    pub fn event(&mut self, event: &Event) -> io::Result<()> {
-        match event {
-            Event::Call(line) => self.write(line),
-            Event::Process(line) => self.write(line),
-            Event::Driver(line) => self.write(line),
-            // The enrich stage turns GPU records into `GpuLine`s (see `gpu`).
-            Event::Gpu(_) => Ok(()),
+    /// A line of the trace: the header, or a line counted in the footer.
+    pub fn line(&mut self, line: &Line) -> io::Result<()> {
+        match line {
+            Line::Header(header) => self.header(header),
+            Line::Call(line) => self.write(&**line),
+            Line::Process(line) => self.write(line),
+            Line::Lost(line) => self.write(line),
+            Line::Driver(line) => self.write(&**line),
+            Line::Power(line) => self.write(&**line),
+            Line::Gpu(line) => self.gpu(line),
+            Line::Library(line) => self.write(&**line),
+            // The footer is written from the writer's own counts (`finish`); a line of an
+            // unknown type is only ever read.
+            Line::Footer(_) | Line::Unknown => Ok(()),
         }
     }
 
@@ -68,7 +71,7 @@ impl TraceWriter {
     /// A line between the header and the footer, counted in the footer.
     pub fn write<L: EventLine>(&mut self, line: &L) -> io::Result<()> {
         line.count_in(&mut self.footer);
-        self.line(line)
+        self.put(line)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
@@ -78,7 +81,7 @@ impl TraceWriter {
     /// Writes the footer and flushes; the trace is complete after this.
     pub fn finish(mut self) -> io::Result<Footer> {
         let footer = std::mem::take(&mut self.footer);
-        self.line(&footer)?;
+        self.put(&footer)?;
         self.out.flush()?;
         Ok(footer)
     }
