@@ -1,15 +1,17 @@
 //! Meaning from the call stream: kernel names on launches, live device memory, the stages
 //! of a run and per-function/per-kernel statistics.
 //!
-//! [`Analysis`] is fed [`CallLine`]s one at a time, in trace order, by `cudatrace run`
-//! (its enrich stage, before each line is written) and by `cudatrace summary`, `export`
-//! and `plot` (while reading a trace). All therefore compute the same figures. Its memory
+//! [`Analysis`] is fed the trace's lines ([`Analysis::line`]) one at a time, in trace
+//! order, by `cudatrace run` (its enrich stage, before each line is written) and by
+//! `cudatrace summary` (while reading a trace); `export` and `plot` take only what it adds
+//! to calls ([`Analysis::annotate`]). All therefore compute the same figures. Its memory
 //! grows with the number of distinct functions, kernels, live handles and live
 //! allocations, never with the number of calls.
 //!
 //! | file | |
 //! |---|---|
 //! | `role.rs` | what each function does (allocation, copy, launch, sync...) |
+//! | `process.rs` | one process's trackers (kernels, memory, stages, NCCL, contexts), one chain each call goes through |
 //! | `kernels.rs` | kernel names for launches, from the calls that made the handles |
 //! | `memory.rs` | live device memory, peaks and leaks per process |
 //! | `stages.rs` | the stages of a run (initialisation ... cleanup) |
@@ -37,6 +39,7 @@ pub mod kernels;
 pub mod memory;
 pub mod nccl;
 pub mod power;
+mod process;
 mod role;
 pub mod stages;
 pub mod summarise;
@@ -57,27 +60,11 @@ use crate::{
 use self::{
     gpu::{GpuAccumulator, GpuSummary},
     gpu_link::GpuLinker,
-    kernels::{KernelNames, KernelTable},
-    memory::MemoryState,
-    stages::{ProcessStages, StageTracker},
+    kernels::KernelNames,
+    process::{Finished, ProcessState},
+    stages::ProcessStages,
     summary::{Summary, SummaryAccumulator},
 };
-
-/// One process (one pid between exec and exit) as the analysis sees it.
-#[derive(Default)]
-struct ProcessState {
-    kernels: KernelTable,
-    memory: MemoryState,
-    stages: StageTracker,
-    nccl: nccl::NcclState,
-    contexts: devices::ContextState,
-}
-
-/// The per-process results of a process that exec'd or exited.
-struct Finished {
-    memory: ProcessMemory,
-    stages: ProcessStages,
-}
 
 /// The whole analysis of one trace.
 #[derive(Default)]
@@ -220,13 +207,9 @@ impl Analysis {
     pub fn observe(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
-        process.contexts.observe(role, record);
-        self.devices.observe(role, record);
-        process.kernels.observe(&mut self.names, role, record);
-        process.memory.observe(role, symbol, record);
-        process.stages.observe(role, record);
-        process.nccl.observe(record);
+        process.observe(&mut self.names, role, symbol, record);
         let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
+        self.devices.observe(role, record);
         self.collectives.observe(role, record, comm);
         self.summary.observe(role, record);
         self.power.call(role, record);
@@ -260,10 +243,7 @@ impl Analysis {
     pub fn annotate(&mut self, record: &mut CallLine) -> Role {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
-        process.contexts.observe(role, record);
-        process.kernels.observe(&mut self.names, role, record);
-        process.memory.observe(role, symbol, record);
-        process.nccl.observe(record);
+        process.annotate(&mut self.names, role, symbol, record);
         role
     }
 
@@ -280,10 +260,7 @@ impl Analysis {
         }
         self.devices.forget_process(pid);
         if let Some(process) = self.processes.remove(&pid) {
-            self.finished.push(Finished {
-                memory: process.memory.report(pid),
-                stages: process.stages.report(pid),
-            });
+            self.finished.push(process.finish(pid));
         }
     }
 
@@ -292,10 +269,7 @@ impl Analysis {
         let mut live: Vec<(u32, ProcessState)> = self.processes.drain().collect();
         live.sort_by_key(|(pid, _)| *pid);
         for (pid, process) in live {
-            self.finished.push(Finished {
-                memory: process.memory.report(pid),
-                stages: process.stages.report(pid),
-            });
+            self.finished.push(process.finish(pid));
         }
         let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished
