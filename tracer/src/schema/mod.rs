@@ -1,7 +1,9 @@
-//! The trace format as types: one struct per kind of line, in one file per kind. The
-//! writer (`sinks::jsonl`) serialises these structs, and every reader (`summary`,
-//! `export`, `plot`) gets the same structs back from [`parse`], so what is written and
-//! what is read cannot drift apart. docs/trace-format.md describes the format for people.
+//! The trace format as types: one struct per kind of line, in one file per kind, and
+//! [`Line`], the one enum of them. `cudatrace run` decodes each record into a `Line` and
+//! the writer (`sinks::jsonl`) writes it; every reader (`summary`, `export`, `plot`) gets
+//! the same `Line`s back from [`parse`] (or from the faster reader beside it, `reader/`,
+//! which gives the same lines), so what is written and what is read cannot drift apart.
+//! docs/trace-format.md describes the format for people.
 //!
 //! | file | line | |
 //! |---|---|---|
@@ -31,8 +33,10 @@
 //! 2. In `footer.rs`, its count in `EventCounts`.
 //! 3. Here, a [`Line`] variant, and in [`parse`] an arm that checks the fields a reader
 //!    cannot do without (with a message naming the line and field) and deserialises it.
-//! 4. The consumers: the writer writes it with `TraceWriter::write`; each reader handles
-//!    (or ignores) the new variant; docs/trace-format.md documents it.
+//! 4. The consumers, each of which matches every variant (the compiler lists them): the
+//!    writer (`TraceWriter::line`), the analysis (`Analysis::line`), the readers
+//!    (`analysis/summarise.rs`, `export/exporter.rs`, `plot/`). docs/trace-format.md
+//!    documents it.
 
 pub mod call;
 mod driver;
@@ -51,8 +55,8 @@ pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
-    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, ProcessMemory,
-    StopFigures,
+    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
+    ProcessMemory, StopFigures,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
@@ -63,8 +67,7 @@ pub use header::{
 pub use library::LibraryLine;
 pub use lost::LostLine;
 pub use power::{
-    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
-    PowerLine,
+    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerInfo, PowerLine,
 };
 pub use process::{ProcessEvent, ProcessLine};
 
