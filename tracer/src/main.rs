@@ -5,7 +5,7 @@
 //! The trace format is `schema/`. `cudatrace run` reads top to bottom in `run/`: it plans
 //! what to attach (`probes/`, from the `catalog/`), sets up a session, then runs each
 //! ring-buffer record through decode (`events/`), enrich (`analysis/`) and the sinks
-//! (`sinks/`). The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s
+//! (`sinks/`). The readers go through `reader/` and the same `analysis/`. `run --gpu`'s
 //! set-up (libcupti, the injection library) is `inject/`.
 
 mod analysis;
