@@ -7,12 +7,13 @@ use std::collections::HashMap;
 
 use super::{
     call::decode_call_of,
-    cuda_result, driver,
+    driver,
     gpu::{GpuDecoded, GpuDecoder, GpuEvent},
     process,
     raw::{DecodeError, RawEvent},
 };
 use crate::{
+    catalog::cuda_result,
     probes::plan::Plans,
     schema::{CallLine, Line},
 };
