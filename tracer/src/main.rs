@@ -11,6 +11,7 @@
 mod analysis;
 mod catalog;
 mod cli;
+mod clock;
 mod doctor;
 mod events;
 mod exit;

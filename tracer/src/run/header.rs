@@ -3,7 +3,8 @@
 
 use std::{collections::HashSet, time::UNIX_EPOCH};
 
-use super::{args::RunArgs, clock::Clocks};
+use super::args::RunArgs;
+use crate::clock::Clocks;
 use crate::{
     probes::{plan::Plans, probe_set::LIBCUDA},
     schema::{

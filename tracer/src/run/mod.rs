@@ -11,7 +11,7 @@
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
 //! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
-//! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//! | `outcome.rs` | how the command ended |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
@@ -19,7 +19,6 @@
 
 mod args;
 mod bpf_stats;
-pub(crate) mod clock;
 mod event_loop;
 mod header;
 mod loss;
@@ -38,11 +37,10 @@ use std::{
 
 use anyhow::anyhow;
 
-use self::{
-    clock::Clocks, loss::LossAccount, outcome::Outcome, output::open_output, session::Session,
-};
+use self::{loss::LossAccount, outcome::Outcome, output::open_output, session::Session};
 use crate::{
     analysis::Analysis,
+    clock::Clocks,
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},
     power::{PowerSetup, sampler::describe_errors},

@@ -19,9 +19,9 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::proc_event;
 
-use super::clock::monotonic_ns;
 use crate::{
     analysis::Analysis,
+    clock::monotonic_ns,
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
     probes::{discovery::Discovery, maps::Counters},
     schema::{GpuLine, Line, PowerLine},

@@ -15,7 +15,6 @@ use aya::Ebpf;
 
 use super::{
     args::RunArgs,
-    clock::{Clocks, monotonic_ns},
     event_loop::{Watches, event_loop},
     header,
     outcome::Outcome,
@@ -24,6 +23,7 @@ use super::{
 };
 use crate::{
     analysis::Analysis,
+    clock::{Clocks, monotonic_ns},
     events::Decoder,
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},
