@@ -139,4 +139,31 @@ mod tests {
         assert_eq!(footer["calls_by_name"]["cuInit"], 2);
         assert_eq!(footer["lost"]["total"], 3);
     }
+
+    /// Each line a reader reads back is written as it is read, and counted.
+    #[test]
+    fn lines_are_written_as_they_are_read_back() {
+        let written = [
+            r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":2,"dur_ns":3,"ret":0}"#,
+            r#"{"type":"process","event":"exec","pid":1,"tid":1,"ts_ns":4,"filename":"/a"}"#,
+            r#"{"type":"process","event":"vfork","pid":1,"tid":1,"ts_ns":5}"#,
+            r#"{"type":"gpu_info","pid":1,"ts_ns":6,"cupti_version":130000,"libcupti":"/c","clock":"monotonic"}"#,
+        ];
+        let buffer = Shared::default();
+        let mut writer = TraceWriter::new(Box::new(buffer.clone()));
+        for text in written {
+            writer
+                .line(&crate::schema::parse(text.as_bytes()).unwrap())
+                .unwrap();
+        }
+        let footer = writer.finish().unwrap();
+        let text = String::from_utf8(buffer.0.borrow().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..4], written);
+        let events = serde_json::to_value(&footer.events).unwrap();
+        assert_eq!(
+            (&events["call"], &events["process"], &events["gpu_info"]),
+            (&1.into(), &2.into(), &1.into())
+        );
+    }
 }
