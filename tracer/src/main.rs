@@ -5,12 +5,14 @@
 //! The trace format is `schema/`. `cudatrace run` reads top to bottom in `run/`, in phases
 //! (check → prepare → start → trace → finish): it plans what to attach (`probes/`, from the
 //! `catalog/`), starts, then runs each ring-buffer record through decode (`events/`),
-//! enrich (`analysis/`) and the sinks (`sinks/`). The readers go through `reader.rs` and the same `analysis/`. `run --gpu`'s
+//! enrich (`analysis/`) and the sinks (`sinks/`). The readers go through `reader/` and the
+//! same `analysis/`. `run --gpu`'s
 //! set-up (libcupti, the injection library) is `inject/`.
 
 mod analysis;
 mod catalog;
 mod cli;
+mod clock;
 mod doctor;
 mod events;
 mod exit;

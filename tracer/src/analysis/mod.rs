@@ -1,15 +1,17 @@
 //! Meaning from the call stream: kernel names on launches, live device memory, the stages
 //! of a run and per-function/per-kernel statistics.
 //!
-//! [`Analysis`] is fed [`CallLine`]s one at a time, in trace order, by `cudatrace run`
-//! (its enrich stage, before each line is written) and by `cudatrace summary`, `export`
-//! and `plot` (while reading a trace). All therefore compute the same figures. Its memory
+//! [`Analysis`] is fed the trace's lines ([`Analysis::line`]) one at a time, in trace
+//! order, by `cudatrace run` (its enrich stage, before each line is written) and by
+//! `cudatrace summary` (while reading a trace); `export` and `plot` take only what it adds
+//! to calls ([`Analysis::annotate`]). All therefore compute the same figures. Its memory
 //! grows with the number of distinct functions, kernels, live handles and live
 //! allocations, never with the number of calls.
 //!
 //! | file | |
 //! |---|---|
 //! | `role.rs` | what each function does (allocation, copy, launch, sync...) |
+//! | `process.rs` | one process's trackers (kernels, memory, stages, NCCL, contexts), one chain each call goes through |
 //! | `kernels.rs` | kernel names for launches, from the calls that made the handles |
 //! | `memory.rs` | live device memory, peaks and leaks per process |
 //! | `stages.rs` | the stages of a run (initialisation ... cleanup) |
@@ -37,6 +39,7 @@ pub mod kernels;
 pub mod memory;
 pub mod nccl;
 pub mod power;
+mod process;
 mod role;
 pub mod stages;
 pub mod summarise;
@@ -47,37 +50,21 @@ pub use role::{Role, classify};
 use foldhash::HashMap;
 
 use crate::{
-    events::{Event, gpu::GpuEvent},
+    events::gpu::GpuEvent,
     schema::{
-        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, MemoryFooter, PowerInfo,
-        PowerLine, ProcessMemory,
+        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, Line, MemoryFooter, PowerInfo,
+        PowerLine, ProcessEvent, ProcessMemory,
     },
 };
 
 use self::{
     gpu::{GpuAccumulator, GpuSummary},
     gpu_link::GpuLinker,
-    kernels::{KernelNames, KernelTable},
-    memory::MemoryState,
-    stages::{ProcessStages, StageTracker},
+    kernels::KernelNames,
+    process::{Finished, ProcessState},
+    stages::ProcessStages,
     summary::{Summary, SummaryAccumulator},
 };
-
-/// One process (one pid between exec and exit) as the analysis sees it.
-#[derive(Default)]
-struct ProcessState {
-    kernels: KernelTable,
-    memory: MemoryState,
-    stages: StageTracker,
-    nccl: nccl::NcclState,
-    contexts: devices::ContextState,
-}
-
-/// The per-process results of a process that exec'd or exited.
-struct Finished {
-    memory: ProcessMemory,
-    stages: ProcessStages,
-}
 
 /// The whole analysis of one trace.
 #[derive(Default)]
@@ -108,12 +95,13 @@ impl Analysis {
         analysis
     }
 
-    /// `cudatrace run`'s enrich stage, between decoding and writing: kernel names and live
-    /// bytes go into the line itself, and every event counts toward the run's figures.
-    /// GPU records go through [`Self::enrich_gpu`] instead.
-    pub fn enrich(&mut self, event: &mut Event) {
-        match event {
-            Event::Call(call) => {
+    /// A line of the trace, in trace order: `cudatrace run`'s enrich stage (between
+    /// decoding and writing) and every reader that sums a trace up. Kernel names and live
+    /// bytes go into a call itself, and every line counts toward the figures. `run`'s GPU
+    /// records go through [`Self::enrich_gpu`] instead.
+    pub fn line(&mut self, line: &mut Line) {
+        match line {
+            Line::Call(call) => {
                 self.observe(call);
                 if let Some(linker) = &mut self.gpu_link
                     && call.ok()
@@ -125,9 +113,19 @@ impl Analysis {
                     linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
-            Event::Process(process) => self.process_event(process.pid, &process.event),
-            Event::Driver(driver) => self.driver(driver),
-            Event::Gpu(_) => {}
+            Line::Process(process) => self.process_event(process.pid, process.event.clone()),
+            Line::Driver(driver) => self.driver(driver),
+            Line::Gpu(gpu) => self.gpu_line(gpu),
+            Line::Power(power) => self.power_sample(power),
+            Line::Header(header) => {
+                if let Some(power) = &header.power {
+                    self.power_header(power);
+                }
+                if let Some(gpu) = &header.gpu {
+                    self.gpu_header(gpu);
+                }
+            }
+            Line::Lost(_) | Line::Library(_) | Line::Footer(_) | Line::Unknown => {}
         }
     }
 
@@ -209,13 +207,9 @@ impl Analysis {
     pub fn observe(&mut self, record: &mut CallLine) {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
-        process.contexts.observe(role, record);
-        self.devices.observe(role, record);
-        process.kernels.observe(&mut self.names, role, record);
-        process.memory.observe(role, symbol, record);
-        process.stages.observe(role, record);
-        process.nccl.observe(record);
+        process.observe(&mut self.names, role, symbol, record);
         let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
+        self.devices.observe(role, record);
         self.collectives.observe(role, record, comm);
         self.summary.observe(role, record);
         self.power.call(role, record);
@@ -249,10 +243,7 @@ impl Analysis {
     pub fn annotate(&mut self, record: &mut CallLine) -> Role {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
-        process.contexts.observe(role, record);
-        process.kernels.observe(&mut self.names, role, record);
-        process.memory.observe(role, symbol, record);
-        process.nccl.observe(record);
+        process.annotate(&mut self.names, role, symbol, record);
         role
     }
 
@@ -263,16 +254,13 @@ impl Analysis {
 
     /// A `process` line: `exec` and `exit` end the process's handle and memory tables
     /// (its address space is gone); its figures are kept for the report.
-    pub fn process_event(&mut self, pid: u32, event: &str) {
-        if !matches!(event, "exec" | "exit") {
+    pub fn process_event(&mut self, pid: u32, event: impl Into<ProcessEvent>) {
+        if !event.into().ends_address_space() {
             return;
         }
         self.devices.forget_process(pid);
         if let Some(process) = self.processes.remove(&pid) {
-            self.finished.push(Finished {
-                memory: process.memory.report(pid),
-                stages: process.stages.report(pid),
-            });
+            self.finished.push(process.finish(pid));
         }
     }
 
@@ -281,10 +269,7 @@ impl Analysis {
         let mut live: Vec<(u32, ProcessState)> = self.processes.drain().collect();
         live.sort_by_key(|(pid, _)| *pid);
         for (pid, process) in live {
-            self.finished.push(Finished {
-                memory: process.memory.report(pid),
-                stages: process.stages.report(pid),
-            });
+            self.finished.push(process.finish(pid));
         }
         let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished

@@ -85,22 +85,9 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
     while let Some(line) = lines.next_line()? {
+        analysis.line(line);
         match line {
-            Line::Call(call) => analysis.observe(call),
-            Line::Process(process) => analysis.process_event(process.pid, &process.event),
-            Line::Driver(driver) => analysis.driver(driver),
-            Line::Gpu(gpu) => analysis.gpu_line(gpu),
-            Line::Header(header) => {
-                if let Some(power) = &header.power {
-                    analysis.power_header(power);
-                }
-                if let Some(gpu) = &header.gpu {
-                    analysis.gpu_header(gpu);
-                }
-                info.command = std::mem::take(&mut header.command);
-            }
-            Line::Power(power) => analysis.power_sample(power),
-            Line::Library(_) => {}
+            Line::Header(header) => info.command = std::mem::take(&mut header.command),
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;
@@ -108,6 +95,12 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.exit_code = figures.exit_code;
             }
             Line::Unknown => info.unknown_lines += 1,
+            Line::Call(_)
+            | Line::Process(_)
+            | Line::Driver(_)
+            | Line::Power(_)
+            | Line::Gpu(_)
+            | Line::Library(_) => {}
         }
     }
     info.lines = lines.lines;

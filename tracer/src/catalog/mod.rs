@@ -1,10 +1,12 @@
 //! The probe catalog: every libcuda function cudatrace knows, the exported symbols that
 //! implement it, and how to read its arguments (x86-64 SysV order). `spec.rs` has the
-//! description's types, `libcuda.rs` libcuda's table, `nccl.rs` libnccl's.
+//! description's types, `libcuda.rs` libcuda's table, `nccl.rs` libnccl's (with NCCL's
+//! result names), `cuda_result.rs` the names of libcuda's results.
 //!
 //! Attaching (`probes::probe_set::LIBCUDA`), the eBPF-side `ProbeSpec`s, decoding and the
 //! analysis's roles all come from this table; adding a function is adding a row.
 
+pub mod cuda_result;
 mod libcuda;
 pub mod nccl;
 mod spec;

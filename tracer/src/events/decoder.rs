@@ -7,26 +7,23 @@ use std::collections::HashMap;
 
 use super::{
     call::decode_call_of,
-    cuda_result, driver,
+    driver,
     gpu::{GpuDecoded, GpuDecoder, GpuEvent},
     process,
     raw::{DecodeError, RawEvent},
 };
 use crate::{
+    catalog::cuda_result,
     probes::plan::Plans,
-    schema::{CallLine, DriverLine, ProcessLine},
+    schema::{CallLine, Line},
 };
 
-/// A decoded record: a line of the trace to be.
-#[derive(Clone, Debug, PartialEq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one event at a time, on the stack from decode to write: boxing calls would cost an allocation per call"
-)]
+/// A decoded record: a line of the trace to be (the schema's [`Line`], which readers read
+/// back), or a GPU record that is not a line yet.
+#[derive(Debug, PartialEq)]
 pub enum Event {
-    Call(CallLine),
-    Process(ProcessLine),
-    Driver(DriverLine),
+    /// A call, process or driver event.
+    Line(Line),
     /// A GPU record, for the enrich stage to link (`--gpu`).
     Gpu(GpuEvent),
 }
@@ -35,6 +32,8 @@ pub struct Decoder {
     /// Kernel function names by address, for kprobe events.
     kernel_functions: HashMap<u64, String>,
     gpu: GpuDecoder,
+    /// The box of the last call written, given back ([`Decoder::recycle`]) for the next.
+    spare_call: Option<Box<CallLine>>,
     /// Records that could not be decoded (the footer's `undecodable`).
     pub undecodable: u64,
 }
@@ -44,6 +43,7 @@ impl Decoder {
         Decoder {
             kernel_functions,
             gpu: GpuDecoder::default(),
+            spare_call: None,
             undecodable: 0,
         }
     }
@@ -72,18 +72,17 @@ impl Decoder {
                     result_name,
                 );
                 line.lib = Some(probe.library);
-                Event::Call(line)
+                Event::Line(Line::Call(boxed(&mut self.spare_call, line)))
             }),
-            Ok(RawEvent::Driver(event)) => Some(Event::Driver(driver::decode(
-                &event,
-                &self.kernel_functions,
-            ))),
+            Ok(RawEvent::Driver(event)) => Some(Event::Line(Line::Driver(Box::new(
+                driver::decode(&event, &self.kernel_functions),
+            )))),
             Ok(RawEvent::Proc(event)) => {
                 let line = process::decode(&event);
-                if matches!(line.event.as_str(), "exec" | "exit") {
+                if line.event.ends_address_space() {
                     self.gpu.forget(line.pid);
                 }
-                Some(Event::Process(line))
+                Some(Event::Line(Line::Process(line)))
             }
             Ok(RawEvent::Gpu(record)) => match self.gpu.decode(record) {
                 GpuDecoded::Event(event) => Some(Event::Gpu(event)),
@@ -96,5 +95,24 @@ impl Decoder {
             self.undecodable += 1;
         }
         event
+    }
+
+    /// Takes a line back once it is written: a call's box holds the next call.
+    pub fn recycle(&mut self, line: Line) {
+        if let Line::Call(call) = line {
+            self.spare_call = Some(call);
+        }
+    }
+}
+
+/// `call` in the spare box if there is one: a call is over a kilobyte, and allocating that
+/// for each one takes the allocator's slow path.
+fn boxed(spare: &mut Option<Box<CallLine>>, call: CallLine) -> Box<CallLine> {
+    match spare.take() {
+        Some(mut spare) => {
+            *spare = call;
+            spare
+        }
+        None => Box::new(call),
     }
 }

@@ -15,7 +15,7 @@ use super::{
         ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
     },
 };
-use crate::schema::{Header, compact};
+use crate::{reader::compact, schema::Header};
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;

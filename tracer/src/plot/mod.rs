@@ -127,7 +127,7 @@ fn bin(
                     bins.memory(record.pid, end, bytes);
                 }
             }
-            Line::Process(process) => analysis.process_event(process.pid, &process.event),
+            Line::Process(process) => analysis.process_event(process.pid, process.event.clone()),
             Line::Power(power) => {
                 if let Some(mw) = power.best_power_mw() {
                     bins.power(power.device, power.ts_ns, mw);

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use super::{fields::Sampled, library::Loaded, library::error_name};
 use crate::{
-    run::clock::monotonic_ns,
+    clock::monotonic_ns,
     schema::{PowerFooter, PowerLine},
 };
 

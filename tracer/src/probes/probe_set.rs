@@ -4,9 +4,8 @@
 
 use tracer_common::GPU_RECORDS_SYMBOL;
 
-use crate::{
-    catalog::{Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, STREAM_VARIANTS, nccl},
-    events::cuda_result,
+use crate::catalog::{
+    Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, STREAM_VARIANTS, cuda_result, nccl,
 };
 
 /// Every probe set, in the order their file-name patterns are tried. The index of a set

@@ -4,7 +4,8 @@
 
 use std::{collections::HashSet, time::UNIX_EPOCH};
 
-use super::{args::RunArgs, clock::Clocks};
+use super::args::RunArgs;
+use crate::clock::Clocks;
 use crate::{
     probes::{
         attach::AttachFailure,

@@ -4,8 +4,8 @@
 
 use std::io;
 
-use super::clock::monotonic_ns;
 use crate::{
+    clock::monotonic_ns,
     probes::maps::Counters,
     schema::{LostCounts, LostLine},
     sinks::jsonl::TraceWriter,

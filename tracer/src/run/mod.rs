@@ -18,7 +18,7 @@
 //! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `finish.rs` | the footer, `--export`, the exit code |
 //! | `report.rs` | the closing report on stderr |
-//! | `clock.rs`, `outcome.rs` | the trace clock; how the command ended |
+//! | `outcome.rs` | how the command ended (the trace clock is `crate::clock`) |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
@@ -27,7 +27,6 @@
 mod args;
 mod attaching;
 mod bpf_stats;
-pub(crate) mod clock;
 mod event_loop;
 mod finish;
 mod header;

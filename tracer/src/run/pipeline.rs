@@ -19,12 +19,13 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::proc_event;
 
-use super::{attaching::Attaching, clock::monotonic_ns};
+use super::attaching::Attaching;
 use crate::{
     analysis::Analysis,
+    clock::monotonic_ns,
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
     probes::maps::Counters,
-    schema::{GpuLine, PowerLine},
+    schema::{GpuLine, Line, PowerLine},
     sinks::jsonl::TraceWriter,
 };
 
@@ -124,21 +125,21 @@ impl<'a> Pipeline<'a> {
             }
             _ => {}
         }
-        let Some(mut event) = self.decoder.decode_raw(raw, self.attaching.plans()) else {
-            return Ok(());
+        let mut line = match self.decoder.decode_raw(raw, self.attaching.plans()) {
+            Some(Event::Line(line)) => line,
+            Some(Event::Gpu(gpu)) => return self.gpu(gpu),
+            None => return Ok(()),
         };
-        if let Event::Gpu(gpu) = event {
-            return self.gpu(gpu);
-        }
-        self.analysis.enrich(&mut event);
-        self.writer.event(&event)?;
-        if let Event::Process(process) = &event
-            && matches!(process.event.as_str(), "exec" | "exit")
+        self.analysis.line(&mut line);
+        self.writer.line(&line)?;
+        if let Line::Process(process) = &line
+            && process.event.ends_address_space()
         {
             self.analysis
                 .end_gpu(Some(process.pid), &mut self.gpu_lines);
             self.write_gpu_lines()?;
         }
+        self.decoder.recycle(line);
         Ok(())
     }
 

@@ -14,7 +14,6 @@ use aya::maps::{MapData, RingBuf};
 use super::{
     args::RunArgs,
     attaching::Attaching,
-    clock::{Clocks, monotonic_ns},
     event_loop::Watches,
     header::{HeaderBase, failure_info},
     missing,
@@ -22,6 +21,7 @@ use super::{
     prepare::Command,
 };
 use crate::{
+    clock::{Clocks, monotonic_ns},
     events::Decoder,
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},

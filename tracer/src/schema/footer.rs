@@ -1,5 +1,6 @@
 //! `"type":"footer"`: the trace's last line. What was written and lost, how tracing ended,
-//! and each process's device memory. A trace without it was cut short.
+//! each process's device memory, and the `--gpu` and `--power` figures. A trace without it
+//! was cut short.
 //!
 //! Readers take only [`FooterFigures`] from it; everything else they recompute from the
 //! lines (the analysis), so the rest of the footer is written, never read.
@@ -9,10 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{
-    fields::{Hex, LineType, Tag},
-    power::PowerFooter,
-};
+use super::fields::{Hex, LineType, Tag};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Footer {
@@ -148,6 +146,26 @@ pub struct LostCounts {
     pub calls: u64,
     /// Everything lost.
     pub total: u64,
+}
+
+/// The footer's `power` object: the sampler's own figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PowerFooter {
+    /// Ticks sampled (each gives one line per device, unless dropped).
+    pub samples: u64,
+    /// Ticks skipped because the sampler was still busy with an earlier one.
+    pub skipped_ticks: u64,
+    /// Ticks whose lines were dropped because the event loop had fallen behind
+    /// (the channel was full).
+    pub dropped_samples: u64,
+    /// NVML errors during sampling, by `function: ERROR`.
+    pub read_errors: BTreeMap<String, u64>,
+    /// One device's reads in one tick, mean and max.
+    pub read_ns_mean: u64,
+    pub read_ns_max: u64,
+    /// Set when the sampler did not stop in time: its last samples are missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The footer's `gpu` object (`--gpu`).

@@ -13,7 +13,6 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    compact,
     fields::{LineType, Tag, describe},
     footer::{EventLine, Footer},
 };
@@ -274,10 +273,6 @@ impl GpuLine {
     /// Parses a line whose `"type"` is `kind`, one of the five above; `None` for another.
     pub(super) fn read(kind: &str, bytes: &[u8]) -> Option<Result<Self, String>> {
         fn read<T: for<'de> Deserialize<'de>>(kind: &str, bytes: &[u8]) -> Result<T, String> {
-            // Kernel lines can be as many as launches: the compact reader first, as for calls.
-            if let Some(line) = compact::from_bytes::<T>(bytes) {
-                return Ok(line);
-            }
             serde_json::from_slice(bytes).map_err(|e| format!("{kind} line: {}", describe(&e)))
         }
         Some(match kind {

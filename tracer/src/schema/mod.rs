@@ -1,7 +1,9 @@
-//! The trace format as types: one struct per kind of line, in one file per kind. The
-//! writer (`sinks::jsonl`) serialises these structs, and every reader (`summary`,
-//! `export`, `plot`) gets the same structs back from [`parse`], so what is written and
-//! what is read cannot drift apart. docs/trace-format.md describes the format for people.
+//! The trace format as types: one struct per kind of line, in one file per kind, and
+//! [`Line`], the one enum of them. `cudatrace run` decodes each record into a `Line` and
+//! the writer (`sinks::jsonl`) writes it; every reader (`summary`, `export`, `plot`) gets
+//! the same `Line`s back from [`parse`] (or from the faster reader beside it, `reader/`,
+//! which gives the same lines), so what is written and what is read cannot drift apart.
+//! docs/trace-format.md describes the format for people.
 //!
 //! | file | line | |
 //! |---|---|---|
@@ -14,7 +16,6 @@
 //! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `library.rs` | [`LibraryLine`] | a library file the probes were attached to |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
-//! | `compact.rs` | | a fast reader for lines exactly as the writer writes them |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
 //! optional fields are left out rather than written as `null`; pointers are
@@ -32,11 +33,12 @@
 //! 2. In `footer.rs`, its count in `EventCounts`.
 //! 3. Here, a [`Line`] variant, and in [`parse`] an arm that checks the fields a reader
 //!    cannot do without (with a message naming the line and field) and deserialises it.
-//! 4. The consumers: the writer writes it with `TraceWriter::write`; each reader handles
-//!    (or ignores) the new variant; docs/trace-format.md documents it.
+//! 4. The consumers, each of which matches every variant (the compiler lists them): the
+//!    writer (`TraceWriter::line`), the analysis (`Analysis::line`), the readers
+//!    (`analysis/summarise.rs`, `export/exporter.rs`, `plot/`). docs/trace-format.md
+//!    documents it.
 
-mod call;
-pub mod compact;
+pub mod call;
 mod driver;
 mod fields;
 mod footer;
@@ -53,8 +55,8 @@ pub use call::CallLine;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
-    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, ProcessMemory,
-    StopFigures,
+    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
+    ProcessMemory, StopFigures,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
@@ -65,10 +67,9 @@ pub use header::{
 pub use library::LibraryLine;
 pub use lost::LostLine;
 pub use power::{
-    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerFooter, PowerInfo,
-    PowerLine,
+    ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerInfo, PowerLine,
 };
-pub use process::ProcessLine;
+pub use process::{ProcessEvent, ProcessLine};
 
 use serde_json::Value;
 
@@ -93,39 +94,12 @@ pub enum Line {
 }
 
 /// Parses one line (without its newline); the error says what is wrong, and where when
-/// the JSON itself is. Never panics.
+/// the JSON itself is. Never panics. (The readers read most lines faster, to the same
+/// result: `reader/parse.rs`.)
 pub fn parse(bytes: &[u8]) -> Result<Line, String> {
-    parse_reusing(bytes, &mut Vec::new())
-}
-
-/// Boxes of calls read before and no longer wanted, for [`parse_reusing`]: the boxes
-/// themselves are what is reused, moved in and out of [`Line::Call`].
-pub type SpareCalls = Vec<Box<CallLine>>;
-
-/// As [`parse`], a call going into one of `spare_calls` (boxes of calls read before, no
-/// longer wanted) where there is one: a call is over a kilobyte, and allocating that
-/// takes the allocator's slow path.
-pub fn parse_reusing(bytes: &[u8], spare_calls: &mut SpareCalls) -> Result<Line, String> {
-    let boxed = |call: CallLine, spare_calls: &mut SpareCalls| match spare_calls.pop() {
-        Some(mut spare) => {
-            *spare = call;
-            Line::Call(spare)
-        }
-        None => Line::Call(Box::new(call)),
-    };
-    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass,
-    // by the compact reader where the line is as the writer writes it.
+    // The tracer writes `type` first: call lines (nearly all of them) parse in one pass.
     if bytes.starts_with(call::FAST_PREFIX) {
-        // Into a spare box where there is one: no kilobyte built and then moved.
-        if let Some(mut spare) = spare_calls.pop() {
-            if compact::from_bytes_in_place(bytes, &mut *spare) {
-                return Ok(Line::Call(spare));
-            }
-            spare_calls.push(spare);
-        } else if let Some(call) = compact::from_bytes::<CallLine>(bytes) {
-            return Ok(Line::Call(Box::new(call)));
-        }
-        return CallLine::read_fast(bytes).map(|call| boxed(call, spare_calls));
+        return CallLine::read_fast(bytes).map(|call| Line::Call(Box::new(call)));
     }
     for (prefix, kind) in gpu::FAST_PREFIXES {
         if bytes.starts_with(prefix) {

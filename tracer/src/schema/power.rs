@@ -1,6 +1,6 @@
 //! `"type":"power"` (`cudatrace run --power`): one NVML sample of one GPU. Also the
-//! header's `power` object (the library, the devices) and the footer's (the sampler's
-//! figures).
+//! header's `power` object (the library, the devices); the footer's (the sampler's
+//! figures) is in `footer.rs`, with the footer's other objects.
 
 use std::collections::BTreeMap;
 
@@ -130,23 +130,3 @@ pub struct PowerDevice {
 /// `energy_source` values.
 pub const ENERGY_FROM_COUNTER: &str = "counter";
 pub const ENERGY_FROM_POWER: &str = "integrated power";
-
-/// The footer's `power` object: the sampler's own figures.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct PowerFooter {
-    /// Ticks sampled (each gives one line per device, unless dropped).
-    pub samples: u64,
-    /// Ticks skipped because the sampler was still busy with an earlier one.
-    pub skipped_ticks: u64,
-    /// Ticks whose lines were dropped because the event loop had fallen behind
-    /// (the channel was full).
-    pub dropped_samples: u64,
-    /// NVML errors during sampling, by `function: ERROR`.
-    pub read_errors: BTreeMap<String, u64>,
-    /// One device's reads in one tick, mean and max.
-    pub read_ns_mean: u64,
-    pub read_ns_max: u64,
-    /// Set when the sampler did not stop in time: its last samples are missing.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}

@@ -6,10 +6,7 @@ use std::io::{self, BufWriter, Write};
 
 use serde::Serialize;
 
-use crate::{
-    events::Event,
-    schema::{EventLine, Footer, GpuLine, Header},
-};
+use crate::schema::{EventLine, Footer, GpuLine, Header, Line};
 
 /// Writes trace lines and keeps the footer's counts.
 pub struct TraceWriter {
@@ -25,25 +22,31 @@ impl TraceWriter {
         }
     }
 
-    fn line<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+    fn put<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
         serde_json::to_writer(&mut self.out, value)?;
         self.out.write_all(b"\n")
     }
 
     pub fn header(&mut self, header: &Header) -> io::Result<()> {
-        self.line(header)?;
+        self.put(header)?;
         // The header reaches the disk before the command starts.
         self.out.flush()
     }
 
-    /// A decoded event, as its line.
-    pub fn event(&mut self, event: &Event) -> io::Result<()> {
-        match event {
-            Event::Call(line) => self.write(line),
-            Event::Process(line) => self.write(line),
-            Event::Driver(line) => self.write(line),
-            // The enrich stage turns GPU records into `GpuLine`s (see `gpu`).
-            Event::Gpu(_) => Ok(()),
+    /// A line of the trace: the header, or a line counted in the footer.
+    pub fn line(&mut self, line: &Line) -> io::Result<()> {
+        match line {
+            Line::Header(header) => self.header(header),
+            Line::Call(line) => self.write(&**line),
+            Line::Process(line) => self.write(line),
+            Line::Lost(line) => self.write(line),
+            Line::Driver(line) => self.write(&**line),
+            Line::Power(line) => self.write(&**line),
+            Line::Gpu(line) => self.gpu(line),
+            Line::Library(line) => self.write(&**line),
+            // The footer is written from the writer's own counts (`finish`); a line of an
+            // unknown type is only ever read.
+            Line::Footer(_) | Line::Unknown => Ok(()),
         }
     }
 
@@ -61,7 +64,7 @@ impl TraceWriter {
     /// A line between the header and the footer, counted in the footer.
     pub fn write<L: EventLine>(&mut self, line: &L) -> io::Result<()> {
         line.count_in(&mut self.footer);
-        self.line(line)
+        self.put(line)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
@@ -71,7 +74,7 @@ impl TraceWriter {
     /// Writes the footer and flushes; the trace is complete after this.
     pub fn finish(mut self) -> io::Result<Footer> {
         let footer = std::mem::take(&mut self.footer);
-        self.line(&footer)?;
+        self.put(&footer)?;
         self.out.flush()?;
         Ok(footer)
     }
@@ -128,5 +131,32 @@ mod tests {
         assert_eq!(footer["events"]["lost"], 1);
         assert_eq!(footer["calls_by_name"]["cuInit"], 2);
         assert_eq!(footer["lost"]["total"], 3);
+    }
+
+    /// Each line a reader reads back is written as it is read, and counted.
+    #[test]
+    fn lines_are_written_as_they_are_read_back() {
+        let written = [
+            r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":2,"dur_ns":3,"ret":0}"#,
+            r#"{"type":"process","event":"exec","pid":1,"tid":1,"ts_ns":4,"filename":"/a"}"#,
+            r#"{"type":"process","event":"vfork","pid":1,"tid":1,"ts_ns":5}"#,
+            r#"{"type":"gpu_info","pid":1,"ts_ns":6,"cupti_version":130000,"libcupti":"/c","clock":"monotonic"}"#,
+        ];
+        let buffer = Shared::default();
+        let mut writer = TraceWriter::new(Box::new(buffer.clone()));
+        for text in written {
+            writer
+                .line(&crate::schema::parse(text.as_bytes()).unwrap())
+                .unwrap();
+        }
+        let footer = writer.finish().unwrap();
+        let text = String::from_utf8(buffer.0.borrow().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..4], written);
+        let events = serde_json::to_value(&footer.events).unwrap();
+        assert_eq!(
+            (&events["call"], &events["process"], &events["gpu_info"]),
+            (&1.into(), &2.into(), &1.into())
+        );
     }
 }

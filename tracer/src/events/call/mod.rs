@@ -18,9 +18,9 @@ use std::borrow::Cow;
 
 use tracer_common::{CallEvent, STACK_ARGS, flags};
 
-#[cfg(test)]
-use super::cuda_result;
 use super::raw::c_string;
+#[cfg(test)]
+use crate::catalog::cuda_result;
 use crate::{
     catalog::{Arg, BATCH_SIZES_READ, FnSpec, IPC_HANDLE_LEN, StrField, UNIQUE_ID_READ, nccl},
     schema::{CallLine, Hex},
