@@ -3,6 +3,8 @@
 
 use tracer_common::{MAX_OUTS, ProbeSpec, capture};
 
+use super::role::Role;
+
 /// Function family, used for grouping in summaries and plots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -240,6 +242,9 @@ pub struct FnSpec {
     pub args: &'static [Arg],
     /// Direction, for copies.
     pub copy: Option<CopyKind>,
+    /// What the analysis does with its calls: the family's ([`Family::role`]) unless the
+    /// row says another ([`FnSpec::role`]).
+    pub role: Role,
 }
 
 /// The functions `--launch-entry-only` probes at entry alone: those that launch GPU work
@@ -261,9 +266,15 @@ pub static GENERIC: FnSpec = FnSpec {
     family: Family::Other,
     args: &[Raw, Raw, Raw, Raw, Raw, Raw],
     copy: None,
+    role: Role::Other,
 };
 
 impl FnSpec {
+    /// The row with its own role, where the family's is not what its calls do.
+    pub const fn role(self, role: Role) -> FnSpec {
+        FnSpec { role, ..self }
+    }
+
     /// The first listed symbol, used as the function's documented name (`generic` for
     /// [`GENERIC`], which probes functions by their own names).
     pub fn name(&self) -> &'static str {

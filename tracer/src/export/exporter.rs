@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     analysis::{Analysis, Role, families::Families},
-    catalog::nccl::collective_op,
+    catalog::{SyncOn, nccl::collective_op},
     format::{format_bytes, push_bytes},
     reader::{ReadError, TraceLines},
     schema::{CallLine, DriverLine, GpuLine, Header, Line, LostLine, PowerLine, ProcessLine},
@@ -297,10 +297,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     }
                 }
             }
-            Role::Sync if record.name.starts_with("cuCtxSynchronize") => {
+            Role::Sync(SyncOn::Context) => {
                 flows_in = self.flows.sync_process(record.pid, record.ts_ns);
             }
-            Role::Sync if record.name.starts_with("cuStreamSynchronize") => {
+            Role::Sync(SyncOn::Stream) => {
                 if let Some(stream) = StreamKey::of(record) {
                     flows_in = self.flows.sync_stream(record.pid, stream, record.ts_ns);
                 }

@@ -5,7 +5,7 @@
 use tracer_common::GPU_RECORDS_SYMBOL;
 
 use crate::{
-    catalog::{Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, STREAM_VARIANTS, nccl},
+    catalog::{Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, Role, STREAM_VARIANTS, nccl},
     events::cuda_result,
 };
 
@@ -169,6 +169,7 @@ static GPU_RECORDS_CATALOG: &[FnSpec] = &[FnSpec {
     family: Family::GpuRecords,
     args: &[Arg::Skip, Arg::Skip],
     copy: None,
+    role: Role::Other,
 }];
 
 impl ProbeSet {
