@@ -4,6 +4,7 @@
 use tracer_common::{MAX_OUTS, ProbeSpec, capture};
 
 use super::role::Role;
+use crate::schema::call_fields;
 
 /// Function family, used for grouping in summaries and plots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,64 +76,21 @@ impl CopyKind {
     }
 }
 
-/// Where a decoded value goes in the JSON line (stable names, see docs/trace-format.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
-    Bytes,
-    Dptr,
-    Src,
-    Dst,
-    SrcContext,
-    DstContext,
-    Stream,
-    Function,
-    Kernel,
-    Library,
-    Module,
-    Context,
-    Device,
-    Event,
-    Graph,
-    Pool,
-    Handle,
-    Flags,
-    Offset,
-    Alignment,
-    Addr,
-    Pitch,
-    Width,
-    Height,
-    Value,
-    Count,
-    Version,
-    Image,
-    Host,
-    SharedMem,
-    /// `numLibraryOptions` of `cuLibraryLoad*`.
-    LibraryOptionCount,
-    /// A stream's priority (`cuStreamCreateWithPriority`; lower is more urgent).
-    Priority,
-    /// The `CUgraph` a graph exec is instantiated or updated from.
-    SourceGraph,
-    /// `cuGraphExecUpdate`'s `CUgraphExecUpdateResult`, `cuGraphInstantiateWithParams`'s
-    /// `CUgraphInstantiateResult`.
-    GraphResult,
-    /// An NCCL communicator (`ncclComm_t`).
-    Comm,
-    /// The communicator `ncclCommSplit`/`ncclCommShrink` create.
-    NewComm,
-    /// The root rank of a rooted collective.
-    Root,
-    /// The peer rank of `ncclSend`/`ncclRecv`.
-    Peer,
-    /// The caller's rank in its communicator.
-    Rank,
-    /// The number of ranks of a communicator.
-    Nranks,
-    /// `ncclCommSplit`'s color and key.
-    Color,
-    Key,
+/// The catalog's `Field` from the rows of the call line's fields that say one.
+macro_rules! field {
+    ($($(#[$doc:meta])* $field:ident: $wrapper:ident<$inner:ty> $(= $variant:ident)?,)*) => {
+        /// Where a decoded argument goes in the call line: one variant for each field of
+        /// `schema::call`'s table that names one (stable names, see docs/trace-format.md).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Field {
+            $($(
+                #[doc = concat!("`", stringify!($field), "`")]
+                $variant,
+            )?)*
+        }
+    };
 }
+call_fields!(field);
 
 /// How one argument word is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
