@@ -1,4 +1,5 @@
-//! `"type":"call"`: one completed driver call, with its decoded arguments.
+//! `"type":"call"`: one completed driver call, with its decoded arguments; the table of
+//! its fields ([`call_fields`]), from which the rest follows.
 
 use std::borrow::Cow;
 
@@ -14,10 +15,12 @@ use super::{
 /// (the writer's key order is the format): the one description of each. From it follow
 /// [`CallLine`]'s fields (here), the catalog's `Field` (a row's `= Variant`: an argument
 /// the catalog reads with that variant sets the field), the decoder's setter
-/// (`events/call/fields.rs`), the export's arguments (`export/call_args.rs`) and the check
-/// of docs/trace-format.md's tables (`schema/testing.rs`). Each of them passes the name of
-/// its own macro, which gets the rows. A field is `Option<T>` (left out when `None`) or
-/// `Vec<T>` (left out when empty).
+/// (`events/call/fields.rs`), the export's arguments (`export/call_args.rs`), and the test
+/// below that docs/trace-format.md's tables name each field with its type. Each of them
+/// passes the name of its own macro, which gets the rows. A field is `Option<T>` (left out
+/// when `None`) or `Vec<T>` (left out when empty).
+///
+/// Adding a field is adding a row (and its line in docs/trace-format.md).
 macro_rules! call_fields {
     ($then:ident) => {
         $then! {
@@ -224,5 +227,105 @@ impl CallLine {
     /// A call line with its keys in another order.
     pub(super) fn read_value(value: Value) -> Result<Self, String> {
         serde_json::from_value(value).map_err(|e| format!("call line: {}", describe(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::CallLine;
+    use crate::schema::testing::field_names;
+
+    /// The type docs/trace-format.md gives each field of the table, from its Rust type.
+    macro_rules! doc_types {
+        ($($(#[$doc:meta])* $field:ident: $wrapper:ident<$inner:ty> $(= $variant:ident)?,)*) => {
+            &[$((stringify!($field), doc_type(stringify!($wrapper<$inner>))),)*]
+        };
+    }
+
+    fn doc_type(rust_type: &str) -> &'static [&'static str] {
+        match rust_type.replace(' ', "").as_str() {
+            "Option<Hex>" => &["hex"],
+            "Option<u64>" | "Option<u32>" | "Option<i32>" => &["number"],
+            "Option<Cow<'static,str>>" => &["string"],
+            // Names, paths, and bytes written as hex.
+            "Option<String>" => &["string", "hex bytes"],
+            "Option<[u32;3]>" => &["`[x,y,z]`"],
+            "Vec<Hex>" => &["hex array"],
+            "Vec<Cow<'static,str>>" => &["strings"],
+            other => panic!("no documented type for {other}"),
+        }
+    }
+
+    /// The call-line tables of docs/trace-format.md (its "Call lines" section and the
+    /// analysis's "Call fields"): each field named and the types given it.
+    fn documented() -> BTreeMap<String, Vec<Option<String>>> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/trace-format.md");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut fields: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
+        let mut in_section = false;
+        let mut typed = false;
+        for line in text.lines() {
+            if line.starts_with('#') {
+                in_section = line == "## Call lines" || line == "### Call fields";
+                continue;
+            }
+            let Some(row) = line.strip_prefix('|').filter(|_| in_section) else {
+                continue;
+            };
+            let cells: Vec<&str> = row.split(" | ").map(str::trim).collect();
+            if cells[0] == "field" {
+                typed = cells.get(1) == Some(&"type");
+                continue;
+            }
+            if cells[0].starts_with("---") {
+                continue;
+            }
+            let names: Vec<&str> = cells[0].split(", ").map(|n| n.trim_matches('`')).collect();
+            let types: Vec<&str> = if typed {
+                cells[1].split(", ").collect()
+            } else {
+                vec![]
+            };
+            for (index, name) in names.iter().enumerate() {
+                let given = match types.len() {
+                    0 => None,
+                    1 => Some(types[0].to_owned()),
+                    _ => Some(types.get(index).expect(line).to_string()),
+                };
+                fields.entry((*name).to_owned()).or_default().push(given);
+            }
+        }
+        fields
+    }
+
+    /// A field added to the table and not to docs/trace-format.md, or documented with
+    /// another type, fails here.
+    #[test]
+    fn the_format_doc_describes_every_call_field_with_its_type() {
+        let documented = documented();
+        let fields: BTreeSet<&str> = field_names::<CallLine>()
+            .iter()
+            .copied()
+            .filter(|name| *name != "type")
+            .collect();
+        let named: BTreeSet<&str> = documented.keys().map(String::as_str).collect();
+        let undocumented: Vec<&&str> = fields.difference(&named).collect();
+        let unknown: Vec<&&str> = named.difference(&fields).collect();
+        assert!(
+            undocumented.is_empty(),
+            "not in the doc's tables: {undocumented:?}"
+        );
+        assert!(
+            unknown.is_empty(),
+            "in the doc's tables, not call fields: {unknown:?}"
+        );
+        let types: &[(&str, &[&str])] = crate::schema::call_fields!(doc_types);
+        for (field, accepted) in types {
+            for given in documented[*field].iter().flatten() {
+                assert!(accepted.contains(&given.as_str()), "{field}: {given}");
+            }
+        }
     }
 }
