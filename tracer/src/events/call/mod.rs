@@ -4,7 +4,7 @@
 //! | file | |
 //! |---|---|
 //! | `mod.rs` | [`decode_call_of`]: each catalog argument into its field |
-//! | `fields.rs` | a catalog `Field` set on the line, as hex or a number |
+//! | `fields.rs` | a catalog `Field` set on the line as its type takes it (from the schema's table) |
 //! | `structs.rs` | structs the call points to: memcpy 2D/3D, launch config, instantiate params |
 //! | `enums.rs` | names of CUDA enum values passed by value |
 
