@@ -95,7 +95,7 @@ impl Kind {
             | Role::IpcOpen
             | Role::Memset => Kind::Loading,
             Role::Launch | Role::GraphLaunch => Kind::Launch,
-            Role::Sync => Kind::Sync,
+            Role::Sync(_) => Kind::Sync,
             Role::DeviceFree
             | Role::HostFree
             | Role::PhysicalRelease

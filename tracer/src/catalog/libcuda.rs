@@ -7,11 +7,14 @@
 //! or `Int`, never `Num`: the ABI leaves the upper half of its register or stack slot
 //! undefined, and callers do leave garbage there.
 
-use super::spec::{
-    Arg::{self, *},
-    CopyKind, Family,
-    Field::*,
-    FnSpec, StrField,
+use super::{
+    role::{Role, SyncOn},
+    spec::{
+        Arg::{self, *},
+        CopyKind, Family,
+        Field::*,
+        FnSpec, StrField,
+    },
 };
 
 const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg]) -> FnSpec {
@@ -20,6 +23,7 @@ const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg
         family,
         args,
         copy: None,
+        role: family.role(),
     }
 }
 
@@ -29,6 +33,7 @@ const fn copy(symbols: &'static [&'static str], kind: CopyKind, args: &'static [
         family: Family::Copy,
         args,
         copy: Some(kind),
+        role: Family::Copy.role(),
     }
 }
 
@@ -82,7 +87,8 @@ pub static CATALOG: &[FnSpec] = &[
         &["cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"],
         Family::Context,
         &[Int(Device)],
-    ),
+    )
+    .role(Role::Teardown),
     f(
         &["cuCtxCreate", "cuCtxCreate_v2"],
         Family::Context,
@@ -102,7 +108,8 @@ pub static CATALOG: &[FnSpec] = &[
         &["cuCtxDestroy", "cuCtxDestroy_v2"],
         Family::Context,
         &[Ptr(Context)],
-    ),
+    )
+    .role(Role::Teardown),
     f(&["cuCtxSetCurrent"], Family::Context, &[Ptr(Context)]),
     f(
         &["cuCtxPushCurrent", "cuCtxPushCurrent_v2"],
@@ -115,70 +122,81 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Context,
         &[OutPtr(Context)],
     ),
-    f(&["cuCtxSynchronize"], Family::Sync, &[]),
-    f(&["cuCtxSynchronize_v2"], Family::Sync, &[Ptr(Context)]),
+    f(&["cuCtxSynchronize"], Family::Sync, &[]).role(Role::Sync(SyncOn::Context)),
+    f(&["cuCtxSynchronize_v2"], Family::Sync, &[Ptr(Context)]).role(Role::Sync(SyncOn::Context)),
     // Memory.
     f(
         &["cuMemAlloc_v2"],
         Family::Memory,
         &[OutPtr(Dptr), Num(Bytes)],
-    ),
+    )
+    .role(Role::DeviceAlloc),
     // The legacy 32-bit entry points take `unsigned int` sizes.
     f(
         &["cuMemAlloc"],
         Family::Memory,
         &[OutPtr32(Dptr), U32(Bytes)],
-    ),
+    )
+    .role(Role::DeviceAlloc),
     f(
         &["cuMemAllocHost_v2"],
         Family::Memory,
         &[OutPtr(Host), Num(Bytes)],
-    ),
+    )
+    .role(Role::HostAlloc),
     f(
         &["cuMemAllocHost"],
         Family::Memory,
         &[OutPtr(Host), U32(Bytes)],
-    ),
+    )
+    .role(Role::HostAlloc),
     f(
         &["cuMemHostAlloc"],
         Family::Memory,
         &[OutPtr(Host), Num(Bytes), U32(Flags)],
-    ),
+    )
+    .role(Role::HostAlloc),
     f(
         &["cuMemAllocManaged"],
         Family::Memory,
         &[OutPtr(Dptr), Num(Bytes), U32(Flags)],
-    ),
+    )
+    .role(Role::DeviceAlloc),
     f(
         &["cuMemAllocPitch_v2"],
         Family::Memory,
         &[OutPtr(Dptr), OutNum(Pitch), Num(Width), Num(Height), Skip],
-    ),
+    )
+    .role(Role::DeviceAlloc),
     f(
         &["cuMemAllocAsync"],
         Family::Memory,
         &[OutPtr(Dptr), Num(Bytes), Ptr(Stream)],
-    ),
+    )
+    .role(Role::DeviceAlloc),
     f(
         &["cuMemAllocFromPoolAsync"],
         Family::Memory,
         &[OutPtr(Dptr), Num(Bytes), Ptr(Pool), Ptr(Stream)],
-    ),
-    f(&["cuMemFree_v2"], Family::Memory, &[Ptr(Dptr)]),
-    f(&["cuMemFree"], Family::Memory, &[Ptr32(Dptr)]),
-    f(&["cuMemFreeHost"], Family::Memory, &[Ptr(Host)]),
+    )
+    .role(Role::DeviceAlloc),
+    f(&["cuMemFree_v2"], Family::Memory, &[Ptr(Dptr)]).role(Role::DeviceFree),
+    f(&["cuMemFree"], Family::Memory, &[Ptr32(Dptr)]).role(Role::DeviceFree),
+    f(&["cuMemFreeHost"], Family::Memory, &[Ptr(Host)]).role(Role::HostFree),
     f(
         &["cuMemFreeAsync"],
         Family::Memory,
         &[Ptr(Dptr), Ptr(Stream)],
-    ),
+    )
+    .role(Role::DeviceFree),
     // Virtual memory (PyTorch's expandable segments).
     f(
         &["cuMemCreate"],
         Family::VirtualMemory,
         &[OutPtr(Handle), Num(Bytes), Skip, Num(Flags)],
-    ),
-    f(&["cuMemRelease"], Family::VirtualMemory, &[Ptr(Handle)]),
+    )
+    .role(Role::PhysicalCreate),
+    f(&["cuMemRelease"], Family::VirtualMemory, &[Ptr(Handle)]).role(Role::PhysicalRelease),
     f(
         &["cuMemAddressReserve"],
         Family::VirtualMemory,
@@ -189,22 +207,26 @@ pub static CATALOG: &[FnSpec] = &[
             Ptr(Addr),
             Num(Flags),
         ],
-    ),
+    )
+    .role(Role::AddressReserve),
     f(
         &["cuMemAddressFree"],
         Family::VirtualMemory,
         &[Ptr(Dptr), Num(Bytes)],
-    ),
+    )
+    .role(Role::AddressFree),
     f(
         &["cuMemMap"],
         Family::VirtualMemory,
         &[Ptr(Dptr), Num(Bytes), Num(Offset), Ptr(Handle), Num(Flags)],
-    ),
+    )
+    .role(Role::Map),
     f(
         &["cuMemUnmap"],
         Family::VirtualMemory,
         &[Ptr(Dptr), Num(Bytes)],
-    ),
+    )
+    .role(Role::Unmap),
     f(
         &["cuMemSetAccess"],
         Family::VirtualMemory,
@@ -230,8 +252,9 @@ pub static CATALOG: &[FnSpec] = &[
             Skip,
             IpcHandleOnStack,
         ],
-    ),
-    f(&["cuIpcCloseMemHandle"], Family::Memory, &[Ptr(Dptr)]),
+    )
+    .role(Role::IpcOpen),
+    f(&["cuIpcCloseMemHandle"], Family::Memory, &[Ptr(Dptr)]).role(Role::IpcClose),
     // Unified memory hints. The `_v2` forms take a `CUmemLocation` (8 bytes, one register)
     // where the first took a device ordinal.
     f(
@@ -424,40 +447,46 @@ pub static CATALOG: &[FnSpec] = &[
         &["cuGraphLaunch"],
         Family::Launch,
         &[Ptr(Graph), Ptr(Stream)],
-    ),
+    )
+    .role(Role::GraphLaunch),
     // Graphs: `graph` is the executable graph (what cuGraphLaunch launches),
     // `source_graph` the CUgraph it comes from.
     f(
         &["cuGraphInstantiateWithFlags"],
         Family::Launch,
         &[OutPtr(Graph), Ptr(SourceGraph), Num(Flags)],
-    ),
+    )
+    .role(Role::Other),
     f(
         &["cuGraphInstantiateWithParams"],
         Family::Launch,
         &[OutPtr(Graph), Ptr(SourceGraph), GraphInstantiateParams],
-    ),
+    )
+    .role(Role::Other),
     // The first forms: (exec*, graph, CUgraphNode *errorNode, char *log, size_t logSize).
     f(
         &["cuGraphInstantiate_v2", "cuGraphInstantiate"],
         Family::Launch,
         &[OutPtr(Graph), Ptr(SourceGraph), Skip, Skip, Skip],
-    ),
+    )
+    .role(Role::Other),
     // cuGraphExecUpdate_v2(exec, graph, CUgraphExecUpdateResultInfo *info): the result is
     // the first field of the info struct.
     f(
         &["cuGraphExecUpdate_v2"],
         Family::Launch,
         &[Ptr(Graph), Ptr(SourceGraph), OutInt(GraphResult)],
-    ),
+    )
+    .role(Role::Other),
     f(
         &["cuGraphExecUpdate"],
         Family::Launch,
         &[Ptr(Graph), Ptr(SourceGraph), Skip, OutInt(GraphResult)],
-    ),
+    )
+    .role(Role::Other),
     // Synchronisation and ordering.
-    f(&["cuStreamSynchronize"], Family::Sync, &[Ptr(Stream)]),
-    f(&["cuEventSynchronize"], Family::Sync, &[Ptr(Event)]),
+    f(&["cuStreamSynchronize"], Family::Sync, &[Ptr(Stream)]).role(Role::Sync(SyncOn::Stream)),
+    f(&["cuEventSynchronize"], Family::Sync, &[Ptr(Event)]).role(Role::Sync(SyncOn::Event)),
     f(&["cuEventRecord"], Family::Sync, &[Ptr(Event), Ptr(Stream)]),
     f(
         &["cuEventRecordWithFlags"],
@@ -512,33 +541,44 @@ pub static CATALOG: &[FnSpec] = &[
         Family::Module,
         &[OutPtr(Module), Ptr(Image)],
     ),
-    f(&["cuModuleUnload"], Family::Module, &[Ptr(Module)]),
+    f(&["cuModuleUnload"], Family::Module, &[Ptr(Module)]).role(Role::Teardown),
     f(
         &["cuModuleGetFunction"],
         Family::Module,
         &[OutPtr(Function), Ptr(Module), Str(StrField::Symbol)],
-    ),
+    )
+    .role(Role::GetFunction),
     f(&["cuLibraryLoadData"], Family::Module, &LIBRARY_LOAD_DATA),
     f(
         &["cuLibraryLoadFromFile"],
         Family::Module,
         &LIBRARY_LOAD_FROM_FILE,
     ),
-    f(&["cuLibraryUnload"], Family::Module, &[Ptr(Library)]),
+    f(&["cuLibraryUnload"], Family::Module, &[Ptr(Library)]).role(Role::Teardown),
     f(
         &["cuLibraryGetKernel"],
         Family::Module,
         &[OutPtr(Kernel), Ptr(Library), Str(StrField::Symbol)],
-    ),
+    )
+    .role(Role::GetKernel),
     f(
         &["cuKernelGetFunction"],
         Family::Module,
         &[OutPtr(Function), Ptr(Kernel)],
-    ),
+    )
+    .role(Role::KernelGetFunction),
 ];
 
 /// Suffixes of per-thread default-stream variants, attached beside each symbol.
 pub const STREAM_VARIANTS: &[&str] = &["_ptsz", "_ptds"];
+
+/// Whether a symbol is a per-thread default-stream variant, whose stream 0 is the calling
+/// thread's default stream.
+pub fn is_per_thread_variant(symbol: &str) -> bool {
+    STREAM_VARIANTS
+        .iter()
+        .any(|suffix| symbol.ends_with(suffix))
+}
 
 /// Looks a symbol up (the catalog's own tests and the decoder tests use it).
 #[cfg(test)]
@@ -552,108 +592,4 @@ pub fn lookup(symbol: &str) -> Option<&'static FnSpec> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tracer_common::{ProbeSpec, capture};
-
-    #[test]
-    fn launch_kernel_reads_stack_arguments_and_no_memory() {
-        let spec = lookup("cuLaunchKernel_ptsz").unwrap().probe_spec();
-        assert_eq!(
-            spec,
-            ProbeSpec {
-                nargs: 9,
-                ..ProbeSpec::default()
-            }
-        );
-    }
-
-    #[test]
-    fn cooperative_launches_read_what_plain_launches_read() {
-        let plain = lookup("cuLaunchKernel").unwrap().probe_spec();
-        assert_eq!(
-            lookup("cuLaunchCooperativeKernel_ptsz")
-                .unwrap()
-                .probe_spec(),
-            plain
-        );
-        let data = lookup("cuLibraryLoadData").unwrap().probe_spec();
-        assert_eq!(
-            (data.nargs, data.out_args, data.capture),
-            (8, [1, 0], capture::NONE)
-        );
-        let file = lookup("cuLibraryLoadFromFile").unwrap().probe_spec();
-        assert_eq!(
-            (file.nargs, file.capture, file.capture_arg),
-            (8, capture::CSTR, 1)
-        );
-    }
-
-    #[test]
-    fn launch_kernel_ex_captures_its_config() {
-        let spec = lookup("cuLaunchKernelEx").unwrap().probe_spec();
-        assert_eq!(spec.capture, capture::STRUCT);
-        assert_eq!(spec.capture_arg, 0);
-        assert_eq!(spec.capture_len, 56);
-    }
-
-    /// An entry-only launch has no return probe: nothing of it may be read at return (an
-    /// output), and what it captures (`cuLaunchKernelEx`'s config, the caller's memory) is
-    /// read at entry.
-    #[test]
-    fn entry_only_launches_are_launches_with_nothing_to_read_at_return() {
-        let entry_only: Vec<&str> = CATALOG
-            .iter()
-            .filter(|spec| spec.is_entry_only_launch())
-            .map(|spec| spec.name())
-            .collect();
-        assert_eq!(entry_only, crate::catalog::ENTRY_ONLY_LAUNCHES);
-        for name in entry_only {
-            let spec = lookup(name).unwrap();
-            assert_eq!(spec.family, Family::Launch, "{name}");
-            assert!(!spec.args.iter().any(Arg::is_output), "{name}");
-            let probe = spec.probe_spec();
-            assert_eq!(probe.out_args, [0, 0], "{name}");
-            assert!(
-                probe.capture == capture::NONE
-                    || (probe.capture == capture::STRUCT && spec.args.contains(&LaunchConfig)),
-                "{name}"
-            );
-            assert!(
-                lookup(&format!("{name}_ptsz"))
-                    .unwrap()
-                    .is_entry_only_launch()
-            );
-        }
-        for name in [
-            "cuGraphInstantiateWithFlags",
-            "cuGraphExecUpdate_v2",
-            "cuMemAlloc_v2",
-        ] {
-            assert!(!lookup(name).unwrap().is_entry_only_launch(), "{name}");
-        }
-    }
-
-    #[test]
-    fn get_function_captures_name_and_reads_handle_at_return() {
-        let spec = lookup("cuModuleGetFunction").unwrap().probe_spec();
-        assert_eq!(spec.capture, capture::CSTR);
-        assert_eq!(spec.capture_arg, 2);
-        assert_eq!(spec.out_args, [1, 0]);
-        let pitch = lookup("cuMemAllocPitch_v2").unwrap().probe_spec();
-        assert_eq!(pitch.out_args, [1, 2]);
-    }
-
-    #[test]
-    fn stream_variants_resolve_to_their_function() {
-        assert_eq!(
-            lookup("cuMemcpyHtoDAsync_v2_ptsz").unwrap().name(),
-            "cuMemcpyHtoDAsync_v2"
-        );
-        assert_eq!(
-            lookup("cuMemcpyHtoD_v2_ptds").unwrap().name(),
-            "cuMemcpyHtoD_v2"
-        );
-        assert!(lookup("cuNotAFunction").is_none());
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
 //! The probe catalog: every libcuda function cudatrace knows, the exported symbols that
-//! implement it, and how to read its arguments (x86-64 SysV order). `spec.rs` has the
-//! description's types, `libcuda.rs` libcuda's table, `nccl.rs` libnccl's (with NCCL's
-//! result names), `cuda_result.rs` the names of libcuda's results.
+//! implement it, how to read its arguments (x86-64 SysV order) and what its calls do for
+//! the analysis (its role). `spec.rs` has the description's types, `role.rs` the roles,
+//! `libcuda.rs` libcuda's table (its tests in `libcuda/tests.rs`), `nccl.rs` libnccl's
+//! (with NCCL's result names), `cuda_result.rs` the names of libcuda's results.
 //!
 //! Attaching (`probes::probe_set::LIBCUDA`), the eBPF-side `ProbeSpec`s, decoding and the
 //! analysis's roles all come from this table; adding a function is adding a row.
@@ -9,12 +10,14 @@
 pub mod cuda_result;
 mod libcuda;
 pub mod nccl;
+mod role;
 mod spec;
 
 #[cfg(test)]
 pub use libcuda::lookup;
-pub use libcuda::{CATALOG, STREAM_VARIANTS};
+pub use libcuda::{CATALOG, STREAM_VARIANTS, is_per_thread_variant};
 pub use nccl::NCCL_CATALOG;
+pub use role::{Role, SyncOn};
 #[cfg(test)]
 pub use spec::ENTRY_ONLY_LAUNCHES;
 pub use spec::{

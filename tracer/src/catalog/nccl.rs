@@ -29,6 +29,7 @@ const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg
         family,
         args,
         copy: None,
+        role: family.role(),
     }
 }
 

@@ -3,6 +3,9 @@
 
 use tracer_common::{MAX_OUTS, ProbeSpec, capture};
 
+use super::role::Role;
+use crate::schema::call_fields;
+
 /// Function family, used for grouping in summaries and plots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -73,64 +76,21 @@ impl CopyKind {
     }
 }
 
-/// Where a decoded value goes in the JSON line (stable names, see docs/trace-format.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
-    Bytes,
-    Dptr,
-    Src,
-    Dst,
-    SrcContext,
-    DstContext,
-    Stream,
-    Function,
-    Kernel,
-    Library,
-    Module,
-    Context,
-    Device,
-    Event,
-    Graph,
-    Pool,
-    Handle,
-    Flags,
-    Offset,
-    Alignment,
-    Addr,
-    Pitch,
-    Width,
-    Height,
-    Value,
-    Count,
-    Version,
-    Image,
-    Host,
-    SharedMem,
-    /// `numLibraryOptions` of `cuLibraryLoad*`.
-    LibraryOptionCount,
-    /// A stream's priority (`cuStreamCreateWithPriority`; lower is more urgent).
-    Priority,
-    /// The `CUgraph` a graph exec is instantiated or updated from.
-    SourceGraph,
-    /// `cuGraphExecUpdate`'s `CUgraphExecUpdateResult`, `cuGraphInstantiateWithParams`'s
-    /// `CUgraphInstantiateResult`.
-    GraphResult,
-    /// An NCCL communicator (`ncclComm_t`).
-    Comm,
-    /// The communicator `ncclCommSplit`/`ncclCommShrink` create.
-    NewComm,
-    /// The root rank of a rooted collective.
-    Root,
-    /// The peer rank of `ncclSend`/`ncclRecv`.
-    Peer,
-    /// The caller's rank in its communicator.
-    Rank,
-    /// The number of ranks of a communicator.
-    Nranks,
-    /// `ncclCommSplit`'s color and key.
-    Color,
-    Key,
+/// The catalog's `Field` from the rows of the call line's fields that say one.
+macro_rules! field {
+    ($($(#[$doc:meta])* $field:ident: $wrapper:ident<$inner:ty> $(= $variant:ident)?,)*) => {
+        /// Where a decoded argument goes in the call line: one variant for each field of
+        /// `schema::call`'s table that names one (stable names, see docs/trace-format.md).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Field {
+            $($(
+                #[doc = concat!("`", stringify!($field), "`")]
+                $variant,
+            )?)*
+        }
+    };
 }
+call_fields!(field);
 
 /// How one argument word is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +200,9 @@ pub struct FnSpec {
     pub args: &'static [Arg],
     /// Direction, for copies.
     pub copy: Option<CopyKind>,
+    /// What the analysis does with its calls: the family's ([`Family::role`]) unless the
+    /// row says another ([`FnSpec::role`]).
+    pub role: Role,
 }
 
 /// The functions `--launch-entry-only` probes at entry alone: those that launch GPU work
@@ -261,9 +224,15 @@ pub static GENERIC: FnSpec = FnSpec {
     family: Family::Other,
     args: &[Raw, Raw, Raw, Raw, Raw, Raw],
     copy: None,
+    role: Role::Other,
 };
 
 impl FnSpec {
+    /// The row with its own role, where the family's is not what its calls do.
+    pub const fn role(self, role: Role) -> FnSpec {
+        FnSpec { role, ..self }
+    }
+
     /// The first listed symbol, used as the function's documented name (`generic` for
     /// [`GENERIC`], which probes functions by their own names).
     pub fn name(&self) -> &'static str {

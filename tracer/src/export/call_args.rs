@@ -3,12 +3,16 @@
 //! order without collecting or sorting anything. Nearly every slice is a call, and
 //! collecting through serde cost a third of the export's main thread.
 //!
-//! The fields are listed here a second time, in key order; a test checks the list
-//! against `CallLine`'s own (serde's) and the values against [`Arguments::fill`]'s, so a
-//! field added to `CallLine` and not here fails the tests.
+//! The keys and how each value is given follow from the call line's table of fields
+//! (`schema::call`): the keys are sorted at compile time, and each field's value is given
+//! as its type says ([`CallArg`]). A test checks the values against [`Arguments::fill`]'s.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
 
 use super::arguments::{Arg, Arguments};
-use crate::schema::{CallLine, Hex};
+use crate::schema::{CallLine, Hex, call_fields};
 
 /// Fields a call's slice does not repeat as arguments (the slice itself says them).
 #[cfg(test)]
@@ -54,80 +58,6 @@ pub struct CallArgs<'a> {
     pub plain: bool,
 }
 
-/// The keys [`CallArgs::visit`] can give, in key order (byte-wise, as a JSON map sorts
-/// them); `visit` gives each with its index here.
-pub const CALL_ARG_KEYS: [&str; 69] = [
-    "addr",
-    "advice",
-    "advice_name",
-    "alignment",
-    "args",
-    "block",
-    "bytes",
-    "call",
-    "color",
-    "comm",
-    "comms",
-    "context",
-    "count",
-    "datatype",
-    "datatype_size",
-    "depth",
-    "device",
-    "dptr",
-    "dst",
-    "dst_context",
-    "event",
-    "flags",
-    "function",
-    "graph",
-    "graph_result",
-    "grid",
-    "group",
-    "handle",
-    "height",
-    "host",
-    "image",
-    "ipc_handle",
-    "kernel",
-    "kernel_handle",
-    "kernel_mangled",
-    "key",
-    "kind",
-    "lib",
-    "library",
-    "library_option_count",
-    "live_bytes",
-    "location",
-    "location_id",
-    "module",
-    "new_comm",
-    "nranks",
-    "offset",
-    "op",
-    "path",
-    "peer",
-    "pitch",
-    "pool",
-    "priority",
-    "rank",
-    "ret",
-    "ret_name",
-    "root",
-    "shared_mem",
-    "source_graph",
-    "src",
-    "src_context",
-    "stream",
-    "symbol",
-    "ts_ns",
-    "unique_id",
-    "value",
-    "version",
-    "warnings",
-    "width",
-];
-
 /// A signed field as `serde_json::to_value` numbers it: non-negative integers unsigned.
 fn signed(value: i32) -> Arg<'static> {
     match u64::try_from(value) {
@@ -166,128 +96,201 @@ fn triple(text: &mut [u8; 34], values: [u32; 3]) -> &str {
     unsafe { std::str::from_utf8_unchecked(&text[..=length]) }
 }
 
+/// Where a field's value is written out when the line holds it in another form.
+struct Scratch {
+    triple: [u8; 34],
+    list: String,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Scratch {
+            triple: [0; 34],
+            list: String::new(),
+        }
+    }
+}
+
+/// How a call field's value is given as an argument.
+trait CallArg {
+    /// Its argument, if it has a value; `scratch` holds what is written out for it.
+    fn arg<'a>(&'a self, scratch: &'a mut Scratch) -> Option<Arg<'a>>;
+}
+
+impl CallArg for Option<u64> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.map(Arg::Unsigned)
+    }
+}
+
+impl CallArg for Option<u32> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.map(|value| Arg::Unsigned(value.into()))
+    }
+}
+
+impl CallArg for Option<i32> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.map(signed)
+    }
+}
+
+impl CallArg for Option<Hex> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.map(|Hex(value)| Arg::Hex(value))
+    }
+}
+
+impl CallArg for Option<String> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.as_deref().map(Arg::Text)
+    }
+}
+
+impl CallArg for Option<Cow<'static, str>> {
+    fn arg<'a>(&'a self, _: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.as_deref().map(Arg::Text)
+    }
+}
+
+impl CallArg for Option<[u32; 3]> {
+    fn arg<'a>(&'a self, scratch: &'a mut Scratch) -> Option<Arg<'a>> {
+        self.map(|values| Arg::Json(triple(&mut scratch.triple, values)))
+    }
+}
+
+/// Lists are rare: written as serde_json writes them.
+impl<T: Serialize> CallArg for Vec<T> {
+    fn arg<'a>(&'a self, scratch: &'a mut Scratch) -> Option<Arg<'a>> {
+        if self.is_empty() {
+            return None;
+        }
+        scratch.list = serde_json::to_string(self).unwrap_or_default();
+        Some(Arg::Json(&scratch.list))
+    }
+}
+
+/// `a < b`, byte-wise, at compile time.
+const fn key_less(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut index = 0;
+    while index < a.len() && index < b.len() {
+        if a[index] != b[index] {
+            return a[index] < b[index];
+        }
+        index += 1;
+    }
+    a.len() < b.len()
+}
+
+/// `keys` sorted by key, at compile time (an insertion sort of a few dozen).
+const fn sorted<const N: usize>(keys: &[(&'static str, Key)]) -> [(&'static str, Key); N] {
+    let mut sorted = [("", Key::call); N];
+    let mut index = 0;
+    while index < N {
+        sorted[index] = keys[index];
+        let mut at = index;
+        while at > 0 && key_less(sorted[at].0, sorted[at - 1].0) {
+            let before = sorted[at - 1];
+            sorted[at - 1] = sorted[at];
+            sorted[at] = before;
+            at -= 1;
+        }
+        index += 1;
+    }
+    sorted
+}
+
+/// The keys of `keyed`, at compile time.
+const fn keys_of<const N: usize>(keyed: &[(&'static str, Key); N]) -> [&'static str; N] {
+    let mut keys = [""; N];
+    let mut index = 0;
+    while index < N {
+        keys[index] = keyed[index].0;
+        index += 1;
+    }
+    keys
+}
+
+/// The call's arguments from the rows of the call line's fields.
+macro_rules! call_args {
+    ($($(#[$doc:meta])* $field:ident: $wrapper:ident<$inner:ty> $(= $variant:ident)?,)*) => {
+        /// A call argument, named as its key: each field of the line but
+        /// [`NOT_ARGUMENTS`] (the slice says them), and `call`.
+        #[derive(Clone, Copy)]
+        #[expect(non_camel_case_types, reason = "named as the keys")]
+        enum Key {
+            ts_ns,
+            ret,
+            lib,
+            call,
+            $($field,)*
+        }
+
+        const UNSORTED: &[(&str, Key)] = &[
+            ("ts_ns", Key::ts_ns),
+            ("ret", Key::ret),
+            ("lib", Key::lib),
+            ("call", Key::call),
+            $((stringify!($field), Key::$field),)*
+        ];
+
+        /// The arguments in key order.
+        const KEYED: [(&str, Key); UNSORTED.len()] = sorted(UNSORTED);
+
+        /// The value of argument `which`, if the call has it. Inlined where `which` is
+        /// a constant, the match folds to its one arm.
+        #[inline(always)]
+        fn arg<'a>(
+            call: &CallArgs<'a>,
+            which: Key,
+            scratch: &'a mut Scratch,
+        ) -> Option<Arg<'a>> {
+            let record = call.record;
+            match which {
+                Key::ts_ns => Some(Arg::Unsigned(record.ts_ns)),
+                Key::ret => record.ret.arg(scratch),
+                Key::lib => record.lib.arg(scratch),
+                Key::call => call.with_call.then_some(Arg::Text(&record.name)),
+                $(Key::$field => record.$field.arg(scratch),)*
+            }
+        }
+    };
+}
+call_fields!(call_args);
+
+/// The keys [`CallArgs::visit`] can give, in key order (byte-wise, as a JSON map sorts
+/// them); `visit` gives each with its index here.
+pub const CALL_ARG_KEYS: [&str; KEYED.len()] = keys_of(&KEYED);
+
+/// Gives the argument at each index of [`KEYED`] that the call has, the indexes written
+/// out as constants so that each folds to its one field: straight code in key order, as
+/// if written by hand (a loop would dispatch on every index).
+macro_rules! give_at_each_index {
+    ($call:expr, $give:expr, $scratch:expr, $($index:literal)*) => {
+        $(
+            if let Some(&(name, which)) = KEYED.get($index)
+                && let Some(value) = arg($call, which, &mut $scratch)
+            {
+                $give($index, name, value);
+            }
+        )*
+    };
+}
+
+const _: () = assert!(KEYED.len() <= 80, "give_at_each_index! needs more indexes");
+
 impl CallArgs<'_> {
     /// Gives each argument present, in key order, with its index in [`CALL_ARG_KEYS`].
     pub fn visit(&self, mut give: impl FnMut(usize, &'static str, Arg<'_>)) {
-        let record = self.record;
-        let mut triple_text = [0u8; 34];
-        // An index into CALL_ARG_KEYS and its key, checked by the tests.
-        macro_rules! unsigned {
-            ($index:literal, $field:ident) => {
-                if let Some(value) = record.$field {
-                    give($index, CALL_ARG_KEYS[$index], Arg::Unsigned(value.into()));
-                }
-            };
-        }
-        macro_rules! signed {
-            ($index:literal, $field:ident) => {
-                if let Some(value) = record.$field {
-                    give($index, CALL_ARG_KEYS[$index], signed(value));
-                }
-            };
-        }
-        macro_rules! hex {
-            ($index:literal, $field:ident) => {
-                if let Some(Hex(value)) = record.$field {
-                    give($index, CALL_ARG_KEYS[$index], Arg::Hex(value));
-                }
-            };
-        }
-        macro_rules! text {
-            ($index:literal, $field:ident) => {
-                if let Some(value) = &record.$field {
-                    give($index, CALL_ARG_KEYS[$index], Arg::Text(value));
-                }
-            };
-        }
-        macro_rules! triple {
-            ($index:literal, $field:ident) => {
-                if let Some(values) = record.$field {
-                    let json = triple(&mut triple_text, values);
-                    give($index, CALL_ARG_KEYS[$index], Arg::Json(json));
-                }
-            };
-        }
-        // Lists are rare: written as serde_json writes them.
-        macro_rules! list {
-            ($index:literal, $field:ident) => {
-                if !record.$field.is_empty() {
-                    let json = serde_json::to_string(&record.$field).unwrap_or_default();
-                    give($index, CALL_ARG_KEYS[$index], Arg::Json(&json));
-                }
-            };
-        }
-        hex!(0, addr);
-        unsigned!(1, advice);
-        text!(2, advice_name);
-        unsigned!(3, alignment);
-        list!(4, args);
-        triple!(5, block);
-        unsigned!(6, bytes);
-        if self.with_call {
-            give(7, CALL_ARG_KEYS[7], Arg::Text(&record.name));
-        }
-        signed!(8, color);
-        hex!(9, comm);
-        list!(10, comms);
-        hex!(11, context);
-        unsigned!(12, count);
-        text!(13, datatype);
-        unsigned!(14, datatype_size);
-        unsigned!(15, depth);
-        signed!(16, device);
-        hex!(17, dptr);
-        hex!(18, dst);
-        hex!(19, dst_context);
-        hex!(20, event);
-        unsigned!(21, flags);
-        hex!(22, function);
-        hex!(23, graph);
-        unsigned!(24, graph_result);
-        triple!(25, grid);
-        unsigned!(26, group);
-        hex!(27, handle);
-        unsigned!(28, height);
-        hex!(29, host);
-        hex!(30, image);
-        text!(31, ipc_handle);
-        text!(32, kernel);
-        hex!(33, kernel_handle);
-        text!(34, kernel_mangled);
-        signed!(35, key);
-        text!(36, kind);
-        unsigned!(37, lib);
-        hex!(38, library);
-        unsigned!(39, library_option_count);
-        unsigned!(40, live_bytes);
-        text!(41, location);
-        signed!(42, location_id);
-        hex!(43, module);
-        hex!(44, new_comm);
-        signed!(45, nranks);
-        unsigned!(46, offset);
-        text!(47, op);
-        text!(48, path);
-        signed!(49, peer);
-        unsigned!(50, pitch);
-        hex!(51, pool);
-        signed!(52, priority);
-        signed!(53, rank);
-        unsigned!(54, ret);
-        text!(55, ret_name);
-        signed!(56, root);
-        unsigned!(57, shared_mem);
-        hex!(58, source_graph);
-        hex!(59, src);
-        hex!(60, src_context);
-        hex!(61, stream);
-        text!(62, symbol);
-        give(63, CALL_ARG_KEYS[63], Arg::Unsigned(record.ts_ns));
-        text!(64, unique_id);
-        unsigned!(65, value);
-        signed!(66, version);
-        list!(67, warnings);
-        unsigned!(68, width);
+        let mut scratch = Scratch::new();
+        give_at_each_index!(
+            self, give, scratch,
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19
+            20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39
+            40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59
+            60 61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use foldhash::HashMap;
 
-use crate::schema::CallLine;
+use crate::{catalog::is_per_thread_variant, schema::CallLine};
 
 /// Launches kept per stream while waiting for a synchronisation.
 pub const MAX_PENDING_PER_STREAM: usize = 65_536;
@@ -34,7 +34,7 @@ impl StreamKey {
     pub fn of(record: &CallLine) -> Option<StreamKey> {
         let stream = record.stream?.0;
         // `_ptsz`/`_ptds` entry points treat stream 0 as the per-thread default stream.
-        let per_thread_api = record.name.ends_with("_ptsz") || record.name.ends_with("_ptds");
+        let per_thread_api = is_per_thread_variant(&record.name);
         Some(match stream {
             STREAM_PER_THREAD => StreamKey::thread_default(record.tid),
             0 if per_thread_api => StreamKey::thread_default(record.tid),

@@ -5,7 +5,7 @@
 use tracer_common::GPU_RECORDS_SYMBOL;
 
 use crate::catalog::{
-    Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, STREAM_VARIANTS, cuda_result, nccl,
+    Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, Role, STREAM_VARIANTS, cuda_result, nccl,
 };
 
 /// Every probe set, in the order their file-name patterns are tried. The index of a set
@@ -168,6 +168,7 @@ static GPU_RECORDS_CATALOG: &[FnSpec] = &[FnSpec {
     family: Family::GpuRecords,
     args: &[Arg::Skip, Arg::Skip],
     copy: None,
+    role: Role::Other,
 }];
 
 impl ProbeSet {

@@ -52,6 +52,7 @@ mod process;
 #[cfg(test)]
 pub mod testing;
 pub use call::CallLine;
+pub(crate) use call::call_fields;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{

@@ -219,7 +219,7 @@ impl PowerAccumulator {
                     self.windows.launch(record.ts_ns, name);
                 }
             }
-            Role::Sync if sampled => self.windows.close(end),
+            Role::Sync(_) if sampled => self.windows.close(end),
             _ => {}
         }
     }

@@ -4,7 +4,7 @@
 //! | file | |
 //! |---|---|
 //! | `mod.rs` | [`decode_call_of`]: each catalog argument into its field |
-//! | `fields.rs` | a catalog `Field` set on the line, as hex or a number |
+//! | `fields.rs` | a catalog `Field` set on the line as its type takes it (from the schema's table) |
 //! | `structs.rs` | structs the call points to: memcpy 2D/3D, launch config, instantiate params |
 //! | `enums.rs` | names of CUDA enum values passed by value |
 
@@ -75,18 +75,18 @@ pub fn decode_call_of(
                 .unwrap_or(0)
         };
         match *arg {
-            Arg::Num(field) => record.set_num(field, word),
+            Arg::Num(field) => record.set(field, word),
             // The ABI leaves the bits above a narrow argument undefined: never read them.
-            Arg::U32(field) => record.set_num(field, word & 0xffff_ffff),
-            Arg::U16(field) => record.set_num(field, word & 0xffff),
-            Arg::U8(field) => record.set_num(field, word & 0xff),
-            Arg::Int(field) => record.set_num(field, u64::from(word as u32 as i32 as u32)),
-            Arg::Ptr(field) => record.set_hex(field, word),
-            Arg::Ptr32(field) => record.set_hex(field, word & 0xffff_ffff),
-            Arg::OutPtr(field) => record.set_hex(field, out()),
-            Arg::OutPtr32(field) => record.set_hex(field, out() & 0xffff_ffff),
-            Arg::OutNum(field) => record.set_num(field, out()),
-            Arg::OutInt(field) => record.set_num(field, out() & 0xffff_ffff),
+            Arg::U32(field) => record.set(field, word & 0xffff_ffff),
+            Arg::U16(field) => record.set(field, word & 0xffff),
+            Arg::U8(field) => record.set(field, word & 0xff),
+            Arg::Int(field) => record.set(field, u64::from(word as u32 as i32 as u32)),
+            Arg::Ptr(field) => record.set(field, word),
+            Arg::Ptr32(field) => record.set(field, word & 0xffff_ffff),
+            Arg::OutPtr(field) => record.set(field, out()),
+            Arg::OutPtr32(field) => record.set(field, out() & 0xffff_ffff),
+            Arg::OutNum(field) => record.set(field, out()),
+            Arg::OutInt(field) => record.set(field, out() & 0xffff_ffff),
             Arg::Str(field) => {
                 let text = c_string(data);
                 match field {

@@ -7,7 +7,7 @@ use std::io;
 use super::{Exporter, RankSlice, call_label};
 use crate::{
     analysis::Role,
-    catalog::nccl::collective_op,
+    catalog::{SyncOn, nccl::collective_op},
     export::{
         arguments::Arguments,
         call_args::{CallArgs, SliceArgs},
@@ -73,10 +73,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                     }
                 }
             }
-            Role::Sync if record.name.starts_with("cuCtxSynchronize") => {
+            Role::Sync(SyncOn::Context) => {
                 flows_in = self.flows.sync_process(record.pid, record.ts_ns);
             }
-            Role::Sync if record.name.starts_with("cuStreamSynchronize") => {
+            Role::Sync(SyncOn::Stream) => {
                 if let Some(stream) = StreamKey::of(record) {
                     flows_in = self.flows.sync_stream(record.pid, stream, record.ts_ns);
                 }

@@ -1,0 +1,85 @@
+//! What a function does, as far as the analysis is concerned: a column of the catalog rows
+//! ([`FnSpec::role`](super::FnSpec::role)), the family's unless the row says another.
+
+use super::spec::Family;
+
+/// What a driver function does, as far as the analysis is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Driver, device and context set-up: cuInit, cuDeviceGet, cuCtxCreate, ...
+    Setup,
+    /// Context destruction and module/library unloading.
+    Teardown,
+    /// Device memory allocated (cuMemAlloc and its kin).
+    DeviceAlloc,
+    DeviceFree,
+    /// Page-locked host memory (cuMemAllocHost, cuMemHostAlloc).
+    HostAlloc,
+    HostFree,
+    /// cuMemCreate: physical memory behind a generic allocation handle.
+    PhysicalCreate,
+    PhysicalRelease,
+    /// cuMemMap / cuMemUnmap: physical memory mapped into reserved address space.
+    Map,
+    Unmap,
+    /// cuMemAddressReserve / cuMemAddressFree: address space only.
+    AddressReserve,
+    AddressFree,
+    /// cuIpcOpenMemHandle / cuIpcCloseMemHandle: another process's device memory mapped
+    /// into this one (not this process's device bytes: its exporter allocated them).
+    IpcOpen,
+    IpcClose,
+    Copy,
+    Memset,
+    /// A kernel launch with a CUfunction (or CUkernel) handle.
+    Launch,
+    GraphLaunch,
+    /// A call that waits for the device, and what it waits for.
+    Sync(SyncOn),
+    /// Module and library loading.
+    ModuleLoad,
+    /// cuModuleGetFunction: name -> CUfunction.
+    GetFunction,
+    /// cuLibraryGetKernel: name -> CUkernel.
+    GetKernel,
+    /// cuKernelGetFunction: CUkernel -> CUfunction.
+    KernelGetFunction,
+    /// An NCCL collective or point-to-point call (libnccl).
+    Collective,
+    /// Everything else (memory access flags, events, stream creation, graph instantiation,
+    /// queries, functions outside the catalog, ...).
+    Other,
+}
+
+/// What a synchronising call waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncOn {
+    /// All of the current context's work (cuCtxSynchronize).
+    Context,
+    /// One stream's work (cuStreamSynchronize).
+    Stream,
+    /// One event (cuEventSynchronize).
+    Event,
+}
+
+impl Family {
+    /// The role of a function of this family whose row says none.
+    pub const fn role(self) -> Role {
+        match self {
+            Family::Init | Family::Context => Role::Setup,
+            Family::Copy => Role::Copy,
+            Family::Memset => Role::Memset,
+            Family::Launch => Role::Launch,
+            Family::Module => Role::ModuleLoad,
+            Family::Collective => Role::Collective,
+            // NCCL's own allocations are made of the driver calls probed in libcuda.
+            Family::Communicator | Family::Group => Role::Other,
+            // Memory calls each say theirs; queries, events and streams have none.
+            Family::Memory
+            | Family::VirtualMemory
+            | Family::Sync
+            | Family::GpuRecords
+            | Family::Other => Role::Other,
+        }
+    }
+}
