@@ -46,6 +46,8 @@ use crate::cli::{Cli, Command};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // Before anything installs a handler: what the traced command is to start with.
+    spawn::record_inherited_signals();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
