@@ -18,6 +18,7 @@ mod export;
 mod format;
 mod inject;
 mod kernel_hooks;
+mod output_file;
 mod plot;
 mod power;
 mod privileges;
@@ -29,6 +30,7 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
+mod trace_input;
 mod view;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.

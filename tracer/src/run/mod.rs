@@ -45,6 +45,7 @@ use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},
+    output_file::Input,
     power::{PowerSetup, sampler::describe_errors},
     privileges,
     probes::{
@@ -131,7 +132,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         false => None,
     };
 
-    let (output, output_label) = open_output(args.output.as_deref(), user.as_ref())
+    let inputs = run_inputs(&libraries, program.as_deref(), gpu.as_ref(), power.as_ref());
+    let (output, output_label) = open_output(args.output.as_deref(), user.as_ref(), &inputs)
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let mut writer = TraceWriter::new(output);
     let started = Instant::now();
@@ -244,10 +246,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     match (args.export, output_label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
-            let exported = crate::export::after_run(Path::new(&output_label), format);
-            if let (Some(path), Some(user)) = (exported, user.as_ref()) {
-                let _ = privileges::chown_to(&path, user);
-            }
+            // Written as the invoking user, as the trace was.
+            crate::export::after_run(Path::new(&output_label), format, user.as_ref());
         }
         (None, _) => {}
     }
@@ -263,6 +263,30 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         }
         _ => Ok(code),
     }
+}
+
+/// The files the trace must not overwrite: the libraries probed from the start, libcupti,
+/// NVML and the command itself.
+fn run_inputs(
+    libraries: &[FoundLibrary],
+    program: Option<&Path>,
+    gpu: Option<&GpuInjection>,
+    power: Option<&PowerSetup>,
+) -> Vec<Input> {
+    let mut inputs: Vec<Input> = libraries
+        .iter()
+        .filter_map(|found| {
+            let what = format!("{}, a library this run probes", found.set.library);
+            Input::of_file(what, &found.file)
+        })
+        .collect();
+    inputs.extend(program.and_then(|path| Input::of("the traced command", path)));
+    inputs.extend(gpu.and_then(|gpu| Input::of("--gpu's libcupti", &gpu.cupti.path)));
+    if let Some(power) = power {
+        let nvml = Path::new(&power.info.nvml.path);
+        inputs.extend(Input::of("--power's NVML library", nvml));
+    }
+    inputs
 }
 
 /// `--gpu`: the injection library as written for this run, a library like any other.

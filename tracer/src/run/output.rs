@@ -2,49 +2,38 @@
 //! the sudo user) or standard output.
 
 use std::{
-    fs::{self, OpenOptions},
     io::Write,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::privileges::{self, TargetUser};
+use crate::{
+    output_file::{Input, Writer},
+    privileges::TargetUser,
+};
 
-/// The trace's destination and its name in messages (`stdout` for `-o -`).
+/// The trace's destination and its name in messages (`stdout` for `-o -`). Under sudo the
+/// file (and a `traces/` folder made for it) is created as the invoking user
+/// (`output_file`); none of `inputs` is overwritten.
 pub fn open_output(
     requested: Option<&Path>,
     user: Option<&TargetUser>,
+    inputs: &[Input],
 ) -> Result<(Box<dyn Write>, String)> {
     if requested == Some(Path::new("-")) {
         return Ok((Box::new(std::io::stdout()), "stdout".into()));
     }
+    let writer = Writer { user };
     let path = match requested {
         Some(path) => path.to_owned(),
         None => {
             let dir = PathBuf::from("traces");
-            if !dir.is_dir() {
-                fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                if let Some(user) = user {
-                    privileges::chown_to(&dir, user)
-                        .with_context(|| format!("giving {} to {}", dir.display(), user.name))?;
-                }
-            }
+            writer.create_dir(&dir)?;
             dir.join(default_trace_name())
         }
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&path)
-        .with_context(|| format!("cannot write the trace to {}", path.display()))?;
-    if let Some(user) = user {
-        privileges::chown_to(&path, user)
-            .with_context(|| format!("giving {} to {}", path.display(), user.name))?;
-    }
+    let file = writer.create(&path, inputs)?;
     Ok((Box::new(file), path.display().to_string()))
 }
 
