@@ -20,6 +20,7 @@ mod export;
 mod format;
 mod inject;
 mod kernel_hooks;
+mod output_file;
 mod plot;
 mod power;
 mod privileges;
@@ -31,6 +32,7 @@ mod selftest;
 mod sinks;
 mod spawn;
 mod summary;
+mod trace_input;
 mod view;
 
 /// The hand-written traces of the export and plot CLI tests, for their unit tests too.
@@ -48,6 +50,8 @@ use crate::cli::{Cli, Command};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // Before anything installs a handler: what the traced command is to start with.
+    spawn::record_inherited_signals();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(args),

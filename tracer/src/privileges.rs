@@ -4,7 +4,6 @@ use std::{
     ffi::{CStr, CString, OsString},
     fs,
     os::unix::ffi::OsStringExt,
-    path::Path,
 };
 
 /// Capability numbers (linux/capability.h).
@@ -119,9 +118,20 @@ fn group_list(name: &str, gid: u32) -> Vec<u32> {
     groups
 }
 
-/// Gives `path` to `user` (the trace file and any folder cudatrace created for it).
-pub fn chown_to(path: &Path, user: &TargetUser) -> std::io::Result<()> {
-    std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
+/// Becomes `user` for good (groups, gid, uid), for commands that need no privilege and
+/// should have none of root's (`view`: it reads the trace as the user who asked).
+pub fn become_user(user: &TargetUser) -> std::io::Result<()> {
+    // SAFETY: setgroups/setgid/setuid(2) with a valid array; groups and gid go first,
+    // while still root.
+    let failed = unsafe {
+        libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
+            || libc::setgid(user.gid) != 0
+            || libc::setuid(user.uid) != 0
+    };
+    match failed {
+        true => Err(std::io::Error::last_os_error()),
+        false => Ok(()),
+    }
 }
 
 /// The environment for the command: ours, with HOME/USER/LOGNAME of the target user.

@@ -8,6 +8,7 @@ use std::{
     ffi::{CString, OsStr, OsString},
     os::unix::ffi::{OsStrExt, OsStringExt},
     path::{Path, PathBuf},
+    sync::OnceLock,
 };
 
 use crate::privileges::TargetUser;
@@ -80,6 +81,78 @@ fn cstring(bytes: Vec<u8>) -> Result<CString, SpawnError> {
         .map_err(|e| SpawnError::NulByte(String::from_utf8_lossy(&e.into_vec()).into_owned()))
 }
 
+/// The signal dispositions and mask cudatrace was started with: what an untraced child of
+/// the same shell would inherit. The command gets them back before its exec, whatever
+/// cudatrace changed since (Rust's runtime ignores SIGPIPE; the signal handlers).
+struct InheritedSignals {
+    /// Signals that were ignored (`nohup` ignores SIGHUP, a background job of a
+    /// non-interactive shell SIGINT and SIGQUIT): they stay ignored, as across any exec.
+    ignored: Vec<libc::c_int>,
+    mask: libc::sigset_t,
+}
+
+static INHERITED_SIGNALS: OnceLock<InheritedSignals> = OnceLock::new();
+
+/// Highest signal number on Linux (`SIGRTMAX`).
+const LAST_SIGNAL: libc::c_int = 64;
+
+/// Records the dispositions and mask cudatrace started with; call first thing in `main`,
+/// before any handler is installed. SIGPIPE is taken to have been at its default: Rust's
+/// runtime ignores it before `main` (as `std::process::Command` does, its children get
+/// it back at its default).
+pub fn record_inherited_signals() {
+    let mut ignored = Vec::new();
+    for signal in 1..=LAST_SIGNAL {
+        if signal == libc::SIGPIPE {
+            continue;
+        }
+        // SAFETY: sigaction(2) with a null new action only reads the current one.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        let read = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
+        if read == 0 && current.sa_sigaction == libc::SIG_IGN {
+            ignored.push(signal);
+        }
+    }
+    // SAFETY: sigprocmask(2) with a null new set only reads the mask.
+    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut mask);
+        libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut mask);
+    }
+    let _ = INHERITED_SIGNALS.set(InheritedSignals { ignored, mask });
+}
+
+/// In the forked child: every signal back to its default (or to ignored, where cudatrace
+/// inherited it ignored) and the mask cudatrace started with. Only async-signal-safe calls.
+///
+/// # Safety
+/// Call only in the child between fork and exec.
+unsafe fn restore_inherited_signals(inherited: Option<&InheritedSignals>) {
+    // SAFETY: sigaction(2) and sigprocmask(2) are async-signal-safe; the structs live on
+    // the stack or were allocated before the fork.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        libc::sigemptyset(&mut action.sa_mask);
+        for signal in 1..=LAST_SIGNAL {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            let ignored = inherited.is_some_and(|i| i.ignored.contains(&signal));
+            action.sa_sigaction = if ignored {
+                libc::SIG_IGN
+            } else {
+                libc::SIG_DFL
+            };
+            // glibc's own signals (32, 33) refuse: they are reset by the exec anyway.
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        let mask = inherited.map_or(&empty as *const _, |i| &i.mask as *const _);
+        libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
+    }
+}
+
 /// A forked child waiting at the gate.
 #[derive(Debug)]
 pub struct Gated {
@@ -118,6 +191,7 @@ pub fn spawn_gated(
     let mut envp: Vec<*const libc::c_char> = c_env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
     let groups: Vec<libc::gid_t> = user.map(|u| u.groups.clone()).unwrap_or_default();
+    let inherited = INHERITED_SIGNALS.get();
 
     let mut gate = [0; 2];
     let mut errors = [0; 2];
@@ -157,6 +231,9 @@ pub fn spawn_gated(
             if stdout_to_stderr && libc::dup2(2, 1) < 0 {
                 fail(5);
             }
+            // As an untraced child of the same shell: nothing of cudatrace's own signal
+            // set-up reaches the command (a pipeline's `yes | head` needs SIGPIPE).
+            restore_inherited_signals(inherited);
             let mut byte = 0u8;
             // EOF means cudatrace died before releasing us: do not run untraced.
             if libc::read(gate[0], (&mut byte as *mut u8).cast(), 1) != 1 {

@@ -182,3 +182,82 @@ fn png_output_and_errors() {
         stderr(&output)
     );
 }
+
+/// `cudatrace ARGS` reading `text` from a pipe (`/dev/stdin`).
+fn from_pipe(args: &[&str], text: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(CUDATRACE)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let text = text.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(text.as_bytes()));
+    let output = child.wait_with_output().unwrap();
+    // A reader that stopped early closes the pipe: not this test's failure.
+    let _ = writer.join().unwrap();
+    output
+}
+
+#[test]
+fn a_trace_from_a_pipe_or_fifo_is_read_whole_twice() {
+    // A --gpu trace: the summary reads it twice too.
+    for (name, text) in [("inference", traces::inference(20)), ("gpu", traces::gpu())] {
+        let file = write(&format!("pipe-{name}"), &text);
+        let dir = file.parent().unwrap();
+        let from_file = plot(&file);
+        let svg = dir.join("from-pipe.svg");
+        let output = from_pipe(&["plot", "/dev/stdin", "-o", svg.to_str().unwrap()], &text);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let from_pipe_texts = svg_texts(&std::fs::read_to_string(&svg).unwrap());
+        // The same picture, but for the trace's name in its title.
+        let label = file.to_str().unwrap();
+        let renamed: Vec<String> = from_pipe_texts
+            .iter()
+            .map(|t| t.replace("/dev/stdin", label))
+            .collect();
+        assert_eq!(renamed, from_file, "{name}");
+
+        let summary = |output: Output| {
+            assert!(output.status.success(), "{}", stderr(&output));
+            let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+            let mut json = json;
+            json["trace"]["file"] = Value::Null;
+            json
+        };
+        assert_eq!(
+            summary(from_pipe(&["summary", "--json", "/dev/stdin"], &text)),
+            summary(cudatrace(&["summary", "--json"], &file)),
+            "{name}"
+        );
+
+        // A FIFO, written once.
+        let fifo = dir.join("fifo");
+        let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+        let writer = {
+            let (fifo, text) = (fifo.clone(), text.clone());
+            std::thread::spawn(move || std::fs::write(fifo, text).unwrap())
+        };
+        let output = cudatrace(&["plot", "-o", svg.to_str().unwrap()], &fifo);
+        writer.join().unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        let from_fifo: Vec<String> = svg_texts(&std::fs::read_to_string(&svg).unwrap())
+            .iter()
+            .map(|t| t.replace(fifo.to_str().unwrap(), label))
+            .collect();
+        assert_eq!(from_fifo, from_file, "{name}");
+    }
+    // No file to write beside: -o is needed, said at once.
+    let output = from_pipe(&["plot", "/dev/stdin"], &traces::known());
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("pass -o FILE"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -490,7 +490,12 @@ fn more_events_than_the_ring_holds_are_counted_as_lost() {
 #[test]
 fn the_command_runs_as_the_sudo_user_who_owns_the_trace() {
     let Some(_guard) = root() else { return };
-    let dir = scratch("sudo");
+    // The trace is written as the user: a folder of theirs, which they can reach wherever
+    // the checkout is.
+    let dir = std::env::temp_dir().join(format!("cudatrace-test-sudo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
     let trace_path = dir.join("trace.jsonl");
     let output = Command::new(CUDATRACE)
         .args(["run", "-q", "--libcuda"])

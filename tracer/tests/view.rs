@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{CUDATRACE, scratch};
+use common::{CUDATRACE, root, scratch};
 
 /// The tests share the port.
 static PORT_LOCK: Mutex<()> = Mutex::new(());
@@ -32,10 +32,15 @@ struct Response {
 }
 
 fn request(method: &str, path: &str, extra: &str) -> Response {
+    request_to("127.0.0.1:9001", method, path, extra)
+}
+
+/// A request naming `host` in its `Host` header.
+fn request_to(host: &str, method: &str, path: &str, extra: &str) -> Response {
     let mut stream = TcpStream::connect(("127.0.0.1", 9001)).expect("connecting to 9001");
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:9001\r\nOrigin: https://ui.perfetto.dev\r\n{extra}\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: https://ui.perfetto.dev\r\n{extra}\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();
@@ -395,4 +400,137 @@ fn errors_have_their_exit_codes() {
     assert_eq!(code, Some(75), "{stderr}");
     assert!(stderr.contains("127.0.0.1:9001 is in use"), "{stderr}");
     drop(taken);
+}
+
+#[test]
+fn a_page_that_names_another_host_gets_nothing() {
+    let _port = port();
+    let dir = scratch("view-host");
+    let trace = write(&dir, "known.jsonl", traces::known().as_bytes());
+    let expected = perfetto_export(&trace, &dir.join("expected.pftrace"));
+    let mut viewer = Viewer::start(&[trace.to_str().unwrap(), "--no-browser"], None);
+    viewer.wait_for("until the Perfetto UI has fetched it");
+    // A page on a name that resolves to 127.0.0.1 (DNS rebinding) sends its own name.
+    for host in [
+        "attacker.example:9001",
+        "127.0.0.1.nip.io:9001",
+        "127.0.0.1:80",
+        "localhost",
+    ] {
+        for method in ["GET", "HEAD", "OPTIONS"] {
+            let response = request_to(host, method, "/known.pftrace", "");
+            assert_eq!(response.status, 403, "{method} with Host {host}");
+            assert!(response.body.is_empty());
+        }
+    }
+    let mut stream = TcpStream::connect(("127.0.0.1", 9001)).unwrap();
+    write!(stream, "GET /known.pftrace HTTP/1.1\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    assert!(raw.starts_with(b"HTTP/1.1 403 "), "no Host at all");
+    assert!(
+        viewer.running(),
+        "refused requests do not count as the fetch"
+    );
+    let got = request_to("LocalHost:9001", "GET", "/known.pftrace", "");
+    assert!(got.status == 200 && got.body == expected);
+    let (status, _, stderr) = viewer.finish();
+    assert_eq!(status.code(), Some(0), "{stderr:?}");
+}
+
+#[test]
+fn offline_serves_no_dotfile_and_nothing_its_links_lead_out_of() {
+    let _port = port();
+    let dir = scratch("view-offline-links");
+    let trace = write(&dir, "known.jsonl", traces::known().as_bytes());
+    let ui = dir.join("ui");
+    write(&ui, "index.html", b"<html>the UI</html>");
+    write(&ui, ".env", b"TOKEN=1");
+    write(&ui, "v52/.git/config", b"[core]");
+    write(&dir, "secret.txt", b"not the UI's");
+    std::os::unix::fs::symlink("../secret.txt", ui.join("relative-out")).unwrap();
+    std::os::unix::fs::symlink(dir.join("secret.txt"), ui.join("absolute-out")).unwrap();
+    std::os::unix::fs::symlink("..", ui.join("up")).unwrap();
+    std::os::unix::fs::symlink("index.html", ui.join("inside.html")).unwrap();
+    let mut viewer = Viewer::start(
+        &[
+            trace.to_str().unwrap(),
+            "--offline",
+            ui.to_str().unwrap(),
+            "--no-browser",
+        ],
+        None,
+    );
+    viewer.wait_for("until Ctrl-C");
+    for refused in [
+        "/.env",
+        "/v52/.git/config",
+        "/relative-out",
+        "/absolute-out",
+        "/up/secret.txt",
+    ] {
+        assert_eq!(request("GET", refused, "").status, 404, "{refused}");
+    }
+    let inside = request("GET", "/inside.html", "");
+    assert_eq!(
+        (inside.status, inside.body.as_slice()),
+        (200, &b"<html>the UI</html>"[..]),
+        "a link that stays inside the folder"
+    );
+    viewer.interrupt();
+    let (status, _, stderr) = viewer.finish();
+    assert_eq!(status.code(), Some(130), "{stderr:?}");
+}
+
+#[test]
+fn a_trace_from_a_pipe_is_exported_and_served() {
+    let _port = port();
+    let dir = scratch("view-pipe");
+    let trace = write(&dir, "known.jsonl", traces::known().as_bytes());
+    let expected = perfetto_export(&trace, &dir.join("expected.pftrace"));
+    let mut child = Command::new(CUDATRACE)
+        .args(["view", "/dev/stdin", "--no-browser"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .env_remove("SUDO_UID")
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(traces::known().as_bytes()).unwrap();
+    drop(stdin);
+    let pipe = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(pipe).lines();
+    let serving = lines
+        .find(|line| line.as_ref().unwrap().contains("until the Perfetto UI"))
+        .unwrap()
+        .unwrap();
+    assert!(serving.contains("/stdin.pftrace"), "{serving}");
+    let got = request("GET", "/stdin.pftrace", "");
+    assert!(
+        got.status == 200 && got.body == expected,
+        "the whole export"
+    );
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn under_sudo_the_trace_is_read_as_the_user_who_asked() {
+    let Some(_guard) = root() else { return };
+    let _port = port();
+    let dir = scratch("view-sudo");
+    let trace = write(&dir, "root-only.pftrace", b"not for everyone");
+    std::fs::set_permissions(&trace, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let output = Command::new(CUDATRACE)
+        .args(["view", "--no-browser"])
+        .arg(&trace)
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .env("SUDO_USER", "nobody")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(66), "{stderr}");
+    assert!(stderr.contains("cannot open the trace"), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
 }

@@ -1,7 +1,11 @@
 //! Per-function, per-kernel and per-direction statistics.
 //!
 //! Latency percentiles come from an HDR histogram per function (3 significant digits:
-//! within 0.1%), so memory depends on the number of functions, not of calls.
+//! within 0.1%), so memory depends on the number of functions, not of calls. A histogram
+//! takes 16 KiB from its first value, so a function's first few latencies are kept as they
+//! are and go into one only when there are more ([`Latency`]): a trace of many functions
+//! called a few times each (`--functions all`, or 200,000 names) costs a few hundred bytes
+//! a function, and the percentiles are the same.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,7 +33,63 @@ struct FunctionStats {
     /// Successful synchronous copies: their time, for bandwidth.
     copy_ns: u64,
     synchronous_copy: bool,
-    latency: Histogram<u64>,
+    latency: Latency,
+}
+
+/// Latencies kept as they are while few, else in an HDR histogram. The percentiles are
+/// the histogram's either way: the few are put into one when asked.
+enum Latency {
+    Few(Vec<u64>),
+    Many(Histogram<u64>),
+}
+
+/// Latencies kept as they are, at most (512 bytes): a histogram costs 16 KiB.
+const FEW_LATENCIES: usize = 64;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("3 significant digits is a valid precision")
+}
+
+/// Records `value` (clamped to what the histograms resolve); `record` grows the histogram
+/// as needed (`saturating_record` would clamp).
+fn record(histogram: &mut Histogram<u64>, value: u64) {
+    let value = value.min(MAX_TRACKED_NS);
+    if histogram.record(value).is_err() {
+        histogram.saturating_record(value);
+    }
+}
+
+impl Latency {
+    fn record(&mut self, value: u64) {
+        match self {
+            Latency::Few(values) if values.len() < FEW_LATENCIES => values.push(value),
+            Latency::Few(values) => {
+                let mut many = histogram();
+                for value in values.iter().copied().chain([value]) {
+                    record(&mut many, value);
+                }
+                *self = Latency::Many(many);
+            }
+            Latency::Many(many) => record(many, value),
+        }
+    }
+
+    /// The histogram's values at `quantiles`.
+    fn at<const N: usize>(&self, quantiles: [f64; N]) -> [u64; N] {
+        let built;
+        let histogram = match self {
+            Latency::Many(many) => many,
+            Latency::Few(values) => {
+                let mut few = histogram();
+                for value in values {
+                    record(&mut few, *value);
+                }
+                built = few;
+                &built
+            }
+        };
+        quantiles.map(|quantile| histogram.value_at_quantile(quantile))
+    }
 }
 
 impl FunctionStats {
@@ -43,7 +103,7 @@ impl FunctionStats {
             bytes: None,
             copy_ns: 0,
             synchronous_copy: role == Role::Copy && !name.contains("Async"),
-            latency: Histogram::new(3).expect("3 significant digits is a valid precision"),
+            latency: Latency::Few(Vec::new()),
         }
     }
 }
@@ -101,11 +161,7 @@ impl SummaryAccumulator {
         if let Some(dur_ns) = record.dur_ns {
             stats.total_ns = stats.total_ns.saturating_add(dur_ns);
             stats.max_ns = stats.max_ns.max(dur_ns);
-            // `record` grows the histogram as needed (`saturating_record` would clamp).
-            let latency = dur_ns.min(MAX_TRACKED_NS);
-            if stats.latency.record(latency).is_err() {
-                stats.latency.saturating_record(latency);
-            }
+            stats.latency.record(dur_ns);
         } else {
             stats.untimed += 1;
         }
@@ -168,14 +224,15 @@ impl SummaryAccumulator {
             .map(|(name, stats)| {
                 let timed = stats.count - stats.untimed;
                 let when_timed = |value: u64| (timed > 0).then_some(value);
+                let [p50, p99] = stats.latency.at([0.5, 0.99]);
                 FunctionSummary {
                     count: stats.count,
                     untimed: stats.untimed,
                     errors: stats.errors,
                     total_ns: stats.total_ns,
                     mean_ns: when_timed(stats.total_ns / timed.max(1)),
-                    p50_ns: when_timed(stats.latency.value_at_quantile(0.5).min(stats.max_ns)),
-                    p99_ns: when_timed(stats.latency.value_at_quantile(0.99).min(stats.max_ns)),
+                    p50_ns: when_timed(p50.min(stats.max_ns)),
+                    p99_ns: when_timed(p99.min(stats.max_ns)),
                     max_ns: when_timed(stats.max_ns),
                     bytes: stats.bytes,
                     bandwidth_gb_s: match (stats.synchronous_copy, stats.bytes) {
@@ -501,5 +558,67 @@ mod tests {
             .find(|f| f.name == "cuLaunchKernel")
             .unwrap();
         assert_eq!((launch.count, launch.errors), (21, 1));
+    }
+
+    #[test]
+    fn percentiles_are_the_histograms_however_few_the_latencies() {
+        // A fixed pseudo-random sequence spanning ns to seconds.
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % 3_000_000_000
+        };
+        for count in [1, 2, 63, FEW_LATENCIES, FEW_LATENCIES + 1, 1000] {
+            let mut latency = Latency::Few(Vec::new());
+            let mut reference = histogram();
+            for _ in 0..count {
+                let value = next();
+                latency.record(value);
+                record(&mut reference, value);
+            }
+            assert_eq!(
+                matches!(latency, Latency::Few(_)),
+                count <= FEW_LATENCIES,
+                "{count}"
+            );
+            let quantiles = [0.0, 0.5, 0.9, 0.99, 1.0];
+            assert_eq!(
+                latency.at(quantiles),
+                quantiles.map(|q| reference.value_at_quantile(q)),
+                "{count} latencies"
+            );
+        }
+    }
+
+    #[test]
+    fn functions_called_a_few_times_keep_no_histogram() {
+        let mut summary = SummaryAccumulator::default();
+        for index in 0..1000 {
+            let call = CallLine {
+                name: format!("cuFake{index}"),
+                dur_ns: Some(index),
+                ret: Some(0),
+                ..CallLine::default()
+            };
+            summary.observe(Role::Other, &call);
+            summary.observe(Role::Other, &call);
+        }
+        assert_eq!(summary.functions.len(), 1000);
+        for stats in summary.functions.values() {
+            // Two latencies: 16 bytes of heap where a histogram takes 16 KiB.
+            assert!(matches!(&stats.latency, Latency::Few(values) if values.len() == 2));
+        }
+        let finished = summary.finish();
+        let fake7 = finished
+            .functions
+            .iter()
+            .find(|f| f.name == "cuFake7")
+            .unwrap();
+        assert_eq!(
+            (fake7.count, fake7.p50_ns, fake7.max_ns),
+            (2, Some(7), Some(7))
+        );
     }
 }

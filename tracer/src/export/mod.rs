@@ -49,7 +49,10 @@ use self::{
 };
 use crate::{
     exit::{ExitCode, Failure},
+    output_file::{Input, Writer},
+    privileges::{self, TargetUser},
     reader::{ReadError, TraceLines},
+    trace_input::is_stream,
 };
 
 /// Exports a whole trace to `out` in `format`.
@@ -87,16 +90,22 @@ fn default_output(trace: &Path, format: ExportFormat) -> PathBuf {
     trace.with_extension(format.extension())
 }
 
-fn open_output(path: &Path) -> Result<Box<dyn Write>, Failure> {
+/// `path` for writing, as `user` (the invoking user under sudo); never over `trace`
+/// (`output_file`).
+fn open_output(
+    path: &Path,
+    trace: &File,
+    user: Option<&TargetUser>,
+) -> Result<Box<dyn Write>, Failure> {
     if path == Path::new("-") {
         return Ok(Box::new(io::stdout().lock()));
     }
-    let file = File::create(path).map_err(|e| {
-        Failure::new(
-            ExitCode::OutputNotWritable,
-            anyhow!("cannot write {}: {e}", path.display()),
-        )
-    })?;
+    let inputs: Vec<Input> = Input::of_file("the trace being exported", trace)
+        .into_iter()
+        .collect();
+    let file = Writer { user }
+        .create(path, &inputs)
+        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     Ok(Box::new(file))
 }
 
@@ -127,26 +136,39 @@ pub fn run(args: ExportArgs) -> Result<i32, Failure> {
             anyhow!("--start-ms is after --end-ms: the window is empty"),
         ));
     }
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&args.trace, args.format));
+    let output = match &args.output {
+        Some(output) => output.clone(),
+        None if !is_stream(&args.trace) => default_output(&args.trace, args.format),
+        None => {
+            return Err(Failure::new(
+                ExitCode::Usage,
+                anyhow!(
+                    "{} is not a file, so there is no name to write beside it: pass -o FILE \
+                     (or -o - for standard output)",
+                    args.trace.display()
+                ),
+            ));
+        }
+    };
+    // Under sudo the export is the invoking user's, written with their permissions.
+    let user = privileges::sudo_user();
     export_file(
         &args.trace,
         &output,
         args.format,
         &filters,
         args.skip_bad_lines,
+        user.as_ref(),
     )?;
     Ok(0)
 }
 
 /// `cudatrace run --export FORMAT`: the trace just written, exported beside it
-/// (`TRACE.json` or `TRACE.pftrace`). The trace is complete whatever happens here, so a
-/// failure is a warning. Returns the export's path.
-pub fn after_run(trace: &Path, format: ExportFormat) -> Option<PathBuf> {
+/// (`TRACE.json` or `TRACE.pftrace`) as `user`, who owns the trace. The trace is complete
+/// whatever happens here, so a failure is a warning. Returns the export's path.
+pub fn after_run(trace: &Path, format: ExportFormat, user: Option<&TargetUser>) -> Option<PathBuf> {
     let output = default_output(trace, format);
-    match export_file(trace, &output, format, &Filters::default(), false) {
+    match export_file(trace, &output, format, &Filters::default(), false, user) {
         Ok(_) => Some(output),
         Err(failure) => {
             eprintln!(
@@ -165,6 +187,7 @@ pub fn export_file(
     format: ExportFormat,
     filters: &Filters,
     skip_bad_lines: bool,
+    user: Option<&TargetUser>,
 ) -> Result<ExportStats, Failure> {
     let label = trace.display().to_string();
     let file = File::open(trace).map_err(|e| {
@@ -179,11 +202,25 @@ pub fn export_file(
             anyhow!("the output would overwrite the trace {label}: pass -o"),
         ));
     }
+    export_opened(file, &label, output, format, filters, skip_bad_lines, user)
+}
+
+/// As [`export_file`], the trace already open (`label` names it); the output is never
+/// the trace's own file, whatever its path.
+pub fn export_opened(
+    file: File,
+    label: &str,
+    output: &Path,
+    format: ExportFormat,
+    filters: &Filters,
+    skip_bad_lines: bool,
+    user: Option<&TargetUser>,
+) -> Result<ExportStats, Failure> {
     let started = Clock::now();
     // The writers gather their output in blocks of their own.
-    let out = open_output(output)?;
+    let out = open_output(output, &file, user)?;
     let stats = export_lines(
-        TraceLines::from_file_prepared(file, &label, skip_bad_lines, no_escapes),
+        TraceLines::from_file_prepared(file, label, skip_bad_lines, no_escapes),
         out,
         format,
         filters,

@@ -15,8 +15,7 @@ mod tables;
 mod theme;
 
 use std::{
-    fs::File,
-    io::BufRead,
+    io::{BufRead, Write},
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -35,8 +34,11 @@ use crate::{
         summarise::{TraceInfo, summarise},
     },
     exit::{ExitCode, Failure},
+    output_file::{Input, Writer},
+    privileges,
     reader::{ReadError, TraceLines},
     schema::{Line, ProcessMemory},
+    trace_input::{TraceInput, is_stream},
 };
 
 /// The picture of a trace, and what went into it.
@@ -46,20 +48,25 @@ pub struct Rendered {
     pub report: Report,
 }
 
-/// Reads the trace at `path` twice and draws it `width` CSS pixels wide.
+/// Reads the trace at `path` twice (a pipe's bytes are kept for the second pass) and
+/// draws it `width` CSS pixels wide.
 pub fn render(
     path: &Path,
     label: &str,
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
+    let io_error = |source| ReadError::Io {
+        file: label.to_owned(),
+        source,
+    };
+    // Read twice: a pipe is copied first (`trace_input`).
+    let input = TraceInput::open(path).map_err(io_error)?;
     let open = || {
-        File::open(path)
+        input
+            .pass()
             .map(|file| TraceLines::from_file(file, label, skip_bad_lines))
-            .map_err(|source| ReadError::Io {
-                file: label.to_owned(),
-                source,
-            })
+            .map_err(io_error)
     };
     let summarised = summarise(open)?;
     let summary = &summarised.report.summary;
@@ -154,10 +161,18 @@ fn default_output(trace: &Path) -> PathBuf {
 pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     let started = Instant::now();
     let label = args.trace.display().to_string();
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&args.trace));
+    let output = match &args.output {
+        Some(output) => output.clone(),
+        None if !is_stream(&args.trace) => default_output(&args.trace),
+        None => {
+            return Err(Failure::new(
+                ExitCode::Usage,
+                anyhow!(
+                    "{label} is not a file, so there is no name to write beside it: pass -o FILE"
+                ),
+            ));
+        }
+    };
     let as_png = output
         .extension()
         .is_some_and(|ext| ext.eq_ignore_ascii_case("png"));
@@ -190,12 +205,21 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     } else {
         rendered.svg.into_bytes()
     };
-    std::fs::write(&output, bytes).map_err(|e| {
-        Failure::new(
-            ExitCode::OutputNotWritable,
-            anyhow!("cannot write {}: {e}", output.display()),
-        )
-    })?;
+    // Under sudo the picture is the invoking user's, written with their permissions.
+    let user = privileges::sudo_user();
+    let inputs: Vec<Input> = Input::of("the trace being plotted", &args.trace)
+        .into_iter()
+        .collect();
+    let written = Writer {
+        user: user.as_ref(),
+    }
+    .create(&output, &inputs)
+    .map_err(anyhow::Error::from)
+    .and_then(|mut file| {
+        file.write_all(&bytes)
+            .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))
+    });
+    written.map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     eprintln!(
         "cudatrace: wrote {} ({} calls, {:.2} s)",
         output.display(),

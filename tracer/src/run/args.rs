@@ -61,7 +61,9 @@ pub struct RunArgs {
     pub all: bool,
 
     /// Where to write the trace; `-` for standard output (the command's stdout then goes
-    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl.
+    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl. Under sudo it is written
+    /// as the invoking user, never through a symbolic link, over a non-regular file, over
+    /// an input of the run or over a file another cudatrace writes (exit 73).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 

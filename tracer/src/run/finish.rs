@@ -13,10 +13,7 @@ use super::{
     prepare::Command,
     report::{self, Closing},
 };
-use crate::{
-    exit::{ExitCode, Failure},
-    privileges,
-};
+use crate::exit::{ExitCode, Failure};
 
 /// Completes the trace with its footer, reports, exports, and returns the exit code (or
 /// the failure that ended tracing).
@@ -66,10 +63,8 @@ pub fn finish(
     match (args.export, label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
-            let exported = crate::export::after_run(Path::new(&label), format);
-            if let (Some(path), Some(user)) = (exported, command.user.as_ref()) {
-                let _ = privileges::chown_to(&path, user);
-            }
+            // Written as the invoking user, as the trace was.
+            crate::export::after_run(Path::new(&label), format, command.user.as_ref());
         }
         (None, _) => {}
     }

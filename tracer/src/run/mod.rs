@@ -63,7 +63,8 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         power,
         command,
     } = prepare::prepare(&args)?;
-    let mut trace = Trace::open(&args, command.user.as_ref(), power.as_ref())?;
+    let inputs = output::inputs(&libraries, &command, power.as_ref());
+    let mut trace = Trace::open(&args, command.user.as_ref(), power.as_ref(), &inputs)?;
     let traced = start::start(&args, &command, libraries, power, &mut trace.writer)
         .and_then(|started| trace_until_end(&args, started, &mut trace));
     finish::finish(&args, command, trace, traced)

@@ -2,21 +2,21 @@
 //! the sudo user) or standard output; and the trace while it is written.
 
 use std::{
-    fs::{self, OpenOptions},
     io::Write,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     time::Instant,
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use super::args::RunArgs;
+use super::{args::RunArgs, prepare::Command};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
+    output_file::{Input, Writer},
     power::PowerSetup,
-    privileges::{self, TargetUser},
+    privileges::TargetUser,
+    probes::discovery::FoundLibrary,
     sinks::jsonl::TraceWriter,
 };
 
@@ -32,13 +32,15 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Opens the trace (given to `user`), its analysis knowing `--gpu` and `--power`.
+    /// Opens the trace (written as `user`, never over one of `inputs`), its analysis
+    /// knowing `--gpu` and `--power`.
     pub fn open(
         args: &RunArgs,
         user: Option<&TargetUser>,
         power: Option<&PowerSetup>,
+        inputs: &[Input],
     ) -> Result<Self, Failure> {
-        let (output, label) = open_output(args.output.as_deref(), user)
+        let (output, label) = open_output(args.output.as_deref(), user, inputs)
             .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
         let writer = TraceWriter::new(output);
         let started = Instant::now();
@@ -59,39 +61,52 @@ impl Trace {
     }
 }
 
-/// The trace's destination and its name in messages (`stdout` for `-o -`).
+/// The files the trace must not overwrite: the libraries probed from the start, the
+/// command itself, `--gpu`'s libcupti and `--power`'s NVML.
+pub fn inputs(
+    libraries: &[FoundLibrary],
+    command: &Command,
+    power: Option<&PowerSetup>,
+) -> Vec<Input> {
+    let mut inputs: Vec<Input> = libraries
+        .iter()
+        .filter_map(|found| {
+            let what = format!("{}, a library this run probes", found.set.library);
+            Input::of_file(what, &found.file)
+        })
+        .collect();
+    let program = command.program.as_deref();
+    inputs.extend(program.and_then(|path| Input::of("the traced command", path)));
+    let cupti = command.gpu.as_ref().map(|gpu| gpu.cupti.path.as_path());
+    inputs.extend(cupti.and_then(|path| Input::of("--gpu's libcupti", path)));
+    if let Some(power) = power {
+        let nvml = Path::new(&power.info.nvml.path);
+        inputs.extend(Input::of("--power's NVML library", nvml));
+    }
+    inputs
+}
+
+/// The trace's destination and its name in messages (`stdout` for `-o -`). Under sudo the
+/// file (and a `traces/` folder made for it) is created as the invoking user
+/// (`output_file`); none of `inputs` is overwritten.
 fn open_output(
     requested: Option<&Path>,
     user: Option<&TargetUser>,
+    inputs: &[Input],
 ) -> Result<(Box<dyn Write>, String)> {
     if requested == Some(Path::new("-")) {
         return Ok((Box::new(std::io::stdout()), "stdout".into()));
     }
+    let writer = Writer { user };
     let path = match requested {
         Some(path) => path.to_owned(),
         None => {
             let dir = PathBuf::from("traces");
-            if !dir.is_dir() {
-                fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                if let Some(user) = user {
-                    privileges::chown_to(&dir, user)
-                        .with_context(|| format!("giving {} to {}", dir.display(), user.name))?;
-                }
-            }
+            writer.create_dir(&dir)?;
             dir.join(default_trace_name())
         }
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&path)
-        .with_context(|| format!("cannot write the trace to {}", path.display()))?;
-    if let Some(user) = user {
-        privileges::chown_to(&path, user)
-            .with_context(|| format!("giving {} to {}", path.display(), user.name))?;
-    }
+    let file = writer.create(&path, inputs)?;
     Ok((Box::new(file), path.display().to_string()))
 }
 

