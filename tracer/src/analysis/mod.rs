@@ -208,9 +208,8 @@ impl Analysis {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
         process.observe(&mut self.names, role, symbol, record);
-        let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
         self.devices.observe(role, record);
-        self.collectives.observe(role, record, comm);
+        self.collectives.observe(role, record);
         self.summary.observe(role, record);
         self.power.call(role, record);
     }
