@@ -61,7 +61,10 @@ pub struct RunArgs {
     pub all: bool,
 
     /// Where to write the trace; `-` for standard output (the command's stdout then goes
-    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl. Under sudo it is written
+    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl. Patterns name one file per
+    /// node and rank: %h the host name, %r the launcher's rank (RANK, SLURM_PROCID,
+    /// OMPI_COMM_WORLD_RANK or PMI_RANK, the first set; none set is an error, exit 2), %p
+    /// cudatrace's own pid, %t its start time (UTC, 20261126T120501Z), %% a %. Under sudo it is written
     /// as the invoking user, never through a symbolic link, over a non-regular file, over
     /// an input of the run or over a file another cudatrace writes (exit 73).
     #[arg(short = 'o', long = "output", value_name = "FILE")]

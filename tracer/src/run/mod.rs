@@ -8,6 +8,7 @@
 //! | `mod.rs` | the phases; check (privileges, usage) and trace (the event loop's run) |
 //! | `prepare.rs` | before the trace file: the libraries probed from the start, NVML, the command's path and user, `--gpu`'s injection |
 //! | `output.rs` | the trace file (or stdout), and the trace while it is written |
+//! | `output_name.rs` | `-o`'s patterns: `%h` host, `%r` the launcher's rank, `%p` pid, `%t` start time |
 //! | `start.rs` | load, attach, spawn gated, header, release: what the event loop needs |
 //! | `attaching.rs` | the probes while tracing: the object lent to the attach layer (`probes/`), the stopped processes; what attaching did as `library` lines and reports |
 //! | `missing.rs` | `--missing-probes` |
@@ -34,6 +35,7 @@ mod loss;
 mod missing;
 mod outcome;
 mod output;
+mod output_name;
 mod pipeline;
 mod power_feed;
 mod prepare;

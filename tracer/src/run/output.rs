@@ -7,9 +7,13 @@ use std::{
     time::Instant,
 };
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 
-use super::{args::RunArgs, prepare::Command};
+use super::{
+    args::RunArgs,
+    output_name::{self, NameContext},
+    prepare::Command,
+};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
@@ -40,7 +44,14 @@ impl Trace {
         power: Option<&PowerSetup>,
         inputs: &[Input],
     ) -> Result<Self, Failure> {
-        let (output, label) = open_output(args.output.as_deref(), user, inputs)
+        let requested = match &args.output {
+            Some(path) if path != Path::new("-") => Some(
+                output_name::expand(path, &NameContext::current())
+                    .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?,
+            ),
+            other => other.clone(),
+        };
+        let (output, label) = open_output(requested.as_deref(), user, inputs)
             .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
         let writer = TraceWriter::new(output);
         let started = Instant::now();
