@@ -187,6 +187,20 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub export: Option<ExportFormat>,
 
+    /// Record from this wall-clock time on (RFC 3339, 2026-11-26T12:00:00Z or with an
+    /// offset, or Unix seconds): give every node the same time and each records the same
+    /// window (to NTP's agreement of their clocks). The probes are attached, and the
+    /// command started, at once: the calls before the window are analysed (kernel names,
+    /// NCCL communicators and ranks) but not written. The header says the window.
+    #[arg(long, value_name = "TIME", value_parser = super::window::parse_start_at)]
+    pub start_at: Option<u64>,
+
+    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now), then stop:
+    /// detach and write the footer. A command runs on; cudatrace waits for it (passing
+    /// SIGTERM and SIGHUP on) and exits with its exit code.
+    #[arg(long, value_name = "D", value_parser = super::window::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -8,10 +8,12 @@ use anyhow::anyhow;
 use super::{
     Traced,
     args::RunArgs,
+    event_loop::take_stop_signal,
     outcome::Outcome,
     output::Trace,
     prepare::Command,
     report::{self, Closing},
+    window,
 };
 use crate::exit::{ExitCode, Failure};
 
@@ -29,9 +31,9 @@ pub fn finish(
         analysis,
         started,
     } = trace;
-    let (exit, loaded_any, error) = match traced {
-        Ok(traced) => (traced.outcome, traced.loaded_any, None),
-        Err(failure) => (Outcome::failed(), false, Some(failure)),
+    let (exit, loaded_any, running, error) = match traced {
+        Ok(traced) => (traced.outcome, traced.loaded_any, traced.running, None),
+        Err(failure) => (Outcome::failed(), false, None, Some(failure)),
     };
     writer.footer.end_wall = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
     writer.footer.duration_ns = started.elapsed().as_nanos() as u64;
@@ -58,8 +60,6 @@ pub fn finish(
             output_label: &label,
         },
     );
-    // Dropping the injection removes its directory; the command is gone by now.
-    drop(command.gpu);
     match (args.export, label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
@@ -68,7 +68,27 @@ pub fn finish(
         }
         (None, _) => {}
     }
-    let code = exit.process_exit_code();
+    let code = match running {
+        // The trace is complete; the command goes on as if untraced, its parent waiting.
+        Some(pid) => {
+            if !args.quiet {
+                eprintln!(
+                    "cudatrace: the window closed; waiting for the command (pid {pid}) to exit"
+                );
+            }
+            let (code, signal) = window::wait_for_command(pid, take_stop_signal)
+                .map_err(|e| Failure::new(ExitCode::Internal, e))?;
+            Outcome {
+                code,
+                signal,
+                ..Outcome::default()
+            }
+            .process_exit_code()
+        }
+        None => exit.process_exit_code(),
+    };
+    // Dropping the injection removes its directory; the command is gone by now.
+    drop(command.gpu);
     match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {
         Some(fatal) if fatal > 0 && code == 0 => {
             eprintln!(

@@ -20,6 +20,7 @@
 //! | `finish.rs` | the footer, `--export`, the exit code |
 //! | `report.rs` | the closing report on stderr |
 //! | `outcome.rs` | how the command ended (the trace clock is `crate::clock`) |
+//! | `window.rs` | `--start-at`/`--duration`: the window's lines, its end, waiting for the command after it |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
@@ -41,6 +42,7 @@ mod power_feed;
 mod prepare;
 mod report;
 mod start;
+mod window;
 
 pub use args::RunArgs;
 
@@ -55,6 +57,7 @@ use self::{
 use crate::{
     exit::{ExitCode, Failure},
     inject, privileges,
+    schema::WindowFooter,
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
@@ -91,6 +94,8 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
             ));
         }
     }
+    window::check(args.start_at, args.duration)
+        .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?;
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
         // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
@@ -104,6 +109,8 @@ pub struct Traced {
     pub outcome: Outcome,
     /// Some traced process loaded a probe-set library.
     pub loaded_any: bool,
+    /// The window closed while the command ran: its pid, to wait for after the footer.
+    pub running: Option<u32>,
 }
 
 /// Traces until the command exits or a signal stops it: the event loop, then every
@@ -118,6 +125,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         watches,
         child,
         power,
+        window,
     } = started;
     let mut pipeline = Pipeline::new(
         decoder,
@@ -126,6 +134,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         &mut trace.writer,
         args.gpu,
     );
+    pipeline.window = window;
     let ended = runtime.block_on(event_loop(
         &mut pipeline,
         ring,
@@ -135,11 +144,17 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         args.quiet,
         power,
     ));
+    let window = pipeline.window.take();
     trace.writer.footer.stops = attaching.stop_figures.clone();
     attaching.finish();
     let outcome = ended.map_err(|e| Failure::new(ExitCode::Internal, e))?;
+    trace.writer.footer.window = window.map(|window| WindowFooter {
+        closed: outcome.window_closed,
+        ..window.footer
+    });
     Ok(Traced {
         outcome,
         loaded_any: attaching.loaded_any,
+        running: child.filter(|_| outcome.window_closed),
     })
 }

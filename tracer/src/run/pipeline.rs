@@ -19,7 +19,7 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::proc_event;
 
-use super::attaching::Attaching;
+use super::{attaching::Attaching, window::WindowFilter};
 use crate::{
     analysis::Analysis,
     clock::monotonic_ns,
@@ -40,6 +40,8 @@ pub struct Pipeline<'a> {
     pub cupti_dropped: u64,
     /// `--gpu` was given.
     pub gpu: bool,
+    /// `--start-at`/`--duration`: the lines outside the window are analysed, not written.
+    pub window: Option<WindowFilter>,
 }
 
 /// What one drain did.
@@ -69,6 +71,7 @@ impl<'a> Pipeline<'a> {
             gpu_lines: Vec::new(),
             cupti_dropped: 0,
             gpu,
+            window: None,
         }
     }
 
@@ -131,7 +134,13 @@ impl<'a> Pipeline<'a> {
             None => return Ok(()),
         };
         self.analysis.line(&mut line);
-        self.writer.line(&line)?;
+        if self
+            .window
+            .as_mut()
+            .is_none_or(|window| window.keeps(&line))
+        {
+            self.writer.line(&line)?;
+        }
         if let Line::Process(process) = &line
             && process.event.ends_address_space()
         {
@@ -175,7 +184,13 @@ impl<'a> Pipeline<'a> {
                     error.pid, error.stage, error.message
                 );
             }
-            self.writer.gpu(&line)?;
+            if self
+                .window
+                .as_mut()
+                .is_none_or(|window| window.keeps_gpu(&line))
+            {
+                self.writer.gpu(&line)?;
+            }
         }
         Ok(())
     }
@@ -184,7 +199,13 @@ impl<'a> Pipeline<'a> {
     pub fn power(&mut self, lines: &[PowerLine]) -> io::Result<()> {
         for line in lines {
             self.analysis.power_sample(line);
-            self.writer.write(line)?;
+            if self
+                .window
+                .as_mut()
+                .is_none_or(|window| window.keeps_time(line.ts_ns))
+            {
+                self.writer.write(line)?;
+            }
         }
         Ok(())
     }

@@ -53,6 +53,22 @@ pub struct Footer {
     /// `--gpu`: how GPU records were linked to calls, and whether recording failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuFooter>,
+    /// `--start-at`/`--duration`: what the window left out, and whether it ended tracing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowFooter>,
+}
+
+/// `--start-at`/`--duration`: lines seen (and analysed: kernel names, communicators and
+/// ranks come from them) but not written, being outside the window.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WindowFooter {
+    /// Before the window opened.
+    pub lines_before: u64,
+    /// After it closed (until the probes were detached).
+    pub lines_after: u64,
+    /// The window's end ended tracing while the command ran on: the footer has no exit
+    /// code (cudatrace waited for the command and exited with its code).
+    pub closed: bool,
 }
 
 impl LineType for Footer {
