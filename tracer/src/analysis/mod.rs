@@ -24,6 +24,7 @@
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
+//! | `ranks/` | several ranks of a job (one trace or many): collectives matched across ranks, who waited for whom, clocks aligned |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
@@ -40,6 +41,7 @@ pub mod memory;
 pub mod nccl;
 pub mod power;
 mod process;
+pub mod ranks;
 mod role;
 pub mod stages;
 pub mod summarise;
