@@ -110,7 +110,7 @@ mod tests {
         let Command::Summary(args) = cli.command else {
             panic!("not summary")
         };
-        assert_eq!(args.trace, PathBuf::from("t.jsonl"));
+        assert_eq!(args.traces, [PathBuf::from("t.jsonl")]);
         assert!(args.json && args.skip_bad_lines);
         assert!(Cli::try_parse_from(["cudatrace", "summary"]).is_err());
     }

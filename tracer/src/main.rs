@@ -19,6 +19,7 @@ mod exit;
 mod export;
 mod format;
 mod inject;
+mod job_input;
 mod kernel_hooks;
 mod output_file;
 mod plot;
