@@ -41,8 +41,9 @@
  * set (cudatrace_standin_next_kernel_times) to start = A_r + 1000 and end =
  * max_r(A_r) + 1000 + NCCL_STANDIN_TRANSFER_NS (default 100000): every rank's kernel
  * starts when its rank arrives and ends at the same instant, the last arrival plus the
- * transfer.  Its first use loads a module and gets the function (cuModuleLoadData,
- * cuModuleGetFunction), inside that all-reduce.
+ * transfer; the call returns then (as if its caller synchronised the stream).  Its first
+ * use loads a module and gets the function (cuModuleLoadData, cuModuleGetFunction),
+ * inside that all-reduce.
  * Errors that mirror NCCL:
  *  - NULL output pointer, NULL or unknown comm         -> ncclInvalidArgument (4)
  *  - nranks < 1, rank outside [0, nranks)               -> ncclInvalidArgument (4)
@@ -348,8 +349,12 @@ static void rendezvous(struct comm_info *c, cudaStream_t stream, uint64_t arriva
     }
     const char *transfer = getenv("NCCL_STANDIN_TRANSFER_NS");
     uint64_t transfer_ns = transfer != NULL ? strtoull(transfer, NULL, 10) : 100000;
-    launch_waiting_kernel(stream, arrival + STANDIN_GPU_DELAY_NS,
-                          last + STANDIN_GPU_DELAY_NS + transfer_ns);
+    uint64_t end = last + STANDIN_GPU_DELAY_NS + transfer_ns;
+    launch_waiting_kernel(stream, arrival + STANDIN_GPU_DELAY_NS, end);
+    /* Back at the kernels' end, as a caller that synchronises its stream: the next
+     * kernel on the stream starts after this one. */
+    while (monotonic_ns() < end)
+        usleep(20);
 }
 
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,

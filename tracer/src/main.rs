@@ -21,6 +21,7 @@ mod format;
 mod inject;
 mod job_input;
 mod kernel_hooks;
+mod merge;
 mod output_file;
 mod plot;
 mod power;
@@ -60,6 +61,7 @@ fn main() {
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
         Command::View(args) => view::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
     };
