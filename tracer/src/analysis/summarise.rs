@@ -27,6 +27,9 @@ pub struct TraceInfo {
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The header's `start_monotonic_ns`: where times count from in a trace without calls.
+    #[serde(skip)]
+    pub start_monotonic_ns: Option<u64>,
 }
 
 /// What reading a trace gave.
@@ -87,7 +90,10 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         match line {
-            Line::Header(header) => info.command = std::mem::take(&mut header.command),
+            Line::Header(header) => {
+                info.command = std::mem::take(&mut header.command);
+                info.start_monotonic_ns = header.start_monotonic_ns;
+            }
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
             Line::Footer(figures) => {
                 info.complete = true;

@@ -224,7 +224,12 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
     if let Some(power) = &report.power {
-        power::render(&mut out, power, &report.stages, summary.first_ts_ns);
+        // Times count from the first call, or, without calls, from the trace's start.
+        let origin = match summary.calls {
+            0 => info.start_monotonic_ns.unwrap_or(0),
+            _ => summary.first_ts_ns,
+        };
+        power::render(&mut out, power, &report.stages, origin);
     }
     out
 }
