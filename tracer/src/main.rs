@@ -19,6 +19,7 @@ mod exit;
 mod export;
 mod format;
 mod inject;
+mod keeper;
 mod kernel_hooks;
 mod output_file;
 mod plot;
@@ -61,6 +62,7 @@ fn main() {
         Command::View(args) => view::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
+        Command::Keeper(args) => keeper::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,10 +6,14 @@
 //! whose size the hidden `--map-entries` flag can change (tests shrink them to prove that a
 //! full map is counted, never silent).
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{
+        Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf,
+    },
 };
 use tracer_common::{MAX_PATTERNS, MAX_PROBES, NamePattern, PATTERN_LEN, ProbeSpec, counter};
 
@@ -208,6 +212,11 @@ impl StopMaps {
     /// Allows or forbids the eBPF side to stop processes.
     pub fn allow(&mut self, allowed: bool) -> Result<()> {
         Ok(self.control.set(0, u32::from(allowed), 0)?)
+    }
+
+    /// The `STOPPED` map's descriptor, for the keeper (`crate::keeper`).
+    pub fn stopped_fd(&self) -> BorrowedFd<'_> {
+        self.stopped.map().fd().as_fd()
     }
 
     /// Processes the eBPF side stopped and nobody continued yet.
