@@ -12,8 +12,8 @@ mod common;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read},
-    os::unix::process::ExitStatusExt,
     os::unix::fs::FileExt,
+    os::unix::process::ExitStatusExt,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::OnceLock,
@@ -682,7 +682,10 @@ fn a_process_stopped_while_cudatrace_is_killed_is_continued_by_its_keeper() {
     let mut out = BufReader::new(tracer.stdout.take().unwrap());
     assert_eq!(read_line(&mut out), "ready\n");
     let command = header_of(&trace_path)["pids"][0].as_u64().unwrap() as u32;
-    let keeper: Vec<u32> = keepers().into_iter().filter(|k| !before.contains(k)).collect();
+    let keeper: Vec<u32> = keepers()
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
     assert_eq!(keeper.len(), 1, "one keeper for the run");
     // Stopped in its open of the library, while cudatrace cannot answer, then cudatrace
     // is killed outright: nothing of its own can continue the command.
@@ -700,9 +703,16 @@ fn a_process_stopped_while_cudatrace_is_killed_is_continued_by_its_keeper() {
     });
     wait_until("the keeper is gone", || state(keeper[0]).is_none());
     let mut said = String::new();
-    tracer.stderr.take().unwrap().read_to_string(&mut said).unwrap();
+    tracer
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
     assert!(
-        said.contains(&format!("keeper: continued pid {command}, which cudatrace had stopped")),
+        said.contains(&format!(
+            "keeper: continued pid {command}, which cudatrace had stopped"
+        )),
         "{said}"
     );
 
@@ -710,11 +720,19 @@ fn a_process_stopped_while_cudatrace_is_killed_is_continued_by_its_keeper() {
     let output = cudatrace(
         &dir.join("well.jsonl"),
         &[],
-        &[loader().to_str().unwrap(), lib.to_str().unwrap(), "calls", "2"],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "calls",
+            "2",
+        ],
     );
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(!stderr(&output).contains("keeper"), "{}", stderr(&output));
-    let left: Vec<u32> = keepers().into_iter().filter(|k| !before.contains(k)).collect();
+    let left: Vec<u32> = keepers()
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
     assert_eq!(left, Vec::<u32>::new());
 }
 

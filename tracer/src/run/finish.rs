@@ -42,9 +42,10 @@ pub fn finish(
     writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
-    let footer = writer
+    let written = writer
         .finish()
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, anyhow!("writing {label}: {e}")))?;
+    let footer = written.footer;
     if let Some(failure) = error {
         return Err(failure);
     }
@@ -67,6 +68,18 @@ pub fn finish(
             crate::export::after_run(Path::new(&label), format, command.user.as_ref());
         }
         (None, _) => {}
+    }
+    if let Some(failed) = written.failed {
+        // Said at once when it happened; the command ran on to its end untraced.
+        return Err(Failure::new(
+            ExitCode::OutputNotWritable,
+            anyhow!(
+                "writing {label} failed ({failed}); the trace ends where it could be written, \
+                 with a footer counting {} missing lines{}",
+                footer.lost.unwritten.unwrap_or(0),
+                exit.describe()
+            ),
+        ));
     }
     let code = exit.process_exit_code();
     match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {

@@ -48,6 +48,8 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         kfuncs_full: now.kfuncs_full,
         attach_ring_full: now.attach_ring_full,
         not_drained: not_drained_total,
+        // Known only at the end, from the trace file (`TraceWriter::finish`).
+        unwritten: None,
         calls: now.calls_lost() + not_drained.calls,
         total: now.lost() + not_drained_total,
     }
