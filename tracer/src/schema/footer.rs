@@ -171,6 +171,11 @@ pub struct LostCounts {
     /// Library opens and forks the loader never heard of because the ring buffer was full
     /// (their processes were not stopped; their first calls may be missed).
     pub attach_ring_full: u64,
+    /// Libraries a process could not be given its probes on (the probe table full, a file
+    /// that cannot be read, an attach the kernel refused): its calls into them are
+    /// missing. Each has a `lost` line naming the library, the process and why.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub library_not_attached: u64,
     /// Lines produced but not in the trace: writing it failed (a full disk), and the lines
     /// from there on are missing (the footer's `error` says why).
     #[serde(skip_serializing_if = "Option::is_none")]

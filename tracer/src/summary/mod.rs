@@ -73,6 +73,14 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.lost_events
         );
     }
+    for lost in &result.info.libraries_not_attached {
+        eprintln!(
+            "cudatrace: warning: {} was not attached{}: its calls are missing",
+            lost.library,
+            lost.pid
+                .map_or(String::new(), |pid| format!(" in pid {pid}"))
+        );
+    }
 
     let text = if args.json {
         let json = SummaryJson {

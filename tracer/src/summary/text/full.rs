@@ -40,6 +40,15 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         format_ns(summary.span_ns),
         info.lost_events
     );
+    for lost in &info.libraries_not_attached {
+        let pid = lost.pid.map_or(String::new(), |pid| format!("pid {pid}: "));
+        let why = lost.error.as_deref().unwrap_or("no reason given");
+        let _ = writeln!(
+            out,
+            "  NOT ATTACHED: {pid}{}: its calls are missing ({why})",
+            lost.library
+        );
+    }
     if info.skipped_lines > 0 {
         let _ = writeln!(out, "  {} malformed lines skipped", info.skipped_lines);
     }
