@@ -116,6 +116,28 @@ fn a_link_planted_in_a_shared_folder_is_not_followed() {
     );
     refused(&output, "traces is a symbolic link");
     assert_eq!(std::fs::read_dir(&root_only).unwrap().count(), 0);
+
+    // A `traces` folder another user made there, open to all: not a place for the trace.
+    let cwd = sticky_folder("outputs-traces-foreign");
+    let foreign = cwd.join("traces");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::set_permissions(&foreign, PermissionsExt::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(4242), Some(4242)).unwrap();
+    let output = as_sudo(
+        &cwd,
+        &[
+            "run",
+            "-q",
+            "--missing-probes",
+            "ignore",
+            "--libcuda",
+            lib,
+            "--",
+            "true",
+        ],
+    );
+    refused(&output, "traces belongs to another user (uid 4242)");
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 0);
 }
 
 #[test]
