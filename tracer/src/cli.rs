@@ -4,8 +4,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::{
-    doctor::DoctorArgs, export::ExportArgs, merge::MergeArgs, plot::PlotArgs, run::RunArgs,
-    selftest::SelftestArgs, summary::SummaryArgs, view::ViewArgs,
+    doctor::DoctorArgs, export::ExportArgs, keeper::KeeperArgs, merge::MergeArgs, plot::PlotArgs,
+    run::RunArgs, selftest::SelftestArgs, summary::SummaryArgs, view::ViewArgs,
 };
 
 /// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
@@ -65,6 +65,9 @@ pub enum Command {
     /// Check that uprobes, the ring buffer and aya-log work here (used by the tests).
     #[command(hide = true)]
     Selftest(SelftestArgs),
+    /// Started by `run`: continues what its probes stopped if it is killed (`keeper.rs`).
+    #[command(hide = true)]
+    Keeper(KeeperArgs),
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ mod export;
 mod format;
 mod inject;
 mod job_input;
+mod keeper;
 mod kernel_hooks;
 mod merge;
 mod output_file;
@@ -64,6 +65,7 @@ fn main() {
         Command::Merge(args) => merge::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
+        Command::Keeper(args) => keeper::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -115,7 +115,10 @@ impl Analysis {
                     linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
-            Line::Process(process) => self.process_event(process.pid, process.event.clone()),
+            Line::Process(process) => {
+                self.power.process(process.ts_ns, &process.event);
+                self.process_event(process.pid, process.event.clone());
+            }
             Line::Driver(driver) => self.driver(driver),
             Line::Gpu(gpu) => self.gpu_line(gpu),
             Line::Power(power) => self.power_sample(power),

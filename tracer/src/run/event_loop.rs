@@ -178,6 +178,14 @@ pub async fn event_loop(
             stop(&mut outcome, index, child);
             break;
         }
+        if let Some(error) = pipeline.writer.failed() {
+            // Said at once; recording stops, the command goes on (waited for below).
+            eprintln!(
+                "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
+                 command goes on untraced and cudatrace waits for it to end (exit 73 then)"
+            );
+            break;
+        }
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
@@ -273,7 +281,39 @@ pub async fn event_loop(
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     progress.finish();
     pipeline.writer.flush()?;
+    if pipeline.writer.failed().is_some() && outcome.stopped_by.is_none() {
+        // The trace could not be written: the command's life goes on as it would have,
+        // its signals passed on, until it ends.
+        wait_for_the_rest(&mut outcome, exits, signals, child).await;
+    }
     Ok(outcome)
+}
+
+/// Waits until every watched process has exited, passing stopping signals on to the
+/// command as tracing does (the first one is what stopped the run).
+async fn wait_for_the_rest(
+    outcome: &mut Outcome,
+    mut exits: Vec<(u32, AsyncFd<OwnedFd>)>,
+    mut signals: Vec<Signal>,
+    child: Option<u32>,
+) {
+    while !exits.is_empty() {
+        tokio::select! {
+            index = any_exit(&exits) => {
+                let (pid, _) = exits.swap_remove(index);
+                if child == Some(pid) {
+                    let (code, signal) = reap(pid);
+                    outcome.code = code;
+                    outcome.signal = signal;
+                }
+            }
+            index = any_signal(&mut signals) => {
+                let stopped_by = outcome.stopped_by;
+                stop(outcome, index, child);
+                outcome.stopped_by = stopped_by.or(outcome.stopped_by);
+            }
+        }
+    }
 }
 
 /// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.

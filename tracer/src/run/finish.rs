@@ -44,9 +44,10 @@ pub fn finish(
     writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
-    let footer = writer
+    let written = writer
         .finish()
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, anyhow!("writing {label}: {e}")))?;
+    let footer = written.footer;
     if let Some(failure) = error {
         return Err(failure);
     }
@@ -68,8 +69,9 @@ pub fn finish(
         }
         (None, _) => {}
     }
-    let code = match running {
-        // The trace is complete; the command goes on as if untraced, its parent waiting.
+    let exit = match running {
+        // The window closed: the trace is complete; the command goes on as if untraced,
+        // its parent waiting (whatever became of the trace).
         Some(pid) => {
             if !args.quiet {
                 eprintln!(
@@ -83,10 +85,22 @@ pub fn finish(
                 signal,
                 ..Outcome::default()
             }
-            .process_exit_code()
         }
-        None => exit.process_exit_code(),
+        None => exit,
     };
+    if let Some(failed) = written.failed {
+        // Said at once when it happened; the command ran on to its end untraced.
+        return Err(Failure::new(
+            ExitCode::OutputNotWritable,
+            anyhow!(
+                "writing {label} failed ({failed}); the trace ends where it could be written, \
+                 with a footer counting {} missing lines{}",
+                footer.lost.unwritten.unwrap_or(0),
+                exit.describe()
+            ),
+        ));
+    }
+    let code = exit.process_exit_code();
     // Dropping the injection removes its directory; the command is gone by now.
     drop(command.gpu);
     match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {

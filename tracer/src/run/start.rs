@@ -221,7 +221,13 @@ fn probe(
         eprintln!("cudatrace: probing every process that maps the library: {reason}");
     }
     let discovery = Discovery::new(attacher, probe_table, linked, args.selection());
-    let stops = Stops::new(stops, monotonic_ns);
+    let (stops, keeper) = Stops::new(stops, monotonic_ns);
+    if let Err(error) = keeper {
+        eprintln!(
+            "cudatrace: WARNING: cannot start the keeper ({error}): if cudatrace is killed \
+             with SIGKILL while attaching, the process it stopped stays stopped (`kill -CONT` it)"
+        );
+    }
     let mut attaching = Attaching::new(bpf, discovery, traced, stops, args.missing_probes);
     let before = attaching.attach_info();
     let (start_ids, mut lines) = attach_start(args, &mut attaching, &mut names, libraries)

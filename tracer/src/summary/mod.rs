@@ -91,6 +91,14 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.lost_events
         );
     }
+    for lost in &result.info.libraries_not_attached {
+        eprintln!(
+            "cudatrace: warning: {} was not attached{}: its calls are missing",
+            lost.library,
+            lost.pid
+                .map_or(String::new(), |pid| format!(" in pid {pid}"))
+        );
+    }
 
     // Several ranks of one communicator in this trace: who waited for whom among them.
     let ranks = if several_ranks(&result.report.collectives) {
