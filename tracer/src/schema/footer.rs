@@ -53,6 +53,9 @@ pub struct Footer {
     /// `--gpu`: how GPU records were linked to calls, and whether recording failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuFooter>,
+    /// `--stacks`: the calls with a Python stack, and why the others have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksFooter>,
 }
 
 impl LineType for Footer {
@@ -88,6 +91,53 @@ pub struct EventCounts {
     pub gpu_error: u64,
     /// `"type":"library"` lines.
     pub library: u64,
+    /// `--stacks`: `"type":"stack"` and `"type":"interpreter"` lines.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub interpreter: u64,
+}
+
+/// The footer's `stacks` object (`--stacks`): every call of the chosen families is counted
+/// once, in `calls` or under the reason it has no `stack`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StacksFooter {
+    /// Calls that carry a `stack`.
+    pub calls: u64,
+    /// Of those, calls whose stack was cut at the frame budget (`"cut":true`).
+    pub cut: u64,
+    /// Calls without a `stack`, by reason.
+    pub without: StacklessCounts,
+    /// Code objects read from the interpreters (each once, unless its address was reused).
+    pub code_objects: u64,
+}
+
+/// Calls of the chosen families that have no `stack`, by reason (docs/trace-format.md).
+/// Never a guess: a call whose stack cannot be read exactly has none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StacklessCounts {
+    /// The process runs no Python interpreter cudatrace found.
+    pub not_python: u64,
+    /// It runs one cudatrace cannot read (its `interpreter` line says why).
+    pub unsupported_python: u64,
+    /// The interpreter was not initialised yet, or was finalising.
+    pub not_initialized: u64,
+    /// The calling thread has no Python thread state (a thread Python did not start:
+    /// cuBLAS's, NCCL's, PyTorch's autograd threads).
+    pub no_thread_state: u64,
+    /// More than one thread state matched the thread, or the process runs
+    /// sub-interpreters.
+    pub ambiguous_thread_state: u64,
+    /// The thread holds no Python frame.
+    pub no_python_frames: u64,
+    /// Reading the interpreter's memory failed (a page not resident, memory freed under
+    /// the walk).
+    pub read_fault: u64,
+    /// A code object of the stack could not be read (not a code object, a name longer
+    /// than cudatrace keeps, its record lost, too many new ones in one call).
+    pub code_unresolved: u64,
+    /// The stack's record was lost (the ring buffer was full).
+    pub record_lost: u64,
 }
 
 /// Stops for attaching: each from the stop (in the process's own syscall exit) to the

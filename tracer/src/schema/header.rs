@@ -76,6 +76,22 @@ pub struct Header {
     /// `--gpu`: what was injected. Readers take its presence: GPU lines will follow.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuHeaderInfo>,
+    /// `--stacks`: which calls get Python stacks. Readers take its presence: `stack` lines
+    /// and call lines' `stack` may follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksInfo>,
+}
+
+/// The header's `stacks` object (`--stacks`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StacksInfo {
+    /// The families whose calls get a stack (`launch`, `alloc`, `copy`, `memset`, `sync`,
+    /// `module`, `collective`), or `all`.
+    pub families: Vec<String>,
+    /// The frame budget: a stack deeper than this keeps its innermost `depth` frames and is
+    /// marked `cut`.
+    pub depth: u32,
 }
 
 impl LineType for Header {
