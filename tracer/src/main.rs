@@ -31,6 +31,7 @@ mod schema;
 mod selftest;
 mod sinks;
 mod spawn;
+mod stacks;
 mod summary;
 mod trace_input;
 mod view;

@@ -116,6 +116,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         watches,
         child,
         power,
+        stacks,
     } = started;
     let mut pipeline = Pipeline::new(
         decoder,
@@ -124,6 +125,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         &mut trace.writer,
         args.gpu,
     );
+    pipeline.stacks = stacks;
     let ended = runtime.block_on(event_loop(
         &mut pipeline,
         ring,

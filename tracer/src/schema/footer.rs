@@ -110,6 +110,9 @@ pub struct StacksFooter {
     pub without: StacklessCounts,
     /// Code objects read from the interpreters (each once, unless its address was reused).
     pub code_objects: u64,
+    /// Frames the probes read (those kept and the interpreter's own entry frames they
+    /// skip): with `calls`, the depth the cost per frame is measured at.
+    pub frames_walked: u64,
 }
 
 /// Calls of the chosen families that have no `stack`, by reason (docs/trace-format.md).
@@ -138,6 +141,20 @@ pub struct StacklessCounts {
     pub code_unresolved: u64,
     /// The stack's record was lost (the ring buffer was full).
     pub record_lost: u64,
+}
+
+impl StacklessCounts {
+    pub fn total(&self) -> u64 {
+        self.not_python
+            + self.unsupported_python
+            + self.not_initialized
+            + self.no_thread_state
+            + self.ambiguous_thread_state
+            + self.no_python_frames
+            + self.read_fault
+            + self.code_unresolved
+            + self.record_lost
+    }
 }
 
 /// Stops for attaching: each from the stop (in the process's own syscall exit) to the

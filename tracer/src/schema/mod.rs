@@ -59,13 +59,14 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
-    ProcessMemory, StopFigures,
+    ProcessMemory, StacklessCounts, StacksFooter, StopFigures,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
 pub use header::{
     AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+    StacksInfo,
 };
 pub use library::LibraryLine;
 pub use lost::LostLine;
@@ -73,7 +74,7 @@ pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerInfo, PowerLine,
 };
 pub use process::{ProcessEvent, ProcessLine};
-pub use stack::{InterpreterLine, StackLine};
+pub use stack::{InterpreterLine, StackFrame, StackLine};
 
 use serde_json::Value;
 

@@ -193,12 +193,13 @@ mod tests {
                 ..StacklessCounts::default()
             },
             code_objects: 5,
+            frames_walked: 40,
         });
         let text = serde_json::to_string(&footer).unwrap();
         assert!(text.contains(r#""library":0,"stack":1}"#), "{text}");
         assert!(
             text.ends_with(
-                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5}}"#
+                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"frames_walked":40}}"#
             ),
             "{text}"
         );
