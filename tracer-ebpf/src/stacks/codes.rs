@@ -2,7 +2,7 @@
 //! that read its code object. A code object seen before at the same address, with the same
 //! identity, keeps its record; another is read now: its `ob_type` checked, its file name,
 //! qualified name (name on 3.10), first line, first traceable instruction and line table
-//! copied into a code record, one per run of `stack_capture`. Then the
+//! copied into a code record, [`CAPTURES_PER_RUN`] per run of `stack_capture`. Then the
 //! stack goes out with its frames, and is marked seen when every frame was resolved.
 
 use aya_ebpf::{helpers::generated, macros::uprobe, programs::ProbeContext};
@@ -20,7 +20,11 @@ use super::{
 };
 use crate::maps::{EVENTS, submit_flags};
 
-/// Frames `stack_capture` looks up per run before the one it reads.
+/// Code objects one run of `stack_capture` reads; more continue in a tail call (the
+/// kernel allows 33 tail calls per probe hit, which bounds the new code objects one call
+/// can read).
+const CAPTURES_PER_RUN: usize = 2;
+/// Frames `stack_capture` looks up per read.
 const LOOKUPS_PER_RUN: usize = 16;
 
 /// A code record being filled (too large for the BPF stack).
@@ -141,10 +145,9 @@ fn resolve(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
     Ended::OutOfTailCalls
 }
 
-/// Reads the next new code object, then goes on in a tail call. Frames whose code object
-/// an earlier read of this call covers (recursion) are named on the way, up to
-/// [`CAPTURES_PER_RUN`] lookups a run; one read a run keeps each program small for the
-/// verifier.
+/// Reads the next [`CAPTURES_PER_RUN`] new code objects, then goes on in a tail call.
+/// Frames whose code object an earlier read of this call covers (recursion) are named on
+/// the way; few reads a run keep each program small for the verifier.
 #[inline(always)]
 fn capture_some(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
     let Some(py) = PYPROC.get_ptr(scratch.tgid) else {
@@ -152,31 +155,10 @@ fn capture_some(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
     };
     // SAFETY: a map value.
     let py = unsafe { &*py };
-    let mut target = None;
-    for _ in 0..LOOKUPS_PER_RUN {
-        let next = unsafe { core::ptr::read_volatile(&scratch.next) };
-        if next >= scratch.todo {
+    for _ in 0..CAPTURES_PER_RUN {
+        let Some(index) = next_unseen(scratch, py) else {
             break;
-        }
-        let index = u64::from(*scratch.todo(u64::from(next)));
-        scratch.next = next + 1;
-        let code = scratch.frame(index).code;
-        let ident = scratch.frame(index).ident;
-        let key = CodeKey {
-            generation: py.generation,
-            code,
         };
-        if let Some(seen) = unsafe { CODES_SEEN.get(&key) }
-            && seen.ident == ident
-            && ident != 0
-        {
-            scratch.frame(index).capture = seen.capture;
-            continue;
-        }
-        target = Some(index);
-        break;
-    }
-    if let Some(index) = target {
         let code = scratch.frame(index).code;
         let ident = scratch.frame(index).ident;
         let capture = capture(scratch.tgid, scratch.tid, py, code, ident);
@@ -194,6 +176,33 @@ fn capture_some(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
         return Ended::OutOfTailCalls;
     }
     Ended::Resolved
+}
+
+/// The next frame left to resolve whose code object was not read meanwhile (the others are
+/// named on the way, up to [`LOOKUPS_PER_RUN`]).
+#[inline(always)]
+fn next_unseen(scratch: &mut Scratch, py: &PyProcess) -> Option<u64> {
+    for _ in 0..LOOKUPS_PER_RUN {
+        let next = unsafe { core::ptr::read_volatile(&scratch.next) };
+        if next >= scratch.todo {
+            return None;
+        }
+        let index = u64::from(*scratch.todo(u64::from(next)));
+        scratch.next = next + 1;
+        let code = scratch.frame(index).code;
+        let ident = scratch.frame(index).ident;
+        let key = CodeKey {
+            generation: py.generation,
+            code,
+        };
+        match unsafe { CODES_SEEN.get(&key) } {
+            Some(seen) if seen.ident == ident && ident != 0 => {
+                scratch.frame(index).capture = seen.capture;
+            }
+            _ => return Some(index),
+        }
+    }
+    None
 }
 
 /// Reads the code object at `code` into a code record; returns the record's id, or 0 when
