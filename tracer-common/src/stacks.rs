@@ -221,7 +221,8 @@ const _: () = assert!(size_of::<RawPyFrame>() == 32);
 pub mod code_flags {
     /// Its `ob_type` is not `PyCode_Type`.
     pub const NOT_CODE: u32 = 1 << 0;
-    /// A read failed (a page not resident).
+    /// A read failed (a page not resident): not remembered as read, so the next call
+    /// reads the code object again.
     pub const READ_FAULT: u32 = 1 << 1;
     /// The file name or qualified name is not a compact string, or longer than kept.
     pub const BAD_NAME: u32 = 1 << 2;
@@ -251,8 +252,13 @@ pub struct CodeHead {
     pub linetable_len: u32,
     pub filename_kind: u32,
     pub qualname_kind: u32,
+    /// The file name, qualified name and line table objects: where a read failed
+    /// ([`code_flags::READ_FAULT`], a page not resident), userspace reads them through
+    /// `/proc/PID/mem`, which faults the pages in, and the next call reads the code object
+    /// whole.
+    pub objects: [u64; 3],
 }
-const _: () = assert!(size_of::<CodeHead>() == 24 + 24 + 32);
+const _: () = assert!(size_of::<CodeHead>() == 24 + 24 + 32 + 24);
 
 /// A [`CodeHead`] and the bytes it describes, as the probe fills it.
 #[repr(C)]

@@ -65,8 +65,8 @@ enum Ended {
 }
 
 /// Sends the stack with its frames (one place: each send carries an entry-only call's
-/// emit); a stack whose every frame has a record and an identity is marked seen (an
-/// unresolved frame is tried again at the next call).
+/// emit); a stack whose every frame has a final record and an identity is marked seen (an
+/// unresolved frame, or one whose read failed, is tried again at the next call).
 #[inline(always)]
 fn finish(scratch: &mut Scratch, ended: Ended) -> u32 {
     let (status, flags, resolved) = match ended {
@@ -74,7 +74,7 @@ fn finish(scratch: &mut Scratch, ended: Ended) -> u32 {
         Ended::OutOfTailCalls => (stack_status::OK, stack_flags::TAIL_CALL_FAILED, false),
         Ended::Failed(status) => (status, 0, false),
     };
-    let mut whole = resolved;
+    let mut whole = resolved && scratch.incomplete == 0;
     for index in 0..MAX_STACK_FRAMES {
         if index as u32 >= scratch.event.nframes {
             break;
@@ -107,6 +107,7 @@ fn resolve(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
     // Counted in the scratch, not a register: the verifier then need not walk every count
     // at every frame.
     scratch.todo = 0;
+    scratch.incomplete = 0;
     for index in 0..MAX_STACK_FRAMES {
         if index as u32 >= scratch.event.nframes {
             break;
@@ -161,9 +162,13 @@ fn capture_some(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
         };
         let code = scratch.frame(index).code;
         let ident = scratch.frame(index).ident;
-        let capture = capture(scratch.tgid, scratch.tid, py, code, ident);
+        let (capture, complete) = capture(scratch.tgid, scratch.tid, py, code, ident);
         scratch.frame(index).capture = capture;
-        if capture != 0 && ident != 0 {
+        if !complete {
+            // Read again at the next call: this stack is not to be known by its hash.
+            scratch.incomplete = 1;
+        }
+        if capture != 0 && ident != 0 && complete {
             let key = CodeKey {
                 generation: py.generation,
                 code,
@@ -205,16 +210,17 @@ fn next_unseen(scratch: &mut Scratch, py: &PyProcess) -> Option<u64> {
     None
 }
 
-/// Reads the code object at `code` into a code record; returns the record's id, or 0 when
-/// it could not be sent. A record that cannot name a frame (not a code object, a name too
-/// long) is still sent, flagged, so that it is not read again.
+/// Reads the code object at `code` into a code record; returns the record's id (0 when it
+/// could not be sent) and whether the record is final. A record that cannot name a frame
+/// (not a code object, a name too long) is still sent, flagged, and final: it is not read
+/// again. One whose read failed (a page not resident) is read again at the next call.
 #[inline(always)]
-fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> u64 {
+fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> (u64, bool) {
     let Some(event) = CODE_SCRATCH.get_ptr_mut(0) else {
-        return 0;
+        return (0, false);
     };
     let Some(head) = CODE_BUF.get_ptr_mut(0) else {
-        return 0;
+        return (0, false);
     };
     // SAFETY: this CPU's scratch values.
     let (event, head) = unsafe { (&mut *event, &mut *head) };
@@ -238,6 +244,7 @@ fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> u64 {
         linetable_len: 0,
         filename_kind: 0,
         qualname_kind: 0,
+        objects: [0; 3],
     };
     let event_data = event.data.as_mut_ptr();
     let event = &mut event.head;
@@ -253,24 +260,34 @@ fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> u64 {
         let filename = head.u64_at(py.code_filename);
         let qualname = head.u64_at(py.code_qualname);
         let linetable = head.u64_at(py.code_linetable);
-        let (len, kind) = read_str(py, head, filename, event_data, FILENAME_CAP);
+        event.objects = [filename, qualname, linetable];
+        let (len, kind) = match read_str(py, head, filename, event_data, FILENAME_CAP) {
+            Ok(read) => read,
+            Err(flag) => {
+                event.flags |= flag;
+                (0, 0)
+            }
+        };
         event.filename_len = len;
         event.filename_kind = kind;
         let at = mask::<{ 2 * FILENAME_CAP as u64 - 1 }>(u64::from(len)) as usize;
         let at = if at > FILENAME_CAP { FILENAME_CAP } else { at };
         // SAFETY: `at` is at most FILENAME_CAP, and QUALNAME_CAP bytes follow it.
-        let (len, kind) = read_str(
+        let (len, kind) = match read_str(
             py,
             head,
             qualname,
             unsafe { event_data.add(at) },
             QUALNAME_CAP,
-        );
+        ) {
+            Ok(read) => read,
+            Err(flag) => {
+                event.flags |= flag;
+                (0, 0)
+            }
+        };
         event.qualname_len = len;
         event.qualname_kind = kind;
-        if event.filename_kind == 0 || event.qualname_kind == 0 {
-            event.flags |= code_flags::BAD_NAME;
-        }
         let at2 = mask::<{ 2 * QUALNAME_CAP as u64 - 1 }>(u64::from(len)) as usize;
         let at2 = at
             + if at2 > QUALNAME_CAP {
@@ -303,34 +320,38 @@ fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> u64 {
     } == 0;
     if !sent {
         bump(stack_counter::CODE_RING_FULL, 1);
-        return 0;
+        return (0, false);
     }
     bump(stack_counter::CAPTURES, 1);
-    id
+    (id, event.flags & code_flags::READ_FAULT == 0)
 }
 
 /// Copies a compact `str`'s characters (at most `cap` bytes) to `out`: (bytes, kind), or
-/// (0, 0) for a string that cannot be read whole. `head` is reused for its header.
+/// the flag that says why not (a read failed; not a compact string, or too long). `head` is
+/// reused for its header.
 #[inline(always)]
-fn read_str(py: &PyProcess, head: &mut Buf, string: u64, out: *mut u8, cap: usize) -> (u32, u32) {
+fn read_str(
+    py: &PyProcess,
+    head: &mut Buf,
+    string: u64,
+    out: *mut u8,
+    cap: usize,
+) -> Result<(u32, u32), u32> {
     if !read_user(head.0.as_mut_ptr(), STR_READ as u32, string) {
-        return (0, 0);
+        return Err(code_flags::READ_FAULT);
     }
     let length = head.u64_at(py.str_length);
     let state = head.u32_at(py.str_state);
     let kind = (state >> 2) & 7;
     let compact = (state >> 5) & 1;
     let ascii = (state >> 6) & 1;
-    if compact == 0 || !(kind == 1 || kind == 2 || kind == 4) {
-        return (0, 0);
-    }
-    if length > cap as u64 {
-        return (0, 0);
+    if compact == 0 || !(kind == 1 || kind == 2 || kind == 4) || length > cap as u64 {
+        return Err(code_flags::BAD_NAME);
     }
     // kind is 1, 2 or 4 bytes a character.
     let bytes = length << (kind >> 1);
     if bytes > cap as u64 {
-        return (0, 0);
+        return Err(code_flags::BAD_NAME);
     }
     let data = if ascii != 0 {
         py.str_ascii_data
@@ -344,9 +365,9 @@ fn read_str(py: &PyProcess, head: &mut Buf, string: u64, out: *mut u8, cap: usiz
         bytes
     };
     if bytes > 0 && !read_user(out, bytes as u32, string + u64::from(data)) {
-        return (0, 0);
+        return Err(code_flags::READ_FAULT);
     }
-    (bytes as u32, kind)
+    Ok((bytes as u32, kind))
 }
 
 /// Copies a `bytes` object's contents (the line table) to `out`.

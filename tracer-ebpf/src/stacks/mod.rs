@@ -120,7 +120,8 @@ pub struct Scratch {
     /// Frames to resolve, next one to (`stack_codes`, `stack_capture`).
     pub todo: u32,
     pub next: u32,
-    pub _pad: u32,
+    /// 1: a code object of this stack could not be read whole (read again next time).
+    pub incomplete: u32,
     pub buf: Buf,
     pub fingerprint: Buf,
     /// Indexes in `frames` of the frames whose code object was not seen.

@@ -110,6 +110,8 @@ pub struct StacksFooter {
     pub without: StacklessCounts,
     /// Code objects read from the interpreters (each once, unless its address was reused).
     pub code_objects: u64,
+    /// Of those, the records that could not name a frame, by why.
+    pub code_objects_unusable: UnusableCodeCounts,
     /// Frames the probes read (those kept and the interpreter's own entry frames they
     /// skip): with `calls`, the depth the cost per frame is measured at.
     pub frames_walked: u64,
@@ -141,6 +143,20 @@ pub struct StacklessCounts {
     pub code_unresolved: u64,
     /// The stack's record was lost (the ring buffer was full).
     pub record_lost: u64,
+}
+
+/// Code records that could not name a frame, by why (a record may have more than one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UnusableCodeCounts {
+    /// Not a code object (its type is not `PyCode_Type`).
+    pub not_code: u64,
+    /// A read failed (a page not resident): read again at the next call, its pages faulted
+    /// in meanwhile.
+    pub read_fault: u64,
+    /// A name that is not a compact string, or longer than kept.
+    pub bad_name: u64,
+    /// A line table longer than 16 KiB.
+    pub linetable_too_long: u64,
 }
 
 impl StacklessCounts {

@@ -194,12 +194,13 @@ mod tests {
             },
             code_objects: 5,
             frames_walked: 40,
+            ..StacksFooter::default()
         });
         let text = serde_json::to_string(&footer).unwrap();
         assert!(text.contains(r#""library":0,"stack":1}"#), "{text}");
         assert!(
             text.ends_with(
-                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"frames_walked":40}}"#
+                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0,"linetable_too_long":0},"frames_walked":40}}"#
             ),
             "{text}"
         );

@@ -11,10 +11,12 @@
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
+//! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
 
 mod btf;
 mod elf;
 mod families;
+mod fault_in;
 mod interpreters;
 mod layout;
 mod linetable;
@@ -25,7 +27,7 @@ use std::path::Path;
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
     AttachEvent, attach_event,
-    stacks::{CodeHead, RawPyFrame, StackEvent, stack_counter},
+    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter},
 };
 
 pub use btf::fsbase_offset;
@@ -37,6 +39,10 @@ use crate::{
     probes::{loaded::StackMaps, stack_programs::StackPrograms},
     schema::{CallLine, InterpreterLine, StackLine, StacksFooter},
 };
+
+/// Set (hidden, for diagnosis): each code record that cannot name a frame is printed on
+/// stderr.
+const DEBUG_ENV: &str = "CUDATRACE_STACKS_DEBUG";
 
 /// Where the kernel's BTF is.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -111,6 +117,16 @@ impl Stacks {
 
     /// A code record.
     pub fn code(&mut self, head: &CodeHead, data: &[u8]) {
+        if head.flags != 0 && std::env::var_os(DEBUG_ENV).is_some() {
+            // For diagnosis: which code object could not name a frame, and why.
+            eprintln!(
+                "cudatrace: --stacks: pid {} code object {:#x}: flags {:#x}, objects {:x?}",
+                head.header.pid, head.code, head.flags, head.objects
+            );
+        }
+        if head.flags & code_flags::READ_FAULT != 0 {
+            fault_in::fault_in(head);
+        }
         self.resolver.code(head, data);
     }
 

@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use tracer_common::stacks::{CodeHead, RawPyFrame, StackEvent, stack_flags, stack_status};
+use tracer_common::stacks::{
+    CodeHead, RawPyFrame, StackEvent, code_flags, stack_flags, stack_status,
+};
 
 use super::linetable::line_of;
 use crate::schema::{StackFrame, StackLine, StacklessCounts, StacksFooter};
@@ -75,6 +77,20 @@ impl Resolver {
     /// A code record (`minor`: its interpreter's minor version).
     pub fn code(&mut self, event: &CodeHead, data: &[u8]) {
         self.footer.code_objects += 1;
+        let unusable = &mut self.footer.code_objects_unusable;
+        for (flag, count) in [
+            (code_flags::NOT_CODE, &mut unusable.not_code),
+            (code_flags::READ_FAULT, &mut unusable.read_fault),
+            (code_flags::BAD_NAME, &mut unusable.bad_name),
+            (
+                code_flags::LINETABLE_TOO_LONG,
+                &mut unusable.linetable_too_long,
+            ),
+        ] {
+            if event.flags & flag != 0 {
+                *count += 1;
+            }
+        }
         let minor = event.header.flags;
         let code = (event.flags == 0)
             .then(|| decode_code(event, data, minor))
