@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of `cudatrace run --stacks` (issue 23). Usage, as root, on the GPU machine:
 #
-#   workloads/stacks_gpu.sh CUDATRACE OUTDIR [ROUNDS]
+#   workloads/stacks_gpu.sh CUDATRACE OUTDIR [ROUNDS] [PARTS]
 #
+# PARTS (default `exact,cost,stats`), comma-separated, of:
 # 1. exact: the MLP (simple_inference.py) and GPT-2 (transformer_inference.py, 20 tokens)
 #    run under `cudatrace run --stacks` inside workloads/stacks_reference.py, which records
 #    CPython's own stack at every launch from a CUPTI callback on the launching thread;
@@ -20,6 +21,7 @@ set -uo pipefail
 cudatrace=$(realpath "${1:?path to the cudatrace binary}")
 out=$(realpath -m "${2:?output folder}")
 rounds=${3:-6}
+parts=",${4:-exact,cost,stats},"
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 status=0
@@ -32,7 +34,7 @@ status=0
 } 2>&1 | tee "$out/machine.txt"
 
 echo "== 1. every launch's stack against CPython's"
-for workload in mlp gpt2; do
+[[ $parts == *,exact,* ]] && for workload in mlp gpt2; do
     case $workload in
     mlp) command=("$here/simple_inference.py") ;;
     gpt2) command=("$here/transformer_inference.py" --tokens 20) ;;
@@ -45,11 +47,10 @@ for workload in mlp gpt2; do
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
 
-echo "== 2. cost ($rounds rounds)"
 loop=(python3 "$here/launch_loop.py" --iters 20000 --repeats 3)
 gpt2=(python3 "$here/transformer_inference.py" --tokens 40)
 conditions=(untraced run stacks)
-: >"$out/cost.txt"
+[[ $parts == *,cost,* ]] && echo "== 2. cost ($rounds rounds)" && : >"$out/cost.txt" &&
 for round in $(seq 1 "$rounds"); do
     for index in 0 1 2; do
         condition=${conditions[$(((index + round) % 3))]}
@@ -66,7 +67,7 @@ for round in $(seq 1 "$rounds"); do
 done
 
 echo "== 3. BPF statistics"
-for workload in loop gpt2; do
+[[ $parts == *,stats,* ]] && for workload in loop gpt2; do
     for mode in run stacks; do
         flag=()
         [ "$mode" = stacks ] && flag=(--stacks)
@@ -82,7 +83,7 @@ if stacks:
     done
 done | tee "$out/stats.txt"
 
-python3 - "$out" <<'EOF' | tee "$out/tables.txt"
+[ -s "$out/cost.txt" ] && python3 - "$out" <<'EOF' | tee "$out/tables.txt"
 import re, statistics, sys
 out = sys.argv[1]
 rows = {}
