@@ -303,7 +303,9 @@ fn capture(tgid: u32, tid: u32, py: &PyProcess, code: u64, ident: u64) -> (u64, 
     let data = u64::from(event.filename_len)
         + u64::from(event.qualname_len)
         + u64::from(event.linetable_len);
-    let data = mask::<{ 2 * tracer_common::stacks::CODE_DATA_LEN as u64 - 1 }>(data);
+    // A power of two less one: a mask of any other value would clear bits of a valid size.
+    let data =
+        mask::<{ (tracer_common::stacks::CODE_DATA_LEN as u64).next_power_of_two() - 1 }>(data);
     let data = if data > tracer_common::stacks::CODE_DATA_LEN as u64 {
         tracer_common::stacks::CODE_DATA_LEN as u64
     } else {

@@ -11,9 +11,18 @@ pub const BUF: usize = 256;
 #[repr(C, align(8))]
 pub struct Buf(pub [u8; BUF]);
 
-/// `x & M`, in assembly so that the mask stays for the verifier.
+/// `x & M`, in assembly so that the mask stays for the verifier. `M` is a power of two
+/// less one, its low bits perhaps cleared for alignment (checked at compile time): another
+/// value would clear bits of a valid `x`.
 #[inline(always)]
 pub fn mask<const M: u64>(x: u64) -> u64 {
+    const {
+        assert!(
+            (M | ((1 << M.trailing_zeros()) - 1))
+                .wrapping_add(1)
+                .is_power_of_two()
+        )
+    };
     let masked: u64;
     // SAFETY: register arithmetic only.
     unsafe {

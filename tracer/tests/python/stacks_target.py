@@ -82,6 +82,13 @@ def threaded():
     seen(); lib.cuCtxSynchronize()  # line:thread
 
 
+# A function whose line table is some kilobytes (its code record over 1024 bytes).
+LONG_BODY = "def long_body():\n" + "".join(
+    f"    v{i} = {i} * 3 + len('{'x' * (i % 7)}')\n" for i in range(300)
+) + "    seen(); lib.cuCtxSynchronize()\n"
+exec(compile(LONG_BODY, "<generated long_body>", "exec"))
+
+
 def main():
     Net().forward()  # line:main_net
     list(generated(2))
@@ -93,6 +100,7 @@ def main():
     for worker in workers:
         worker.join()
     deep(int(sys.argv[3]) if len(sys.argv) > 3 else 40)
+    long_body()
     return squares
 
 
