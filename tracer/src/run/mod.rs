@@ -70,6 +70,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     finish::finish(&args, command, trace, traced)
 }
 
+/// The smallest ring `--stacks` takes: code records are up to 18 KiB.
+const MIN_STACKS_RING_KIB: u32 = 64;
+
 /// What can be checked before anything is prepared: privileges, something to trace, the
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
@@ -88,6 +91,15 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
                 anyhow!("no process with pid {pid}"),
             ));
         }
+    }
+    if args.stacks.is_some() && args.ring_kib < MIN_STACKS_RING_KIB {
+        return Err(Failure::new(
+            ExitCode::Usage,
+            anyhow!(
+                "--stacks needs --ring-kib {MIN_STACKS_RING_KIB} or more (a code object's \
+                 record takes up to 18 KiB)"
+            ),
+        ));
     }
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
