@@ -11,8 +11,9 @@ mod common;
 
 use std::{
     collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use common::*;
@@ -598,4 +599,58 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     let without = &trace.last().unwrap()["stacks"]["without"];
     assert_eq!(without["no_thread_state"], 1);
     assert_eq!(trace.last().unwrap()["stacks"]["calls"], 1);
+}
+
+/// A process traced with `-p` is looked at when tracing starts (it maps the library
+/// already): its first call has its stack.
+#[test]
+fn a_process_traced_with_dash_p_is_looked_at_when_tracing_starts() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("stacks-dash-p");
+    let script = scripts().join("stacks_waiting.py");
+    let mut target = Command::new("/usr/bin/python3.11")
+        .arg(&script)
+        .arg(&standin().lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.as_mut().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let trace_path = dir.join("trace.jsonl");
+    let pid = target.id().to_string();
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "--missing-probes", "ignore", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &pid])
+        .spawn()
+        .unwrap();
+    wait_for_trace(&trace_path, HEADER);
+    target.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let interpreter = trace.iter().find(|l| l["type"] == "interpreter").unwrap();
+    assert_eq!(
+        (interpreter["pid"].to_string(), &interpreter["stacks"]),
+        (pid, &Value::Bool(true))
+    );
+    let calls = calls(&trace);
+    assert_eq!(calls.len(), 1);
+    let stack = trace
+        .iter()
+        .find(|l| l["type"] == "stack" && l["id"] == calls[0]["stack"])
+        .expect("the call's stack");
+    let file = script.to_str().unwrap();
+    assert_eq!(
+        stack["frames"],
+        serde_json::json!([
+            {"file": file, "qualname": "called", "line": marked("stacks_waiting.py", "called"), "first_line": 13},
+            {"file": file, "qualname": "<module>", "line": marked("stacks_waiting.py", "module"), "first_line": 1},
+        ])
+    );
 }
