@@ -9,6 +9,7 @@ use core::mem::size_of;
 mod attach;
 pub mod cbids;
 mod gpu;
+pub mod stacks;
 pub use attach::*;
 pub use gpu::*;
 
@@ -31,6 +32,10 @@ pub mod kind {
     pub const CALL_STRING: u32 = 7;
     /// A library opened, a fork or an exec the loader must act on ([`super::AttachEvent`]).
     pub const ATTACH: u32 = 8;
+    /// `--stacks`: a call's Python stack ([`super::stacks::StackEvent`]).
+    pub const STACK: u32 = 9;
+    /// `--stacks`: a Python code object, read once ([`super::stacks::CodeEvent`]).
+    pub const CODE: u32 = 10;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -85,6 +90,9 @@ pub mod cookie {
     /// No return probe (`--launch-entry-only`): the entry emits the whole event itself,
     /// flagged [`super::flags::NO_RETURN`], and keeps no frame.
     pub const ENTRY_ONLY: u64 = 1 << 34;
+    /// `--stacks`: the entry hands the call to the stack programs, which send the calling
+    /// thread's Python stack first ([`super::stacks`]).
+    pub const STACKS: u64 = 1 << 35;
 }
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;
@@ -393,6 +401,7 @@ mod pod {
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for NamePattern {}
+    unsafe impl aya::Pod for stacks::PyProcess {}
 }
 
 #[cfg(test)]
@@ -413,8 +422,10 @@ mod tests {
             kind::GPU_TEXT,
             kind::CALL_STRING,
             kind::ATTACH,
+            kind::STACK,
+            kind::CODE,
         ];
-        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         let counters = [
             counter::RING_FULL,
             counter::TOO_DEEP,

@@ -120,6 +120,10 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
             args,
             outs: [0; MAX_OUTS],
         };
+        if cookie & cookie_bits::STACKS != 0 {
+            // The stack goes first, then the call; back here only if that could not be.
+            crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, Some(&call));
+        }
         return emit(call, SPECS.get(probe_id & SLOT_MASK)?);
     }
     let stack = unsafe { &mut *thread_stack(tid)? };
@@ -138,6 +142,10 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     frame.sp = regs.rsp;
     frame.ret_addr = ret_addr;
     frame.args = args;
+    if cookie & cookie_bits::STACKS != 0 {
+        // The call's stack, now: its record precedes the call's.
+        crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, None);
+    }
     Some(())
 }
 
@@ -322,7 +330,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
 /// Writes `call` to the ring, with the memory its spec captures read now: a `CallEvent`,
 /// a `CallStringEvent` or a `CallDataEvent`.
 #[inline(always)]
-fn emit(mut call: CallEvent, spec: &ProbeSpec) -> Option<()> {
+pub fn emit(mut call: CallEvent, spec: &ProbeSpec) -> Option<()> {
     if spec.capture == capture_kind::NONE {
         let Some(mut entry) = EVENTS.reserve::<CallEvent>(0) else {
             bump(counter::RING_FULL);

@@ -253,6 +253,7 @@ fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
     if pending.register != 0 {
         // Only now can the child be named in the loader's pid namespace.
         let registered = TRACED.insert(&tgid, &1, 0).is_ok();
+        crate::stacks::inherit(pending.parent_pid, tgid);
         crate::process::emit_fork(&pending, tgid);
         if !registered {
             // Untraced, and counted: no probes of its own (see `task_newtask`).

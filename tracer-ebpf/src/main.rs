@@ -1,8 +1,8 @@
 //! cudatrace's eBPF side: one generic uprobe/uretprobe pair that every libcuda symbol is
 //! attached to (the attach cookie says which one, and the `SPECS` map how to read its
 //! arguments), plus process-tree tracking from scheduler tracepoints, library discovery and
-//! race-free stops for attaching (`discovery.rs`), and the GPU activity records the
-//! injection library hands over (`gpu.rs`).
+//! race-free stops for attaching (`discovery.rs`), the GPU activity records the
+//! injection library hands over (`gpu.rs`), and the calls' Python stacks (`stacks/`).
 //!
 //! The probe catalog lives in userspace as data; nothing here knows a CUDA function by name.
 #![no_std]
@@ -17,6 +17,7 @@ mod driver;
 mod gpu;
 mod maps;
 mod process;
+mod stacks;
 
 #[cfg(not(test))]
 #[panic_handler]

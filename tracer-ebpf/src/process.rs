@@ -46,11 +46,14 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
-    if trace_all() {
-        return None;
-    }
     // The tracepoint runs in the parent: its tgid decides, whichever thread forks.
     let (parent, parent_tid) = current_ids()?;
+    if trace_all() {
+        if !in_pid_namespace() {
+            inherit_python(ctx, parent);
+        }
+        return None;
+    }
     unsafe { TRACED.get(&parent) }?;
     let clone_flags: u64 = unsafe { ctx.read_at(newtask_flags_off() as usize) }.ok()?;
     if clone_flags & CLONE_THREAD != 0 {
@@ -58,6 +61,9 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     }
     // The kernel's pid of the child.
     let child: i32 = unsafe { ctx.read_at(newtask_pid_off() as usize) }.ok()?;
+    if !in_pid_namespace() {
+        crate::stacks::inherit(parent, child as u32);
+    }
     // A vfork child only runs until its exec (its calls before it are not traced); any
     // other child inherits the parent's breakpoints and needs its own probes first.
     let stop = clone_flags & CLONE_VFORK == 0 && unsafe { LINKED.get(&parent) }.is_some();
@@ -88,6 +94,20 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
         bump(counter::TRACED_FULL);
     }
     Some(())
+}
+
+/// `--all`: a new child process of `parent` has its interpreter (`--stacks`).
+#[inline(always)]
+fn inherit_python(ctx: &TracePointContext, parent: u32) {
+    let Ok(clone_flags) = (unsafe { ctx.read_at::<u64>(newtask_flags_off() as usize) }) else {
+        return;
+    };
+    if clone_flags & CLONE_THREAD != 0 {
+        return;
+    }
+    if let Ok(child) = unsafe { ctx.read_at::<i32>(newtask_pid_off() as usize) } {
+        crate::stacks::inherit(parent, child as u32);
+    }
 }
 
 /// Reports a traced process's new child.
@@ -121,6 +141,8 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
             let _ = unsafe { bpf_probe_read_kernel_str_bytes(filename, name) };
         },
     );
+    // Nor does it run the interpreter of the old one.
+    crate::stacks::forget(ids.0);
     // The new image maps nothing yet: its forks need no stop until it maps a library.
     if unsafe { LINKED.get(&ids.0) }.is_some() {
         let _ = LINKED.remove(&ids.0);
@@ -157,6 +179,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
         let _ = TRACED.remove(&tgid);
     }
     process_exited(tgid);
+    crate::stacks::forget(tgid);
     emit(
         (tgid, tid),
         unsafe { bpf_ktime_get_ns() },

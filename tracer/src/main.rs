@@ -34,6 +34,7 @@ mod schema;
 mod selftest;
 mod sinks;
 mod spawn;
+mod stacks;
 mod summary;
 mod trace_input;
 mod view;

@@ -3,6 +3,7 @@
 mod bench;
 mod cmd;
 mod ebpf;
+mod pythons;
 mod standin;
 mod tasks;
 mod toolchain;

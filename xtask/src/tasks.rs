@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::{
     cmd::{self, cargo, run},
-    ebpf, standin, vm,
+    ebpf, pythons, standin, vm,
 };
 
 #[derive(clap::Args, Debug, Default, Clone)]
@@ -29,6 +29,8 @@ pub fn test(opts: &TestOptions) -> Result<()> {
              (or set CUDATRACE_SKIP_ROOT_TESTS=1 to run only the unprivileged ones)"
         );
     }
+    // The --stacks tests trace Debian trixie's CPython 3.13 too.
+    pythons::ensure_trixie()?;
     run(
         cargo().args(["test", "--workspace", "--locked"]),
         "cargo test --workspace",

@@ -130,7 +130,12 @@ impl Analysis {
                     self.gpu_header(gpu);
                 }
             }
-            Line::Lost(_) | Line::Library(_) | Line::Footer(_) | Line::Unknown => {}
+            Line::Lost(_)
+            | Line::Library(_)
+            | Line::Stack(_)
+            | Line::Interpreter(_)
+            | Line::Footer(_)
+            | Line::Unknown => {}
         }
     }
 

@@ -127,7 +127,9 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
             | Line::Driver(_)
             | Line::Power(_)
             | Line::Gpu(_)
-            | Line::Library(_) => {}
+            | Line::Library(_)
+            | Line::Stack(_)
+            | Line::Interpreter(_) => {}
         }
     }
     info.lines = lines.lines;

@@ -89,6 +89,8 @@ impl Decoder {
                 GpuDecoded::Consumed => return None,
                 GpuDecoded::Unknown => None,
             },
+            // The stacks stage's (`run/pipeline.rs`): no line of their own here.
+            Ok(RawEvent::Stack { .. } | RawEvent::Code { .. }) => return None,
             Ok(RawEvent::Attach(_)) | Err(_) => None,
         };
         if event.is_none() {

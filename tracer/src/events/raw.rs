@@ -6,6 +6,7 @@ use std::mem::size_of;
 use tracer_common::{
     AttachEvent, CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader,
     GPU_TEXT_LEN, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent, TEXT_LEN, kind,
+    stacks::{CODE_DATA_LEN, CodeHead, MAX_STACK_FRAMES, RawPyFrame, StackEvent},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -35,6 +36,16 @@ pub enum RawEvent {
     Gpu(RawGpu),
     /// For the attach layer, not the trace: a library opened, a fork, an exec.
     Attach(Box<AttachEvent>),
+    /// `--stacks`: a call's Python stack, with its frames when it is new.
+    Stack {
+        event: StackEvent,
+        frames: Vec<RawPyFrame>,
+    },
+    /// `--stacks`: a code object, and the bytes of its names and line table.
+    Code {
+        head: CodeHead,
+        data: Vec<u8>,
+    },
 }
 
 /// A GPU record as the `gpu_records` uprobe wrote it.
@@ -109,6 +120,37 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
             }))
         }
         kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
+        kind::STACK => {
+            let event: StackEvent = read(bytes, "stack event")?;
+            let count = (event.nframes as usize).min(MAX_STACK_FRAMES);
+            let rest = &bytes[size_of::<StackEvent>()..];
+            let frames = (0..count)
+                .map(|i| {
+                    read(
+                        rest.get(i * size_of::<RawPyFrame>()..).unwrap_or(&[]),
+                        "frame",
+                    )
+                })
+                .collect::<Result<Vec<RawPyFrame>, _>>()?;
+            Ok(RawEvent::Stack { event, frames })
+        }
+        kind::CODE => {
+            let head: CodeHead = read(bytes, "code event")?;
+            let len = (head.filename_len as usize)
+                .saturating_add(head.qualname_len as usize)
+                .saturating_add(head.linetable_len as usize)
+                .min(CODE_DATA_LEN);
+            let data = bytes.get(size_of::<CodeHead>()..size_of::<CodeHead>() + len);
+            let data = data.ok_or(DecodeError::Short {
+                what: "code event's data",
+                len: bytes.len(),
+                need: size_of::<CodeHead>() + len,
+            })?;
+            Ok(RawEvent::Code {
+                head,
+                data: data.to_vec(),
+            })
+        }
         other => Err(DecodeError::UnknownKind(other)),
     }
 }

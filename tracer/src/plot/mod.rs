@@ -147,7 +147,12 @@ fn bin(
                     bins.gpu(work.device, work.ts_ns, work.dur_ns);
                 }
             }
-            Line::Lost(_) | Line::Driver(_) | Line::Footer(_) | Line::Unknown => {}
+            Line::Lost(_)
+            | Line::Driver(_)
+            | Line::Stack(_)
+            | Line::Interpreter(_)
+            | Line::Footer(_)
+            | Line::Unknown => {}
         }
     }
     Ok(bins)

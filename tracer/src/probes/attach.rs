@@ -97,6 +97,10 @@ impl MultiPrograms {
         if !uprobe_multi::supported() {
             return Err("this kernel has no uprobe_multi links (Linux 6.6+)".into());
         }
+        // Tests take the older kernels' path (per-symbol links, aya's programs) here too.
+        if std::env::var_os("CUDATRACE_NO_UPROBE_MULTI").is_some() {
+            return Err("CUDATRACE_NO_UPROBE_MULTI is set".into());
+        }
         let mut programs = MultiPrograms::default();
         for set in PROBE_SETS {
             for (name, retprobe) in set.programs.names() {

@@ -454,6 +454,13 @@ impl Discovery {
         Ok(())
     }
 
+    /// Whether process `pid` maps a file planned here.
+    pub fn maps_planned_file(&self, pid: u32) -> bool {
+        mapped_files(pid)
+            .iter()
+            .any(|mapped| self.plans.of_file(mapped.device, mapped.inode).is_some())
+    }
+
     /// A traced process exited: its links go.
     pub fn process_exited(&mut self, pid: u32) {
         self.attacher.forget_process(pid);

@@ -4,16 +4,18 @@
 //! object, its programs and the maps only attaching touches (`--kernel`'s), is lent to the
 //! attach layer to attach and detach.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use aya::{
     Ebpf,
-    maps::{MapData, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
 };
+use tracer_common::stacks::PyProcess;
 
 use super::{
     attach::MultiPrograms,
     maps::{self, CounterReader, LinkedSet, NamePatterns, ProbeTable, StopMaps, TracedSet},
     object::{self, LoadOptions},
+    stack_programs::StackPrograms,
 };
 
 /// The loaded object, taken apart.
@@ -37,6 +39,17 @@ pub struct LoadedObject {
     pub linked: LinkedSet,
     /// Whether processes may be stopped, and those stopped.
     pub stops: StopMaps,
+    /// `--stacks`: the stack programs loaded, and the maps the run uses.
+    pub stacks: Option<StackMaps>,
+}
+
+/// What `--stacks` uses of the object.
+pub struct StackMaps {
+    pub programs: StackPrograms,
+    /// Each process's interpreter layout.
+    pub interpreters: BpfHashMap<MapData, u32, PyProcess>,
+    /// The stack programs' counters.
+    pub counters: PerCpuArray<MapData, u64>,
 }
 
 impl LoadedObject {
@@ -47,7 +60,18 @@ impl LoadedObject {
         // The uprobe_multi copies of the programs are relocated against the object's maps:
         // loaded before any map is taken out.
         let uprobe_multi = MultiPrograms::load(&bpf);
+        let stacks = match options.stacks {
+            Some(_) => Some(StackMaps {
+                // Tail-called by the call programs of the same kind only.
+                programs: StackPrograms::load(&mut bpf, uprobe_multi.is_ok())
+                    .context("loading the stack programs (--stacks)")?,
+                interpreters: maps::take_map(&mut bpf, "PYPROC")?,
+                counters: maps::take_map(&mut bpf, "STACK_COUNTERS")?,
+            }),
+            None => None,
+        };
         Ok(LoadedObject {
+            stacks,
             uprobe_multi,
             ring: maps::take_ring(&mut bpf)?,
             counters: CounterReader::take(&mut bpf)?,

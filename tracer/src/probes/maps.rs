@@ -31,6 +31,12 @@ pub const SIZED_MAPS: &[&str] = &[
     "PENDING_CHILD",
 ];
 
+/// Takes map `name` out of the object, as its type (for the maps a part of the run owns
+/// outside this module: `--stacks`'s).
+pub fn take_map<M: TryFrom<Map, Error = MapError>>(bpf: &mut Ebpf, name: &str) -> Result<M> {
+    take(bpf, name)
+}
+
 /// Takes map `name` out of the object, as its type.
 fn take<M: TryFrom<Map, Error = MapError>>(bpf: &mut Ebpf, name: &str) -> Result<M> {
     let map = bpf

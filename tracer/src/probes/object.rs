@@ -21,6 +21,17 @@ pub struct LoadOptions {
     pub device_prefix: String,
     /// Sizes that replace the object's own for some of [`super::maps::SIZED_MAPS`] (tests).
     pub map_entries: Vec<(String, u32)>,
+    /// `--stacks`: the stack programs' settings.
+    pub stacks: Option<StackOptions>,
+}
+
+/// The stack programs' load-time settings (`--stacks`).
+#[derive(Clone, Copy, Debug)]
+pub struct StackOptions {
+    /// The offset of `thread.fsbase` in the kernel's `task_struct`.
+    pub fsbase_offset: u32,
+    /// The frame budget (`--stack-depth`).
+    pub depth: u32,
 }
 
 /// The inode of the kernel's root pid namespace (`PROC_PID_INIT_INO`).
@@ -108,6 +119,11 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     for (map, entries) in &options.map_entries {
         loader.map_max_entries(map, *entries);
+    }
+    if let Some(stacks) = &options.stacks {
+        loader
+            .override_global("FSBASE_OFF", &stacks.fsbase_offset, true)
+            .override_global("STACK_DEPTH", &stacks.depth, true);
     }
     loader
         .override_global("PIDNS_DEV", &pidns_dev, true)

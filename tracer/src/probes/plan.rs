@@ -9,7 +9,10 @@ use super::{
     library::{ExportedFn, Library, LibraryFile},
     probe_set::ProbeSet,
 };
-use crate::catalog::{FnSpec, GENERIC};
+use crate::{
+    catalog::{FnSpec, GENERIC},
+    stacks::StackSelection,
+};
 use tracer_common::{MAX_LIBRARIES, MAX_PROBES, SLOT_BITS, SLOT_MASK};
 
 /// What to do when a catalog function is absent from the library or fails to attach (the
@@ -37,6 +40,8 @@ pub struct FunctionSelection {
     pub globs: Vec<glob::Pattern>,
     /// `--launch-entry-only`: the launches get the entry program alone.
     pub launch_entry_only: bool,
+    /// `--stacks`: the calls whose entry sends the thread's Python stack.
+    pub stacks: Option<StackSelection>,
 }
 
 impl Default for FunctionSelection {
@@ -46,6 +51,7 @@ impl Default for FunctionSelection {
             all: false,
             globs: Vec::new(),
             launch_entry_only: false,
+            stacks: None,
         }
     }
 }
@@ -58,6 +64,7 @@ impl FunctionSelection {
             all: false,
             globs: Vec::new(),
             launch_entry_only: false,
+            stacks: None,
         };
         for item in text.split(',').map(str::trim) {
             match item {
@@ -114,6 +121,8 @@ pub struct PlannedProbe {
     /// It gets the entry program alone, no return probe: a launch
     /// ([`FnSpec::is_entry_only_launch`]) under `--launch-entry-only`.
     pub entry_only: bool,
+    /// `--stacks`: its entry sends the calling thread's Python stack first.
+    pub stacks: bool,
 }
 
 impl PlannedProbe {
@@ -129,6 +138,9 @@ impl PlannedProbe {
         }
         if self.spec.probe_spec().nargs as usize > tracer_common::REGISTER_ARGS {
             cookie |= tracer_common::cookie::STACK_ARGS;
+        }
+        if self.stacks {
+            cookie |= tracer_common::cookie::STACKS;
         }
         cookie
     }
@@ -227,6 +239,10 @@ impl Plan {
             .collect();
         for probe in &mut plan.probes {
             probe.entry_only = selection.launch_entry_only && probe.spec.is_entry_only_launch();
+            probe.stacks = selection
+                .stacks
+                .as_ref()
+                .is_some_and(|stacks| stacks.includes(probe.spec));
         }
         plan
     }
@@ -251,6 +267,7 @@ impl Plan {
             spec,
             file_offset,
             entry_only: false,
+            stacks: false,
         });
     }
 }
@@ -432,6 +449,7 @@ mod tests {
         let plan = Plan::new(&LIBCUDA, &lib, 0, &FunctionSelection::default());
         let lean_selection = FunctionSelection {
             launch_entry_only: true,
+            stacks: None,
             ..FunctionSelection::default()
         };
         let lean = Plan::new(&LIBCUDA, &lib, 0, &lean_selection);

@@ -197,6 +197,11 @@ fn check_counts(program_name: &str, offsets: &[u64], cookies: &[u64]) -> Result<
     Ok(())
 }
 
+/// Maps these copies use in place of the one the code names: the kernel lets a program
+/// tail-call only into programs of its own attach type, so the uprobe_multi programs have
+/// their own program array (`--stacks`).
+const MAP_ALIASES: &[(&str, &str)] = &[("STACK_PROGS", "STACK_PROGS_MULTI")];
+
 /// Parses, relocates and loads one program of the object for uprobe_multi.
 fn load(bpf: &Ebpf, object: &[u8], program_name: &str, retprobe: bool) -> Result<OwnedFd> {
     let mut obj = Object::parse(object).context("parsing the eBPF object")?;
@@ -244,7 +249,11 @@ fn load(bpf: &Ebpf, object: &[u8], program_name: &str, retprobe: bool) -> Result
     let definitions = std::mem::take(&mut obj.maps);
     let mut maps = Vec::with_capacity(definitions.len());
     for (name, definition) in &definitions {
-        if let Some(map) = bpf.map(name) {
+        let source = MAP_ALIASES
+            .iter()
+            .find(|(alias, _)| alias == name)
+            .map_or(name.as_str(), |(_, instead)| instead);
+        if let Some(map) = bpf.map(source) {
             maps.push((
                 name.as_str(),
                 map_data(map).fd().as_fd().as_raw_fd(),

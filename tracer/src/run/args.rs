@@ -11,6 +11,7 @@ use crate::{
         maps::SIZED_MAPS,
         plan::{FunctionSelection, MissingProbes},
     },
+    stacks::StackSelection,
 };
 
 #[derive(Debug, Args)]
@@ -182,6 +183,31 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "MAP=N", value_parser = parse_map_entries)]
     pub map_entries: Vec<(String, u32)>,
 
+    /// Also record, for each call of the chosen families, the Python stack of the thread
+    /// that made it (file, qualified name and line of each frame), read by the probes from
+    /// CPython 3.10 to 3.14 itself: nothing is injected. WHICH: `launch`, `alloc`, `copy`,
+    /// `memset`, `sync`, `module`, `collective` (comma-separated), or `all` (every probed
+    /// call); `--stacks` alone takes all but `all`. Write `--stacks=WHICH`.
+    #[arg(
+        long,
+        value_name = "WHICH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "default",
+        value_parser = StackSelection::parse
+    )]
+    pub stacks: Option<StackSelection>,
+
+    /// The frame budget of --stacks (1 to 256): a deeper stack keeps its innermost N
+    /// frames and is marked `cut`.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = tracer_common::stacks::DEFAULT_STACK_DEPTH,
+        value_parser = parse_stack_depth
+    )]
+    pub stack_depth: u32,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
     /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -212,9 +238,19 @@ impl RunArgs {
     pub fn selection(&self) -> FunctionSelection {
         FunctionSelection {
             launch_entry_only: self.launch_entry_only,
+            stacks: self.stacks,
             ..self.functions.clone()
         }
     }
+}
+
+fn parse_stack_depth(text: &str) -> Result<u32, String> {
+    let depth: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    let most = tracer_common::stacks::MAX_STACK_FRAMES as u32;
+    if depth == 0 || depth > most {
+        return Err(format!("must be 1 to {most}"));
+    }
+    Ok(depth)
 }
 
 fn parse_ring_kib(text: &str) -> Result<u32, String> {

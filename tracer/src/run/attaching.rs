@@ -140,6 +140,11 @@ impl Attaching {
         result.map(|()| lines)
     }
 
+    /// Whether process `pid` maps a library planned here (a probed one).
+    pub fn maps_probed_library(&self, pid: u32) -> bool {
+        self.discovery.maps_planned_file(pid)
+    }
+
     /// Gives `pid` its own probes on library `id` (per-process scope).
     pub fn link(&mut self, id: u32, pid: u32) -> Result<()> {
         let mut attached = Vec::new();

@@ -279,6 +279,9 @@ pub async fn event_loop(
         pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
     }
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
+    if let Some(stacks) = &pipeline.stacks {
+        pipeline.writer.footer.stacks = Some(stacks.footer());
+    }
     progress.finish();
     pipeline.writer.flush()?;
     if pipeline.writer.failed().is_some() && outcome.stopped_by.is_none() {

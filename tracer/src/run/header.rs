@@ -15,7 +15,7 @@ use crate::{
     },
     schema::{
         AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, KernelHooksInfo,
-        LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo,
+        LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo, StacksInfo,
     },
 };
 
@@ -102,6 +102,10 @@ impl HeaderBase<'_> {
             kernel_hooks,
             power: self.power.clone(),
             gpu: self.gpu.clone(),
+            stacks: args.stacks.as_ref().map(|selection| StacksInfo {
+                families: selection.names(),
+                depth: args.stack_depth,
+            }),
             ..Header::default()
         }
     }

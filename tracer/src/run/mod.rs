@@ -75,6 +75,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     finish::finish(&args, command, trace, traced)
 }
 
+/// The smallest ring `--stacks` takes: code records are up to 18 KiB.
+const MIN_STACKS_RING_KIB: u32 = 64;
+
 /// What can be checked before anything is prepared: privileges, something to trace, the
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
@@ -93,6 +96,15 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
                 anyhow!("no process with pid {pid}"),
             ));
         }
+    }
+    if args.stacks.is_some() && args.ring_kib < MIN_STACKS_RING_KIB {
+        return Err(Failure::new(
+            ExitCode::Usage,
+            anyhow!(
+                "--stacks needs --ring-kib {MIN_STACKS_RING_KIB} or more (a code object's \
+                 record takes up to 18 KiB)"
+            ),
+        ));
     }
     window::check(args.start_at, args.duration)
         .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?;
@@ -126,6 +138,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         child,
         power,
         window,
+        stacks,
     } = started;
     let mut pipeline = Pipeline::new(
         decoder,
@@ -135,6 +148,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         args.gpu,
     );
     pipeline.window = window;
+    pipeline.stacks = stacks;
     let ended = runtime.block_on(event_loop(
         &mut pipeline,
         ring,

@@ -30,6 +30,7 @@ use crate::{
     probes::maps::Counters,
     schema::{GpuLine, Line, LostLine, PowerLine},
     sinks::jsonl::TraceWriter,
+    stacks::{StackLines, Stacks},
 };
 
 pub struct Pipeline<'a> {
@@ -47,6 +48,8 @@ pub struct Pipeline<'a> {
     pub gpu: bool,
     /// `--start-at`/`--duration`: the lines outside the window are analysed, not written.
     pub window: Option<WindowFilter>,
+    /// `--stacks`: the stacks stage (interpreters, stack records, the calls' stacks).
+    pub stacks: Option<Stacks>,
 }
 
 /// What one drain did.
@@ -78,6 +81,7 @@ impl<'a> Pipeline<'a> {
             library_not_attached: 0,
             gpu,
             window: None,
+            stacks: None,
         }
     }
 
@@ -123,8 +127,13 @@ impl<'a> Pipeline<'a> {
     /// One record through decode, enrich and the sinks (or to the attach layer).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
         let raw = decode(bytes);
+        let mut stacked = false;
         match &raw {
             Ok(RawEvent::Attach(event)) => {
+                // While the process waits: its interpreter, before its probes let it go on.
+                if let Some(line) = self.stacks.as_mut().and_then(|s| s.attach_event(event)) {
+                    self.writer.write(&line)?;
+                }
                 let (lines, not_attached) = self.attaching.handle(event);
                 for line in lines {
                     self.writer.write(&line)?;
@@ -134,8 +143,37 @@ impl<'a> Pipeline<'a> {
                 }
                 return Ok(());
             }
-            Ok(RawEvent::Proc(event)) if event.what == proc_event::EXIT => {
-                self.attaching.process_exited(event.header.pid);
+            Ok(RawEvent::Stack { event, frames }) => {
+                if let Some(stacks) = &mut self.stacks {
+                    for line in stacks.stack(event, frames) {
+                        match line {
+                            StackLines::Interpreter(line) => self.writer.write(&line)?,
+                            StackLines::Stack(line) => self.writer.write(&line)?,
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            Ok(RawEvent::Code { head, data }) => {
+                if let Some(stacks) = &mut self.stacks {
+                    stacks.code(head, data);
+                }
+                return Ok(());
+            }
+            Ok(RawEvent::Proc(event)) if event.what != proc_event::FORK => {
+                if event.what == proc_event::EXIT {
+                    self.attaching.process_exited(event.header.pid);
+                }
+                if let Some(stacks) = &mut self.stacks {
+                    stacks.forget(event.header.pid);
+                }
+            }
+            Ok(RawEvent::Call { call, .. }) => {
+                stacked = self
+                    .attaching
+                    .plans()
+                    .probe(call.probe_id)
+                    .is_some_and(|probe| probe.stacks);
             }
             _ => {}
         }
@@ -144,6 +182,9 @@ impl<'a> Pipeline<'a> {
             Some(Event::Gpu(gpu)) => return self.gpu(gpu),
             None => return Ok(()),
         };
+        if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
+            stacks.call(call);
+        }
         self.analysis.line(&mut line);
         if self
             .window

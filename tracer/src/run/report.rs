@@ -7,7 +7,7 @@ use crate::{
     analysis::Report,
     power::sampler::describe_errors,
     probes::probe_set::PROBE_SETS,
-    schema::{Footer, PowerFooter},
+    schema::{Footer, PowerFooter, StacksFooter},
     summary::text::{render_gpu_short, render_short},
 };
 
@@ -65,6 +65,9 @@ pub fn print(args: &RunArgs, closing: &Closing) {
     if let Some(power) = &footer.power {
         warn_power(power);
     }
+    if let Some(stacks) = &footer.stacks {
+        say_stacks(stacks, footer.events.stack);
+    }
     if footer.abandoned_calls > 0 {
         eprintln!(
             "cudatrace: {} calls never returned (longjmp or an exception through the library): \
@@ -118,4 +121,45 @@ fn warn_power(power: &PowerFooter) {
             power.read_ns_max / 1000
         );
     }
+}
+
+/// `--stacks`: how many calls got their stack, and why the others did not.
+fn say_stacks(stacks: &StacksFooter, distinct: u64) {
+    let without = &stacks.without;
+    let reasons: Vec<String> = [
+        ("not Python", without.not_python),
+        ("unsupported Python", without.unsupported_python),
+        ("interpreter not initialised", without.not_initialized),
+        (
+            "no thread state (a thread Python did not start)",
+            without.no_thread_state,
+        ),
+        ("ambiguous thread state", without.ambiguous_thread_state),
+        ("no Python frame", without.no_python_frames),
+        ("read fault", without.read_fault),
+        ("code object unresolved", without.code_unresolved),
+        ("record lost", without.record_lost),
+    ]
+    .iter()
+    .filter(|(_, count)| *count > 0)
+    .map(|(reason, count)| format!("{reason} {count}"))
+    .collect();
+    let cut = if stacks.cut > 0 {
+        format!(", {} cut at the frame budget", stacks.cut)
+    } else {
+        String::new()
+    };
+    let none = if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} calls without one: {}",
+            without.total(),
+            reasons.join(", ")
+        )
+    };
+    eprintln!(
+        "cudatrace: stacks: {} calls with a Python stack ({distinct} distinct{cut}){none}",
+        stacks.calls
+    );
 }

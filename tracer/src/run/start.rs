@@ -34,14 +34,15 @@ use crate::{
         discovery::{Discovery, FoundLibrary, library_names},
         loaded::LoadedObject,
         maps::{CounterReader, NamePatterns},
-        object::LoadOptions,
+        object::{LoadOptions, StackOptions},
         programs,
         stops::Stops,
         tracefs,
     },
-    schema::{AttachInfo, KernelHooksInfo, LibraryLine},
+    schema::{AttachInfo, InterpreterLine, KernelHooksInfo, LibraryLine},
     sinks::jsonl::TraceWriter,
     spawn::{self, Gated},
+    stacks::{self, Stacks},
 };
 
 /// What the event loop needs: the probes, the ring and counters, the watches, the
@@ -58,6 +59,8 @@ pub struct Started {
     pub power: Option<PowerFeed>,
     /// `--start-at`/`--duration`: which lines are written.
     pub window: Option<WindowFilter>,
+    /// `--stacks`' stage.
+    pub stacks: Option<Stacks>,
 }
 
 /// Starts tracing, writing the header and the `library` lines. A start that fails before
@@ -98,6 +101,8 @@ pub fn start(
         attach,
         kernel_hooks,
         lines,
+        interpreter_lines,
+        stacks,
         ..
     } = probed;
     let Spawned {
@@ -130,6 +135,9 @@ pub fn start(
     };
     writer.header(&header).map_err(header_error)?;
     for line in &lines {
+        writer.write(line).map_err(header_error)?;
+    }
+    for line in &interpreter_lines {
         writer.write(line).map_err(header_error)?;
     }
 
@@ -173,6 +181,7 @@ pub fn start(
         child,
         power,
         window,
+        stacks,
     })
 }
 
@@ -188,7 +197,10 @@ struct Probed {
     start_ids: Vec<u32>,
     /// The `library` lines of the files planned so far, for after the header.
     lines: Vec<LibraryLine>,
+    /// `--stacks`: the interpreters of the processes traced from the start.
+    interpreter_lines: Vec<InterpreterLine>,
     kernel_hooks: Option<KernelHooksInfo>,
+    stacks: Option<Stacks>,
 }
 
 /// Loads the object and attaches: the libraries probed from the start, the process
@@ -203,6 +215,7 @@ fn probe(
         ring_bytes: args.ring_kib * 1024,
         device_prefix: device_prefix(args).to_owned(),
         map_entries: args.map_entries.clone(),
+        stacks: stack_options(args).map_err(|e| (e, None))?,
     })
     .map_err(|e| (internal(e), None))?;
     let LoadedObject {
@@ -215,7 +228,9 @@ fn probe(
         mut names,
         linked,
         stops,
+        stacks,
     } = loaded;
+    let mut stacks = stacks.map(|maps| Stacks::new(maps, args.quiet));
     let attacher = Attacher::new(uprobe_multi, args.all);
     if let (Some(reason), false) = (&attacher.fallback_reason, args.quiet) {
         eprintln!("cudatrace: probing every process that maps the library: {reason}");
@@ -237,6 +252,21 @@ fn probe(
     let attach = attaching.attach_info();
     let kernel_hooks = attach_tracking(args, &mut attaching, &start_ids, &mut lines)
         .map_err(|failure| (failure, Some(attach.clone())))?;
+    let mut interpreter_lines = Vec::new();
+    if let Some(stacks) = &mut stacks {
+        // `-p` and `--all` processes that map a probed library: their interpreters now.
+        let mapping = if args.all {
+            all_pids()
+        } else {
+            args.pids.clone()
+        };
+        let now = monotonic_ns();
+        for pid in mapping {
+            if attaching.maps_probed_library(pid) {
+                interpreter_lines.extend(stacks.look_at(pid, now));
+            }
+        }
+    }
     Ok(Probed {
         attaching,
         ring,
@@ -244,7 +274,9 @@ fn probe(
         attach,
         start_ids,
         lines,
+        interpreter_lines,
         kernel_hooks,
+        stacks,
     })
 }
 
@@ -397,6 +429,19 @@ fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawn
         runtime,
         watches,
     })
+}
+
+/// `--stacks`'s settings for the probes, or why this kernel cannot give stacks.
+fn stack_options(args: &RunArgs) -> Result<Option<StackOptions>, Failure> {
+    if args.stacks.is_none() {
+        return Ok(None);
+    }
+    let fsbase_offset = stacks::kernel_fsbase()
+        .map_err(|e| Failure::new(ExitCode::Usage, anyhow!("--stacks: {e}")))?;
+    Ok(Some(StackOptions {
+        fsbase_offset,
+        depth: args.stack_depth,
+    }))
 }
 
 fn internal(e: anyhow::Error) -> Failure {

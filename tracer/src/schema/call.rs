@@ -129,6 +129,9 @@ macro_rules! call_fields {
             /// Reading user memory failed or a name was cut short; see
             /// docs/trace-format.md.
             warnings: Vec<Cow<'static, str>>,
+            /// `--stacks`: the id of the Python stack the call was made from (its `stack`
+            /// line, written before).
+            stack: Option<u64>,
         }
     };
 }

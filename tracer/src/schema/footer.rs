@@ -53,6 +53,9 @@ pub struct Footer {
     /// `--gpu`: how GPU records were linked to calls, and whether recording failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuFooter>,
+    /// `--stacks`: the calls with a Python stack, and why the others have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksFooter>,
     /// `--start-at`/`--duration`: what the window left out, and whether it ended tracing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowFooter>,
@@ -104,6 +107,86 @@ pub struct EventCounts {
     pub gpu_error: u64,
     /// `"type":"library"` lines.
     pub library: u64,
+    /// `--stacks`: `"type":"stack"` and `"type":"interpreter"` lines.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stack: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub interpreter: u64,
+}
+
+/// The footer's `stacks` object (`--stacks`): every call of the chosen families is counted
+/// once, in `calls` or under the reason it has no `stack`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StacksFooter {
+    /// Calls that carry a `stack`.
+    pub calls: u64,
+    /// Of those, calls whose stack was cut at the frame budget (`"cut":true`).
+    pub cut: u64,
+    /// Calls without a `stack`, by reason.
+    pub without: StacklessCounts,
+    /// Code objects read from the interpreters (each once, unless its address was reused).
+    pub code_objects: u64,
+    /// Of those, the records that could not name a frame, by why.
+    pub code_objects_unusable: UnusableCodeCounts,
+    /// Frames the probes read (those kept and the interpreter's own entry frames they
+    /// skip): with `calls`, the depth the cost per frame is measured at.
+    pub frames_walked: u64,
+}
+
+/// Calls of the chosen families that have no `stack`, by reason (docs/trace-format.md).
+/// Never a guess: a call whose stack cannot be read exactly has none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StacklessCounts {
+    /// The process runs no Python interpreter cudatrace found.
+    pub not_python: u64,
+    /// It runs one cudatrace cannot read (its `interpreter` line says why).
+    pub unsupported_python: u64,
+    /// The interpreter was not initialised yet, or was finalising.
+    pub not_initialized: u64,
+    /// The calling thread has no Python thread state (a thread Python did not start:
+    /// cuBLAS's, NCCL's, PyTorch's autograd threads).
+    pub no_thread_state: u64,
+    /// More than one thread state matched the thread, or the process runs
+    /// sub-interpreters.
+    pub ambiguous_thread_state: u64,
+    /// The thread holds no Python frame.
+    pub no_python_frames: u64,
+    /// Reading the interpreter's memory failed (a page not resident, memory freed under
+    /// the walk).
+    pub read_fault: u64,
+    /// A code object of the stack could not be read (not a code object, a name longer
+    /// than cudatrace keeps, its record lost, too many new ones in one call).
+    pub code_unresolved: u64,
+    /// The stack's record was lost (the ring buffer was full).
+    pub record_lost: u64,
+}
+
+/// Code records that could not name a frame, by why (a record may have more than one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct UnusableCodeCounts {
+    /// Not a code object (its type is not `PyCode_Type`).
+    pub not_code: u64,
+    /// A read failed (a page not resident): read again at the next call, its pages faulted
+    /// in meanwhile.
+    pub read_fault: u64,
+    /// A name that is not a compact string, or longer than kept.
+    pub bad_name: u64,
+    /// A line table longer than 16 KiB.
+    pub linetable_too_long: u64,
+}
+
+impl StacklessCounts {
+    pub fn total(&self) -> u64 {
+        self.not_python
+            + self.unsupported_python
+            + self.not_initialized
+            + self.no_thread_state
+            + self.ambiguous_thread_state
+            + self.no_python_frames
+            + self.read_fault
+            + self.code_unresolved
+            + self.record_lost
+    }
 }
 
 impl EventCounts {
@@ -122,17 +205,26 @@ impl EventCounts {
             gpu_info,
             gpu_error,
             library,
+            stack,
+            interpreter,
         } = self;
-        call + process
-            + lost
-            + driver
-            + power
-            + gpu_kernel
-            + gpu_copy
-            + gpu_memset
-            + gpu_info
-            + gpu_error
-            + library
+        [
+            call,
+            process,
+            lost,
+            driver,
+            power,
+            gpu_kernel,
+            gpu_copy,
+            gpu_memset,
+            gpu_info,
+            gpu_error,
+            library,
+            stack,
+            interpreter,
+        ]
+        .into_iter()
+        .sum()
     }
 }
 

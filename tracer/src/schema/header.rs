@@ -79,6 +79,10 @@ pub struct Header {
     /// `--start-at`/`--duration`: the window recorded, on both clocks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowInfo>,
+    /// `--stacks`: which calls get Python stacks. Readers take its presence: `stack` lines
+    /// and call lines' `stack` may follow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksInfo>,
 }
 
 /// `--start-at`/`--duration`: the lines written are those of this window (a call by its
@@ -105,6 +109,18 @@ impl WindowInfo {
     pub fn contains(&self, ts_ns: u64) -> bool {
         ts_ns >= self.start_monotonic_ns && self.end_monotonic_ns.is_none_or(|end| ts_ns < end)
     }
+}
+
+/// The header's `stacks` object (`--stacks`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StacksInfo {
+    /// The families whose calls get a stack (`launch`, `alloc`, `copy`, `memset`, `sync`,
+    /// `module`, `collective`), or `all`.
+    pub families: Vec<String>,
+    /// The frame budget: a stack deeper than this keeps its innermost `depth` frames and is
+    /// marked `cut`.
+    pub depth: u32,
 }
 
 impl LineType for Header {

@@ -15,6 +15,7 @@
 //! | `power.rs` | [`PowerLine`] | `--power`: one NVML sample of one GPU |
 //! | `gpu.rs` | [`GpuLine`] | `--gpu`: kernels, copies, memsets that ran; recording status |
 //! | `library.rs` | [`LibraryLine`] | a library file the probes were attached to |
+//! | `stack.rs` | [`StackLine`], [`InterpreterLine`] | `--stacks`: a Python stack, written once; a process's interpreter |
 //! | `footer.rs` | [`Footer`] | last line: counts, losses, exit, memory |
 //!
 //! Rules of the format: keys are written in the struct's field order, `type` first;
@@ -48,6 +49,7 @@ mod library;
 mod lost;
 mod power;
 mod process;
+mod stack;
 
 #[cfg(test)]
 pub mod testing;
@@ -57,14 +59,14 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
-    ProcessMemory, StopFigures, WindowFooter,
+    ProcessMemory, StacklessCounts, StacksFooter, StopFigures, WindowFooter,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
 pub use header::{
     AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
-    WindowInfo,
+    StacksInfo, WindowInfo,
 };
 pub use library::LibraryLine;
 pub use lost::LostLine;
@@ -72,6 +74,7 @@ pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerInfo, PowerLine,
 };
 pub use process::{ProcessEvent, ProcessLine};
+pub use stack::{InterpreterLine, StackFrame, StackLine};
 
 use serde_json::Value;
 
@@ -90,6 +93,9 @@ pub enum Line {
     /// `--gpu`: a kernel, copy or memset that ran, or a recording status line.
     Gpu(Box<GpuLine>),
     Library(Box<LibraryLine>),
+    /// `--stacks`: a Python stack, and a process's interpreter.
+    Stack(Box<StackLine>),
+    Interpreter(Box<InterpreterLine>),
     Footer(FooterFigures),
     /// A type this version does not know (a newer trace).
     Unknown,
@@ -120,6 +126,8 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         DriverLine::TYPE => Line::Driver(Box::new(DriverLine::read(&value, bytes)?)),
         PowerLine::TYPE => Line::Power(Box::new(PowerLine::read(&value, bytes)?)),
         LibraryLine::TYPE => Line::Library(Box::new(LibraryLine::read(&value, bytes)?)),
+        StackLine::TYPE => Line::Stack(Box::new(StackLine::read(&value, bytes)?)),
+        InterpreterLine::TYPE => Line::Interpreter(Box::new(InterpreterLine::read(&value, bytes)?)),
         Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
         other => match GpuLine::read(other, bytes) {
             Some(line) => Line::Gpu(Box::new(line?)),

@@ -105,6 +105,8 @@ impl TraceWriter {
             Line::Power(line) => self.write(&**line),
             Line::Gpu(line) => self.gpu(line),
             Line::Library(line) => self.write(&**line),
+            Line::Stack(line) => self.write(&**line),
+            Line::Interpreter(line) => self.write(&**line),
             // The footer is written from the writer's own counts (`finish`); a line of an
             // unknown type is only ever read.
             Line::Footer(_) | Line::Unknown => Ok(()),

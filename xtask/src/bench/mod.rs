@@ -9,7 +9,9 @@
 //! - **rate**: the loop paced at increasing call rates under `cudatrace run`, with the lost
 //!   calls from the trace footer;
 //! - **resources**: peak RSS and CPU time of the `cudatrace` process while it traces;
-//! - **trace**: `cudatrace summary` and `cudatrace export` on a generated trace of 10M calls.
+//! - **trace**: `cudatrace summary` and `cudatrace export` on a generated trace of 10M calls;
+//! - **stacks**: what `--stacks` adds per call and per frame walked (issue 23), a Python
+//!   loop calling the stand-in through ctypes from a shallow and a deep stack.
 //!
 //! Nothing here asserts a timing: targets are reported as met or missed, never failed on.
 //!
@@ -30,6 +32,7 @@ mod rate;
 mod report;
 mod resources;
 mod results;
+mod stacks;
 mod stats;
 mod trace_tools;
 mod tracefs;
@@ -48,6 +51,7 @@ use self::{
     rate::RateResults,
     resources::ResourceResults,
     results::{Results, RunOptions},
+    stacks::StacksResults,
     trace_tools::TraceToolResults,
     tracefs::{TracefsAfter, remove_stale_probes, tracefs_dir},
 };
@@ -87,6 +91,7 @@ pub enum Part {
     Rate,
     Resources,
     Trace,
+    Stacks,
 }
 
 pub fn bench(opts: &BenchOptions) -> Result<()> {
@@ -150,6 +155,7 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         rate: parts.rate,
         resources: parts.resources,
         trace: parts.trace,
+        stacks: parts.stacks,
         // Whatever happened, nothing of ours may stay in tracefs.
         tracefs_after: TracefsAfter::read(&tracefs)?,
         bench_seconds: started.elapsed().as_secs_f64(),
@@ -174,6 +180,7 @@ struct Parts {
     rate: Option<RateResults>,
     resources: Option<ResourceResults>,
     trace: Option<TraceToolResults>,
+    stacks: Option<StacksResults>,
 }
 
 /// Runs the parts `--only` asks for, in order, into `parts`; stops at the first error.
@@ -211,6 +218,7 @@ fn run_part(
                 opts.keep_trace,
             )?);
         }
+        Part::Stacks => parts.stacks = Some(stacks::run(env, opts.rounds)?),
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use super::{
     rate::{RATE_TARGET, RateResults},
     resources::ResourceResults,
     results::Results,
+    stacks::StacksResults,
     stats::Stats,
     trace_tools::{TOOLS, TraceToolResults},
 };
@@ -65,6 +66,9 @@ fn write_tables(out: &mut String, r: &Results) -> std::fmt::Result {
     }
     if let Some(trace) = &r.trace {
         targets.push(trace_table(out, trace)?);
+    }
+    if let Some(stacks) = &r.stacks {
+        stacks_table(out, stacks)?;
     }
     writeln!(out, "\n## Targets (issues 7 and 16)")?;
     writeln!(out, "| target | measured | |")?;
@@ -396,6 +400,49 @@ fn trace_table(out: &mut String, tt: &TraceToolResults) -> Result<Target, std::f
         ),
         met: (!scaled).then_some(wall < TARGET_SUMMARY_S),
     })
+}
+
+/// `--stacks`: per call at each depth, and per frame walked. No target here: issue 23's
+/// are measured on the GPU machine (BENCHMARKS.md).
+fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
+    writeln!(
+        out,
+        "\n## --stacks ({} calls of cuCtxSynchronize through ctypes, {}, BPF statistics on)",
+        s.calls, s.python
+    )?;
+    table_head(
+        out,
+        &[
+            "depth",
+            "frames walked",
+            "run us/call",
+            "--stacks us/call",
+            "run program ns",
+            "--stacks program ns",
+            "added ns",
+        ],
+        1,
+    )?;
+    for d in &s.depths {
+        let added = match (d.stacks_program_ns.median, d.run_program_ns.median) {
+            (Some(with), Some(without)) => format!("{:.0}", with - without),
+            _ => "n/a".into(),
+        };
+        writeln!(
+            out,
+            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {added} |",
+            d.depth,
+            d.frames_per_call,
+            nan_if_none(d.run_us.median),
+            nan_if_none(d.stacks_us.median),
+            nan_if_none(d.run_program_ns.median),
+            nan_if_none(d.stacks_program_ns.median),
+        )?;
+    }
+    match s.program_ns_per_frame {
+        Some(ns) => writeln!(out, "\nprogram time per frame walked: {ns:.0} ns"),
+        None => writeln!(out, "\nprogram time per frame walked: n/a"),
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     overhead::OverheadResults, procfs::Machine, rate::RateResults, resources::ResourceResults,
-    trace_tools::TraceToolResults, tracefs::TracefsAfter,
+    stacks::StacksResults, trace_tools::TraceToolResults, tracefs::TracefsAfter,
 };
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -28,6 +28,8 @@ pub struct Results {
     pub resources: Option<ResourceResults>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceToolResults>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<StacksResults>,
     /// Checked after the parts, whether they worked or not.
     pub tracefs_after: TracefsAfter,
     pub bench_seconds: f64,

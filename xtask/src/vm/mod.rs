@@ -60,6 +60,11 @@ pub const HOST_ONLY: &[(&str, &str)] = &[
         "GPU records linked in userspace; their transport is gpu_transport's",
     ),
     ("signals", "its 5 s bound is for real hardware, not TCG"),
+    (
+        "stacks",
+        "Python stacks on real interpreters; the per-symbol path it takes on 6.1 is run on \
+         the host too (CUDATRACE_NO_UPROBE_MULTI), and the guest has no time left",
+    ),
 ];
 
 /// Tests left out in the guest (libtest `--skip`) unless `--no-skip`, with the reason. None is

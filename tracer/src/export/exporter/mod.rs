@@ -146,7 +146,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Power(power) => self.power(power)?,
                 Line::Gpu(gpu) => self.gpu(gpu)?,
                 Line::Library(library) => self.families.add_library(library),
-                Line::Footer(_) => {}
+                // Python stacks are for the readers of issue 23's summary and export.
+                Line::Stack(_) | Line::Interpreter(_) | Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
         }

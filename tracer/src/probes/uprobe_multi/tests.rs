@@ -96,6 +96,7 @@ fn setup() -> (Ebpf, Library, Plan) {
         ring_bytes: 1 << 22,
         device_prefix: crate::kernel_hooks::DEVICE_PREFIX.into(),
         map_entries: Vec::new(),
+        stacks: None,
     })
     .unwrap();
     let mut specs: Array<_, ProbeSpec> = Array::try_from(bpf.map_mut("SPECS").unwrap()).unwrap();

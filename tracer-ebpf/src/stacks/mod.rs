@@ -1,0 +1,321 @@
+//! Python stacks (`run --stacks`): at the entry of a call whose probe has
+//! `cookie::STACKS`, the call program hands the call to these programs by tail calls, which
+//! send the calling thread's Python stack before anything else of the call:
+//!
+//! - `stack_walk` (`walk.rs`) finds the thread's `PyThreadState` in the interpreter's
+//!   thread list by its `fs` base (cached per thread), and reads its frames, one read each;
+//!   a stack seen before in this process image is sent as its hash alone;
+//! - `stack_codes` (`codes.rs`) names each frame's code object by the record that read it,
+//!   checking that the address was not reused by another code object since;
+//! - `stack_capture` (`codes.rs`) reads the new code objects (names, first line, line
+//!   table) into their own records, then sends the stack with its frames.
+//!
+//! Their state between tail calls is a per-CPU scratch value (`STACK_SCRATCH`). Nothing
+//! here runs unless the loader filled `STACK_PROGS`, which it does for `--stacks` only.
+
+mod codes;
+mod read;
+mod walk;
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::generated,
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
+    programs::ProbeContext,
+};
+use tracer_common::{
+    CallEvent, SLOT_MASK,
+    stacks::{MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, stack_counter, stack_prog},
+};
+
+use crate::maps::{EVENTS, SPECS, submit_flags};
+use read::Buf;
+
+/// Each traced Python process's interpreter layout, by process id (the loader's pid
+/// namespace): set by the loader, copied to a fork child, dropped at exec and exit.
+#[map]
+pub static PYPROC: HashMap<u32, PyProcess> = HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
+
+/// The stack programs, by `stack_prog` index, for the call programs loaded by aya (perf
+/// links). The uprobe_multi copies of the programs use `STACK_PROGS_MULTI` in its place
+/// (the kernel lets a program tail-call only programs of its own attach type).
+#[map]
+pub static STACK_PROGS: ProgramArray = ProgramArray::with_max_entries(stack_prog::COUNT, 0);
+#[map]
+pub static STACK_PROGS_MULTI: ProgramArray = ProgramArray::with_max_entries(stack_prog::COUNT, 0);
+
+/// A thread's thread state as last found: valid while the process image
+/// (`generation`) and the interpreter's thread-creation counter (`epoch`) are unchanged.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ThreadSeen {
+    pub generation: u64,
+    pub epoch: u64,
+    /// 0: the thread has none.
+    pub tstate: u64,
+}
+
+#[map]
+static THREADS_SEEN: LruHashMap<u32, ThreadSeen> = LruHashMap::with_max_entries(16384, 0);
+
+/// A stack by its hash in a process image.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackKey {
+    pub generation: u64,
+    pub hash: [u64; 2],
+}
+
+/// Stacks whose frames were sent (and reached the ring): later calls send the hash alone.
+#[map]
+static STACKS_SEEN: LruHashMap<StackKey, u32> = LruHashMap::with_max_entries(32768, 0);
+
+/// A code object by its address in a process image.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CodeKey {
+    pub generation: u64,
+    pub code: u64,
+}
+
+/// The code object read at that address, by its identity, and its record's id.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CodeSeen {
+    pub ident: u64,
+    pub capture: u64,
+}
+
+#[map]
+static CODES_SEEN: LruHashMap<CodeKey, CodeSeen> = LruHashMap::with_max_entries(65536, 0);
+
+/// What `stack_threads` looks for: the calling thread's state in the list from `head`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Search {
+    pub head: u64,
+    pub fsbase: u64,
+    pub interp: u64,
+    pub epoch: u64,
+}
+
+/// A call's walk between tail calls.
+#[repr(C)]
+pub struct Scratch {
+    pub tgid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    /// 1: `call` is an entry-only call, sent after its stack.
+    pub has_call: u32,
+    /// The walk has found the thread's first frame (later runs continue at `frame`).
+    pub started: u32,
+    pub call: CallEvent,
+    pub frame: u64,
+    pub search: Search,
+    /// 3.13+: the interpreter's code epoch at the walk.
+    pub code_epoch: u64,
+    /// Frames read, kept or skipped.
+    pub walked: u32,
+    /// Frames to resolve, next one to (`stack_codes`, `stack_capture`).
+    pub todo: u32,
+    pub next: u32,
+    /// 1: a code object of this stack could not be read whole (read again next time).
+    pub incomplete: u32,
+    pub buf: Buf,
+    pub fingerprint: Buf,
+    /// Indexes in `frames` of the frames whose code object was not seen.
+    pub todo_frames: [u16; MAX_STACK_FRAMES],
+    /// Sent as one record: the event, then its frames.
+    pub event: StackEvent,
+    pub frames: [RawPyFrame; MAX_STACK_FRAMES],
+}
+
+impl Scratch {
+    /// Frame `index`, masked into the array (the verifier sees it bounded).
+    #[inline(always)]
+    pub fn frame(&mut self, index: u64) -> &mut RawPyFrame {
+        let index = read::mask::<{ (MAX_STACK_FRAMES - 1) as u64 }>(index) as usize;
+        // SAFETY: masked below MAX_STACK_FRAMES.
+        unsafe { self.frames.get_unchecked_mut(index) }
+    }
+
+    /// Entry `slot` of the frames left to resolve, masked likewise.
+    #[inline(always)]
+    pub fn todo(&mut self, slot: u64) -> &mut u16 {
+        let slot = read::mask::<{ (MAX_STACK_FRAMES - 1) as u64 }>(slot) as usize;
+        // SAFETY: masked below MAX_STACK_FRAMES.
+        unsafe { self.todo_frames.get_unchecked_mut(slot) }
+    }
+}
+
+#[map]
+static STACK_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU counter of the ids of code records (the CPU number in the low 12 bits).
+#[map]
+static CAPTURE_IDS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_counter::COUNT, 0);
+
+/// The offset of `thread.fsbase` in `task_struct`, from the kernel's BTF (0: unknown).
+#[unsafe(no_mangle)]
+static FSBASE_OFF: u32 = 0;
+/// The frame budget (`--stack-depth`).
+#[unsafe(no_mangle)]
+static STACK_DEPTH: u32 = tracer_common::stacks::DEFAULT_STACK_DEPTH;
+
+#[inline(always)]
+fn fsbase_offset() -> u32 {
+    crate::maps::load_const(&FSBASE_OFF)
+}
+
+#[inline(always)]
+fn stack_depth() -> u32 {
+    crate::maps::load_const(&STACK_DEPTH)
+}
+
+#[inline(always)]
+fn bump(index: u32, amount: u64) {
+    if let Some(count) = STACK_COUNTERS.get_ptr_mut(index) {
+        // Per-CPU slot: no other writer.
+        unsafe { *count += amount };
+    }
+}
+
+/// A new id, unique in the run: code records, fork children's process images.
+#[inline(always)]
+pub fn unique_id() -> u64 {
+    let cpu = u64::from(unsafe { generated::bpf_get_smp_processor_id() }) & 0xfff;
+    let Some(counter) = CAPTURE_IDS.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a per-CPU slot.
+    unsafe {
+        *counter += 1;
+        (*counter << 12) | cpu
+    }
+}
+
+/// A traced process forked: the child has its parent's memory, so its interpreter too,
+/// under a process image of its own (its code objects and stacks part from its parent's).
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32) {
+    let Some(py) = PYPROC.get_ptr(parent) else {
+        return;
+    };
+    // Copied map value to map value (too large for the BPF stack); the child has not run
+    // yet, so nothing reads it before its generation is set.
+    if PYPROC.insert(child, unsafe { &*py }, 0).is_err() {
+        return;
+    }
+    if let Some(copy) = PYPROC.get_ptr_mut(child) {
+        // SAFETY: a map value.
+        unsafe { (*copy).generation = (1 << 63) | unique_id() };
+    }
+}
+
+/// A traced process exec'd or exited: its interpreter is gone.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = PYPROC.remove(tgid);
+}
+
+/// From a call program, at a call's entry: hands the call to the stack programs, which
+/// send its stack and then `call` (an entry-only call) themselves. Returns only when they
+/// could not be reached (no `--stacks`, or the tail call failed): the caller sends `call`.
+#[inline(always)]
+pub fn start(
+    ctx: &ProbeContext,
+    (tgid, tid): (u32, u32),
+    ts_ns: u64,
+    probe_id: u32,
+    call: Option<&CallEvent>,
+) {
+    let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch value.
+    let scratch = unsafe { &mut *scratch };
+    scratch.tgid = tgid;
+    scratch.tid = tid;
+    scratch.ts_ns = ts_ns;
+    scratch.started = 0;
+    scratch.has_call = 0;
+    scratch.event.flags = 0;
+    scratch.event.nframes = 0;
+    scratch.event.hash = [0; 2];
+    scratch.event.generation = 0;
+    if let Some(call) = call {
+        scratch.call = *call;
+        scratch.has_call = 1;
+    }
+    scratch.event.probe_id = probe_id;
+    tail_call(ctx, stack_prog::WALK);
+    scratch.has_call = 0;
+}
+
+/// Tail-calls the stack program `index` of this program's kind; returns if that failed.
+#[inline(always)]
+fn tail_call(ctx: &ProbeContext, index: u32) {
+    // The uprobe_multi copies are relocated to STACK_PROGS_MULTI by the loader.
+    unsafe { STACK_PROGS.tail_call(ctx, index) };
+}
+
+/// This CPU's scratch, if it still holds the current thread's call (a program preempted
+/// mid-walk by another thread's on this CPU would find it overwritten: counted, dropped).
+#[inline(always)]
+fn scratch_of_current() -> Option<&'static mut Scratch> {
+    let scratch = unsafe { &mut *STACK_SCRATCH.get_ptr_mut(0)? };
+    let (_, tid) = crate::maps::current_ids()?;
+    if scratch.tid != tid {
+        bump(stack_counter::CLOBBERED, 1);
+        return None;
+    }
+    Some(scratch)
+}
+
+/// Sends the stack record (its frames too unless `known`), then the entry-only call the
+/// walk carried. Returns whether the stack record reached the ring.
+#[inline(always)]
+fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
+    let event = &mut scratch.event;
+    event.header.kind = tracer_common::kind::STACK;
+    event.header.flags = 0;
+    event.header.ts_ns = scratch.ts_ns;
+    event.header.pid = scratch.tgid;
+    event.header.tid = scratch.tid;
+    event.status = status;
+    event.flags |= flags;
+    if known || status != tracer_common::stacks::stack_status::OK {
+        event.nframes = 0;
+    }
+    let frames = read::mask::<{ (MAX_STACK_FRAMES * 2 - 1) as u64 }>(u64::from(event.nframes));
+    let frames = if frames > MAX_STACK_FRAMES as u64 {
+        MAX_STACK_FRAMES as u64
+    } else {
+        frames
+    };
+    let len = size_of::<StackEvent>() as u64 + frames * size_of::<RawPyFrame>() as u64;
+    // SAFETY: `event` and `frames` are contiguous in the scratch value (repr(C), no
+    // padding between them) and `len` covers no more than both.
+    let sent = unsafe {
+        generated::bpf_ringbuf_output(
+            core::ptr::from_ref(&EVENTS).cast_mut().cast(),
+            core::ptr::from_mut(event).cast(),
+            len,
+            submit_flags(),
+        )
+    } == 0;
+    if !sent {
+        bump(stack_counter::RING_FULL, 1);
+    }
+    if scratch.has_call != 0 {
+        scratch.has_call = 0;
+        if let Some(spec) = SPECS.get(scratch.call.probe_id & SLOT_MASK) {
+            let _ = crate::calls::emit(scratch.call, spec);
+        }
+    }
+    sent
+}

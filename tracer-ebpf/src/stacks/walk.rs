@@ -1,0 +1,422 @@
+//! `stack_walk`: the calling thread's `PyThreadState`, found in the interpreter's thread
+//! list by the thread's `fs` base (its `pthread_self()`, which CPython stores as
+//! `thread_id`) and from 3.11 its tid (`native_thread_id`); then its frames, one read each,
+//! [`FRAMES_PER_WALK`] per run, continued by a tail call to itself.
+//!
+//! CPython's own "current thread state" is not used: at a driver call the thread has
+//! usually released the GIL (PyTorch does around its calls), and then it names another
+//! thread or none.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    macros::uprobe,
+    programs::ProbeContext,
+};
+use tracer_common::stacks::{
+    FINGERPRINT_LEN, FRAME_READ, FRAMES_PER_WALK, INTERP_READ, MAX_STACK_FRAMES, MAX_THREAD_STATES,
+    NO_FIELD, PyProcess, TSTATE_READ, py_flags, stack_counter, stack_flags, stack_prog,
+    stack_status,
+};
+
+use super::{
+    PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen, bump, fsbase_offset,
+    read::{Buf, read_user, user_u32, user_u64},
+    scratch_of_current, send, stack_depth, tail_call,
+};
+
+#[uprobe]
+pub fn stack_walk(ctx: ProbeContext) -> u32 {
+    let Some(scratch) = scratch_of_current() else {
+        return 0;
+    };
+    let (status, flags, known) = walk(&ctx, scratch);
+    send(scratch, status, flags, known);
+    0
+}
+
+/// The walk, to the record to send (status, flags, whether the stack is known), unless a
+/// tail call carries it on.
+#[inline(always)]
+fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
+    let Some(py) = PYPROC.get_ptr(scratch.tgid) else {
+        return (stack_status::NO_INTERPRETER, 0, false);
+    };
+    // SAFETY: a map value; the loader writes it before the process runs on.
+    let py = unsafe { &*py };
+    if scratch.started == 0 {
+        match first_frame(scratch, py) {
+            Ok(true) => scratch.started = 1,
+            Ok(false) => {
+                // Not in the per-thread cache: look through the thread list, then again.
+                tail_call(ctx, stack_prog::THREADS);
+                return (
+                    stack_status::NO_THREAD_STATE,
+                    stack_flags::TAIL_CALL_FAILED,
+                    false,
+                );
+            }
+            Err(status) => return (status, 0, false),
+        }
+    }
+    let flags = match walk_frames(scratch, py) {
+        Walked::Status(status) => return (status, 0, false),
+        Walked::More => {
+            tail_call(ctx, stack_prog::WALK);
+            // The kernel's limit of tail calls: what was read is the stack, cut.
+            stack_flags::CUT | stack_flags::TAIL_CALL_FAILED
+        }
+        Walked::Done { cut } => {
+            if cut {
+                stack_flags::CUT
+            } else {
+                0
+            }
+        }
+    };
+    if scratch.event.nframes == 0 {
+        return (stack_status::NO_FRAMES, 0, false);
+    }
+    scratch.event.flags |= flags;
+    // The cut flag is part of the stack's name.
+    mix(scratch, u64::from(scratch.event.flags & stack_flags::CUT));
+    let key = StackKey {
+        generation: scratch.event.generation,
+        hash: scratch.event.hash,
+    };
+    if unsafe { STACKS_SEEN.get(&key) }.is_some() {
+        return (stack_status::OK, stack_flags::KNOWN, true);
+    }
+    scratch.todo = 0;
+    scratch.next = 0;
+    tail_call(ctx, stack_prog::CODES);
+    // Unresolved frames: userspace says so.
+    (stack_status::OK, stack_flags::TAIL_CALL_FAILED, false)
+}
+
+/// `stack_threads`: the calling thread's state in the interpreter's list, into the
+/// per-thread cache (0: it has none); then the walk again, which finds it there.
+#[uprobe]
+pub fn stack_threads(ctx: ProbeContext) -> u32 {
+    let Some(scratch) = scratch_of_current() else {
+        return 0;
+    };
+    let status = search(scratch);
+    if status == stack_status::OK {
+        tail_call(&ctx, stack_prog::WALK);
+    }
+    send(scratch, status, 0, false);
+    0
+}
+
+#[inline(always)]
+fn search(scratch: &mut Scratch) -> u32 {
+    let Some(py) = PYPROC.get_ptr(scratch.tgid) else {
+        return stack_status::NO_INTERPRETER;
+    };
+    // SAFETY: a map value.
+    let py = unsafe { &*py };
+    let search = scratch.search;
+    let tstate = match find_thread(scratch, py, search.head, search.fsbase, search.interp) {
+        Ok(tstate) => tstate,
+        Err(status) => return status,
+    };
+    let seen = ThreadSeen {
+        generation: py.generation,
+        epoch: search.epoch,
+        tstate,
+    };
+    if THREADS_SEEN.insert(scratch.tid, seen, 0).is_err() {
+        return stack_status::NO_THREAD_STATE;
+    }
+    stack_status::OK
+}
+
+/// Folds `word` into the stack's two hashes.
+#[inline(always)]
+fn mix(scratch: &mut Scratch, word: u64) {
+    let [a, b] = scratch.event.hash;
+    let a = (a ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+    let b = (b.wrapping_add(word.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .rotate_left(31)
+        .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    scratch.event.hash = [a, b];
+}
+
+/// The thread's state and its current frame, into the scratch: the walk's first run.
+/// `Ok(false)`: the per-thread cache cannot say which thread state is the thread's (the
+/// search's inputs are in the scratch).
+#[inline(always)]
+fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
+    let fsbase_off = fsbase_offset();
+    if fsbase_off == 0 {
+        return Err(stack_status::NO_FSBASE);
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let fsbase: u64 =
+        unsafe { bpf_probe_read_kernel((task + u64::from(fsbase_off)) as *const u64) }
+            .map_err(|_| stack_status::NO_FSBASE)?;
+    let interp = user_u64(py.runtime + u64::from(py.runtime_interpreters))
+        .ok_or(stack_status::READ_FAULT)?;
+    if interp == 0 {
+        return Err(stack_status::NOT_INITIALIZED);
+    }
+    let buf = &mut scratch.buf;
+    if !read_user(
+        buf.0.as_mut_ptr(),
+        INTERP_READ as u32,
+        interp + u64::from(py.interp_read),
+    ) {
+        return Err(stack_status::READ_FAULT);
+    }
+    if buf.u64_at(py.interp_next.wrapping_sub(py.interp_read)) != 0 {
+        return Err(stack_status::AMBIGUOUS);
+    }
+    let head = buf.u64_at(py.interp_threads.wrapping_sub(py.interp_read));
+    let epoch_at = py.interp_thread_epoch.wrapping_sub(py.interp_read);
+    let epoch = if epoch_at < (INTERP_READ - 8) as u32 {
+        buf.u64_at(epoch_at)
+    } else {
+        user_u64(interp + u64::from(py.interp_thread_epoch)).ok_or(stack_status::READ_FAULT)?
+    };
+    scratch.code_epoch = 0;
+    if py.interp_code_epoch != NO_FIELD {
+        let at = interp + u64::from(py.interp_code_epoch);
+        scratch.code_epoch = if py.code_epoch_size == 8 {
+            user_u64(at).ok_or(stack_status::READ_FAULT)?
+        } else {
+            u64::from(user_u32(at).ok_or(stack_status::READ_FAULT)?)
+        };
+    }
+
+    let tid = scratch.tid;
+    let Some(seen) = (unsafe { THREADS_SEEN.get(tid) }).copied() else {
+        scratch.search = Search {
+            head,
+            fsbase,
+            interp,
+            epoch,
+        };
+        return Ok(false);
+    };
+    if seen.generation != py.generation || seen.epoch != epoch {
+        scratch.search = Search {
+            head,
+            fsbase,
+            interp,
+            epoch,
+        };
+        return Ok(false);
+    }
+    if seen.tstate == 0 {
+        // No thread state was created since none matched.
+        return Err(stack_status::NO_THREAD_STATE);
+    }
+    let Some(mut frame) = thread_frame(scratch, py, seen.tstate, fsbase, interp)? else {
+        // Freed and reused since: look again.
+        scratch.search = Search {
+            head,
+            fsbase,
+            interp,
+            epoch,
+        };
+        let _ = THREADS_SEEN.remove(tid);
+        return Ok(false);
+    };
+    if py.cframe_frame != NO_FIELD {
+        // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
+        frame = user_u64(frame + u64::from(py.cframe_frame)).ok_or(stack_status::READ_FAULT)?;
+    }
+    scratch.frame = frame;
+    scratch.walked = 0;
+    scratch.event.nframes = 0;
+    scratch.event.flags = 0;
+    scratch.event.generation = py.generation;
+    scratch.event.hash = [py.generation, scratch.code_epoch ^ 0x5bd1_e995];
+    Ok(true)
+}
+
+/// Whether the thread state at `tstate`, read into the scratch, is the calling thread's.
+#[inline(always)]
+fn is_thread(buf: &Buf, py: &PyProcess, fsbase: u64, tid: u32, interp: u64) -> bool {
+    let base = py.tstate_read;
+    if buf.u64_at(py.tstate_thread_id.wrapping_sub(base)) != fsbase
+        || buf.u64_at(py.tstate_interp.wrapping_sub(base)) != interp
+    {
+        return false;
+    }
+    py.flags & py_flags::NATIVE_TID == 0
+        || buf.u64_at(py.tstate_native_id.wrapping_sub(base)) == u64::from(tid)
+}
+
+/// The current frame (or cframe) of `tstate` if it is the calling thread's; `None` if it
+/// is not (a cached one since freed and reused).
+#[inline(always)]
+fn thread_frame(
+    scratch: &mut Scratch,
+    py: &PyProcess,
+    tstate: u64,
+    fsbase: u64,
+    interp: u64,
+) -> Result<Option<u64>, u32> {
+    let buf = &mut scratch.buf;
+    if !read_user(
+        buf.0.as_mut_ptr(),
+        TSTATE_READ as u32,
+        tstate + u64::from(py.tstate_read),
+    ) {
+        return Err(stack_status::READ_FAULT);
+    }
+    if !is_thread(buf, py, fsbase, scratch.tid, interp) {
+        return Ok(None);
+    }
+    let frame = buf.u64_at(py.tstate_frame.wrapping_sub(py.tstate_read));
+    if frame == 0 {
+        return Err(stack_status::NO_FRAMES);
+    }
+    Ok(Some(frame))
+}
+
+/// The calling thread's state in the list from `head`, or 0 when none is.
+#[inline(always)]
+fn find_thread(
+    scratch: &mut Scratch,
+    py: &PyProcess,
+    head: u64,
+    fsbase: u64,
+    interp: u64,
+) -> Result<u64, u32> {
+    let mut tstate = head;
+    let mut found = 0;
+    for _ in 0..MAX_THREAD_STATES {
+        if tstate == 0 {
+            return Ok(found);
+        }
+        let buf = &mut scratch.buf;
+        if !read_user(
+            buf.0.as_mut_ptr(),
+            TSTATE_READ as u32,
+            tstate + u64::from(py.tstate_read),
+        ) {
+            return Err(stack_status::READ_FAULT);
+        }
+        if is_thread(buf, py, fsbase, scratch.tid, interp) {
+            if found != 0 {
+                return Err(stack_status::AMBIGUOUS);
+            }
+            found = tstate;
+        }
+        tstate = buf.u64_at(py.tstate_next.wrapping_sub(py.tstate_read));
+    }
+    // Thread states beyond the limit might match (too).
+    Err(stack_status::TOO_MANY_THREADS)
+}
+
+enum Walked {
+    Status(u32),
+    /// Frames remain within the budget: continue in a tail call.
+    More,
+    Done {
+        cut: bool,
+    },
+}
+
+/// Reads up to [`FRAMES_PER_WALK`] frames from `scratch.frame` into `scratch.frames`.
+#[inline(always)]
+fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
+    let depth = stack_depth();
+    let per_frame_ident = py.flags & py_flags::IDENT_PER_FRAME != 0;
+    let mut frame = scratch.frame;
+    let mut walked = 0u64;
+    for _ in 0..FRAMES_PER_WALK {
+        if frame == 0 {
+            break;
+        }
+        let kept = scratch.event.nframes;
+        if kept >= depth || kept as usize >= MAX_STACK_FRAMES {
+            bump(stack_counter::FRAMES, walked);
+            return Walked::Done { cut: true };
+        }
+        let buf = &mut scratch.buf;
+        if !read_user(
+            buf.0.as_mut_ptr(),
+            FRAME_READ as u32,
+            frame + u64::from(py.frame_read),
+        ) {
+            return Walked::Status(stack_status::READ_FAULT);
+        }
+        walked += 1;
+        let base = py.frame_read;
+        let previous = buf.u64_at(py.frame_previous.wrapping_sub(base));
+        let owner = if py.frame_owner == NO_FIELD {
+            0
+        } else {
+            u32::from(buf.u8_at(py.frame_owner.wrapping_sub(base)))
+        };
+        if owner >= py.owner_skip_from {
+            // The interpreter's own entry frame: CPython skips it too.
+            frame = previous;
+            continue;
+        }
+        let code = buf.u64_at(py.frame_code.wrapping_sub(base)) & py.code_mask;
+        let unit = if py.flags & py_flags::LASTI != 0 {
+            buf.u32_at(py.frame_instr.wrapping_sub(base)) as i32
+        } else {
+            let instr = buf.u64_at(py.frame_instr.wrapping_sub(base));
+            let first = code.wrapping_add(u64::from(py.code_adaptive));
+            ((instr.wrapping_sub(first) as i64) >> 1) as i32
+        };
+        let ident = if per_frame_ident {
+            match identity(scratch, py, code) {
+                Some(ident) => ident,
+                None => return Walked::Status(stack_status::READ_FAULT),
+            }
+        } else {
+            0
+        };
+        let slot = scratch.frame(u64::from(kept));
+        slot.code = code;
+        slot.ident = ident;
+        slot.capture = 0;
+        slot.unit = unit;
+        slot.owner = owner;
+        scratch.event.nframes = kept + 1;
+        mix(scratch, code);
+        mix(scratch, ident);
+        mix(scratch, (u64::from(owner) << 32) | u64::from(unit as u32));
+        frame = previous;
+    }
+    bump(stack_counter::FRAMES, walked);
+    scratch.frame = frame;
+    if frame == 0 {
+        return Walked::Done { cut: false };
+    }
+    if scratch.event.nframes >= depth {
+        return Walked::Done { cut: true };
+    }
+    Walked::More
+}
+
+/// A code object's identity: `co_version` (3.12+), or on 3.10 and 3.11 a fingerprint of
+/// its immutable fields (pointers to its own names, constants and tables, counts, first
+/// line), which a new code object at the same address would not share.
+#[inline(always)]
+pub fn identity(scratch: &mut Scratch, py: &PyProcess, code: u64) -> Option<u64> {
+    if py.flags & py_flags::FINGERPRINT == 0 {
+        return user_u32(code + u64::from(py.code_ident)).map(u64::from);
+    }
+    let buf = &mut scratch.fingerprint;
+    if !read_user(
+        buf.0.as_mut_ptr(),
+        FINGERPRINT_LEN as u32,
+        code + u64::from(py.code_ident),
+    ) {
+        return None;
+    }
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for word in 0..FINGERPRINT_LEN / 8 {
+        let value = buf.u64_at((word * 8) as u32) & py.fingerprint_mask[word];
+        hash = (hash ^ value).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // 0 means "no identity"; a fingerprint never is.
+    Some(hash | 1)
+}

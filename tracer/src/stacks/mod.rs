@@ -1,0 +1,158 @@
+//! `run --stacks`: each call of the chosen families with the Python stack it was made from,
+//! read by the probes from CPython's own structures (`tracer-ebpf/src/stacks/`;
+//! docs/python-stacks.md says how and why).
+//!
+//! | file | |
+//! |---|---|
+//! | `families.rs` | `--stacks[=WHICH]`: which calls get stacks |
+//! | `interpreters.rs` | each process's interpreter: found, checked, given to the probes (`PYPROC`), said once |
+//! | `elf.rs` | an interpreter file: `_PyRuntime`, `PyCode_Type`, its version, its debug offsets |
+//! | `layout.rs` | where each version keeps what the probes read: the table, `_Py_DebugOffsets` |
+//! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
+//! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
+//! | `linetable.rs` | a code object's line table: the line of an instruction |
+//! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
+
+mod btf;
+mod elf;
+mod families;
+mod fault_in;
+mod interpreters;
+mod layout;
+mod linetable;
+mod resolve;
+
+use std::path::Path;
+
+use aya::maps::{MapData, PerCpuArray};
+use tracer_common::{
+    AttachEvent, attach_event,
+    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter},
+};
+
+pub use btf::fsbase_offset;
+pub use families::StackSelection;
+use interpreters::{Found, Interpreters};
+use resolve::{Reason, Resolver};
+
+use crate::{
+    probes::{loaded::StackMaps, stack_programs::StackPrograms},
+    schema::{CallLine, InterpreterLine, StackLine, StacksFooter},
+};
+
+/// Set (hidden, for diagnosis): each code record that cannot name a frame is printed on
+/// stderr.
+const DEBUG_ENV: &str = "CUDATRACE_STACKS_DEBUG";
+
+/// Where the kernel's BTF is.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// The stacks stage of `run`: interpreters looked at as processes stop, records turned into
+/// lines, calls given their stacks.
+pub struct Stacks {
+    interpreters: Interpreters,
+    resolver: Resolver,
+    counters: PerCpuArray<MapData, u64>,
+    /// Kept loaded while tracing runs.
+    _programs: StackPrograms,
+}
+
+/// Lines the stacks stage has for the trace.
+pub enum StackLines {
+    Interpreter(InterpreterLine),
+    Stack(StackLine),
+}
+
+impl Stacks {
+    pub fn new(maps: StackMaps, quiet: bool) -> Self {
+        Stacks {
+            interpreters: Interpreters::new(maps.interpreters, quiet),
+            resolver: Resolver::default(),
+            counters: maps.counters,
+            _programs: maps.programs,
+        }
+    }
+
+    /// A process stopped for the attach layer (a library opened, a fork), before it goes
+    /// on: its interpreter, if not looked at since its last exec.
+    pub fn attach_event(&mut self, event: &AttachEvent) -> Option<InterpreterLine> {
+        match event.what {
+            attach_event::LIBRARY_OPENED | attach_event::FORKED => self
+                .interpreters
+                .look_at(event.header.pid, event.header.ts_ns),
+            _ => None,
+        }
+    }
+
+    /// A process traced from the start (`-p`, `--all`).
+    pub fn look_at(&mut self, pid: u32, ts_ns: u64) -> Option<InterpreterLine> {
+        self.interpreters.look_at(pid, ts_ns)
+    }
+
+    /// A process exec'd or exited: its interpreter is forgotten (the probes forgot it).
+    pub fn forget(&mut self, pid: u32) {
+        self.interpreters.forget(pid);
+    }
+
+    /// A stack record: lines to write before the call's (its process's interpreter line if
+    /// it was not looked at yet, a new stack).
+    pub fn stack(&mut self, event: &StackEvent, frames: &[RawPyFrame]) -> Vec<StackLines> {
+        let mut lines = Vec::new();
+        let pid = event.header.pid;
+        if self.interpreters.found(pid).is_none()
+            && let Some(line) = self.interpreters.look_at(pid, event.header.ts_ns)
+        {
+            // A process no stop showed (a fork child under --all): looked at now.
+            lines.push(StackLines::Interpreter(line));
+        }
+        let no_interpreter = match self.interpreters.found(pid) {
+            Some(Found::Unsupported) => Reason::UnsupportedPython,
+            _ => Reason::NotPython,
+        };
+        if let Some(line) = self.resolver.stack(event, frames, no_interpreter) {
+            lines.push(StackLines::Stack(line));
+        }
+        lines
+    }
+
+    /// A code record.
+    pub fn code(&mut self, head: &CodeHead, data: &[u8]) {
+        if head.flags != 0 && std::env::var_os(DEBUG_ENV).is_some() {
+            // For diagnosis: which code object could not name a frame, and why.
+            eprintln!(
+                "cudatrace: --stacks: pid {} code object {:#x}: flags {:#x}, objects {:x?}",
+                head.header.pid, head.code, head.flags, head.objects
+            );
+        }
+        if head.flags & code_flags::READ_FAULT != 0 {
+            fault_in::fault_in(head);
+        }
+        self.resolver.code(head, data);
+    }
+
+    /// A call line whose probe has stacks: its `stack`, or its reason counted.
+    pub fn call(&mut self, call: &mut CallLine) {
+        call.stack = self.resolver.take(call.tid, call.ts_ns);
+    }
+
+    /// The footer's `stacks` object.
+    pub fn footer(&self) -> StacksFooter {
+        let mut footer = self.resolver.footer.clone();
+        footer.frames_walked = self
+            .counters
+            .get(&stack_counter::FRAMES, 0)
+            .map_or(0, |per_cpu| per_cpu.iter().sum());
+        footer
+    }
+}
+
+/// Whether `--stacks` can work on this kernel: the offset of a thread's `fs` base in its
+/// task, from the kernel's BTF.
+pub fn kernel_fsbase() -> Result<u32, String> {
+    fsbase_offset(Path::new(KERNEL_BTF)).ok_or_else(|| {
+        format!(
+            "{KERNEL_BTF} is missing or has no task_struct.thread.fsbase: cudatrace cannot find \
+             a thread's Python thread state without it"
+        )
+    })
+}

@@ -1,0 +1,656 @@
+//! Root: `cudatrace run --stacks` on real interpreters (Debian's static, stripped
+//! /usr/bin/python3.11, pyenv's 3.11.7 with its libpython, Debian trixie's 3.13 in the
+//! chroot `cargo xtask test` makes, and pyenv's other versions where the machine has them).
+//! `python/stacks_target.py` calls the stand-in libcuda through ctypes from known lines and
+//! records at each call the frames CPython itself gives: every call's stack must equal them,
+//! frame for frame (file, qualified name, line), lines inside loops and after a `try`,
+//! generators, coroutines, threads and a recursion deeper than the frame budget (cut, and
+//! said). And what cannot get a stack says why, with nothing else lost.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use common::*;
+use serde_json::Value;
+
+/// The test programs' directory.
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python")
+}
+
+/// Debian trixie's root with python3 (3.13), made by `cargo xtask test` with debootstrap
+/// (`xtask/src/pythons.rs`), or where CUDATRACE_TEST_TRIXIE says.
+fn trixie() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CUDATRACE_TEST_TRIXIE") {
+        return dir.into();
+    }
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("../pythons/trixie")
+}
+
+/// An interpreter to trace, and how its files are reached: a chroot sees them under its
+/// own root.
+struct Python {
+    label: String,
+    /// The command line up to the script (`python3.11`, or `chroot DIR python3`).
+    command: Vec<String>,
+    /// Where the script, the library and the output go, as this process and as the
+    /// interpreter see that directory.
+    host_dir: PathBuf,
+    seen_dir: PathBuf,
+    /// The minor version: 3.10 has no qualified names.
+    minor: u32,
+}
+
+impl Python {
+    fn host(label: &str, binary: &str, minor: u32) -> Option<Python> {
+        Path::new(binary).exists().then(|| {
+            let dir = scratch(&format!("stacks-{label}"));
+            Python {
+                label: label.into(),
+                command: vec![binary.into()],
+                host_dir: dir.clone(),
+                seen_dir: dir,
+                minor,
+            }
+        })
+    }
+
+    fn chroot(root: &Path) -> Python {
+        let seen = PathBuf::from(format!("/tmp/cudatrace-stacks-{}", std::process::id()));
+        let host_dir = root.join(seen.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&host_dir).unwrap();
+        Python {
+            label: "trixie-3.13".into(),
+            command: vec![
+                "chroot".into(),
+                root.display().to_string(),
+                "/usr/bin/python3".into(),
+            ],
+            host_dir,
+            seen_dir: seen,
+            minor: 13,
+        }
+    }
+
+    /// Copies `script` and the stand-in library where the interpreter sees them, and runs it
+    /// under `cudatrace run ARGS`: the trace and what the script recorded.
+    fn trace(&self, script: &str, cudatrace: &[&str], script_args: &[&str]) -> Traced {
+        let standin = standin();
+        std::fs::copy(scripts().join(script), self.host_dir.join(script)).unwrap();
+        std::fs::copy(&standin.lib, self.host_dir.join("libcuda.so.1")).unwrap();
+        let trace = self.host_dir.join(format!("{script}.jsonl"));
+        let recorded = self.host_dir.join(format!("{script}.json"));
+        let _ = std::fs::remove_file(&recorded);
+        let seen = |name: &str| self.seen_dir.join(name).display().to_string();
+        let output = Command::new(CUDATRACE)
+            .args(["run", "-q", "--missing-probes", "ignore", "-o"])
+            .arg(&trace)
+            .args(cudatrace)
+            .arg("--")
+            .args(&self.command)
+            .args([
+                seen(script),
+                seen("libcuda.so.1"),
+                seen(&format!("{script}.json")),
+            ])
+            .args(script_args)
+            .output()
+            .expect("running cudatrace");
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}: {}",
+            self.label,
+            stderr(&output)
+        );
+        let lines = read_trace(&trace);
+        assert_complete(&lines);
+        let recorded = std::fs::read_to_string(&recorded)
+            .map(|text| serde_json::from_str(&text).unwrap())
+            .unwrap_or(Value::Null);
+        Traced { lines, recorded }
+    }
+
+    /// The script's path as its frames name it.
+    fn script(&self, script: &str) -> String {
+        self.seen_dir.join(script).display().to_string()
+    }
+}
+
+struct Traced {
+    lines: Vec<Value>,
+    recorded: Value,
+}
+
+/// A frame as the trace and the script give it: file, qualified name, line.
+type Frame = (String, String, Option<u64>);
+
+impl Traced {
+    /// Stack lines by id: their frames and whether they were cut.
+    fn stacks(&self) -> BTreeMap<u64, (Vec<Frame>, bool)> {
+        self.lines
+            .iter()
+            .filter(|line| line["type"] == "stack")
+            .map(|line| {
+                let frames = line["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| {
+                        (
+                            f["file"].as_str().unwrap().to_owned(),
+                            f["qualname"].as_str().unwrap().to_owned(),
+                            f["line"].as_u64(),
+                        )
+                    })
+                    .collect();
+                (line["id"].as_u64().unwrap(), (frames, line["cut"] == true))
+            })
+            .collect()
+    }
+
+    /// The calls into the stand-in the scripts make (sync and launch), per thread in
+    /// entry order: their `stack`.
+    fn calls_by_thread(&self) -> BTreeMap<u64, Vec<Option<u64>>> {
+        let mut by_thread: BTreeMap<u64, Vec<(u64, Option<u64>)>> = BTreeMap::new();
+        for call in calls(&self.lines) {
+            let name = call["name"].as_str().unwrap();
+            if name.starts_with("cuCtxSynchronize") || name.starts_with("cuLaunchKernel") {
+                by_thread
+                    .entry(call["tid"].as_u64().unwrap())
+                    .or_default()
+                    .push((call["ts_ns"].as_u64().unwrap(), call["stack"].as_u64()));
+            }
+        }
+        by_thread
+            .into_iter()
+            .map(|(tid, mut calls)| {
+                calls.sort();
+                (tid, calls.into_iter().map(|(_, stack)| stack).collect())
+            })
+            .collect()
+    }
+
+    /// What CPython gave, per thread in call order.
+    fn recorded(&self) -> BTreeMap<u64, Vec<Vec<Frame>>> {
+        self.recorded
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(tid, stacks)| {
+                let stacks = stacks
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|stack| {
+                        stack
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|f| {
+                                (
+                                    f[0].as_str().unwrap().to_owned(),
+                                    f[1].as_str().unwrap().to_owned(),
+                                    f[2].as_u64(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .collect();
+                (tid.parse().unwrap(), stacks)
+            })
+            .collect()
+    }
+
+    fn footer_stacks(&self) -> &Value {
+        &self.lines.last().unwrap()["stacks"]
+    }
+
+    fn interpreter(&self) -> &Value {
+        self.lines
+            .iter()
+            .find(|line| line["type"] == "interpreter")
+            .expect("an interpreter line")
+    }
+}
+
+/// Every call's stack is CPython's, frame for frame; the innermost `depth` frames where
+/// the budget cut it (and then it says so). Returns the number of calls compared and of
+/// stacks cut.
+fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) -> (usize, usize) {
+    let stacks = traced.stacks();
+    let calls = traced.calls_by_thread();
+    let recorded = traced.recorded();
+    assert_eq!(
+        calls.keys().collect::<Vec<_>>(),
+        recorded.keys().collect::<Vec<_>>(),
+        "{}: threads",
+        python.label
+    );
+    let (mut compared, mut cut) = (0, 0);
+    for (tid, expected) in &recorded {
+        let got = &calls[tid];
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "{}: calls of {tid}",
+            python.label
+        );
+        for (index, (stack, want)) in got.iter().zip(expected).enumerate() {
+            let id = stack
+                .unwrap_or_else(|| panic!("{}: call {index} of {tid} has no stack", python.label));
+            let (frames, was_cut) = &stacks[&id];
+            let kept = want.len().min(depth);
+            assert_eq!(
+                (frames, *was_cut),
+                (&want[..kept].to_vec(), want.len() > depth),
+                "{}: call {index} of thread {tid}",
+                python.label
+            );
+            compared += 1;
+            cut += usize::from(*was_cut);
+        }
+    }
+    let footer = traced.footer_stacks();
+    assert_eq!(footer["calls"], compared as u64, "{}", python.label);
+    assert_eq!(footer["cut"], cut as u64, "{}", python.label);
+    assert_eq!(
+        footer["without"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum::<u64>(),
+        0
+    );
+    (compared, cut)
+}
+
+/// The line marked `# line:NAME` in `script`.
+fn marked(script: &str, name: &str) -> u64 {
+    let text = std::fs::read_to_string(scripts().join(script)).unwrap();
+    let mark = format!("# line:{name}");
+    text.lines()
+        .position(|line| line.trim_end().ends_with(&mark))
+        .unwrap_or_else(|| panic!("no {mark}")) as u64
+        + 1
+}
+
+/// The interpreters this machine has; Debian's 3.11, pyenv's 3.11.7 and the trixie chroot
+/// are required.
+fn pythons() -> Vec<Python> {
+    let pyenv = |version: &str| {
+        format!(
+            "/root/.pyenv/versions/{version}/bin/python{}",
+            &version[..version.rfind('.').unwrap()]
+        )
+    };
+    let mut found = vec![
+        Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("/usr/bin/python3.11"),
+        Python::host("pyenv-3.11.7", &pyenv("3.11.7"), 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
+    ];
+    let root = trixie();
+    assert!(
+        root.join("usr/bin/python3").exists(),
+        "no Debian trixie root at {}: `cargo xtask test` makes it (debootstrap), or set \
+         CUDATRACE_TEST_TRIXIE",
+        root.display()
+    );
+    found.push(Python::chroot(&root));
+    for (version, minor) in [("3.10.13", 10), ("3.12.1", 12), ("3.13.0", 13)] {
+        found.extend(Python::host(
+            &format!("pyenv-{version}"),
+            &pyenv(version),
+            minor,
+        ));
+    }
+    found
+}
+
+#[test]
+fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_target.py";
+    for python in pythons() {
+        let traced = python.trace(script, &["--stacks"], &[]);
+        let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 128);
+        // Block.forward ×4, after the try, the launch, the generator ×2, the coroutine,
+        // the comprehension ×2, two threads, the recursion, the long function.
+        assert_eq!((compared, cut), (15, 0), "{}", python.label);
+        let interpreter = traced.interpreter();
+        assert_eq!(interpreter["stacks"], true, "{}", python.label);
+        assert!(
+            interpreter["python"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("3.{}", python.minor)),
+            "{interpreter}"
+        );
+
+        // Known lines through known classes, checked by number too.
+        let file = python.script(script);
+        let qualname = |qualified: &str| match python.minor {
+            10 => qualified.rsplit('.').next().unwrap().to_owned(),
+            _ => qualified.to_owned(),
+        };
+        let frame =
+            |name: &str, mark: &str| (file.clone(), qualname(name), Some(marked(script, mark)));
+        let stacks = traced.stacks();
+        let main_thread =
+            traced.calls_by_thread()[&traced.lines[0]["pids"][0].as_u64().unwrap()].clone();
+        assert_eq!(
+            stacks[&main_thread[0].unwrap()].0,
+            [
+                frame("Block.forward", "block_loop"),
+                frame("Net.forward", "net_loop"),
+                frame("main", "main_net"),
+                frame("<module>", "module_main"),
+            ],
+            "{}",
+            python.label
+        );
+        // The same line in a loop is the same stack.
+        assert_eq!(main_thread[..4], [main_thread[0]; 4], "{}", python.label);
+        assert_eq!(
+            stacks[&main_thread[4].unwrap()].0[0],
+            frame("Net.forward", "after_try"),
+            "{}",
+            python.label
+        );
+        assert_eq!(
+            stacks[&main_thread[5].unwrap()].0[0],
+            frame("Net.forward", "launch"),
+            "{}",
+            python.label
+        );
+        assert_eq!(
+            stacks[&main_thread[6].unwrap()].0[0],
+            frame("generated", "generator"),
+            "{}",
+            python.label
+        );
+    }
+}
+
+#[test]
+fn a_stack_deeper_than_the_budget_keeps_its_innermost_frames_and_says_it_was_cut() {
+    let Some(_guard) = root() else { return };
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_target.py",
+        &["--stacks", "--stack-depth", "8"],
+        &["40"],
+    );
+    let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 8);
+    // The recursion (43 frames) and the coroutine (12 frames) are deeper than 8.
+    assert_eq!((compared, cut), (15, 2));
+    assert_eq!(traced.lines[0]["stacks"]["depth"], 8);
+}
+
+#[test]
+fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
+    let Some(_guard) = root() else { return };
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_target.py",
+        &["--stacks=launch,sync", "--launch-entry-only"],
+        &[],
+    );
+    assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+    assert_eq!(
+        traced.lines[0]["stacks"]["families"],
+        serde_json::json!(["launch", "sync"])
+    );
+
+    // The older kernels' path: aya's programs on per-symbol links, for every process.
+    let output = Command::new(CUDATRACE)
+        .env("CUDATRACE_NO_UPROBE_MULTI", "1")
+        .args(["run", "-q", "--stacks", "--missing-probes", "ignore", "-o"])
+        .arg(python.host_dir.join("perf.jsonl"))
+        .arg("--")
+        .arg("/usr/bin/python3.11")
+        .arg(scripts().join("stacks_target.py"))
+        .arg(python.host_dir.join("libcuda.so.1"))
+        .arg(python.host_dir.join("stacks_target.py.json"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let traced = Traced {
+        lines: read_trace(&python.host_dir.join("perf.jsonl")),
+        recorded: serde_json::from_str(
+            &std::fs::read_to_string(python.host_dir.join("stacks_target.py.json")).unwrap(),
+        )
+        .unwrap(),
+    };
+    assert_eq!(traced.lines[0]["attach"]["mechanism"], "perf_event");
+    let perf = Python {
+        seen_dir: scripts(),
+        ..python
+    };
+    assert_eq!(assert_stacks_are_cpythons(&perf, &traced, 128), (15, 0));
+}
+
+/// A stripped copy of pyenv's libpython (no `.symtab`: `_PyRuntime` and `PyCode_Type` from
+/// its dynamic symbols) gives the same stacks.
+#[test]
+fn a_stripped_interpreter_is_read_from_its_dynamic_symbols() {
+    let Some(_guard) = root() else { return };
+    let pyenv = Path::new("/root/.pyenv/versions/3.11.7");
+    let dir = scratch("stacks-stripped");
+    let library = dir.join("libpython3.11.so.1.0");
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&library)
+        .arg(pyenv.join("lib/libpython3.11.so.1.0"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let python = Python::host(
+        "stripped-3.11.7",
+        pyenv.join("bin/python3.11").to_str().unwrap(),
+        11,
+    )
+    .expect("pyenv's 3.11.7");
+    // SAFETY: the tests of this binary run one at a time (the root lock).
+    unsafe { std::env::set_var("LD_LIBRARY_PATH", &dir) };
+    let traced = python.trace("stacks_target.py", &["--stacks"], &[]);
+    unsafe { std::env::remove_var("LD_LIBRARY_PATH") };
+    assert_eq!(
+        traced.interpreter()["path"].as_str(),
+        Some(library.to_str().unwrap())
+    );
+    assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+}
+
+/// What cannot get a stack says why, once, and loses nothing else: a program that is not
+/// Python, a Python cudatrace does not read (3.9), a thread Python did not start.
+#[test]
+fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_else_is_lost() {
+    let Some(_guard) = root() else { return };
+    let standin = standin();
+    let dir = scratch("stacks-bad");
+    let run = |trace: &Path, extra: &[&str], command: &[&str]| {
+        Command::new(CUDATRACE)
+            .args(["run", "--missing-probes", "ignore", "--libcuda"])
+            .arg(&standin.lib)
+            .arg("-o")
+            .arg(trace)
+            .args(extra)
+            .arg("--")
+            .args(command)
+            .output()
+            .unwrap()
+    };
+
+    // Not Python: the demo, with and without --stacks, the same calls.
+    let demo = standin.demo.to_str().unwrap();
+    let output = run(&dir.join("demo.jsonl"), &["--stacks"], &[demo]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let with = read_trace(&dir.join("demo.jsonl"));
+    run(&dir.join("plain.jsonl"), &[], &[demo]);
+    let without = read_trace(&dir.join("plain.jsonl"));
+    assert_eq!(names(&calls(&with)), names(&calls(&without)));
+    let interpreter = with.iter().find(|l| l["type"] == "interpreter").unwrap();
+    assert_eq!(interpreter["stacks"], false);
+    assert_eq!(
+        interpreter["reason"].as_str().unwrap(),
+        format!(
+            "no Python interpreter: neither {demo} nor a libpython3.X.so it maps has _PyRuntime"
+        )
+    );
+    assert!(
+        stderr(&output).contains(&format!(
+            "cudatrace: --stacks: pid {}: no Python interpreter",
+            interpreter["pid"]
+        )),
+        "{}",
+        stderr(&output)
+    );
+    let footer = with.last().unwrap();
+    // The demo's calls of the default families: launches, allocations and frees, copies,
+    // stream synchronisations, its library load (121 of its 133 calls).
+    let stacked = calls(&with)
+        .iter()
+        .filter(|c| {
+            let name = c["name"].as_str().unwrap();
+            [
+                "cuLaunchKernel",
+                "cuMem",
+                "cuStreamSynchronize",
+                "cuLibraryLoadData",
+            ]
+            .iter()
+            .any(|family| name.starts_with(family))
+        })
+        .count() as u64;
+    assert_eq!(stacked, 121);
+    assert_eq!(footer["stacks"]["without"]["not_python"], stacked);
+    assert_eq!(footer["stacks"]["calls"], 0);
+    assert_eq!(footer["lost"]["total"], 0);
+    assert!(calls(&with).iter().all(|c| c.get("stack").is_none()));
+
+    // A Python cudatrace does not read: said, and counted.
+    let script = scripts().join("stacks_native.py");
+    let lib = standin.lib.to_str().unwrap();
+    let old = "/root/.pyenv/versions/3.9.18/bin/python3.9";
+    if Path::new(old).exists() {
+        let output = run(
+            &dir.join("old.jsonl"),
+            &["--stacks"],
+            &[old, script.to_str().unwrap(), lib],
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let trace = read_trace(&dir.join("old.jsonl"));
+        let interpreter = trace.iter().find(|l| l["type"] == "interpreter").unwrap();
+        assert_eq!(
+            (
+                interpreter["python"].as_str(),
+                interpreter["reason"].as_str()
+            ),
+            (
+                Some("3.9"),
+                Some("Python 3.9 is not supported (3.10 to 3.14 are)")
+            )
+        );
+        assert!(
+            stderr(&output).contains("Python 3.9 ("),
+            "{}",
+            stderr(&output)
+        );
+        assert_eq!(calls(&trace).len(), 2);
+        assert_eq!(
+            trace.last().unwrap()["stacks"]["without"]["unsupported_python"],
+            2
+        );
+    }
+
+    // A thread Python did not start: no thread state; the Python thread's call has its
+    // stack.
+    let output = run(
+        &dir.join("native.jsonl"),
+        &["--stacks"],
+        &["/usr/bin/python3.11", script.to_str().unwrap(), lib],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&dir.join("native.jsonl"));
+    let calls = calls(&trace);
+    assert_eq!(calls.len(), 2);
+    let pid = &trace[0]["pids"][0];
+    let (native, python): (Vec<&&Value>, Vec<&&Value>) =
+        calls.iter().partition(|c| &c["tid"] != pid);
+    assert_eq!((native.len(), python.len()), (1, 1));
+    assert!(native[0].get("stack").is_none());
+    let stack = trace
+        .iter()
+        .find(|l| l["type"] == "stack" && l["id"] == python[0]["stack"])
+        .unwrap();
+    assert_eq!(
+        stack["frames"],
+        serde_json::json!([{"file": script.to_str().unwrap(), "qualname": "<module>",
+            "line": marked("stacks_native.py", "python"), "first_line": 1}])
+    );
+    let without = &trace.last().unwrap()["stacks"]["without"];
+    assert_eq!(without["no_thread_state"], 1);
+    assert_eq!(trace.last().unwrap()["stacks"]["calls"], 1);
+}
+
+/// A process traced with `-p` is looked at when tracing starts (it maps the library
+/// already): its first call has its stack.
+#[test]
+fn a_process_traced_with_dash_p_is_looked_at_when_tracing_starts() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("stacks-dash-p");
+    let script = scripts().join("stacks_waiting.py");
+    let mut target = Command::new("/usr/bin/python3.11")
+        .arg(&script)
+        .arg(&standin().lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.as_mut().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let trace_path = dir.join("trace.jsonl");
+    let pid = target.id().to_string();
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "--missing-probes", "ignore", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &pid])
+        .spawn()
+        .unwrap();
+    wait_for_trace(&trace_path, HEADER);
+    target.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert!(tracer.wait().unwrap().success());
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let interpreter = trace.iter().find(|l| l["type"] == "interpreter").unwrap();
+    assert_eq!(
+        (interpreter["pid"].to_string(), &interpreter["stacks"]),
+        (pid, &Value::Bool(true))
+    );
+    let calls = calls(&trace);
+    assert_eq!(calls.len(), 1);
+    let stack = trace
+        .iter()
+        .find(|l| l["type"] == "stack" && l["id"] == calls[0]["stack"])
+        .expect("the call's stack");
+    let file = script.to_str().unwrap();
+    assert_eq!(
+        stack["frames"],
+        serde_json::json!([
+            {"file": file, "qualname": "called", "line": marked("stacks_waiting.py", "called"), "first_line": 13},
+            {"file": file, "qualname": "<module>", "line": marked("stacks_waiting.py", "module"), "first_line": 1},
+        ])
+    );
+}

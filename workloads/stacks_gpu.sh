@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# GPU check of `cudatrace run --stacks` (issue 23). Usage, as root, on the GPU machine:
+#
+#   workloads/stacks_gpu.sh CUDATRACE OUTDIR [ROUNDS] [PARTS]
+#
+# PARTS (default `exact,cost,stats`), comma-separated, of:
+# 1. exact: the MLP (simple_inference.py) and GPT-2 (transformer_inference.py, 20 tokens)
+#    run under `cudatrace run --stacks` inside workloads/stacks_reference.py, which records
+#    CPython's own stack at every launch from a CUPTI callback on the launching thread;
+#    workloads/stacks_check.py compares them launch by launch, frame for frame
+#    (OUTDIR/{mlp,gpt2}.check.txt).
+# 2. cost: the launch loop (launch_loop.py, 61,000 launches of `x.add_(1)`) and GPT-2
+#    decoding (40 tokens) untraced, under `cudatrace run` and under `cudatrace run
+#    --stacks`, ROUNDS (default 6) interleaved rounds, the order rotated each round:
+#    microseconds per launch and milliseconds per token (OUTDIR/cost.txt, one line per run).
+# 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
+#    --stacks (the call program's run time per call includes the stack programs it
+#    tail-calls), and the footer's frames walked (OUTDIR/*.stats.stderr).
+# The tables are printed at the end and kept in OUTDIR/tables.txt.
+set -uo pipefail
+cudatrace=$(realpath "${1:?path to the cudatrace binary}")
+out=$(realpath -m "${2:?output folder}")
+rounds=${3:-6}
+parts=",${4:-exact,cost,stats},"
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+status=0
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)'
+    readlink -f "$(command -v python3)"
+} 2>&1 | tee "$out/machine.txt"
+
+echo "== 1. every launch's stack against CPython's"
+[[ $parts == *,exact,* ]] && for workload in mlp gpt2; do
+    case $workload in
+    mlp) command=("$here/simple_inference.py") ;;
+    gpt2) command=("$here/transformer_inference.py" --tokens 20) ;;
+    esac
+    STACKS_REFERENCE_OUT="$out/$workload.ref.json" "$cudatrace" run -q --stacks \
+        -o "$out/$workload.jsonl" -- python3 "$here/stacks_reference.py" "${command[@]}" \
+        >"$out/$workload.log" 2>"$out/$workload.stderr"
+    python3 "$here/stacks_check.py" "$out/$workload.jsonl" "$out/$workload.ref.json" \
+        | tee "$out/$workload.check.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
+
+loop=(python3 "$here/launch_loop.py" --iters 20000 --repeats 3)
+gpt2=(python3 "$here/transformer_inference.py" --tokens 40)
+conditions=(untraced run stacks)
+[[ $parts == *,cost,* ]] && echo "== 2. cost ($rounds rounds)" && : >"$out/cost.txt" &&
+for round in $(seq 1 "$rounds"); do
+    for index in 0 1 2; do
+        condition=${conditions[$(((index + round) % 3))]}
+        case $condition in
+        untraced) prefix=() ;;
+        run) prefix=("$cudatrace" run -q -o /dev/null --) ;;
+        stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
+        esac
+        us=$("${prefix[@]}" "${loop[@]}" 2>>"$out/cost.stderr" | tail -1 |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["us_per_iter_median"])')
+        ms=$("${prefix[@]}" "${gpt2[@]}" 2>>"$out/cost.stderr" | awk '/^per token:/ {print $3}')
+        echo "$round $condition loop_us=$us gpt2_ms_per_token=$ms" | tee -a "$out/cost.txt"
+    done
+done
+
+echo "== 3. BPF statistics"
+[[ $parts == *,stats,* ]] && for workload in loop gpt2; do
+    for mode in run stacks; do
+        flag=()
+        [ "$mode" = stacks ] && flag=(--stacks)
+        if [ "$workload" = loop ]; then command=("${loop[@]}"); else command=("${gpt2[@]}"); fi
+        CUDATRACE_BPF_STATS=1 "$cudatrace" run -q "${flag[@]}" -o "$out/$workload.$mode.stats.jsonl" \
+            -- "${command[@]}" >/dev/null 2>"$out/$workload.$mode.stats.stderr"
+        grep 'bpf-stats call_enter' "$out/$workload.$mode.stats.stderr" | sed "s/^/$workload $mode: /"
+        tail -1 "$out/$workload.$mode.stats.jsonl" | python3 -c '
+import json, sys
+stacks = json.loads(sys.stdin.read()).get("stacks")
+if stacks:
+    print("  stacks:", json.dumps(stacks))'
+    done
+done | tee "$out/stats.txt"
+
+[ -s "$out/cost.txt" ] && python3 - "$out" <<'EOF' | tee "$out/tables.txt"
+import re, statistics, sys
+out = sys.argv[1]
+rows = {}
+for line in open(f"{out}/cost.txt"):
+    round_, condition, loop, gpt2 = line.split()
+    rows.setdefault(condition, []).append((float(loop.split("=")[1]), float(gpt2.split("=")[1])))
+print("condition  loop us/launch (median of rounds, each)       GPT-2 ms/token (median, each)")
+for condition in ("untraced", "run", "stacks"):
+    loop = [r[0] for r in rows.get(condition, [])]
+    gpt2 = [r[1] for r in rows.get(condition, [])]
+    print(f"{condition:9}  {statistics.median(loop):6.2f} {[round(x, 2) for x in loop]}"
+          f"  {statistics.median(gpt2):6.3f} {[round(x, 3) for x in gpt2]}")
+med = {c: (statistics.median([r[0] for r in v]), statistics.median([r[1] for r in v])) for c, v in rows.items()}
+print(f"launch loop: --stacks {med['stacks'][0] - med['run'][0]:+.2f} us/launch over run, "
+      f"x{med['stacks'][0] / med['untraced'][0]:.3f} of untraced (run x{med['run'][0] / med['untraced'][0]:.3f})")
+print(f"GPT-2 decode: --stacks x{med['stacks'][1] / med['untraced'][1]:.3f} of untraced "
+      f"(run x{med['run'][1] / med['untraced'][1]:.3f})")
+EOF
+exit $status

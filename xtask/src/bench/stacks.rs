@@ -1,0 +1,154 @@
+//! Part 5, stacks (issue 23): what `--stacks` adds to a call. A Python loop
+//! (`/usr/bin/python3.11`, Debian's) calls the stand-in's `cuCtxSynchronize` through
+//! ctypes from a shallow and a deep stack, under `cudatrace run` and `cudatrace run
+//! --stacks`, rounds interleaved; every run with `CUDATRACE_BPF_STATS=1`, whose call-entry
+//! program time includes the stack programs it tail-calls. Per call: wall time and program
+//! time; per frame walked: the deep stack's added program time less the shallow one's,
+//! over the frames between them (the footer's `frames_walked`).
+
+use std::{fs, path::Path};
+
+use anyhow::{Context, Result, ensure};
+use serde::{Deserialize, Serialize};
+
+use super::{cudatrace::cudatrace_run, env::Env, stats::Stats};
+
+/// The interpreter the loop runs on.
+pub const PYTHON: &str = "/usr/bin/python3.11";
+/// Frames of Python below the call: the loop's function, its recursion, `<module>`.
+pub const DEPTHS: [u32; 2] = [4, 36];
+/// Calls per run.
+pub const CALLS: u64 = 50_000;
+
+/// The loop: `DEPTH - 2` recursive frames, then `CALLS` calls; prints µs per call.
+const LOOP: &str = r#"import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+calls, depth = int(sys.argv[2]), int(sys.argv[3])
+call = lib.cuCtxSynchronize
+def nested(level):
+    if level > 0:
+        return nested(level - 1)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return time.perf_counter() - start
+print(nested(depth - 2) / calls * 1e6)
+"#;
+
+/// `stacks` in results.json.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StacksResults {
+    pub python: String,
+    pub calls: u64,
+    pub depths: Vec<DepthResults>,
+    /// Program time per frame walked: (deep - shallow) added time over their frames.
+    pub program_ns_per_frame: Option<f64>,
+}
+
+/// One stack depth, with and without stacks.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct DepthResults {
+    pub depth: u32,
+    /// Frames the probes read per call (entry frames included), from the footer.
+    pub frames_per_call: f64,
+    pub run_us: Stats,
+    pub stacks_us: Stats,
+    /// The call-entry program's ns per call.
+    pub run_program_ns: Stats,
+    pub stacks_program_ns: Stats,
+}
+
+pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
+    ensure!(
+        Path::new(PYTHON).exists(),
+        "{PYTHON} is needed for the stacks part"
+    );
+    let script = env.out.join("stacks_loop.py");
+    fs::write(&script, LOOP)?;
+    let mut depths = Vec::new();
+    for depth in DEPTHS {
+        let mut figures: [Vec<f64>; 4] = Default::default();
+        let mut frames = 0.0;
+        for round in 0..rounds {
+            // The order alternates from round to round.
+            for stacked in [round % 2 == 0, round % 2 == 1] {
+                let (wall, program, walked) = one_run(env, &script, depth, stacked)?;
+                let at = usize::from(stacked);
+                figures[at].push(wall);
+                figures[2 + at].push(program);
+                if stacked {
+                    frames = walked;
+                }
+            }
+        }
+        depths.push(DepthResults {
+            depth,
+            frames_per_call: frames,
+            run_us: Stats::of(&figures[0]),
+            stacks_us: Stats::of(&figures[1]),
+            run_program_ns: Stats::of(&figures[2]),
+            stacks_program_ns: Stats::of(&figures[3]),
+        });
+    }
+    let added = |d: &DepthResults| Some(d.stacks_program_ns.median? - d.run_program_ns.median?);
+    let program_ns_per_frame = match (added(&depths[0]), added(&depths[1])) {
+        (Some(shallow), Some(deep)) if depths[1].frames_per_call > depths[0].frames_per_call => {
+            Some((deep - shallow) / (depths[1].frames_per_call - depths[0].frames_per_call))
+        }
+        _ => None,
+    };
+    Ok(StacksResults {
+        python: PYTHON.into(),
+        calls: CALLS,
+        depths,
+        program_ns_per_frame,
+    })
+}
+
+/// One traced run: µs per call, the call-entry program's ns per call, frames walked per
+/// call.
+fn one_run(env: &Env, script: &Path, depth: u32, stacked: bool) -> Result<(f64, f64, f64)> {
+    let trace = env.out.join("stacks.jsonl");
+    let flags: &[&str] = if stacked { &["--stacks"] } else { &[] };
+    let command = [
+        PYTHON.to_owned(),
+        script.display().to_string(),
+        env.libcuda.display().to_string(),
+        CALLS.to_string(),
+        depth.to_string(),
+    ];
+    let output = cudatrace_run(env, &trace, flags, &command)
+        .env("CUDATRACE_BPF_STATS", "1")
+        .output()
+        .context("running cudatrace")?;
+    ensure!(output.status.success(), "cudatrace run failed: {output:?}");
+    let wall: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .context("the loop's µs per call")?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let program = stderr
+        .lines()
+        .find(|line| line.contains("bpf-stats call_enter "))
+        .and_then(|line| line.rsplit("ns_per_run=").next()?.trim().parse().ok())
+        .context("no bpf-stats line for call_enter")?;
+    let walked = if stacked {
+        let footer = fs::read_to_string(&trace)?
+            .lines()
+            .last()
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let footer: serde_json::Value = serde_json::from_str(&footer)?;
+        let stacks = &footer["stacks"];
+        let calls = stacks["calls"].as_f64().unwrap_or(0.0);
+        ensure!(
+            calls >= CALLS as f64,
+            "only {calls} of the loop's calls have a stack"
+        );
+        stacks["frames_walked"].as_f64().unwrap_or(0.0) / calls
+    } else {
+        0.0
+    };
+    let _ = fs::remove_file(&trace);
+    Ok((wall, program, walked))
+}
