@@ -25,6 +25,7 @@
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
+//! | `stacks/` | `--stacks`: figures per Python stack, by layer and line (`summary`, `flame`) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod device_map;
@@ -41,6 +42,7 @@ pub mod nccl;
 pub mod power;
 mod process;
 mod role;
+pub mod stacks;
 pub mod stages;
 pub mod summarise;
 pub mod summary;
@@ -276,6 +278,14 @@ impl Analysis {
         for (pid, process) in live {
             self.finished.push(process.finish(pid));
         }
+        let mut live_by_stack = stacks::LiveByStack::default();
+        for finished in &self.finished {
+            for (stack, (allocations, bytes)) in &finished.live_by_stack {
+                let entry = live_by_stack.entry(*stack).or_default();
+                entry.0 += allocations;
+                entry.1 += bytes;
+            }
+        }
         let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished
             .into_iter()
@@ -303,6 +313,8 @@ impl Analysis {
             gpu,
             collectives: self.collectives.finish(),
             devices: self.devices.finish(),
+            live_by_stack,
+            stacks: None,
         }
     }
 }
@@ -325,6 +337,11 @@ pub struct Report {
     pub collectives: nccl::CollectivesSummary,
     /// Launches, copies and memory per device.
     pub devices: devices::DevicesSummary,
+    /// `--stacks`: device memory still allocated at the end (or at its process's exit),
+    /// by allocating stack; empty without stacks.
+    pub live_by_stack: stacks::LiveByStack,
+    /// `--stacks` traces: the figures per Python stack (`summarise.rs` adds them).
+    pub stacks: Option<stacks::StackProfile>,
 }
 
 impl Report {

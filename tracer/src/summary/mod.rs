@@ -75,6 +75,11 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     }
 
     let text = if args.json {
+        let stacks = result
+            .report
+            .stacks
+            .as_ref()
+            .map(|profile| profile.summary());
         let json = SummaryJson {
             trace: &result.info,
             summary: &result.report.summary,
@@ -85,6 +90,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             power: result.report.power.as_ref(),
             collectives: &result.report.collectives,
             devices: &result.report.devices,
+            stacks: stacks.as_ref(),
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;
