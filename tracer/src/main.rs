@@ -17,6 +17,7 @@ mod doctor;
 mod events;
 mod exit;
 mod export;
+mod flame;
 mod format;
 mod inject;
 mod kernel_hooks;
@@ -58,6 +59,7 @@ fn main() {
         Command::Summary(args) => summary::run(args),
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::Flame(args) => flame::run(args),
         Command::View(args) => view::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
