@@ -56,6 +56,8 @@ pub struct CallArgs<'a> {
     pub with_call: bool,
     /// The line had no escapes, so neither have its strings.
     pub plain: bool,
+    /// `--stacks`: the `stack` argument as text (its frames), in place of the id.
+    pub stack: Option<&'a str>,
 }
 
 /// A signed field as `serde_json::to_value` numbers it: non-negative integers unsigned.
@@ -247,6 +249,13 @@ macro_rules! call_args {
             scratch: &'a mut Scratch,
         ) -> Option<Arg<'a>> {
             let record = call.record;
+            // `which` is a constant where this is inlined: the test folds away for others.
+            if matches!(which, Key::stack)
+                && record.stack.is_some()
+                && let Some(text) = call.stack
+            {
+                return Some(Arg::Text(text));
+            }
             match which {
                 Key::ts_ns => Some(Arg::Unsigned(record.ts_ns)),
                 Key::ret => record.ret.arg(scratch),
@@ -384,6 +393,7 @@ mod tests {
                     record,
                     with_call,
                     plain: true,
+                    stack: None,
                 };
                 let given = visited(&call);
                 for (index, key, _) in &given {
@@ -401,12 +411,14 @@ mod tests {
             record: &positive,
             with_call: true,
             plain: true,
+            stack: None,
         };
         assert_eq!(visited(&call).len(), CALL_ARG_KEYS.len());
         let device = visited(&CallArgs {
             record: &negative,
             with_call: false,
             plain: true,
+            stack: None,
         })
         .into_iter()
         .find(|(_, key, _)| key == "device")

@@ -249,6 +249,13 @@ pub fn export_opened(
             flows::MAX_PENDING_PER_STREAM
         );
     }
+    if stats.layer_launches_without_kernel > 0 {
+        eprintln!(
+            "cudatrace: {} launches of Python layer entries had no kernel when their entry \
+             was drawn: their layers' gpu_ns leaves those out",
+            stats.layer_launches_without_kernel
+        );
+    }
     let destination = if output == Path::new("-") {
         "stdout".to_owned()
     } else {

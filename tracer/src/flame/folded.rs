@@ -36,15 +36,7 @@ pub fn folded(stacks: &StackProfile, weight: Weight) -> String {
         }
         for frame in stack.frames.iter().rev() {
             let function = table.function_of(*frame);
-            let mut name = String::new();
-            match table.frame(*frame).line {
-                Some(line) => {
-                    let _ = write!(name, "{} ({}:{line})", function.qualname, function.file);
-                }
-                None => {
-                    let _ = write!(name, "{} ({})", function.qualname, function.file);
-                }
-            }
+            let name = function.frame_text(table.frame(*frame).line);
             frames.push(name);
         }
         if stack.frames.is_empty() {

@@ -88,6 +88,17 @@ impl Function {
     }
 }
 
+impl Function {
+    /// A frame of this function as text: `QUALNAME (FILE:LINE)`, `QUALNAME (FILE)` where
+    /// the frame has no line (the export's `stack` argument, folded stacks).
+    pub fn frame_text(&self, line: Option<u32>) -> String {
+        match line {
+            Some(line) => format!("{} ({}:{line})", self.qualname, self.file),
+            None => format!("{} ({})", self.qualname, self.file),
+        }
+    }
+}
+
 /// Whether `file` belongs to a library rather than to the user's own code: an installed
 /// package (`site-packages/`, `dist-packages/`), PyTorch itself (a `torch/` folder, also
 /// a source checkout), the standard library (`lib/python3.N/`) or a frozen module.

@@ -85,6 +85,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         flows_in.retain(|start| start.kept && kept);
 
+        if let Some(stacks) = &mut self.stacks {
+            stacks.call(record, role, &mut self.layers_ready);
+        }
         if kept {
             let track = Track::Thread {
                 pid: record.pid,
@@ -92,6 +95,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.track(track)?;
             let category = self.families.of(&record.name).unwrap_or("other");
+            // `--stacks`: the frames, written once per stack.
+            let stack = match (&mut self.stacks, record.stack) {
+                (Some(stacks), Some(id)) => stacks.text(id),
+                _ => None,
+            };
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
                 track,
@@ -105,7 +113,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 args: SliceArgs::Call(CallArgs {
                     record,
                     with_call: role == Role::Launch,
-                    plain,
+                    // A stack's text may have escapes (a quote in a file name).
+                    plain: plain && stack.is_none(),
+                    stack,
                 }),
                 flow_out: &flow_out[..flows_out],
                 flows_in: &flows_in,
@@ -119,6 +129,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
         }
 
+        self.draw_layers()?;
         if let (Some(bytes), true) = (record.live_bytes, pid_kept) {
             // The bytes are those after the call.
             let end = ts.saturating_add(record.dur_or_zero());
