@@ -15,7 +15,6 @@ use super::arguments::{Arg, Arguments};
 use crate::schema::{CallLine, Hex, call_fields};
 
 /// Fields a call's slice does not repeat as arguments (the slice itself says them).
-#[cfg(test)]
 const NOT_ARGUMENTS: [&str; 5] = ["type", "name", "pid", "tid", "dur_ns"];
 
 /// A slice's arguments, as the writers read them.
@@ -56,8 +55,6 @@ pub struct CallArgs<'a> {
     pub with_call: bool,
     /// The line had no escapes, so neither have its strings.
     pub plain: bool,
-    /// `--stacks`: the `stack` argument as text (its frames), in place of the id.
-    pub stack: Option<&'a str>,
 }
 
 /// A signed field as `serde_json::to_value` numbers it: non-negative integers unsigned.
@@ -249,13 +246,6 @@ macro_rules! call_args {
             scratch: &'a mut Scratch,
         ) -> Option<Arg<'a>> {
             let record = call.record;
-            // `which` is a constant where this is inlined: the test folds away for others.
-            if matches!(which, Key::stack)
-                && record.stack.is_some()
-                && let Some(text) = call.stack
-            {
-                return Some(Arg::Text(text));
-            }
             match which {
                 Key::ts_ns => Some(Arg::Unsigned(record.ts_ns)),
                 Key::ret => record.ret.arg(scratch),
@@ -303,14 +293,18 @@ impl CallArgs<'_> {
     }
 }
 
-#[cfg(test)]
 /// What [`CallArgs::visit`] stands for: the call's fields collected through serde and
-/// sorted (the tests compare the two).
-pub fn collect(call: &CallArgs<'_>, arguments: &mut Arguments) {
+/// sorted (the tests compare the two). `--stacks` traces take this way for calls with a
+/// stack, whose `stack` argument is its frames as text (`stack`), not its id: the fast way
+/// stays as it is for every other call.
+pub fn collect(call: &CallArgs<'_>, stack: Option<&str>, arguments: &mut Arguments) {
     arguments.clear();
     arguments.fill(call.record, |key| NOT_ARGUMENTS.contains(&key));
     if call.with_call {
         arguments.insert_text("call", &call.record.name);
+    }
+    if let Some(stack) = stack {
+        arguments.insert_text("stack", stack);
     }
     arguments.sort();
 }
@@ -344,7 +338,7 @@ mod tests {
 
     fn collected(call: &CallArgs<'_>) -> Vec<(String, Arg<'static>)> {
         let mut arguments = Arguments::default();
-        collect(call, &mut arguments);
+        collect(call, None, &mut arguments);
         arguments
             .iter()
             .map(|(key, value)| (key.to_owned(), owned(value)))
@@ -393,7 +387,6 @@ mod tests {
                     record,
                     with_call,
                     plain: true,
-                    stack: None,
                 };
                 let given = visited(&call);
                 for (index, key, _) in &given {
@@ -411,14 +404,12 @@ mod tests {
             record: &positive,
             with_call: true,
             plain: true,
-            stack: None,
         };
         assert_eq!(visited(&call).len(), CALL_ARG_KEYS.len());
         let device = visited(&CallArgs {
             record: &negative,
             with_call: false,
             plain: true,
-            stack: None,
         })
         .into_iter()
         .find(|(_, key, _)| key == "device")

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use super::{Exporter, RankSlice, call_label};
+use super::{Exporter, RankSlice, call_label, stacks::stack_args};
 use crate::{
     analysis::Role,
     catalog::{SyncOn, nccl::collective_op},
@@ -85,8 +85,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         flows_in.retain(|start| start.kept && kept);
 
-        if let Some(stacks) = &mut self.stacks {
-            stacks.call(record, role, &mut self.layers_ready);
+        if self.stacks.is_some() {
+            self.layer_call(record, role)?;
         }
         if kept {
             let track = Track::Thread {
@@ -95,10 +95,21 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.track(track)?;
             let category = self.families.of(&record.name).unwrap_or("other");
-            // `--stacks`: the frames, written once per stack.
-            let stack = match (&mut self.stacks, record.stack) {
-                (Some(stacks), Some(id)) => stacks.text(id),
-                _ => None,
+            let call_args = CallArgs {
+                record,
+                // A launch's slice is named by its kernel: the function called is an
+                // argument.
+                with_call: role == Role::Launch,
+                plain,
+            };
+            // `--stacks`: the frames as the `stack` argument, collected; every other
+            // call's arguments are read straight off it.
+            let stacked = self.stacks.is_some()
+                && stack_args(&mut self.stacks, record.stack, &call_args, &mut self.args);
+            let args = if stacked {
+                SliceArgs::Collected(&self.args)
+            } else {
+                SliceArgs::Call(call_args)
             };
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
@@ -108,15 +119,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 name: &label,
                 plain_name: plain,
                 category,
-                // A launch's slice is named by its kernel: the function called is an
-                // argument.
-                args: SliceArgs::Call(CallArgs {
-                    record,
-                    with_call: role == Role::Launch,
-                    // A stack's text may have escapes (a quote in a file name).
-                    plain: plain && stack.is_none(),
-                    stack,
-                }),
+                args,
                 flow_out: &flow_out[..flows_out],
                 flows_in: &flows_in,
             })?;
@@ -129,7 +132,6 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
         }
 
-        self.draw_layers()?;
         if let (Some(bytes), true) = (record.live_bytes, pid_kept) {
             // The bytes are those after the call.
             let end = ts.saturating_add(record.dur_or_zero());

@@ -95,7 +95,8 @@ pub struct Exporter<'f, S> {
     /// collective of the thread shows whether it ran inside that one.
     pending_rank_slices: HashMap<(u32, u32), RankSlice>,
     /// `--stacks` traces: the stacks, and the layer entries being drawn.
-    stacks: Option<stacks::ExportStacks>,
+    /// (Boxed: the exporter's hot fields stay together for traces without stacks.)
+    stacks: Option<Box<stacks::ExportStacks>>,
     /// Layer entries ready to draw, reused.
     layers_ready: Vec<stacks::LayerEntry>,
 }
@@ -156,7 +157,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Library(library) => self.families.add_library(library),
                 Line::Stack(stack) => self
                     .stacks
-                    .get_or_insert_with(stacks::ExportStacks::default)
+                    .get_or_insert_with(Box::default)
                     .stack_line(stack),
                 Line::Interpreter(_) | Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
@@ -196,9 +197,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.gpu_flows = Some(GpuFlows::default());
         }
         if header.stacks.is_some() {
-            let stacks = self
-                .stacks
-                .get_or_insert_with(stacks::ExportStacks::default);
+            let stacks = self.stacks.get_or_insert_with(Box::default);
             stacks.gpu = header.gpu.is_some();
         }
         if let (Some(pid), false) = (header.pids.first(), header.command.is_empty()) {

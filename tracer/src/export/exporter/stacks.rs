@@ -28,7 +28,7 @@ use crate::{
     analysis::{Role, stacks::frames::StackTable},
     export::{
         arguments::Arguments,
-        call_args::SliceArgs,
+        call_args::{CallArgs, SliceArgs, collect},
         timeline::{Slice, TimelineSink, Track},
     },
     schema::{CallLine, GpuKernelLine, StackLine},
@@ -243,7 +243,38 @@ impl ExportStacks {
     }
 }
 
+/// A call with a stack: its arguments collected into `arguments`, with its frames as
+/// `stack`, if the trace has that stack. Out of line: traces without stacks never come.
+#[inline(never)]
+pub(super) fn stack_args(
+    stacks: &mut Option<Box<ExportStacks>>,
+    id: Option<u64>,
+    call: &CallArgs<'_>,
+    arguments: &mut Arguments,
+) -> bool {
+    match stacks
+        .as_mut()
+        .zip(id)
+        .and_then(|(stacks, id)| stacks.text(id))
+    {
+        Some(stack) => {
+            collect(call, Some(stack), arguments);
+            true
+        }
+        None => false,
+    }
+}
+
 impl<'f, S: TimelineSink> Exporter<'f, S> {
+    /// `--stacks`: a call joins or ends its thread's layer entry; those ready are drawn.
+    #[inline(never)]
+    pub(super) fn layer_call(&mut self, record: &CallLine, role: Role) -> io::Result<()> {
+        if let Some(stacks) = &mut self.stacks {
+            stacks.call(record, role, &mut self.layers_ready);
+        }
+        self.draw_layers()
+    }
+
     /// Draws the layer entries ready, each on its thread's layer track.
     pub(super) fn draw_layers(&mut self) -> io::Result<()> {
         if self.layers_ready.is_empty() {
