@@ -329,3 +329,6 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
