@@ -90,7 +90,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         if matches!(line, Line::Stack(_)) && stacks.is_none() {
-            stacks = Some(StackAccumulator::default());
+            stacks = Some(StackAccumulator::new(gpu_header));
         }
         if let Some(stacks) = &mut stacks {
             stacks.line(line);
@@ -100,7 +100,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.command = std::mem::take(&mut header.command);
                 gpu_header = header.gpu.is_some();
                 if header.stacks.is_some() {
-                    stacks = Some(StackAccumulator::default());
+                    stacks = Some(StackAccumulator::new(gpu_header));
                 }
             }
             Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),

@@ -77,6 +77,8 @@ pub struct StackAccumulator {
     per_stack: Vec<StackFigures>,
     no_stack: StackFigures,
     gpu: GpuStacks,
+    /// The trace has `--gpu` lines to come (its header says so): calls are kept for them.
+    kernels: bool,
     counts: StackCounts,
 }
 
@@ -96,6 +98,15 @@ pub struct StackCounts {
 }
 
 impl StackAccumulator {
+    /// `kernels`: the trace's header says `--gpu` (launches' stacks are kept for the
+    /// kernels to come).
+    pub fn new(kernels: bool) -> Self {
+        StackAccumulator {
+            kernels,
+            ..StackAccumulator::default()
+        }
+    }
+
     pub fn line(&mut self, line: &Line) {
         match line {
             Line::Stack(stack) => {
@@ -141,10 +152,12 @@ impl StackAccumulator {
             }
             _ => {}
         }
-        if matches!(
-            role,
-            Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
-        ) {
+        if self.kernels
+            && matches!(
+                role,
+                Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
+            )
+        {
             self.gpu.call(record.pid, record.tid, record.ts_ns, index);
         }
     }
