@@ -4,8 +4,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::{
-    doctor::DoctorArgs, export::ExportArgs, keeper::KeeperArgs, merge::MergeArgs, plot::PlotArgs,
-    run::RunArgs, selftest::SelftestArgs, summary::SummaryArgs, view::ViewArgs,
+    doctor::DoctorArgs, export::ExportArgs, flame::FlameArgs, keeper::KeeperArgs, merge::MergeArgs,
+    plot::PlotArgs, run::RunArgs, selftest::SelftestArgs, summary::SummaryArgs, view::ViewArgs,
 };
 
 /// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
@@ -28,6 +28,7 @@ use crate::{
         srun cudatrace run -o 'traces/%h-%r.jsonl' -- python3 train.py   # a trace per rank\n  \
         cudatrace summary traces/*.jsonl        # who waited for whom across the ranks\n  \
         cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
+        cudatrace flame trace.jsonl            # Python stacks as a pprof profile (run --stacks)\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
         66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
         no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
@@ -55,6 +56,9 @@ pub enum Command {
     Merge(MergeArgs),
     /// Draw a trace's timeline as an SVG or PNG picture, for reports.
     Plot(PlotArgs),
+    /// Write a `--stacks` trace's Python stacks as a profile (pprof, or folded text for
+    /// flame graphs), weighted by GPU time, time in calls, calls or bytes.
+    Flame(FlameArgs),
     /// Open a trace in the Perfetto UI: exported if it is JSONL, served once on
     /// 127.0.0.1:9001, opened in your browser (or the URL printed).
     View(ViewArgs),

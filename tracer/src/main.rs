@@ -17,6 +17,7 @@ mod doctor;
 mod events;
 mod exit;
 mod export;
+mod flame;
 mod format;
 mod inject;
 mod job_input;
@@ -62,6 +63,7 @@ fn main() {
         Command::Summary(args) => summary::run(args),
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
+        Command::Flame(args) => flame::run(args),
         Command::View(args) => view::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Doctor(args) => doctor::run(args),

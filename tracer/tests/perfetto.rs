@@ -1592,3 +1592,89 @@ fn a_recorded_nccl_trace_has_a_track_per_communicator_and_rank() {
         assert_checks(&file, &checks);
     });
 }
+
+#[test]
+fn a_stacks_trace_loads_with_stacks_as_arguments_and_a_layer_track() {
+    let trace = write_trace("stacks", &traces::stacks());
+    let module = "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py";
+    let scale = [
+        "Scale.forward (/w/model.py:33)".to_owned(),
+        "Block.forward (/w/model.py:13)".to_owned(),
+        format!("Module._call_impl ({module}:1784)"),
+        format!("Module._wrapped_call_impl ({module}:1773)"),
+        "Net.forward (/w/model.py:22)".to_owned(),
+        format!("Module._call_impl ({module}:1784)"),
+        format!("Module._wrapped_call_impl ({module}:1773)"),
+        "<module> (/w/run.py:5)".to_owned(),
+    ]
+    .join(" ← ");
+    each_format(|format| {
+        let (file, written) = export(&trace, format);
+        // 15 calls, 7 kernels, 3 layer entries.
+        assert_eq!(written.slices, 25);
+        let layers = match format {
+            Format::Chrome => {
+                "select t.name, s.name, s.ts, s.dur from slice s join thread_track tt \
+                 on s.track_id = tt.id join thread t using (utid) \
+                 where s.category = 'python_layer' order by s.ts"
+            }
+            Format::Perfetto => {
+                "select t.name, s.name, s.ts, s.dur from slice s join track t \
+                 on s.track_id = t.id where s.category = 'python_layer' order by s.ts"
+            }
+        };
+        let track = "Python layers, tid 500";
+        let figures = [
+            "calls",
+            "launches",
+            "time_in_calls_ns",
+            "gpu_ns",
+            "gpu_kernels",
+        ]
+        .map(|name| format!("extract_arg(arg_set_id, '{}')", format.arg(name)))
+        .join(", ");
+        assert_checks(
+            &file,
+            &[
+                ordered(check(
+                    "layer entries: track, class, start, duration",
+                    layers,
+                    vec![
+                        json!([track, "Linear", 11_000, 3_000]),
+                        json!([track, "Block", 15_000, 5_000]),
+                        json!([track, "Linear", 21_000, 8_000]),
+                    ],
+                )),
+                ordered(check(
+                    "layer entries' calls, launches, time in calls and GPU time",
+                    format!(
+                        "select {figures} from slice where category = 'python_layer' order by ts"
+                    ),
+                    vec![
+                        json!([2, 2, 2_000, 30_000, 2]),
+                        json!([3, 2, 3_000, 12_000, 2]),
+                        json!([2, 0, 3_500, 0, 0]),
+                    ],
+                )),
+                check(
+                    "a launch's stack, innermost frame first",
+                    format!(
+                        "select extract_arg(arg_set_id, '{}') from slice where ts = 15000 \
+                         and category = 'launch'",
+                        format.arg("stack")
+                    ),
+                    vec![json!([scale])],
+                ),
+                count(
+                    "calls whose stack is written as frames (all 12 whose stack line is there)",
+                    format!(
+                        "select count(*) from slice where extract_arg(arg_set_id, '{}') \
+                         like '%(/%'",
+                        format.arg("stack")
+                    ),
+                    12,
+                ),
+            ],
+        );
+    });
+}

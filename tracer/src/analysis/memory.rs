@@ -31,6 +31,29 @@ struct Allocation {
     bytes: u64,
     call: &'static str,
     ts_ns: u64,
+    /// The allocating call's Python stack (`--stacks`).
+    stack: Option<u64>,
+}
+
+/// A device allocation's bytes: `pitch * height` for a pitched one.
+fn device_allocation_bytes(record: &CallLine) -> u64 {
+    match (record.pitch, record.height) {
+        (Some(pitch), Some(height)) => pitch.saturating_mul(height),
+        _ => record.bytes.unwrap_or(0),
+    }
+}
+
+/// The device bytes a successful call allocates, as [`MemoryState`] counts them
+/// (`cuMemAlloc*` with its `dptr`, `cuMemCreate` with its `handle`).
+pub fn allocated_device_bytes(role: Role, record: &CallLine) -> Option<u64> {
+    if !record.ok() {
+        return None;
+    }
+    match role {
+        Role::DeviceAlloc => record.dptr.map(|_| device_allocation_bytes(record)),
+        Role::PhysicalCreate => record.handle.and(record.bytes),
+        _ => None,
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -96,15 +119,18 @@ impl MemoryState {
         }
         let call = symbol.unwrap_or("unknown");
         let ts_ns = record.ts_ns;
+        let stack = record.stack;
         let dptr = record.dptr.map(|h| h.0);
         match role {
             Role::DeviceAlloc => {
-                let bytes = match (record.pitch, record.height) {
-                    (Some(pitch), Some(height)) => pitch.saturating_mul(height),
-                    _ => record.bytes.unwrap_or(0),
-                };
+                let bytes = device_allocation_bytes(record);
                 if let Some(dptr) = dptr {
-                    let allocation = Allocation { bytes, call, ts_ns };
+                    let allocation = Allocation {
+                        bytes,
+                        call,
+                        ts_ns,
+                        stack,
+                    };
                     // The same address twice means its free was lost: replace it.
                     if let Some(old) = self.device.insert(dptr, allocation) {
                         self.device_bytes.sub(old.bytes);
@@ -125,7 +151,12 @@ impl MemoryState {
             },
             Role::HostAlloc => {
                 if let (Some(Hex(host)), Some(bytes)) = (record.host, record.bytes) {
-                    let allocation = Allocation { bytes, call, ts_ns };
+                    let allocation = Allocation {
+                        bytes,
+                        call,
+                        ts_ns,
+                        stack,
+                    };
                     if let Some(old) = self.host.insert(host, allocation) {
                         self.host_bytes.sub(old.bytes);
                     }
@@ -150,7 +181,12 @@ impl MemoryState {
             Role::PhysicalCreate => {
                 if let (Some(Hex(handle)), Some(bytes)) = (record.handle, record.bytes) {
                     let physical = Physical {
-                        allocation: Allocation { bytes, call, ts_ns },
+                        allocation: Allocation {
+                            bytes,
+                            call,
+                            ts_ns,
+                            stack,
+                        },
                         released: false,
                         mappings: 0,
                     };
@@ -255,6 +291,24 @@ impl MemoryState {
         }
     }
 
+    /// Device memory still allocated (`final_device_bytes`' allocations), by the stack of
+    /// the allocating call: `(allocations, bytes)` each. Empty where no allocation has a
+    /// stack (a trace without `--stacks`): nothing to split.
+    pub fn live_by_stack(&self) -> HashMap<Option<u64>, (u64, u64)> {
+        let device = self.device.values();
+        let physical = self.physical.values().map(|p| &p.allocation);
+        let mut live: HashMap<Option<u64>, (u64, u64)> = HashMap::default();
+        for allocation in device.chain(physical) {
+            let entry = live.entry(allocation.stack).or_default();
+            entry.0 += 1;
+            entry.1 += allocation.bytes;
+        }
+        if live.keys().all(Option::is_none) {
+            live.clear();
+        }
+        live
+    }
+
     /// The figures now, with what is still allocated listed as leaks (oldest first).
     pub fn report(&self, pid: u32) -> ProcessMemory {
         let leak = |kind, address: u64, allocation: &Allocation| {
@@ -266,6 +320,7 @@ impl MemoryState {
                 bytes: allocation.bytes,
                 call: allocation.call,
                 ts_ns: allocation.ts_ns,
+                stack: allocation.stack,
             };
             match kind {
                 "device" => leak.dptr = Some(Hex(address)),
@@ -391,7 +446,8 @@ mod tests {
                     host: None,
                     bytes: MIB,
                     call: "cuMemAlloc_v2",
-                    ts_ns: 1000
+                    ts_ns: 1000,
+                    stack: None,
                 },
                 Leak {
                     kind: "device",
@@ -400,7 +456,8 @@ mod tests {
                     host: None,
                     bytes: 8192,
                     call: "cuMemAllocPitch_v2",
-                    ts_ns: 4000
+                    ts_ns: 4000,
+                    stack: None,
                 },
             ]
         );
@@ -526,7 +583,8 @@ mod tests {
                 host: None,
                 bytes: 6 * MIB,
                 call: "cuMemCreate",
-                ts_ns: 10_000
+                ts_ns: 10_000,
+                stack: None,
             }
         );
     }

@@ -26,6 +26,7 @@
 //! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `ranks/` | several ranks of a job (one trace or many): collectives matched across ranks, who waited for whom, clocks aligned |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
+//! | `stacks/` | `--stacks`: figures per Python stack, by layer and line (`summary`, `flame`) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
 pub mod device_map;
@@ -43,6 +44,7 @@ pub mod power;
 mod process;
 pub mod ranks;
 mod role;
+pub mod stacks;
 pub mod stages;
 pub mod summarise;
 pub mod summary;
@@ -280,6 +282,14 @@ impl Analysis {
         for (pid, process) in live {
             self.finished.push(process.finish(pid));
         }
+        let mut live_by_stack = stacks::LiveByStack::default();
+        for finished in &self.finished {
+            for (stack, (allocations, bytes)) in &finished.live_by_stack {
+                let entry = live_by_stack.entry(*stack).or_default();
+                entry.0 += allocations;
+                entry.1 += bytes;
+            }
+        }
         let (memory, stages): (Vec<_>, Vec<_>) = self
             .finished
             .into_iter()
@@ -307,6 +317,8 @@ impl Analysis {
             gpu,
             collectives: self.collectives.finish(),
             devices: self.devices.finish(),
+            live_by_stack,
+            stacks: None,
         }
     }
 }
@@ -329,6 +341,11 @@ pub struct Report {
     pub collectives: nccl::CollectivesSummary,
     /// Launches, copies and memory per device.
     pub devices: devices::DevicesSummary,
+    /// `--stacks`: device memory still allocated at the end (or at its process's exit),
+    /// by allocating stack; empty without stacks.
+    pub live_by_stack: stacks::LiveByStack,
+    /// `--stacks` traces: the figures per Python stack (`summarise.rs` adds them).
+    pub stacks: Option<stacks::StackProfile>,
 }
 
 impl Report {

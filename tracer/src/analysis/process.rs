@@ -3,7 +3,7 @@
 
 use super::{
     Role, devices::ContextState, kernels::KernelNames, kernels::KernelTable, memory::MemoryState,
-    nccl::NcclState, stages::ProcessStages, stages::StageTracker,
+    nccl::NcclState, stacks::LiveByStack, stages::ProcessStages, stages::StageTracker,
 };
 use crate::schema::{CallLine, ProcessMemory};
 
@@ -24,6 +24,8 @@ pub(super) struct ProcessState {
 pub(super) struct Finished {
     pub memory: ProcessMemory,
     pub stages: ProcessStages,
+    /// `--stacks`: device memory still allocated, by allocating stack.
+    pub live_by_stack: LiveByStack,
 }
 
 impl ProcessState {
@@ -62,6 +64,7 @@ impl ProcessState {
         Finished {
             memory: self.memory.report(pid),
             stages: self.stages.report(pid),
+            live_by_stack: self.memory.live_by_stack(),
         }
     }
 }

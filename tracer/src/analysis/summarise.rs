@@ -5,7 +5,7 @@ use std::io::BufRead;
 
 use serde::Serialize;
 
-use super::{Analysis, Report, gpu_context::GpuContext};
+use super::{Analysis, Report, gpu_context::GpuContext, stacks::StackAccumulator};
 use crate::{
     reader::{ReadError, TraceLines},
     schema::{GpuLine, Line},
@@ -99,12 +99,25 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     };
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
+    // `--stacks` traces: from the header that says so, or the first stack line.
+    let mut stacks: Option<StackAccumulator> = None;
+    let mut gpu_header = false;
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
+        if matches!(line, Line::Stack(_)) && stacks.is_none() {
+            stacks = Some(StackAccumulator::new(gpu_header));
+        }
+        if let Some(stacks) = &mut stacks {
+            stacks.line(line);
+        }
         match line {
             Line::Header(header) => {
                 info.command = std::mem::take(&mut header.command);
                 info.start_monotonic_ns = header.start_monotonic_ns;
+                gpu_header = header.gpu.is_some();
+                if header.stacks.is_some() {
+                    stacks = Some(StackAccumulator::new(gpu_header));
+                }
             }
             Line::Lost(lost) => {
                 lost_lines = lost_lines.saturating_add(lost.count);
@@ -135,9 +148,12 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     info.lines = lines.lines;
     info.skipped_lines = lines.skipped_lines;
     info.lost_events = footer_lost.unwrap_or(lost_lines);
+    let mut report = analysis.finish();
+    let gpu = gpu_header || report.gpu.work > 0;
+    report.stacks = stacks.map(|stacks| stacks.finish(&report.live_by_stack, gpu));
     Ok(Summarised {
         info,
-        report: analysis.finish(),
+        report,
         skipped: lines.first_skipped,
     })
 }

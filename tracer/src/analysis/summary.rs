@@ -131,7 +131,7 @@ pub struct SummaryAccumulator {
 }
 
 /// The bytes a call moves or allocates (pitch allocations: pitch * height).
-fn call_bytes(record: &CallLine) -> Option<u64> {
+pub(crate) fn call_bytes(record: &CallLine) -> Option<u64> {
     match (record.pitch, record.height, record.bytes) {
         (_, _, Some(bytes)) => Some(bytes),
         (Some(pitch), Some(height), None) => Some(pitch.saturating_mul(height)),

@@ -15,7 +15,6 @@ use super::arguments::{Arg, Arguments};
 use crate::schema::{CallLine, Hex, call_fields};
 
 /// Fields a call's slice does not repeat as arguments (the slice itself says them).
-#[cfg(test)]
 const NOT_ARGUMENTS: [&str; 5] = ["type", "name", "pid", "tid", "dur_ns"];
 
 /// A slice's arguments, as the writers read them.
@@ -294,14 +293,18 @@ impl CallArgs<'_> {
     }
 }
 
-#[cfg(test)]
 /// What [`CallArgs::visit`] stands for: the call's fields collected through serde and
-/// sorted (the tests compare the two).
-pub fn collect(call: &CallArgs<'_>, arguments: &mut Arguments) {
+/// sorted (the tests compare the two). `--stacks` traces take this way for calls with a
+/// stack, whose `stack` argument is its frames as text (`stack`), not its id: the fast way
+/// stays as it is for every other call.
+pub fn collect(call: &CallArgs<'_>, stack: Option<&str>, arguments: &mut Arguments) {
     arguments.clear();
     arguments.fill(call.record, |key| NOT_ARGUMENTS.contains(&key));
     if call.with_call {
         arguments.insert_text("call", &call.record.name);
+    }
+    if let Some(stack) = stack {
+        arguments.insert_text("stack", stack);
     }
     arguments.sort();
 }
@@ -335,7 +338,7 @@ mod tests {
 
     fn collected(call: &CallArgs<'_>) -> Vec<(String, Arg<'static>)> {
         let mut arguments = Arguments::default();
-        collect(call, &mut arguments);
+        collect(call, None, &mut arguments);
         arguments
             .iter()
             .map(|(key, value)| (key.to_owned(), owned(value)))

@@ -19,6 +19,8 @@ use crate::{reader::compact, schema::Header};
 
 /// Driver tracks are threads of their own in this format: the thread's tid plus this.
 pub const DRIVER_TID_OFFSET: u32 = 1 << 30;
+/// `--stacks`: a thread's layer track is this plus its tid (tids are below 2^22).
+pub const LAYERS_TID_OFFSET: u32 = 1 << 29;
 
 /// NCCL rank tracks are threads of their process in this format: tid this plus the
 /// track's index (above any Linux tid and the driver tracks').
@@ -114,6 +116,7 @@ impl<W: Write> ChromeWriter<W> {
         match track {
             Track::Thread { pid, tid } => (pid, tid),
             Track::Driver { pid, tid } => (pid, tid.saturating_add(DRIVER_TID_OFFSET)),
+            Track::Layers { pid, tid } => (pid, tid.saturating_add(LAYERS_TID_OFFSET)),
             Track::Global => (0, 0),
             Track::Nccl { pid, index } => (pid, NCCL_TID_BASE.saturating_add(index)),
             Track::Gpu { device, .. } => {

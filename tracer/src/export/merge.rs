@@ -62,6 +62,10 @@ impl TracePlace {
                 pid: self.pid(pid),
                 tid: self.pid(tid),
             },
+            Track::Layers { pid, tid } => Track::Layers {
+                pid: self.pid(pid),
+                tid: self.pid(tid),
+            },
             Track::Global => Track::Global,
             Track::Nccl { pid, index } => Track::Nccl {
                 pid: self.pid(pid),

@@ -8,7 +8,7 @@
 //! | file | |
 //! |---|---|
 //! | `args.rs` | the flags and formats |
-//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`) |
+//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`); `--stacks`: calls' stacks and the layer tracks (`stacks.rs`) |
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
 //! | `arguments/` | a slice's arguments, from any serialisable line (`collect.rs`), without a JSON map |
 //! | `call_args.rs` | a call's arguments, read straight from its line |
@@ -299,6 +299,13 @@ pub fn export_opened(
             "cudatrace: {} launches got no flow arrow: more than {} waited on one stream",
             stats.flows_dropped,
             flows::MAX_PENDING_PER_STREAM
+        );
+    }
+    if stats.layer_launches_without_kernel > 0 {
+        eprintln!(
+            "cudatrace: {} launches of Python layer entries had no kernel when their entry \
+             was drawn: their layers' gpu_ns leaves those out",
+            stats.layer_launches_without_kernel
         );
     }
     let destination = if output == Path::new("-") {

@@ -27,6 +27,11 @@ pub struct ExportStats {
     pub gpu_slices: u64,
     /// NCCL collective calls drawn again on their rank's track (among `slices`).
     pub nccl_slices: u64,
+    /// `--stacks`: layer entries drawn on the threads' layer tracks (among `slices`).
+    pub layer_slices: u64,
+    /// `--stacks --gpu`: launches of layer entries drawn without their kernel (it never
+    /// came, or too many entries waited).
+    pub layer_launches_without_kernel: u64,
 }
 
 impl ExportStats {
@@ -54,6 +59,8 @@ pub enum Track {
     Thread { pid: u32, tid: u32 },
     /// What the NVIDIA kernel module did for a thread (`--kernel`), beside its calls.
     Driver { pid: u32, tid: u32 },
+    /// `--stacks`: the Python layers a thread's calls were made in, beside its calls.
+    Layers { pid: u32, tid: u32 },
     /// Trace-wide markers (lost events).
     Global,
     /// NCCL: the collective calls of one process on one (communicator, rank), beside its

@@ -406,6 +406,9 @@ pub struct Leak {
     pub call: &'static str,
     /// When it was allocated.
     pub ts_ns: u64,
+    /// `--stacks`: the allocating call's Python stack (its `stack` line's id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack: Option<u64>,
 }
 
 /// What readers take from a footer: the figures the lines alone cannot give. Read

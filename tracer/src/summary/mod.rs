@@ -107,6 +107,11 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
         None
     };
     let text = if args.json {
+        let stacks = result
+            .report
+            .stacks
+            .as_ref()
+            .map(|profile| profile.summary());
         let json = SummaryJson {
             ranks: ranks.as_ref(),
             trace: &result.info,
@@ -118,6 +123,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             power: result.report.power.as_ref(),
             collectives: &result.report.collectives,
             devices: &result.report.devices,
+            stacks: stacks.as_ref(),
         };
         let mut text =
             serde_json::to_string_pretty(&json).map_err(|e| Failure::new(ExitCode::Internal, e))?;

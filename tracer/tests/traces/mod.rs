@@ -4,6 +4,10 @@
 
 use std::fmt::Write as _;
 
+mod stacks;
+#[allow(unused_imports, reason = "each test binary uses some of the traces")]
+pub use stacks::*;
+
 /// Tracing started at 1 ms on the monotonic clock; times in [`known`] are offsets from it.
 pub const KNOWN_BASE_NS: u64 = 1_000_000;
 /// Call lines of [`known`] (each becomes a slice), its driver lines, counter values

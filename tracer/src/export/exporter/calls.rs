@@ -4,7 +4,7 @@
 
 use std::io;
 
-use super::{Exporter, RankSlice, call_label};
+use super::{Exporter, RankSlice, call_label, stacks::stack_args};
 use crate::{
     analysis::Role,
     catalog::{SyncOn, nccl::collective_op},
@@ -85,6 +85,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         flows_in.retain(|start| start.kept && kept);
 
+        if self.stacks.is_some() {
+            self.layer_call(record, role)?;
+        }
         if kept {
             let track = Track::Thread {
                 pid: record.pid,
@@ -92,6 +95,22 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             };
             self.track(track)?;
             let category = self.families.of(&record.name).unwrap_or("other");
+            let call_args = CallArgs {
+                record,
+                // A launch's slice is named by its kernel: the function called is an
+                // argument.
+                with_call: role == Role::Launch,
+                plain,
+            };
+            // `--stacks`: the frames as the `stack` argument, collected; every other
+            // call's arguments are read straight off it.
+            let stacked = self.stacks.is_some()
+                && stack_args(&mut self.stacks, record.stack, &call_args, &mut self.args);
+            let args = if stacked {
+                SliceArgs::Collected(&self.args)
+            } else {
+                SliceArgs::Call(call_args)
+            };
             // A call probed at entry alone (--launch-entry-only) is a zero-length slice.
             self.sink.slice(&Slice {
                 track,
@@ -100,13 +119,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 name: &label,
                 plain_name: plain,
                 category,
-                // A launch's slice is named by its kernel: the function called is an
-                // argument.
-                args: SliceArgs::Call(CallArgs {
-                    record,
-                    with_call: role == Role::Launch,
-                    plain,
-                }),
+                args,
                 flow_out: &flow_out[..flows_out],
                 flows_in: &flows_in,
             })?;

@@ -25,6 +25,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let Some(work) = line.work() else {
             return self.gpu_status(line);
         };
+        if let (Some(stacks), GpuLine::Kernel(kernel)) = (&mut self.stacks, line) {
+            stacks.kernel(kernel, &mut self.layers_ready);
+            self.draw_layers()?;
+        }
         let ts = self.relative(work.ts_ns);
         let label = gpu_label(line);
         let kind = match line {

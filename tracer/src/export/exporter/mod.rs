@@ -6,11 +6,13 @@
 //! analysis runs along, so traces without kernel names or live bytes get them.
 //!
 //! Here the exporter, its names, tracks and call labels; the lines are drawn in
-//! `calls.rs`, `gpu.rs` (`--gpu`) and `lines.rs` (process, lost, driver and power lines).
+//! `calls.rs`, `gpu.rs` (`--gpu`), `lines.rs` (process, lost, driver and power lines) and
+//! `stacks.rs` (`--stacks`: the calls' Python stacks, the layer tracks).
 
 mod calls;
 mod gpu;
 mod lines;
+mod stacks;
 
 use std::{
     borrow::Cow,
@@ -92,6 +94,11 @@ pub struct Exporter<'f, S> {
     /// Per (pid, tid), the last collective's rank-track slice, held until the next
     /// collective of the thread shows whether it ran inside that one.
     pending_rank_slices: HashMap<(u32, u32), RankSlice>,
+    /// `--stacks` traces: the stacks, and the layer entries being drawn.
+    /// (Boxed: the exporter's hot fields stay together for traces without stacks.)
+    stacks: Option<Box<stacks::ExportStacks>>,
+    /// Layer entries ready to draw, reused.
+    layers_ready: Vec<stacks::LayerEntry>,
 }
 
 /// A collective call's slice on its rank's track, not yet drawn.
@@ -127,6 +134,8 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             gpus: GpuTracks::default(),
             nccl_tracks: HashMap::default(),
             pending_rank_slices: HashMap::default(),
+            stacks: None,
+            layers_ready: Vec::new(),
         }
     }
 
@@ -146,8 +155,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 Line::Power(power) => self.power(power)?,
                 Line::Gpu(gpu) => self.gpu(gpu)?,
                 Line::Library(library) => self.families.add_library(library),
-                // Python stacks are for the readers of issue 23's summary and export.
-                Line::Stack(_) | Line::Interpreter(_) | Line::Footer(_) => {}
+                Line::Stack(stack) => self
+                    .stacks
+                    .get_or_insert_with(Box::default)
+                    .stack_line(stack),
+                Line::Interpreter(_) | Line::Footer(_) => {}
                 Line::Unknown => self.stats.unknown_lines += 1,
             }
         }
@@ -157,6 +169,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         pending.sort_by_key(|slice| slice.call_ts_ns);
         for slice in pending {
             self.rank_slice(slice)?;
+        }
+        if let Some(stacks) = &mut self.stacks {
+            stacks.finish(&mut self.layers_ready);
+            self.draw_layers()?;
         }
         for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {
             self.counter(pid, self.filters.start_ns.unwrap_or(0), bytes)?;
@@ -179,6 +195,10 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         self.gpus.header(header);
         if header.gpu.is_some() {
             self.gpu_flows = Some(GpuFlows::default());
+        }
+        if header.stacks.is_some() {
+            let stacks = self.stacks.get_or_insert_with(Box::default);
+            stacks.gpu = header.gpu.is_some();
         }
         if let (Some(pid), false) = (header.pids.first(), header.command.is_empty()) {
             let mut name = header.command.join(" ");
@@ -215,6 +235,15 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         let (pid, tid, driver) = match track {
             Track::Thread { pid, tid } => (pid, tid, false),
             Track::Driver { pid, tid } => (pid, tid, true),
+            Track::Layers { pid, tid } => {
+                self.announce_process(pid)?;
+                if self.names.threads.insert(track) {
+                    self.sink
+                        .thread(track, &format!("Python layers, tid {tid}"))?;
+                }
+                self.names.current = Some(track);
+                return Ok(());
+            }
             Track::Gpu {
                 device,
                 pid,

@@ -45,6 +45,8 @@ pub(super) fn track_event_packet<'d>(
 /// A `DebugAnnotation`'s fields in tag order: the name's iid, the value, the name in full
 /// where it is not interned. Values as the JSON map had them: non-negative integers
 /// unsigned, arrays and objects as JSON.
+// Inlinable from any codegen unit: written once per argument of every slice.
+#[inline]
 pub(super) fn debug_annotation(buf: &mut Vec<u8>, key: &str, iid: Option<u64>, value: Arg<'_>) {
     if let Some(iid) = iid {
         wire::varint(buf, annotation_field::NAME_IID, iid);
@@ -71,6 +73,7 @@ pub(super) fn debug_annotation(buf: &mut Vec<u8>, key: &str, iid: Option<u64>, v
 }
 
 /// The bytes [`debug_annotation`] writes.
+#[inline]
 pub(super) fn debug_annotation_len(key: &str, iid: Option<u64>, value: Arg<'_>) -> usize {
     use prost::encoding::{encoded_len_varint, key_len};
     let delimited =

@@ -72,12 +72,14 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
                 ..TrackDescriptor::default()
             },
             // A named track of the process, not a thread of its own.
-            Track::Driver { pid, .. } | Track::Nccl { pid, .. } => TrackDescriptor {
-                uuid: Some(uuid),
-                parent_uuid: Some(self.uuid(TrackKey::Process(pid)).0),
-                name: Some(name.to_owned()),
-                ..TrackDescriptor::default()
-            },
+            Track::Driver { pid, .. } | Track::Nccl { pid, .. } | Track::Layers { pid, .. } => {
+                TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(self.uuid(TrackKey::Process(pid)).0),
+                    name: Some(name.to_owned()),
+                    ..TrackDescriptor::default()
+                }
+            }
             // A stream track in its GPU's group (named by `gpu` first), under a track
             // that holds the GPU's streams: the trace processor links a track to a
             // process's track only as that process's, not as its child.

@@ -3,6 +3,7 @@
 use prost::encoding::{WireType, encoded_len_varint};
 
 /// Seven bits a byte, low first, the high bit set on all but the last (as prost).
+#[inline]
 pub fn raw_varint(buf: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         buf.push((value as u8 & 0x7f) | 0x80);
@@ -11,26 +12,31 @@ pub fn raw_varint(buf: &mut Vec<u8>, mut value: u64) {
     buf.push(value as u8);
 }
 
+#[inline]
 fn key(buf: &mut Vec<u8>, field: u32, wire_type: WireType) {
     raw_varint(buf, u64::from(field << 3 | wire_type as u32));
 }
 
+#[inline]
 pub fn varint(buf: &mut Vec<u8>, field: u32, value: u64) {
     key(buf, field, WireType::Varint);
     raw_varint(buf, value);
 }
 
+#[inline]
 pub fn fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
     key(buf, field, WireType::SixtyFourBit);
     buf.extend_from_slice(&value.to_le_bytes());
 }
 
 /// A length-delimited field's key and length; its `length` bytes follow.
+#[inline]
 pub fn length_delimited(buf: &mut Vec<u8>, field: u32, length: usize) {
     key(buf, field, WireType::LengthDelimited);
     raw_varint(buf, length as u64);
 }
 
+#[inline]
 pub fn string(buf: &mut Vec<u8>, field: u32, text: &str) {
     bytes(buf, field, text.as_bytes());
 }

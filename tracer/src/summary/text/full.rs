@@ -11,6 +11,7 @@ use crate::{
 use super::{
     gpu::render_gpu,
     sections::{render_collectives, render_devices, render_driver},
+    stacks::render_stacks,
 };
 
 fn dims(d: [u32; 3]) -> String {
@@ -177,9 +178,14 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         let _ = writeln!(out, "    {}", plural(m.leak_count, "leak"));
         for leak in m.leaks.iter().take(20) {
             let address = leak.dptr.or(leak.handle).or(leak.host).unwrap_or_default();
+            // `--stacks`: the allocating line.
+            let site = leak
+                .stack
+                .and_then(|id| report.stacks.as_ref()?.site(id))
+                .map_or_else(String::new, |site| format!(", {site}"));
             let _ = writeln!(
                 out,
-                "      {} B {} {:#x} from {} at {}",
+                "      {} B {} {:#x} from {} at {}{site}",
                 leak.bytes,
                 leak.kind,
                 address.0,
@@ -232,6 +238,9 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
     render_collectives(&mut out, &report.collectives);
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
+    if let Some(stacks) = &report.stacks {
+        render_stacks(&mut out, &stacks.summary());
+    }
     if let Some(power) = &report.power {
         // Times count from the first call, or, without calls, from the trace's start.
         let origin = match summary.calls {

@@ -6,8 +6,8 @@ use serde::Serialize;
 use crate::{
     analysis::{
         devices::DevicesSummary, driver::DriverSummary, gpu::GpuSummary, nccl::CollectivesSummary,
-        power::PowerReport, ranks::JobReport, stages::ProcessStages, summarise::TraceInfo,
-        summary::Summary,
+        power::PowerReport, ranks::JobReport, stacks::rows::StacksSummary, stages::ProcessStages,
+        summarise::TraceInfo, summary::Summary,
     },
     schema::ProcessMemory,
 };
@@ -38,6 +38,9 @@ pub struct SummaryJson<'a> {
     /// Present when a communicator has several ranks in the trace: who waited for whom.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<&'a JobReport>,
+    /// Present for `--stacks` traces: by layer, by Python line, by the user's line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<&'a StacksSummary>,
 }
 
 pub(super) fn single_device(devices: &&DevicesSummary) -> bool {

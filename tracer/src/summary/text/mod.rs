@@ -6,6 +6,7 @@
 //! | `full.rs` | [`render_text`]: the whole report, section by section |
 //! | `sections.rs` | its devices, collectives and driver sections |
 //! | `gpu.rs` | its `--gpu` section |
+//! | `stacks.rs` | its `--stacks` sections: by layer, by Python line, by the user's line |
 //! | `short.rs` | [`render_short`], [`render_gpu_short`]: what `cudatrace run` prints at the end |
 //! | `json.rs` | [`SummaryJson`]: `cudatrace summary --json` |
 //! | `ranks.rs` | [`render_job`]: several traces of one job (`summary A B`), and who waited for whom |
@@ -16,6 +17,7 @@ mod json;
 mod ranks;
 mod sections;
 mod short;
+mod stacks;
 #[cfg(test)]
 mod tests;
 

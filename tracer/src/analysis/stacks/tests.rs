@@ -1,0 +1,166 @@
+//! The stacks trace of the tests (`tests/traces/stacks.rs`, whose doc has the table)
+//! summed up: every figure exact, each column adding up to the trace's own totals.
+
+use super::{
+    StackFigures,
+    rows::{NO_LAYER, NO_STACK, NO_USER_FRAME, StackRow},
+};
+use crate::{
+    analysis::summarise::{Summarised, summarise},
+    reader::TraceLines,
+    test_traces::{STACKS_CALLS, STACKS_GPU_NS, stacks},
+};
+
+fn read(text: &str) -> Summarised {
+    summarise(|| Ok(TraceLines::new(text.as_bytes(), "stacks.jsonl", false))).unwrap()
+}
+
+fn figures(
+    calls: u64,
+    time_ns: u64,
+    launches: u64,
+    [copied_bytes, allocated_bytes, live_bytes]: [u64; 3],
+    live_allocations: u64,
+    [gpu_ns, gpu_kernels]: [u64; 2],
+) -> StackFigures {
+    StackFigures {
+        calls,
+        time_ns,
+        launches,
+        copied_bytes,
+        allocated_bytes,
+        live_bytes,
+        live_allocations,
+        gpu_ns,
+        gpu_kernels,
+    }
+}
+
+fn named(rows: &[StackRow]) -> Vec<(&str, StackFigures)> {
+    rows.iter().map(|r| (r.name.as_str(), r.figures)).collect()
+}
+
+#[test]
+fn layers_lines_and_users_lines_have_the_traces_figures() {
+    let summarised = read(&stacks());
+    let report = &summarised.report;
+    let summary = report.stacks.as_ref().unwrap().summary();
+    assert!(summary.gpu);
+    assert_eq!(summary.stacks, 5);
+    assert_eq!(summary.counts.calls_with_stack, 12);
+    assert_eq!(summary.counts.cut, 1);
+    assert_eq!(summary.counts.unknown_stack, 1);
+    assert_eq!(summary.counts.kernels_call_without_stack, 1);
+    assert_eq!(summary.counts.kernels_without_call, 1);
+
+    let linear = figures(4, 5_500, 2, [0, 0, 0], 0, [30_000, 2]);
+    let block = figures(3, 3_000, 2, [0, 512, 512], 1, [12_000, 2]);
+    let no_layer = figures(5, 6_000, 1, [4096, 5120, 1024], 1, [3_000, 1]);
+    let no_stack = figures(3, 4_000, 2, [0, 0, 0], 0, [5_000, 2]);
+    assert_eq!(
+        named(&summary.layers),
+        [
+            ("Linear", linear),
+            ("Block", block),
+            (NO_LAYER, no_layer),
+            (NO_STACK, no_stack)
+        ]
+    );
+    let layer = &summary.layers[1];
+    assert_eq!(layer.function.as_deref(), Some("Block.forward"));
+    assert_eq!(
+        (layer.file.as_deref(), layer.first_line),
+        (Some("/w/model.py"), Some(10))
+    );
+
+    let stack_2 = figures(2, 2_000, 1, [0, 512, 512], 1, [7_000, 1]);
+    let stack_3 = figures(1, 1_000, 1, [0, 0, 0], 0, [5_000, 1]);
+    let stack_4 = figures(4, 5_000, 0, [4096, 5120, 1024], 1, [0, 0]);
+    let stack_5 = figures(1, 1_000, 1, [0, 0, 0], 0, [3_000, 1]);
+    let linear_line = "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py:125";
+    assert_eq!(
+        named(&summary.lines),
+        [
+            (linear_line, linear),
+            ("/w/model.py:14", stack_2),
+            ("/w/model.py:33", stack_3),
+            ("/usr/lib/python3.12/threading.py:1012", stack_5),
+            ("/w/run.py:3", stack_4),
+            (NO_STACK, no_stack),
+        ]
+    );
+    let scale = &summary.lines[2];
+    assert_eq!(
+        (scale.function.as_deref(), scale.line, scale.first_line),
+        (Some("Scale.forward"), Some(33), Some(31))
+    );
+    assert_eq!(
+        named(&summary.user_lines),
+        [
+            ("/w/model.py:12", linear),
+            ("/w/model.py:14", stack_2),
+            ("/w/model.py:33", stack_3),
+            ("/w/run.py:3", stack_4),
+            (NO_USER_FRAME, stack_5),
+            (NO_STACK, no_stack),
+        ]
+    );
+
+    // Each column adds up to the trace's own figures.
+    let total = summary.total;
+    assert_eq!(
+        total,
+        figures(15, 18_500, 7, [4096, 5632, 1536], 2, [50_000, 7])
+    );
+    assert_eq!(total.calls, STACKS_CALLS);
+    assert_eq!(total.calls, report.summary.calls);
+    assert_eq!(total.launches, report.summary.kernel_launches);
+    let time: u64 = report.summary.functions.iter().map(|f| f.total_ns).sum();
+    assert_eq!(total.time_ns, time);
+    let copied: u64 = report.summary.copies.iter().map(|c| c.bytes).sum();
+    assert_eq!(total.copied_bytes, copied);
+    assert_eq!(total.live_bytes, report.memory[0].final_device_bytes);
+    let gpu: u64 = report.gpu.kernel_time.iter().map(|k| k.total_ns).sum();
+    assert_eq!((total.gpu_ns, gpu), (STACKS_GPU_NS, STACKS_GPU_NS));
+    for rows in [&summary.layers, &summary.lines, &summary.user_lines] {
+        let mut sum = StackFigures::default();
+        for row in rows {
+            sum.add(&row.figures);
+        }
+        assert_eq!(sum, total);
+    }
+}
+
+#[test]
+fn leaks_name_their_allocating_stack() {
+    let summarised = read(&stacks());
+    let memory = &summarised.report.memory[0];
+    let leaks: Vec<(u64, Option<u64>)> = memory.leaks.iter().map(|l| (l.bytes, l.stack)).collect();
+    assert_eq!(leaks, [(1024, Some(4)), (512, Some(2))]);
+    let json = serde_json::to_string(&memory.leaks[0]).unwrap();
+    assert!(json.ends_with(r#","stack":4}"#), "{json}");
+}
+
+#[test]
+fn a_trace_without_stacks_has_no_stacks_section() {
+    let trace: String = stacks()
+        .lines()
+        .filter(|line| !line.contains(r#""type":"stack""#))
+        .map(|line| {
+            let line = line.replace(r#","stacks":{"families":["all"],"depth":64}"#, "");
+            match line.find(r#","stack":"#) {
+                Some(at) => format!("{}}}\n", &line[..at]),
+                None => line + "\n",
+            }
+        })
+        .collect();
+    let summarised = read(&trace);
+    assert!(summarised.report.stacks.is_none());
+    assert!(summarised.report.live_by_stack.is_empty());
+    assert!(
+        summarised.report.memory[0]
+            .leaks
+            .iter()
+            .all(|l| l.stack.is_none())
+    );
+}
