@@ -84,6 +84,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     };
     let mut lost_lines: u64 = 0;
     let mut footer_lost = None;
+    let mut issuing = None;
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         match line {
@@ -93,6 +94,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.complete = true;
                 footer_lost = figures.lost_total;
                 info.exit_code = figures.exit_code;
+                issuing = figures.gpu_issuing;
             }
             Line::Unknown => info.unknown_lines += 1,
             Line::Call(_)
@@ -106,9 +108,11 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     info.lines = lines.lines;
     info.skipped_lines = lines.skipped_lines;
     info.lost_events = footer_lost.unwrap_or(lost_lines);
+    let mut report = analysis.finish();
+    report.gpu.issuing = issuing;
     Ok(Summarised {
         info,
-        report: analysis.finish(),
+        report,
         skipped: lines.first_skipped,
     })
 }

@@ -1,15 +1,18 @@
-//! Linking GPU work to the driver call that issued it (`cudatrace run --gpu`, the enrich
-//! stage). docs/gpu.md, "Linking", has the rule:
+//! Linking GPU work to the driver call that issued it, and accounting for every launch,
+//! copy and memset (`cudatrace run --gpu`, between decoding and writing). docs/gpu.md,
+//! "Linking" and "Every launch accounted for", has the rules:
 //!
 //! - CUPTI's record of a call (an [`ApiRecord`]: thread, start, end) lies inside exactly
 //!   one traced `call` line: same pid and tid, `call.ts_ns <= api.start` and
 //!   `api.end <= call.ts_ns + call.dur_ns` (the innermost, if calls nest). A call probed
-//!   at entry alone (`--launch-entry-only`) has no `dur_ns`: it is taken to last until
-//!   the next launch, copy or memset call of its thread begins (or for ever, if it is the
-//!   thread's last), and encloses only API records of its own function (CUPTI's callback
-//!   id), so that the work of a launch function cudatrace does not probe is not taken for
-//!   the probed launch's;
+//!   at entry alone (the launches under `--gpu`, `--launch-entry-only`) has no `dur_ns`: it
+//!   is taken to last until the next launch, copy or memset call of its thread begins (or
+//!   for ever, if it is the thread's last), and encloses only API records of its own
+//!   function (CUPTI's callback id);
 //! - a GPU record names its API record by correlation id (per process).
+//!
+//! Under `--gpu` a launch's line waits for CUPTI's record of it, which gives its result and
+//! duration ([`HoldChange`]; the pipeline keeps the trace's order meanwhile).
 //!
 //! Records arrive late: the injection library hands them over when CUPTI flushes (every
 //! 200 ms, and at exit), long after the call lines went by. So this keeps, per thread, the
@@ -17,7 +20,22 @@
 //! [`API_WINDOW`] API records' links; and GPU records whose API record has not come yet,
 //! for [`PENDING_NS`] at most. Memory is bounded by these, whatever the trace's length.
 //! Nothing is ever dropped: a record that cannot be linked is written without a link, with
-//! the reason (`unlinked`), and counted.
+//! the reason (`unlinked`), and counted; a call is counted with what became of its work
+//! (`fates.rs`).
+//!
+//! | file | |
+//! |---|---|
+//! | `calls.rs` | the calls kept per thread |
+//! | `fates.rs` | what became of each call's work; `gpu_gap` lines |
+//! | `clients.rs` | other CUPTI clients of a process taking and letting go of CUPTI |
+//! | `nodes.rs` | graph work to the captured call that made its node |
+
+mod calls;
+mod clients;
+mod fates;
+mod nodes;
+#[cfg(test)]
+mod tests;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -26,11 +44,23 @@ use std::{
 
 use tracer_common::cbids::LINKED_DRIVER_FUNCTIONS;
 
+pub use self::clients::ClientChange;
+pub use self::nodes::{Node, NodeLink};
+use self::{
+    calls::{CallState, RecentCall, Thread},
+    clients::Clients,
+    fates::Recording,
+    nodes::{Graphs, launch_kernel},
+};
+use super::{Role, classify};
 use crate::{
     catalog::STREAM_VARIANTS,
-    events::gpu::ApiRecord,
-    schema::{GpuFooter, GpuLine, gpu::unlinked},
+    events::gpu::{ApiRecord, Session},
+    schema::{CallLine, GpuFooter, GpuGapLine, GpuLine, gpu::unlinked},
 };
+
+#[cfg(test)]
+pub use calls::CALL_WINDOW;
 
 /// A driver function's name without its per-thread-stream suffix (`_ptsz`, `_ptds`): a call
 /// line names the catalog's function, CUPTI the form that was called.
@@ -53,10 +83,6 @@ static FUNCTION_OF: LazyLock<HashMap<u32, &'static str>> = LazyLock::new(|| {
 static FUNCTIONS: LazyLock<HashSet<&'static str>> =
     LazyLock::new(|| FUNCTION_OF.values().copied().collect());
 
-/// Launch, copy and memset calls kept per thread for linking (about 2.5 s of the fastest
-/// launch loop measured, 100k launches/s); an API record of an older call is
-/// [`unlinked::BEYOND_WINDOW`].
-pub const CALL_WINDOW: usize = 1 << 18;
 /// API records' links kept per process (the work of a call arrives after its API record,
 /// within a few flushes).
 pub const API_WINDOW: usize = 1 << 18;
@@ -67,29 +93,8 @@ pub const PENDING_NS: u64 = 2_000_000_000;
 pub const PENDING_MAX_NS: u64 = 30_000_000_000;
 /// GPU records waiting per process; beyond, the oldest are written unlinked.
 pub const PENDING_MAX: usize = 1 << 17;
-
-/// A call kept for linking.
-#[derive(Clone, Copy, Debug)]
-struct RecentCall {
-    ts_ns: u64,
-    /// `u64::MAX` until the next call of the thread closes it, for a call whose return was
-    /// not seen.
-    end_ns: u64,
-    /// Its return was not seen: `end_ns` is where the thread's next call began.
-    open: bool,
-    /// An open call's function (its [`base`] name): it encloses only API records of that
-    /// function. `None` for a call whose return was seen, and for a function CUPTI's ids do
-    /// not name (it encloses any).
-    function: Option<&'static str>,
-}
-
-/// One thread's recent calls, by `ts_ns`.
-#[derive(Default)]
-struct Thread {
-    calls: VecDeque<RecentCall>,
-    /// Calls were pushed out of the window.
-    evicted: bool,
-}
+/// How long a launch's line waits for CUPTI's record of it at most.
+pub const HOLD_MAX_NS: u64 = 2_000_000_000;
 
 /// What an API record linked to.
 #[derive(Clone, Copy, Debug)]
@@ -97,6 +102,16 @@ struct ApiLink {
     /// The call line: `(tid, ts_ns)`, or why there is none.
     call: Result<(u32, u64), &'static str>,
     api_end_ns: u64,
+}
+
+/// A held launch line may go: with CUPTI's result and end (`result`), or as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldChange {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    /// `(CUresult, end_ns)` from CUPTI's record of the call.
+    pub result: Option<(u32, u64)>,
 }
 
 #[derive(Default)]
@@ -110,87 +125,156 @@ struct Process {
     pending_count: usize,
     /// When the latest API record came.
     last_api_ns: u64,
+    recording: Recording,
+    clients: Clients,
+    graphs: Graphs,
+    /// Held launch lines, `(tid, ts_ns)` in arrival order.
+    held: VecDeque<(u32, u64)>,
 }
 
-/// The enrich stage's linking state (`cudatrace run --gpu` only: a trace read back is
-/// linked already).
+/// The linking state of `cudatrace run --gpu` (a trace read back is linked already).
 #[derive(Default)]
 pub struct GpuLinker {
     processes: HashMap<u32, Process>,
+    /// Processes that exec'd or exited whose lines are not all written yet, in order.
+    ended: VecDeque<(u32, Process)>,
     /// The footer's `gpu` figures.
     pub counts: GpuFooter,
+    /// Launch lines probed at entry alone wait for CUPTI's record of them.
+    pub hold_launches: bool,
+    /// Held lines that may go now, for the pipeline.
+    pub holds: Vec<HoldChange>,
 }
 
-impl Thread {
-    fn push(&mut self, call: RecentCall) {
-        // Calls arrive as they return: a nested one before the call around it.
-        let at = self
-            .calls
-            .iter()
-            .rposition(|c| c.ts_ns <= call.ts_ns)
-            .map_or(0, |i| i + 1);
-        let mut call = call;
-        // A thread runs one call at a time: a call whose return was not seen ended before
-        // the thread's next call began.
-        if call.open
-            && let Some(next) = self.calls.get(at)
-        {
-            call.end_ns = next.ts_ns;
-        }
-        if at > 0
-            && let Some(previous) = self.calls.get_mut(at - 1)
-            && previous.open
-        {
-            previous.end_ns = previous.end_ns.min(call.ts_ns);
-        }
-        self.calls.insert(at, call);
-        if self.calls.len() > CALL_WINDOW {
-            self.calls.pop_front();
-            self.evicted = true;
-        }
-    }
-
-    /// The innermost kept call enclosing `[start, end]`, the API record of `function`.
-    fn enclosing(
-        &self,
-        start: u64,
-        end: u64,
-        function: Option<&str>,
-    ) -> Result<RecentCall, &'static str> {
-        let after = self.calls.partition_point(|c| c.ts_ns <= start);
-        let found = self.calls.range(..after).rev().find(|c| {
-            c.end_ns >= end && (!c.open || c.function.is_none() || c.function == function)
-        });
-        let oldest = self.calls.front().map_or(u64::MAX, |c| c.ts_ns);
-        match found {
-            Some(call) => Ok(*call),
-            // Before the oldest call kept: its call may have been pushed out.
-            None if self.evicted && start < oldest => Err(unlinked::BEYOND_WINDOW),
-            None => Err(unlinked::NO_CALL),
-        }
-    }
+/// Whether a call's role issues GPU work.
+fn issues_work(role: Role) -> bool {
+    matches!(
+        role,
+        Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
+    )
 }
 
 impl GpuLinker {
-    /// A launch, copy or memset call line of function `name`, as it goes by; `dur_ns` is
-    /// `None` for a call probed at entry alone.
+    /// A call line as it arrives: kept for linking and the account if it issues work, and
+    /// followed if it is a CUPTI client's. Returns whether its line must wait for CUPTI's
+    /// record of it, and what changed about the process's CUPTI clients.
+    pub fn call_arrived(&mut self, call: &CallLine) -> (bool, Option<ClientChange>) {
+        let (role, _) = classify(&call.name);
+        if role == Role::Cupti {
+            let change = self.client_call(call);
+            return (false, change);
+        }
+        if !issues_work(role) {
+            return (false, None);
+        }
+        let process = self.processes.entry(call.pid).or_default();
+        let hold = self.hold_launches
+            && call.dur_ns.is_none()
+            && matches!(role, Role::Launch | Role::GraphLaunch)
+            && process.recording.recording();
+        let state = CallState {
+            held_since: hold.then_some(call.ts_ns),
+            failed: call.ret.is_some_and(|ret| ret != 0),
+            empty: matches!(role, Role::Copy | Role::Memset) && call.bytes == Some(0),
+            ..CallState::default()
+        };
+        self.push_call(
+            call.pid,
+            call.tid,
+            call.ts_ns,
+            call.dur_ns,
+            &call.name,
+            state,
+        );
+        if hold {
+            let process = self.processes.entry(call.pid).or_default();
+            process.held.push_back((call.tid, call.ts_ns));
+        }
+        (hold, None)
+    }
+
+    /// A launch, copy or memset call of function `name`, for linking; `dur_ns` is `None`
+    /// for a call probed at entry alone.
+    #[cfg(test)]
     pub fn call(&mut self, pid: u32, tid: u32, ts_ns: u64, dur_ns: Option<u64>, name: &str) {
+        self.push_call(pid, tid, ts_ns, dur_ns, name, CallState::default());
+    }
+
+    fn push_call(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        ts_ns: u64,
+        dur_ns: Option<u64>,
+        name: &str,
+        state: CallState,
+    ) {
         let function = match dur_ns {
             Some(_) => None,
             None => FUNCTIONS.get(base(name)).copied(),
         };
-        self.processes
-            .entry(pid)
-            .or_default()
-            .threads
-            .entry(tid)
-            .or_default()
-            .push(RecentCall {
-                ts_ns,
-                end_ns: dur_ns.map_or(u64::MAX, |dur| ts_ns.saturating_add(dur)),
-                open: dur_ns.is_none(),
-                function,
-            });
+        let process = self.processes.entry(pid).or_default();
+        let evicted = process.threads.entry(tid).or_default().push(RecentCall {
+            ts_ns,
+            end_ns: dur_ns.map_or(u64::MAX, |dur| ts_ns.saturating_add(dur)),
+            open: dur_ns.is_none(),
+            function,
+            state,
+        });
+        if let Some(mut old) = evicted {
+            process.recording.count(&mut old, &mut self.counts.issuing);
+        }
+    }
+
+    fn client_call(&mut self, call: &CallLine) -> Option<ClientChange> {
+        let process = self.processes.entry(call.pid).or_default();
+        let change = process.clients.call(call)?;
+        self.client_change(call.pid, change);
+        Some(change)
+    }
+
+    /// Recording started in a process (`gpu_info`).
+    pub fn started(&mut self, session: Session, ts_ns: u64) -> Option<ClientChange> {
+        self.counts.processes += 1;
+        let process = self.processes.entry(session.pid).or_default();
+        process.recording.started = true;
+        let change = process.clients.started(session, ts_ns)?;
+        self.client_change(session.pid, change);
+        Some(change)
+    }
+
+    /// Recording failed for good in process `pid` at `ts_ns`.
+    pub fn failed(&mut self, pid: u32, ts_ns: u64) {
+        self.counts.fatal_errors += 1;
+        let process = self.processes.entry(pid).or_default();
+        process.recording.failed_at.get_or_insert(ts_ns);
+        release_held(pid, process, &mut self.holds);
+    }
+
+    fn client_change(&mut self, pid: u32, change: ClientChange) {
+        let process = self.processes.entry(pid).or_default();
+        match change {
+            ClientChange::Taken { ts_ns, tid } => {
+                if !process.recording.held() {
+                    self.counts.gaps += 1;
+                }
+                // Lines held still wait for their records: CUPTI may hand the buffers that
+                // hold them back to the library, or to the other client (then they go
+                // after HOLD_MAX_NS).
+                process.recording.taken(ts_ns, tid);
+            }
+            ClientChange::Released { .. } => {
+                process.recording.releasing = process.recording.held();
+            }
+        }
+    }
+
+    /// The injection library of `pid` yielded (`resumed` false) or had CUPTI back at `ts_ns`.
+    pub fn client(&mut self, pid: u32, resumed: bool, ts_ns: u64) {
+        if resumed {
+            let process = self.processes.entry(pid).or_default();
+            process.recording.resumed(ts_ns);
+        }
     }
 
     /// CUPTI's record of a call, come at `arrived_ns`: its link, and the work that waited
@@ -199,13 +283,30 @@ impl GpuLinker {
         self.counts.api_records += 1;
         let process = self.processes.entry(api.pid).or_default();
         process.last_api_ns = process.last_api_ns.max(arrived_ns);
+        process.recording.recorded(api.start_ns);
         let function = FUNCTION_OF.get(&api.cbid).copied();
-        let call = match process.threads.get(&api.tid) {
-            Some(thread) => thread
-                .enclosing(api.start_ns, api.end_ns, function)
-                .map(|call| (api.tid, call.ts_ns)),
+        let call = match process.threads.get_mut(&api.tid) {
+            Some(thread) => match thread.enclosing(api.start_ns, api.end_ns, function) {
+                Ok(call) => {
+                    call.state.api_result = Some(api.result);
+                    if call.state.held_since.take().is_some() {
+                        self.holds.push(HoldChange {
+                            pid: api.pid,
+                            tid: api.tid,
+                            ts_ns: call.ts_ns,
+                            result: Some((api.result, api.end_ns)),
+                        });
+                    }
+                    Ok((api.tid, call.ts_ns))
+                }
+                Err(reason) => Err(reason),
+            },
             None => Err(unlinked::NO_CALL),
         };
+        // A thread's records come in its calls' order: a launch of the thread held from
+        // before this call has no record coming.
+        let before = call.map_or(api.start_ns, |(_, ts)| ts);
+        release_held_before(api.pid, api.tid, before, process, &mut self.holds);
         let link = ApiLink {
             call,
             api_end_ns: api.end_ns,
@@ -221,7 +322,7 @@ impl GpuLinker {
         if let Some(waiting) = process.pending.remove(&api.correlation_id) {
             process.pending_count -= waiting.len();
             for (_, mut line) in waiting {
-                apply(&mut self.counts, &mut line, Some(link));
+                apply(&mut self.counts, process, &mut line, Some(link));
                 out.push(line);
             }
         }
@@ -237,7 +338,7 @@ impl GpuLinker {
         let id = link.correlation_id;
         let process = self.processes.entry(line.pid()).or_default();
         if let Some(api) = process.apis.get(&id).copied() {
-            apply(&mut self.counts, &mut line, Some(api));
+            apply(&mut self.counts, process, &mut line, Some(api));
             out.push(line);
             return;
         }
@@ -254,7 +355,8 @@ impl GpuLinker {
     }
 
     /// Writes unlinked the work that waited longer than [`PENDING_NS`] by `now_ns` while
-    /// API records kept coming after it, or longer than [`PENDING_MAX_NS`].
+    /// API records kept coming after it, or longer than [`PENDING_MAX_NS`]; lets go of
+    /// launch lines held longer than [`HOLD_MAX_NS`].
     pub fn expire(&mut self, now_ns: u64, out: &mut Vec<GpuLine>) {
         let release = Release::Expired {
             before: now_ns.saturating_sub(PENDING_NS),
@@ -265,24 +367,248 @@ impl GpuLinker {
         for pid in pids {
             if let Some(process) = self.processes.get_mut(&pid) {
                 release_oldest(process, &mut self.counts, release, out);
+                while let Some(&(tid, ts)) = process.held.front() {
+                    let since =
+                        thread_call(process, tid, ts).and_then(|call| call.state.held_since);
+                    match since {
+                        Some(since) if since.saturating_add(HOLD_MAX_NS) > now_ns => break,
+                        _ => release_one(pid, process, &mut self.holds),
+                    }
+                }
             }
         }
     }
 
-    /// A process exec'd or exited: nothing more will come for its work.
+    /// A process exec'd or exited: nothing more will come for its work. Its waiting work
+    /// goes out unlinked, its held lines go; it is counted once its lines are written
+    /// ([`Self::finish_process`]).
     pub fn end_process(&mut self, pid: u32, out: &mut Vec<GpuLine>) {
-        if let Some(mut process) = self.processes.remove(&pid) {
-            release_oldest(&mut process, &mut self.counts, Release::All, out);
+        let mut process = self.processes.remove(&pid).unwrap_or_default();
+        release_oldest(&mut process, &mut self.counts, Release::All, out);
+        release_held(pid, &mut process, &mut self.holds);
+        process.recording.ended = true;
+        self.ended.push_back((pid, process));
+    }
+
+    /// The process a line being written belongs to: one that ended and whose lines are
+    /// not all written yet comes first (a pid's lines before its exec are written first).
+    fn written(&mut self, pid: u32) -> Option<&mut Process> {
+        match self.ended.iter().position(|(ended, _)| *ended == pid) {
+            Some(at) => self.ended.get_mut(at).map(|(_, process)| process),
+            None => self.processes.get_mut(&pid),
         }
     }
 
-    /// Tracing ended: every waiting record, unlinked.
+    /// Tracing ended: every waiting record, unlinked; every held line.
     pub fn finish(&mut self, out: &mut Vec<GpuLine>) {
         let mut pids: Vec<u32> = self.processes.keys().copied().collect();
         pids.sort_unstable();
         for pid in pids {
-            self.end_process(pid, out);
+            if let Some(process) = self.processes.get_mut(&pid) {
+                release_oldest(process, &mut self.counts, Release::All, out);
+                release_held(pid, process, &mut self.holds);
+            }
         }
+    }
+
+    /// A call line as it is written (in the trace's order, its analysis fields given).
+    pub fn call_written(&mut self, call: &CallLine) {
+        let (role, _) = classify(&call.name);
+        let Some(process) = self.written(call.pid) else {
+            return;
+        };
+        process.graphs.call(call);
+        if !issues_work(role) {
+            return;
+        }
+        let Some(recent) = process
+            .threads
+            .get_mut(&call.tid)
+            .and_then(|thread| thread.find_mut(call.ts_ns))
+        else {
+            return;
+        };
+        recent.state.captured = call.captured.is_some();
+        recent.state.kernel = launch_kernel(call);
+        if role == Role::GraphLaunch {
+            recent.state.graph_exec = call.graph.map(|graph| graph.0);
+        }
+    }
+
+    /// A GPU line as it is written: a kernel keeps its launch's name (CUPTI's goes to
+    /// `cupti_kernel` where they differ), graph work gets the captured call that made its
+    /// node. `replay` gives the nodes of the line's graph launch seen so far, `force` maps
+    /// with what there is.
+    pub fn line_written(
+        &mut self,
+        line: &mut GpuLine,
+        replay: impl FnOnce() -> Vec<Node>,
+        force: bool,
+    ) -> NodeLink {
+        let pid = line.pid();
+        let Some(work) = line.work() else {
+            return NodeLink::Done(None);
+        };
+        let (Some((tid, ts)), node) = (work.link.call(), work.link.graph_node_id) else {
+            return NodeLink::Done(None);
+        };
+        let Some(state) = self
+            .written(pid)
+            .and_then(|process| thread_call(process, tid, ts))
+            .map(|call| call.state.clone())
+        else {
+            return NodeLink::Done(None);
+        };
+        if let (GpuLine::Kernel(kernel), Some(launched)) = (&mut *line, &state.kernel)
+            && state.graph_exec.is_none()
+            && !kernel.link.warnings.iter().any(|w| w == "name_truncated")
+            && kernel.kernel != "unknown"
+            && *kernel.kernel != **launched
+        {
+            kernel.cupti_kernel = Some(std::mem::replace(&mut kernel.kernel, launched.to_string()));
+            self.counts.name_mismatches += 1;
+        }
+        let (Some(exec), Some(node)) = (state.graph_exec, node) else {
+            return NodeLink::Done(None);
+        };
+        let Some(process) = self.written(pid) else {
+            return NodeLink::Done(None);
+        };
+        let own = Node::of(line);
+        let found = process.graphs.link(
+            exec,
+            node,
+            || own.into_iter().chain(replay()).collect(),
+            force,
+        );
+        if let NodeLink::Done(found) = found {
+            let link = line.link_mut().expect("work has a link");
+            (link.capture_call_tid, link.capture_call_ts_ns) = found.unzip();
+            match found {
+                Some(_) => self.counts.graph_nodes.linked += 1,
+                None => self.counts.graph_nodes.unlinked += 1,
+            }
+        }
+        found
+    }
+
+    /// The lines of process `pid` up to its exec or exit are written: its calls are
+    /// counted and its gaps said.
+    pub fn finish_process(&mut self, pid: u32) -> Vec<GpuGapLine> {
+        match self.ended.iter().position(|(ended, _)| *ended == pid) {
+            Some(at) => {
+                let (_, process) = self.ended.remove(at).expect("found");
+                self.count(pid, process)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn count(&mut self, pid: u32, mut process: Process) -> Vec<GpuGapLine> {
+        for thread in process.threads.values_mut() {
+            for call in thread.calls.iter_mut() {
+                process.recording.count(call, &mut self.counts.issuing);
+            }
+        }
+        process.recording.gap_lines(pid)
+    }
+
+    /// Every line is written: every process is counted.
+    pub fn finish_all(&mut self) -> Vec<GpuGapLine> {
+        let mut lines = Vec::new();
+        while let Some((pid, process)) = self.ended.pop_front() {
+            lines.extend(self.count(pid, process));
+        }
+        let mut pids: Vec<u32> = self.processes.keys().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            if let Some(process) = self.processes.remove(&pid) {
+                lines.extend(self.count(pid, process));
+            }
+        }
+        lines
+    }
+
+    /// Calls counted so far whose work is lost, by reason: `(cupti_held, not_flushed,
+    /// not_recorded, missing)`.
+    pub fn unrecorded(&self) -> [u64; 4] {
+        let issuing = &self.counts.issuing;
+        [
+            issuing.cupti_held,
+            issuing.not_flushed,
+            issuing.not_recorded,
+            issuing.missing,
+        ]
+    }
+}
+
+fn thread_call(process: &Process, tid: u32, ts_ns: u64) -> Option<&RecentCall> {
+    process.threads.get(&tid)?.find(ts_ns)
+}
+
+/// Lets the oldest held line of the process go as it is.
+fn release_one(pid: u32, process: &mut Process, holds: &mut Vec<HoldChange>) {
+    let Some((tid, ts_ns)) = process.held.pop_front() else {
+        return;
+    };
+    let held = process
+        .threads
+        .get_mut(&tid)
+        .and_then(|thread| thread.find_mut(ts_ns))
+        .and_then(|call| call.state.held_since.take());
+    if held.is_some() {
+        holds.push(HoldChange {
+            pid,
+            tid,
+            ts_ns,
+            result: None,
+        });
+    }
+}
+
+/// Lets every held line of the process go.
+fn release_held(pid: u32, process: &mut Process, holds: &mut Vec<HoldChange>) {
+    while !process.held.is_empty() {
+        release_one(pid, process, holds);
+    }
+}
+
+/// Lets go the held lines of thread `tid` that began before `before`.
+fn release_held_before(
+    pid: u32,
+    tid: u32,
+    before: u64,
+    process: &mut Process,
+    holds: &mut Vec<HoldChange>,
+) {
+    let Some(thread) = process.threads.get_mut(&tid) else {
+        return;
+    };
+    let end = thread.calls.partition_point(|c| c.ts_ns < before);
+    for call in thread.calls.range_mut(..end).rev() {
+        if call.state.held_since.take().is_some() {
+            holds.push(HoldChange {
+                pid,
+                tid,
+                ts_ns: call.ts_ns,
+                result: None,
+            });
+        } else if call.state.api_result.is_some() {
+            // Older calls were settled when this one was.
+            break;
+        }
+    }
+    // The held queue keeps entries already let go: they are skipped when reached.
+    while let Some(&(held_tid, ts)) = process.held.front() {
+        let still = process
+            .threads
+            .get(&held_tid)
+            .and_then(|t| t.find(ts))
+            .is_some_and(|c| c.state.held_since.is_some());
+        if still {
+            break;
+        }
+        process.held.pop_front();
     }
 }
 
@@ -333,14 +659,15 @@ fn release_oldest(
             process.pending.remove(&id);
         }
         process.pending_count -= 1;
-        apply(counts, &mut line, None);
+        apply(counts, process, &mut line, None);
         out.push(line);
         released += 1;
     }
 }
 
-/// Links `line` through its API record's link (or says why it cannot), counting it.
-fn apply(counts: &mut GpuFooter, line: &mut GpuLine, api: Option<ApiLink>) {
+/// Links `line` through its API record's link (or says why it cannot), counting it, and
+/// counting the work toward its call.
+fn apply(counts: &mut GpuFooter, process: &mut Process, line: &mut GpuLine, api: Option<ApiLink>) {
     let start = line.work().map_or(0, |work| work.ts_ns);
     let Some(link) = line.link_mut() else { return };
     let call = match api {
@@ -357,6 +684,13 @@ fn apply(counts: &mut GpuFooter, line: &mut GpuLine, api: Option<ApiLink>) {
             link.call_tid = Some(tid);
             link.call_ts_ns = Some(ts_ns);
             counts.linked += 1;
+            if let Some(call) = process
+                .threads
+                .get_mut(&tid)
+                .and_then(|thread| thread.find_mut(ts_ns))
+            {
+                call.state.work += 1;
+            }
         }
         Err(reason) => {
             link.unlinked = Some(reason.into());
@@ -366,221 +700,5 @@ fn apply(counts: &mut GpuFooter, line: &mut GpuLine, api: Option<ApiLink>) {
                 _ => counts.unlinked.no_call += 1,
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::schema::{GpuKernelLine, GpuLink};
-
-    fn kernel(pid: u32, correlation_id: u32, ts_ns: u64) -> GpuLine {
-        GpuLine::Kernel(GpuKernelLine {
-            pid,
-            ts_ns,
-            dur_ns: 10,
-            kernel: "k".into(),
-            link: GpuLink {
-                correlation_id,
-                ..GpuLink::default()
-            },
-            ..GpuKernelLine::default()
-        })
-    }
-
-    fn api(tid: u32, correlation_id: u32, start_ns: u64, end_ns: u64) -> ApiRecord {
-        api_of(307, tid, correlation_id, start_ns, end_ns)
-    }
-
-    /// CUPTI's record of a call to function `cbid`.
-    fn api_of(cbid: u32, tid: u32, correlation_id: u32, start_ns: u64, end_ns: u64) -> ApiRecord {
-        ApiRecord {
-            pid: 1,
-            tid,
-            correlation_id,
-            start_ns,
-            end_ns,
-            cbid,
-            result: 0,
-        }
-    }
-
-    fn link(line: &GpuLine) -> (Option<(u32, u64)>, Option<i64>, Option<&str>) {
-        let GpuLine::Kernel(k) = line else { panic!() };
-        (k.link.call(), k.link.queued_ns, k.link.unlinked.as_deref())
-    }
-
-    #[test]
-    fn work_links_to_the_innermost_call_around_its_api_record_in_either_order() {
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        // Thread 1: an outer call 100..400 around an inner one 150..250 (the inner returns,
-        // and so arrives, first); thread 2: 120..300.
-        linker.call(1, 1, 150, Some(100), "cuLaunchKernel");
-        linker.call(1, 1, 100, Some(300), "cuLaunchKernel");
-        linker.call(1, 2, 120, Some(180), "cuLaunchKernel");
-        linker.api(api(1, 5, 160, 240), 0, &mut out);
-        assert!(out.is_empty());
-        linker.work(kernel(1, 5, 1240), 0, &mut out);
-        assert_eq!(link(&out[0]), (Some((1, 150)), Some(1000), None));
-        // The work first, then its API record.
-        linker.work(kernel(1, 6, 500), 0, &mut out);
-        assert_eq!(out.len(), 1);
-        linker.api(api(1, 6, 110, 390), 0, &mut out);
-        assert_eq!(link(&out[1]), (Some((1, 100)), Some(110), None));
-        // Another thread's call; graph kernels share their call.
-        linker.api(api(2, 7, 130, 290), 0, &mut out);
-        linker.work(kernel(1, 7, 280), 0, &mut out);
-        linker.work(kernel(1, 7, 300), 0, &mut out);
-        assert_eq!(link(&out[2]), (Some((2, 120)), Some(-10), None));
-        assert_eq!(link(&out[3]).0, Some((2, 120)));
-        // An API record no call encloses.
-        linker.api(api(2, 8, 50, 60), 0, &mut out);
-        linker.work(kernel(1, 8, 70), 0, &mut out);
-        assert_eq!(link(&out[4]), (None, Some(10), Some("no_call")));
-        assert_eq!(linker.counts.linked, 4);
-        assert_eq!(linker.counts.unlinked.no_call, 1);
-        assert_eq!(linker.counts.api_records, 4);
-    }
-
-    #[test]
-    fn waiting_work_is_written_unlinked_never_dropped() {
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        linker.work(kernel(1, 1, 10), 1_000, &mut out);
-        linker.work(kernel(1, 2, 20), 2_000_000_000, &mut out);
-        linker.work(kernel(2, 3, 30), 5, &mut out);
-        // Without API records since, waiting work stays (its record may be late)...
-        linker.expire(PENDING_NS + 1_500, &mut out);
-        assert!(out.is_empty());
-        // ...until API records of its process come after it, or it waited too long.
-        linker.api(api(1, 9, 1, 2), 3_000, &mut out);
-        linker.expire(PENDING_NS + 1_500, &mut out);
-        assert_eq!(out.len(), 1);
-        linker.expire(PENDING_MAX_NS + 10, &mut out);
-        let first: Vec<_> = out.iter().map(|l| (l.pid(), link(l).2)).collect();
-        assert_eq!(
-            first,
-            [(1, Some("no_api_record")), (2, Some("no_api_record"))]
-        );
-        linker.end_process(1, &mut out);
-        assert_eq!(out.len(), 3);
-        assert_eq!(linker.counts.unlinked.no_api_record, 3);
-        linker.work(kernel(1, 4, 40), 0, &mut out);
-        linker.finish(&mut out);
-        assert_eq!(out.len(), 4);
-        // Beyond the waiting limit, the oldest go first.
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        for id in 0..=PENDING_MAX as u32 {
-            linker.work(kernel(1, id, u64::from(id)), u64::from(id), &mut out);
-        }
-        assert_eq!(out.len(), 1);
-        assert_eq!(out[0].work().unwrap().ts_ns, 0);
-    }
-
-    #[test]
-    fn a_call_without_its_return_lasts_until_the_threads_next_call() {
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        // Thread 1: entry-only launches at 100 and 300, a copy 500..600 and a last launch
-        // at 700; thread 2: an entry-only launch at 200.
-        linker.call(1, 1, 100, None, "cuLaunchKernel");
-        linker.call(1, 2, 200, None, "cuLaunchKernel");
-        linker.call(1, 1, 300, None, "cuLaunchKernel");
-        linker.call(1, 1, 500, Some(100), "cuMemcpyHtoD");
-        linker.call(1, 1, 700, None, "cuLaunchKernel");
-        for (id, tid, start, end) in [
-            (1, 1, 110, 290),
-            (2, 2, 210, 10_000),
-            (3, 1, 310, 490),
-            (4, 1, 510, 590),
-            (5, 1, 710, 10_000),
-            // Past the launch at 300 but not before the copy began: no call encloses it.
-            (6, 1, 320, 520),
-            // Between the copy's end and the next launch: the copy is over.
-            (7, 1, 650, 660),
-        ] {
-            linker.api(api(tid, id, start, end), 0, &mut out);
-            linker.work(kernel(1, id, 20_000), 0, &mut out);
-        }
-        let calls: Vec<_> = out.iter().map(|line| link(line).0).collect();
-        assert_eq!(
-            calls,
-            [
-                Some((1, 100)),
-                Some((2, 200)),
-                Some((1, 300)),
-                Some((1, 500)),
-                Some((1, 700)),
-                None,
-                None
-            ]
-        );
-        assert_eq!(
-            (linker.counts.linked, linker.counts.unlinked.no_call),
-            (5, 2)
-        );
-    }
-
-    #[test]
-    fn a_call_without_its_return_encloses_only_its_own_functions_api_records() {
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        // Entry-only: cuLaunchKernel at 100 (probed as its _ptsz form), cuGraphLaunch at
-        // 400; with its return seen: cuLaunchKernel 700..800.
-        linker.call(1, 1, 100, None, "cuLaunchKernel");
-        linker.call(1, 1, 400, None, "cuGraphLaunch");
-        linker.call(1, 1, 700, Some(100), "cuLaunchKernel");
-        for (id, cbid, start, end) in [
-            // cuLaunchKernel_ptsz (442) and cuLaunchKernel (307) inside the launch at 100.
-            (1, 442, 110, 190),
-            (2, 307, 210, 290),
-            // cuLaunch (115), cuLaunchGrid (116): functions cudatrace does not probe, made
-            // while the launch at 100 is taken to last.
-            (3, 115, 300, 310),
-            (4, 116, 320, 330),
-            // cuGraphLaunch_ptsz (515) in the graph launch; a kernel launch there is not.
-            (5, 515, 410, 420),
-            (6, 307, 430, 440),
-            // A call whose return was seen encloses what lies inside it, whatever its id.
-            (7, 115, 710, 720),
-        ] {
-            linker.api(api_of(cbid, 1, id, start, end), 0, &mut out);
-            linker.work(kernel(1, id, 20_000), 0, &mut out);
-        }
-        let calls: Vec<_> = out.iter().map(|line| link(line).0).collect();
-        assert_eq!(
-            calls,
-            [
-                Some((1, 100)),
-                Some((1, 100)),
-                None,
-                None,
-                Some((1, 400)),
-                None,
-                Some((1, 700))
-            ]
-        );
-        assert_eq!(
-            (linker.counts.linked, linker.counts.unlinked.no_call),
-            (4, 3)
-        );
-    }
-
-    #[test]
-    fn calls_beyond_the_window_are_told_apart() {
-        let mut linker = GpuLinker::default();
-        let mut out = Vec::new();
-        for i in 0..=CALL_WINDOW as u64 {
-            linker.call(1, 1, i * 10, Some(5), "cuLaunchKernel");
-        }
-        linker.api(api(1, 1, 1, 2), 0, &mut out);
-        linker.work(kernel(1, 1, 100), 0, &mut out);
-        assert_eq!(link(&out[0]).2, Some("beyond_window"));
-        linker.api(api(1, 2, 11, 12), 0, &mut out);
-        linker.work(kernel(1, 2, 100), 0, &mut out);
-        assert_eq!(link(&out[1]).0, Some((1, 10)));
-        assert_eq!(linker.counts.unlinked.beyond_window, 1);
     }
 }
