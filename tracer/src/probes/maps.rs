@@ -254,6 +254,12 @@ pub struct Counters {
     pub gpu_read_failed: u64,
     /// `--gpu`: records CUPTI dropped, as its DROPPED records said (counted in userspace).
     pub cupti_dropped: u64,
+    /// `--gpu`: launches, copies and memsets whose work was not recorded, by reason
+    /// (counted in userspace, `analysis::gpu_link`).
+    pub gpu_cupti_held: u64,
+    pub gpu_not_flushed: u64,
+    pub gpu_not_recorded: u64,
+    pub gpu_missing: u64,
     pub traced_full: u64,
     pub fds_full: u64,
     pub opens_full: u64,
@@ -269,9 +275,16 @@ impl Counters {
         self.ring_full + self.too_deep + self.frames_full
     }
 
-    /// GPU records lost on their way: in the ring, reading them, or in CUPTI.
+    /// GPU records lost on their way (in the ring, reading them, or in CUPTI), and GPU
+    /// work never recorded.
     pub fn gpu_lost(&self) -> u64 {
-        self.gpu_ring_full + self.gpu_read_failed + self.cupti_dropped
+        self.gpu_ring_full
+            + self.gpu_read_failed
+            + self.cupti_dropped
+            + self.gpu_cupti_held
+            + self.gpu_not_flushed
+            + self.gpu_not_recorded
+            + self.gpu_missing
     }
 
     /// All events lost, and the processes, fds and opens the kernel could not follow
@@ -316,6 +329,10 @@ impl CounterReader {
             gpu_ring_full: sum(counter::GPU_RING_FULL)?,
             gpu_read_failed: sum(counter::GPU_READ_FAILED)?,
             cupti_dropped: 0,
+            gpu_cupti_held: 0,
+            gpu_not_flushed: 0,
+            gpu_not_recorded: 0,
+            gpu_missing: 0,
             traced_full: sum(counter::TRACED_FULL)?,
             fds_full: sum(counter::FDS_FULL)?,
             opens_full: sum(counter::OPENS_FULL)?,

@@ -104,7 +104,9 @@ pub struct RunArgs {
     /// Arguments, grid, block, shared memory, stream and kernel names are kept, and other
     /// functions keep their return probes. It saves the return trap and its program on
     /// every launch: use it for launch-heavy programs, where cudatrace's added latency per
-    /// launch matters more than how long each launch call took (BENCHMARKS.md).
+    /// launch matters more than how long each launch call took (BENCHMARKS.md). --gpu
+    /// probes launches this way, and gives each launch line its result and duration from
+    /// CUPTI's record of the call.
     #[arg(long)]
     pub launch_entry_only: bool,
 
@@ -191,10 +193,11 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// What to probe in each library found, and how: `--functions` and
-    /// `--launch-entry-only`.
+    /// `--launch-entry-only` (which `--gpu` implies: CUPTI's record of each launch gives its
+    /// result and duration).
     pub fn selection(&self) -> FunctionSelection {
         FunctionSelection {
-            launch_entry_only: self.launch_entry_only,
+            launch_entry_only: self.launch_entry_only || self.gpu,
             ..self.functions.clone()
         }
     }
