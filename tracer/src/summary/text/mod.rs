@@ -6,11 +6,13 @@
 //! | `full.rs` | [`render_text`]: the whole report, section by section |
 //! | `sections.rs` | its devices, collectives and driver sections |
 //! | `gpu.rs` | its `--gpu` section |
+//! | `gpu_work.rs` | `--gpu`: what became of each launch, the gaps, graphs, names (both reports) |
 //! | `short.rs` | [`render_short`], [`render_gpu_short`]: what `cudatrace run` prints at the end |
 //! | `json.rs` | [`SummaryJson`]: `cudatrace summary --json` |
 
 mod full;
 mod gpu;
+mod gpu_work;
 mod json;
 mod sections;
 mod short;
