@@ -2,14 +2,16 @@
 //! converted and sent, the buffer freed.
 
 use std::alloc::{Layout, alloc, dealloc};
+use std::collections::HashSet;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tracer_common::{GpuRecord, gpu_record, gpu_stage};
 
 use crate::cupti::{Activity, CUPTI_ERROR_MAX_LIMIT_REACHED, CUPTI_SUCCESS, CUcontext};
 use crate::session::{Mode, session};
-use crate::{ENV_BUFFER_KIB, Failure, convert, env_number, report, sender};
+use crate::{ENV_BUFFER_KIB, ENV_VERBOSE, Failure, convert, env_number, report, sender};
 
 /// Bytes per buffer by default (about 19,000 kernel records).
 const DEFAULT_BUFFER_BYTES: usize = 4 << 20;
@@ -26,11 +28,28 @@ fn layout() -> Layout {
     })
 }
 
+/// The buffers this library handed to CUPTI and has not had back: only these are freed.
+/// A buffer another client of the program handed out can come back through this library's
+/// callback (CUPTI keeps one callback per process): its records are read, its memory is
+/// left to its owner.
+static OURS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+/// Records read after the library took CUPTI back from another client: API records, and
+/// kernels, copies and memsets (`flush.rs` checks that the first come with the second).
+pub static SINCE_RESUME_API: AtomicU64 = AtomicU64::new(0);
+pub static SINCE_RESUME_WORK: AtomicU64 = AtomicU64::new(0);
+
 /// CUPTI asks for an empty buffer.
 pub unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
     let layout = layout();
     // SAFETY: a non-zero size. A null result makes CUPTI drop records, which it counts.
     let memory = unsafe { alloc(layout) };
+    if !memory.is_null() {
+        OURS.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .insert(memory as usize);
+    }
     // SAFETY: CUPTI passes valid out-pointers.
     unsafe {
         *buffer = memory;
@@ -85,16 +104,23 @@ pub fn read_completed() {
         valid,
     } in completed
     {
+        let ours = OURS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .is_some_and(|set| set.remove(&buffer));
         let buffer = buffer as *mut u8;
         let result = std::panic::catch_unwind(|| {
             // SAFETY: CUPTI's buffer with `valid` bytes of records, handed over to us.
-            unsafe { deliver(context as CUcontext, stream_id, buffer, valid) }
+            unsafe { deliver(context as CUcontext, stream_id, buffer, valid, ours) }
         });
         if result.is_err() {
             eprintln!("cudatrace-inject: internal error while reading a CUPTI buffer");
         }
-        // SAFETY: allocated by buffer_requested with this layout.
-        unsafe { dealloc(buffer, layout()) };
+        if ours {
+            // SAFETY: allocated by buffer_requested with this layout.
+            unsafe { dealloc(buffer, layout()) };
+        }
     }
 }
 
@@ -123,7 +149,7 @@ pub unsafe extern "C" fn buffer_completed_v2(
 
 /// # Safety
 /// `buffer` holds `valid` bytes of CUPTI activity records.
-unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: usize) {
+unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: usize, ours: bool) {
     let Some(session) = session() else {
         return;
     };
@@ -137,6 +163,7 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
         return;
     };
     let mut activity: *mut Activity = std::ptr::null_mut();
+    let mut kinds: Vec<(u32, u64)> = Vec::new();
     loop {
         // SAFETY: CUPTI walks its own buffer.
         let rc = unsafe {
@@ -166,6 +193,12 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
             );
             break;
         }
+        // SAFETY: every record starts with its kind.
+        let kind = unsafe { activity.cast::<u32>().read_unaligned() };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
         // SAFETY: a complete record, as CUPTI returned it.
         match unsafe { convert::convert(activity.cast(), session.clock_flags) } {
             convert::Converted::Record(record) => sender.push(record),
@@ -175,6 +208,16 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
             },
             convert::Converted::Other(_) => {}
         }
+    }
+    for &(kind, n) in &kinds {
+        use crate::cupti::activity_kind::{CONCURRENT_KERNEL, DRIVER, MEMCPY, MEMSET};
+        match kind {
+            DRIVER => SINCE_RESUME_API.fetch_add(n, Ordering::Relaxed),
+            CONCURRENT_KERNEL | MEMCPY | MEMSET => {
+                SINCE_RESUME_WORK.fetch_add(n, Ordering::Relaxed)
+            }
+            _ => 0,
+        };
     }
     let mut dropped = 0usize;
     // SAFETY: CUPTI writes one count.
@@ -200,7 +243,16 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
                 ),
             },
         );
-    } else if dropped > 0 {
+    }
+    if std::env::var_os(ENV_VERBOSE).is_some_and(|v| v == "1") {
+        let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+        eprintln!(
+            "cudatrace-inject: {} buffer {buffer:p}, {valid} bytes, records by kind {{{}}}, dropped {dropped}",
+            if ours { "own" } else { "foreign" },
+            kinds.join(" ")
+        );
+    }
+    if rc == CUPTI_SUCCESS && dropped > 0 {
         sender.push(GpuRecord {
             what: gpu_record::DROPPED,
             dropped: dropped as u64,
@@ -208,4 +260,37 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
         });
     }
     sender.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ours(buffer: *mut u8) -> bool {
+        OURS.lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|set| set.contains(&(buffer as usize)))
+    }
+
+    #[test]
+    fn only_the_librarys_own_buffers_are_freed() {
+        let (mut buffer, mut size, mut max) = (std::ptr::null_mut(), 0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { buffer_requested(&mut buffer, &mut size, &mut max) };
+        assert!(!buffer.is_null() && size == layout().size() && ours(buffer));
+        // Another client's buffer, handed to this library's callback.
+        let foreign = Box::into_raw(Box::new([7u8; 64])).cast::<u8>();
+        // SAFETY: both are buffers of `size` bytes with no records.
+        unsafe {
+            buffer_completed(std::ptr::null_mut(), 0, buffer, size, 0);
+            buffer_completed(std::ptr::null_mut(), 0, foreign, 64, 0);
+        }
+        read_completed();
+        assert!(!ours(buffer), "freed, and forgotten");
+        // Still its owner's: reading and dropping it is sound (freed here, once).
+        // SAFETY: the Box's own pointer, not freed by read_completed.
+        let foreign = unsafe { Box::from_raw(foreign.cast::<[u8; 64]>()) };
+        assert_eq!(foreign[63], 7);
+    }
 }

@@ -153,6 +153,10 @@ pub fn follow() {
         return;
     }
     let held = value & 1 == 1;
+    crate::session::verbose(format_args!(
+        "control slot {value} (held {held}, yielded {})",
+        yielded()
+    ));
     if held && !yielded() {
         YIELDED.store(true, Ordering::Release);
         send(client::YIELDED);
