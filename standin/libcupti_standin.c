@@ -38,7 +38,7 @@
  *  - for each hooked driver call whose callback id it enabled (cuptiActivityEnableDriverApi,
  *    or all with the DRIVER kind, which overrides the single switches set before it; once
  *    the DRIVER kind was disabled, switching single ids on does nothing until it is enabled
- *    again, as measured on CUPTI 13.0): an API record, start = ts() at entry, end = ts() at
+ *    again, as run J1 suggested on CUPTI 13.0): an API record, start = ts() at entry, end = ts() at
  *    exit, processId = getpid(), threadId = gettid() (SYSTEM thread ids) or the low 32 bits
  *    of pthread_self(), returnValue = the CUresult, correlationId = 1, 2, 3, ... per hooked
  *    call (the same for every client);
@@ -61,6 +61,11 @@
  *  CUPTI_STANDIN_ENABLE_ERROR=RC  cuptiActivityEnable fails with RC for every kind
  *                                 (35 = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)
  *  CUPTI_STANDIN_MULTI=1          several subscribers (CUPTI 13.3 with driver r610+)
+ *  CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE=1
+ *                                 once a client disabled the DRIVER kind, no API record
+ *                                 comes again for that client (kernels, copies and memsets
+ *                                 still do): what run J saw on CUPTI 13.0 after
+ *                                 torch.profiler let go
  *
  * For test programs: cudatrace_standin_cupti_recording(cbid) says how many clients have
  * callbacks, kernel activity and the API records of `cbid` enabled (what CUPTI itself
@@ -119,8 +124,11 @@ struct client {
     /* The driver API records: one switch per callback id (the DRIVER kind sets them all). */
     unsigned char driver_cbid[1024];
     /* The DRIVER kind was disabled: switching single ids on does nothing until it is
-     * enabled again (as measured on CUPTI 13.0). */
+     * enabled again (as run J1 suggested on CUPTI 13.0). */
     int driver_locked;
+    /* CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE: the DRIVER kind was disabled, and no API
+     * record comes again for this client. */
+    int driver_gone;
     uint8_t *buffer;
     size_t buffer_size, buffer_used;
     size_t dropped;
@@ -339,7 +347,7 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
         struct client *c = &g_clients[i];
         if (!has_callbacks(c))
             continue;
-        if (call->cbid < sizeof(c->driver_cbid) && c->driver_cbid[call->cbid]) {
+        if (!c->driver_gone && call->cbid < sizeof(c->driver_cbid) && c->driver_cbid[call->cbid]) {
             standin_activity_api api;
             memset(&api, 0, sizeof(api));
             api.kind = CUPTI_ACTIVITY_KIND_DRIVER;

@@ -135,6 +135,8 @@ static CUptiResult set_kind(struct client *c, uint32_t kind, int on)
     if (kind == CUPTI_ACTIVITY_KIND_DRIVER) {
         memset(c->driver_cbid, on ? 1 : 0, sizeof(c->driver_cbid));
         c->driver_locked = !on;
+        if (!on && env_long("CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE", 0) == 1)
+            c->driver_gone = 1;
         return CUPTI_SUCCESS;
     }
     *flag = on;
