@@ -132,7 +132,8 @@ fn a_programs_own_profiler_takes_recording_and_gets_every_record_meanwhile() {
     assert_eq!(
         issuing(&trace),
         &json!({"calls": 600, "with_work": 400, "captured": 0, "failed": 0, "empty": 0,
-                "cupti_held": 200, "not_flushed": 0, "not_recorded": 0, "missing": 0})
+                "cupti_held": 200, "no_api_record": 0, "not_flushed": 0, "not_recorded": 0,
+                "missing": 0})
     );
     let footer = trace.last().unwrap();
     assert_eq!(footer["gpu"]["gaps"], 1);
@@ -160,6 +161,62 @@ fn a_programs_own_profiler_takes_recording_and_gets_every_record_meanwhile() {
         .collect();
     assert!(!forced.is_empty());
     assert_eq!(of_type(&trace, "gpu_info")[0]["subscribers"], "single");
+}
+
+#[test]
+fn launches_whose_records_cupti_no_longer_gives_after_the_profiler_are_counted() {
+    let Some(_guard) = root() else { return };
+    // As run J saw on CUPTI 13.0: once the profiler disabled the DRIVER kind, CUPTI gives
+    // the library kernels again after it takes CUPTI back, but no record of the launches.
+    let (output, trace) = trace_mode(
+        "gpu-clients-no-api",
+        "profiler",
+        &[("CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE", "1")],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "profiler: 200 kernels, 200 api records\n"
+    );
+    let launches = named(&trace, "cuLaunchKernel");
+    assert_eq!(launches.len(), 600);
+    let with_work: Vec<usize> = launches.iter().map(|l| work_of(&trace, l)).collect();
+    assert_eq!(with_work, [[1; 100].as_slice(), &[0; 500]].concat());
+    // The last 300 kernels are written, unlinked for want of their launch's record.
+    let kernels = of_type(&trace, "gpu_kernel");
+    let unlinked: Vec<&&Value> = kernels
+        .iter()
+        .filter(|k| k["unlinked"] == "no_api_record")
+        .collect();
+    assert_eq!((kernels.len(), unlinked.len()), (400, 300));
+    assert!(
+        unlinked
+            .iter()
+            .all(|k| u(&k["ts_ns"]) > u(&launches[300]["ts_ns"]))
+    );
+    assert!(launches[100..].iter().all(|l| l["ret"].is_null()));
+    assert_eq!(
+        issuing(&trace),
+        &json!({"calls": 600, "with_work": 100, "captured": 0, "failed": 0, "empty": 0,
+                "cupti_held": 200, "no_api_record": 300, "not_flushed": 0,
+                "not_recorded": 0, "missing": 0})
+    );
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["gpu"]["unlinked"]["no_api_record"], 300);
+    assert_eq!(
+        (
+            &footer["lost"]["gpu_cupti_held"],
+            &footer["lost"]["gpu_no_api_record"],
+            &footer["lost"]["total"]
+        ),
+        (&json!(200), &json!(300), &json!(500))
+    );
+    let err = stderr(&output);
+    assert!(
+        err.contains(
+            "cudatrace: WARNING: 500 events lost (gpu_cupti_held 200, gpu_no_api_record 300)\n"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -194,7 +251,7 @@ fn with_several_subscribers_cudatrace_and_the_profiler_each_get_every_record() {
     assert_eq!(
         issuing(&trace),
         &json!({"calls": 600, "with_work": 600, "captured": 0, "failed": 0, "empty": 0,
-                "cupti_held": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0})
+                "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0})
     );
     assert_eq!(trace.last().unwrap()["lost"]["total"], 0);
     // Its own subscriber: no process-wide registration of ours.
@@ -273,7 +330,7 @@ fn captured_calls_are_marked_and_graph_work_links_to_its_launch_and_its_capture_
     assert_eq!(
         issuing(&trace),
         &json!({"calls": 7, "with_work": 4, "captured": 3, "failed": 0, "empty": 0,
-                "cupti_held": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0})
+                "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0})
     );
     assert_eq!(
         footer["gpu"]["graph_nodes"],

@@ -284,7 +284,7 @@ fn assert_driver_gpu_lines(trace: &[Value]) {
         json!({"api_records": 9, "linked": 8, "processes": 1, "fatal_errors": 0,
                "unlinked": {"no_api_record": 0, "no_call": 0, "beyond_window": 0},
                "issuing": {"calls": 9, "with_work": 8, "captured": 0, "failed": 1, "empty": 0,
-                           "cupti_held": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0},
+                           "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0},
                "name_mismatches": 0, "graph_nodes": {"linked": 0, "unlinked": 0}, "gaps": 0})
     );
     let failed: Vec<(&Value, &Value)> = calls
@@ -344,7 +344,7 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         footer["lost"],
         json!({"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
                "driver_ring_full": 0, "gpu_ring_full": 0, "gpu_read_failed": 0,
-               "cupti_dropped": 0, "gpu_cupti_held": 0, "gpu_not_flushed": 0,
+               "cupti_dropped": 0, "gpu_cupti_held": 0, "gpu_no_api_record": 0, "gpu_not_flushed": 0,
                "gpu_not_recorded": 0, "gpu_missing": 0, "traced_full": 0, "fds_full": 0,
                "opens_full": 0,
                "syscalls_full": 0, "kfuncs_full": 0, "attach_ring_full": 0, "not_drained": 0,
@@ -532,7 +532,7 @@ fn a_cupti_refusal_is_a_gpu_error_and_exit_code_82_unless_the_command_failed() {
     assert_eq!(
         footer["gpu"]["issuing"],
         json!({"calls": 9, "with_work": 0, "captured": 0, "failed": 0, "empty": 0,
-               "cupti_held": 0, "not_flushed": 0, "not_recorded": 9, "missing": 0})
+               "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 9, "missing": 0})
     );
     let calls = footer["events"]["call"].as_u64().unwrap();
     assert_eq!(

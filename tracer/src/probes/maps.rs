@@ -257,6 +257,7 @@ pub struct Counters {
     /// `--gpu`: launches, copies and memsets whose work was not recorded, by reason
     /// (counted in userspace, `analysis::gpu_link`).
     pub gpu_cupti_held: u64,
+    pub gpu_no_api_record: u64,
     pub gpu_not_flushed: u64,
     pub gpu_not_recorded: u64,
     pub gpu_missing: u64,
@@ -282,6 +283,7 @@ impl Counters {
             + self.gpu_read_failed
             + self.cupti_dropped
             + self.gpu_cupti_held
+            + self.gpu_no_api_record
             + self.gpu_not_flushed
             + self.gpu_not_recorded
             + self.gpu_missing
@@ -330,6 +332,7 @@ impl CounterReader {
             gpu_read_failed: sum(counter::GPU_READ_FAILED)?,
             cupti_dropped: 0,
             gpu_cupti_held: 0,
+            gpu_no_api_record: 0,
             gpu_not_flushed: 0,
             gpu_not_recorded: 0,
             gpu_missing: 0,

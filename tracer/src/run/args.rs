@@ -44,11 +44,14 @@ queries among them (cuCtxGetDevice, cuDevicePrimaryCtxGetState, ...) about ten t
 often as everything else: each probed call costs about 2 us (a uprobe and a uretprobe).
 
 --gpu also records what the GPU ran: gpu_kernel, gpu_copy and gpu_memset lines with GPU
-start and duration, each linked to the call that issued it (docs/gpu.md). Without --gpu
-nothing is put into the command: no library, no environment variable.
+start and duration, each linked to the call that issued it (docs/gpu.md); launches are
+then probed at entry only (CUPTI's record gives their result and duration), and every
+launch, copy and memset is accounted for: GPU work, or a counted reason. Without --gpu
+nothing is put into the command: no library, no environment variable. A
+CUDA_INJECTION64_PATH already set (another tool's library) is started after cudatrace's.
 
-Exit codes of --gpu: 80 no libcupti found (before the command starts), 81 the
-environment already has CUDA_INJECTION64_PATH, 82 GPU recording failed in a process
+Exit codes of --gpu: 80 no libcupti found (before the command starts), 81
+CUDA_INJECTION64_PATH is cudatrace's own (a run --gpu inside another), 82 GPU recording failed in a process
 (CUPTI refused; only when the command itself exited 0); -p/--all with --gpu is a usage
 error (2).")]
 pub struct RunArgs {

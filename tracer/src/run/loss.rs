@@ -42,6 +42,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         gpu_read_failed: gpu_figure(now.gpu_read_failed),
         cupti_dropped: gpu_figure(now.cupti_dropped),
         gpu_cupti_held: gpu_figure(now.gpu_cupti_held),
+        gpu_no_api_record: gpu_figure(now.gpu_no_api_record),
         gpu_not_flushed: gpu_figure(now.gpu_not_flushed),
         gpu_not_recorded: gpu_figure(now.gpu_not_recorded),
         gpu_missing: gpu_figure(now.gpu_missing),
@@ -58,7 +59,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
 }
 
 /// Each reason with its figure, in the order `lost` lines are written.
-fn reasons(counts: &LostCounts) -> [(&'static str, u64); 19] {
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 20] {
     [
         ("ring_full", counts.ring_full),
         ("too_deep", counts.too_deep),
@@ -69,6 +70,7 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 19] {
         ("gpu_read_failed", counts.gpu_read_failed.unwrap_or(0)),
         ("cupti_dropped", counts.cupti_dropped.unwrap_or(0)),
         ("gpu_cupti_held", counts.gpu_cupti_held.unwrap_or(0)),
+        ("gpu_no_api_record", counts.gpu_no_api_record.unwrap_or(0)),
         ("gpu_not_flushed", counts.gpu_not_flushed.unwrap_or(0)),
         ("gpu_not_recorded", counts.gpu_not_recorded.unwrap_or(0)),
         ("gpu_missing", counts.gpu_missing.unwrap_or(0)),

@@ -108,6 +108,7 @@ impl<'a> Pipeline<'a> {
         if self.gpu {
             [
                 kernel.gpu_cupti_held,
+                kernel.gpu_no_api_record,
                 kernel.gpu_not_flushed,
                 kernel.gpu_not_recorded,
                 kernel.gpu_missing,

@@ -128,6 +128,10 @@ pub struct LostCounts {
     /// CUPTI client held the activity API (`gpu_gap` lines).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_cupti_held: Option<u64>,
+    /// `--gpu`: those whose record CUPTI never gave while it recorded the process's work
+    /// (the work is written, unlinked; the call has no result or duration from CUPTI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_no_api_record: Option<u64>,
     /// `--gpu`: those of processes that ended before CUPTI handed their records over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_not_flushed: Option<u64>,
@@ -218,6 +222,7 @@ pub struct IssuingCalls {
     pub failed: u64,
     pub empty: u64,
     pub cupti_held: u64,
+    pub no_api_record: u64,
     pub not_flushed: u64,
     pub not_recorded: u64,
     pub missing: u64,
@@ -225,7 +230,7 @@ pub struct IssuingCalls {
 
 impl IssuingCalls {
     /// Each reason with its count, in the footer's order.
-    pub fn reasons(&self) -> [(&'static str, u64); 7] {
+    pub fn reasons(&self) -> [(&'static str, u64); 8] {
         [
             ("captured into graphs", self.captured),
             ("failed", self.failed),
@@ -233,6 +238,10 @@ impl IssuingCalls {
             (
                 "not recorded while another CUPTI client held it",
                 self.cupti_held,
+            ),
+            (
+                "without CUPTI's record of the call (their work unlinked)",
+                self.no_api_record,
             ),
             ("not flushed before their process ended", self.not_flushed),
             (
@@ -364,6 +373,7 @@ impl FooterFigures {
                         failed: figure("failed"),
                         empty: figure("empty"),
                         cupti_held: figure("cupti_held"),
+                        no_api_record: figure("no_api_record"),
                         not_flushed: figure("not_flushed"),
                         not_recorded: figure("not_recorded"),
                         missing: figure("missing"),

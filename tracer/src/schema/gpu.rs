@@ -39,6 +39,10 @@ pub mod fate {
     pub const EMPTY: &str = "empty";
     /// Another CUPTI client of the process held the activity API (`gpu_gap`).
     pub const CUPTI_HELD: &str = "cupti_held";
+    /// CUPTI recorded the process's work after it again, but no record of the call came:
+    /// its work is among the work lines written unlinked (`no_api_record`). Seen on CUPTI
+    /// 13.0 after torch.profiler let go (docs/gpu.md, "Beside another CUPTI client").
+    pub const NO_API_RECORD: &str = "no_api_record";
     /// The process ended (a crash, `_exit`, a signal) before CUPTI handed its records over.
     pub const NOT_FLUSHED: &str = "not_flushed";
     /// CUPTI was not recording in the process (it never started there, or failed).

@@ -11,8 +11,11 @@
 //!    `gpu_gap`), or took it while CUPTI still held the call's records (made after the last
 //!    call CUPTI's records came for, before the gap: `handed_over`);
 //! 4. `not_recorded`: CUPTI was not recording in the process then;
-//! 5. `not_flushed`: the process ended, and no record came for the call or a later one;
-//! 6. `missing`: none of those.
+//! 5. `no_api_record`: no record came for the call or a later one, but work of the
+//!    process that started after the call came without its call's record (written
+//!    unlinked): CUPTI recorded work again, not the calls (CUPTI 13.0 after torch.profiler);
+//! 6. `not_flushed`: the process ended, and no record came for the call or a later one;
+//! 7. `missing`: none of those.
 
 use crate::schema::{GpuGapLine, IssuingCalls, gpu::fate};
 
@@ -40,6 +43,8 @@ pub struct Recording {
     pub gaps: Vec<Gap>,
     /// The latest start of a call whose record came.
     pub last_recorded: u64,
+    /// The latest GPU start of work written unlinked for want of its call's record.
+    pub last_unlinked_work: u64,
     /// The process ended (exec or exit).
     pub ended: bool,
     /// The other client let go, and the library is taking CUPTI back: calls from here on
@@ -64,6 +69,11 @@ impl Recording {
         for gap in self.gaps.iter_mut().filter(|gap| start_ns < gap.from_ns) {
             gap.last_recorded_before = gap.last_recorded_before.max(start_ns);
         }
+    }
+
+    /// Work that started at `start_ns` was written unlinked: its call's record never came.
+    pub fn unlinked_work(&mut self, start_ns: u64) {
+        self.last_unlinked_work = self.last_unlinked_work.max(start_ns);
     }
 
     /// Another client took the activity API at `ts_ns`.
@@ -104,6 +114,7 @@ impl Recording {
             Some(fate::FAILED) => counts.failed += 1,
             Some(fate::EMPTY) => counts.empty += 1,
             Some(fate::CUPTI_HELD) => counts.cupti_held += 1,
+            Some(fate::NO_API_RECORD) => counts.no_api_record += 1,
             Some(fate::NOT_RECORDED) => counts.not_recorded += 1,
             Some(fate::NOT_FLUSHED) => counts.not_flushed += 1,
             _ => counts.missing += 1,
@@ -144,6 +155,9 @@ impl Recording {
         }
         if !self.started || self.failed_at.is_some_and(|at| at <= ts) {
             return Some(fate::NOT_RECORDED);
+        }
+        if state.api_result.is_none() && ts > self.last_recorded && ts < self.last_unlinked_work {
+            return Some(fate::NO_API_RECORD);
         }
         if self.ended && state.api_result.is_none() && ts > self.last_recorded {
             return Some(fate::NOT_FLUSHED);
@@ -263,6 +277,7 @@ mod tests {
                 failed: 1,
                 empty: 1,
                 cupti_held: 3,
+                no_api_record: 0,
                 not_flushed: 1,
                 not_recorded: 1,
                 missing: 2,
@@ -274,6 +289,34 @@ mod tests {
             (200, Some(300), 9)
         );
         assert_eq!((lines[0].calls, lines[0].handed_over), (2, 1));
+    }
+
+    #[test]
+    fn calls_before_work_that_came_without_its_calls_records_have_no_api_record() {
+        let mut recording = Recording {
+            started: true,
+            ..Recording::default()
+        };
+        recording.recorded(100);
+        // Work that started at 600 was written unlinked: no record of its call came.
+        recording.unlinked_work(600);
+        recording.ended = true;
+        let mut counts = IssuingCalls::default();
+        // Before the last recorded call: missing; between it and the unlinked work: no
+        // record of the call came while CUPTI recorded work; after the work: not flushed.
+        for ts in [50, 200, 500, 700] {
+            recording.count(&mut call(ts, CallState::default()), &mut counts);
+        }
+        assert_eq!(
+            counts,
+            IssuingCalls {
+                calls: 4,
+                no_api_record: 2,
+                not_flushed: 1,
+                missing: 1,
+                ..IssuingCalls::default()
+            }
+        );
     }
 
     #[test]

@@ -27,12 +27,14 @@
 //! |---|---|
 //! | `calls.rs` | the calls kept per thread |
 //! | `fates.rs` | what became of each call's work; `gpu_gap` lines |
+//! | `holds.rs` | letting held launch lines go |
 //! | `clients.rs` | other CUPTI clients of a process taking and letting go of CUPTI |
 //! | `nodes.rs` | graph work to the captured call that made its node |
 
 mod calls;
 mod clients;
 mod fates;
+mod holds;
 mod nodes;
 #[cfg(test)]
 mod tests;
@@ -50,6 +52,7 @@ use self::{
     calls::{CallState, RecentCall, Thread},
     clients::Clients,
     fates::Recording,
+    holds::{release_held, release_held_before, release_one},
     nodes::{Graphs, launch_kernel},
 };
 use super::{Role, classify};
@@ -529,12 +532,13 @@ impl GpuLinker {
         lines
     }
 
-    /// Calls counted so far whose work is lost, by reason: `(cupti_held, not_flushed,
-    /// not_recorded, missing)`.
-    pub fn unrecorded(&self) -> [u64; 4] {
+    /// Calls counted so far whose work (or CUPTI's record of the call) is lost, by reason:
+    /// `(cupti_held, no_api_record, not_flushed, not_recorded, missing)`.
+    pub fn unrecorded(&self) -> [u64; 5] {
         let issuing = &self.counts.issuing;
         [
             issuing.cupti_held,
+            issuing.no_api_record,
             issuing.not_flushed,
             issuing.not_recorded,
             issuing.missing,
@@ -544,72 +548,6 @@ impl GpuLinker {
 
 fn thread_call(process: &Process, tid: u32, ts_ns: u64) -> Option<&RecentCall> {
     process.threads.get(&tid)?.find(ts_ns)
-}
-
-/// Lets the oldest held line of the process go as it is.
-fn release_one(pid: u32, process: &mut Process, holds: &mut Vec<HoldChange>) {
-    let Some((tid, ts_ns)) = process.held.pop_front() else {
-        return;
-    };
-    let held = process
-        .threads
-        .get_mut(&tid)
-        .and_then(|thread| thread.find_mut(ts_ns))
-        .and_then(|call| call.state.held_since.take());
-    if held.is_some() {
-        holds.push(HoldChange {
-            pid,
-            tid,
-            ts_ns,
-            result: None,
-        });
-    }
-}
-
-/// Lets every held line of the process go.
-fn release_held(pid: u32, process: &mut Process, holds: &mut Vec<HoldChange>) {
-    while !process.held.is_empty() {
-        release_one(pid, process, holds);
-    }
-}
-
-/// Lets go the held lines of thread `tid` that began before `before`.
-fn release_held_before(
-    pid: u32,
-    tid: u32,
-    before: u64,
-    process: &mut Process,
-    holds: &mut Vec<HoldChange>,
-) {
-    let Some(thread) = process.threads.get_mut(&tid) else {
-        return;
-    };
-    let end = thread.calls.partition_point(|c| c.ts_ns < before);
-    for call in thread.calls.range_mut(..end).rev() {
-        if call.state.held_since.take().is_some() {
-            holds.push(HoldChange {
-                pid,
-                tid,
-                ts_ns: call.ts_ns,
-                result: None,
-            });
-        } else if call.state.api_result.is_some() {
-            // Older calls were settled when this one was.
-            break;
-        }
-    }
-    // The held queue keeps entries already let go: they are skipped when reached.
-    while let Some(&(held_tid, ts)) = process.held.front() {
-        let still = process
-            .threads
-            .get(&held_tid)
-            .and_then(|t| t.find(ts))
-            .is_some_and(|c| c.state.held_since.is_some());
-        if still {
-            break;
-        }
-        process.held.pop_front();
-    }
 }
 
 /// Which waiting records [`release_oldest`] writes unlinked.
@@ -695,7 +633,10 @@ fn apply(counts: &mut GpuFooter, process: &mut Process, line: &mut GpuLine, api:
         Err(reason) => {
             link.unlinked = Some(reason.into());
             match reason {
-                unlinked::NO_API_RECORD => counts.unlinked.no_api_record += 1,
+                unlinked::NO_API_RECORD => {
+                    counts.unlinked.no_api_record += 1;
+                    process.recording.unlinked_work(start);
+                }
                 unlinked::BEYOND_WINDOW => counts.unlinked.beyond_window += 1,
                 _ => counts.unlinked.no_call += 1,
             }

@@ -356,5 +356,5 @@ fn every_call_is_counted_once_with_its_fate_and_names_kept_from_the_launch() {
             ..Default::default()
         }
     );
-    assert_eq!(linker.unrecorded(), [0, 2, 0, 0]);
+    assert_eq!(linker.unrecorded(), [0, 0, 2, 0, 0]);
 }
