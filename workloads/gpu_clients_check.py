@@ -70,7 +70,7 @@ def main():
     issuing = result["issuing"] or {}
     checks["issuing_adds_up"] = issuing.get("calls") == sum(
         issuing.get(k, 0) for k in ("with_work", "captured", "failed", "empty", "cupti_held",
-                                     "not_flushed", "not_recorded", "missing"))
+                                     "no_api_record", "not_flushed", "not_recorded", "missing"))
     if args.part == "profiler":
         program = json.loads(open(args.stdout).read().strip().splitlines()[-1])
         result["program"] = program
@@ -83,6 +83,9 @@ def main():
         in_gap = [sum(1 for c in part if any(
             g["from_ns"] <= c["ts_ns"] and (g.get("to_ns") is None or c["ts_ns"] <= g["to_ns"])
             for g in gaps)) for part in parts]
+        # Kernels of x.add_ written without their launch (no record of it came from CUPTI).
+        result["unlinked_add_kernels"] = sum(
+            1 for k in kernels if "CUDAFunctorOnSelf_add" in (k.get("kernel") or "") and k.get("unlinked"))
         result.update({"add_launches": len(adds), "with_work_by_part": with_work,
                        "in_gap_by_part": in_gap,
                        "gap_ms": [(g["to_ns"] - g["from_ns"]) / 1e6 for g in gaps if g.get("to_ns")]})

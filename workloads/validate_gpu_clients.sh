@@ -182,8 +182,9 @@ if os.path.exists(path):
         ratios = [rr[m]["us"] / rr["untraced"]["us"] for rr in by_round.values()
                   if m in rr and "untraced" in rr and rr[m]["us"] and rr["untraced"]["us"]]
         sizes = [rr[m].get("trace_bytes", 0) / 1e6 for rr in by_round.values() if m in rr and rr[m].get("trace_bytes")]
+        size = f"{statistics.median(sizes):.1f}" if sizes else "-"
         print(f"| {m} | {statistics.median(us):.2f} | ×{statistics.median(ratios):.2f} | "
-              f"{', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(sizes):.1f} |" if us else f"| {m} | - | - | - | - |")
+              f"{', '.join(f'{r:.2f}' for r in ratios)} | {size} |" if us else f"| {m} | - | - | - | - |")
     post = [rr["profiler"]["postprocess_s"] for rr in by_round.values() if "profiler" in rr and rr["profiler"].get("postprocess_s")]
     if post:
         print(f"\ntorch.profiler post-processing: median {statistics.median(post):.1f} s per run")
