@@ -45,7 +45,9 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 } CUresult;
 
@@ -406,6 +408,11 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
                                         unsigned int blockDimZ, unsigned int sharedMemBytes,
                                         CUstream hStream, void **kernelParams);
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, unsigned int mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, unsigned int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 
 /* streams / events / sync */

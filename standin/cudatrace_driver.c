@@ -121,6 +121,9 @@
  *   18  cuStreamSynchronize(s); cuMemFree_v2(d); cuDevicePrimaryCtxRelease_v2(dev)
  *   exit 0.
  *
+ * MODES `profiler`, `graphs`, `stale` -- a program's own CUPTI client, stream capture
+ *   and graph launches, a reused function handle: cudatrace_driver_gpu.h.
+ *
  * MODE `names` -- names of every length, exactly these calls:
  *    1  cuInit(0)
  *    2  cuModuleLoadData(&mod, image)                          [mod = 0x1000]
@@ -260,7 +263,8 @@ static void usage(void)
             "usage: cudatrace-driver MODE [ARG]\n"
             "modes: sequence | loop N | fork | forkexec PATH_TO_SELF | child |\n"
             "       threads | threads-main | exit N | sleep SECS | wait-signal | gpu |\n"
-            "       names | dirty | extras | queries | devices\n");
+            "       names | dirty | extras | queries | devices | profiler | graphs |\n"
+            "       stale\n");
     exit(2);
 }
 
@@ -793,6 +797,8 @@ static int mode_wait_signal(void)
     return 0;
 }
 
+#include "cudatrace_driver_gpu.h"
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -833,6 +839,12 @@ int main(int argc, char **argv)
         return mode_wait_signal();
     if (strcmp(mode, "gpu") == 0 && argc == 2)
         return mode_gpu();
+    if (strcmp(mode, "profiler") == 0 && argc == 2)
+        return mode_profiler();
+    if (strcmp(mode, "graphs") == 0 && argc == 2)
+        return mode_graphs();
+    if (strcmp(mode, "stale") == 0 && argc == 2)
+        return mode_stale();
     if (strcmp(mode, "devices") == 0 && argc == 2)
         return mode_devices();
     usage();

@@ -24,6 +24,7 @@ enum standin_work_kind {
     STANDIN_WORK_KERNEL = 1,
     STANDIN_WORK_MEMCPY = 2,
     STANDIN_WORK_MEMSET = 3,
+    STANDIN_WORK_GRAPH = 4, /* a graph launch: `nodes` ran, each its own work */
 };
 
 /* One driver call in flight, filled by api_enter. */
@@ -52,6 +53,12 @@ struct standin_gpu_work {
      * the stand-in libnccl's kernels that wait for the other ranks). */
     uint64_t start_ns;
     uint64_t end_ns;
+    /* Work of a graph: CUPTI's graph id and graph node id (0 when not in a graph). */
+    uint32_t graph_id;
+    uint64_t graph_node_id;
+    /* STANDIN_WORK_GRAPH: the nodes' work, in the graph's order. */
+    const struct standin_gpu_work *nodes;
+    uint32_t node_count;
 };
 
 /* Exported by the stand-in libcuda: the GPU start and end of the calling thread's next
@@ -128,12 +135,15 @@ typedef void (*standin_set_activity_hooks_fn)(const struct standin_activity_hook
 #define CBID_cuLaunchCooperativeKernel_ptsz 478
 #define CBID_cuLaunchKernelEx 652
 #define CBID_cuLaunchKernelEx_ptsz 653
+#define CBID_cuGraphLaunch 514
+#define CBID_cuGraphLaunch_ptsz 515
 
 /* ---- CUPTI values -------------------------------------------------------- */
 
 #define CUPTI_SUCCESS 0
 #define CUPTI_ERROR_INVALID_PARAMETER 1
 #define CUPTI_ERROR_MAX_LIMIT_REACHED 12
+#define CUPTI_ERROR_NOT_COMPATIBLE 14
 #define CUPTI_ERROR_NOT_INITIALIZED 15
 #define CUPTI_ERROR_INVALID_KIND 21
 #define CUPTI_ERROR_NOT_SUPPORTED 27
@@ -148,6 +158,9 @@ typedef void (*standin_set_activity_hooks_fn)(const struct standin_activity_hook
 
 #define CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM 1
 #define CUPTI_API_VERSION_STANDIN 130001
+/* What the stand-in reports with CUPTI_STANDIN_MULTI=1: CUDA 13.3, where CUPTI lets
+ * several clients subscribe. */
+#define CUPTI_API_VERSION_STANDIN_MULTI 130300
 
 /* ---- CUPTI 13 record layouts (x86-64) -------------------------------------- */
 

@@ -237,13 +237,79 @@ static CUresult check_launch_ex(const CUlaunchConfig *config, CUfunction f)
 #define STANDIN_MAX_NAMED 4096
 static const char *g_handle_names[STANDIN_MAX_NAMED];
 
+/* The name a handle was first given: like CUPTI, which keeps a function's name from its
+ * first use, so a handle reused for another kernel keeps the first name in the records
+ * (CUDA_STANDIN_REUSE_FUNCTIONS below). */
 static void remember_name(const void *handle, const char *name)
 {
     unsigned long long n = ((unsigned long long)handle - STANDIN_HANDLE_BASE) / STANDIN_HANDLE_STEP;
     if (handle == NULL || name == NULL || n >= STANDIN_MAX_NAMED)
         return;
     /* Kept for the life of the process: activity records point at it. */
-    __atomic_store_n(&g_handle_names[n], strdup(name), __ATOMIC_RELEASE);
+    char *copy = strdup(name);
+    const char *none = NULL;
+    if (!__atomic_compare_exchange_n(&g_handle_names[n], &none, copy, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        free(copy);
+}
+
+/* CUDA_STANDIN_REUSE_FUNCTIONS=1: cuModuleUnload gives its module's function handles back
+ * and cuModuleGetFunction reuses them (the latest first), as XLA's module reloads do with
+ * the real driver. */
+#define STANDIN_MAX_FUNCTIONS 64
+static pthread_mutex_t g_function_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    CUmodule module;
+    CUfunction function;
+} g_functions[STANDIN_MAX_FUNCTIONS];
+static int g_function_count;
+static CUfunction g_free_functions[STANDIN_MAX_FUNCTIONS];
+static int g_free_count;
+
+static int reuse_functions(void)
+{
+    const char *value = getenv("CUDA_STANDIN_REUSE_FUNCTIONS");
+    return value != NULL && strcmp(value, "1") == 0;
+}
+
+/* A handle given back by an unloaded module, or NULL. */
+static CUfunction reused_function(CUmodule module)
+{
+    if (!reuse_functions())
+        return NULL;
+    pthread_mutex_lock(&g_function_lock);
+    CUfunction f = g_free_count > 0 ? g_free_functions[--g_free_count] : NULL;
+    pthread_mutex_unlock(&g_function_lock);
+    (void)module;
+    return f;
+}
+
+static void owned_function(CUmodule module, CUfunction f)
+{
+    if (!reuse_functions())
+        return;
+    pthread_mutex_lock(&g_function_lock);
+    if (g_function_count < STANDIN_MAX_FUNCTIONS) {
+        g_functions[g_function_count].module = module;
+        g_functions[g_function_count].function = f;
+        g_function_count++;
+    }
+    pthread_mutex_unlock(&g_function_lock);
+}
+
+static void unloaded_module(CUmodule module)
+{
+    if (!reuse_functions())
+        return;
+    pthread_mutex_lock(&g_function_lock);
+    for (int i = 0; i < g_function_count; i++) {
+        if (g_functions[i].module != module)
+            continue;
+        if (g_free_count < STANDIN_MAX_FUNCTIONS)
+            g_free_functions[g_free_count++] = g_functions[i].function;
+        g_functions[i--] = g_functions[--g_function_count];
+    }
+    pthread_mutex_unlock(&g_function_lock);
 }
 
 static const char *handle_name(const void *handle)
@@ -274,9 +340,14 @@ static void activity_enter(uint32_t cbid, struct standin_api_call *call)
         hooks->api_enter(cbid, call);
 }
 
+static int captured(const struct standin_gpu_work *work);
+
 static CUresult activity_exit(const struct standin_api_call *call, CUresult r,
                               const struct standin_gpu_work *work)
 {
+    /* Work on a stream being captured is a graph node: nothing runs. */
+    if (r == CUDA_SUCCESS && work != NULL && work->kind != STANDIN_WORK_GRAPH && captured(work))
+        work = NULL;
     const struct standin_activity_hooks *hooks =
         __atomic_load_n(&g_activity_hooks, __ATOMIC_ACQUIRE);
     if (hooks != NULL && call->correlation_id != 0)
@@ -1234,19 +1305,7 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f
     return kernel_done(&call, r, f, grid, block, config->sharedMemBytes, config->hStream);
 }
 
-EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
-{
-    TOUCH();
-    (void)hStream;
-    return hGraphExec == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
-{
-    TOUCH();
-    (void)hStream;
-    return hGraphExec == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
-}
+#include "libcuda_standin_graphs.h"
 
 /* ==== streams / events / sync ============================================= */
 
@@ -1458,7 +1517,10 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hG
         return CUDA_ERROR_INVALID_VALUE;
     if (hGraph == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    return new_handle_out(phGraphExec);
+    CUresult r = new_handle_out(phGraphExec);
+    if (r == CUDA_SUCCESS)
+        instantiated(*phGraphExec, hGraph);
+    return r;
 }
 
 static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -1472,7 +1534,10 @@ static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph
         return CUDA_ERROR_INVALID_HANDLE;
     }
     params->result_out = 0; /* CUDA_GRAPH_INSTANTIATE_SUCCESS */
-    return new_handle_out(phGraphExec);
+    CUresult r = new_handle_out(phGraphExec);
+    if (r == CUDA_SUCCESS)
+        instantiated(*phGraphExec, hGraph);
+    return r;
 }
 
 EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -1584,21 +1649,29 @@ EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
 EXPORT CUresult cuModuleUnload(CUmodule hmod)
 {
     TOUCH();
-    return hmod == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    if (hmod == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    unloaded_module(hmod);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
     TOUCH();
-    (void)hmod;
     if (hfunc == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = lookup_name(name);
     if (r != CUDA_SUCCESS)
         return r;
-    r = new_handle_out(hfunc);
-    if (r == CUDA_SUCCESS)
+    CUfunction reused = reused_function(hmod);
+    if (reused != NULL)
+        *hfunc = reused;
+    else
+        r = new_handle_out(hfunc);
+    if (r == CUDA_SUCCESS) {
         remember_name(*hfunc, name);
+        owned_function(hmod, *hfunc);
+    }
     return r;
 }
 

@@ -4,11 +4,12 @@
  *      THIS IS NOT NVIDIA'S CUPTI.  It measures nothing.
  *
  * It exports the subset of CUPTI's activity API that cudatrace's injection library
- * (cupti-inject/) uses, under the real names with the real signatures, and writes
- * activity records with CUPTI 13's real layouts (cupti_standin.h) whose values the tests
- * can predict.  The "GPU work" comes from the STAND-IN libcuda: when activity is enabled,
- * this library registers hooks with it (cudatrace_standin_set_activity_hooks), and each
- * stand-in launch, copy and memset reports its call and the work it issued.
+ * (cupti-inject/) and a program's own profiler use, under the real names with the real
+ * signatures, and writes activity records with CUPTI 13's real layouts (cupti_standin.h)
+ * whose values the tests can predict.  The "GPU work" comes from the STAND-IN libcuda:
+ * when activity is enabled, this library registers hooks with it
+ * (cudatrace_standin_set_activity_hooks), and each stand-in launch, copy, memset and
+ * graph launch reports its call and the work it issued.
  *
  * Build (see standin/README.md):
  *   gcc -shared -fPIC -O2 -g -Wall -Wextra -Werror -Wl,-soname,libcupti.so.13 \
@@ -16,30 +17,61 @@
  * With -DCUPTI_STANDIN_NO_TIMESTAMP_CALLBACK it lacks
  * cuptiActivityRegisterTimestampCallback, like CUPTI before 12.x.
  *
- * Records (in the order written, one buffer at a time):
- *  - for each hooked driver call whose callback id was enabled with
- *    cuptiActivityEnableDriverApi (or all, with the DRIVER kind): an API record,
- *      start = ts() at entry, end = ts() at exit, processId = getpid(),
- *      threadId = gettid() (SYSTEM thread ids) or the low 32 bits of pthread_self(),
- *      returnValue = the CUresult, correlationId = 1, 2, 3, ... per hooked call;
- *  - then, if the call succeeded and its kind is enabled, its GPU record with the same
- *    correlation id: start = API end + 1000 ns, end = start + gridX*gridY*gridZ ns
+ * Clients.  The process-wide functions (cuptiActivityRegisterCallbacks, Enable, ...) act
+ * on one client, the "legacy" one: as in CUPTI before 13.3, whoever registers callbacks
+ * last gets every record from then on, and the activity kinds are shared by everyone who
+ * calls them.  A buffer already handed out stays its requester's: it is completed to the
+ * callbacks that asked for it, at the next cuptiActivityFlushAll.  With CUPTI_STANDIN_MULTI=1
+ * the library says it is CUDA 13.3 (version 130300) and cuptiSubscribe_v2 with
+ * allowMultipleSubscribers gives a subscriber of its own (up to 3), whose _v2 functions
+ * (callbacks, kinds, driver API ids, records, dropped counts) are its own: every client
+ * gets every record it enabled; the process-wide timestamp callback is then refused
+ * (CUPTI_ERROR_NOT_COMPATIBLE, as CUPTI's per-subscriber path refuses process-wide
+ * settings).  Without it, cuptiSubscribe_v2 returns
+ * CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED.  cuptiSubscribe (the callback API's, not
+ * used for records here) allows one subscriber at a time (39 for a second), as CUPTI
+ * before 13.3 does; cuptiFinalize forgets the legacy client, the timestamp callback and
+ * that subscriber.
+ *
+ * Records (in the order written, one buffer per client at a time), for each client with
+ * callbacks:
+ *  - for each hooked driver call whose callback id it enabled (cuptiActivityEnableDriverApi,
+ *    or all with the DRIVER kind, which overrides the single switches set before it; once
+ *    the DRIVER kind was disabled, switching single ids on does nothing until it is enabled
+ *    again, as run J1 suggested on CUPTI 13.0): an API record, start = ts() at entry, end = ts() at
+ *    exit, processId = getpid(), threadId = gettid() (SYSTEM thread ids) or the low 32 bits
+ *    of pthread_self(), returnValue = the CUresult, correlationId = 1, 2, 3, ... per hooked
+ *    call (the same for every client);
+ *  - then, if the call succeeded and the work's kind is enabled, its GPU record with the
+ *    same correlation id: start = API end + 1000 ns, end = start + gridX*gridY*gridZ ns
  *    (kernels) or + bytes ns (copies, memsets); device 0, context 1, stream 7 for the
- *    NULL stream else the handle's low 32 bits; kernels have 40 registers per thread
- *    and 512 bytes of static shared memory.  A kernel whose launch was preceded by
+ *    NULL stream else the handle's low 32 bits; kernels have 40 registers per thread and
+ *    512 bytes of static shared memory.  A kernel whose launch was preceded by
  *    cudatrace_standin_next_kernel_times(start, end) on its thread (the stand-in
- *    libnccl's, waiting for the other ranks) starts and ends then instead.
+ *    libnccl's, waiting for the other ranks) starts and ends then instead.  A graph
+ *    launch gives one record per node, in the graph's order, each starting where the one
+ *    before ended, with the graph's id and the node's id.
  *  ts() is the registered timestamp callback, else CLOCK_REALTIME in ns (CUPTI's default
  *  clock); cuptiGetTimestamp returns the same ts().
  *
- * Buffers: requested from the client's callback at the first record; handed back through
- * the completion callback when the next record does not fit, and on cuptiActivityFlushAll
+ * Buffers: requested from the client's callback at its first record; handed back through
+ * its completion callback when the next record does not fit, and on cuptiActivityFlushAll
  * (any flag) when they hold records, in the calling thread.
  *
  * Switches (environment, read when first needed):
  *  CUPTI_STANDIN_DROPPED=N        the first cuptiActivityGetNumDroppedRecords reports N
  *  CUPTI_STANDIN_ENABLE_ERROR=RC  cuptiActivityEnable fails with RC for every kind
  *                                 (35 = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)
+ *  CUPTI_STANDIN_MULTI=1          several subscribers (CUPTI 13.3 with driver r610+)
+ *  CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE=1
+ *                                 once a client disabled the DRIVER kind, no API record
+ *                                 comes again for that client (kernels, copies and memsets
+ *                                 still do): what run J saw on CUPTI 13.0 after
+ *                                 torch.profiler let go
+ *
+ * For test programs: cudatrace_standin_cupti_recording(cbid) says how many clients have
+ * callbacks, kernel activity and the API records of `cbid` enabled (what CUPTI itself
+ * would not tell).
  */
 
 #define _GNU_SOURCE
@@ -63,24 +95,70 @@ typedef struct {
 typedef void (*buffer_requested_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*buffer_completed_fn)(CUcontext ctx, uint32_t stream_id, uint8_t *buffer,
                                     size_t size, size_t valid_size);
+typedef void (*buffer_requested_v2_fn)(uint8_t **buffer, size_t *size, size_t *max_records,
+                                       void *info);
+typedef void (*buffer_completed_v2_fn)(uint8_t *buffer, size_t size, size_t valid_size,
+                                       void *info);
 typedef uint64_t (*timestamp_fn)(void);
+
+/* CUpti_SubscriberParams (CUPTI 13.2+). */
+typedef struct {
+    size_t structSize;
+    const char *subscriberName;
+    char *oldSubscriberName;
+    size_t oldSubscriberSize;
+    uint8_t allowMultipleSubscribers;
+} subscriber_params;
 
 const char cudatrace_standin_libcupti[] __attribute__((visibility("default"))) =
     "cudatrace stand-in libcupti (not NVIDIA's CUPTI)";
 
+#define MAX_CLIENTS 4 /* the legacy client, then up to 3 subscribers */
+#define MAX_ORPHANS 8
+
+struct client {
+    int in_use;
+    buffer_requested_fn requested;
+    buffer_completed_fn completed;
+    buffer_requested_v2_fn requested2;
+    buffer_completed_v2_fn completed2;
+    int kernel_on, memcpy_on, memset_on;
+    /* The driver API records: one switch per callback id (the DRIVER kind sets them all). */
+    unsigned char driver_cbid[1024];
+    /* The DRIVER kind was disabled: switching single ids on does nothing until it is
+     * enabled again (as run J1 suggested on CUPTI 13.0). */
+    int driver_locked;
+    /* CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE: the DRIVER kind was disabled, and no API
+     * record comes again for this client. */
+    int driver_gone;
+    uint8_t *buffer;
+    size_t buffer_size, buffer_used;
+    size_t dropped;
+};
+
+/* Where a buffer goes back: the completion callback of the client that asked for it. */
+struct owner {
+    buffer_completed_fn completed;
+    buffer_completed_v2_fn completed2;
+};
+
+/* A buffer handed back (full), or whose requester registered other callbacks since
+ * (completed to it at the next flush). */
+struct orphan {
+    struct owner owner;
+    uint8_t *buffer;
+    size_t size, used;
+};
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static buffer_requested_fn g_requested;
-static buffer_completed_fn g_completed;
+static struct client g_clients[MAX_CLIENTS];
+static struct orphan g_orphans[MAX_ORPHANS];
+static int g_orphan_count;
 static timestamp_fn g_timestamp;
 static uint32_t g_thread_id_type;
-static int g_kernel_on, g_memcpy_on, g_memset_on, g_driver_all;
-static unsigned char g_driver_cbid[1024];
 static uint32_t g_correlation;
-/* The buffer being filled. */
-static uint8_t *g_buffer;
-static size_t g_buffer_size, g_buffer_used;
-static size_t g_dropped;
 static int g_dropped_reported;
+static int g_callback_subscribed;
 
 static uint64_t ts(void)
 {
@@ -100,6 +178,11 @@ static long env_long(const char *name, long fallback)
     return strtol(value, NULL, 10);
 }
 
+static int multi(void)
+{
+    return env_long("CUPTI_STANDIN_MULTI", 0) == 1;
+}
+
 static size_t record_size(uint32_t kind)
 {
     switch (kind) {
@@ -116,40 +199,55 @@ static size_t record_size(uint32_t kind)
     }
 }
 
-/* Hands the current buffer back to the client, outside the lock. */
-static void complete(uint8_t *buffer, size_t size, size_t used)
+static int has_callbacks(const struct client *c)
 {
-    if (buffer != NULL && g_completed != NULL)
-        g_completed(NULL, 0, buffer, size, used);
+    return c->requested != NULL || c->requested2 != NULL;
 }
 
-/* Appends one record; hands a full buffer back first. */
-static void append(const void *record, size_t size)
+/* Hands a buffer back to its owner, outside the lock. */
+static void complete(const struct owner *owner, uint8_t *buffer, size_t size, size_t used)
 {
-    uint8_t *full = NULL;
-    size_t full_size = 0, full_used = 0;
-    pthread_mutex_lock(&g_lock);
-    if (g_buffer != NULL && g_buffer_used + size > g_buffer_size) {
-        full = g_buffer;
-        full_size = g_buffer_size;
-        full_used = g_buffer_used;
-        g_buffer = NULL;
+    if (buffer == NULL)
+        return;
+    if (owner->completed2 != NULL)
+        owner->completed2(buffer, size, used, NULL);
+    else if (owner->completed != NULL)
+        owner->completed(NULL, 0, buffer, size, used);
+}
+
+static struct owner owner_of(const struct client *c)
+{
+    struct owner owner = {c->completed, c->completed2};
+    return owner;
+}
+
+/* Appends one record to client c's buffer (under the lock); a full buffer is handed back
+ * to `full` for the caller to complete outside the lock. */
+static void append(struct client *c, const void *record, size_t size, struct orphan *full)
+{
+    if (c->buffer != NULL && c->buffer_used + size > c->buffer_size) {
+        full->owner = owner_of(c);
+        full->buffer = c->buffer;
+        full->size = c->buffer_size;
+        full->used = c->buffer_used;
+        c->buffer = NULL;
     }
-    if (g_buffer == NULL && g_requested != NULL) {
+    if (c->buffer == NULL && has_callbacks(c)) {
         size_t max_records = 0;
-        g_requested(&g_buffer, &g_buffer_size, &max_records);
-        g_buffer_used = 0;
-        if (g_buffer != NULL && g_buffer_size < size)
-            g_buffer = NULL;
+        if (c->requested2 != NULL)
+            c->requested2(&c->buffer, &c->buffer_size, &max_records, NULL);
+        else
+            c->requested(&c->buffer, &c->buffer_size, &max_records);
+        c->buffer_used = 0;
+        if (c->buffer != NULL && c->buffer_size < size)
+            c->buffer = NULL;
     }
-    if (g_buffer == NULL)
-        g_dropped++;
+    if (c->buffer == NULL)
+        c->dropped++;
     else {
-        memcpy(g_buffer + g_buffer_used, record, size);
-        g_buffer_used += size;
+        memcpy(c->buffer + c->buffer_used, record, size);
+        c->buffer_used += size;
     }
-    pthread_mutex_unlock(&g_lock);
-    complete(full, full_size, full_used);
 }
 
 static void api_enter(uint32_t cbid, struct standin_api_call *call)
@@ -164,37 +262,26 @@ static uint32_t stream_id(uint64_t stream)
     return stream == 0 ? STANDIN_DEFAULT_STREAM_ID : (uint32_t)stream;
 }
 
-static void api_exit(const struct standin_api_call *call, uint32_t result,
-                     const struct standin_gpu_work *work)
+/* The GPU record of one piece of work, starting at `start`; its end, or `start` if the
+ * client did not enable its kind. */
+static uint64_t work_record(struct client *c, const struct standin_api_call *call,
+                            const struct standin_gpu_work *work, uint64_t start,
+                            struct orphan *full)
 {
-    uint64_t end = ts();
-    if (g_driver_all || (call->cbid < sizeof(g_driver_cbid) && g_driver_cbid[call->cbid])) {
-        standin_activity_api api;
-        memset(&api, 0, sizeof(api));
-        api.kind = CUPTI_ACTIVITY_KIND_DRIVER;
-        api.cbid = call->cbid;
-        api.start = call->start;
-        api.end = end;
-        api.processId = (uint32_t)getpid();
-        api.threadId = g_thread_id_type == CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM
-                           ? (uint32_t)syscall(SYS_gettid)
-                           : (uint32_t)pthread_self();
-        api.correlationId = call->correlation_id;
-        api.returnValue = result;
-        append(&api, sizeof(api));
-    }
-    if (result != 0 || work == NULL)
-        return;
-    uint64_t start = end + STANDIN_GPU_DELAY_NS;
-    if (work->kind == STANDIN_WORK_KERNEL && g_kernel_on) {
+    if (work->kind == STANDIN_WORK_KERNEL) {
+        if (work->start_ns != 0)
+            start = work->start_ns;
+        uint64_t end = start + (uint64_t)work->grid[0] * work->grid[1] * work->grid[2];
+        if (work->end_ns > start)
+            end = work->end_ns;
+        if (!c->kernel_on)
+            return end;
         standin_activity_kernel10 k;
         memset(&k, 0, sizeof(k));
         k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
         k.registersPerThread = STANDIN_KERNEL_REGISTERS;
-        k.start = work->start_ns != 0 ? work->start_ns : start;
-        k.end = k.start + (uint64_t)work->grid[0] * work->grid[1] * work->grid[2];
-        if (work->end_ns > k.start)
-            k.end = work->end_ns;
+        k.start = start;
+        k.end = end;
         k.completed = k.end;
         k.deviceId = STANDIN_DEVICE_ID;
         k.contextId = STANDIN_CONTEXT_ID;
@@ -209,8 +296,13 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
         k.dynamicSharedMemory = (int32_t)work->dynamic_shared;
         k.correlationId = call->correlation_id;
         k.name = work->name;
-        append(&k, sizeof(k));
-    } else if (work->kind == STANDIN_WORK_MEMCPY && g_memcpy_on) {
+        k.graphId = work->graph_id;
+        k.graphNodeId = work->graph_node_id;
+        append(c, &k, sizeof(k), full);
+        return end;
+    }
+    uint64_t end = start + work->bytes;
+    if (work->kind == STANDIN_WORK_MEMCPY && c->memcpy_on) {
         standin_activity_memcpy6 m;
         memset(&m, 0, sizeof(m));
         m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
@@ -220,29 +312,75 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
         m.flags = work->async ? 1 : 0;
         m.bytes = work->bytes;
         m.start = start;
-        m.end = start + work->bytes;
+        m.end = end;
         m.deviceId = STANDIN_DEVICE_ID;
         m.contextId = STANDIN_CONTEXT_ID;
         m.streamId = stream_id(work->stream);
         m.correlationId = call->correlation_id;
+        m.graphId = work->graph_id;
+        m.graphNodeId = work->graph_node_id;
         m.copyCount = 1;
-        append(&m, sizeof(m));
-    } else if (work->kind == STANDIN_WORK_MEMSET && g_memset_on) {
+        append(c, &m, sizeof(m), full);
+    } else if (work->kind == STANDIN_WORK_MEMSET && c->memset_on) {
         standin_activity_memset4 s;
         memset(&s, 0, sizeof(s));
         s.kind = CUPTI_ACTIVITY_KIND_MEMSET;
         s.value = work->memset_value;
         s.bytes = work->bytes;
         s.start = start;
-        s.end = start + work->bytes;
+        s.end = end;
         s.deviceId = STANDIN_DEVICE_ID;
         s.contextId = STANDIN_CONTEXT_ID;
         s.streamId = stream_id(work->stream);
         s.correlationId = call->correlation_id;
         s.flags = work->async ? 1 : 0;
         s.memoryKind = (uint16_t)work->dst_kind;
-        append(&s, sizeof(s));
+        s.graphId = work->graph_id;
+        s.graphNodeId = work->graph_node_id;
+        append(c, &s, sizeof(s), full);
     }
+    return end;
+}
+
+static void api_exit(const struct standin_api_call *call, uint32_t result,
+                     const struct standin_gpu_work *work)
+{
+    uint64_t end = ts();
+    struct orphan full[MAX_CLIENTS];
+    memset(full, 0, sizeof(full));
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < MAX_CLIENTS; i++) {
+        struct client *c = &g_clients[i];
+        if (!has_callbacks(c))
+            continue;
+        if (!c->driver_gone && call->cbid < sizeof(c->driver_cbid) && c->driver_cbid[call->cbid]) {
+            standin_activity_api api;
+            memset(&api, 0, sizeof(api));
+            api.kind = CUPTI_ACTIVITY_KIND_DRIVER;
+            api.cbid = call->cbid;
+            api.start = call->start;
+            api.end = end;
+            api.processId = (uint32_t)getpid();
+            api.threadId = g_thread_id_type == CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM
+                               ? (uint32_t)syscall(SYS_gettid)
+                               : (uint32_t)pthread_self();
+            api.correlationId = call->correlation_id;
+            api.returnValue = result;
+            append(c, &api, sizeof(api), &full[i]);
+        }
+        if (result != 0 || work == NULL)
+            continue;
+        uint64_t start = end + STANDIN_GPU_DELAY_NS;
+        if (work->kind == STANDIN_WORK_GRAPH) {
+            for (uint32_t n = 0; n < work->node_count; n++)
+                start = work_record(c, call, &work->nodes[n], start, &full[i]);
+        } else {
+            work_record(c, call, work, start, &full[i]);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    for (int i = 0; i < MAX_CLIENTS; i++)
+        complete(&full[i].owner, full[i].buffer, full[i].size, full[i].used);
 }
 
 static const struct standin_activity_hooks g_hooks = {api_enter, api_exit};
@@ -258,177 +396,13 @@ static CUptiResult hook_libcuda(void)
     return CUPTI_SUCCESS;
 }
 
-/* ==== exported CUPTI functions ============================================ */
-
-EXPORT CUptiResult cuptiGetVersion(uint32_t *version)
+/* The client a subscriber handle names (handles are 1-based slots), NULL if none. */
+static struct client *subscriber(void *handle)
 {
-    if (version == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    *version = CUPTI_API_VERSION_STANDIN;
-    return CUPTI_SUCCESS;
+    uintptr_t slot = (uintptr_t)handle;
+    if (slot == 0 || slot >= MAX_CLIENTS || !g_clients[slot].in_use)
+        return NULL;
+    return &g_clients[slot];
 }
 
-EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char **str)
-{
-    if (str == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    switch (result) {
-    case CUPTI_SUCCESS: *str = "CUPTI_SUCCESS"; break;
-    case CUPTI_ERROR_INVALID_PARAMETER: *str = "CUPTI_ERROR_INVALID_PARAMETER"; break;
-    case CUPTI_ERROR_MAX_LIMIT_REACHED: *str = "CUPTI_ERROR_MAX_LIMIT_REACHED"; break;
-    case CUPTI_ERROR_NOT_INITIALIZED: *str = "CUPTI_ERROR_NOT_INITIALIZED"; break;
-    case CUPTI_ERROR_INVALID_KIND: *str = "CUPTI_ERROR_INVALID_KIND"; break;
-    case CUPTI_ERROR_NOT_SUPPORTED: *str = "CUPTI_ERROR_NOT_SUPPORTED"; break;
-    case CUPTI_ERROR_INSUFFICIENT_PRIVILEGES: *str = "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES"; break;
-    case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
-        *str = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED";
-        break;
-    default: *str = "CUPTI_ERROR_UNKNOWN"; return CUPTI_ERROR_INVALID_PARAMETER;
-    }
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiGetTimestamp(uint64_t *timestamp)
-{
-    if (timestamp == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    *timestamp = ts();
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiSetThreadIdType(uint32_t type)
-{
-    if (type > CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    g_thread_id_type = type;
-    return CUPTI_SUCCESS;
-}
-
-#ifndef CUPTI_STANDIN_NO_TIMESTAMP_CALLBACK
-EXPORT CUptiResult cuptiActivityRegisterTimestampCallback(timestamp_fn callback)
-{
-    if (callback == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    __atomic_store_n(&g_timestamp, callback, __ATOMIC_RELEASE);
-    return CUPTI_SUCCESS;
-}
-#endif
-
-EXPORT CUptiResult cuptiActivityRegisterCallbacks(buffer_requested_fn requested,
-                                                  buffer_completed_fn completed)
-{
-    if (requested == NULL || completed == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    pthread_mutex_lock(&g_lock);
-    g_requested = requested;
-    g_completed = completed;
-    pthread_mutex_unlock(&g_lock);
-    return CUPTI_SUCCESS;
-}
-
-static int *kind_switch(uint32_t kind)
-{
-    switch (kind) {
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return &g_kernel_on;
-    case CUPTI_ACTIVITY_KIND_MEMCPY: return &g_memcpy_on;
-    case CUPTI_ACTIVITY_KIND_MEMSET: return &g_memset_on;
-    case CUPTI_ACTIVITY_KIND_DRIVER: return &g_driver_all;
-    default: return NULL;
-    }
-}
-
-EXPORT CUptiResult cuptiActivityEnable(uint32_t kind)
-{
-    long forced = env_long("CUPTI_STANDIN_ENABLE_ERROR", 0);
-    if (forced != 0)
-        return (CUptiResult)forced;
-    int *on = kind_switch(kind);
-    if (on == NULL)
-        return CUPTI_ERROR_NOT_SUPPORTED;
-    CUptiResult rc = hook_libcuda();
-    if (rc != CUPTI_SUCCESS)
-        return rc;
-    *on = 1;
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiActivityDisable(uint32_t kind)
-{
-    int *on = kind_switch(kind);
-    if (on == NULL)
-        return CUPTI_ERROR_NOT_SUPPORTED;
-    *on = 0;
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiActivityEnableDriverApi(uint32_t cbid, uint8_t enable)
-{
-    if (cbid >= sizeof(g_driver_cbid))
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    CUptiResult rc = hook_libcuda();
-    if (rc != CUPTI_SUCCESS)
-        return rc;
-    g_driver_cbid[cbid] = enable ? 1 : 0;
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag)
-{
-    (void)flag;
-    if (g_completed == NULL)
-        return CUPTI_ERROR_NOT_INITIALIZED;
-    uint8_t *buffer = NULL;
-    size_t size = 0, used = 0;
-    pthread_mutex_lock(&g_lock);
-    if (g_buffer != NULL && g_buffer_used > 0) {
-        buffer = g_buffer;
-        size = g_buffer_size;
-        used = g_buffer_used;
-        g_buffer = NULL;
-    }
-    pthread_mutex_unlock(&g_lock);
-    complete(buffer, size, used);
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t *buffer, size_t valid,
-                                              CUpti_Activity **record)
-{
-    if (buffer == NULL || record == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    uint8_t *next;
-    if (*record == NULL) {
-        next = buffer;
-    } else {
-        size_t size = record_size((*record)->kind);
-        if (size == 0)
-            return CUPTI_ERROR_INVALID_KIND;
-        next = (uint8_t *)*record + size;
-    }
-    if (next + sizeof(uint32_t) > buffer + valid)
-        return CUPTI_ERROR_MAX_LIMIT_REACHED;
-    size_t size = record_size(((CUpti_Activity *)next)->kind);
-    if (size == 0 || next + size > buffer + valid)
-        return CUPTI_ERROR_INVALID_KIND;
-    *record = (CUpti_Activity *)next;
-    return CUPTI_SUCCESS;
-}
-
-EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t stream_id,
-                                                     size_t *dropped)
-{
-    (void)context;
-    (void)stream_id;
-    if (dropped == NULL)
-        return CUPTI_ERROR_INVALID_PARAMETER;
-    pthread_mutex_lock(&g_lock);
-    size_t count = g_dropped;
-    g_dropped = 0;
-    if (!g_dropped_reported) {
-        g_dropped_reported = 1;
-        count += (size_t)env_long("CUPTI_STANDIN_DROPPED", 0);
-    }
-    pthread_mutex_unlock(&g_lock);
-    *dropped = count;
-    return CUPTI_SUCCESS;
-}
+#include "libcupti_standin_api.h"

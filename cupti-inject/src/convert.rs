@@ -92,6 +92,7 @@ unsafe fn kernel(k: *const ActivityKernel10, clock_flags: u32) -> (GpuRecord, *c
             dynamic_shared_mem: unsigned(field!(k, dynamic_shared_memory)),
             registers_per_thread: u32::from(field!(k, registers_per_thread)),
             graph_id: field!(k, graph_id),
+            graph_node_id: field!(k, graph_node_id),
             ..GpuRecord::default()
         };
         (record, field!(k, name))
@@ -122,6 +123,7 @@ unsafe fn memcpy(m: *const ActivityMemcpy6, clock_flags: u32) -> GpuRecord {
             src_kind: u32::from(field!(m, src_kind)),
             dst_kind: u32::from(field!(m, dst_kind)),
             graph_id: field!(m, graph_id),
+            graph_node_id: field!(m, graph_node_id),
             copy_count: 1,
             ..GpuRecord::default()
         }
@@ -150,6 +152,7 @@ unsafe fn memset(m: *const ActivityMemset4, clock_flags: u32) -> GpuRecord {
             src_kind: u32::from(field!(m, memory_kind)),
             memset_value: field!(m, value),
             graph_id: field!(m, graph_id),
+            graph_node_id: field!(m, graph_node_id),
             ..GpuRecord::default()
         }
     }
@@ -207,6 +210,7 @@ mod tests {
         k.correlation_id = 17;
         k.name = name.as_ptr();
         k.graph_id = 9;
+        k.graph_node_id = 1 << 40;
         k.local_memory_total_v2 = u64::MAX; // CUPTI 13 only: never read
         let converted = unsafe { convert(bytes_of(&k), 0) };
         let expected = GpuRecord {
@@ -224,6 +228,7 @@ mod tests {
             dynamic_shared_mem: 1024,
             registers_per_thread: 40,
             graph_id: 9,
+            graph_node_id: 1 << 40,
             ..GpuRecord::default()
         };
         assert_eq!(
@@ -250,6 +255,7 @@ mod tests {
         m.context_id = 1;
         m.stream_id = 7;
         m.correlation_id = 5;
+        m.graph_node_id = 12;
         m.copy_count = 99; // Memcpy6 only: never read
         let Converted::Record(copy) = (unsafe { convert(bytes_of(&m), gpu_flags::CUPTI_CLOCK) })
         else {
@@ -269,6 +275,7 @@ mod tests {
                 copy_kind: 2,
                 src_kind: 3,
                 dst_kind: 1,
+                graph_node_id: 12,
                 copy_count: 1,
                 ..GpuRecord::default()
             }

@@ -17,6 +17,10 @@ pub type CUcontext = *mut c_void;
 pub const CUPTI_SUCCESS: CUptiResult = 0;
 pub const CUPTI_ERROR_MAX_LIMIT_REACHED: CUptiResult = 12;
 
+/// `CUPTI_API_VERSION` of CUDA 13.3, the first whose `cuptiSubscribe_v2` can let several
+/// clients subscribe (with driver r610 or newer).
+pub const MULTI_SUBSCRIBER_VERSION: u32 = 130300;
+
 /// `CUpti_ActivityKind` values used here.
 pub mod activity_kind {
     pub const MEMCPY: u32 = 1;
@@ -146,6 +150,7 @@ const _: () = {
     assert!(offset_of!(ActivityMemcpy6, start) == 16);
     assert!(offset_of!(ActivityMemcpy6, device_id) == 32);
     assert!(offset_of!(ActivityMemcpy6, correlation_id) == 44);
+    assert!(offset_of!(ActivityMemcpy6, graph_node_id) == 64);
     assert!(offset_of!(ActivityMemcpy6, graph_id) == 72);
     assert!(offset_of!(ActivityMemcpy6, is_device_launched) == 84);
     assert!(offset_of!(ActivityMemcpy6, copy_count) == 88);
@@ -181,6 +186,7 @@ const _: () = {
     assert!(offset_of!(ActivityMemset4, correlation_id) == 44);
     assert!(offset_of!(ActivityMemset4, flags) == 48);
     assert!(offset_of!(ActivityMemset4, memory_kind) == 50);
+    assert!(offset_of!(ActivityMemset4, graph_node_id) == 64);
     assert!(offset_of!(ActivityMemset4, graph_id) == 72);
 };
 
@@ -207,6 +213,47 @@ const _: () = {
 pub type BufferRequested = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
 pub type BufferCompleted = unsafe extern "C" fn(CUcontext, u32, *mut u8, usize, usize);
 pub type TimestampCallback = unsafe extern "C" fn() -> u64;
+/// The per-subscriber forms (CUPTI 13.2+): the last argument is CUPTI's
+/// `CUpti_BufferCallbackRequestInfo` / `CUpti_BufferCallbackCompleteInfo`, not read here
+/// (it matters only with user-defined record layouts, which this library does not ask for).
+pub type BufferRequestedV2 =
+    unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize, *mut c_void);
+pub type BufferCompletedV2 = unsafe extern "C" fn(*mut u8, usize, usize, *mut c_void);
+pub type Subscriber = *mut c_void;
+
+/// `CUpti_SubscriberParams` (CUPTI 13.2+), the last argument of `cuptiSubscribe_v2`.
+#[repr(C)]
+pub struct SubscriberParams {
+    pub struct_size: usize,
+    pub subscriber_name: *const c_char,
+    pub old_subscriber_name: *mut c_char,
+    pub old_subscriber_size: usize,
+    pub allow_multiple_subscribers: u8,
+}
+/// CUPTI's `CUpti_SubscriberParams_STRUCT_SIZE`: up to the end of its last field.
+pub const SUBSCRIBER_PARAMS_SIZE: usize =
+    offset_of!(SubscriberParams, allow_multiple_subscribers) + 1;
+const _: () = assert!(SUBSCRIBER_PARAMS_SIZE == 33);
+
+/// The per-subscriber activity API (CUPTI 13.3 with driver r610+ lets several clients use
+/// it at once). All or nothing: a libcupti lacking one of them is used the single-client way.
+pub struct PerSubscriber {
+    pub subscribe: unsafe extern "C" fn(
+        *mut Subscriber,
+        *const c_void,
+        *mut c_void,
+        *mut SubscriberParams,
+    ) -> CUptiResult,
+    pub register_callbacks:
+        unsafe extern "C" fn(Subscriber, BufferRequestedV2, BufferCompletedV2) -> CUptiResult,
+    pub enable: unsafe extern "C" fn(Subscriber, u32, *mut c_void) -> CUptiResult,
+    pub disable: unsafe extern "C" fn(Subscriber, u32, *mut c_void) -> CUptiResult,
+    pub enable_driver_api: unsafe extern "C" fn(Subscriber, u32, u8) -> CUptiResult,
+    pub get_next_record:
+        unsafe extern "C" fn(Subscriber, *mut u8, usize, *mut *mut Activity) -> CUptiResult,
+    pub get_num_dropped_records:
+        unsafe extern "C" fn(Subscriber, CUcontext, u32, *mut usize) -> CUptiResult,
+}
 
 /// The CUPTI functions, resolved once from the loaded library.
 pub struct Cupti {
@@ -225,6 +272,8 @@ pub struct Cupti {
     pub register_timestamp_callback: Option<unsafe extern "C" fn(TimestampCallback) -> CUptiResult>,
     /// Absent from old CUPTI: then GPU records cannot be linked to their calls.
     pub enable_driver_api: Option<unsafe extern "C" fn(u32, u8) -> CUptiResult>,
+    /// CUPTI 13.2+'s per-subscriber functions, where every one is exported.
+    pub per_subscriber: Option<PerSubscriber>,
     /// Kept loaded for the life of the process: CUPTI calls back into us from its threads.
     _library: Library,
 }
@@ -280,6 +329,17 @@ impl Cupti {
                     .map(|symbol| *symbol)
             };
         }
+        let per_subscriber = (|| {
+            Some(PerSubscriber {
+                subscribe: optional!("cuptiSubscribe_v2")?,
+                register_callbacks: optional!("cuptiActivityRegisterCallbacks_v2")?,
+                enable: optional!("cuptiActivityEnable_v2")?,
+                disable: optional!("cuptiActivityDisable_v2")?,
+                enable_driver_api: optional!("cuptiActivityEnableDriverApi_v2")?,
+                get_next_record: optional!("cuptiActivityGetNextRecord_v2")?,
+                get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords_v2")?,
+            })
+        })();
         Ok(Cupti {
             get_version: required!("cuptiGetVersion"),
             get_result_string: required!("cuptiGetResultString"),
@@ -293,6 +353,7 @@ impl Cupti {
             get_num_dropped_records: required!("cuptiActivityGetNumDroppedRecords"),
             register_timestamp_callback: optional!("cuptiActivityRegisterTimestampCallback"),
             enable_driver_api: optional!("cuptiActivityEnableDriverApi"),
+            per_subscriber,
             path,
             _library: library,
         })

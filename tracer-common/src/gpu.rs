@@ -41,8 +41,23 @@ pub mod gpu_record {
     pub const ERROR: u32 = 7;
     /// A clock pair: `start` is CUPTI's timestamp, `end` CLOCK_MONOTONIC, read together.
     pub const CLOCK: u32 = 8;
-    /// The session started: `detail` is the CUPTI API version, the text the libcupti path.
+    /// The session started: `detail` is the CUPTI API version, the text the libcupti path,
+    /// `start` the address of the library's buffer-request callback (what its
+    /// `cuptiActivityRegisterCallbacks` passes: another client's differs), `pid` the
+    /// library's own `getpid()` (its slot in the control file).
     pub const INFO: u32 = 9;
+    /// The library gave up (`detail` [`client::YIELDED`]) or took back
+    /// ([`client::RESUMED`]) CUPTI's activity API for another client of the process:
+    /// `start` is when, on CLOCK_MONOTONIC.
+    pub const CLIENT: u32 = 10;
+}
+
+/// What a CLIENT record says ([`GpuRecord::detail`]).
+pub mod client {
+    /// Another CUPTI client took the activity API: the library stopped flushing.
+    pub const YIELDED: u32 = 1;
+    /// It let go: the library registered its callbacks and enabled its kinds again.
+    pub const RESUMED: u32 = 2;
 }
 
 /// Bits of [`GpuRecord::flags`].
@@ -59,6 +74,9 @@ pub mod gpu_flags {
     pub const TIMESTAMP_CALLBACK: u32 = 1 << 3;
     /// ERROR: GPU activity is not recorded for this process from here on.
     pub const FATAL: u32 = 1 << 4;
+    /// INFO: CUPTI lets several clients subscribe (`cuptiSubscribe_v2`, CUPTI 13.3 with
+    /// driver r610 or newer): the library has a subscriber of its own and never yields.
+    pub const MULTI_SUBSCRIBER: u32 = 1 << 5;
 }
 
 /// What failed, in an ERROR record ([`GpuRecord::stage`]).
@@ -88,6 +106,12 @@ pub mod gpu_stage {
     pub const TIMESTAMP: u32 = 11;
     /// `cuptiActivityGetNumDroppedRecords` failed.
     pub const DROPPED_COUNT: u32 = 12;
+    /// Taking CUPTI back after another client let go failed (`detail`: the activity kind,
+    /// or 0 for the callbacks): GPU activity is not recorded from here on.
+    pub const RESUME: u32 = 13;
+    /// The control file (`CUDATRACE_INJECT_CONTROL`) could not be mapped: the library
+    /// cannot yield to another CUPTI client of the program.
+    pub const CONTROL: u32 = 14;
 }
 
 /// One GPU activity record, the same size whatever it describes. Which fields are
@@ -158,8 +182,11 @@ pub struct GpuRecord {
     pub text_len: u32,
     /// The text's whole length; more than `text_len` when it was cut.
     pub text_full_len: u32,
+    /// KERNEL, MEMCPY, MEMSET: CUPTI's id of the graph node that ran it, 0 when not in a
+    /// graph.
+    pub graph_node_id: u64,
 }
-const _: () = assert!(size_of::<GpuRecord>() == 160);
+const _: () = assert!(size_of::<GpuRecord>() == 168);
 const _: () = assert!(offset_of!(GpuRecord, bytes) == 40);
 const _: () = assert!(offset_of!(GpuRecord, grid) == 48);
 const _: () = assert!(offset_of!(GpuRecord, cbid) == 112);
@@ -207,7 +234,7 @@ pub struct GpuEvent {
     pub header: EventHeader,
     pub record: GpuRecord,
 }
-const _: () = assert!(size_of::<GpuEvent>() == 24 + 160);
+const _: () = assert!(size_of::<GpuEvent>() == 24 + 168);
 
 /// A [`GpuRecord`] with its text (kind [`crate::kind::GPU_TEXT`]): `record.text_len`
 /// bytes of `text` are valid (0 with `ENTRY_READ_FAILED` when the read failed), and the
@@ -219,7 +246,7 @@ pub struct GpuTextEvent {
     pub record: GpuRecord,
     pub text: [u8; GPU_TEXT_LEN],
 }
-const _: () = assert!(size_of::<GpuTextEvent>() == 24 + 160 + GPU_TEXT_LEN);
+const _: () = assert!(size_of::<GpuTextEvent>() == 24 + 168 + GPU_TEXT_LEN);
 
 #[cfg(test)]
 mod tests {
@@ -260,15 +287,16 @@ mod tests {
             (offset_of!(GpuRecord, text), 144),
             (offset_of!(GpuRecord, text_len), 152),
             (offset_of!(GpuRecord, text_full_len), 156),
+            (offset_of!(GpuRecord, graph_node_id), 160),
         ];
         for (i, (actual, expected)) in offsets.iter().enumerate() {
             assert_eq!(actual, expected, "field {i}");
         }
         // No implicit padding: the fields' sizes add up to the struct's.
-        let fields: usize = 2 * 4 + 2 * 8 + 4 * 4 + 8 + 6 * 4 + 10 * 4 + 6 * 4 + 8 + 8 + 2 * 4;
+        let fields: usize = 2 * 4 + 2 * 8 + 4 * 4 + 8 + 6 * 4 + 10 * 4 + 6 * 4 + 8 + 8 + 2 * 4 + 8;
         assert_eq!(fields, size_of::<GpuRecord>());
         assert_eq!(offset_of!(GpuEvent, record), 24);
-        assert_eq!(offset_of!(GpuTextEvent, text), 184);
+        assert_eq!(offset_of!(GpuTextEvent, text), 192);
         assert_eq!(core::mem::align_of::<GpuRecord>(), 8);
     }
 

@@ -817,7 +817,7 @@ fn a_command_that_loads_no_library_ends_with_a_warning() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(
         stderr(&output).contains(
-            "cudatrace: WARNING: no traced process loaded libcuda or libnccl: nothing to trace"
+            "cudatrace: WARNING: no traced process loaded libcuda or libnccl or libcupti: nothing to trace"
         ),
         "{}",
         stderr(&output)

@@ -45,7 +45,7 @@ fn doctor_reports_what_this_kernel_allows() {
     );
     let libcuda = check("libcuda")["detail"].as_str().unwrap();
     assert!(
-        libcuda.contains("STAND-IN") && libcuda.contains("129 probe points"),
+        libcuda.contains("STAND-IN") && libcuda.contains("134 probe points"),
         "{libcuda}"
     );
 

@@ -277,11 +277,22 @@ fn assert_driver_gpu_lines(trace: &[Value]) {
         ),
         (&json!(4), &json!(2), &json!(2), &json!(1))
     );
+    // Every launch, copy and memset accounted for: 8 with their work, the NULL launch failed
+    // (CUPTI's record says 400, where launches are probed at entry alone).
     assert_eq!(
         footer["gpu"],
         json!({"api_records": 9, "linked": 8, "processes": 1, "fatal_errors": 0,
-               "unlinked": {"no_api_record": 0, "no_call": 0, "beyond_window": 0}})
+               "unlinked": {"no_api_record": 0, "no_call": 0, "beyond_window": 0},
+               "issuing": {"calls": 9, "with_work": 8, "captured": 0, "failed": 1, "empty": 0,
+                           "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 0, "missing": 0},
+               "name_mismatches": 0, "graph_nodes": {"linked": 0, "unlinked": 0}, "gaps": 0})
     );
+    let failed: Vec<(&Value, &Value)> = calls
+        .iter()
+        .filter(|c| c["function"] == "0x0")
+        .map(|c| (&c["ret"], &c["ret_name"]))
+        .collect();
+    assert_eq!(failed, [(&json!(400), &json!("CUDA_ERROR_INVALID_HANDLE"))]);
     // The injection library as a probe set of its own, listed with the libcuda probes.
     let probes = header["probes"].as_array().unwrap();
     let delivery: Vec<&Value> = probes
@@ -333,7 +344,9 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         footer["lost"],
         json!({"ring_full": 0, "too_deep": 0, "frames_full": 0, "process_ring_full": 0,
                "driver_ring_full": 0, "gpu_ring_full": 0, "gpu_read_failed": 0,
-               "cupti_dropped": 0, "traced_full": 0, "fds_full": 0, "opens_full": 0,
+               "cupti_dropped": 0, "gpu_cupti_held": 0, "gpu_no_api_record": 0, "gpu_not_flushed": 0,
+               "gpu_not_recorded": 0, "gpu_missing": 0, "traced_full": 0, "fds_full": 0,
+               "opens_full": 0,
                "syscalls_full": 0, "kfuncs_full": 0, "attach_ring_full": 0, "not_drained": 0,
                "calls": 0, "total": 0})
     );
@@ -360,10 +373,18 @@ fn gpu_lines_are_exact_and_linked_to_their_calls() {
         )
     );
     assert_eq!(injection[0]["probes"].as_array().unwrap().len(), 1);
+    // The driver's 22 calls, and the injection library's CUPTI calls (its flushes: as many
+    // as the run lasted periods).
+    let cupti_calls = calls(&trace)
+        .iter()
+        .filter(|c| c["name"].as_str().unwrap().starts_with("cupti"))
+        .count() as u64;
+    assert_eq!(footer["events"]["call"], 22 + cupti_calls);
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: 22 calls, 0 lost, 2 process events -> {} (command exited with 0)\n",
+            "cudatrace: {} calls, 0 lost, 2 process events -> {} (command exited with 0)\n",
+            22 + cupti_calls,
             scratch_path("gpu-run-exact").display()
         ),
         "-q: the closing line only"
@@ -381,23 +402,32 @@ fn launches_probed_at_entry_alone_still_link_every_piece_of_work() {
         &[],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    // The same 8 pieces of work, each linked to the same call as without the flag.
+    // The same 8 pieces of work, each linked to the same call as without the flag (--gpu
+    // probes launches at entry alone anyway).
     assert_driver_gpu_lines(&trace);
     assert_eq!(trace[0]["launch_entry_only"], true);
-    let launches: Vec<(&Value, &Value, &Value)> = calls(&trace)
+    assert_eq!(trace[0]["gpu"]["launch_results"], "cupti");
+    let probes = trace[0]["probes"].as_array().unwrap();
+    let entry_only: Vec<&str> = probes
+        .iter()
+        .filter(|p| p["entry_only"] == true)
+        .map(|p| p["symbol"].as_str().unwrap())
+        .collect();
+    assert!(entry_only.contains(&"cuLaunchKernel") && entry_only.contains(&"cuGraphLaunch"));
+    let launches: Vec<(&Value, &Value, bool)> = calls(&trace)
         .iter()
         .filter(|c| c["name"].as_str().unwrap().starts_with("cuLaunchKernel"))
-        .map(|c| (&c["name"], &c["ret"], &c["dur_ns"]))
+        .map(|c| (&c["name"], &c["ret"], c["dur_ns"].as_u64().is_some()))
         .collect();
-    // Four launches and the failed one (CUDA_ERROR_INVALID_HANDLE, unseen now).
+    // Four launches and the failed one: result and duration from CUPTI's records.
     assert_eq!(
         launches,
         [
-            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
-            (&json!("cuLaunchKernelEx"), &Value::Null, &Value::Null),
-            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
-            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
-            (&json!("cuLaunchKernel"), &Value::Null, &Value::Null),
+            (&json!("cuLaunchKernel"), &json!(0), true),
+            (&json!("cuLaunchKernelEx"), &json!(0), true),
+            (&json!("cuLaunchKernel"), &json!(0), true),
+            (&json!("cuLaunchKernel"), &json!(0), true),
+            (&json!("cuLaunchKernel"), &json!(400), true),
         ]
     );
     let memset = calls(&trace)
@@ -494,17 +524,27 @@ fn a_cupti_refusal_is_a_gpu_error_and_exit_code_82_unless_the_command_failed() {
         )
     );
     assert!(of_type(&trace, "gpu_kernel").is_empty());
-    assert_eq!(trace.last().unwrap()["gpu"]["fatal_errors"], 1);
-    assert_eq!(trace.last().unwrap()["exit_code"], 0);
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["gpu"]["fatal_errors"], 1);
+    assert_eq!(footer["exit_code"], 0);
+    // Nothing recorded: the 8 launches, copies and memsets that would have run and the
+    // failed launch (its result unknown without CUPTI) are lost, not silently missing.
+    assert_eq!(
+        footer["gpu"]["issuing"],
+        json!({"calls": 9, "with_work": 0, "captured": 0, "failed": 0, "empty": 0,
+               "cupti_held": 0, "no_api_record": 0, "not_flushed": 0, "not_recorded": 9, "missing": 0})
+    );
+    let calls = footer["events"]["call"].as_u64().unwrap();
     assert_eq!(
         stderr(&output),
         format!(
             "cudatrace: GPU recording, pid {pid} (enable_activity): {message}\n\
-             cudatrace: 22 calls, 0 lost, 2 process events -> {} (command exited with 0)\n\
+             cudatrace: {calls} calls, 9 lost, 2 process events -> {} (command exited with 0)\n\
+             cudatrace: WARNING: 9 events lost (gpu_not_recorded 9)\n\
              cudatrace: GPU recording failed in 1 process (see the gpu_error lines): exit code 82\n",
             trace_path.display()
         ),
-        "one line for the error, one for the exit code; the library's own stays quiet"
+        "one line for the error, one for the loss, one for the exit code; the library's own stays quiet"
     );
 
     // The command's own failure wins: its code, not 82.
@@ -547,17 +587,21 @@ fn errors_before_the_command_starts_have_their_exit_codes() {
             ),
         );
     }
+    // A user's own library is chained (gpu_clients.rs); cudatrace's own is refused.
     expect(
         run_gpu(
             &trace,
             &["--cupti", cupti_standin().lib.to_str().unwrap()],
-            &[("CUDA_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")],
+            &[(
+                "CUDA_INJECTION64_PATH",
+                "/tmp/cudatrace-gpu-x/libcudatrace_inject.so",
+            )],
             &[&driver, "gpu"],
         ),
         81,
         "cudatrace: error: CUDA_INJECTION64_PATH is already set to \
-         /opt/nsys/libToolsInjection64.so (Nsight Systems' injection library): --gpu injects \
-         its own library through it",
+         /tmp/cudatrace-gpu-x/libcudatrace_inject.so (cudatrace's own: a cudatrace run --gpu \
+         inside another)",
     );
     expect(
         run_gpu(

@@ -83,12 +83,12 @@ fn drain(bpf: &mut Ebpf) -> Vec<Event> {
         let record = unsafe { bytes[24..].as_ptr().cast::<GpuRecord>().read_unaligned() };
         let text = match header.kind {
             kind::GPU => {
-                assert_eq!(bytes.len(), 24 + 160);
+                assert_eq!(bytes.len(), 24 + 168);
                 None
             }
             kind::GPU_TEXT => {
-                assert_eq!(bytes.len(), 24 + 160 + GPU_TEXT_LEN);
-                Some(bytes[184..184 + record.text_len as usize].to_vec())
+                assert_eq!(bytes.len(), 24 + 168 + GPU_TEXT_LEN);
+                Some(bytes[192..192 + record.text_len as usize].to_vec())
             }
             other => panic!("unexpected event kind {other}"),
         };
@@ -201,9 +201,9 @@ fn a_full_ring_loses_records_and_counts_every_one() {
     let received = drain(&mut bpf);
     let lost = counter_sum(&bpf, counter::GPU_RING_FULL);
     assert!(received.iter().all(|e| e.header.kind == kind::GPU));
-    // Each plain event takes 8 (ring header) + 184 bytes: 21 fit in 4096.
-    assert_eq!(received.len(), 21);
-    assert_eq!(lost, sent - 21);
+    // Each plain event takes 8 (ring header) + 192 bytes: 20 fit in 4096.
+    assert_eq!(received.len(), 20);
+    assert_eq!(lost, sent - 20);
     assert!(lost > texts, "plain records were lost too");
     assert_eq!(counter_sum(&bpf, counter::GPU_READ_FAILED), 0);
 }

@@ -519,11 +519,11 @@ fn bad_input_is_refused_or_said_with_its_exit_code() {
         "{}",
         stderr(&output)
     );
-    let newer = write(&dir, "newer.jsonl", &job_trace("f", 4, id, 1, true));
+    let newer = write(&dir, "newer.jsonl", &job_trace("f", 5, id, 1, true));
     let output = run(&[&a, &newer]);
     assert_eq!(output.status.code(), Some(65));
     assert!(
-        stderr(&output).contains("trace format version 4"),
+        stderr(&output).contains("trace format version 5"),
         "{}",
         stderr(&output)
     );

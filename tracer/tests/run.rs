@@ -114,7 +114,7 @@ fn sequence_gives_exactly_the_calls_made_with_their_arguments() {
 
     let header = &trace[0];
     assert_eq!(header["format"], "cudatrace");
-    assert_eq!(header["version"], 3);
+    assert_eq!(header["version"], 4);
     assert_eq!(header["mode"], "command");
     assert!(header.get("launch_entry_only").is_none(), "{header}");
     assert!(

@@ -26,7 +26,8 @@ use std::{
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::schema::{GpuErrorLine, GpuInfoLine, GpuLine};
+use super::gpu_graphs::{GraphAccumulator, GraphTime};
+use crate::schema::{CallLine, GpuErrorLine, GpuGapLine, GpuInfoLine, GpuLine, IssuingCalls};
 
 /// Disjoint busy intervals kept open per device.
 pub const MAX_OPEN: usize = 1 << 18;
@@ -196,11 +197,30 @@ pub struct GpuAccumulator {
     errors: Vec<GpuErrorLine>,
     error_lines: u64,
     fatal_errors: u64,
+    gaps: Vec<GpuGapLine>,
+    gap_lines: u64,
+    gap_calls: u64,
+    graphs: GraphAccumulator,
+    name_mismatches: u64,
+    captured_calls: u64,
 }
 
 impl GpuAccumulator {
+    /// A call line: launches, copies and memsets made during a stream capture.
+    pub fn call(&mut self, record: &CallLine) {
+        self.captured_calls += u64::from(record.captured.is_some());
+    }
+
     pub fn observe(&mut self, line: &GpuLine) {
         match line {
+            GpuLine::Gap(gap) => {
+                self.gap_lines += 1;
+                self.gap_calls += gap.calls + gap.handed_over;
+                if self.gaps.len() < MAX_STATUS_LINES {
+                    self.gaps.push(gap.clone());
+                }
+                return;
+            }
             GpuLine::Info(info) => {
                 if self.infos.len() < MAX_STATUS_LINES {
                     self.infos.push(info.clone());
@@ -221,6 +241,10 @@ impl GpuAccumulator {
         match work.link.call() {
             Some(_) => self.linked += 1,
             None => self.unlinked += 1,
+        }
+        self.graphs.observe(line);
+        if let GpuLine::Kernel(kernel) = line {
+            self.name_mismatches += u64::from(kernel.cupti_kernel.is_some());
         }
         match line {
             GpuLine::Kernel(_) => self.kernel_lines += 1,
@@ -279,7 +303,7 @@ impl GpuAccumulator {
                 self.memsets.bytes = self.memsets.bytes.saturating_add(memset.bytes);
                 self.memsets.gpu_ns = self.memsets.gpu_ns.saturating_add(memset.dur_ns);
             }
-            GpuLine::Info(_) | GpuLine::Error(_) => {}
+            GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => {}
         }
     }
 
@@ -376,6 +400,13 @@ impl GpuAccumulator {
             errors: self.errors,
             error_lines: self.error_lines,
             fatal_errors: self.fatal_errors,
+            gaps: self.gaps,
+            gap_lines: self.gap_lines,
+            gap_calls: self.gap_calls,
+            graphs: self.graphs.finish(),
+            name_mismatches: self.name_mismatches,
+            captured_calls: self.captured_calls,
+            issuing: None,
         }
     }
 }
@@ -421,6 +452,30 @@ pub struct GpuSummary {
     pub errors: Vec<GpuErrorLine>,
     pub error_lines: u64,
     pub fatal_errors: u64,
+    /// Times another CUPTI client held the activity API (`gpu_gap`), the first 64, and
+    /// the calls whose work it kept from being recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<GpuGapLine>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gap_lines: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gap_calls: u64,
+    /// CUDA graphs: replays, kernels and GPU time per replay.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub graphs: Vec<GraphTime>,
+    /// Kernel lines whose CUPTI name differs from their launch's (`cupti_kernel`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub name_mismatches: u64,
+    /// Launches, copies and memsets made during a stream capture (`captured`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub captured_calls: u64,
+    /// What became of every launch, copy and memset (the footer's `gpu.issuing`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issuing: Option<IssuingCalls>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

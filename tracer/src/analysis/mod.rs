@@ -11,6 +11,7 @@
 //! | file | |
 //! |---|---|
 //! | `role.rs` | what each function does (allocation, copy, launch, sync...) |
+//! | `capture.rs` | stream capture: the calls a graph was made of (`captured`) |
 //! | `process.rs` | one process's trackers (kernels, memory, stages, NCCL, contexts), one chain each call goes through |
 //! | `kernels.rs` | kernel names for launches, from the calls that made the handles |
 //! | `memory.rs` | live device memory, peaks and leaks per process |
@@ -23,12 +24,14 @@
 //! | `gpu_link.rs` | `--gpu`, `run` only: GPU work linked to the call that issued it |
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
+//! | `gpu_graphs.rs` | `--gpu`: CUDA graphs' replays, kernels and GPU time per replay |
 //! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
 //! | `ranks/` | several ranks of a job (one trace or many): collectives matched across ranks, who waited for whom, clocks aligned |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `stacks/` | `--stacks`: figures per Python stack, by layer and line (`summary`, `flame`) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
+pub mod capture;
 pub mod device_map;
 pub mod devices;
 pub mod driver;
@@ -36,6 +39,7 @@ pub mod energy;
 pub mod families;
 pub mod gpu;
 pub mod gpu_context;
+pub mod gpu_graphs;
 pub mod gpu_link;
 pub mod kernels;
 pub mod memory;
@@ -53,12 +57,9 @@ pub use role::{Role, classify};
 
 use foldhash::HashMap;
 
-use crate::{
-    events::gpu::GpuEvent,
-    schema::{
-        CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, Line, MemoryFooter, PowerInfo,
-        PowerLine, ProcessEvent, ProcessMemory,
-    },
+use crate::schema::{
+    CallLine, DriverLine, GpuFooter, GpuHeaderInfo, GpuLine, Line, MemoryFooter, PowerInfo,
+    PowerLine, ProcessEvent, ProcessMemory,
 };
 
 use self::{
@@ -99,24 +100,12 @@ impl Analysis {
         analysis
     }
 
-    /// A line of the trace, in trace order: `cudatrace run`'s enrich stage (between
-    /// decoding and writing) and every reader that sums a trace up. Kernel names and live
-    /// bytes go into a call itself, and every line counts toward the figures. `run`'s GPU
-    /// records go through [`Self::enrich_gpu`] instead.
+    /// A line of the trace, in trace order: `cudatrace run`'s enrich stage (as each line is
+    /// written) and every reader that sums a trace up. Kernel names and live bytes go into a
+    /// call itself, and every line counts toward the figures.
     pub fn line(&mut self, line: &mut Line) {
         match line {
-            Line::Call(call) => {
-                self.observe(call);
-                if let Some(linker) = &mut self.gpu_link
-                    && call.ok()
-                    && matches!(
-                        classify(&call.name).0,
-                        Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
-                    )
-                {
-                    linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
-                }
-            }
+            Line::Call(call) => self.observe(call),
             Line::Process(process) => {
                 self.power.process(process.ts_ns, &process.event);
                 self.process_event(process.pid, process.event.clone());
@@ -141,48 +130,9 @@ impl Analysis {
         }
     }
 
-    /// `cudatrace run --gpu`'s enrich stage for a GPU record that came at `arrived_ns`:
-    /// work is linked to its call (or kept until it can be), kernels are named, and the
-    /// lines ready to write go to `out`, counted toward the figures.
-    pub fn enrich_gpu(&mut self, event: GpuEvent, arrived_ns: u64, out: &mut Vec<GpuLine>) {
-        let first = out.len();
-        let linker = self.gpu_link.get_or_insert_with(GpuLinker::default);
-        match event {
-            GpuEvent::Line(line @ (GpuLine::Info(_) | GpuLine::Error(_))) => {
-                if let GpuLine::Error(error) = &line {
-                    linker.counts.fatal_errors += u64::from(error.fatal);
-                } else {
-                    linker.counts.processes += 1;
-                }
-                out.push(line);
-            }
-            GpuEvent::Line(work) => linker.work(work, arrived_ns, out),
-            GpuEvent::Api(api) => linker.api(api, arrived_ns, out),
-            GpuEvent::Dropped { .. } => {}
-        }
-        self.finish_gpu_lines(out, first);
-    }
-
-    /// `--gpu`: writes unlinked the work that waited too long for its call's record.
-    pub fn expire_gpu(&mut self, now_ns: u64, out: &mut Vec<GpuLine>) {
-        let first = out.len();
-        if let Some(linker) = &mut self.gpu_link {
-            linker.expire(now_ns, out);
-        }
-        self.finish_gpu_lines(out, first);
-    }
-
-    /// `--gpu`: a process exec'd or exited, or (`None`) tracing ended: its (every) waiting
-    /// work goes out unlinked.
-    pub fn end_gpu(&mut self, pid: Option<u32>, out: &mut Vec<GpuLine>) {
-        let first = out.len();
-        if let Some(linker) = &mut self.gpu_link {
-            match pid {
-                Some(pid) => linker.end_process(pid, out),
-                None => linker.finish(out),
-            }
-        }
-        self.finish_gpu_lines(out, first);
+    /// `cudatrace run --gpu`'s linking state (created on first use).
+    pub fn linker(&mut self) -> &mut GpuLinker {
+        self.gpu_link.get_or_insert_with(GpuLinker::default)
     }
 
     /// The footer's `gpu` figures (`run --gpu`).
@@ -190,22 +140,20 @@ impl Analysis {
         self.gpu_link.as_ref().map(|linker| linker.counts.clone())
     }
 
-    fn finish_gpu_lines(&mut self, out: &mut [GpuLine], first: usize) {
-        for line in &mut out[first..] {
-            if let GpuLine::Kernel(kernel) = line
-                && kernel.kernel_mangled.is_none()
-                && kernel.kernel != "unknown"
-            {
-                let truncated = kernel.link.warnings.iter().any(|w| w == "name_truncated");
-                let name = self.names.get(&kernel.kernel, truncated);
-                if let Some(mangled) = &name.mangled {
-                    kernel.kernel = name.display.to_string();
-                    kernel.kernel_mangled = Some(mangled.to_string());
-                }
+    /// `cudatrace run --gpu`: a GPU line as it is written, its kernel demangled, counted.
+    pub fn written_gpu_line(&mut self, line: &mut GpuLine) {
+        if let GpuLine::Kernel(kernel) = line
+            && kernel.kernel_mangled.is_none()
+            && kernel.kernel != "unknown"
+        {
+            let truncated = kernel.link.warnings.iter().any(|w| w == "name_truncated");
+            let name = self.names.get(&kernel.kernel, truncated);
+            if let Some(mangled) = &name.mangled {
+                kernel.kernel = name.display.to_string();
+                kernel.kernel_mangled = Some(mangled.to_string());
             }
-            self.gpu.observe(line);
-            self.collectives.gpu_line(line);
         }
+        self.gpu_line(line);
     }
 
     /// A `--gpu` line of a trace read back.
@@ -224,6 +172,7 @@ impl Analysis {
         self.collectives.observe(role, record);
         self.summary.observe(role, record);
         self.power.call(role, record);
+        self.gpu.call(record);
     }
 
     /// What the analysis knows of NCCL communicator `comm` of process `pid`.

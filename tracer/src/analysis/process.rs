@@ -2,8 +2,9 @@
 //! keep state per process, joined in one chain that each call of the process goes through.
 
 use super::{
-    Role, devices::ContextState, kernels::KernelNames, kernels::KernelTable, memory::MemoryState,
-    nccl::NcclState, stacks::LiveByStack, stages::ProcessStages, stages::StageTracker,
+    Role, capture::CaptureState, devices::ContextState, kernels::KernelNames, kernels::KernelTable,
+    memory::MemoryState, nccl::NcclState, stacks::LiveByStack, stages::ProcessStages,
+    stages::StageTracker,
 };
 use crate::schema::{CallLine, ProcessMemory};
 
@@ -18,6 +19,7 @@ pub(super) struct ProcessState {
     pub stages: StageTracker,
     pub nccl: NcclState,
     pub contexts: ContextState,
+    pub capture: CaptureState,
 }
 
 /// The per-process results of a process that exec'd, exited or was live at the end.
@@ -30,7 +32,8 @@ pub(super) struct Finished {
 
 impl ProcessState {
     /// What a call of this process gets from the process's state: its device (its
-    /// thread's current context), kernel name, live device bytes, NCCL ranks and groups.
+    /// thread's current context), kernel name, live device bytes, NCCL ranks and groups,
+    /// its stream capture.
     /// Inlined: every call of a trace goes through it, and the readers' speed is measured.
     #[inline(always)]
     pub fn annotate(
@@ -44,6 +47,7 @@ impl ProcessState {
         self.kernels.observe(names, role, record);
         self.memory.observe(role, symbol, record);
         self.nccl.observe(record);
+        self.capture.observe(role, symbol, record);
     }
 
     /// As [`annotate`](ProcessState::annotate), and the call counts toward the process's

@@ -5,14 +5,14 @@ use std::sync::OnceLock;
 use foldhash::{HashMap, HashMapExt};
 
 pub use crate::catalog::Role;
-use crate::catalog::{CATALOG, NCCL_CATALOG, STREAM_VARIANTS};
+use crate::catalog::{CATALOG, CUPTI_CATALOG, NCCL_CATALOG, STREAM_VARIANTS};
 
 /// Every catalog symbol and its `_ptsz`/`_ptds` forms, with the function's role.
 fn roles() -> &'static HashMap<&'static str, Role> {
     static ROLES: OnceLock<HashMap<&'static str, Role>> = OnceLock::new();
     ROLES.get_or_init(|| {
         let mut roles = HashMap::new();
-        for spec in CATALOG.iter().chain(NCCL_CATALOG) {
+        for spec in CATALOG.iter().chain(NCCL_CATALOG).chain(CUPTI_CATALOG) {
             let role = spec.role;
             for symbol in spec.symbols {
                 roles.insert(*symbol, role);

@@ -102,6 +102,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     // `--stacks` traces: from the header that says so, or the first stack line.
     let mut stacks: Option<StackAccumulator> = None;
     let mut gpu_header = false;
+    let mut issuing = None;
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         if matches!(line, Line::Stack(_)) && stacks.is_none() {
@@ -133,6 +134,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.complete = true;
                 footer_lost = figures.lost_total;
                 info.exit_code = figures.exit_code;
+                issuing = figures.gpu_issuing;
             }
             Line::Unknown => info.unknown_lines += 1,
             Line::Call(_)
@@ -151,6 +153,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     let mut report = analysis.finish();
     let gpu = gpu_header || report.gpu.work > 0;
     report.stacks = stacks.map(|stacks| stacks.finish(&report.live_by_stack, gpu));
+    report.gpu.issuing = issuing;
     Ok(Summarised {
         info,
         report,

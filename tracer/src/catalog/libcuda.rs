@@ -449,6 +449,29 @@ pub static CATALOG: &[FnSpec] = &[
         &[Ptr(Graph), Ptr(Stream)],
     )
     .role(Role::GraphLaunch),
+    // Stream capture: what the stream is given between these is recorded into a graph, not
+    // run (cuStreamBeginCapture_v2(stream, mode); the first form has no mode;
+    // cuStreamBeginCaptureToGraph(stream, graph, deps, edge data, count, mode) adds to an
+    // existing graph). cuStreamEndCapture(stream, CUgraph *graph) gives the graph.
+    f(
+        &["cuStreamBeginCapture_v2"],
+        Family::Launch,
+        &[Ptr(Stream), Skip],
+    )
+    .role(Role::CaptureBegin),
+    f(&["cuStreamBeginCapture"], Family::Launch, &[Ptr(Stream)]).role(Role::CaptureBegin),
+    f(
+        &["cuStreamBeginCaptureToGraph"],
+        Family::Launch,
+        &[Ptr(Stream), Ptr(Graph), Skip, Skip, Skip, Skip],
+    )
+    .role(Role::CaptureBegin),
+    f(
+        &["cuStreamEndCapture"],
+        Family::Launch,
+        &[Ptr(Stream), OutPtr(Graph)],
+    )
+    .role(Role::CaptureEnd),
     // Graphs: `graph` is the executable graph (what cuGraphLaunch launches),
     // `source_graph` the CUgraph it comes from.
     f(

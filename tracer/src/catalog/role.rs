@@ -34,6 +34,13 @@ pub enum Role {
     /// A kernel launch with a CUfunction (or CUkernel) handle.
     Launch,
     GraphLaunch,
+    /// cuStreamBeginCapture*: the stream's work is recorded into a graph from here on.
+    CaptureBegin,
+    /// cuStreamEndCapture: the capture ends, and gives its graph.
+    CaptureEnd,
+    /// A CUPTI function (libcupti): how the program's own profiler, and cudatrace's
+    /// injection library, use the activity API.
+    Cupti,
     /// A call that waits for the device, and what it waits for.
     Sync(SyncOn),
     /// Module and library loading.
@@ -72,6 +79,7 @@ impl Family {
             Family::Launch => Role::Launch,
             Family::Module => Role::ModuleLoad,
             Family::Collective => Role::Collective,
+            Family::Cupti => Role::Cupti,
             // NCCL's own allocations are made of the driver calls probed in libcuda.
             Family::Communicator | Family::Group => Role::Other,
             // Memory calls each say theirs; queries, events and streams have none.

@@ -26,6 +26,8 @@ pub enum Family {
     Group,
     /// Not a libcuda function: the injection library's delivery of GPU records (`--gpu`).
     GpuRecords,
+    /// CUPTI's activity API (libcupti): clients taking and giving back GPU recording.
+    Cupti,
     /// Functions outside the catalog, probed generically (`--functions`).
     Other,
 }
@@ -46,6 +48,7 @@ impl Family {
             Family::Communicator => "communicator",
             Family::Group => "group",
             Family::GpuRecords => "gpu_records",
+            Family::Cupti => "cupti",
             Family::Other => "other",
         }
     }

@@ -6,7 +6,7 @@
 
 use std::{borrow::Cow, collections::HashMap, sync::Arc};
 
-use tracer_common::{ClockPair, GpuRecord, flags, gpu_flags, gpu_record, gpu_stage};
+use tracer_common::{ClockPair, GpuRecord, client, flags, gpu_flags, gpu_record, gpu_stage};
 
 use super::raw::RawGpu;
 use crate::schema::{
@@ -29,15 +29,33 @@ pub struct ApiRecord {
     pub result: u32,
 }
 
+/// What the injection library said of itself when recording started in a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub pid: u32,
+    /// The library's own `getpid()`: its slot in the control file.
+    pub library_pid: u32,
+    /// The buffer-request callback it registers with CUPTI (another client's differs).
+    pub callback: u64,
+    /// It has a subscriber of its own beside others (it never yields).
+    pub multi_subscriber: bool,
+}
+
 /// A decoded GPU record.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GpuEvent {
     /// A line to be: work (unlinked, its kernel name as CUPTI gave it), or a status line.
     Line(GpuLine),
+    /// Recording started in a process: its `gpu_info` line and what cudatrace needs to
+    /// follow other CUPTI clients there.
+    Started(GpuInfoLine, Session),
     /// CUPTI's record of a call.
     Api(ApiRecord),
     /// CUPTI dropped records in this process.
     Dropped { pid: u32, count: u64 },
+    /// The library yielded CUPTI to another client (`resumed` false) or took it back, at
+    /// `ts_ns` (CLOCK_MONOTONIC).
+    Client { pid: u32, resumed: bool, ts_ns: u64 },
 }
 
 /// What a record gave.
@@ -82,7 +100,7 @@ const MEMORY_KINDS: [&str; 7] = [
     "device_static",
     "managed_static",
 ];
-const STAGES: [&str; 12] = [
+const STAGES: [&str; 14] = [
     "load_cupti",
     "missing_function",
     "register_callbacks",
@@ -95,6 +113,8 @@ const STAGES: [&str; 12] = [
     "chain",
     "timestamp",
     "dropped_count",
+    "resume",
+    "control",
 ];
 
 fn name_of(table: &'static [&'static str], value: u32) -> Cow<'static, str> {
@@ -106,7 +126,7 @@ fn name_of(table: &'static [&'static str], value: u32) -> Cow<'static, str> {
 
 /// The name of an ERROR record's stage (`gpu_stage`).
 pub fn stage_name(stage: u32) -> Cow<'static, str> {
-    debug_assert_eq!(STAGES.len() as u32, gpu_stage::DROPPED_COUNT);
+    debug_assert_eq!(STAGES.len() as u32, gpu_stage::CONTROL);
     match stage.checked_sub(1).and_then(|i| STAGES.get(i as usize)) {
         Some(name) => Cow::Borrowed(name),
         None => Cow::Owned(format!("stage {stage}")),
@@ -169,18 +189,38 @@ impl GpuDecoder {
                 message: text(),
                 ..GpuErrorLine::default()
             })),
-            gpu_record::INFO => GpuEvent::Line(GpuLine::Info(GpuInfoLine {
+            gpu_record::INFO => {
+                let multi_subscriber = record.flags & gpu_flags::MULTI_SUBSCRIBER != 0;
+                let line = GpuInfoLine {
+                    pid,
+                    ts_ns: raw.header.ts_ns,
+                    cupti_version: record.detail,
+                    libcupti: text(),
+                    clock: if record.flags & gpu_flags::TIMESTAMP_CALLBACK != 0 {
+                        "monotonic".into()
+                    } else {
+                        "converted".into()
+                    },
+                    subscribers: if multi_subscriber {
+                        "multiple".into()
+                    } else {
+                        "single".into()
+                    },
+                    ..GpuInfoLine::default()
+                };
+                let session = Session {
+                    pid,
+                    library_pid: record.pid,
+                    callback: record.start,
+                    multi_subscriber,
+                };
+                GpuEvent::Started(line, session)
+            }
+            gpu_record::CLIENT => GpuEvent::Client {
                 pid,
-                ts_ns: raw.header.ts_ns,
-                cupti_version: record.detail,
-                libcupti: text(),
-                clock: if record.flags & gpu_flags::TIMESTAMP_CALLBACK != 0 {
-                    "monotonic".into()
-                } else {
-                    "converted".into()
-                },
-                ..GpuInfoLine::default()
-            })),
+                resumed: record.detail == client::RESUMED,
+                ts_ns: record.start,
+            },
             _ => return GpuDecoded::Unknown,
         };
         GpuDecoded::Event(event)
@@ -214,6 +254,7 @@ impl GpuDecoder {
         let mut link = GpuLink {
             correlation_id: record.correlation_id,
             graph_id: (record.graph_id != 0).then_some(record.graph_id),
+            graph_node_id: (record.graph_node_id != 0).then_some(record.graph_node_id),
             ..GpuLink::default()
         };
         link.warnings.extend(warning.map(Cow::Borrowed));
@@ -435,12 +476,54 @@ mod tests {
             what: gpu_record::INFO,
             flags: gpu_flags::TIMESTAMP_CALLBACK,
             detail: 130001,
+            start: 0x7f00_1234,
+            pid: 33,
             ..GpuRecord::default()
         };
-        let GpuLine::Info(info) = line(decoder.decode(raw(3, info, Some("/x/libcupti.so.13"))))
+        let GpuDecoded::Event(GpuEvent::Started(info, session)) =
+            decoder.decode(raw(3, info, Some("/x/libcupti.so.13")))
         else {
             panic!()
         };
+        assert_eq!(
+            session,
+            Session {
+                pid: 3,
+                library_pid: 33,
+                callback: 0x7f00_1234,
+                multi_subscriber: false
+            }
+        );
+        assert_eq!(info.subscribers, "single");
+        let multi = GpuRecord {
+            what: gpu_record::INFO,
+            flags: gpu_flags::MULTI_SUBSCRIBER,
+            ..GpuRecord::default()
+        };
+        let GpuDecoded::Event(GpuEvent::Started(multi, session)) =
+            decoder.decode(raw(3, multi, None))
+        else {
+            panic!()
+        };
+        assert!(session.multi_subscriber);
+        assert_eq!(
+            (multi.subscribers.as_ref(), multi.clock.as_ref()),
+            ("multiple", "converted")
+        );
+        let client = GpuRecord {
+            what: gpu_record::CLIENT,
+            detail: tracer_common::client::RESUMED,
+            start: 99,
+            ..GpuRecord::default()
+        };
+        assert_eq!(
+            decoder.decode(raw(3, client, None)),
+            GpuDecoded::Event(GpuEvent::Client {
+                pid: 3,
+                resumed: true,
+                ts_ns: 99
+            })
+        );
         assert_eq!(
             (
                 info.cupti_version,
@@ -464,6 +547,7 @@ mod tests {
         };
         assert_eq!(decoder.decode(raw(3, odd, None)), GpuDecoded::Unknown);
         assert_eq!(stage_name(12), "dropped_count");
+        assert_eq!(stage_name(14), "control");
         assert_eq!(stage_name(40), "stage 40");
     }
 }

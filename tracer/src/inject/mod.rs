@@ -8,12 +8,13 @@
 //! `CUDATRACE_INJECT_STDERR=0` (the library's errors reach the user through cudatrace, as
 //! `gpu_error` lines and one stderr line each). docs/gpu.md has the whole path.
 //!
-//! A `CUDA_INJECTION64_PATH` already in the environment is refused rather than chained:
-//! such libraries are nearly always CUPTI clients themselves (Nsight Systems, another
-//! profiler), and two CUPTI clients in one process take each other's activity buffers and
-//! callbacks, so both would record wrongly without saying so. The library can chain
-//! (`CUDATRACE_INJECT_CHAIN`) for whoever sets that on purpose.
+//! A user's own `CUDA_INJECTION64_PATH` keeps working: cudatrace's library starts it after
+//! itself (`CUDATRACE_INJECT_CHAIN`). Such libraries are nearly always CUPTI clients
+//! (Nsight Systems, another profiler): where CUPTI allows one client at a time, cudatrace's
+//! library yields to it while it holds CUPTI, and the trace says when (`gpu_gap` lines).
+//! Only cudatrace's own library (a `run --gpu` inside another) is refused.
 
+pub mod control;
 pub mod cupti;
 pub mod private_dir;
 
@@ -30,7 +31,7 @@ use crate::{
     schema::GpuHeaderInfo,
 };
 
-use self::private_dir::PrivateLibrary;
+use self::{control::ControlFile, private_dir::PrivateLibrary};
 
 /// The driver's injection hook.
 pub const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
@@ -38,6 +39,10 @@ pub const INJECTION_VAR: &str = "CUDA_INJECTION64_PATH";
 /// What `--gpu` puts into the command; dropping it removes the library's directory.
 #[derive(Debug)]
 pub struct GpuInjection {
+    /// A user's own injection library, started after cudatrace's.
+    pub chain: Option<OsString>,
+    /// Dropped before the library: the directory goes with the library.
+    pub control: std::sync::Arc<ControlFile>,
     pub library: PrivateLibrary,
     pub cupti: cupti::Found,
     /// The command's `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`: how its CUDA devices
@@ -67,34 +72,30 @@ pub fn check_usage(has_command: bool, pids: &[u32], all: bool) -> Result<(), Fai
     Ok(())
 }
 
-/// The user's own `CUDA_INJECTION64_PATH`, refused (see the module's doc).
-pub fn check_environment(env: &[(OsString, OsString)]) -> Result<(), Failure> {
+/// The user's own `CUDA_INJECTION64_PATH`, where set: the library cudatrace's starts after
+/// itself. cudatrace's own is refused (a `run --gpu` inside another).
+pub fn check_environment(env: &[(OsString, OsString)]) -> Result<Option<OsString>, Failure> {
     let Some((_, value)) = env
         .iter()
         .rev()
         .find(|(key, value)| key == INJECTION_VAR && !value.is_empty())
     else {
-        return Ok(());
+        return Ok(None);
     };
-    let shown = value.to_string_lossy();
     let file = Path::new(value)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tool = if file.starts_with("libToolsInjection") {
-        "Nsight Systems' injection library"
-    } else if file.starts_with("libcudatrace_inject") {
-        "cudatrace's own (a cudatrace run --gpu inside another)"
-    } else {
-        "another CUDA tool's injection library"
-    };
+    if !file.starts_with("libcudatrace_inject") {
+        return Ok(Some(value.clone()));
+    }
     Err(Failure::new(
         ExitCode::InjectionPathSet,
         anyhow!(
-            "{INJECTION_VAR} is already set to {shown} ({tool}): --gpu injects its own library \
-             through it, and two CUPTI clients in one process take each other's records; \
-             unset it for this run (env -u {INJECTION_VAR}), or, to run both anyway, name it \
-             in CUDATRACE_INJECT_CHAIN instead (cudatrace's library starts it after itself)"
+            "{INJECTION_VAR} is already set to {} (cudatrace's own: a cudatrace run --gpu \
+             inside another): one run records the GPU at a time; unset it for this run \
+             (env -u {INJECTION_VAR})",
+            value.to_string_lossy()
         ),
     ))
 }
@@ -118,6 +119,9 @@ pub fn prepare(
     .map_err(|e| Failure::new(ExitCode::NoCupti, e))?;
     let library = private_dir::write(user.is_some())
         .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
+    let control = ControlFile::create(library.path.parent().unwrap_or(Path::new("/")))
+        .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
+    let chain = check_environment(env)?;
     let var = |name: &str| {
         env.iter()
             .rev()
@@ -125,6 +129,8 @@ pub fn prepare(
             .map(|(_, value)| value.to_string_lossy().into_owned())
     };
     Ok(GpuInjection {
+        chain,
+        control: std::sync::Arc::new(control),
         library,
         cupti,
         cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
@@ -135,11 +141,22 @@ pub fn prepare(
 impl GpuInjection {
     /// The variables the command's environment gets (replacing any of the same name).
     pub fn env(&self) -> Vec<(OsString, OsString)> {
+        let chain = self
+            .chain
+            .iter()
+            .map(|path| ("CUDATRACE_INJECT_CHAIN".into(), path.clone()));
         vec![
             (INJECTION_VAR.into(), self.library.path.clone().into()),
             ("CUDATRACE_CUPTI".into(), self.cupti.path.clone().into()),
             ("CUDATRACE_INJECT_STDERR".into(), "0".into()),
+            (
+                "CUDATRACE_INJECT_CONTROL".into(),
+                self.control.path.clone().into(),
+            ),
         ]
+        .into_iter()
+        .chain(chain)
+        .collect()
     }
 
     pub fn header(&self) -> GpuHeaderInfo {
@@ -149,6 +166,11 @@ impl GpuInjection {
             libcupti_from: self.cupti.from.clone(),
             cuda_visible_devices: self.cuda_visible_devices.clone(),
             cuda_device_order: self.cuda_device_order.clone(),
+            launch_results: Some("cupti".into()),
+            chained: self
+                .chain
+                .as_ref()
+                .map(|path| path.to_string_lossy().into_owned()),
         }
     }
 
@@ -174,22 +196,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_users_injection_library_is_refused_naming_it() {
-        assert!(check_environment(&[("CUDA_INJECTION64_PATH".into(), "".into())]).is_ok());
+    fn a_users_injection_library_is_chained_cudatraces_own_refused() {
+        assert_eq!(
+            check_environment(&[("CUDA_INJECTION64_PATH".into(), "".into())]).unwrap(),
+            None
+        );
+        assert_eq!(
+            check_environment(&[(
+                "CUDA_INJECTION64_PATH".into(),
+                "/opt/nsys/libToolsInjection64.so".into(),
+            )])
+            .unwrap(),
+            Some("/opt/nsys/libToolsInjection64.so".into())
+        );
         let failure = check_environment(&[(
             "CUDA_INJECTION64_PATH".into(),
-            "/opt/nsys/libToolsInjection64.so".into(),
+            "/tmp/cudatrace-gpu-x/libcudatrace_inject.so".into(),
         )])
         .unwrap_err();
         assert_eq!(failure.code, ExitCode::InjectionPathSet);
         let text = format!("{:#}", failure.error);
-        assert!(
-            text.starts_with(
-                "CUDA_INJECTION64_PATH is already set to /opt/nsys/libToolsInjection64.so \
-                 (Nsight Systems' injection library)"
-            ),
-            "{text}"
-        );
+        assert!(text.contains("(cudatrace's own"), "{text}");
         assert_eq!(
             check_usage(true, &[5], false).unwrap_err().code,
             ExitCode::Usage

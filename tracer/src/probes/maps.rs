@@ -267,6 +267,13 @@ pub struct Counters {
     pub cupti_dropped: u64,
     /// Libraries a process could not be given its probes on (counted in userspace).
     pub library_not_attached: u64,
+    /// `--gpu`: launches, copies and memsets whose work was not recorded, by reason
+    /// (counted in userspace, `analysis::gpu_link`).
+    pub gpu_cupti_held: u64,
+    pub gpu_no_api_record: u64,
+    pub gpu_not_flushed: u64,
+    pub gpu_not_recorded: u64,
+    pub gpu_missing: u64,
     pub traced_full: u64,
     pub fds_full: u64,
     pub opens_full: u64,
@@ -282,9 +289,17 @@ impl Counters {
         self.ring_full + self.too_deep + self.frames_full
     }
 
-    /// GPU records lost on their way: in the ring, reading them, or in CUPTI.
+    /// GPU records lost on their way (in the ring, reading them, or in CUPTI), and GPU
+    /// work never recorded.
     pub fn gpu_lost(&self) -> u64 {
-        self.gpu_ring_full + self.gpu_read_failed + self.cupti_dropped
+        self.gpu_ring_full
+            + self.gpu_read_failed
+            + self.cupti_dropped
+            + self.gpu_cupti_held
+            + self.gpu_no_api_record
+            + self.gpu_not_flushed
+            + self.gpu_not_recorded
+            + self.gpu_missing
     }
 
     /// All events lost, and the processes, fds and opens the kernel could not follow
@@ -331,6 +346,11 @@ impl CounterReader {
             // Counted in userspace (`run::pipeline`).
             cupti_dropped: 0,
             library_not_attached: 0,
+            gpu_cupti_held: 0,
+            gpu_no_api_record: 0,
+            gpu_not_flushed: 0,
+            gpu_not_recorded: 0,
+            gpu_missing: 0,
             traced_full: sum(counter::TRACED_FULL)?,
             fds_full: sum(counter::FDS_FULL)?,
             opens_full: sum(counter::OPENS_FULL)?,

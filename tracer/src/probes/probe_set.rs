@@ -5,12 +5,13 @@
 use tracer_common::GPU_RECORDS_SYMBOL;
 
 use crate::catalog::{
-    Arg, CATALOG, Family, FnSpec, NCCL_CATALOG, Role, STREAM_VARIANTS, cuda_result, nccl,
+    Arg, CATALOG, CUPTI_CATALOG, Family, FnSpec, NCCL_CATALOG, Role, STREAM_VARIANTS, cuda_result,
+    cupti, nccl,
 };
 
 /// Every probe set, in the order their file-name patterns are tried. The index of a set
 /// here is how the eBPF side names it (`NamePattern::set`).
-pub static PROBE_SETS: &[&ProbeSet] = &[&LIBCUDA, &NCCL, &INJECTION];
+pub static PROBE_SETS: &[&ProbeSet] = &[&LIBCUDA, &NCCL, &INJECTION, &CUPTI];
 
 /// A library cudatrace knows how to probe.
 #[derive(Debug)]
@@ -149,6 +150,33 @@ pub static INJECTION: ProbeSet = ProbeSet {
     is_api_function: no_api_function,
     run_private: true,
     result_name: no_result_name,
+};
+
+/// CUPTI, found where the processes load it (PyTorch's wheel `nvidia/cu13/lib`, and the
+/// libcupti `--gpu`'s injection library loads): its activity API's clients, so that `--gpu`
+/// sees the program's own profiler take CUPTI and let it go (docs/gpu.md).
+pub static CUPTI: ProbeSet = ProbeSet {
+    library: "libcupti",
+    functions: "CUPTI functions",
+    soname: "libcupti.so",
+    file_names: &["libcupti.so.13", "libcupti.so.12", "libcupti.so"],
+    path_flag: "--lib",
+    install_hint: "install CUPTI (PyTorch's wheels bring it: nvidia/cu13/lib)",
+    standin_marker: "cudatrace_standin_libcupti",
+    identity: &[
+        "cuptiGetVersion",
+        "cuptiActivityRegisterCallbacks",
+        "cuptiActivityEnable",
+    ],
+    catalog: CUPTI_CATALOG,
+    variants: &[],
+    programs: Programs {
+        entry: "call_enter",
+        ret: Some("call_return"),
+    },
+    is_api_function: no_api_function,
+    run_private: false,
+    result_name: cupti::result_name,
 };
 
 /// The injection library's one function returns nothing.

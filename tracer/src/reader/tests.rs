@@ -105,7 +105,7 @@ fn the_workers_skip_overlong_lines_and_report_missing_files() {
     assert_eq!(
         workers,
         [
-            "Footer(FooterFigures { lost_total: None, exit_code: None })",
+            "Footer(FooterFigures { lost_total: None, exit_code: None, gpu_issuing: None })",
             "end",
             "2 lines, 1 skipped, first [(1, \"line longer than 64 MiB\")]"
         ]

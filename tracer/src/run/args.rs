@@ -45,11 +45,14 @@ queries among them (cuCtxGetDevice, cuDevicePrimaryCtxGetState, ...) about ten t
 often as everything else: each probed call costs about 2 us (a uprobe and a uretprobe).
 
 --gpu also records what the GPU ran: gpu_kernel, gpu_copy and gpu_memset lines with GPU
-start and duration, each linked to the call that issued it (docs/gpu.md). Without --gpu
-nothing is put into the command: no library, no environment variable.
+start and duration, each linked to the call that issued it (docs/gpu.md); launches are
+then probed at entry only (CUPTI's record gives their result and duration), and every
+launch, copy and memset is accounted for: GPU work, or a counted reason. Without --gpu
+nothing is put into the command: no library, no environment variable. A
+CUDA_INJECTION64_PATH already set (another tool's library) is started after cudatrace's.
 
-Exit codes of --gpu: 80 no libcupti found (before the command starts), 81 the
-environment already has CUDA_INJECTION64_PATH, 82 GPU recording failed in a process
+Exit codes of --gpu: 80 no libcupti found (before the command starts), 81
+CUDA_INJECTION64_PATH is cudatrace's own (a run --gpu inside another), 82 GPU recording failed in a process
 (CUPTI refused; only when the command itself exited 0); -p/--all with --gpu is a usage
 error (2).")]
 pub struct RunArgs {
@@ -108,7 +111,9 @@ pub struct RunArgs {
     /// Arguments, grid, block, shared memory, stream and kernel names are kept, and other
     /// functions keep their return probes. It saves the return trap and its program on
     /// every launch: use it for launch-heavy programs, where cudatrace's added latency per
-    /// launch matters more than how long each launch call took (BENCHMARKS.md).
+    /// launch matters more than how long each launch call took (BENCHMARKS.md). --gpu
+    /// probes launches this way, and gives each launch line its result and duration from
+    /// CUPTI's record of the call.
     #[arg(long)]
     pub launch_entry_only: bool,
 
@@ -234,10 +239,11 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// What to probe in each library found, and how: `--functions` and
-    /// `--launch-entry-only`.
+    /// `--launch-entry-only` (which `--gpu` implies: CUPTI's record of each launch gives its
+    /// result and duration).
     pub fn selection(&self) -> FunctionSelection {
         FunctionSelection {
-            launch_entry_only: self.launch_entry_only,
+            launch_entry_only: self.launch_entry_only || self.gpu,
             stacks: self.stacks,
             ..self.functions.clone()
         }

@@ -166,6 +166,10 @@ pub async fn event_loop(
         close_at,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    // `--gpu`: the ring is read often, so that a program's own CUPTI client taking and
+    // letting go of recording is followed at once (its few calls do not wake the reader).
+    let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
+    cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut loss = LossAccount::new(pipeline.gpu);
     let mut progress = Progress::new(quiet);
     let mut outcome = Outcome::default();
@@ -231,6 +235,9 @@ pub async fn event_loop(
                         }
                     }
                 }
+            }
+            _ = cupti_clients.tick(), if pipeline.gpu => {
+                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
             }
             _ = ticker.tick() => {
                 // Records below the wakeup threshold raise no readiness: collect them here.

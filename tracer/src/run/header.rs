@@ -73,7 +73,7 @@ impl HeaderBase<'_> {
             host,
             kernel,
             functions: args.functions.to_string(),
-            launch_entry_only: args.launch_entry_only,
+            launch_entry_only: args.launch_entry_only || args.gpu,
             libcuda: plans
                 .of(&LIBCUDA)
                 .map(|plan| LibcudaInfo {

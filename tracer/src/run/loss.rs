@@ -41,6 +41,11 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         gpu_ring_full: gpu_figure(now.gpu_ring_full),
         gpu_read_failed: gpu_figure(now.gpu_read_failed),
         cupti_dropped: gpu_figure(now.cupti_dropped),
+        gpu_cupti_held: gpu_figure(now.gpu_cupti_held),
+        gpu_no_api_record: gpu_figure(now.gpu_no_api_record),
+        gpu_not_flushed: gpu_figure(now.gpu_not_flushed),
+        gpu_not_recorded: gpu_figure(now.gpu_not_recorded),
+        gpu_missing: gpu_figure(now.gpu_missing),
         traced_full: now.traced_full,
         fds_full: now.fds_full,
         opens_full: now.opens_full,
@@ -57,7 +62,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
 }
 
 /// Each reason with its figure, in the order `lost` lines are written.
-fn reasons(counts: &LostCounts) -> [(&'static str, u64); 15] {
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 20] {
     [
         ("ring_full", counts.ring_full),
         ("too_deep", counts.too_deep),
@@ -67,6 +72,11 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 15] {
         ("gpu_ring_full", counts.gpu_ring_full.unwrap_or(0)),
         ("gpu_read_failed", counts.gpu_read_failed.unwrap_or(0)),
         ("cupti_dropped", counts.cupti_dropped.unwrap_or(0)),
+        ("gpu_cupti_held", counts.gpu_cupti_held.unwrap_or(0)),
+        ("gpu_no_api_record", counts.gpu_no_api_record.unwrap_or(0)),
+        ("gpu_not_flushed", counts.gpu_not_flushed.unwrap_or(0)),
+        ("gpu_not_recorded", counts.gpu_not_recorded.unwrap_or(0)),
+        ("gpu_missing", counts.gpu_missing.unwrap_or(0)),
         ("traced_full", counts.traced_full),
         ("fds_full", counts.fds_full),
         ("opens_full", counts.opens_full),

@@ -15,6 +15,7 @@
 //! | `header.rs` | the header line and the `library` lines |
 //! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends |
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
+//! | `queue.rs` | `--gpu`: the ordered queue where launch lines wait for CUPTI's record of them |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
 //! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
 //! | `finish.rs` | the footer, `--export`, the exit code |
@@ -40,6 +41,7 @@ mod output_name;
 mod pipeline;
 mod power_feed;
 mod prepare;
+mod queue;
 mod report;
 mod start;
 mod window;
@@ -70,8 +72,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     } = prepare::prepare(&args)?;
     let inputs = output::inputs(&libraries, &command, power.as_ref());
     let mut trace = Trace::open(&args, command.user.as_ref(), power.as_ref(), &inputs)?;
+    let control = command.gpu.as_ref().map(|gpu| gpu.control.clone());
     let traced = start::start(&args, &command, libraries, power, &mut trace.writer)
-        .and_then(|started| trace_until_end(&args, started, &mut trace));
+        .and_then(|started| trace_until_end(&args, started, &mut trace, control));
     finish::finish(&args, command, trace, traced)
 }
 
@@ -127,7 +130,12 @@ pub struct Traced {
 
 /// Traces until the command exits or a signal stops it: the event loop, then every
 /// process the probes stopped continued and everything detached.
-fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Result<Traced, Failure> {
+fn trace_until_end(
+    args: &RunArgs,
+    started: Started,
+    trace: &mut Trace,
+    control: Option<std::sync::Arc<crate::inject::control::ControlFile>>,
+) -> Result<Traced, Failure> {
     let Started {
         mut attaching,
         ring,
@@ -145,7 +153,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         &mut attaching,
         &mut trace.analysis,
         &mut trace.writer,
-        args.gpu,
+        control,
     );
     pipeline.window = window;
     pipeline.stacks = stacks;

@@ -6,6 +6,11 @@
 //! Each stage knows only the one before it; this file wires them. `--power`'s sampler is a
 //! second source: its lines need no decoding and go through enrich and sinks.
 //!
+//! With `--gpu`, lines pass through an ordered queue (`queue.rs`) before enrich: GPU
+//! records are linked to their calls as they come (`analysis::gpu_link`), a launch's line
+//! waits for CUPTI's record of it, and what the program's own CUPTI client does is
+//! followed (the control file tells the injection library to yield or resume).
+//!
 //! Beside it, the probes (`attaching.rs`, over the attach layer `probes::discovery`) take
 //! the records that are for them rather than for the trace: a library opened, a fork, an
 //! exec (they attach, give a `library` line for a new file, and continue the stopped
@@ -13,6 +18,7 @@
 
 use std::{
     io,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -21,25 +27,31 @@ use tracer_common::proc_event;
 
 use super::{
     attaching::{Attaching, NotAttached},
+    queue::{Item, OutputQueue},
     window::WindowFilter,
 };
 use crate::{
-    analysis::Analysis,
+    analysis::{
+        Analysis,
+        gpu_link::{ClientChange, Node, NodeLink},
+    },
     clock::monotonic_ns,
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
+    inject::control::ControlFile,
     probes::maps::Counters,
     schema::{GpuLine, Line, LostLine, PowerLine},
     sinks::jsonl::TraceWriter,
     stacks::{StackLines, Stacks},
 };
 
+/// How long a graph's work line waits for the rest of its graph launch at most.
+const NODE_WAIT: Duration = Duration::from_secs(1);
+
 pub struct Pipeline<'a> {
     pub decoder: Decoder,
     pub attaching: &'a mut Attaching,
     pub analysis: &'a mut Analysis,
     pub writer: &'a mut TraceWriter,
-    /// `--gpu` lines the enrich stage released, on their way to the writer.
-    pub gpu_lines: Vec<GpuLine>,
     /// Records CUPTI said it dropped (`--gpu`), for the loss accounting.
     pub cupti_dropped: u64,
     /// Libraries a process could not be given its probes on, for the loss accounting.
@@ -50,6 +62,14 @@ pub struct Pipeline<'a> {
     pub window: Option<WindowFilter>,
     /// `--stacks`: the stacks stage (interpreters, stack records, the calls' stacks).
     pub stacks: Option<Stacks>,
+    /// `--gpu`: the lines on their way to enrich and the writer.
+    queue: OutputQueue,
+    /// `--gpu`: how the injection libraries are told to yield or resume.
+    control: Option<Arc<ControlFile>>,
+    /// GPU lines the linker released, on their way to the queue.
+    gpu_lines: Vec<GpuLine>,
+    /// The front of the queue waits for the rest of its graph launch, since.
+    node_wait: Option<Instant>,
 }
 
 /// What one drain did.
@@ -69,26 +89,43 @@ impl<'a> Pipeline<'a> {
         attaching: &'a mut Attaching,
         analysis: &'a mut Analysis,
         writer: &'a mut TraceWriter,
-        gpu: bool,
+        control: Option<Arc<ControlFile>>,
     ) -> Self {
+        let gpu = control.is_some();
+        if gpu {
+            analysis.linker().hold_launches = true;
+        }
         Pipeline {
             decoder,
             attaching,
             analysis,
             writer,
-            gpu_lines: Vec::new(),
             cupti_dropped: 0,
             library_not_attached: 0,
             gpu,
             window: None,
             stacks: None,
+            queue: OutputQueue::default(),
+            control,
+            gpu_lines: Vec::new(),
+            node_wait: None,
         }
     }
 
-    /// The kernel's counters with the losses only userspace sees (CUPTI's).
-    pub fn counters(&self, mut kernel: Counters) -> Counters {
+    /// The kernel's counters with the losses only userspace sees (CUPTI's, libraries not
+    /// attached, and GPU work never recorded).
+    pub fn counters(&mut self, mut kernel: Counters) -> Counters {
         kernel.cupti_dropped = self.cupti_dropped;
         kernel.library_not_attached = self.library_not_attached;
+        if self.gpu {
+            [
+                kernel.gpu_cupti_held,
+                kernel.gpu_no_api_record,
+                kernel.gpu_not_flushed,
+                kernel.gpu_not_recorded,
+                kernel.gpu_missing,
+            ] = self.analysis.linker().unrecorded();
+        }
         kernel
     }
 
@@ -177,31 +214,159 @@ impl<'a> Pipeline<'a> {
             }
             _ => {}
         }
-        let mut line = match self.decoder.decode_raw(raw, self.attaching.plans()) {
-            Some(Event::Line(line)) => line,
-            Some(Event::Gpu(gpu)) => return self.gpu(gpu),
+        let event = match self.decoder.decode_raw(raw, self.attaching.plans()) {
+            Some(event) => event,
             None => return Ok(()),
         };
-        if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
-            stacks.call(call);
+        match event {
+            Event::Line(mut line) => {
+                if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
+                    stacks.call(call);
+                }
+                if !self.gpu {
+                    self.analysis.line(&mut line);
+                    if self.kept(&line) {
+                        self.writer.line(&line)?;
+                    }
+                    self.decoder.recycle(line);
+                    return Ok(());
+                }
+                self.line_arrived(line);
+                self.settle(false)
+            }
+            Event::Gpu(event) => {
+                self.gpu_arrived(event);
+                self.settle(false)
+            }
         }
+    }
+
+    /// `--gpu`: a decoded line, into the queue.
+    fn line_arrived(&mut self, line: Line) {
+        match &line {
+            Line::Call(call) => {
+                let (hold, change) = self.analysis.linker().call_arrived(call);
+                if let Some(change) = change {
+                    self.tell(call.pid, change);
+                }
+                if hold {
+                    self.queue.push_held(line);
+                    return;
+                }
+            }
+            Line::Process(process) if process.event.ends_address_space() => {
+                self.analysis
+                    .linker()
+                    .end_process(process.pid, &mut self.gpu_lines);
+                self.queue_gpu_lines();
+            }
+            _ => {}
+        }
+        self.queue.push(Item::Line(line));
+    }
+
+    /// `--gpu`: a GPU record, to the linker; the lines it gives, into the queue.
+    fn gpu_arrived(&mut self, event: GpuEvent) {
+        let now = monotonic_ns();
+        let linker = self.analysis.linker();
+        match event {
+            GpuEvent::Dropped { count, .. } => self.cupti_dropped += count,
+            GpuEvent::Started(info, session) => {
+                let change = linker.started(session, info.ts_ns);
+                if let Some(change) = change {
+                    self.tell(session.pid, change);
+                }
+                self.gpu_lines.push(GpuLine::Info(info));
+            }
+            GpuEvent::Client {
+                pid,
+                resumed,
+                ts_ns,
+            } => linker.client(pid, resumed, ts_ns),
+            GpuEvent::Api(api) => linker.api(api, now, &mut self.gpu_lines),
+            GpuEvent::Line(GpuLine::Error(error)) => {
+                if error.fatal {
+                    linker.failed(error.pid, error.ts_ns);
+                }
+                self.gpu_lines.push(GpuLine::Error(error));
+            }
+            GpuEvent::Line(line) => linker.work(line, now, &mut self.gpu_lines),
+        }
+        self.queue_gpu_lines();
+    }
+
+    /// Tells the process's injection library that another CUPTI client took or let go of
+    /// the activity API.
+    fn tell(&self, pid: u32, change: ClientChange) {
+        if let Some(control) = &self.control {
+            control.set(pid, matches!(change, ClientChange::Taken { .. }));
+        }
+    }
+
+    fn queue_gpu_lines(&mut self) {
+        for line in self.gpu_lines.drain(..) {
+            self.queue.push(Item::Gpu(Box::new(line)));
+        }
+    }
+
+    /// Lets held lines go as the linker says, then writes what may go.
+    fn settle(&mut self, force: bool) -> io::Result<()> {
+        self.queue_gpu_lines();
+        for hold in self.analysis.linker().holds.drain(..) {
+            self.queue
+                .release(hold.pid, hold.tid, hold.ts_ns, hold.result);
+        }
+        let nodes_due = force
+            || self
+                .node_wait
+                .is_some_and(|since| since.elapsed() >= NODE_WAIT);
+        while let Some(item) = self.queue.pop_ready(force) {
+            match item {
+                Item::Line(line) => self.write_line(line)?,
+                Item::Gpu(mut line) => {
+                    let (pid, correlation) = line
+                        .work()
+                        .map_or((0, 0), |work| (work.pid, work.link.correlation_id));
+                    let queue = &self.queue;
+                    let replay = || queued_nodes(queue, pid, correlation);
+                    let linked = self
+                        .analysis
+                        .linker()
+                        .line_written(&mut line, replay, nodes_due);
+                    if linked == NodeLink::Wait {
+                        self.node_wait.get_or_insert_with(Instant::now);
+                        self.queue.put_back(Item::Gpu(line));
+                        break;
+                    }
+                    self.node_wait = None;
+                    self.write_gpu(&mut line)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_line(&mut self, mut line: Line) -> io::Result<()> {
         self.analysis.line(&mut line);
-        if self
-            .window
-            .as_mut()
-            .is_none_or(|window| window.keeps(&line))
-        {
-            self.writer.line(&line)?;
+        match &line {
+            Line::Call(call) => self.analysis.linker().call_written(call),
+            Line::Process(process) if process.event.ends_address_space() => {
+                for gap in self.analysis.linker().finish_process(process.pid) {
+                    self.write_gpu(&mut GpuLine::Gap(gap))?;
+                }
+            }
+            _ => {}
         }
-        if let Line::Process(process) = &line
-            && process.event.ends_address_space()
-        {
-            self.analysis
-                .end_gpu(Some(process.pid), &mut self.gpu_lines);
-            self.write_gpu_lines()?;
+        if self.kept(&line) {
+            self.writer.line(&line)?;
         }
         self.decoder.recycle(line);
         Ok(())
+    }
+
+    /// Whether the window (if any) keeps `line`; it counts what it does not.
+    fn kept(&mut self, line: &Line) -> bool {
+        self.window.as_mut().is_none_or(|window| window.keeps(line))
     }
 
     /// A library a process did not get its probes on: a loss, its own `lost` line naming
@@ -223,45 +388,47 @@ impl<'a> Pipeline<'a> {
         })
     }
 
-    fn gpu(&mut self, event: GpuEvent) -> io::Result<()> {
-        if let GpuEvent::Dropped { count, .. } = event {
-            self.cupti_dropped += count;
+    fn write_gpu(&mut self, line: &mut GpuLine) -> io::Result<()> {
+        if let GpuLine::Error(error) = &line {
+            // Errors print even with -q: the user asked for GPU activity.
+            eprintln!(
+                "cudatrace: GPU recording, pid {} ({}): {}",
+                error.pid, error.stage, error.message
+            );
+        }
+        self.analysis.written_gpu_line(line);
+        if self
+            .window
+            .as_mut()
+            .is_none_or(|window| window.keeps_gpu(line))
+        {
+            self.writer.gpu(line)?;
+        }
+        Ok(())
+    }
+
+    /// Every tick: GPU work that waited too long for its call's record goes out unlinked,
+    /// launch lines that waited too long go as they are.
+    pub fn tick(&mut self) -> io::Result<()> {
+        if !self.gpu {
             return Ok(());
         }
         self.analysis
-            .enrich_gpu(event, monotonic_ns(), &mut self.gpu_lines);
-        self.write_gpu_lines()
+            .linker()
+            .expire(monotonic_ns(), &mut self.gpu_lines);
+        self.settle(false)
     }
 
-    /// Every tick: GPU work that waited too long for its call's record goes out unlinked.
-    pub fn tick(&mut self) -> io::Result<()> {
-        self.analysis
-            .expire_gpu(monotonic_ns(), &mut self.gpu_lines);
-        self.write_gpu_lines()
-    }
-
-    /// Tracing ended and the ring is drained: whatever still waits goes out.
+    /// Tracing ended and the ring is drained: whatever still waits goes out, and every
+    /// launch, copy and memset is counted.
     pub fn finish(&mut self) -> io::Result<()> {
-        self.analysis.end_gpu(None, &mut self.gpu_lines);
-        self.write_gpu_lines()
-    }
-
-    fn write_gpu_lines(&mut self) -> io::Result<()> {
-        for line in self.gpu_lines.drain(..) {
-            if let GpuLine::Error(error) = &line {
-                // Errors print even with -q: the user asked for GPU activity.
-                eprintln!(
-                    "cudatrace: GPU recording, pid {} ({}): {}",
-                    error.pid, error.stage, error.message
-                );
-            }
-            if self
-                .window
-                .as_mut()
-                .is_none_or(|window| window.keeps_gpu(&line))
-            {
-                self.writer.gpu(&line)?;
-            }
+        if !self.gpu {
+            return Ok(());
+        }
+        self.analysis.linker().finish(&mut self.gpu_lines);
+        self.settle(true)?;
+        for gap in self.analysis.linker().finish_all() {
+            self.write_gpu(&mut GpuLine::Gap(gap))?;
         }
         Ok(())
     }
@@ -280,4 +447,16 @@ impl<'a> Pipeline<'a> {
         }
         Ok(())
     }
+}
+
+/// The nodes of graph launch `correlation` of process `pid` waiting in the queue.
+fn queued_nodes(queue: &OutputQueue, pid: u32, correlation: u32) -> Vec<Node> {
+    queue
+        .gpu_lines()
+        .filter(|line| {
+            line.work()
+                .is_some_and(|w| w.pid == pid && w.link.correlation_id == correlation)
+        })
+        .filter_map(Node::of)
+        .collect()
 }

@@ -168,6 +168,13 @@ pub fn start(
                 gpu.cupti.path.display(),
                 gpu.cupti.from
             );
+            if let Some(chain) = &gpu.chain {
+                eprintln!(
+                    "cudatrace: --gpu: the command's own CUDA_INJECTION64_PATH ({}) starts after \
+                     cudatrace's; while it holds CUPTI, GPU recording yields to it (gpu_gap lines)",
+                    chain.to_string_lossy()
+                );
+            }
         }
     }
     let decoder = Decoder::new(kernel_functions(kernel_hooks.as_ref()).map_err(internal)?);

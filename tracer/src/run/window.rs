@@ -166,7 +166,7 @@ impl WindowFilter {
     }
 
     /// Whether `line` is written; counts it when not. Lines with no time of their own in
-    /// the window's sense (libraries, losses, GPU recording's info and errors) always are.
+    /// the window's sense (libraries, losses, GPU recording's info, errors and gaps) always are.
     pub fn keeps(&mut self, line: &Line) -> bool {
         let ts = match line {
             Line::Call(call) => call.ts_ns,
@@ -186,7 +186,7 @@ impl WindowFilter {
             GpuLine::Kernel(work) => work.link.call_ts_ns.unwrap_or(work.ts_ns),
             GpuLine::Copy(work) => work.link.call_ts_ns.unwrap_or(work.ts_ns),
             GpuLine::Memset(work) => work.link.call_ts_ns.unwrap_or(work.ts_ns),
-            GpuLine::Info(_) | GpuLine::Error(_) => return true,
+            GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => return true,
         };
         self.keeps_time(ts)
     }

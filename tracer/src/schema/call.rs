@@ -75,6 +75,14 @@ macro_rules! call_fields {
             source_graph: Option<Hex> = SourceGraph,
             /// `cuGraphExecUpdate*`'s update result, `cuGraphInstantiateWithParams`'s result.
             graph_result: Option<u32> = GraphResult,
+            /// Launches, copies and memsets made while their stream was being captured into
+            /// a graph: the capture's number (added by the analysis; its
+            /// `cuStreamEndCapture` line gives the graph). Such a call ran nothing; its work
+            /// runs in the graph's launches.
+            captured: Option<u64>,
+            /// `cuStreamBeginCapture*`, `cuStreamEndCapture`: the capture they begin or end,
+            /// numbered per process from 1 (added by the analysis).
+            capture: Option<u64>,
             /// A `CUipcMemHandle`'s bytes as hex, in memory order (see docs/trace-format.md
             /// for how many each function gives).
             ipc_handle: Option<String>,
@@ -120,6 +128,15 @@ macro_rules! call_fields {
             /// per process from 1) a collective was issued in, on it and on the
             /// `ncclGroupEnd` that ends it (added by the analysis).
             group: Option<u64>,
+            /// CUPTI (libcupti): the callback a client registered (its buffer-request
+            /// callback, or its timestamp callback).
+            callback: Option<Hex> = Callback,
+            /// CUPTI: a subscriber handle (`cuptiSubscribe*`'s output, the `_v2` functions'
+            /// first argument).
+            subscriber: Option<Hex> = Subscriber,
+            /// CUPTI: the activity kind enabled or disabled (`CUpti_ActivityKind`: 1 memcpy,
+            /// 2 memset, 4 driver, 10 concurrent kernel, ...).
+            activity_kind: Option<u32> = ActivityKind,
             /// Functions outside the catalog (`--functions`): the six register arguments
             /// as they were, undecoded.
             args: Vec<Hex>,

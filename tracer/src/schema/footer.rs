@@ -105,6 +105,8 @@ pub struct EventCounts {
     pub gpu_info: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub gpu_error: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gpu_gap: u64,
     /// `"type":"library"` lines.
     pub library: u64,
     /// `--stacks`: `"type":"stack"` and `"type":"interpreter"` lines.
@@ -204,6 +206,7 @@ impl EventCounts {
             gpu_memset,
             gpu_info,
             gpu_error,
+            gpu_gap,
             library,
             stack,
             interpreter,
@@ -219,6 +222,7 @@ impl EventCounts {
             gpu_memset,
             gpu_info,
             gpu_error,
+            gpu_gap,
             library,
             stack,
             interpreter,
@@ -260,6 +264,23 @@ pub struct LostCounts {
     /// `--gpu`: records CUPTI itself dropped (its buffers were full).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cupti_dropped: Option<u64>,
+    /// `--gpu`: launches, copies and memsets whose work was not recorded because another
+    /// CUPTI client held the activity API (`gpu_gap` lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_cupti_held: Option<u64>,
+    /// `--gpu`: those whose record CUPTI never gave while it recorded the process's work
+    /// (the work is written, unlinked; the call has no result or duration from CUPTI).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_no_api_record: Option<u64>,
+    /// `--gpu`: those of processes that ended before CUPTI handed their records over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_not_flushed: Option<u64>,
+    /// `--gpu`: those of processes where CUPTI was not recording.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_not_recorded: Option<u64>,
+    /// `--gpu`: those whose records never came for no reason above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_missing: Option<u64>,
     /// New child processes the traced-process map (or the map of children being created)
     /// had no room for: not traced, or without their own probes.
     pub traced_full: u64,
@@ -328,6 +349,64 @@ pub struct GpuFooter {
     pub processes: u64,
     /// Processes where it failed for good (`gpu_error` lines with `fatal`).
     pub fatal_errors: u64,
+    /// Every launch, copy and memset the program made, and what became of its work.
+    pub issuing: IssuingCalls,
+    /// Kernel lines whose CUPTI name differs from their launch's (`cupti_kernel`).
+    pub name_mismatches: u64,
+    /// Work lines of graphs linked to the captured call that made their node, and not.
+    pub graph_nodes: GraphNodeLinks,
+    /// Times another CUPTI client held the activity API (`gpu_gap` lines).
+    pub gaps: u64,
+}
+
+/// The launches, copies and memsets of the traced processes (successful or not) and what
+/// became of each: `calls` = the sum of the others (docs/gpu.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IssuingCalls {
+    pub calls: u64,
+    /// Work of it has a GPU line.
+    pub with_work: u64,
+    /// The `schema::gpu::fate` reasons.
+    pub captured: u64,
+    pub failed: u64,
+    pub empty: u64,
+    pub cupti_held: u64,
+    pub no_api_record: u64,
+    pub not_flushed: u64,
+    pub not_recorded: u64,
+    pub missing: u64,
+}
+
+impl IssuingCalls {
+    /// Each reason with its count, in the footer's order.
+    pub fn reasons(&self) -> [(&'static str, u64); 8] {
+        [
+            ("captured into graphs", self.captured),
+            ("failed", self.failed),
+            ("of 0 bytes", self.empty),
+            (
+                "not recorded while another CUPTI client held it",
+                self.cupti_held,
+            ),
+            (
+                "without CUPTI's record of the call (their work unlinked)",
+                self.no_api_record,
+            ),
+            ("not flushed before their process ended", self.not_flushed),
+            (
+                "not recorded (no CUPTI in their process)",
+                self.not_recorded,
+            ),
+            ("missing", self.missing),
+        ]
+    }
+}
+
+/// Graph work lines and the captured calls that made their nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GraphNodeLinks {
+    pub linked: u64,
+    pub unlinked: u64,
 }
 
 /// GPU lines written without a link to their call, by reason (`schema::gpu::unlinked`).
@@ -418,6 +497,9 @@ pub struct FooterFigures {
     /// `lost.total`; without it, readers add up the `lost` lines.
     pub lost_total: Option<u64>,
     pub exit_code: Option<i32>,
+    /// `gpu.issuing` (`run --gpu`): what became of every launch, copy and memset, which
+    /// only `run` knew (which had work, which were in a gap).
+    pub gpu_issuing: Option<IssuingCalls>,
 }
 
 impl FooterFigures {
@@ -431,6 +513,24 @@ impl FooterFigures {
                 .get("exit_code")
                 .and_then(Value::as_i64)
                 .and_then(|code| i32::try_from(code).ok()),
+            gpu_issuing: value
+                .get("gpu")
+                .and_then(|gpu| gpu.get("issuing"))
+                .map(|issuing| {
+                    let figure = |key: &str| issuing.get(key).and_then(Value::as_u64).unwrap_or(0);
+                    IssuingCalls {
+                        calls: figure("calls"),
+                        with_work: figure("with_work"),
+                        captured: figure("captured"),
+                        failed: figure("failed"),
+                        empty: figure("empty"),
+                        cupti_held: figure("cupti_held"),
+                        no_api_record: figure("no_api_record"),
+                        not_flushed: figure("not_flushed"),
+                        not_recorded: figure("not_recorded"),
+                        missing: figure("missing"),
+                    }
+                }),
         }
     }
 }

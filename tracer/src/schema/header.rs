@@ -220,4 +220,13 @@ pub struct GpuHeaderInfo {
     /// The command's `CUDA_DEVICE_ORDER` (absent: unset).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_device_order: Option<String>,
+    /// `cupti`: the launches are probed at entry alone, and each launch line's `ret` and
+    /// `dur_ns` come from CUPTI's record of the call (absent from lines CUPTI recorded
+    /// no call for). Absent in traces of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_results: Option<String>,
+    /// The injection library a user's own `CUDA_INJECTION64_PATH` named, started after
+    /// cudatrace's (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chained: Option<String>,
 }

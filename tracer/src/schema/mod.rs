@@ -58,11 +58,12 @@ pub(crate) use call::call_fields;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
-    EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
-    ProcessMemory, StacklessCounts, StacksFooter, StopFigures, WindowFooter,
+    EventLine, Footer, FooterFigures, GpuFooter, IssuingCalls, Leak, LostCounts, MemoryFooter,
+    PowerFooter, ProcessMemory, StacklessCounts, StacksFooter, StopFigures, WindowFooter,
 };
 pub use gpu::{
-    GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
+    GpuCopyLine, GpuErrorLine, GpuGapLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink,
+    GpuMemsetLine,
 };
 pub use header::{
     AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
@@ -79,7 +80,7 @@ pub use stack::{InterpreterLine, StackFrame, StackLine};
 use serde_json::Value;
 
 /// Bumped on any incompatible change of the line schema.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// One line of a trace, as read back.
 #[derive(Debug, PartialEq)]
@@ -276,7 +277,7 @@ mod tests {
         };
         let text = serde_json::to_string(&header).unwrap();
         assert!(
-            text.starts_with(r#"{"type":"header","format":"cudatrace","version":3,"#),
+            text.starts_with(r#"{"type":"header","format":"cudatrace","version":4,"#),
             "{text}"
         );
         assert!(!text.contains("kernel_hooks"), "absent unless --kernel");
@@ -377,7 +378,8 @@ mod tests {
             parse(text.as_bytes()),
             Ok(Line::Footer(FooterFigures {
                 lost_total: Some(4),
-                exit_code: Some(3)
+                exit_code: Some(3),
+                gpu_issuing: None,
             }))
         );
         assert_eq!(

@@ -121,6 +121,7 @@ impl TraceWriter {
             GpuLine::Memset(line) => self.write(line),
             GpuLine::Info(line) => self.write(line),
             GpuLine::Error(line) => self.write(line),
+            GpuLine::Gap(line) => self.write(line),
         }
     }
 

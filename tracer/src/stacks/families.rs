@@ -70,6 +70,9 @@ impl StackFamily {
             | Role::GetFunction
             | Role::GetKernel
             | Role::KernelGetFunction
+            | Role::CaptureBegin
+            | Role::CaptureEnd
+            | Role::Cupti
             | Role::Other => return None,
         })
     }

@@ -201,7 +201,7 @@ pub fn collect<R: BufRead>(
                     }
                     GpuLine::Copy(copy) => (copy.pid, copy.device, copy.ts_ns, copy.dur_ns),
                     GpuLine::Memset(set) => (set.pid, set.device, set.ts_ns, set.dur_ns),
-                    GpuLine::Info(_) | GpuLine::Error(_) => continue,
+                    GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => continue,
                 };
                 trace
                     .busy

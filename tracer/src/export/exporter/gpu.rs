@@ -78,7 +78,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             GpuLine::Kernel(k) => args.fill(k, skip),
             GpuLine::Copy(c) => args.fill(c, skip),
             GpuLine::Memset(m) => args.fill(m, skip),
-            GpuLine::Info(_) | GpuLine::Error(_) => {}
+            GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => {}
         }
         args.sort();
         self.sink.slice(&Slice {
@@ -111,6 +111,15 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
                 error.ts_ns,
                 format!("GPU recording error ({}): {}", error.stage, error.message),
                 serde_json::to_value(error),
+            ),
+            GpuLine::Gap(gap) => (
+                gap.pid,
+                gap.from_ns,
+                format!(
+                    "GPU recording held by another CUPTI client ({} calls not recorded)",
+                    gap.calls + gap.handed_over
+                ),
+                serde_json::to_value(gap),
             ),
             _ => return Ok(()),
         };
@@ -149,5 +158,6 @@ pub fn gpu_label(line: &GpuLine) -> String {
         GpuLine::Memset(m) => format!("memset {}", format_bytes(m.bytes)),
         GpuLine::Info(_) => "GPU recording".into(),
         GpuLine::Error(e) => format!("GPU recording error ({})", e.stage),
+        GpuLine::Gap(_) => "GPU recording held by another CUPTI client".into(),
     }
 }

@@ -87,8 +87,11 @@ fn gpu_lines_are_read_as_serde_json_reads_them() {
     let link = GpuLink {
         correlation_id: 9,
         graph_id: Some(2),
+        graph_node_id: Some(1 << 40),
         call_tid: Some(301),
         call_ts_ns: Some(u64::MAX),
+        capture_call_tid: Some(302),
+        capture_call_ts_ns: Some(17),
         queued_ns: Some(-200),
         unlinked: None,
         warnings: vec!["name_truncated".into()],
@@ -100,6 +103,7 @@ fn gpu_lines_are_read_as_serde_json_reads_them() {
         dur_ns: 6,
         kernel: "gemm()".into(),
         kernel_mangled: Some("_Z4gemmv".into()),
+        cupti_kernel: Some("_Z5stalev".into()),
         grid: [4, 1, 1],
         link: link.clone(),
         ..GpuKernelLine::default()

@@ -8,7 +8,7 @@ use crate::{
     format::{format_bytes, format_ns, plural},
 };
 
-use super::{copies, percent};
+use super::{copies, gpu_work::render_gpu_work, percent};
 
 /// The `--gpu` section of the full summary.
 pub(super) fn render_gpu(out: &mut String, gpu: &GpuSummary) {
@@ -32,10 +32,18 @@ pub(super) fn render_gpu(out: &mut String, gpu: &GpuSummary) {
     for info in &gpu.processes {
         let _ = writeln!(
             out,
-            "  pid {}: CUPTI {} ({}), times {}",
-            info.pid, info.cupti_version, info.libcupti, info.clock
+            "  pid {}: CUPTI {} ({}), times {}{}",
+            info.pid,
+            info.cupti_version,
+            info.libcupti,
+            info.clock,
+            match info.subscribers.as_ref() {
+                "multiple" => ", a subscriber of its own beside others",
+                _ => "",
+            }
         );
     }
+    render_gpu_work(out, gpu, gpu.issuing.as_ref(), "  ");
     for error in &gpu.errors {
         let _ = writeln!(
             out,

@@ -6,6 +6,7 @@
 //! | `full.rs` | [`render_text`]: the whole report, section by section |
 //! | `sections.rs` | its devices, collectives and driver sections |
 //! | `gpu.rs` | its `--gpu` section |
+//! | `gpu_work.rs` | `--gpu`: what became of each launch, the gaps, graphs, names (both reports) |
 //! | `stacks.rs` | its `--stacks` sections: by layer, by Python line, by the user's line |
 //! | `short.rs` | [`render_short`], [`render_gpu_short`]: what `cudatrace run` prints at the end |
 //! | `json.rs` | [`SummaryJson`]: `cudatrace summary --json` |
@@ -13,6 +14,7 @@
 
 mod full;
 mod gpu;
+mod gpu_work;
 mod json;
 mod ranks;
 mod sections;

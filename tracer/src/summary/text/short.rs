@@ -10,7 +10,7 @@ use crate::{
     summary::power,
 };
 
-use super::copies;
+use super::{copies, gpu_work::render_gpu_work};
 
 /// The few lines `cudatrace run` prints at the end, each starting `cudatrace: `.
 fn render_driver_short(out: &mut String, driver: &DriverSummary) {
@@ -68,6 +68,7 @@ pub fn render_gpu_short(gpu: &GpuSummary, footer: &GpuFooter) -> String {
     if !top.is_empty() {
         let _ = writeln!(out, "cudatrace: GPU time by kernel: {}", top.join(", "));
     }
+    render_gpu_work(&mut out, gpu, Some(&footer.issuing), "cudatrace: GPU: ");
     if footer.processes == 0 && footer.fatal_errors == 0 {
         let _ = writeln!(
             out,
