@@ -13,6 +13,9 @@
 #    decoding (40 tokens) untraced, under `cudatrace run` and under `cudatrace run
 #    --stacks`, ROUNDS (default 6) interleaved rounds, the order rotated each round:
 #    microseconds per launch and milliseconds per token (OUTDIR/cost.txt, one line per run).
+# gpt2cost (not in the default): GPT-2 decoding alone, 200 tokens a run, untraced, `run`
+#    and `run --stacks`, ROUNDS interleaved rounds, the order rotated each round; each
+#    traced run's ratio to its round's untraced one (OUTDIR/gpt2cost.txt).
 # 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
 #    --stacks (the call program's run time per call includes the stack programs it
 #    tail-calls), and the footer's frames walked (OUTDIR/*.stats.stderr).
@@ -65,6 +68,35 @@ for round in $(seq 1 "$rounds"); do
         echo "$round $condition loop_us=$us gpt2_ms_per_token=$ms" | tee -a "$out/cost.txt"
     done
 done
+
+gpt2_long=(python3 "$here/transformer_inference.py" --tokens 200)
+[[ $parts == *,gpt2cost,* ]] && echo "== GPT-2 cost, 200 tokens ($rounds rounds)" &&
+: >"$out/gpt2cost.txt" && for round in $(seq 1 "$rounds"); do
+    line="$round"
+    for index in 0 1 2; do
+        condition=${conditions[$(((index + round) % 3))]}
+        case $condition in
+        untraced) prefix=() ;;
+        run) prefix=("$cudatrace" run -q -o /dev/null --) ;;
+        stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
+        esac
+        ms=$("${prefix[@]}" "${gpt2_long[@]}" 2>>"$out/gpt2cost.stderr" | awk '/^per token:/ {print $3}')
+        line="$line $condition=$ms"
+    done
+    echo "$line" | tee -a "$out/gpt2cost.txt"
+done
+[ -s "$out/gpt2cost.txt" ] && python3 - "$out/gpt2cost.txt" <<'EOF' | tee -a "$out/tables.txt"
+import statistics, sys
+rounds = [dict(f.split("=") for f in line.split()[1:]) for line in open(sys.argv[1])]
+for condition in ("untraced", "run", "stacks"):
+    ms = [float(r[condition]) for r in rounds]
+    print(f"GPT-2 200 tokens {condition:9} median {statistics.median(ms):.3f} ms/token {[round(x, 3) for x in ms]}")
+for condition in ("run", "stacks"):
+    ratios = [float(r[condition]) / float(r["untraced"]) for r in rounds]
+    print(f"GPT-2 200 tokens {condition:9} x{statistics.median(ratios):.3f} of untraced (median of per-round ratios) {[round(x, 3) for x in ratios]}")
+ratios = [float(r["stacks"]) / float(r["run"]) for r in rounds]
+print(f"GPT-2 200 tokens stacks over run x{statistics.median(ratios):.3f} {[round(x, 3) for x in ratios]}")
+EOF
 
 echo "== 3. BPF statistics"
 [[ $parts == *,stats,* ]] && for workload in loop gpt2; do

@@ -28,6 +28,29 @@ pub mod unlinked {
     pub const BEYOND_WINDOW: &str = "beyond_window";
 }
 
+/// Why a launch, copy or memset that the program made has no GPU line, as the footer's
+/// `gpu.issuing` counts them (docs/gpu.md, "Every launch accounted for").
+pub mod fate {
+    /// Its stream was being captured into a graph: its work runs in the graph's launches.
+    pub const CAPTURED: &str = "captured";
+    /// It returned an error: no work was issued.
+    pub const FAILED: &str = "failed";
+    /// A copy or memset of 0 bytes: nothing to run (CUPTI records none).
+    pub const EMPTY: &str = "empty";
+    /// Another CUPTI client of the process held the activity API (`gpu_gap`).
+    pub const CUPTI_HELD: &str = "cupti_held";
+    /// CUPTI recorded the process's work after it again, but no record of the call came:
+    /// its work is among the work lines written unlinked (`no_api_record`). Seen on CUPTI
+    /// 13.0 after torch.profiler let go (docs/gpu.md, "Beside another CUPTI client").
+    pub const NO_API_RECORD: &str = "no_api_record";
+    /// The process ended (a crash, `_exit`, a signal) before CUPTI handed its records over.
+    pub const NOT_FLUSHED: &str = "not_flushed";
+    /// CUPTI was not recording in the process (it never started there, or failed).
+    pub const NOT_RECORDED: &str = "not_recorded";
+    /// None of those: CUPTI's records of it never came (see `cupti_dropped`).
+    pub const MISSING: &str = "missing";
+}
+
 /// `"type":"gpu_kernel"`: a kernel that ran on the GPU.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuKernelLine {
@@ -51,6 +74,11 @@ pub struct GpuKernelLine {
     /// The name as CUPTI gave it, where it differs from `kernel`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_mangled: Option<String>,
+    /// CUPTI's name, where it differs from the launch's: the line keeps the launch's name
+    /// (what the program asked the driver for), CUPTI's record may carry a stale one (a
+    /// function handle reused for another kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cupti_kernel: Option<String>,
     #[serde(default)]
     pub grid: [u32; 3],
     #[serde(default)]
@@ -137,11 +165,20 @@ pub struct GpuLink {
     /// The graph the work ran in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub graph_id: Option<u32>,
+    /// CUPTI's id of the graph node that ran it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_node_id: Option<u64>,
     /// The issuing call's line: its `tid` and `ts_ns`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_tid: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_ts_ns: Option<u64>,
+    /// Work of a graph: the captured call that made its node (a launch, copy or memset
+    /// made while its stream was captured), its `call` line's `tid` and `ts_ns`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_call_tid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_call_ts_ns: Option<u64>,
     /// From the end of the issuing call (as CUPTI timed it) to the GPU start; negative
     /// when the GPU started before the call returned. Absent without CUPTI's record of the
     /// call.
@@ -161,6 +198,11 @@ impl GpuLink {
     /// The issuing call's line, `(tid, ts_ns)`.
     pub fn call(&self) -> Option<(u32, u64)> {
         Some((self.call_tid?, self.call_ts_ns?))
+    }
+
+    /// Work of a graph: the captured call that made its node, `(tid, ts_ns)`.
+    pub fn capture_call(&self) -> Option<(u32, u64)> {
+        Some((self.capture_call_tid?, self.capture_call_ts_ns?))
     }
 
     /// Whether the work has GPU times (no `no_timestamps`/`no_clock` warning).
@@ -188,6 +230,34 @@ pub struct GpuInfoLine {
     /// `monotonic`: CUPTI stamps records with CLOCK_MONOTONIC (its timestamp callback);
     /// `converted`: CUPTI's own clock, converted with clock pairs.
     pub clock: Cow<'static, str>,
+    /// `single`: CUPTI allows one activity client in the process; another one (the
+    /// program's own profiler) takes recording away until it lets go (`gpu_gap` lines).
+    /// `multiple`: cudatrace has a subscriber of its own beside the program's.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub subscribers: Cow<'static, str>,
+}
+
+/// `"type":"gpu_gap"`: another CUPTI client of the process (the program's own profiler)
+/// held the activity API, and GPU work issued meanwhile was not recorded.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuGapLine {
+    #[serde(rename = "type")]
+    pub tag: Tag<Self>,
+    pub pid: u32,
+    /// When the other client took it: its `cuptiActivityRegisterCallbacks` call's `ts_ns`.
+    pub from_ns: u64,
+    /// When cudatrace had it back (absent: not before the process ended).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_ns: Option<u64>,
+    /// The thread of that call.
+    pub tid: u32,
+    /// Launches, copies and memsets of the process from `from_ns` to `to_ns` whose work
+    /// has no GPU line.
+    pub calls: u64,
+    /// Of those before `from_ns` whose records CUPTI still held when the other client
+    /// took over (they went to it).
+    pub handed_over: u64,
 }
 
 /// `"type":"gpu_error"`: something failed in a process's GPU recording.
@@ -219,6 +289,7 @@ pub enum GpuLine {
     Memset(GpuMemsetLine),
     Info(GpuInfoLine),
     Error(GpuErrorLine),
+    Gap(GpuGapLine),
 }
 
 /// Kernels, copies and memsets: work that ran on a GPU, with its times and link.
@@ -238,7 +309,7 @@ impl GpuLine {
             GpuLine::Kernel(k) => (k.pid, k.device, k.stream, k.ts_ns, k.dur_ns, &k.link),
             GpuLine::Copy(c) => (c.pid, c.device, c.stream, c.ts_ns, c.dur_ns, &c.link),
             GpuLine::Memset(m) => (m.pid, m.device, m.stream, m.ts_ns, m.dur_ns, &m.link),
-            GpuLine::Info(_) | GpuLine::Error(_) => return None,
+            GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => return None,
         };
         Some(GpuWork {
             pid,
@@ -258,6 +329,7 @@ impl GpuLine {
             GpuLine::Memset(m) => m.pid,
             GpuLine::Info(i) => i.pid,
             GpuLine::Error(e) => e.pid,
+            GpuLine::Gap(g) => g.pid,
         }
     }
 
@@ -266,7 +338,7 @@ impl GpuLine {
             GpuLine::Kernel(k) => Some(&mut k.link),
             GpuLine::Copy(c) => Some(&mut c.link),
             GpuLine::Memset(m) => Some(&mut m.link),
-            GpuLine::Info(_) | GpuLine::Error(_) => None,
+            GpuLine::Info(_) | GpuLine::Error(_) | GpuLine::Gap(_) => None,
         }
     }
 
@@ -281,6 +353,7 @@ impl GpuLine {
             GpuMemsetLine::TYPE => read(kind, bytes).map(GpuLine::Memset),
             GpuInfoLine::TYPE => read(kind, bytes).map(GpuLine::Info),
             GpuErrorLine::TYPE => read(kind, bytes).map(GpuLine::Error),
+            GpuGapLine::TYPE => read(kind, bytes).map(GpuLine::Gap),
             _ => return None,
         })
     }
@@ -308,6 +381,9 @@ impl LineType for GpuInfoLine {
 impl LineType for GpuErrorLine {
     const TYPE: &'static str = "gpu_error";
 }
+impl LineType for GpuGapLine {
+    const TYPE: &'static str = "gpu_gap";
+}
 
 impl EventLine for GpuKernelLine {
     fn count_in(&self, footer: &mut Footer) {
@@ -332,5 +408,10 @@ impl EventLine for GpuInfoLine {
 impl EventLine for GpuErrorLine {
     fn count_in(&self, footer: &mut Footer) {
         footer.events.gpu_error += 1;
+    }
+}
+impl EventLine for GpuGapLine {
+    fn count_in(&self, footer: &mut Footer) {
+        footer.events.gpu_gap += 1;
     }
 }

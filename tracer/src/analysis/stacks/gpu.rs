@@ -52,12 +52,8 @@ impl GpuStacks {
         }
     }
 
-    /// Issue 24's hook: a call captured into a CUDA graph (its line marked so), whose
-    /// kernels run later in replays and name it as their capture site.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "issue 24 marks captured calls; nothing does yet")
-    )]
+    /// A call captured into a CUDA graph (its line marked `captured`), whose kernels run
+    /// later in replays and name it as their capture site.
     pub fn captured_call(&mut self, pid: u32, tid: u32, ts_ns: u64, stack: CallStack) {
         self.captured.insert((pid, tid, ts_ns), stack);
     }

@@ -152,12 +152,19 @@ impl StackAccumulator {
             }
             _ => {}
         }
-        if self.kernels
-            && matches!(
+        if !self.kernels
+            || !matches!(
                 role,
                 Role::Launch | Role::GraphLaunch | Role::Copy | Role::Memset
             )
         {
+            return;
+        }
+        if record.captured.is_some() {
+            // Its work runs in the graph's replays, which name it as their capture site.
+            self.gpu
+                .captured_call(record.pid, record.tid, record.ts_ns, index);
+        } else {
             self.gpu.call(record.pid, record.tid, record.ts_ns, index);
         }
     }
@@ -167,7 +174,10 @@ impl StackAccumulator {
         if !kernel.link.timed() {
             return;
         }
-        let figures = match self.gpu.site(kernel.pid, kernel.link.call(), None) {
+        let site = self
+            .gpu
+            .site(kernel.pid, kernel.link.call(), kernel.link.capture_call());
+        let figures = match site {
             KernelSite::Stack(index) => &mut self.per_stack[index as usize],
             KernelSite::CallWithoutStack => {
                 self.counts.kernels_call_without_stack += 1;

@@ -164,3 +164,62 @@ fn a_trace_without_stacks_has_no_stacks_section() {
             .all(|l| l.stack.is_none())
     );
 }
+
+/// A graph's kernels count where the launches captured into its nodes were made (their
+/// stack), not where the graph was launched.
+#[test]
+fn graph_kernels_go_to_their_capture_sites_stack() {
+    const MODULE: &str = "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py";
+    let frame = |file: &str, qualname: &str, line: u32| {
+        format!(r#"{{"file":"{file}","qualname":"{qualname}","line":{line},"first_line":1}}"#)
+    };
+    let call = |name: &str, ts: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":7,"tid":7,"ts_ns":{ts},"dur_ns":100,"ret":0{extra}}}"#
+        )
+    };
+    let kernel = |ts: u64, dur: u64| {
+        format!(
+            r#"{{"type":"gpu_kernel","pid":7,"device":0,"context":1,"stream":7,"ts_ns":{ts},"dur_ns":{dur},"kernel":"k","grid":[1,1,1],"block":[1,1,1],"static_shared_mem":0,"dynamic_shared_mem":0,"registers_per_thread":8,"correlation_id":9,"graph_id":1,"graph_node_id":2,"call_tid":7,"call_ts_ns":3000,"capture_call_tid":7,"capture_call_ts_ns":2000}}"#
+        )
+    };
+    let trace = [
+        r#"{"type":"header","format":"cudatrace","version":4,"command":["python3","run.py"],"pids":[7],"start_monotonic_ns":1000,"probes":[],"gpu":{"library":"/tmp/x/l.so","libcupti":"/x/libcupti.so","libcupti_from":"--cupti"},"stacks":{"families":["all"],"depth":64}}"#.to_owned(),
+        format!(
+            r#"{{"type":"stack","id":1,"frames":[{},{},{},{}]}}"#,
+            frame("/w/model.py", "Block.forward", 14),
+            frame(MODULE, "Module._call_impl", 1784),
+            frame(MODULE, "Module._wrapped_call_impl", 1773),
+            frame("/w/run.py", "<module>", 5)
+        ),
+        format!(r#"{{"type":"stack","id":2,"frames":[{}]}}"#, frame("/w/run.py", "<module>", 9)),
+        call("cuStreamBeginCapture_v2", 1500, r#","stream":"0x5","mode":0,"capture":1"#),
+        call(
+            "cuLaunchKernel",
+            2000,
+            r#","grid":[1,1,1],"block":[1,1,1],"stream":"0x5","function":"0x30","captured":1,"stack":1"#,
+        ),
+        call("cuGraphLaunch", 3000, r#","stream":"0x0","stack":2"#),
+        kernel(4000, 4_000),
+        kernel(9000, 6_000),
+    ]
+    .join("\n");
+    let summarised = read(&trace);
+    let summary = summarised.report.stacks.as_ref().unwrap().summary();
+    let gpu: Vec<(&str, u64, u64)> = summary
+        .layers
+        .iter()
+        .map(|row| {
+            (
+                row.name.as_str(),
+                row.figures.gpu_ns,
+                row.figures.gpu_kernels,
+            )
+        })
+        .collect();
+    assert_eq!(
+        gpu,
+        [("Block", 10_000, 2), (NO_LAYER, 0, 0), (NO_STACK, 0, 0)]
+    );
+    assert_eq!(summary.counts.kernels_without_call, 0);
+}
