@@ -26,9 +26,11 @@ gpt2=("$here/transformer_inference.py" --tokens 20)
 echo "cudatrace run exit $?"
 "$cudatrace" summary --json "$out/gpt2.jsonl" >"$out/gpt2.summary.json"
 "$cudatrace" summary "$out/gpt2.jsonl" >"$out/gpt2.summary.txt"
-LAYERS_REFERENCE_OUT="$out/gpt2.ref.json" python3 "$here/layers_reference.py" "${gpt2[@]}" \
-    >"$out/gpt2.ref.log" 2>&1
-echo "reference exit $?"
+LAYERS_REFERENCE_OUT="$out/gpt2.ref.json" LAYERS_REFERENCE_CHROME="$out/gpt2.profiler.json.gz" \
+    python3 "$here/layers_reference.py" "${gpt2[@]}" >"$out/gpt2.ref.log" 2>&1
+rc=$?
+echo "reference exit $rc"
+[ $rc = 0 ] || tail -20 "$out/gpt2.ref.log"
 python3 "$here/layers_check.py" "$out/gpt2.summary.json" "$out/gpt2.ref.json" |
     tee "$out/gpt2.check.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

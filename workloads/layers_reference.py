@@ -2,24 +2,27 @@
 is compared with (workloads/layers_gpu.sh, issue 23).
 
 Runs WORKLOAD in this process (runpy) with ARGS inside
-`torch.profiler.profile(activities=[CPU, CUDA], with_stack=True)`, whose Python tracer
-records each `nn.Module` call as a `python_function` event named `nn.Module: CLASS_N`.
-Each kernel is given the module the profiler says it came from, as its own module
-hierarchy does: the kernel's correlation id names the runtime or driver call that launched
-it, and the innermost `nn.Module` event around that call on its thread is its layer
-(none: "(no layer)"). Writes JSON to $LAYERS_REFERENCE_OUT: {"layers": {CLASS: [kernels,
+`torch.profiler.profile(activities=[CPU, CUDA])`, with a `record_function` range named
+`nn.Module: CLASS` around every module's forward (global forward pre- and post-hooks: the
+module hierarchy torch.profiler's `with_stack=True` would record, without its Python
+tracer, whose post-processing of GPT-2's millions of Python calls outran 150 s on the H100).
+Each kernel is given the module the profiler says it came from: the kernel's correlation
+id names the runtime or driver call that launched it, and the innermost module range
+around that call on its thread is its layer (none: "(no layer)"). Writes JSON to $LAYERS_REFERENCE_OUT: {"layers": {CLASS: [kernels,
 gpu_ns]}, "kernels": N, "gpu_ns": T, "kernels_without_launch": N}.
 
 usage: LAYERS_REFERENCE_OUT=ref.json python3 layers_reference.py WORKLOAD [ARGS...]
 """
 
 import bisect
+import gzip
 import json
 import os
 import re
 import runpy
 import sys
 import tempfile
+import threading
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -40,7 +43,7 @@ def layers_of(trace):
             kernels.append(e)
         elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:
             launches[args["correlation"]] = (e["pid"], e["tid"], e["ts"])
-        elif cat == "python_function":
+        elif cat in ("user_annotation", "python_function"):
             match = MODULE.match(e["name"])
             if match:
                 modules.setdefault((e["pid"], e["tid"]), []).append(
@@ -80,22 +83,42 @@ def layers_of(trace):
             "kernels_without_launch": without_launch}
 
 
+ranges = threading.local()
+
+
+def enter_module(module, _inputs):
+    scope = torch.autograd.profiler.record_function(f"nn.Module: {type(module).__name__}")
+    scope.__enter__()
+    ranges.__dict__.setdefault("open", []).append(scope)
+
+
+def leave_module(_module, _inputs, _output):
+    ranges.open.pop().__exit__(None, None, None)
+
+
 def main():
     workload, args = sys.argv[1], sys.argv[2:]
     out = os.environ["LAYERS_REFERENCE_OUT"]
     sys.argv = [workload] + args
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 with_stack=True) as prof:
+    torch.nn.modules.module.register_module_forward_pre_hook(enter_module)
+    torch.nn.modules.module.register_module_forward_hook(leave_module)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         try:
             runpy.run_path(workload, run_name="__main__")
         except SystemExit as e:
             if e.code not in (None, 0):
                 raise
         torch.cuda.synchronize()
+    # $LAYERS_REFERENCE_CHROME: where to keep the profiler's own trace (gzip), to look at.
+    keep = os.environ.get("LAYERS_REFERENCE_CHROME")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        with open(f.name) as chrome:
-            trace = json.load(chrome)
+        with open(f.name, "rb") as chrome:
+            raw = chrome.read()
+    if keep:
+        with gzip.open(keep, "wb") as f:
+            f.write(raw)
+    trace = json.loads(raw)
     with open(out, "w") as f:
         json.dump(layers_of(trace), f, indent=1)
 

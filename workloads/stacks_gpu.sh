@@ -13,8 +13,9 @@
 #    decoding (40 tokens) untraced, under `cudatrace run` and under `cudatrace run
 #    --stacks`, ROUNDS (default 6) interleaved rounds, the order rotated each round:
 #    microseconds per launch and milliseconds per token (OUTDIR/cost.txt, one line per run).
-# gpt2cost (not in the default): GPT-2 decoding alone, 200 tokens a run, untraced, `run`
-#    and `run --stacks`, ROUNDS interleaved rounds, the order rotated each round; each
+# gpt2cost (not in the default): GPT-2 decoding alone, 200 tokens a run, in ROUNDS
+#    interleaved rounds, the order rotated each round, under $GPT2COST_CONDITIONS (default
+#    `untraced run stacks`; also `stacks_entry`: `--stacks --launch-entry-only`); each
 #    traced run's ratio to its round's untraced one (OUTDIR/gpt2cost.txt).
 # 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
 #    --stacks (the call program's run time per call includes the stack programs it
@@ -70,15 +71,18 @@ for round in $(seq 1 "$rounds"); do
 done
 
 gpt2_long=(python3 "$here/transformer_inference.py" --tokens 200)
+read -r -a long_conditions <<<"${GPT2COST_CONDITIONS:-untraced run stacks}"
+count=${#long_conditions[@]}
 [[ $parts == *,gpt2cost,* ]] && echo "== GPT-2 cost, 200 tokens ($rounds rounds)" &&
 : >"$out/gpt2cost.txt" && for round in $(seq 1 "$rounds"); do
     line="$round"
-    for index in 0 1 2; do
-        condition=${conditions[$(((index + round) % 3))]}
+    for index in $(seq 0 $((count - 1))); do
+        condition=${long_conditions[$(((index + round) % count))]}
         case $condition in
         untraced) prefix=() ;;
         run) prefix=("$cudatrace" run -q -o /dev/null --) ;;
         stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
+        stacks_entry) prefix=("$cudatrace" run -q --stacks --launch-entry-only -o /dev/null --) ;;
         esac
         ms=$("${prefix[@]}" "${gpt2_long[@]}" 2>>"$out/gpt2cost.stderr" | awk '/^per token:/ {print $3}')
         line="$line $condition=$ms"
@@ -88,14 +92,13 @@ done
 [ -s "$out/gpt2cost.txt" ] && python3 - "$out/gpt2cost.txt" <<'EOF' | tee -a "$out/tables.txt"
 import statistics, sys
 rounds = [dict(f.split("=") for f in line.split()[1:]) for line in open(sys.argv[1])]
-for condition in ("untraced", "run", "stacks"):
+for condition in rounds[0]:
     ms = [float(r[condition]) for r in rounds]
-    print(f"GPT-2 200 tokens {condition:9} median {statistics.median(ms):.3f} ms/token {[round(x, 3) for x in ms]}")
-for condition in ("run", "stacks"):
-    ratios = [float(r[condition]) / float(r["untraced"]) for r in rounds]
-    print(f"GPT-2 200 tokens {condition:9} x{statistics.median(ratios):.3f} of untraced (median of per-round ratios) {[round(x, 3) for x in ratios]}")
-ratios = [float(r["stacks"]) / float(r["run"]) for r in rounds]
-print(f"GPT-2 200 tokens stacks over run x{statistics.median(ratios):.3f} {[round(x, 3) for x in ratios]}")
+    print(f"GPT-2 200 tokens {condition:12} median {statistics.median(ms):.3f} ms/token {[round(x, 3) for x in ms]}")
+for condition in rounds[0]:
+    if condition != "untraced":
+        ratios = [float(r[condition]) / float(r["untraced"]) for r in rounds]
+        print(f"GPT-2 200 tokens {condition:12} x{statistics.median(ratios):.3f} of untraced (median of per-round ratios) {[round(x, 3) for x in ratios]}")
 EOF
 
 echo "== 3. BPF statistics"

@@ -70,14 +70,16 @@ impl Function {
 
     /// A layer's name: the class that defines the forward (`GPT2Attention` from
     /// `GPT2Attention.forward`, `Net` from `main.<locals>.Net.forward`); on Python 3.10,
-    /// which has no qualified names, `forward@FILE:FIRST_LINE` (the file's last part).
+    /// which has no qualified names, and for a `forward` that is a function's local (a
+    /// module given a function as its forward, as torch.compile's wrappers do:
+    /// `f.<locals>.forward`), `QUALNAME@FILE:FIRST_LINE` (the file's last part).
     pub fn layer_name(&self) -> String {
         match self
             .qualname
             .strip_suffix(".forward")
             .and_then(|class| class.rsplit('.').next())
         {
-            Some(class) if !class.is_empty() => class.to_owned(),
+            Some(class) if !class.is_empty() && class != "<locals>" => class.to_owned(),
             _ => format!(
                 "{}@{}:{}",
                 self.qualname,
@@ -280,6 +282,11 @@ mod tests {
         assert_eq!(
             function("/a.py", "main.<locals>.Net.forward").layer_name(),
             "Net"
+        );
+        // A function's local `forward`: no class to name.
+        assert_eq!(
+            function("/t/compile_fx.py", "compile_fx.<locals>.forward").layer_name(),
+            "compile_fx.<locals>.forward@compile_fx.py:1"
         );
         // Python 3.10: no qualified name.
         assert_eq!(
