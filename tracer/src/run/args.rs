@@ -179,8 +179,9 @@ pub struct RunArgs {
     #[arg(long, hide = true, value_name = "MAP=N", value_parser = parse_map_entries)]
     pub map_entries: Vec<(String, u32)>,
 
-    /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
-    /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
+    /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`),
+    /// TRACE.pftrace (`perfetto`) or the folder TRACE.parquet (`parquet`); see `cudatrace
+    /// export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub export: Option<ExportFormat>,
 

@@ -482,3 +482,63 @@ pub fn gpu_power() -> String {
     lines.push(footer);
     lines.join("\n") + "\n"
 }
+
+/// A `--gpu` trace of NCCL calls, pid 7, rank 1 of 2 on communicator `aaaa…` (first
+/// seen after a call): an all-reduce with its kernel (the kernel's line before the
+/// call's); a group of an all-reduce (100 B) and a broadcast (300 B) whose one kernel
+/// (8,000 ns) is launched in `ncclGroupEnd`; `ncclBcast` running as `ncclBroadcast`
+/// inside it; a send; a failed all-reduce.
+pub fn nccl_gpu() -> String {
+    let call = |name: &str, ts: u64, dur: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":7,"tid":7,"ts_ns":{ts},"dur_ns":{dur},"ret":0{extra}}}"#
+        )
+    };
+    let comm = r#","comm":"0x100""#;
+    let kernel = |launch_ts: u64, ts: u64, dur: u64| {
+        format!(
+            r#"{{"type":"gpu_kernel","pid":7,"device":0,"context":1,"stream":13,"ts_ns":{ts},"dur_ns":{dur},"kernel":"ncclDevKernel_Generic","grid":[2,1,1],"block":[512,1,1],"correlation_id":3,"call_tid":7,"call_ts_ns":{launch_ts}}}"#
+        )
+    };
+    let unique_id = "aa".repeat(32);
+    [
+        r#"{"type":"header","version":3,"host":"node-a","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":1795600000000000000,"start_monotonic_ns":1000000,"pids":[7],"gpu":{"library":"inject.so"}}"#
+            .to_owned(),
+        call("cuInit", 1_100_000, 10, ""),
+        call(
+            "ncclCommInitRank",
+            1_200_000,
+            100,
+            &format!(r#","comm":"0x100","unique_id":"{unique_id}","rank":1,"nranks":2"#),
+        ),
+        call("cuLaunchKernel", 2_000_050, 10, r#","function":"0x30""#),
+        // A kernel before its collective's line: kept until the line comes.
+        kernel(2_000_050, 2_100_000, 5_000),
+        call(
+            "ncclAllReduce",
+            2_000_000,
+            100,
+            &format!(r#"{comm},"count":256,"datatype":"float32","bytes":1024,"op":"sum""#),
+        ),
+        call("ncclGroupStart", 3_000_000, 5, ""),
+        call("ncclAllReduce", 3_000_100, 10, &format!(r#"{comm},"bytes":100"#)),
+        call(
+            "ncclBroadcast",
+            3_000_200,
+            10,
+            &format!(r#"{comm},"bytes":300,"root":0"#),
+        ),
+        call("cuLaunchKernel", 3_000_350, 10, r#","function":"0x30""#),
+        call("ncclGroupEnd", 3_000_300, 100, ""),
+        call("ncclBroadcast", 4_000_010, 20, &format!(r#"{comm},"bytes":64"#)),
+        call("ncclBcast", 4_000_000, 50, &format!(r#"{comm},"bytes":64"#)),
+        call("ncclSend", 5_000_000, 10, &format!(r#"{comm},"bytes":8,"peer":0"#)),
+        format!(
+            r#"{{"type":"call","name":"ncclAllReduce","pid":7,"tid":7,"ts_ns":6000000,"dur_ns":10,"ret":4,"ret_name":"ncclInvalidArgument"{comm}}}"#
+        ),
+        kernel(3_000_350, 3_100_000, 8_000),
+        r#"{"type":"footer","calls_by_name":{"ncclCommInitRank":1}}"#.to_owned(),
+    ]
+    .join("\n")
+}
+
