@@ -542,3 +542,51 @@ pub fn nccl_gpu() -> String {
     .join("\n")
 }
 
+/// Host names and the wall clock's offset (`start_wall_ns - start_monotonic_ns`) of
+/// [`job_rank`]'s two traces: two machines whose monotonic clocks differ.
+pub const JOB_HOSTS: [(&str, u64); 2] = [
+    ("host-a", 1_795_600_000_000_000_000),
+    ("host-b", 1_795_600_000_000_000_000 - 7_000_000_000),
+];
+/// When each rank arrives at each of [`job_rank`]'s four all-reduces, in ns after
+/// 1795600010000000000 on the wall clock: rank 1 is 50 ms late to the first and third,
+/// rank 0 1 ms late to the second and fourth.
+pub const JOB_ARRIVALS: [[u64; 4]; 2] = [
+    [0, 1_001_000_000, 2_000_000_000, 3_001_000_000],
+    [50_000_000, 1_000_000_000, 2_050_000_000, 3_000_000_000],
+];
+
+/// One rank's trace of a two-rank job (pid 1000 + rank): a communicator made with
+/// unique id `0102…`, then four all-reduces of 1 MiB at [`JOB_ARRIVALS`].
+pub fn job_rank(rank: usize) -> String {
+    let (host, offset) = JOB_HOSTS[rank];
+    let pid = 1000 + rank;
+    let monotonic = |wall_after: u64| 1_795_600_010_000_000_000 + wall_after - offset;
+    let call = |name: &str, ts: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":{pid},"tid":{pid},"ts_ns":{ts},"dur_ns":20000,"ret":0,"comm":"0x5000"{extra}}}"#
+        )
+    };
+    let unique_id: String = (1..=32).map(|b| format!("{b:02x}")).collect();
+    let mut lines = vec![
+        format!(
+            r#"{{"type":"header","version":3,"host":"{host}","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":{},"start_monotonic_ns":{},"pids":[{pid}]}}"#,
+            offset + 5_000_000_000,
+            5_000_000_000_u64,
+        ),
+        call(
+            "ncclCommInitRank",
+            monotonic(0) - 1_000_000,
+            &format!(r#","unique_id":"{unique_id}","rank":{rank},"nranks":2"#),
+        ),
+    ];
+    for arrival in JOB_ARRIVALS[rank] {
+        lines.push(call(
+            "ncclAllReduce",
+            monotonic(arrival),
+            r#","count":262144,"datatype":"float32","bytes":1048576,"op":"sum""#,
+        ));
+    }
+    lines.push(r#"{"type":"footer","calls_by_name":{"ncclCommInitRank":1}}"#.to_owned());
+    lines.join("\n") + "\n"
+}
