@@ -8,13 +8,19 @@
 //! Repeated strings (names, kinds, the trace's id) are dictionary-encoded in Arrow as in
 //! the Parquet file; strings that are mostly distinct (paths, messages) are plain.
 
-use std::{borrow::Cow, marker::PhantomData, sync::Arc};
+use std::{
+    borrow::Cow,
+    marker::PhantomData,
+    sync::{Arc, OnceLock},
+};
 
 use arrow_array::{
-    ArrayRef, DictionaryArray,
+    ArrayRef, BooleanArray, DictionaryArray, Int32Array, Int64Array, ListArray, StringArray,
     builder::{BooleanBuilder, Int32Builder, Int64Builder, ListBuilder, StringBuilder},
+    new_empty_array,
     types::Int32Type,
 };
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field};
 use foldhash::HashMap;
 
@@ -39,6 +45,30 @@ pub trait Scalar {
     fn append(builder: &mut Self::Builder, value: Self::Value<'_>);
     fn append_nulls(builder: &mut Self::Builder, count: usize);
     fn finish(builder: &mut Self::Builder) -> ArrayRef;
+    /// `len` nulls, on [`zeros`] (a batch of a field no row has: most of a call's).
+    fn nulls(len: usize) -> ArrayRef;
+}
+
+/// Rows in a batch, at most (`table.rs` hands batches of this many to the writer).
+pub const BATCH_ROWS: usize = 4096;
+
+/// Zeros for a batch's all-null columns, shared by all of them: a null column costs no
+/// allocation and no zeroing, batch after batch.
+fn zeros() -> Buffer {
+    static ZEROS: OnceLock<Buffer> = OnceLock::new();
+    ZEROS
+        .get_or_init(|| Buffer::from(vec![0u8; (BATCH_ROWS + 1) * 8]))
+        .clone()
+}
+
+/// `len` nulls' validity.
+fn no_values(len: usize) -> NullBuffer {
+    NullBuffer::new(BooleanBuffer::new(zeros(), 0, len))
+}
+
+/// `len + 1` zero offsets: `len` empty strings or lists.
+fn zero_offsets(len: usize) -> OffsetBuffer<i32> {
+    OffsetBuffer::new(ScalarBuffer::new(zeros(), 0, len + 1))
 }
 
 /// Never null.
@@ -68,6 +98,8 @@ pub struct OptBuilder<B> {
     builder: B,
     /// Nulls not added yet, after what the builder holds.
     nulls: usize,
+    /// Values in this batch.
+    values: usize,
 }
 
 impl<S: Scalar> Kind for Opt<S> {
@@ -86,16 +118,23 @@ impl<S: Scalar> Kind for Opt<S> {
                     builder.nulls = 0;
                 }
                 S::append(&mut builder.builder, value);
+                builder.values += 1;
             }
             None => builder.nulls += 1,
         }
     }
 
     fn finish(builder: &mut Self::Builder, out: &mut Vec<ArrayRef>) {
+        if builder.values == 0 {
+            out.push(S::nulls(builder.nulls));
+            builder.nulls = 0;
+            return;
+        }
         if builder.nulls > 0 {
             S::append_nulls(&mut builder.builder, builder.nulls);
             builder.nulls = 0;
         }
+        builder.values = 0;
         out.push(S::finish(&mut builder.builder));
     }
 }
@@ -119,7 +158,17 @@ impl Scalar for I32 {
     }
 
     fn finish(builder: &mut Int32Builder) -> ArrayRef {
-        Arc::new(builder.finish())
+        let array = builder.finish();
+        // The next batch is as dense: no growing from empty.
+        *builder = Int32Builder::with_capacity(BATCH_ROWS);
+        Arc::new(array)
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(Int32Array::new(
+            ScalarBuffer::new(zeros(), 0, len),
+            Some(no_values(len)),
+        ))
     }
 }
 
@@ -142,7 +191,16 @@ impl Scalar for I64 {
     }
 
     fn finish(builder: &mut Int64Builder) -> ArrayRef {
-        Arc::new(builder.finish())
+        let array = builder.finish();
+        *builder = Int64Builder::with_capacity(BATCH_ROWS);
+        Arc::new(array)
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(Int64Array::new(
+            ScalarBuffer::new(zeros(), 0, len),
+            Some(no_values(len)),
+        ))
     }
 }
 
@@ -166,6 +224,13 @@ impl Scalar for Bool {
 
     fn finish(builder: &mut BooleanBuilder) -> ArrayRef {
         Arc::new(builder.finish())
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(BooleanArray::new(
+            BooleanBuffer::new(zeros(), 0, len),
+            Some(no_values(len)),
+        ))
     }
 }
 
@@ -230,9 +295,16 @@ impl Scalar for Str {
         let values = Arc::new(builder.values.finish());
         builder.known.clear();
         builder.last = None;
+        builder.keys = Int32Builder::with_capacity(BATCH_ROWS);
         Arc::new(
             DictionaryArray::<Int32Type>::try_new(keys, values).expect("keys index the values"),
         )
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        let keys = Int32Array::new(ScalarBuffer::new(zeros(), 0, len), Some(no_values(len)));
+        let values = new_empty_array(&DataType::Utf8);
+        Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values).expect("no key is valid"))
     }
 }
 
@@ -257,6 +329,14 @@ impl Scalar for Text {
 
     fn finish(builder: &mut StringBuilder) -> ArrayRef {
         Arc::new(builder.finish())
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(StringArray::new(
+            zero_offsets(len),
+            Buffer::from(Vec::<u8>::new()),
+            Some(no_values(len)),
+        ))
     }
 }
 
@@ -285,6 +365,15 @@ impl Scalar for Pointers {
     fn finish(builder: &mut Self::Builder) -> ArrayRef {
         Arc::new(builder.finish())
     }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Int64, true)),
+            zero_offsets(len),
+            new_empty_array(&DataType::Int64),
+            Some(no_values(len)),
+        ))
+    }
 }
 
 /// Small numbers: a list of `int32`.
@@ -312,6 +401,15 @@ impl Scalar for Numbers {
     fn finish(builder: &mut Self::Builder) -> ArrayRef {
         Arc::new(builder.finish())
     }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Int32, true)),
+            zero_offsets(len),
+            new_empty_array(&DataType::Int32),
+            Some(no_values(len)),
+        ))
+    }
 }
 
 /// Words (warnings, errors): a list of strings.
@@ -338,6 +436,15 @@ impl Scalar for Words {
 
     fn finish(builder: &mut Self::Builder) -> ArrayRef {
         Arc::new(builder.finish())
+    }
+
+    fn nulls(len: usize) -> ArrayRef {
+        Arc::new(ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Utf8, true)),
+            zero_offsets(len),
+            new_empty_array(&DataType::Utf8),
+            Some(no_values(len)),
+        ))
     }
 }
 

@@ -2,10 +2,10 @@
 //! `copies`, `memsets` or `collectives` where it is one), through the analysis, so that
 //! traces without kernel names, devices or NCCL ranks get them as `summary` does.
 
-use std::{borrow::Cow, io::BufRead};
+use std::{borrow::Cow, fs::File, io::BufRead};
 
 use foldhash::HashMap;
-use parquet::errors::ParquetError;
+use parquet::{arrow::ArrowWriter, errors::ParquetError};
 use serde_json::Value;
 
 use super::{
@@ -18,6 +18,7 @@ use super::{
         collectives, copies, gpu_copies, gpu_memsets, kernels, libraries, memsets, power,
         processes, traces,
     },
+    writer::{Encoder, Running},
 };
 use crate::{
     analysis::{Analysis, Role, families::Families},
@@ -72,7 +73,7 @@ pub fn header_extra(bytes: &[u8], line: &Line) -> Option<Box<HeaderExtra>> {
     }))
 }
 
-/// Every table's file.
+/// Every table, and the thread that encodes them into their files.
 pub struct Tables {
     pub calls: Table<Calls>,
     pub kernels: Table<kernels::Def>,
@@ -85,9 +86,10 @@ pub struct Tables {
     pub processes: Table<processes::Def>,
     pub libraries: Table<libraries::Def>,
     pub traces: Table<traces::Def>,
+    encoder: Running,
 }
 
-/// The tables' file names, in the order [`Tables`] opens them.
+/// The tables' file names, in the order [`Tables::open`] takes their files.
 pub const TABLE_NAMES: [&str; 11] = [
     Calls::NAME,
     kernels::Def::NAME,
@@ -103,21 +105,66 @@ pub const TABLE_NAMES: [&str; 11] = [
 ];
 
 impl Tables {
-    /// Closes every file; the rows of each table.
+    /// Every table's writer on its file (`files` in [`TABLE_NAMES`]' order), and the
+    /// encoder thread started.
+    pub fn open(files: Vec<File>) -> Result<Tables, ParquetError> {
+        let encoder = Encoder::new();
+        let mut writers = Vec::with_capacity(files.len());
+        let mut files = files.into_iter();
+        let mut table = |writers: &mut Vec<ArrowWriter<File>>| {
+            let file = files.next().expect("a file per table");
+            (file, encoder.sink(writers.len()))
+        };
+        macro_rules! open {
+            () => {{
+                let (file, sink) = table(&mut writers);
+                let (table, writer) = Table::new(file, sink)?;
+                writers.push(writer);
+                table
+            }};
+        }
+        let (calls, kernels, gpu_copies, gpu_memsets, copies, memsets) =
+            (open!(), open!(), open!(), open!(), open!(), open!());
+        let (collectives, power, processes, libraries, traces) =
+            (open!(), open!(), open!(), open!(), open!());
+        Ok(Tables {
+            calls,
+            kernels,
+            gpu_copies,
+            gpu_memsets,
+            copies,
+            memsets,
+            collectives,
+            power,
+            processes,
+            libraries,
+            traces,
+            encoder: encoder.start(writers),
+        })
+    }
+
+    /// Writes what is left and every file's footer; the rows of each table.
     pub fn close(self) -> Result<[u64; 11], ParquetError> {
-        Ok([
-            self.calls.close()?,
-            self.kernels.close()?,
-            self.gpu_copies.close()?,
-            self.gpu_memsets.close()?,
-            self.copies.close()?,
-            self.memsets.close()?,
-            self.collectives.close()?,
-            self.power.close()?,
-            self.processes.close()?,
-            self.libraries.close()?,
-            self.traces.close()?,
-        ])
+        let rows = [
+            self.calls.close(),
+            self.kernels.close(),
+            self.gpu_copies.close(),
+            self.gpu_memsets.close(),
+            self.copies.close(),
+            self.memsets.close(),
+            self.collectives.close(),
+            self.power.close(),
+            self.processes.close(),
+            self.libraries.close(),
+            self.traces.close(),
+        ];
+        // Every sink is gone: the encoder closes the files and ends.
+        self.encoder.finish()?;
+        let mut written = [0; 11];
+        for (count, rows) in written.iter_mut().zip(rows) {
+            *count = rows?;
+        }
+        Ok(written)
     }
 }
 

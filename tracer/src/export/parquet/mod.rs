@@ -5,10 +5,12 @@
 //! (`SELECT ... FROM 'job/*/calls.parquet'`). docs/trace-format.md describes each table
 //! and column.
 //!
-//! Lines are read once, in order, and rows go to their table's Parquet writer in batches:
-//! memory holds a row group per table, the collectives waiting for their kernels, and
-//! the analysis's handles, never the trace. A pass ahead of the export reads each
-//! process's rank (`ranks.rs`), so that its first rows have it too.
+//! Lines are read once, in order; each row goes into its table's Arrow arrays, and every
+//! few thousand rows the batch goes to a thread that encodes it into the table's file
+//! (`writer.rs`). Memory holds a batch and an encoded row group per table, a few batches
+//! in flight, the collectives waiting for their kernels and the analysis's handles,
+//! never the trace. A pass ahead of the export reads each process's rank (`ranks.rs`), so
+//! that its first rows have it too.
 //!
 //! | file | |
 //! |---|---|
@@ -19,6 +21,7 @@
 //! | `collectives.rs` | NCCL collectives: one row per collective asked for, numbered on its communicator, with its kernels' GPU time |
 //! | `ranks.rs` | each process's rank, from the communicators it made |
 //! | `exporter.rs` | lines → rows |
+//! | `writer.rs` | the encoding into Parquet, on a thread of its own |
 //!
 //! A `stacks` table comes with issue 23's stack lines: a row per frame, keyed to the call
 //! line by `(trace, pid, tid, ts_ns)` like the GPU tables' links (declare it in
@@ -31,6 +34,7 @@ mod exporter;
 mod ranks;
 mod table;
 mod tables;
+mod writer;
 
 use std::{
     path::{Path, PathBuf},
@@ -42,7 +46,6 @@ use anyhow::anyhow;
 use self::{
     exporter::{ParquetExportError, ParquetExporter, TABLE_NAMES, Tables, header_extra},
     ranks::Ranks,
-    table::Table,
 };
 use crate::{
     exit::{ExitCode, Failure},
@@ -119,7 +122,7 @@ pub fn export(
             }
         }
     }
-    let tables = open_tables(files).map_err(|e| {
+    let tables = Tables::open(files).map_err(|e| {
         remove(&paths, user);
         not_writable(e.into())
     })?;
@@ -186,25 +189,6 @@ fn other_files(outdir: &Path, user: Option<&TargetUser>) -> std::io::Result<Vec<
         .collect();
     others.sort();
     Ok(others)
-}
-
-/// Every table's writer, on its file (opened in [`TABLE_NAMES`]' order).
-fn open_tables(files: Vec<std::fs::File>) -> Result<Tables, parquet::errors::ParquetError> {
-    let mut files = files.into_iter();
-    let mut next = || files.next().expect("a file per table");
-    Ok(Tables {
-        calls: Table::new(next())?,
-        kernels: Table::new(next())?,
-        gpu_copies: Table::new(next())?,
-        gpu_memsets: Table::new(next())?,
-        copies: Table::new(next())?,
-        memsets: Table::new(next())?,
-        collectives: Table::new(next())?,
-        power: Table::new(next())?,
-        processes: Table::new(next())?,
-        libraries: Table::new(next())?,
-        traces: Table::new(next())?,
-    })
 }
 
 /// Removes the tables' files (as `user`, who made them).

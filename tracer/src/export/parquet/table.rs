@@ -16,11 +16,11 @@ use parquet::{
     schema::types::ColumnPath,
 };
 
-use super::columns::{I32, Kind, Opt, Str};
+use super::{
+    columns::{BATCH_ROWS, I32, Kind, Opt, Str},
+    writer::Sink,
+};
 
-/// Rows are handed to the Parquet writer in batches of this many (a batch of `calls` is
-/// about 2 MB of arrays).
-const BATCH_ROWS: usize = 4096;
 /// A row group: DuckDB's own size (its threads split files by row group); the Parquet
 /// writer holds one encoded row group per table in memory (about 1.2 MB of `calls`).
 pub const ROW_GROUP_ROWS: usize = 122_880;
@@ -111,10 +111,13 @@ pub fn schema<T: TableDef>() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// How every table is written: Snappy (read by every engine, and fast); min and max per
-/// column chunk of numbers and flags, which prune row groups (times above all); none for
-/// strings, whose bounds prune little and cost a comparison of every value, and no page
-/// indexes, which few readers use.
+/// How every table is written: Snappy (read by every engine, and fast). Strings are
+/// dictionary-encoded (Parquet's default; plain where a chunk's distinct values pass 1 MiB);
+/// numbers are plain: times and pointers are mostly distinct, and hashing each number
+/// for a dictionary cost a seventh of the export's time. Min and max per column chunk of
+/// numbers and flags, which prune row groups (times above all); none for strings, whose
+/// bounds prune little and cost a comparison of every value; no page indexes, which few
+/// readers use.
 fn properties(schema: &Schema) -> WriterProperties {
     let mut properties = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
@@ -127,21 +130,21 @@ fn properties(schema: &Schema) -> WriterProperties {
             field.data_type(),
             DataType::Int32 | DataType::Int64 | DataType::Boolean
         ) {
-            properties = properties.set_column_statistics_enabled(
-                ColumnPath::from(field.name().as_str()),
-                EnabledStatistics::Chunk,
-            );
+            let column = ColumnPath::from(field.name().as_str());
+            properties = properties
+                .set_column_statistics_enabled(column.clone(), EnabledStatistics::Chunk)
+                .set_column_dictionary_enabled(column, false);
         }
     }
     properties.build()
 }
 
-/// Table `T` being written to its file.
+/// Table `T` being written: rows into arrays, a batch at a time to the encoder.
 pub struct Table<T: TableDef> {
     origin: OriginBuilders,
     builders: T::Builders,
     schema: SchemaRef,
-    writer: ArrowWriter<File>,
+    sink: Sink,
     /// Rows in the builders.
     pending: usize,
     /// Rows written.
@@ -149,17 +152,20 @@ pub struct Table<T: TableDef> {
 }
 
 impl<T: TableDef> Table<T> {
-    pub fn new(file: File) -> Result<Self, ParquetError> {
+    /// The table, whose batches go to `sink`, and the writer of its `file` for the
+    /// encoder.
+    pub fn new(file: File, sink: Sink) -> Result<(Self, ArrowWriter<File>), ParquetError> {
         let schema = schema::<T>();
         let writer = ArrowWriter::try_new(file, schema.clone(), Some(properties(&schema)))?;
-        Ok(Table {
+        let table = Table {
             origin: OriginBuilders::default(),
             builders: T::Builders::default(),
             schema,
-            writer,
+            sink,
             pending: 0,
             rows: 0,
-        })
+        };
+        Ok((table, writer))
     }
 
     pub fn push(&mut self, origin: Origin<'_>, row: T::Row<'_>) -> Result<(), ParquetError> {
@@ -175,7 +181,7 @@ impl<T: TableDef> Table<T> {
         Ok(())
     }
 
-    /// Hands the rows built so far to the writer.
+    /// Hands the rows built so far to the encoder.
     fn flush(&mut self) -> Result<(), ParquetError> {
         if self.pending == 0 {
             return Ok(());
@@ -187,13 +193,12 @@ impl<T: TableDef> Table<T> {
         T::finish(&mut self.builders, &mut columns);
         self.pending = 0;
         let batch = RecordBatch::try_new(self.schema.clone(), columns)?;
-        self.writer.write(&batch)
+        self.sink.write(batch)
     }
 
-    /// Writes what is left and the file's footer.
+    /// Hands over what is left; the rows written. The file is closed by the encoder.
     pub fn close(mut self) -> Result<u64, ParquetError> {
         self.flush()?;
-        self.writer.close()?;
         Ok(self.rows)
     }
 }
