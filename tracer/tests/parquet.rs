@@ -268,7 +268,12 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
     // The demo with two stand-in GPUs' power (NOT NVIDIA's NVML), the second without an
     // energy counter; the stand-in driver's GPU work (a stand-in CUPTI).
     for (trace, flags, program) in [
-        (&demo, vec![], vec![standin().demo.clone()]),
+        // Exported as it ends, too (run --export).
+        (
+            &demo,
+            vec!["--export".to_owned(), "parquet".to_owned()],
+            vec![standin().demo.clone()],
+        ),
         (
             &power,
             vec![
@@ -305,6 +310,11 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
         assert_complete(&read_trace(trace));
         traces.push(trace.clone());
     }
+    let beside = demo.with_extension("parquet");
+    assert!(
+        beside.join("calls.parquet").is_file(),
+        "run --export parquet"
+    );
     let nccl_dir = scratch("parquet-nccl");
     common::nccl::trace_nccl_caller(&nccl_dir);
     traces.push(nccl_dir.join("t.jsonl"));
@@ -488,6 +498,22 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
             stderr(&output)
         );
     }
+    // A pipe is read once, through a copy: -o names the folder.
+    let piped = Command::new(CUDATRACE)
+        .args(["export", "--format", "parquet", "/dev/stdin", "-o"])
+        .arg(dir.join("piped"))
+        .stdin(std::fs::File::open(&trace).unwrap())
+        .output()
+        .unwrap();
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    assert_checks(vec![Check {
+        what: "a piped trace's calls",
+        sql: format!(
+            "select count(*) from '{}'",
+            dir.join("piped/calls.parquet").display()
+        ),
+        rows: vec![json!([traces::KNOWN_CALLS])],
+    }]);
     let output = export(&dir.join("missing.jsonl"), &dir.join("none"), &[]);
     assert_eq!(output.status.code(), Some(66), "{}", stderr(&output));
     // Without -o: TRACE.parquet beside the trace.

@@ -176,11 +176,20 @@ struct Who {
 }
 
 impl Who {
+    /// A row of process `pid`.
     fn origin(&self, pid: u32) -> Origin<'_> {
+        Origin {
+            rank: self.ranks.of(pid),
+            ..self.machine()
+        }
+    }
+
+    /// A row of no one process (a GPU's power, the trace itself).
+    fn machine(&self) -> Origin<'_> {
         Origin {
             trace: &self.trace,
             host: self.host.as_deref(),
-            rank: self.ranks.of(pid),
+            rank: None,
         }
     }
 }
@@ -462,7 +471,7 @@ impl ParquetExporter {
             .collect();
         let small = |value: Option<u32>| value.map(|v| v as i32);
         self.tables.power.push(
-            self.who.origin(u32::MAX),
+            self.who.machine(),
             power::Row {
                 device: line.device as i32,
                 gpu_name: names.map(|(name, _)| name.as_str()),
@@ -487,7 +496,7 @@ impl ParquetExporter {
     fn library(&mut self, line: &LibraryLine) -> Result<(), ParquetError> {
         self.families.add_library(line);
         self.tables.libraries.push(
-            self.who.origin(line.pid.unwrap_or(u32::MAX)),
+            self.who.machine(),
             libraries::Row {
                 id: i64::from(line.id),
                 set: &line.set,
@@ -514,12 +523,8 @@ impl ParquetExporter {
             .filter(|h| !h.command.is_empty())
             .map(|h| h.command.iter().map(|w| Cow::Owned(w.clone())).collect());
         let pids = header.map(|h| h.pids.as_slice()).filter(|p| !p.is_empty());
-        let origin = Origin {
-            rank: None,
-            ..self.who.origin(0)
-        };
         self.tables.traces.push(
-            origin,
+            self.who.machine(),
             traces::Row {
                 file: &self.file,
                 format_version: extra.and_then(|e| e.version).unwrap_or(0),

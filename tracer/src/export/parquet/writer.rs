@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use parquet::{arrow::ArrowWriter, errors::ParquetError};
 
 /// Batches waiting to be encoded, at most (about 2 MB each for `calls`).
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 
 /// Where a table's batches go: the encoder thread, to the table's writer.
 pub struct Sink {
