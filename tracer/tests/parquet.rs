@@ -186,11 +186,11 @@ fn summary_checks(trace: &Path) -> Vec<Check> {
             // The summary's row is a communicator's op in a process, with the rank known
             // (a split child's is not known until the program asks).
             sql: format!(
-                "select communicator, min(comm_rank), min(comm_nranks), pid, op, \
+                "select comm_id, min(comm_rank), min(comm_nranks), pid, op, \
                  count(*) filter (ok), count(*) filter (not ok), \
                  count(*) filter (ok and \"group\" is not null), \
                  coalesce(sum(bytes) filter (ok), 0), coalesce(sum(dur_ns) filter (ok), 0)\
-                 {gpu_sql} from {} group by communicator, pid, op",
+                 {gpu_sql} from {} group by comm_id, pid, op",
                 table("collectives")
             ),
             rows: collectives["rows"]
@@ -393,7 +393,7 @@ fn a_jobs_tables_concatenate_and_the_readmes_query_names_the_straggler() {
         Check {
             what: "each collective on each rank: wall-clock arrival, from two clocks",
             sql: format!(
-                "select host, rank, seq, ts_ns + wall_offset_ns - 1795600010000000000 \
+                "select host, rank, comm_seq, ts_ns + wall_offset_ns - 1795600010000000000 \
                  from {}",
                 glob("collectives")
             ),
@@ -403,7 +403,7 @@ fn a_jobs_tables_concatenate_and_the_readmes_query_names_the_straggler() {
                         .iter()
                         .enumerate()
                         .map(move |(seq, arrival)| {
-                            json!([traces::JOB_HOSTS[rank].0, rank, seq, arrival])
+                            json!([traces::JOB_HOSTS[rank].0, rank, seq + 1, arrival])
                         })
                 })
                 .collect(),

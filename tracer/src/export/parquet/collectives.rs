@@ -7,10 +7,13 @@
 //!   `ncclBroadcast`) is the outer call's row, which names it (`inner_name`). Lines
 //!   come as calls return, the inner first, so each thread's last collective is held
 //!   until its next one (or the end) shows whether it ran inside that one;
-//! - `seq` numbers a process's successful collectives on each communicator from 0, in
-//!   that order: NCCL requires every rank to call a communicator's collectives in the
-//!   same order, so `(communicator, seq)` names one collective on every rank. Send and
-//!   receive are not numbered (each rank has its own peers);
+//! - `comm_seq` numbers a process's successful collective calls on each communicator
+//!   whose creation was seen, from 1, as their lines come (an inner call takes a number
+//!   too, and the outer row keeps its own): NCCL requires every rank to call a
+//!   communicator's collectives in the same order, so `(comm_id, comm_seq)` names one
+//!   collective on every rank. Send and receive are not numbered (each rank has its own
+//!   peers); a communicator destroyed starts again (its pointer may name another). The
+//!   cross-rank analysis (`analysis/ranks/`) numbers them the same way;
 //! - a kernel belongs to the collective whose call its launch ran inside (same thread); a
 //!   kernel launched inside an `ncclGroupEnd` to that group's collectives, its time
 //!   shared in proportion to their bytes. A row waits for its kernels (they come some
@@ -50,12 +53,15 @@ pub struct Collective {
     pub ret: Option<u32>,
     pub ret_name: Option<String>,
     pub comm: Option<u64>,
-    /// The summary's `communicator`: the start of the unique id, else `PID:COMM`.
-    pub communicator: String,
+    /// The communicator across processes (the summary's `communicator`): the start of
+    /// the unique id, else `PID:COMM`.
+    pub comm_id: String,
+    /// The communicator's creation was seen: its calls are numbered.
+    pub known: bool,
     pub unique_id: Option<String>,
     pub comm_rank: Option<i32>,
     pub comm_nranks: Option<i32>,
-    pub seq: Option<u64>,
+    pub comm_seq: Option<u64>,
     pub group: Option<u64>,
     pub count: Option<u64>,
     pub datatype: Option<String>,
@@ -86,7 +92,8 @@ impl Collective {
 /// A row not written yet.
 struct Waiting {
     row: Collective,
-    /// Its thread's next collective has come (or the trace ended): it is numbered.
+    /// Its thread's next collective has come (or the trace ended): no outer call will
+    /// take it over.
     settled: bool,
     /// Launches claimed whose kernel has not come.
     launches_left: usize,
@@ -110,8 +117,8 @@ pub struct Collectives {
     next_id: u64,
     /// Each thread's last collective (its row's id), until the next one comes.
     latest: HashMap<(u32, u32), u64>,
-    /// The next number on each (pid, communicator).
-    seqs: HashMap<(u32, String), u64>,
+    /// The collective calls numbered so far on each communicator, `(pid, comm)`.
+    seqs: HashMap<(u32, u64), u64>,
     /// Launches waiting for their kernel: the rows and weights their time goes to.
     claimed: HashMap<LaunchKey, Vec<(u64, f64)>>,
     /// NCCL kernels whose launch no collective has claimed yet: start and duration.
@@ -142,9 +149,15 @@ impl Collectives {
         if !call.name.starts_with("nccl") && !call.name.starts_with("pnccl") {
             return;
         }
-        if lookup(&call.name).is_some_and(|spec| spec.name() == "ncclGroupEnd") {
-            self.group_end(call);
-            return;
+        match lookup(&call.name).map(|spec| spec.name()) {
+            Some("ncclGroupEnd") => return self.group_end(call),
+            Some("ncclCommDestroy" | "ncclCommAbort") if call.ok() => {
+                if let Some(comm) = call.comm {
+                    self.seqs.remove(&(call.pid, comm.0));
+                }
+                return;
+            }
+            _ => {}
         }
         if collective_op(&call.name).is_none() {
             return;
@@ -152,6 +165,14 @@ impl Collectives {
         let mut row = made();
         if self.gpu {
             row.gpu = Some(GpuSpan::default());
+        }
+        if row.ok && row.known && !matches!(row.op, "Send" | "Recv") {
+            let numbered = self
+                .seqs
+                .entry((row.pid, row.comm.unwrap_or(0)))
+                .or_default();
+            *numbered += 1;
+            row.comm_seq = Some(*numbered);
         }
         let end = row.end_ns();
         let inner = self.latest.get(&thread).copied().filter(|id| {
@@ -286,20 +307,11 @@ impl Collectives {
         }
     }
 
-    /// `id`'s thread has moved on: it is numbered, and written once complete.
+    /// `id`'s thread has moved on: no call around it will come; written once complete.
     fn settle(&mut self, id: u64) {
         let Some(waiting) = self.waiting.get_mut(&id) else {
             return;
         };
-        let row = &mut waiting.row;
-        if row.ok && !matches!(row.op, "Send" | "Recv") {
-            let next = self
-                .seqs
-                .entry((row.pid, row.communicator.clone()))
-                .or_default();
-            row.seq = Some(*next);
-            *next += 1;
-        }
         waiting.settled = true;
         self.release(id);
     }
@@ -328,7 +340,7 @@ impl Collectives {
         }
     }
 
-    /// The end of the trace: every row, numbered, in arrival order.
+    /// The end of the trace: every row, in arrival order.
     pub fn finish(&mut self) {
         let mut latest: Vec<u64> = self.latest.drain().map(|(_, id)| id).collect();
         latest.sort_unstable();

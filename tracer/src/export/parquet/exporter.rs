@@ -333,11 +333,11 @@ impl ParquetExporter {
                     ret: row.ret.map(i64::from),
                     ret_name: row.ret_name.as_deref(),
                     comm: row.comm.map(|comm| comm as i64),
-                    communicator: &row.communicator,
+                    comm_id: &row.comm_id,
                     unique_id: row.unique_id.as_deref(),
                     comm_rank: row.comm_rank,
                     comm_nranks: row.comm_nranks,
-                    seq: row.seq.map(int),
+                    comm_seq: row.comm_seq.map(int),
                     group: row.group.map(int),
                     count: row.count.map(int),
                     datatype: row.datatype.as_deref(),
@@ -619,9 +619,8 @@ fn memset_row(call: &CallLine) -> memsets::Row<'_> {
 /// A collective call's row, before its number and GPU time.
 fn collective(call: &CallLine, analysis: &Analysis) -> Collective {
     let comm = call.comm.map(|comm| comm.0);
-    let unique_id = comm
-        .and_then(|comm| analysis.nccl_comm(call.pid, comm))
-        .and_then(|info| info.unique_id.clone());
+    let info = comm.and_then(|comm| analysis.nccl_comm(call.pid, comm));
+    let unique_id = info.and_then(|info| info.unique_id.clone());
     Collective {
         pid: call.pid,
         tid: call.tid,
@@ -635,14 +634,15 @@ fn collective(call: &CallLine, analysis: &Analysis) -> Collective {
         ret_name: call.ret_name.as_deref().map(str::to_owned),
         comm,
         // As the summary names it: the same on every rank where the unique id is known.
-        communicator: match &unique_id {
+        comm_id: match &unique_id {
             Some(id) => id.chars().take(16).collect(),
             None => format!("{}:{:#x}", call.pid, comm.unwrap_or(0)),
         },
+        known: info.is_some(),
         unique_id,
         comm_rank: call.rank,
         comm_nranks: call.nranks,
-        seq: None,
+        comm_seq: None,
         group: call.group,
         count: call.count,
         datatype: call.datatype.as_deref().map(str::to_owned),

@@ -219,12 +219,12 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
         "op",
         "inner_name",
         "ok",
-        "seq",
+        "comm_seq",
         "group",
         "rank",
         "comm_rank",
         "comm_nranks",
-        "communicator",
+        "comm_id",
         "bytes",
         "gpu_kernels",
         "gpu_start_ns",
@@ -244,7 +244,7 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
                 "AllReduce",
                 null.clone(),
                 true,
-                json!(0),
+                json!(1),
                 null.clone(),
             ),
             [
@@ -261,7 +261,7 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
                 "AllReduce",
                 null.clone(),
                 true,
-                json!(1),
+                json!(2),
                 json!(1),
             ),
             // A quarter of the group's bytes: a quarter of its kernel's time.
@@ -279,7 +279,7 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
                 "Broadcast",
                 null.clone(),
                 true,
-                json!(2),
+                json!(3),
                 json!(1),
             ),
             [
@@ -291,12 +291,13 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
             ],
         ),
         (
+            // The inner ncclBroadcast took number 4.
             row(
                 "ncclBcast",
                 "Bcast",
                 json!("ncclBroadcast"),
                 true,
-                json!(3),
+                json!(5),
                 null.clone(),
             ),
             [json!(64), json!(0), null.clone(), null.clone(), json!(0)],
