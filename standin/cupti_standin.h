@@ -47,7 +47,17 @@ struct standin_gpu_work {
     uint32_t dst_kind;
     uint32_t async;
     uint32_t memset_value;
+    /* Kernels: when nonzero, the GPU start and end to report instead of the timing rule
+     * below (set for the next launch of a thread with cudatrace_standin_next_kernel_times:
+     * the stand-in libnccl's kernels that wait for the other ranks). */
+    uint64_t start_ns;
+    uint64_t end_ns;
 };
+
+/* Exported by the stand-in libcuda: the GPU start and end of the calling thread's next
+ * launch (ts() clock: CLOCK_MONOTONIC under cudatrace's injection). */
+typedef void (*standin_next_kernel_times_fn)(uint64_t start_ns, uint64_t end_ns);
+#define STANDIN_NEXT_KERNEL_TIMES "cudatrace_standin_next_kernel_times"
 
 struct standin_activity_hooks {
     void (*api_enter)(uint32_t cbid, struct standin_api_call *call);

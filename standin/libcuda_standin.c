@@ -349,6 +349,16 @@ static CUresult memset_done(const struct standin_api_call *call, CUresult r,
     return activity_exit(call, r, &work);
 }
 
+/* The next launch's GPU times, per thread (cupti_standin.h). */
+static __thread uint64_t t_next_start, t_next_end;
+
+__attribute__((visibility("default"))) void cudatrace_standin_next_kernel_times(uint64_t start_ns,
+                                                                               uint64_t end_ns)
+{
+    t_next_start = start_ns;
+    t_next_end = end_ns;
+}
+
 static CUresult kernel_done(const struct standin_api_call *call, CUresult r, CUfunction f,
                             const unsigned int grid[3], const unsigned int block[3],
                             unsigned int shared, CUstream stream)
@@ -363,6 +373,9 @@ static CUresult kernel_done(const struct standin_api_call *call, CUresult r, CUf
     work.dynamic_shared = shared;
     work.stream = (uint64_t)(unsigned long)stream;
     work.name = handle_name(f);
+    work.start_ns = t_next_start;
+    work.end_ns = t_next_end;
+    t_next_start = t_next_end = 0;
     return activity_exit(call, r, &work);
 }
 

@@ -26,7 +26,9 @@
  *    correlation id: start = API end + 1000 ns, end = start + gridX*gridY*gridZ ns
  *    (kernels) or + bytes ns (copies, memsets); device 0, context 1, stream 7 for the
  *    NULL stream else the handle's low 32 bits; kernels have 40 registers per thread
- *    and 512 bytes of static shared memory.
+ *    and 512 bytes of static shared memory.  A kernel whose launch was preceded by
+ *    cudatrace_standin_next_kernel_times(start, end) on its thread (the stand-in
+ *    libnccl's, waiting for the other ranks) starts and ends then instead.
  *  ts() is the registered timestamp callback, else CLOCK_REALTIME in ns (CUPTI's default
  *  clock); cuptiGetTimestamp returns the same ts().
  *
@@ -189,8 +191,10 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
         memset(&k, 0, sizeof(k));
         k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
         k.registersPerThread = STANDIN_KERNEL_REGISTERS;
-        k.start = start;
-        k.end = start + (uint64_t)work->grid[0] * work->grid[1] * work->grid[2];
+        k.start = work->start_ns != 0 ? work->start_ns : start;
+        k.end = k.start + (uint64_t)work->grid[0] * work->grid[1] * work->grid[2];
+        if (work->end_ns > k.start)
+            k.end = work->end_ns;
         k.completed = k.end;
         k.deviceId = STANDIN_DEVICE_ID;
         k.contextId = STANDIN_CONTEXT_ID;

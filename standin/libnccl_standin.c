@@ -8,7 +8,7 @@
  * the 128-byte ncclUniqueId passed by value), each also as its profiling alias
  * pnccl* at the SAME address, as NCCL 2.28 exports them.  Every function checks a few
  * arguments the way NCCL does, fills its outputs with deterministic values and
- * returns.  No sleeping, no printing.
+ * returns.  No sleeping, no printing (but in the rendezvous below, which tests ask for).
  *
  * Build (see standin/README.md):
  *   gcc -shared -fPIC -O2 -fno-ipa-icf -g -Wall -Wextra -Werror \
@@ -29,6 +29,21 @@
  *  - ncclGetVersion reports 22809 (2.28.9); ncclMemAlloc returns 0x7e0000000000 plus
  *    the sizes allocated before it.
  *  - ncclBcast(buff, ...) calls ncclBroadcast(buff, buff, ...), as NCCL's does.
+ *
+ * Rendezvous (NCCL_STANDIN_RENDEZVOUS=DIR, for the cross-rank tests): the ranks of a
+ * communicator made by ncclCommInitRank* (in separate processes, one per rank) meet at
+ * each of its ncclAllReduce calls, as NCCL's kernels do.  Rank r of the n-th all-reduce
+ * (n from 1) writes its arrival time A_r (CLOCK_MONOTONIC ns, at entry) to
+ * DIR/ID-n.r (ID: the unique id's first 8 bytes as 16 hex digits), waits until every
+ * rank's file of n exists (polling every 50 us; after 60 s it gives up and launches
+ * nothing), then, when a stand-in libcuda is in the global scope, launches one kernel
+ * named ncclDevKernel_AllReduce_Sum_f32_RING_LL on the call's stream, with its GPU times
+ * set (cudatrace_standin_next_kernel_times) to start = A_r + 1000 and end =
+ * max_r(A_r) + 1000 + NCCL_STANDIN_TRANSFER_NS (default 100000): every rank's kernel
+ * starts when its rank arrives and ends at the same instant, the last arrival plus the
+ * transfer; the call returns then (as if its caller synchronised the stream).  Its first
+ * use loads a module and gets the function (cuModuleLoadData, cuModuleGetFunction),
+ * inside that all-reduce.
  * Errors that mirror NCCL:
  *  - NULL output pointer, NULL or unknown comm         -> ncclInvalidArgument (4)
  *  - nranks < 1, rank outside [0, nranks)               -> ncclInvalidArgument (4)
@@ -37,8 +52,17 @@
  *  - ncclGroupEnd without ncclGroupStart                -> ncclInvalidUsage (5)
  */
 
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cupti_standin.h"
 
 #define EXPORT __attribute__((visibility("default")))
 /* The profiling alias: the same function at the same address. */
@@ -69,6 +93,11 @@ typedef struct ncclConfig ncclConfig_t;
 
 struct comm_info {
     int rank, nranks, device;
+    /* ncclCommInitRank*: the unique id's first 8 bytes (as hex, big-endian), for the
+     * rendezvous; the all-reduces made so far. */
+    int has_id;
+    uint64_t id;
+    unsigned long long all_reduces;
 };
 static struct comm_info comms[MAX_COMMS];
 static unsigned made;
@@ -79,7 +108,7 @@ static ncclResult_t new_comm(ncclComm_t *out, int rank, int nranks, int device)
 {
     if (made >= MAX_COMMS)
         return ncclInternalError;
-    comms[made] = (struct comm_info){ rank, nranks, device };
+    comms[made] = (struct comm_info){ rank, nranks, device, 0, 0, 0 };
     *out = (ncclComm_t)(uintptr_t)(FIRST_COMM + 0x10u * made);
     made++;
     return ncclSuccess;
@@ -105,10 +134,16 @@ ALIAS(ncclGetVersion)
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
-    (void)commId;
     if (comm == NULL || nranks < 1 || rank < 0 || rank >= nranks)
         return ncclInvalidArgument;
-    return new_comm(comm, rank, nranks, 0);
+    ncclResult_t rc = new_comm(comm, rank, nranks, 0);
+    if (rc == ncclSuccess) {
+        struct comm_info *c = &comms[made - 1];
+        c->has_id = 1;
+        for (int i = 0; i < 8; i++)
+            c->id = c->id << 8 | (uint8_t)commId.internal[i];
+    }
+    return rc;
 }
 ALIAS(ncclCommInitRank)
 
@@ -241,12 +276,97 @@ static ncclResult_t check(ncclComm_t comm, ncclDataType_t datatype, int op, int 
     return ncclSuccess;
 }
 
+static uint64_t monotonic_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+}
+
+typedef int (*module_load_fn)(void **, const void *);
+typedef int (*get_function_fn)(void **, void *, const char *);
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, void *, void **, void **);
+
+/* The rendezvous kernel: [start, end) on `stream`, through the stand-in libcuda. */
+static void launch_waiting_kernel(cudaStream_t stream, uint64_t start, uint64_t end)
+{
+    static void *function;
+    static const char image[] = "stand-in libnccl kernels";
+    module_load_fn load = (module_load_fn)dlsym(RTLD_DEFAULT, "cuModuleLoadData");
+    get_function_fn get = (get_function_fn)dlsym(RTLD_DEFAULT, "cuModuleGetFunction");
+    launch_fn launch = (launch_fn)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
+    standin_next_kernel_times_fn times =
+        (standin_next_kernel_times_fn)dlsym(RTLD_DEFAULT, STANDIN_NEXT_KERNEL_TIMES);
+    if (load == NULL || get == NULL || launch == NULL || times == NULL)
+        return;
+    if (function == NULL) {
+        void *module = NULL;
+        if (load(&module, image) != 0 ||
+            get(&function, module, "ncclDevKernel_AllReduce_Sum_f32_RING_LL") != 0)
+            return;
+    }
+    times(start, end);
+    launch(function, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+}
+
+/* NCCL_STANDIN_RENDEZVOUS (see the top of the file). */
+static void rendezvous(struct comm_info *c, cudaStream_t stream, uint64_t arrival)
+{
+    const char *dir = getenv("NCCL_STANDIN_RENDEZVOUS");
+    if (dir == NULL || !c->has_id)
+        return;
+    unsigned long long n = ++c->all_reduces;
+    char path[4096], temporary[4200];
+    snprintf(path, sizeof(path), "%s/%016llx-%llu.%d", dir, (unsigned long long)c->id, n,
+             c->rank);
+    snprintf(temporary, sizeof(temporary), "%s.tmp", path);
+    FILE *out = fopen(temporary, "w");
+    if (out == NULL)
+        return;
+    fprintf(out, "%llu\n", (unsigned long long)arrival);
+    if (fclose(out) != 0 || rename(temporary, path) != 0)
+        return;
+    uint64_t last = arrival, give_up = monotonic_ns() + 60000000000ull;
+    for (int rank = 0; rank < c->nranks; rank++) {
+        snprintf(path, sizeof(path), "%s/%016llx-%llu.%d", dir, (unsigned long long)c->id, n,
+                 rank);
+        for (;;) {
+            unsigned long long at = 0;
+            FILE *in = fopen(path, "r");
+            int read = in != NULL && fscanf(in, "%llu", &at) == 1;
+            if (in != NULL)
+                fclose(in);
+            if (read) {
+                if (at > last)
+                    last = at;
+                break;
+            }
+            if (monotonic_ns() > give_up)
+                return;
+            usleep(50);
+        }
+    }
+    const char *transfer = getenv("NCCL_STANDIN_TRANSFER_NS");
+    uint64_t transfer_ns = transfer != NULL ? strtoull(transfer, NULL, 10) : 100000;
+    uint64_t end = last + STANDIN_GPU_DELAY_NS + transfer_ns;
+    launch_waiting_kernel(stream, arrival + STANDIN_GPU_DELAY_NS, end);
+    /* Back at the kernels' end, as a caller that synchronises its stream: the next
+     * kernel on the stream starts after this one. */
+    while (monotonic_ns() < end)
+        usleep(20);
+}
+
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream)
 {
-    (void)sendbuff, (void)recvbuff, (void)count, (void)stream;
-    return check(comm, datatype, op, -1);
+    uint64_t arrival = monotonic_ns();
+    (void)sendbuff, (void)recvbuff, (void)count;
+    ncclResult_t rc = check(comm, datatype, op, -1);
+    if (rc == ncclSuccess)
+        rendezvous(info(comm), stream, arrival);
+    return rc;
 }
 ALIAS(ncclAllReduce)
 

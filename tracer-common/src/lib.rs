@@ -73,7 +73,8 @@ pub const STRING_BUF_LEN: usize = STRING_READ_LEN.next_multiple_of(8);
 /// Bits of a call probe's attach cookie above its probe id (the low 32 bits, the index in
 /// `SPECS`): what the entry program would otherwise look up on every call.
 pub mod cookie {
-    /// The probe id: the low 32 bits.
+    /// The probe id: the low 32 bits (its library, then its slot in `SPECS`:
+    /// [`super::SLOT_BITS`]).
     pub const PROBE_ID: u64 = 0xffff_ffff;
     /// The link is the traced process's own (uprobe_multi with a pid): the kernel runs the
     /// program for that process only, so the traced-process lookup is skipped.
@@ -87,9 +88,17 @@ pub mod cookie {
 }
 /// Nesting depth of probed calls kept per thread; deeper calls are counted as lost.
 pub const MAX_DEPTH: usize = 4;
-/// Entries of the `SPECS` map, i.e. how many symbols one run can attach (`--functions all`
-/// on NVIDIA's 580 driver plans 682).
-pub const MAX_PROBES: u32 = 4096;
+/// Bits of a probe id that are its slot in the `SPECS` map; the bits above are its
+/// library's id. A symbol has one slot however many copies of its library are attached
+/// (its spec is its function's, whatever the file), so the map bounds the distinct
+/// symbols of a run, not the libraries: `--functions all` on NVIDIA's 580 driver plans 682.
+pub const SLOT_BITS: u32 = 12;
+/// A probe id's slot: `probe_id & SLOT_MASK`.
+pub const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+/// Entries of the `SPECS` map: distinct symbols one run can attach.
+pub const MAX_PROBES: u32 = 1 << SLOT_BITS;
+/// Libraries one run can attach (library ids fill the probe id's other bits).
+pub const MAX_LIBRARIES: u32 = 1 << (32 - SLOT_BITS);
 
 /// Per-CPU counters in the `COUNTERS` map (indexes).
 pub mod counter {

@@ -16,8 +16,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, EventHeader, Frame, FrameStack, MAX_ARGS,
-    MAX_DEPTH, MAX_OUTS, ProbeSpec, STACK_ARGS, STRING_READ_LEN, TEXT_LEN, capture as capture_kind,
-    cookie as cookie_bits, counter, flags, kind,
+    MAX_DEPTH, MAX_OUTS, ProbeSpec, SLOT_MASK, STACK_ARGS, STRING_READ_LEN, TEXT_LEN,
+    capture as capture_kind, cookie as cookie_bits, counter, flags, kind,
 };
 
 const _: () = assert!(MAX_DEPTH.is_power_of_two());
@@ -120,7 +120,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
             args,
             outs: [0; MAX_OUTS],
         };
-        return emit(call, SPECS.get(probe_id)?);
+        return emit(call, SPECS.get(probe_id & SLOT_MASK)?);
     }
     let stack = unsafe { &mut *thread_stack(tid)? };
     drop_abandoned(stack, regs.rsp, ret_addr);
@@ -282,7 +282,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     // leaving the verifier an unbounded index.
     let index = unsafe { core::ptr::read_volatile(&stack.depth) } as usize & (MAX_DEPTH - 1);
     let frame = stack.frames.get(index)?;
-    let spec = SPECS.get(probe_id)?;
+    let spec = SPECS.get(probe_id & SLOT_MASK)?;
     let regs = unsafe { &*ctx.regs };
 
     let mut call = CallEvent {

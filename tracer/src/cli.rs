@@ -4,8 +4,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::{
-    doctor::DoctorArgs, export::ExportArgs, plot::PlotArgs, run::RunArgs, selftest::SelftestArgs,
-    summary::SummaryArgs, view::ViewArgs,
+    doctor::DoctorArgs, export::ExportArgs, keeper::KeeperArgs, merge::MergeArgs, plot::PlotArgs,
+    run::RunArgs, selftest::SelftestArgs, summary::SummaryArgs, view::ViewArgs,
 };
 
 /// Trace what a program does with the GPU: its CUDA driver calls (the catalog's, decoded;
@@ -24,7 +24,10 @@ use crate::{
         sudo cudatrace run --functions all -- ./app    # every exported cu* function\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
-        cudatrace plot trace.jsonl -o timeline.svg\n\n\
+        cudatrace plot trace.jsonl -o timeline.svg\n  \
+        srun cudatrace run -o 'traces/%h-%r.jsonl' -- python3 train.py   # a trace per rank\n  \
+        cudatrace summary traces/*.jsonl        # who waited for whom across the ranks\n  \
+        cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
         66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
         no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
@@ -47,6 +50,9 @@ pub enum Command {
     Summary(SummaryArgs),
     /// Convert a trace for the Perfetto UI (ui.perfetto.dev) or chrome://tracing.
     Export(ExportArgs),
+    /// Merge one job's traces (one per node or rank) into one timeline for the Perfetto
+    /// UI: hosts and ranks named, clocks aligned on the collectives' kernel ends.
+    Merge(MergeArgs),
     /// Draw a trace's timeline as an SVG or PNG picture, for reports.
     Plot(PlotArgs),
     /// Open a trace in the Perfetto UI: exported if it is JSONL, served once on
@@ -59,6 +65,9 @@ pub enum Command {
     /// Check that uprobes, the ring buffer and aya-log work here (used by the tests).
     #[command(hide = true)]
     Selftest(SelftestArgs),
+    /// Started by `run`: continues what its probes stopped if it is killed (`keeper.rs`).
+    #[command(hide = true)]
+    Keeper(KeeperArgs),
 }
 
 #[cfg(test)]
@@ -110,7 +119,7 @@ mod tests {
         let Command::Summary(args) = cli.command else {
             panic!("not summary")
         };
-        assert_eq!(args.trace, PathBuf::from("t.jsonl"));
+        assert_eq!(args.traces, [PathBuf::from("t.jsonl")]);
         assert!(args.json && args.skip_bad_lines);
         assert!(Cli::try_parse_from(["cudatrace", "summary"]).is_err());
     }

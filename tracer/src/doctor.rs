@@ -251,7 +251,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
         .map_err(anyhow::Error::from)
         .and_then(|path| Library::open(&LIBCUDA, &path).map_err(Into::into))
         .map(|lib| {
-            let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &Default::default());
+            let plan = Plan::new(&LIBCUDA, &lib, 0, &Default::default());
             format!(
                 "{}; {} probe points, {} catalog functions missing",
                 lib.file.describe(),

@@ -19,7 +19,10 @@ mod exit;
 mod export;
 mod format;
 mod inject;
+mod job_input;
+mod keeper;
 mod kernel_hooks;
+mod merge;
 mod output_file;
 mod plot;
 mod power;
@@ -59,8 +62,10 @@ fn main() {
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),
         Command::View(args) => view::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Selftest(args) => selftest::run(args),
+        Command::Keeper(args) => keeper::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

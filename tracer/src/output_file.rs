@@ -41,6 +41,11 @@ pub enum OutputError {
     #[error("{path} is {what}: refusing to overwrite an input")]
     IsInput { path: PathBuf, what: String },
     #[error(
+        "{path} belongs to another user (uid {owner}): the trace does not go into a folder \
+         someone else controls (pass -o)"
+    )]
+    ForeignFolder { path: PathBuf, owner: u32 },
+    #[error(
         "{0} is being written by another process (another cudatrace with the same output?): \
          refusing to write it too"
     )]
@@ -166,6 +171,17 @@ impl Writer<'_> {
         }
         if !metadata.is_dir() {
             return Err(self.io(path, io::Error::from_raw_os_error(libc::ENOTDIR)));
+        }
+        // A folder someone else made where the user runs (a shared /tmp) is theirs to read
+        // and empty: the trace does not go there.
+        if let Some(user) = self.user
+            && metadata.uid() != user.uid
+            && metadata.uid() != 0
+        {
+            return Err(OutputError::ForeignFolder {
+                path: path.to_owned(),
+                owner: metadata.uid(),
+            });
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read},
     os::unix::fs::FileExt,
+    os::unix::process::ExitStatusExt,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::OnceLock,
@@ -648,6 +649,91 @@ fn no_process_is_left_stopped_when_cudatrace_is_interrupted() {
         let mut rest = String::new();
         out.read_to_string(&mut rest).unwrap();
     }
+}
+
+/// `cudatrace keeper` processes running now.
+fn keepers() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.ends_with(b"\0keeper\0"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_process_stopped_while_cudatrace_is_killed_is_continued_by_its_keeper() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("left-stopped-kill");
+    let lib = copy_standin(&dir, "lib/libcuda.so.1");
+    let before = keepers();
+    let trace_path = dir.join("killed.jsonl");
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["--", loader().to_str().unwrap(), lib.to_str().unwrap()])
+        .arg("stop-here")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(tracer.stdout.take().unwrap());
+    assert_eq!(read_line(&mut out), "ready\n");
+    let command = header_of(&trace_path)["pids"][0].as_u64().unwrap() as u32;
+    let keeper: Vec<u32> = keepers()
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
+    assert_eq!(keeper.len(), 1, "one keeper for the run");
+    // Stopped in its open of the library, while cudatrace cannot answer, then cudatrace
+    // is killed outright: nothing of its own can continue the command.
+    signal(tracer.id(), libc::SIGSTOP);
+    signal(command, libc::SIGUSR1);
+    wait_until("the command is stopped", || state(command) == Some('T'));
+    signal(tracer.id(), libc::SIGKILL);
+    assert_eq!(tracer.wait().unwrap().signal(), Some(libc::SIGKILL));
+    wait_until("the command runs again", || state(command) != Some('T'));
+    // It goes on by itself, untraced, and ends.
+    assert_eq!(read_line(&mut out), "opened\n");
+    signal(command, libc::SIGUSR1);
+    wait_until("the command ends", || {
+        matches!(state(command), None | Some('Z'))
+    });
+    wait_until("the keeper is gone", || state(keeper[0]).is_none());
+    let mut said = String::new();
+    tracer
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert!(
+        said.contains(&format!(
+            "keeper: continued pid {command}, which cudatrace had stopped"
+        )),
+        "{said}"
+    );
+
+    // A run that ends well leaves no keeper and the keeper says nothing.
+    let output = cudatrace(
+        &dir.join("well.jsonl"),
+        &[],
+        &[
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "calls",
+            "2",
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("keeper"), "{}", stderr(&output));
+    let left: Vec<u32> = keepers()
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
+    assert_eq!(left, Vec::<u32>::new());
 }
 
 #[test]

@@ -12,11 +12,14 @@ use std::process::Command;
 use common::{nccl::*, *};
 use serde_json::{Value, json};
 
-/// The keys a test compares: everything but times, ids and the pid.
+/// The keys a test compares: everything but times, ids and the pid (and the
+/// communicators' names and numbers, compared on their own).
 fn decoded(call: &Value) -> Value {
     let mut call = call.clone();
     let object = call.as_object_mut().unwrap();
-    for key in ["type", "pid", "tid", "ts_ns", "dur_ns", "lib"] {
+    for key in [
+        "type", "pid", "tid", "ts_ns", "dur_ns", "lib", "comm_id", "comm_seq",
+    ] {
         object.remove(key);
     }
     call
@@ -50,6 +53,67 @@ fn nccl_calls_are_decoded_exactly_from_a_library_dlopened_from_anywhere() {
     assert_eq!(aliases.len(), 28);
     assert!(aliases.contains(&json!(["pncclAllReduce", "ncclAllReduce"])));
     assert!(aliases.contains(&json!(["pncclCommInitRank", "ncclCommInitRank"])));
+
+    let pid = lines[0]["pids"][0].as_u64().unwrap();
+    // Every call on a known communicator names it across processes; each successful
+    // collective (not send or receive) has its number on it.
+    let named: Vec<(&str, &Value, &Value)> = calls(&lines)
+        .into_iter()
+        .map(|c| (c["name"].as_str().unwrap(), &c["comm_id"], &c["comm_seq"]))
+        .collect();
+    let (id, child_id, all_id) = (
+        json!("0001020304050607"),
+        json!("0001020304050607/1c7"),
+        json!(format!("{pid}:0x2020")),
+    );
+    let none = Value::Null;
+    let mut expected_names = vec![
+        ("ncclGetVersion", &none, none.clone()),
+        ("ncclCommInitRank", &id, none.clone()),
+        ("ncclCommCuDevice", &id, none.clone()),
+    ];
+    let collectives = [
+        "ncclAllReduce",
+        "ncclAllReduce",
+        "ncclAllReduce",
+        "ncclAllReduce",
+        "ncclBroadcast",
+        "ncclBroadcast",
+        "ncclBcast",
+        "ncclReduce",
+        "ncclAllGather",
+        "ncclReduceScatter",
+        "ncclAlltoAll",
+        "ncclGather",
+        "ncclScatter",
+    ];
+    for (n, name) in collectives.into_iter().enumerate() {
+        expected_names.push((name, &id, json!(n + 1)));
+    }
+    expected_names.extend([
+        ("ncclGroupStart", &none, none.clone()),
+        ("ncclSend", &id, none.clone()),
+        ("ncclRecv", &id, none.clone()),
+        ("ncclGroupEnd", &none, none.clone()),
+        ("ncclCommSplit", &id, none.clone()),
+        ("ncclAllReduce", &child_id, json!(1)),
+        ("ncclCommUserRank", &child_id, none.clone()),
+        ("ncclCommCount", &child_id, none.clone()),
+        ("ncclAllReduce", &child_id, json!(2)),
+        ("ncclCommInitAll", &none, none.clone()),
+        ("ncclAllReduce", &all_id, json!(1)),
+        ("ncclAllReduce", &id, none.clone()),
+        ("ncclGroupEnd", &none, none.clone()),
+        ("ncclCommDestroy", &all_id, none.clone()),
+        ("ncclCommDestroy", &all_id, none.clone()),
+        ("ncclCommFinalize", &id, none.clone()),
+        ("ncclCommDestroy", &id, none.clone()),
+    ]);
+    let expected_names: Vec<(&str, &Value, &Value)> = expected_names
+        .iter()
+        .map(|(name, id, seq)| (*name, *id, seq))
+        .collect();
+    assert_eq!(named, expected_names);
 
     let calls: Vec<Value> = calls(&lines).into_iter().map(decoded).collect();
     let ok = json!("ncclSuccess");
@@ -292,7 +356,7 @@ fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
             row("Scatter", 1, 0, 128, json!(256)),
             row("Send", 1, 0, 200, json!(200)),
             (
-                format!("{pid}:0x2010"),
+                "0001020304050607/1c7".into(),
                 "AllReduce".into(),
                 json!(0),
                 json!(1),
@@ -302,7 +366,7 @@ fn the_summary_has_a_collectives_row_per_communicator_rank_and_op() {
                 json!(44)
             ),
             (
-                format!("{pid}:0x2030"),
+                format!("{pid}:0x2020"),
                 "AllReduce".into(),
                 json!(1),
                 json!(2),

@@ -116,6 +116,28 @@ fn a_link_planted_in_a_shared_folder_is_not_followed() {
     );
     refused(&output, "traces is a symbolic link");
     assert_eq!(std::fs::read_dir(&root_only).unwrap().count(), 0);
+
+    // A `traces` folder another user made there, open to all: not a place for the trace.
+    let cwd = sticky_folder("outputs-traces-foreign");
+    let foreign = cwd.join("traces");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::set_permissions(&foreign, PermissionsExt::from_mode(0o777)).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(4242), Some(4242)).unwrap();
+    let output = as_sudo(
+        &cwd,
+        &[
+            "run",
+            "-q",
+            "--missing-probes",
+            "ignore",
+            "--libcuda",
+            lib,
+            "--",
+            "true",
+        ],
+    );
+    refused(&output, "traces belongs to another user (uid 4242)");
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 0);
 }
 
 #[test]
@@ -267,4 +289,95 @@ fn an_output_that_is_an_input_a_fifo_or_taken_is_refused() {
         .unwrap();
     refused(&output, "is the trace being exported");
     assert_complete(&read_trace(&trace));
+}
+
+/// A tmpfs of `bytes` at `dir`, unmounted when dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, bytes: u64) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes},mode=0755"),
+                "cudatrace-test",
+            ])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting a tmpfs at {}", dir.display());
+        SmallDisk(dir.to_owned())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_ends_recording_with_a_footer_and_the_command_runs_to_its_end() {
+    use std::io::{BufRead, BufReader};
+    let Some(_guard) = root() else { return };
+    let disk = SmallDisk::mount(&scratch("outputs-full").join("disk"), 256 << 10);
+    let trace = disk.0.join("t.jsonl");
+    // 20,000 calls paced over 2 s: some 5 MB of trace for 256 KiB of disk.
+    let mut tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--missing-probes", "ignore", "--libcuda"])
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(&standin().bench_loop)
+        .args(["20000", "10000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(tracer.stderr.take().unwrap());
+    let mut first = String::new();
+    said.read_line(&mut first).unwrap();
+    // Said at once, while the command still runs.
+    assert!(
+        first.starts_with("cudatrace: error: cannot write the trace (No space left on device"),
+        "{first}"
+    );
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", tracer.id())).unwrap();
+    assert!(!children.trim().is_empty(), "the command runs on");
+    let output = tracer.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut said, &mut rest).unwrap();
+    assert_eq!(output.status.code(), Some(73), "{first}{rest}");
+    // The command ran to its end: its own report of its 20,000 calls.
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["calls"], 20000, "{report}");
+    assert!(rest.contains("No space left on device"), "{rest}");
+    assert!(rest.contains("(command exited with 0)"), "{rest}");
+    // Whole lines, then a footer that counts them, says why and how much is missing.
+    let lines = read_trace(&trace);
+    assert_complete(&lines);
+    let footer = lines.last().unwrap();
+    let unwritten = footer["lost"]["unwritten"].as_u64().unwrap();
+    let written = footer["events"]["call"].as_u64().unwrap();
+    assert!(unwritten > 0 && written > 0, "{footer}");
+    // Every call seen until recording stopped is a line or counted unwritten (but one
+    // in flight when the probes went).
+    let seen = footer["entries_seen"].as_u64().unwrap();
+    assert!(
+        written + unwritten + 1 >= seen,
+        "{written} + {unwritten} < {seen}"
+    );
+    assert!(
+        footer["error"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{footer}"
+    );
+    assert_eq!(footer["exit_code"], 0);
 }

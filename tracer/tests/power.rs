@@ -644,3 +644,82 @@ fn the_sampler_keeps_its_period() {
         );
     }
 }
+
+#[test]
+fn the_runs_energy_is_over_the_commands_life_with_the_samplers_margins_apart() {
+    let Some(_guard) = root() else { return };
+    // Exactly 250 W: `sleep 2` costs 500 J, whatever cudatrace's own start-up and teardown
+    // around it (the sampler runs through both). Not quiet: the closing report is checked.
+    let trace = scratch("power-command-life").join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "--power=20", "--missing-probes", "ignore", "--nvml"])
+        .arg(&nvml_standin().lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-o")
+        .arg(&trace)
+        .args(["--", "sleep", "2"])
+        .env("NVML_STANDIN_POWER_MW", "250000")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let summary = summary_json(&trace);
+    let power = &summary["power"];
+    let command = &power["command"];
+    let energy = command["energy_j"].as_f64().unwrap();
+    let seconds = command["duration_ns"].as_f64().unwrap() / 1e9;
+    assert!(
+        (energy - 500.0).abs() < 10.0,
+        "{energy} J, not 500 J within 2%"
+    );
+    assert!((seconds - 2.0).abs() < 0.04, "{seconds} s");
+    assert!((command["mean_w"].as_f64().unwrap() - 250.0).abs() < 0.5);
+    // The exec and exit of the trace bound it exactly.
+    let lines = read_trace(&trace);
+    let ts = |event: &str| {
+        lines
+            .iter()
+            .find(|l| l["type"] == "process" && l["event"] == event)
+            .map(|l| u(&l["ts_ns"]))
+            .unwrap()
+    };
+    assert_eq!(u(&command["start_ns"]), ts("exec"));
+    assert_eq!(u(&command["duration_ns"]), ts("exit") - ts("exec"));
+    // The sampler's margins and the command add up to all the samples.
+    let margin = |key: &str| power[key]["energy_j"].as_f64().unwrap();
+    let all = power["energy_j"].as_f64().unwrap();
+    let sum = energy + margin("before_command") + margin("after_command");
+    assert!((sum - all).abs() < 1e-6, "{sum} != {all}");
+    assert!(all > energy, "the sampler ran longer than the command");
+    assert_eq!(power["devices"][0]["command_j"], command["energy_j"]);
+    // The closing report and the summary say the command's figure.
+    let said = stderr(&output);
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("cudatrace: energy:"))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        line.contains(&format!("{energy:.3} J over the command's 2.0")),
+        "{line}"
+    );
+    assert!(line.contains("sampled outside it: "), "{line}");
+    let text = summary_text(&trace);
+    assert!(
+        text.contains(&format!(
+            "the command (its first exec to its last exit): {energy:.3} J over 2.0"
+        )),
+        "{text}"
+    );
+    // No calls: times count from the trace's start (here, under a second before the
+    // peak), not from zero (thousands of seconds of uptime).
+    let all_samples = text.lines().find(|l| l.contains("all samples:")).unwrap();
+    let at = all_samples.split(" at +").nth(1).unwrap();
+    let unit = at
+        .split(';')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap();
+    assert!(["ns", "µs", "ms"].contains(&unit), "{all_samples}");
+}

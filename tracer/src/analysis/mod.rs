@@ -24,6 +24,7 @@
 //! | `gpu.rs` | `--gpu`: GPU time per kernel, busy time, idle gaps, queueing, bandwidth |
 //! | `gpu_context.rs` | `--gpu`, second pass: the CPU in idle gaps, GPU busy per stage |
 //! | `nccl/` | NCCL: communicators' ranks, groups, the collectives section |
+//! | `ranks/` | several ranks of a job (one trace or many): collectives matched across ranks, who waited for whom, clocks aligned |
 //! | `families.rs` | the API family of a symbol (export categories, plot lanes) |
 //! | `summarise.rs` | a whole trace file read through the analysis |
 
@@ -40,6 +41,7 @@ pub mod memory;
 pub mod nccl;
 pub mod power;
 mod process;
+pub mod ranks;
 mod role;
 pub mod stages;
 pub mod summarise;
@@ -113,7 +115,10 @@ impl Analysis {
                     linker.call(call.pid, call.tid, call.ts_ns, call.dur_ns, &call.name);
                 }
             }
-            Line::Process(process) => self.process_event(process.pid, process.event.clone()),
+            Line::Process(process) => {
+                self.power.process(process.ts_ns, &process.event);
+                self.process_event(process.pid, process.event.clone());
+            }
             Line::Driver(driver) => self.driver(driver),
             Line::Gpu(gpu) => self.gpu_line(gpu),
             Line::Power(power) => self.power_sample(power),
@@ -208,9 +213,8 @@ impl Analysis {
         let (role, symbol) = classify(&record.name);
         let process = self.processes.entry(record.pid).or_default();
         process.observe(&mut self.names, role, symbol, record);
-        let comm = record.comm.and_then(|comm| process.nccl.comm(comm.0));
         self.devices.observe(role, record);
-        self.collectives.observe(role, record, comm);
+        self.collectives.observe(role, record);
         self.summary.observe(role, record);
         self.power.call(role, record);
     }

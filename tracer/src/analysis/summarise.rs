@@ -27,6 +27,21 @@ pub struct TraceInfo {
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The header's `start_monotonic_ns`: where times count from in a trace without calls.
+    #[serde(skip)]
+    pub start_monotonic_ns: Option<u64>,
+    /// Libraries a process could not be given its probes on (`library_not_attached` lost
+    /// lines): their calls are missing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub libraries_not_attached: Vec<NotAttached>,
+}
+
+/// A library a process did not get its probes on, from its `lost` line.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NotAttached {
+    pub library: String,
+    pub pid: Option<u32>,
+    pub error: Option<String>,
 }
 
 /// What reading a trace gave.
@@ -87,8 +102,20 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         match line {
-            Line::Header(header) => info.command = std::mem::take(&mut header.command),
-            Line::Lost(lost) => lost_lines = lost_lines.saturating_add(lost.count),
+            Line::Header(header) => {
+                info.command = std::mem::take(&mut header.command);
+                info.start_monotonic_ns = header.start_monotonic_ns;
+            }
+            Line::Lost(lost) => {
+                lost_lines = lost_lines.saturating_add(lost.count);
+                if let Some(library) = &lost.library {
+                    info.libraries_not_attached.push(NotAttached {
+                        library: library.clone(),
+                        pid: lost.pid,
+                        error: lost.error.clone(),
+                    });
+                }
+            }
             Line::Footer(figures) => {
                 info.complete = true;
                 footer_lost = figures.lost_total;

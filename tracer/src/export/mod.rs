@@ -18,6 +18,7 @@
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
 //! | `parquet/` | `--format parquet`: a table per kind of line |
+//! | `merge.rs` | several traces of a job in one timeline (`cudatrace merge`): each on the job's clock, its ids kept apart |
 
 mod args;
 mod arguments;
@@ -26,6 +27,7 @@ mod chrome;
 mod exporter;
 mod filters;
 mod flows;
+pub mod merge;
 mod parquet;
 mod perfetto;
 mod power;
@@ -90,6 +92,64 @@ pub fn export_lines(
             "Parquet tables are written by export::parquet",
         ))),
     }
+}
+
+/// Exports several traces (each file with its label and place) into one timeline on
+/// `out` (`cudatrace merge`), then the clock markers.
+pub fn merge_files(
+    files: Vec<(File, String, merge::TracePlace)>,
+    markers: &[merge::ClockMarker<'_>],
+    out: impl Write,
+    format: ExportFormat,
+    skip_bad_lines: bool,
+) -> Result<ExportStats, Failure> {
+    let traces = files
+        .into_iter()
+        .map(|(file, label, place)| {
+            let lines = TraceLines::from_file_prepared(file, &label, skip_bad_lines, no_escapes);
+            (lines, place)
+        })
+        .collect();
+    match format {
+        ExportFormat::Chrome => ChromeWriter::new(out)
+            .map_err(ExportError::from)
+            .and_then(|sink| merge_into(sink, traces, markers)),
+        ExportFormat::Perfetto => merge_into(PerfettoWriter::new(out), traces, markers),
+        // Refused by `cudatrace merge`: each trace's tables are queried together.
+        ExportFormat::Parquet => Err(ExportError::Write(io::Error::other(
+            "Parquet tables are not merged",
+        ))),
+    }
+    .map_err(export_failure)
+}
+
+/// An export's error with its exit code.
+fn export_failure(error: ExportError) -> Failure {
+    match error {
+        ExportError::Read(ReadError::BadLine { .. }) => Failure::new(ExitCode::BadInput, error),
+        ExportError::Read(ReadError::Io { .. }) => Failure::new(ExitCode::NoSuchProcess, error),
+        ExportError::Write(_) => Failure::new(ExitCode::OutputNotWritable, error),
+    }
+}
+
+fn merge_into<S: timeline::TimelineSink, R: BufRead>(
+    mut sink: S,
+    traces: Vec<(TraceLines<R, bool>, merge::TracePlace)>,
+    markers: &[merge::ClockMarker<'_>],
+) -> Result<ExportStats, ExportError> {
+    let filters = Filters::default();
+    let mut total = ExportStats::default();
+    for (index, (lines, place)) in traces.into_iter().enumerate() {
+        let trace_sink = merge::MergeSink {
+            inner: &mut sink,
+            place: &place,
+            first: index == 0,
+        };
+        let stats = Exporter::new(&filters, trace_sink).run(lines)?;
+        total.add(&stats);
+    }
+    merge::finish(&mut sink, markers, &mut total)?;
+    Ok(total)
 }
 
 /// `TRACE.jsonl` → `TRACE.json` / `TRACE.pftrace`.
@@ -281,11 +341,7 @@ pub fn export_opened(
         format,
         filters,
     )
-    .map_err(|e| match e {
-        ExportError::Read(ReadError::BadLine { .. }) => Failure::new(ExitCode::BadInput, e),
-        ExportError::Read(ReadError::Io { .. }) => Failure::new(ExitCode::NoSuchProcess, e),
-        ExportError::Write(_) => Failure::new(ExitCode::OutputNotWritable, e),
-    })?;
+    .map_err(export_failure)?;
     if stats.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",

@@ -29,6 +29,24 @@ pub struct ExportStats {
     pub nccl_slices: u64,
 }
 
+impl ExportStats {
+    /// Adds another export's figures (the traces of a merge).
+    pub fn add(&mut self, other: &ExportStats) {
+        self.lines += other.lines;
+        self.slices += other.slices;
+        self.driver_slices += other.driver_slices;
+        self.instants += other.instants;
+        self.counters += other.counters;
+        self.flows += other.flows;
+        self.filtered += other.filtered;
+        self.unknown_lines += other.unknown_lines;
+        self.skipped_lines += other.skipped_lines;
+        self.flows_dropped += other.flows_dropped;
+        self.gpu_slices += other.gpu_slices;
+        self.nccl_slices += other.nccl_slices;
+    }
+}
+
 /// Where an event is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Track {

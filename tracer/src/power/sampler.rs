@@ -41,7 +41,9 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Starts sampling `devices` of `loaded` every `period`, from now.
+    /// Starts sampling `devices` of `loaded` every `period`, from now, and returns once
+    /// the first tick is sampled (or a second has passed): the command, released next,
+    /// starts inside the samples, so its whole life has energy readings around it.
     pub fn start(
         loaded: Loaded,
         devices: Vec<Sampled>,
@@ -50,6 +52,7 @@ impl Sampler {
         let (lines, receiver) = mpsc::channel(CHANNEL_TICKS);
         let (stop, stop_requested) = std_mpsc::channel();
         let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let (first_sampled, first_taken) = std_mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("cudatrace-power".into())
             .spawn(move || {
@@ -59,9 +62,17 @@ impl Sampler {
                     lines_sampled: 0,
                     read_ns_total: 0,
                 };
-                run.sample_until_stopped(&loaded, &devices, period_ns, &stop_requested);
+                run.sample_until_stopped(
+                    &loaded,
+                    &devices,
+                    period_ns,
+                    &stop_requested,
+                    first_sampled,
+                );
                 run.finish()
             })?;
+        // A sampler that fails before its first tick says why in its footer.
+        let _ = first_taken.recv_timeout(Duration::from_secs(1));
         Ok((Sampler { stop, thread }, receiver))
     }
 
@@ -94,7 +105,9 @@ impl SamplerRun {
         devices: &[Sampled],
         period_ns: u64,
         stop_requested: &std_mpsc::Receiver<()>,
+        first_sampled: std_mpsc::SyncSender<()>,
     ) {
+        let mut first_sampled = Some(first_sampled);
         let mut handles = Vec::new();
         for sampled in devices {
             match loaded.nvml.device_by_index(sampled.index) {
@@ -125,6 +138,9 @@ impl SamplerRun {
                 }
             }
             let batch = self.sample(&handles, tick);
+            if let Some(first) = first_sampled.take() {
+                let _ = first.send(());
+            }
             if stop {
                 // The last sample: it waits for room, the event loop is draining.
                 let _ = self.lines.blocking_send(batch);

@@ -202,6 +202,8 @@ pub struct Handled {
     pub attached: Vec<Attached>,
     /// What could not be done (the process goes on without it).
     pub error: Option<anyhow::Error>,
+    /// The library file the event was about, where known: what the error left unattached.
+    pub library: Option<PathBuf>,
 }
 
 /// The attach layer while tracing: the plans (one per library file) and the links. The
@@ -265,7 +267,7 @@ impl Discovery {
         } else {
             self.selection.clone()
         };
-        let id = self.plans.add(found.set, &found.library, &selection).id;
+        let id = self.plans.add(found.set, &found.library, &selection)?.id;
         let FoundLibrary {
             file,
             found: how,
@@ -346,6 +348,7 @@ impl Discovery {
     fn opened(&mut self, bpf: &mut Ebpf, event: &AttachEvent, handled: &mut Handled) -> Result<()> {
         let pid = event.header.pid;
         let fd_path = format!("/proc/{pid}/fd/{}", event.fd);
+        handled.library = fs::read_link(&fd_path).ok();
         let file = match File::open(&fd_path) {
             Ok(file) => file,
             // Gone already (the process was killed): nothing to attach.
@@ -409,6 +412,7 @@ impl Discovery {
             return self.add_mapped(bpf, child, true, &mut handled.attached);
         }
         for id in libraries {
+            handled.library = self.plans.get(id).map(|plan| plan.library.path.clone());
             self.link(id, child, &mut handled.attached)?;
         }
         Ok(())

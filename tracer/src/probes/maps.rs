@@ -6,12 +6,16 @@
 //! whose size the hidden `--map-entries` flag can change (tests shrink them to prove that a
 //! full map is counted, never silent).
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use anyhow::{Context, Result, bail};
 use aya::{
     Ebpf,
-    maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{
+        Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf,
+    },
 };
-use tracer_common::{MAX_PATTERNS, MAX_PROBES, NamePattern, PATTERN_LEN, ProbeSpec, counter};
+use tracer_common::{MAX_PATTERNS, NamePattern, PATTERN_LEN, ProbeSpec, SLOT_MASK, counter};
 
 use super::plan::Plan;
 
@@ -89,7 +93,9 @@ impl TracedSet {
     }
 }
 
-/// The probe table (`SPECS`): how the programs read each probe's arguments, by probe id.
+/// The probe table (`SPECS`): how the programs read each probe's arguments, by its
+/// symbol's slot (a probe id's low bits, `tracer_common::SLOT_BITS`): every copy of a
+/// library shares them ([`super::plan::Plans::add`] gives the slots).
 pub struct ProbeTable {
     specs: Array<MapData, ProbeSpec>,
 }
@@ -101,18 +107,12 @@ impl ProbeTable {
         })
     }
 
-    /// Writes a plan's specs: before any of its probes can fire.
+    /// Writes a plan's specs: before any of its probes can fire. A slot already written
+    /// (another copy of the library) gets the same spec again.
     pub fn write(&mut self, plan: &Plan) -> Result<()> {
-        if let Some(last) = plan.probes.last()
-            && last.id >= MAX_PROBES
-        {
-            bail!(
-                "{} symbols to attach in all, more than the {MAX_PROBES} the probes support",
-                last.id + 1
-            );
-        }
         for probe in &plan.probes {
-            self.specs.set(probe.id, probe.spec.probe_spec(), 0)?;
+            self.specs
+                .set(probe.id & SLOT_MASK, probe.spec.probe_spec(), 0)?;
         }
         Ok(())
     }
@@ -210,6 +210,11 @@ impl StopMaps {
         Ok(self.control.set(0, u32::from(allowed), 0)?)
     }
 
+    /// The `STOPPED` map's descriptor, for the keeper (`crate::keeper`).
+    pub fn stopped_fd(&self) -> BorrowedFd<'_> {
+        self.stopped.map().fd().as_fd()
+    }
+
     /// Processes the eBPF side stopped and nobody continued yet.
     pub fn stopped_pids(&self) -> Vec<u32> {
         self.stopped.keys().filter_map(|key| key.ok()).collect()
@@ -254,6 +259,8 @@ pub struct Counters {
     pub gpu_read_failed: u64,
     /// `--gpu`: records CUPTI dropped, as its DROPPED records said (counted in userspace).
     pub cupti_dropped: u64,
+    /// Libraries a process could not be given its probes on (counted in userspace).
+    pub library_not_attached: u64,
     pub traced_full: u64,
     pub fds_full: u64,
     pub opens_full: u64,
@@ -315,7 +322,9 @@ impl CounterReader {
             driver_ring_full: sum(counter::DRIVER_RING_FULL)?,
             gpu_ring_full: sum(counter::GPU_RING_FULL)?,
             gpu_read_failed: sum(counter::GPU_READ_FAILED)?,
+            // Counted in userspace (`run::pipeline`).
             cupti_dropped: 0,
+            library_not_attached: 0,
             traced_full: sum(counter::TRACED_FULL)?,
             fds_full: sum(counter::FDS_FULL)?,
             opens_full: sum(counter::OPENS_FULL)?,

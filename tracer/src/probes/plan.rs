@@ -10,6 +10,7 @@ use super::{
     probe_set::ProbeSet,
 };
 use crate::catalog::{FnSpec, GENERIC};
+use tracer_common::{MAX_LIBRARIES, MAX_PROBES, SLOT_BITS, SLOT_MASK};
 
 /// What to do when a catalog function is absent from the library or fails to attach (the
 /// run applies it: `run/missing.rs`).
@@ -101,7 +102,9 @@ impl std::fmt::Display for FunctionSelection {
 /// One symbol to attach.
 #[derive(Clone, Debug)]
 pub struct PlannedProbe {
-    /// The attach cookie, and the index in the `SPECS` map: unique across plans.
+    /// The probe id, the attach cookie's low bits: its library's id above
+    /// [`SLOT_BITS`], its symbol's slot in the `SPECS` map below (shared by every copy of
+    /// the library). Unique across plans.
     pub id: u32,
     /// The id of its plan's library file (the trace's `lib`).
     pub library: u32,
@@ -158,14 +161,14 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Matches `set`'s catalog against `library`'s exports, numbering the probes from
-    /// `first_id`; `id` is the library's. With a `selection` beyond the catalog, the other
-    /// exported functions it names follow, probed generically, in name order.
+    /// Matches `set`'s catalog against `library`'s exports; `id` is the library's. With a
+    /// `selection` beyond the catalog, the other exported functions it names follow,
+    /// probed generically, in name order. The probes are numbered in order until
+    /// [`Plans::add`] gives them their slots.
     pub fn new(
         set: &'static ProbeSet,
         library: &Library,
         id: u32,
-        first_id: u32,
         selection: &FunctionSelection,
     ) -> Self {
         let mut plan = Plan {
@@ -194,7 +197,7 @@ impl Plan {
                     found = true;
                     if selection.catalog || selection.matches(set, &name) {
                         planned.insert(name.clone());
-                        plan.push(name, spec, export.file_offset, first_id, &mut by_offset);
+                        plan.push(name, spec, export.file_offset, &mut by_offset);
                     }
                 }
             }
@@ -213,7 +216,7 @@ impl Plan {
             others.sort_by(|a, b| a.name.cmp(&b.name));
             for export in others {
                 let name = export.name.clone();
-                plan.push(name, &GENERIC, export.file_offset, first_id, &mut by_offset);
+                plan.push(name, &GENERIC, export.file_offset, &mut by_offset);
             }
         }
         plan.unmatched_globs = selection
@@ -234,7 +237,6 @@ impl Plan {
         name: String,
         spec: &'static FnSpec,
         file_offset: u64,
-        first_id: u32,
         by_offset: &mut HashMap<u64, String>,
     ) {
         if let Some(first) = by_offset.get(&file_offset) {
@@ -243,7 +245,7 @@ impl Plan {
         }
         by_offset.insert(file_offset, name.clone());
         self.probes.push(PlannedProbe {
-            id: first_id + self.probes.len() as u32,
+            id: (self.id << SLOT_BITS) | self.probes.len() as u32,
             library: self.id,
             symbol: name,
             spec,
@@ -253,29 +255,64 @@ impl Plan {
     }
 }
 
-/// Every plan of a run; probe ids follow one another across them.
+/// Every plan of a run, and the `SPECS` slots of their symbols.
 #[derive(Clone, Debug, Default)]
 pub struct Plans {
     plans: Vec<Plan>,
+    /// The slot of each (probe set, symbol): every copy of a library shares its slots.
+    slots: HashMap<(u32, String), u32>,
+    /// Per plan, its probes by slot (index in `probes`).
+    by_slot: Vec<HashMap<u32, usize>>,
+}
+
+/// Why a library could not be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "the probe table is full: {MAX_PROBES} distinct functions are attached already, and \
+         this library adds {0} more"
+    )]
+    TableFull(usize),
+    #[error("{MAX_LIBRARIES} libraries are attached already")]
+    TooManyLibraries,
 }
 
 impl Plans {
-    /// Plans `set` on `library`, its ids after those already planned.
+    /// Plans `set` on `library`, its probes in the slots of their symbols (new symbols in
+    /// new slots). Nothing is planned when the slots or library ids run out.
     pub fn add(
         &mut self,
         set: &'static ProbeSet,
         library: &Library,
         selection: &FunctionSelection,
-    ) -> &Plan {
-        let plan = Plan::new(
-            set,
-            library,
-            self.plans.len() as u32,
-            self.probe_count() as u32,
-            selection,
-        );
+    ) -> Result<&Plan, PlanError> {
+        let id = self.plans.len() as u32;
+        if id >= MAX_LIBRARIES {
+            return Err(PlanError::TooManyLibraries);
+        }
+        let mut plan = Plan::new(set, library, id, selection);
+        let new: HashSet<&str> = plan
+            .probes
+            .iter()
+            .map(|probe| probe.symbol.as_str())
+            .filter(|symbol| !self.slots.contains_key(&(set.index(), symbol.to_string())))
+            .collect();
+        if self.slots.len() + new.len() > MAX_PROBES as usize {
+            return Err(PlanError::TableFull(new.len()));
+        }
+        let mut by_slot = HashMap::new();
+        for (index, probe) in plan.probes.iter_mut().enumerate() {
+            let next = self.slots.len() as u32;
+            let slot = *self
+                .slots
+                .entry((set.index(), probe.symbol.clone()))
+                .or_insert(next);
+            probe.id = (id << SLOT_BITS) | slot;
+            by_slot.insert(slot, index);
+        }
         self.plans.push(plan);
-        self.plans.last().expect("just pushed")
+        self.by_slot.push(by_slot);
+        Ok(self.plans.last().expect("just pushed"))
     }
 
     /// The plan of the library with this id.
@@ -303,7 +340,7 @@ impl Plans {
         self.plans.iter().find(|plan| std::ptr::eq(plan.set, set))
     }
 
-    /// Every planned probe, in id order.
+    /// Every planned probe, plan by plan.
     pub fn probes(&self) -> impl Iterator<Item = &PlannedProbe> {
         self.plans.iter().flat_map(|plan| &plan.probes)
     }
@@ -312,17 +349,11 @@ impl Plans {
         self.plans.iter().map(|plan| plan.probes.len()).sum()
     }
 
-    /// The probe with attach cookie `id`.
+    /// The probe with attach cookie `id`: its library's plan, then its slot there.
     pub fn probe(&self, id: u32) -> Option<&PlannedProbe> {
-        let mut first = 0;
-        for plan in &self.plans {
-            let index = (id as usize).checked_sub(first)?;
-            if let Some(probe) = plan.probes.get(index) {
-                return Some(probe);
-            }
-            first += plan.probes.len();
-        }
-        None
+        let library = (id >> SLOT_BITS) as usize;
+        let index = *self.by_slot.get(library)?.get(&(id & SLOT_MASK))?;
+        self.plans.get(library)?.probes.get(index)
     }
 }
 
@@ -366,7 +397,7 @@ mod tests {
             ("cuMemcpyHtoD_v2_ptds", 0x300),
             ("cuSomethingElse", 0x400),
         ]);
-        let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &FunctionSelection::default());
+        let plan = Plan::new(&LIBCUDA, &lib, 0, &FunctionSelection::default());
         let names: Vec<&str> = plan.probes.iter().map(|p| p.symbol.as_str()).collect();
         assert_eq!(
             names,
@@ -398,12 +429,12 @@ mod tests {
             ("cuLaunchKernel", 0x200),
             ("cuLaunchKernelEx_ptsz", 0x300),
         ]);
-        let plan = Plan::new(&LIBCUDA, &lib, 0, 7, &FunctionSelection::default());
+        let plan = Plan::new(&LIBCUDA, &lib, 0, &FunctionSelection::default());
         let lean_selection = FunctionSelection {
             launch_entry_only: true,
             ..FunctionSelection::default()
         };
-        let lean = Plan::new(&LIBCUDA, &lib, 0, 7, &lean_selection);
+        let lean = Plan::new(&LIBCUDA, &lib, 0, &lean_selection);
         let cookies: Vec<(&str, u64, u64)> = plan
             .probes
             .iter()
@@ -413,16 +444,16 @@ mod tests {
         assert_eq!(
             cookies,
             [
-                ("cuMemAlloc_v2", 7 | cookie::PER_PROCESS, 7),
+                ("cuMemAlloc_v2", cookie::PER_PROCESS, 0),
                 (
                     "cuLaunchKernel",
-                    8 | cookie::PER_PROCESS | cookie::STACK_ARGS,
-                    8 | cookie::STACK_ARGS | cookie::ENTRY_ONLY
+                    1 | cookie::PER_PROCESS | cookie::STACK_ARGS,
+                    1 | cookie::STACK_ARGS | cookie::ENTRY_ONLY
                 ),
                 (
                     "cuLaunchKernelEx_ptsz",
-                    9 | cookie::PER_PROCESS,
-                    9 | cookie::ENTRY_ONLY
+                    2 | cookie::PER_PROCESS,
+                    2 | cookie::ENTRY_ONLY
                 ),
             ]
         );
@@ -437,28 +468,60 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_unique_across_plans() {
+    fn ids_are_unique_across_plans_and_copies_share_their_slots() {
         let first = library(&[("cuInit", 0x10), ("cuMemAlloc_v2", 0x20)]);
-        let second = library(&[("cuLaunchKernel", 0x30)]);
+        let second = library(&[("cuLaunchKernel", 0x30), ("cuInit", 0x40)]);
         let mut plans = Plans::default();
-        plans.add(&LIBCUDA, &first, &FunctionSelection::default());
-        plans.add(&LIBCUDA, &second, &FunctionSelection::default());
+        let selection = FunctionSelection::default();
+        plans.add(&LIBCUDA, &first, &selection).unwrap();
+        plans.add(&LIBCUDA, &second, &selection).unwrap();
         let ids: Vec<(u32, &str)> = plans.probes().map(|p| (p.id, p.symbol.as_str())).collect();
+        // The library's id above the slot; cuInit keeps its slot in the second library.
+        let second_id = 1 << SLOT_BITS;
         assert_eq!(
             ids,
-            [(0, "cuInit"), (1, "cuMemAlloc_v2"), (2, "cuLaunchKernel")]
+            [
+                (0, "cuInit"),
+                (1, "cuMemAlloc_v2"),
+                (second_id, "cuInit"),
+                (second_id | 2, "cuLaunchKernel")
+            ]
         );
-        assert_eq!(plans.probe(2).unwrap().symbol, "cuLaunchKernel");
-        assert_eq!(
-            (
-                plans.probe(1).unwrap().library,
-                plans.probe(2).unwrap().library
-            ),
-            (0, 1)
-        );
+        assert_eq!(plans.probe(second_id | 2).unwrap().symbol, "cuLaunchKernel");
+        assert_eq!(plans.probe(second_id).unwrap().library, 1);
+        assert_eq!(plans.probe(0).unwrap().library, 0);
         assert_eq!(plans.probe(1).unwrap().symbol, "cuMemAlloc_v2");
-        assert!(plans.probe(3).is_none());
-        assert_eq!(plans.probe_count(), 3);
+        assert!(
+            plans.probe(2).is_none(),
+            "slot 2 is not the first library's"
+        );
+        assert!(plans.probe(second_id | 1).is_none());
+        assert!(plans.probe(2 << SLOT_BITS).is_none());
+        assert_eq!(plans.probe_count(), 4);
+    }
+
+    #[test]
+    fn many_copies_of_a_library_fit_and_a_full_table_is_an_error() {
+        let copy = library(&[("cuInit", 0x10), ("cuMemAlloc_v2", 0x20)]);
+        let mut plans = Plans::default();
+        let all = FunctionSelection::parse("all").unwrap();
+        for _ in 0..1000 {
+            plans.add(&LIBCUDA, &copy, &all).unwrap();
+        }
+        assert_eq!(plans.slots.len(), 2, "a thousand copies, two slots");
+        // One library of more new functions than the table has room for.
+        let names: Vec<(String, u64)> = (0..MAX_PROBES as u64)
+            .map(|index| (format!("cuFake{index}"), 0x1000 + index * 16))
+            .collect();
+        let exports: Vec<(&str, u64)> = names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+        let big = library(&exports);
+        match plans.add(&LIBCUDA, &big, &all) {
+            Err(PlanError::TableFull(new)) => assert_eq!(new, MAX_PROBES as usize),
+            other => panic!("{other:?}"),
+        }
+        // Nothing of it was planned, and the next copy still fits.
+        assert_eq!(plans.iter().count(), 1000);
+        assert_eq!(plans.add(&LIBCUDA, &copy, &all).unwrap().id, 1000);
     }
 
     #[test]
@@ -475,7 +538,7 @@ mod tests {
         ]);
         let plan = |text: &str| {
             let selection = FunctionSelection::parse(text).unwrap();
-            let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &selection);
+            let plan = Plan::new(&LIBCUDA, &lib, 0, &selection);
             let probes: Vec<(String, String)> = plan
                 .probes
                 .iter()

@@ -5,10 +5,14 @@
 use anyhow::Result;
 
 use super::maps::StopMaps;
+use crate::keeper::Keeper;
 
 /// The stops, and whether tracing is ending.
 pub struct Stops {
     maps: StopMaps,
+    /// The process that continues what is still stopped if cudatrace is killed; dropped
+    /// (and reaped) after the last stop is continued here.
+    keeper: Option<Keeper>,
     /// Tracing is ending: nothing more is stopped, and every stop goes on at once.
     ending: bool,
     /// The events' clock (`CLOCK_MONOTONIC` ns), to time the stops.
@@ -24,12 +28,21 @@ pub struct Continued {
 }
 
 impl Stops {
-    pub fn new(maps: StopMaps, clock: fn() -> u64) -> Self {
-        Stops {
+    /// The stops, watched by a keeper process (`crate::keeper`); the error, when the keeper
+    /// could not be started, is for the caller to report: stops still work without it.
+    pub fn new(maps: StopMaps, clock: fn() -> u64) -> (Self, std::io::Result<()>) {
+        let keeper = Keeper::spawn(maps.stopped_fd());
+        let started = keeper
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()));
+        let stops = Stops {
             maps,
+            keeper: keeper.ok(),
             ending: false,
             clock,
-        }
+        };
+        (stops, started)
     }
 
     /// Lets the eBPF side stop processes.
@@ -74,8 +87,10 @@ impl Stops {
 }
 
 impl Drop for Stops {
-    /// Every way out (an error, a panic) continues what was stopped.
+    /// Every way out (an error, a panic) continues what was stopped; then the keeper goes,
+    /// with nothing left to continue.
     fn drop(&mut self) {
         let _ = self.end();
+        drop(self.keeper.take());
     }
 }

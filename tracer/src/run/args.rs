@@ -61,7 +61,10 @@ pub struct RunArgs {
     pub all: bool,
 
     /// Where to write the trace; `-` for standard output (the command's stdout then goes
-    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl. Under sudo it is written
+    /// to stderr). Default: traces/trace_YYYYMMDD_HHMMSS.jsonl. Patterns name one file per
+    /// node and rank: %h the host name, %r the launcher's rank (RANK, SLURM_PROCID,
+    /// OMPI_COMM_WORLD_RANK or PMI_RANK, the first set; none set is an error, exit 2), %p
+    /// cudatrace's own pid, %t its start time (UTC, 20261126T120501Z), %% a %. Under sudo it is written
     /// as the invoking user, never through a symbolic link, over a non-regular file, over
     /// an input of the run or over a file another cudatrace writes (exit 73).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
@@ -184,6 +187,20 @@ pub struct RunArgs {
     /// export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub export: Option<ExportFormat>,
+
+    /// Record from this wall-clock time on (RFC 3339, 2026-11-26T12:00:00Z or with an
+    /// offset, or Unix seconds): give every node the same time and each records the same
+    /// window (to NTP's agreement of their clocks). The probes are attached, and the
+    /// command started, at once: the calls before the window are analysed (kernel names,
+    /// NCCL communicators and ranks) but not written. The header says the window.
+    #[arg(long, value_name = "TIME", value_parser = super::window::parse_start_at)]
+    pub start_at: Option<u64>,
+
+    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now), then stop:
+    /// detach and write the footer. A command runs on; cudatrace waits for it (passing
+    /// SIGTERM and SIGHUP on) and exits with its exit code.
+    #[arg(long, value_name = "D", value_parser = super::window::parse_duration)]
+    pub duration: Option<std::time::Duration>,
 
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]

@@ -43,6 +43,14 @@ pub struct Attaching {
     finished: bool,
 }
 
+/// A library a process could not be given its probes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotAttached {
+    pub library: String,
+    pub pid: u32,
+    pub error: String,
+}
+
 impl Attaching {
     /// From here on every way out (errors included) continues what the probes stopped.
     pub fn new(
@@ -141,21 +149,33 @@ impl Attaching {
     }
 
     /// Acts on an attach event from the ring; returns the `library` lines of files
-    /// attached for the first time. A process it stopped goes on.
-    pub fn handle(&mut self, event: &AttachEvent) -> Vec<LibraryLine> {
+    /// attached for the first time, and the library a process could not be given its
+    /// probes on (a loss: its calls are missing). A process it stopped goes on.
+    pub fn handle(&mut self, event: &AttachEvent) -> (Vec<LibraryLine>, Option<NotAttached>) {
         let pid = event.header.pid;
         if event.header.flags & attach_flags::STOP_FAILED != 0 {
             self.stop_figures.failed += 1;
         }
         let mut lines = Vec::new();
+        let mut not_attached = None;
         // Once tracing ends (the object is gone), events only continue processes.
         if let Some(bpf) = &mut self.bpf {
             let handled = self.discovery.handle(bpf, event);
-            let reported = self.report(handled.attached);
-            match handled.error {
-                None => lines = reported,
-                // The event's work stops there; so do its lines.
-                Some(error) => eprintln!("cudatrace: pid {pid}: {error:#}"),
+            // A file planned before the error keeps its line: calls may name it.
+            lines = self.report(handled.attached);
+            if let Some(error) = handled.error {
+                let library = handled
+                    .library
+                    .map_or_else(|| "a library".to_owned(), |path| path.display().to_string());
+                eprintln!(
+                    "cudatrace: WARNING: pid {pid}: {library} not attached, its calls are \
+                     missing: {error:#}"
+                );
+                not_attached = Some(NotAttached {
+                    library,
+                    pid,
+                    error: format!("{error:#}"),
+                });
             }
         }
         if event.header.flags & attach_flags::STOPPED != 0
@@ -166,7 +186,7 @@ impl Attaching {
             figures.total_ns += continued.stopped_ns;
             figures.max_ns = figures.max_ns.max(continued.stopped_ns);
         }
-        lines
+        (lines, not_attached)
     }
 
     /// A traced process exited: its links go.

@@ -56,6 +56,15 @@ const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
     ("SIGQUIT", libc::SIGQUIT, false),
 ];
 
+/// Takes the stopping signal received since the last look, if any (after the window,
+/// while cudatrace waits for the command).
+pub fn take_stop_signal() -> Option<i32> {
+    match STOP_SIGNAL.swap(0, Ordering::Relaxed) {
+        0 => None,
+        number => Some(number),
+    }
+}
+
 /// The last stopping signal received, stored by the signal handler itself: a drain sees it
 /// between two records, without waiting for the runtime to deliver the signal (which it
 /// does only between polls, and a ring that never empties is always ready).
@@ -73,6 +82,8 @@ pub struct Watches {
     exits: Vec<(u32, AsyncFd<OwnedFd>)>,
     /// Processes to watch were given, and all had exited before the watch was set up.
     all_gone: bool,
+    /// `--duration`: when the window's end stops tracing.
+    pub close_at: Option<tokio::time::Instant>,
 }
 
 impl Watches {
@@ -104,6 +115,7 @@ impl Watches {
             all_gone: !watched.is_empty() && exits.is_empty(),
             signals,
             exits,
+            close_at: None,
         })
     }
 }
@@ -151,6 +163,7 @@ pub async fn event_loop(
         mut signals,
         mut exits,
         all_gone,
+        close_at,
     } = watches;
     let mut ticker = tokio::time::interval(Duration::from_millis(250));
     let mut loss = LossAccount::new(pipeline.gpu);
@@ -163,6 +176,14 @@ pub async fn event_loop(
     while running {
         if let Some(index) = stop_signal() {
             stop(&mut outcome, index, child);
+            break;
+        }
+        if let Some(error) = pipeline.writer.failed() {
+            // Said at once; recording stops, the command goes on (waited for below).
+            eprintln!(
+                "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
+                 command goes on untraced and cudatrace waits for it to end (exit 73 then)"
+            );
             break;
         }
         tokio::select! {
@@ -191,6 +212,13 @@ pub async fn event_loop(
             }
             index = any_signal(&mut signals) => {
                 stop(&mut outcome, index, child);
+                running = false;
+            }
+            _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
+                if close_at.is_some() => {
+                // The window's end: recording stops as when the command ends (the whole
+                // ring is drained); the command runs on.
+                outcome.window_closed = true;
                 running = false;
             }
             batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
@@ -253,7 +281,39 @@ pub async fn event_loop(
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     progress.finish();
     pipeline.writer.flush()?;
+    if pipeline.writer.failed().is_some() && outcome.stopped_by.is_none() {
+        // The trace could not be written: the command's life goes on as it would have,
+        // its signals passed on, until it ends.
+        wait_for_the_rest(&mut outcome, exits, signals, child).await;
+    }
     Ok(outcome)
+}
+
+/// Waits until every watched process has exited, passing stopping signals on to the
+/// command as tracing does (the first one is what stopped the run).
+async fn wait_for_the_rest(
+    outcome: &mut Outcome,
+    mut exits: Vec<(u32, AsyncFd<OwnedFd>)>,
+    mut signals: Vec<Signal>,
+    child: Option<u32>,
+) {
+    while !exits.is_empty() {
+        tokio::select! {
+            index = any_exit(&exits) => {
+                let (pid, _) = exits.swap_remove(index);
+                if child == Some(pid) {
+                    let (code, signal) = reap(pid);
+                    outcome.code = code;
+                    outcome.signal = signal;
+                }
+            }
+            index = any_signal(&mut signals) => {
+                let stopped_by = outcome.stopped_by;
+                stop(outcome, index, child);
+                outcome.stopped_by = stopped_by.or(outcome.stopped_by);
+            }
+        }
+    }
 }
 
 /// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.
@@ -322,7 +382,7 @@ fn watch<T: AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
 }
 
 /// Reaps the child: (exit code, killing signal).
-fn reap(pid: u32) -> (Option<i32>, Option<i32>) {
+pub fn reap(pid: u32) -> (Option<i32>, Option<i32>) {
     let mut status = 0;
     // SAFETY: waitpid on our own child.
     let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };

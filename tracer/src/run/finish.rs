@@ -8,10 +8,12 @@ use anyhow::anyhow;
 use super::{
     Traced,
     args::RunArgs,
+    event_loop::take_stop_signal,
     outcome::Outcome,
     output::Trace,
     prepare::Command,
     report::{self, Closing},
+    window,
 };
 use crate::exit::{ExitCode, Failure};
 
@@ -29,9 +31,9 @@ pub fn finish(
         analysis,
         started,
     } = trace;
-    let (exit, loaded_any, error) = match traced {
-        Ok(traced) => (traced.outcome, traced.loaded_any, None),
-        Err(failure) => (Outcome::failed(), false, Some(failure)),
+    let (exit, loaded_any, running, error) = match traced {
+        Ok(traced) => (traced.outcome, traced.loaded_any, traced.running, None),
+        Err(failure) => (Outcome::failed(), false, None, Some(failure)),
     };
     writer.footer.end_wall = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
     writer.footer.duration_ns = started.elapsed().as_nanos() as u64;
@@ -42,9 +44,10 @@ pub fn finish(
     writer.footer.gpu = analysis.gpu_footer();
     let report = analysis.finish();
     writer.footer.memory = Some(report.memory_footer());
-    let footer = writer
+    let written = writer
         .finish()
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, anyhow!("writing {label}: {e}")))?;
+    let footer = written.footer;
     if let Some(failure) = error {
         return Err(failure);
     }
@@ -58,8 +61,6 @@ pub fn finish(
             output_label: &label,
         },
     );
-    // Dropping the injection removes its directory; the command is gone by now.
-    drop(command.gpu);
     match (args.export, label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
@@ -68,7 +69,40 @@ pub fn finish(
         }
         (None, _) => {}
     }
+    let exit = match running {
+        // The window closed: the trace is complete; the command goes on as if untraced,
+        // its parent waiting (whatever became of the trace).
+        Some(pid) => {
+            if !args.quiet {
+                eprintln!(
+                    "cudatrace: the window closed; waiting for the command (pid {pid}) to exit"
+                );
+            }
+            let (code, signal) = window::wait_for_command(pid, take_stop_signal)
+                .map_err(|e| Failure::new(ExitCode::Internal, e))?;
+            Outcome {
+                code,
+                signal,
+                ..Outcome::default()
+            }
+        }
+        None => exit,
+    };
+    if let Some(failed) = written.failed {
+        // Said at once when it happened; the command ran on to its end untraced.
+        return Err(Failure::new(
+            ExitCode::OutputNotWritable,
+            anyhow!(
+                "writing {label} failed ({failed}); the trace ends where it could be written, \
+                 with a footer counting {} missing lines{}",
+                footer.lost.unwritten.unwrap_or(0),
+                exit.describe()
+            ),
+        ));
+    }
     let code = exit.process_exit_code();
+    // Dropping the injection removes its directory; the command is gone by now.
+    drop(command.gpu);
     match footer.gpu.as_ref().map(|gpu| gpu.fatal_errors) {
         Some(fatal) if fatal > 0 && code == 0 => {
             eprintln!(

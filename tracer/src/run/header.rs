@@ -174,6 +174,11 @@ pub fn library_line(plan: &Plan, new: &NewLibrary) -> LibraryLine {
     }
 }
 
+/// This machine's host name, as the header says it.
+pub fn host_name() -> String {
+    uname().0
+}
+
 /// (host name, `sysname release`).
 fn uname() -> (String, String) {
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };

@@ -47,9 +47,12 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         syscalls_full: now.syscalls_full,
         kfuncs_full: now.kfuncs_full,
         attach_ring_full: now.attach_ring_full,
+        library_not_attached: now.library_not_attached,
         not_drained: not_drained_total,
+        // Known only at the end, from the trace file (`TraceWriter::finish`).
+        unwritten: None,
         calls: now.calls_lost() + not_drained.calls,
-        total: now.lost() + not_drained_total,
+        total: now.lost() + now.library_not_attached + not_drained_total,
     }
 }
 
@@ -119,8 +122,11 @@ impl LossAccount {
 
     /// One line for stderr naming every reason that lost something, or `None`.
     pub fn describe(counts: &LostCounts) -> Option<String> {
+        // Libraries not attached have lines of their own, naming them (the pipeline's).
+        let libraries = ("library_not_attached", counts.library_not_attached);
         let parts: Vec<String> = reasons(counts)
             .into_iter()
+            .chain([libraries])
             .filter(|(_, count)| *count > 0)
             .map(|(reason, count)| format!("{reason} {count}"))
             .collect();

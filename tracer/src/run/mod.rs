@@ -8,6 +8,7 @@
 //! | `mod.rs` | the phases; check (privileges, usage) and trace (the event loop's run) |
 //! | `prepare.rs` | before the trace file: the libraries probed from the start, NVML, the command's path and user, `--gpu`'s injection |
 //! | `output.rs` | the trace file (or stdout), and the trace while it is written |
+//! | `output_name.rs` | `-o`'s patterns: `%h` host, `%r` the launcher's rank, `%p` pid, `%t` start time |
 //! | `start.rs` | load, attach, spawn gated, header, release: what the event loop needs |
 //! | `attaching.rs` | the probes while tracing: the object lent to the attach layer (`probes/`), the stopped processes; what attaching did as `library` lines and reports |
 //! | `missing.rs` | `--missing-probes` |
@@ -19,6 +20,7 @@
 //! | `finish.rs` | the footer, `--export`, the exit code |
 //! | `report.rs` | the closing report on stderr |
 //! | `outcome.rs` | how the command ended (the trace clock is `crate::clock`) |
+//! | `window.rs` | `--start-at`/`--duration`: the window's lines, its end, waiting for the command after it |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
 //! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
@@ -34,11 +36,13 @@ mod loss;
 mod missing;
 mod outcome;
 mod output;
+mod output_name;
 mod pipeline;
 mod power_feed;
 mod prepare;
 mod report;
 mod start;
+mod window;
 
 pub use args::RunArgs;
 
@@ -53,6 +57,7 @@ use self::{
 use crate::{
     exit::{ExitCode, Failure},
     inject, privileges,
+    schema::WindowFooter,
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
@@ -89,6 +94,8 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
             ));
         }
     }
+    window::check(args.start_at, args.duration)
+        .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?;
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
         // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
@@ -102,6 +109,8 @@ pub struct Traced {
     pub outcome: Outcome,
     /// Some traced process loaded a probe-set library.
     pub loaded_any: bool,
+    /// The window closed while the command ran: its pid, to wait for after the footer.
+    pub running: Option<u32>,
 }
 
 /// Traces until the command exits or a signal stops it: the event loop, then every
@@ -116,6 +125,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         watches,
         child,
         power,
+        window,
     } = started;
     let mut pipeline = Pipeline::new(
         decoder,
@@ -124,6 +134,7 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         &mut trace.writer,
         args.gpu,
     );
+    pipeline.window = window;
     let ended = runtime.block_on(event_loop(
         &mut pipeline,
         ring,
@@ -133,11 +144,17 @@ fn trace_until_end(args: &RunArgs, started: Started, trace: &mut Trace) -> Resul
         args.quiet,
         power,
     ));
+    let window = pipeline.window.take();
     trace.writer.footer.stops = attaching.stop_figures.clone();
     attaching.finish();
     let outcome = ended.map_err(|e| Failure::new(ExitCode::Internal, e))?;
+    trace.writer.footer.window = window.map(|window| WindowFooter {
+        closed: outcome.window_closed,
+        ..window.footer
+    });
     Ok(Traced {
         outcome,
         loaded_any: attaching.loaded_any,
+        running: child.filter(|_| outcome.window_closed),
     })
 }

@@ -6,6 +6,8 @@ pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub stopped_by: Option<&'static str>,
+    /// `--duration`: the window's end stopped tracing while the command ran on.
+    pub window_closed: bool,
 }
 
 impl Outcome {
@@ -31,6 +33,7 @@ impl Outcome {
     pub fn describe(&self) -> String {
         match (self.stopped_by, self.code, self.signal) {
             (Some(by), _, _) => format!(" (stopped by {by})"),
+            (None, None, None) if self.window_closed => " (the window closed)".into(),
             (_, Some(code), _) => format!(" (command exited with {code})"),
             (_, None, Some(signal)) => format!(" (command killed by signal {signal})"),
             _ => String::new(),

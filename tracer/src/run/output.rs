@@ -2,14 +2,17 @@
 //! the sudo user) or standard output; and the trace while it is written.
 
 use std::{
-    io::Write,
     path::{Path, PathBuf},
     time::Instant,
 };
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 
-use super::{args::RunArgs, prepare::Command};
+use super::{
+    args::RunArgs,
+    output_name::{self, NameContext},
+    prepare::Command,
+};
 use crate::{
     analysis::Analysis,
     exit::{ExitCode, Failure},
@@ -40,9 +43,15 @@ impl Trace {
         power: Option<&PowerSetup>,
         inputs: &[Input],
     ) -> Result<Self, Failure> {
-        let (output, label) = open_output(args.output.as_deref(), user, inputs)
+        let requested = match &args.output {
+            Some(path) if path != Path::new("-") => Some(
+                output_name::expand(path, &NameContext::current())
+                    .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?,
+            ),
+            other => other.clone(),
+        };
+        let (writer, label) = open_output(requested.as_deref(), user, inputs)
             .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
-        let writer = TraceWriter::new(output);
         let started = Instant::now();
         let mut analysis = if args.gpu {
             Analysis::with_gpu_linking()
@@ -93,9 +102,10 @@ fn open_output(
     requested: Option<&Path>,
     user: Option<&TargetUser>,
     inputs: &[Input],
-) -> Result<(Box<dyn Write>, String)> {
+) -> Result<(TraceWriter, String)> {
     if requested == Some(Path::new("-")) {
-        return Ok((Box::new(std::io::stdout()), "stdout".into()));
+        let stdout = TraceWriter::new(Box::new(std::io::stdout()));
+        return Ok((stdout, "stdout".into()));
     }
     let writer = Writer { user };
     let path = match requested {
@@ -107,7 +117,7 @@ fn open_output(
         }
     };
     let file = writer.create(&path, inputs)?;
-    Ok((Box::new(file), path.display().to_string()))
+    Ok((TraceWriter::for_file(file), path.display().to_string()))
 }
 
 /// `trace_YYYYMMDD_HHMMSS.jsonl` in local time.

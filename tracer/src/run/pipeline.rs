@@ -19,13 +19,16 @@ use std::{
 use aya::maps::{MapData, RingBuf};
 use tracer_common::proc_event;
 
-use super::attaching::Attaching;
+use super::{
+    attaching::{Attaching, NotAttached},
+    window::WindowFilter,
+};
 use crate::{
     analysis::Analysis,
     clock::monotonic_ns,
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
     probes::maps::Counters,
-    schema::{GpuLine, Line, PowerLine},
+    schema::{GpuLine, Line, LostLine, PowerLine},
     sinks::jsonl::TraceWriter,
 };
 
@@ -38,8 +41,12 @@ pub struct Pipeline<'a> {
     pub gpu_lines: Vec<GpuLine>,
     /// Records CUPTI said it dropped (`--gpu`), for the loss accounting.
     pub cupti_dropped: u64,
+    /// Libraries a process could not be given its probes on, for the loss accounting.
+    pub library_not_attached: u64,
     /// `--gpu` was given.
     pub gpu: bool,
+    /// `--start-at`/`--duration`: the lines outside the window are analysed, not written.
+    pub window: Option<WindowFilter>,
 }
 
 /// What one drain did.
@@ -68,13 +75,16 @@ impl<'a> Pipeline<'a> {
             writer,
             gpu_lines: Vec::new(),
             cupti_dropped: 0,
+            library_not_attached: 0,
             gpu,
+            window: None,
         }
     }
 
     /// The kernel's counters with the losses only userspace sees (CUPTI's).
     pub fn counters(&self, mut kernel: Counters) -> Counters {
         kernel.cupti_dropped = self.cupti_dropped;
+        kernel.library_not_attached = self.library_not_attached;
         kernel
     }
 
@@ -115,8 +125,12 @@ impl<'a> Pipeline<'a> {
         let raw = decode(bytes);
         match &raw {
             Ok(RawEvent::Attach(event)) => {
-                for line in self.attaching.handle(event) {
+                let (lines, not_attached) = self.attaching.handle(event);
+                for line in lines {
                     self.writer.write(&line)?;
+                }
+                if let Some(lost) = not_attached {
+                    self.library_lost(event.header.ts_ns, lost)?;
                 }
                 return Ok(());
             }
@@ -131,7 +145,13 @@ impl<'a> Pipeline<'a> {
             None => return Ok(()),
         };
         self.analysis.line(&mut line);
-        self.writer.line(&line)?;
+        if self
+            .window
+            .as_mut()
+            .is_none_or(|window| window.keeps(&line))
+        {
+            self.writer.line(&line)?;
+        }
         if let Line::Process(process) = &line
             && process.event.ends_address_space()
         {
@@ -141,6 +161,25 @@ impl<'a> Pipeline<'a> {
         }
         self.decoder.recycle(line);
         Ok(())
+    }
+
+    /// A library a process did not get its probes on: a loss, its own `lost` line naming
+    /// it (the loss accounting counts it in the footer, without a line of its own).
+    fn library_lost(&mut self, ts_ns: u64, lost: NotAttached) -> io::Result<()> {
+        self.library_not_attached += 1;
+        let footer = &self.writer.footer.lost;
+        // Everything lost so far: the last tick's figures, with this run's library losses.
+        let total = footer.total - footer.library_not_attached + self.library_not_attached;
+        self.writer.write(&LostLine {
+            ts_ns,
+            reason: "library_not_attached".into(),
+            count: 1,
+            total,
+            library: Some(lost.library),
+            pid: Some(lost.pid),
+            error: Some(lost.error),
+            ..LostLine::default()
+        })
     }
 
     fn gpu(&mut self, event: GpuEvent) -> io::Result<()> {
@@ -175,7 +214,13 @@ impl<'a> Pipeline<'a> {
                     error.pid, error.stage, error.message
                 );
             }
-            self.writer.gpu(&line)?;
+            if self
+                .window
+                .as_mut()
+                .is_none_or(|window| window.keeps_gpu(&line))
+            {
+                self.writer.gpu(&line)?;
+            }
         }
         Ok(())
     }
@@ -184,7 +229,13 @@ impl<'a> Pipeline<'a> {
     pub fn power(&mut self, lines: &[PowerLine]) -> io::Result<()> {
         for line in lines {
             self.analysis.power_sample(line);
-            self.writer.write(line)?;
+            if self
+                .window
+                .as_mut()
+                .is_none_or(|window| window.keeps_time(line.ts_ns))
+            {
+                self.writer.write(line)?;
+            }
         }
         Ok(())
     }

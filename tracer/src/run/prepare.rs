@@ -102,13 +102,7 @@ fn injection_library(injection: &GpuInjection) -> Result<FoundLibrary, Failure> 
     let found = FoundLibrary::open(&INJECTION, injection.library_path(), Found::Written)
         .map_err(internal)?;
     // Probed for its catalog alone: `--functions` is libcuda's.
-    let plan = Plan::new(
-        &INJECTION,
-        &found.library,
-        0,
-        0,
-        &FunctionSelection::default(),
-    );
+    let plan = Plan::new(&INJECTION, &found.library, 0, &FunctionSelection::default());
     if plan.probes.is_empty() {
         return Err(Failure::new(
             ExitCode::Internal,
@@ -166,7 +160,7 @@ fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
 /// `--missing-probes` on a library planned at start; one that exports none of its
 /// functions is an error.
 fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
-    let plan = Plan::new(found.set, &found.library, 0, 0, &args.functions);
+    let plan = Plan::new(found.set, &found.library, 0, &args.functions);
     if !plan.unmatched_globs.is_empty() {
         missing::apply(
             args.missing_probes,

@@ -39,6 +39,13 @@ pub fn print(args: &RunArgs, closing: &Closing) {
         footer.events.process,
         exit.describe()
     );
+    if let (Some(window), false) = (&footer.window, args.quiet) {
+        eprintln!(
+            "cudatrace: the window left out {} lines before it and {} after it (analysed, not \
+             written: the figures below count them)",
+            window.lines_before, window.lines_after
+        );
+    }
     if let Some(reasons) = LossAccount::describe(&footer.lost) {
         // Only what the ring refused grows with a larger ring (not CUPTI's own drops).
         let ring_refused = footer.lost.ring_full

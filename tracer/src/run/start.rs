@@ -19,6 +19,7 @@ use super::{
     missing,
     power_feed::PowerFeed,
     prepare::Command,
+    window::{self, WindowFilter},
 };
 use crate::{
     clock::{Clocks, monotonic_ns},
@@ -55,6 +56,8 @@ pub struct Started {
     /// The command, running.
     pub child: Option<u32>,
     pub power: Option<PowerFeed>,
+    /// `--start-at`/`--duration`: which lines are written.
+    pub window: Option<WindowFilter>,
 }
 
 /// Starts tracing, writing the header and the `library` lines. A start that fails before
@@ -101,17 +104,24 @@ pub fn start(
         gated,
         pids,
         runtime,
-        watches,
+        mut watches,
     } = spawned;
 
     let failures = attaching.failures.iter().map(|(_, f)| failure_info(f));
-    let header = base.header(
+    let mut header = base.header(
         attaching.plans(),
         attach,
         &pids,
         failures.collect(),
         kernel_hooks.clone(),
     );
+    let window = (args.start_at.is_some() || args.duration.is_some())
+        .then(|| WindowFilter::new(window::place(args.start_at, args.duration, &base.clocks)));
+    if let Some(window) = &window {
+        header.window = Some(window.info.clone());
+        let _context = runtime.enter();
+        watches.close_at = window.stop_at(args.gpu);
+    }
     let header_error = |e: std::io::Error| {
         Failure::new(
             ExitCode::OutputNotWritable,
@@ -162,6 +172,7 @@ pub fn start(
         watches,
         child,
         power,
+        window,
     })
 }
 
@@ -210,7 +221,13 @@ fn probe(
         eprintln!("cudatrace: probing every process that maps the library: {reason}");
     }
     let discovery = Discovery::new(attacher, probe_table, linked, args.selection());
-    let stops = Stops::new(stops, monotonic_ns);
+    let (stops, keeper) = Stops::new(stops, monotonic_ns);
+    if let Err(error) = keeper {
+        eprintln!(
+            "cudatrace: WARNING: cannot start the keeper ({error}): if cudatrace is killed \
+             with SIGKILL while attaching, the process it stopped stays stopped (`kill -CONT` it)"
+        );
+    }
     let mut attaching = Attaching::new(bpf, discovery, traced, stops, args.missing_probes);
     let before = attaching.attach_info();
     let (start_ids, mut lines) = attach_start(args, &mut attaching, &mut names, libraries)

@@ -97,6 +97,14 @@ macro_rules! call_fields {
             /// call's arguments, or added by the analysis from the communicator's creation).
             rank: Option<i32> = Rank,
             nranks: Option<i32> = Nranks,
+            /// NCCL: the communicator's name across processes, the same on every rank (the
+            /// first 8 bytes of its unique id as hex; for a split child, its parent's,
+            /// `/`, the split's number and `c` its color), added by the analysis.
+            comm_id: Option<String>,
+            /// NCCL collectives (not `ncclSend`/`ncclRecv`): the call's number among the
+            /// successful collective calls on its communicator in its process, from 1 (the
+            /// same collective has the same number on every rank), added by the analysis.
+            comm_seq: Option<u64>,
             /// NCCL: the root rank (rooted collectives), the peer rank (send, receive).
             root: Option<i32> = Root,
             peer: Option<i32> = Peer,

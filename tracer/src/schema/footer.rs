@@ -53,6 +53,22 @@ pub struct Footer {
     /// `--gpu`: how GPU records were linked to calls, and whether recording failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuFooter>,
+    /// `--start-at`/`--duration`: what the window left out, and whether it ended tracing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowFooter>,
+}
+
+/// `--start-at`/`--duration`: lines seen (and analysed: kernel names, communicators and
+/// ranks come from them) but not written, being outside the window.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WindowFooter {
+    /// Before the window opened.
+    pub lines_before: u64,
+    /// After it closed (until the probes were detached).
+    pub lines_after: u64,
+    /// The window's end ended tracing while the command ran on: the footer has no exit
+    /// code (cudatrace waited for the command and exited with its code).
+    pub closed: bool,
 }
 
 impl LineType for Footer {
@@ -88,6 +104,36 @@ pub struct EventCounts {
     pub gpu_error: u64,
     /// `"type":"library"` lines.
     pub library: u64,
+}
+
+impl EventCounts {
+    /// Every line counted. (Taken apart field by field: a new kind of line must be added
+    /// here too, or this does not compile.)
+    pub fn total(&self) -> u64 {
+        let EventCounts {
+            call,
+            process,
+            lost,
+            driver,
+            power,
+            gpu_kernel,
+            gpu_copy,
+            gpu_memset,
+            gpu_info,
+            gpu_error,
+            library,
+        } = self;
+        call + process
+            + lost
+            + driver
+            + power
+            + gpu_kernel
+            + gpu_copy
+            + gpu_memset
+            + gpu_info
+            + gpu_error
+            + library
+    }
 }
 
 /// Stops for attaching: each from the stop (in the process's own syscall exit) to the
@@ -141,6 +187,15 @@ pub struct LostCounts {
     /// Library opens and forks the loader never heard of because the ring buffer was full
     /// (their processes were not stopped; their first calls may be missed).
     pub attach_ring_full: u64,
+    /// Libraries a process could not be given its probes on (the probe table full, a file
+    /// that cannot be read, an attach the kernel refused): its calls into them are
+    /// missing. Each has a `lost` line naming the library, the process and why.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub library_not_attached: u64,
+    /// Lines produced but not in the trace: writing it failed (a full disk), and the lines
+    /// from there on are missing (the footer's `error` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unwritten: Option<u64>,
     /// Call events lost: `ring_full + too_deep + frames_full` and the calls among
     /// `not_drained`.
     pub calls: u64,

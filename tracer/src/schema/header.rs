@@ -76,6 +76,35 @@ pub struct Header {
     /// `--gpu`: what was injected. Readers take its presence: GPU lines will follow.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuHeaderInfo>,
+    /// `--start-at`/`--duration`: the window recorded, on both clocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowInfo>,
+}
+
+/// `--start-at`/`--duration`: the lines written are those of this window (a call by its
+/// start, GPU work by its call's); the end is absent without `--duration`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WindowInfo {
+    pub start_wall: String,
+    pub start_wall_ns: u64,
+    /// The start on the trace's clock (`ts_ns`), from the header's own pair of clocks.
+    pub start_monotonic_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_wall: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_wall_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_monotonic_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+}
+
+impl WindowInfo {
+    /// Whether an event at `ts_ns` (the trace's clock) is in the window.
+    pub fn contains(&self, ts_ns: u64) -> bool {
+        ts_ns >= self.start_monotonic_ns && self.end_monotonic_ns.is_none_or(|end| ts_ns < end)
+    }
 }
 
 impl LineType for Header {

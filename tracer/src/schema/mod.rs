@@ -57,13 +57,14 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     EventLine, Footer, FooterFigures, GpuFooter, Leak, LostCounts, MemoryFooter, PowerFooter,
-    ProcessMemory, StopFigures,
+    ProcessMemory, StopFigures, WindowFooter,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink, GpuMemsetLine,
 };
 pub use header::{
     AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
+    WindowInfo,
 };
 pub use library::LibraryLine;
 pub use lost::LostLine;

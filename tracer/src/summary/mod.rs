@@ -1,6 +1,10 @@
 //! `cudatrace summary TRACE.jsonl`: read a trace back and print what it means.
 
-use std::io::Write;
+use std::{
+    collections::{BTreeSet, HashMap},
+    io::Write,
+    path::PathBuf,
+};
 
 use anyhow::anyhow;
 
@@ -11,19 +15,33 @@ pub mod text;
 pub use args::SummaryArgs;
 
 use crate::{
-    analysis::summarise::summarise,
+    analysis::{
+        nccl::CollectivesSummary,
+        ranks::{JobReport, analyse},
+        summarise::summarise,
+    },
     exit::{ExitCode, Failure},
+    job_input::{self, JobFile},
     reader::{ReadError, TraceLines},
     trace_input::TraceInput,
 };
 
-use self::text::{SummaryJson, render_text};
+use self::text::{SummaryJson, render_communicators, render_job, render_text};
 
 /// Runs `cudatrace summary` and returns the exit code.
 pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
-    let label = args.trace.display().to_string();
+    let mut paths = match &args.job {
+        Some(dir) => job_input::files_in(dir)?,
+        None => Vec::new(),
+    };
+    paths.extend(args.traces.iter().cloned());
+    if paths.len() > 1 {
+        return job(&args, &paths);
+    }
+    let path = &paths[0];
+    let label = path.display().to_string();
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(&args.trace).map_err(|e| {
+    let input = TraceInput::open(path).map_err(|e| {
         Failure::new(
             ExitCode::NoSuchProcess,
             anyhow!("cannot open the trace {label}: {e}"),
@@ -73,9 +91,24 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.lost_events
         );
     }
+    for lost in &result.info.libraries_not_attached {
+        eprintln!(
+            "cudatrace: warning: {} was not attached{}: its calls are missing",
+            lost.library,
+            lost.pid
+                .map_or(String::new(), |pid| format!(" in pid {pid}"))
+        );
+    }
 
+    // Several ranks of one communicator in this trace: who waited for whom among them.
+    let ranks = if several_ranks(&result.report.collectives) {
+        ranks_of_one(&label, input, args.skip_bad_lines)?
+    } else {
+        None
+    };
     let text = if args.json {
         let json = SummaryJson {
+            ranks: ranks.as_ref(),
             trace: &result.info,
             summary: &result.report.summary,
             memory: &result.report.memory,
@@ -91,8 +124,64 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
         text.push('\n');
         text
     } else {
-        render_text(&result.info, &result.report)
+        let mut text = render_text(&result.info, &result.report);
+        if let Some(ranks) = &ranks {
+            render_communicators(&mut text, ranks);
+        }
+        text
     };
+    print(&text)
+}
+
+/// Whether a communicator has two ranks or more in the trace.
+fn several_ranks(collectives: &CollectivesSummary) -> bool {
+    let mut ranks: HashMap<&str, BTreeSet<i32>> = HashMap::new();
+    for row in &collectives.rows {
+        if let Some(rank) = row.rank {
+            ranks.entry(&row.communicator).or_default().insert(rank);
+        }
+    }
+    ranks.values().any(|ranks| ranks.len() > 1)
+}
+
+/// The cross-rank report of a single trace (its own clock: nothing to align); none when
+/// its header has no clocks (hand-written traces).
+fn ranks_of_one(
+    label: &str,
+    input: TraceInput,
+    skip_bad_lines: bool,
+) -> Result<Option<JobReport>, Failure> {
+    let file = match JobFile::new(label.to_owned(), input) {
+        Ok(file) => file,
+        Err(failure) => {
+            eprintln!("cudatrace: no cross-rank section: {:#}", failure.error);
+            return Ok(None);
+        }
+    };
+    let traces = job_input::read(std::slice::from_ref(&file), skip_bad_lines)?;
+    Ok(Some(analyse(&traces)))
+}
+
+/// `cudatrace summary A B ...`: the job's cross-rank report alone.
+fn job(args: &SummaryArgs, paths: &[PathBuf]) -> Result<i32, Failure> {
+    let files = job_input::open(paths)?;
+    let traces = job_input::read(&files, args.skip_bad_lines)?;
+    let report = analyse(&traces);
+    for note in &report.notes {
+        eprintln!("cudatrace: note: {note}");
+    }
+    let text = if args.json {
+        let mut text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::new(ExitCode::Internal, e))?;
+        text.push('\n');
+        text
+    } else {
+        render_job(&report)
+    };
+    print(&text)
+}
+
+fn print(text: &str) -> Result<i32, Failure> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())

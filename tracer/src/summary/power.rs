@@ -48,9 +48,31 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
         "\nEnergy (--power: {}{period}{nvml})",
         plural(power.devices.len() as u64, "GPU")
     );
+    if let Some(command) = &power.command {
+        let _ = writeln!(
+            out,
+            "  the command (its first exec to its last exit): {} over {}, mean {:.1} W",
+            joules(command.energy_j),
+            format_ns(command.duration_ns),
+            command.mean_w,
+        );
+    }
+    let margins = match (&power.before_command, &power.after_command) {
+        (Some(before), Some(after)) => format!(
+            "; outside the command: {} before, {} after",
+            joules(before.energy_j),
+            joules(after.energy_j)
+        ),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "  all GPUs: {} over {}, mean {:.1} W, peak {:.1} W at {}",
+        "  {}: {} over {}, mean {:.1} W, peak {:.1} W at {}{margins}",
+        if power.command.is_some() {
+            "all samples"
+        } else {
+            "all GPUs"
+        },
         joules(power.energy_j),
         format_ns(power.duration_ns),
         power.mean_w,
@@ -59,12 +81,17 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
     );
     let _ = writeln!(
         out,
-        "  {:<4} {:<32} {:<17} {:>8} {:>12} {:>10} {:>10} {:>12} {:>10} {:>7}",
+        "  {:<4} {:<32} {:<17} {:>8} {:>12}{} {:>10} {:>10} {:>12} {:>10} {:>7}",
         "GPU",
         "name",
         "energy from",
         "samples",
         "energy",
+        if power.command.is_some() {
+            format!(" {:>12}", "command")
+        } else {
+            String::new()
+        },
         "mean",
         "peak",
         "integrated",
@@ -74,12 +101,14 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
     for d in &power.devices {
         let _ = writeln!(
             out,
-            "  {:<4} {:<32} {:<17} {:>8} {:>12} {:>8.1} W {:>8.1} W {:>12} {:>10} {:>7}",
+            "  {:<4} {:<32} {:<17} {:>8} {:>12}{} {:>8.1} W {:>8.1} W {:>12} {:>10} {:>7}",
             d.index,
             shorten(&d.name, 32),
             d.energy_source,
             d.samples,
             joules(d.energy_j),
+            d.command_j
+                .map_or(String::new(), |j| format!(" {:>12}", joules(j))),
             d.mean_w,
             d.peak_w,
             joules(d.integrated_j),
@@ -106,7 +135,12 @@ pub fn render(out: &mut String, power: &PowerReport, stages: &[ProcessStages], f
     let _ = writeln!(
         out,
         "  (\"read\": the mean time one GPU's NVML reads took; \"integrated\": power \
-         integrated over time, to compare with the counter)"
+         integrated over time, to compare with the counter{})",
+        if power.command.is_some() {
+            "; \"energy\": over all samples, \"command\": over the command's life"
+        } else {
+            ""
+        }
     );
     match &power.before_first_launch {
         Some(idle) => {
@@ -276,7 +310,8 @@ pub fn render_short(out: &mut String, power: &PowerReport) {
             format!(
                 "GPU {} {} (mean {:.1} W, peak {:.1} W{source})",
                 d.index,
-                joules(d.energy_j),
+                // Over the command's life where the trace has it, as the headline.
+                joules(d.command_j.unwrap_or(d.energy_j)),
                 d.mean_w,
                 d.peak_w
             )
@@ -288,13 +323,36 @@ pub fn render_short(out: &mut String, power: &PowerReport) {
         .map_or(String::new(), |idle| {
             format!("; {:.1} W before the first launch", idle.mean_w)
         });
-    let _ = writeln!(
-        out,
-        "cudatrace: energy: {} over {}: {}{idle}",
-        joules(power.energy_j),
-        format_ns(power.duration_ns),
-        devices.join(", ")
-    );
+    match &power.command {
+        // What the command cost, and apart from it the sampler's margins (cudatrace's own
+        // start-up and teardown).
+        Some(command) => {
+            let margins = match (&power.before_command, &power.after_command) {
+                (Some(before), Some(after)) => format!(
+                    "; sampled outside it: {} before, {} after",
+                    joules(before.energy_j),
+                    joules(after.energy_j)
+                ),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "cudatrace: energy: {} over the command's {} (exec to exit): {}{idle}{margins}",
+                joules(command.energy_j),
+                format_ns(command.duration_ns),
+                devices.join(", ")
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "cudatrace: energy: {} over {}: {}{idle}",
+                joules(power.energy_j),
+                format_ns(power.duration_ns),
+                devices.join(", ")
+            );
+        }
+    }
 }
 
 #[cfg(test)]

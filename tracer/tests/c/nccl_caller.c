@@ -31,6 +31,17 @@
  *   ncclAllReduce(S, R, 8, type 12, sum, c, T)              -> ncclInvalidArgument (4)
  *   ncclGroupEnd()                                          -> ncclInvalidUsage (5)
  *   ncclCommDestroy(a[0]); ncclCommDestroy(a[1]); ncclCommFinalize(c); ncclCommDestroy(c)
+ *
+ *   nccl_caller PATH job RANK NRANKS COUNT LATE_US LIBCUDA|-
+ *                       one rank of a job (run one process per rank, with the stand-in's
+ *                       NCCL_STANDIN_RENDEZVOUS set for all): LIBCUDA, when given, is
+ *                       dlopen()ed into the global scope and cuInit(0) called (with
+ *                       cudatrace --gpu, that loads the injection: the stand-in libnccl's
+ *                       kernels are then recorded); then
+ *   ncclCommInitRank(&c, NRANKS, id, RANK)                  id byte i = 0xa0 + i
+ *   COUNT x ncclAllReduce(S, R, 1048576, float32, sum, c, T)
+ *                       the last rank sleeping LATE_US before numbers 3, 6, 9, ...
+ *   ncclCommDestroy(c)
  */
 
 #define _GNU_SOURCE
@@ -39,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef void *comm_t;
@@ -83,8 +95,47 @@ static void expect(const char *what, long got, long want)
 enum { INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 };
 enum { SUM, PROD, MAX, MIN, AVG };
 
+/* `job`: one rank of a job (the usage above). */
+static int job(char **argv)
+{
+    int rank = atoi(argv[3]), nranks = atoi(argv[4]), count = atoi(argv[5]);
+    useconds_t late_us = (useconds_t)atoi(argv[6]);
+    if (strcmp(argv[7], "-") != 0) {
+        void *cuda = dlopen(argv[7], RTLD_NOW | RTLD_GLOBAL);
+        if (cuda == NULL) {
+            fprintf(stderr, "nccl_caller: dlopen %s: %s\n", argv[7], dlerror());
+            return 3;
+        }
+        int (*init)(unsigned) = (int (*)(unsigned))dlsym(cuda, "cuInit");
+        expect("cuInit", init == NULL ? -1 : init(0), 0);
+    }
+    ncclUniqueId id;
+    for (int i = 0; i < 128; i++)
+        id.internal[i] = (char)(0xa0 + i);
+    comm_t comm = NULL;
+    expect("ncclCommInitRank",
+           ((init_rank_fn)symbol("ncclCommInitRank"))(&comm, nranks, id, rank), 0);
+    all_reduce_fn all_reduce = (all_reduce_fn)symbol("ncclAllReduce");
+    for (int n = 1; n <= count; n++) {
+        if (rank == nranks - 1 && n % 3 == 0)
+            usleep(late_us);
+        expect("ncclAllReduce", all_reduce(S, R, 1048576, FLOAT32, SUM, comm, T), 0);
+    }
+    expect("ncclCommDestroy", ((comm_fn)symbol("ncclCommDestroy"))(comm), 0);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 8 && strcmp(argv[2], "job") == 0) {
+        library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+        if (library == NULL) {
+            fprintf(stderr, "nccl_caller: dlopen %s: %s\n", argv[1], dlerror());
+            return 3;
+        }
+        return job(argv);
+    }
     if (argc != 2) {
         fprintf(stderr, "usage: nccl_caller PATH\n");
         return 2;

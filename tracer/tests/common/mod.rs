@@ -5,6 +5,7 @@
 pub mod gpu;
 pub mod nccl;
 pub mod power;
+pub mod trace_processor;
 
 use std::{
     path::{Path, PathBuf},

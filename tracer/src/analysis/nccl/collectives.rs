@@ -13,10 +13,7 @@ use crate::{
     schema::{CallLine, GpuLine, Hex},
 };
 
-use super::{
-    CommInfo,
-    section::{CollectiveRow, CollectivesSummary, bus_rule},
-};
+use super::section::{CollectiveRow, CollectivesSummary, bus_rule};
 
 /// `(pid, comm, op)`.
 type RowKey = (u32, u64, &'static str);
@@ -89,7 +86,7 @@ impl CollectiveAccumulator {
         self.gpu = true;
     }
 
-    pub fn observe(&mut self, role: Role, record: &CallLine, comm: Option<&CommInfo>) {
+    pub fn observe(&mut self, role: Role, record: &CallLine) {
         if self.gpu && matches!(role, Role::Launch | Role::GraphLaunch) && record.ok() {
             let launches = self.launches.entry((record.pid, record.tid)).or_default();
             if launches.len() == LAUNCHES_KEPT {
@@ -132,9 +129,9 @@ impl CollectiveAccumulator {
                 op: op.to_owned(),
                 pid: record.pid,
                 comm: Hex(comm_ptr),
-                communicator: comm
-                    .and_then(|c| c.unique_id.as_deref())
-                    .map(|id| id.chars().take(16).collect())
+                communicator: record
+                    .comm_id
+                    .clone()
                     .unwrap_or_else(|| format!("{}:{:#x}", record.pid, comm_ptr)),
                 ..CollectiveRow::default()
             },

@@ -3,7 +3,20 @@
 
 use std::collections::HashMap;
 
-use crate::{catalog::nccl::lookup, schema::CallLine};
+use crate::{
+    catalog::{Family, nccl::lookup},
+    schema::CallLine,
+};
+
+/// Hex digits of the unique id that name a communicator: its first 8 bytes, NCCL's random
+/// magic (the rest is the root's address, the same for every communicator it roots).
+pub const ID_HEX: usize = 16;
+
+/// Point-to-point calls: ranks need not make them in the same order, so they are not
+/// numbered on their communicator.
+pub fn is_p2p(function: &str) -> bool {
+    matches!(function, "ncclSend" | "ncclRecv")
+}
 
 /// What is known of one communicator.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -14,6 +27,14 @@ pub struct CommInfo {
     pub unique_id: Option<String>,
     /// The CUDA device, from `ncclCommCuDevice`.
     pub device: Option<i32>,
+    /// Its name across processes (`comm_id`): the first 8 bytes of the unique id as hex;
+    /// for a split, its parent's, the split's number and color; for `ncclCommInitAll`,
+    /// `PID:COMMS0` (one process holds every rank).
+    pub id: Option<String>,
+    /// Successful collective calls on it so far (not `ncclSend`/`ncclRecv`).
+    collectives: u64,
+    /// Splits and shrinks made from it so far.
+    children: u64,
 }
 
 /// NCCL's state in one process.
@@ -43,27 +64,53 @@ impl NcclState {
                         CommInfo {
                             rank: record.rank,
                             nranks: record.nranks,
+                            id: record
+                                .unique_id
+                                .as_deref()
+                                .map(|id| id.chars().take(ID_HEX).collect()),
                             unique_id: record.unique_id.clone(),
-                            device: None,
+                            ..CommInfo::default()
                         },
                     );
                 }
             }
             "ncclCommInitAll" if made => {
+                let id = record
+                    .comms
+                    .first()
+                    .map(|first| format!("{}:{:#x}", record.pid, first.0));
                 for (rank, comm) in record.comms.iter().enumerate() {
                     self.comms.insert(
                         comm.0,
                         CommInfo {
                             rank: Some(rank as i32),
                             nranks: record.nranks,
+                            id: id.clone(),
                             ..CommInfo::default()
                         },
                     );
                 }
             }
             "ncclCommSplit" | "ncclCommShrink" if made => {
+                // Every rank splits its parent in the same order: the n-th split of a
+                // parent (and its color) names the same child everywhere.
+                let id = record.comm.and_then(|parent| {
+                    let parent = self.comms.get_mut(&parent.0)?;
+                    parent.children += 1;
+                    let parent_id = parent.id.as_deref()?;
+                    Some(match record.color {
+                        Some(color) => format!("{parent_id}/{}c{color}", parent.children),
+                        None => format!("{parent_id}/{}", parent.children),
+                    })
+                });
                 if let Some(child) = record.new_comm {
-                    self.comms.insert(child.0, CommInfo::default());
+                    self.comms.insert(
+                        child.0,
+                        CommInfo {
+                            id,
+                            ..CommInfo::default()
+                        },
+                    );
                 }
             }
             "ncclCommUserRank" if record.ok() => {
@@ -103,9 +150,16 @@ impl NcclState {
             }
             _ => {}
         }
-        if let Some(comm) = record.comm.and_then(|comm| self.comms.get(&comm.0)) {
+        if let Some(comm) = record.comm.and_then(|comm| self.comms.get_mut(&comm.0)) {
             record.rank = record.rank.or(comm.rank);
             record.nranks = record.nranks.or(comm.nranks);
+            if record.comm_id.is_none() {
+                record.comm_id.clone_from(&comm.id);
+            }
+            if record.ok() && matches!(spec.family, Family::Collective) && !is_p2p(spec.name()) {
+                comm.collectives += 1;
+                record.comm_seq = record.comm_seq.or(Some(comm.collectives));
+            }
         }
         if let Some((_, group)) = self.groups.get(&record.tid) {
             record.group = Some(*group);

@@ -72,6 +72,74 @@ fn collectives_get_their_communicators_rank_and_groups_are_numbered() {
 }
 
 #[test]
+fn communicators_are_named_across_processes_and_collectives_numbered_on_them() {
+    let mut state = NcclState::default();
+    let mut script = Script::new(7);
+    init(&mut script, 0x2000, 1, 2);
+    collective(&mut script, "ncclAllReduce", 0x2000, 4000);
+    collective(&mut script, "ncclSend", 0x2000, 8);
+    // A failed collective is no collective on the other ranks: not numbered.
+    script.call("ncclAllReduce", |r| {
+        r.comm = Some(Hex(0x2000));
+        r.ret = Some(4);
+    });
+    collective(&mut script, "ncclBroadcast", 0x2000, 64);
+    for color in [7, 9] {
+        script.call("ncclCommSplit", |r| {
+            r.comm = Some(Hex(0x2000));
+            r.new_comm = Some(Hex(0x2010 + color as u64));
+            r.color = Some(color);
+        });
+    }
+    collective(&mut script, "ncclAllGather", 0x2019, 16);
+    script.call("ncclCommInitAll", |r| {
+        r.comms = vec![Hex(0x2100), Hex(0x2110)];
+        r.nranks = Some(2);
+    });
+    collective(&mut script, "ncclAllReduce", 0x2110, 8);
+    let out: Vec<CallLine> = script
+        .records
+        .iter()
+        .map(|record| {
+            let mut record = record.clone();
+            state.observe(&mut record);
+            record
+        })
+        .collect();
+    let named: Vec<(&str, Option<&str>, Option<u64>)> = out
+        .iter()
+        .map(|r| (r.name.as_str(), r.comm_id.as_deref(), r.comm_seq))
+        .collect();
+    let id = Some("0011223344556677");
+    assert_eq!(
+        named,
+        [
+            ("ncclCommInitRank", id, None),
+            ("ncclAllReduce", id, Some(1)),
+            ("ncclSend", id, None),
+            ("ncclAllReduce", id, None),
+            ("ncclBroadcast", id, Some(2)),
+            ("ncclCommSplit", id, None),
+            ("ncclCommSplit", id, None),
+            ("ncclAllGather", Some("0011223344556677/2c9"), Some(1)),
+            ("ncclCommInitAll", None, None),
+            ("ncclAllReduce", Some("7:0x2100"), Some(1)),
+        ]
+    );
+    // A line that has them (written by `run`) keeps them.
+    let mut kept = script.records[1].clone();
+    kept.comm_id = Some("feed".into());
+    kept.comm_seq = Some(40);
+    let mut fresh = NcclState::default();
+    fresh.observe(&mut script.records[0].clone());
+    fresh.observe(&mut kept);
+    assert_eq!(
+        (kept.comm_id.as_deref(), kept.comm_seq),
+        (Some("feed"), Some(40))
+    );
+}
+
+#[test]
 fn gpu_time_goes_to_the_collective_or_group_around_the_launch() {
     let mut acc = CollectiveAccumulator::default();
     acc.expect_gpu();
@@ -137,8 +205,7 @@ fn gpu_time_goes_to_the_collective_or_group_around_the_launch() {
     for line in &mut lines {
         let role = crate::analysis::classify(&line.name).0;
         state.observe(line);
-        let comm = line.comm.and_then(|c| state.comm(c.0)).cloned();
-        acc.observe(role, line, comm.as_ref());
+        acc.observe(role, line);
     }
     let kernel = |ts: u64, dur: u64| {
         GpuLine::Kernel(GpuKernelLine {
@@ -215,7 +282,7 @@ fn a_collective_inside_another_counts_once_as_the_outer_with_its_kernels() {
         })
     };
     let feed = |acc: &mut CollectiveAccumulator, line: CallLine| {
-        acc.observe(crate::analysis::classify(&line.name).0, &line, None);
+        acc.observe(crate::analysis::classify(&line.name).0, &line);
     };
     // ncclBcast 1000..1300 calls ncclBroadcast 1010..1290, which launches at 1100;
     // the kernel's line comes between the two call lines.

@@ -28,7 +28,9 @@ use super::{
     role::Role,
     stages::ProcessStages,
 };
-use crate::schema::{CallLine, ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, PowerInfo, PowerLine};
+use crate::schema::{
+    CallLine, ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, PowerInfo, PowerLine, ProcessEvent,
+};
 
 /// The label of the launch-window estimate.
 pub const LAUNCH_WINDOWS: &str = "launch windows (estimate: no --gpu)";
@@ -186,6 +188,9 @@ pub struct PowerAccumulator {
     windows: LaunchWindows,
     first_launch_ns: Option<u64>,
     last_call_end_ns: u64,
+    /// The traced command's life: its first exec and its processes' last exit.
+    first_exec_ns: Option<u64>,
+    last_exit_ns: Option<u64>,
 }
 
 impl PowerAccumulator {
@@ -220,6 +225,19 @@ impl PowerAccumulator {
                 }
             }
             Role::Sync(_) if sampled => self.windows.close(end),
+            _ => {}
+        }
+    }
+
+    /// A process line: the command's life runs from its first exec to its last exit.
+    pub fn process(&mut self, ts_ns: u64, event: &ProcessEvent) {
+        match event {
+            ProcessEvent::Exec => {
+                self.first_exec_ns = Some(self.first_exec_ns.map_or(ts_ns, |t| t.min(ts_ns)));
+            }
+            ProcessEvent::Exit => {
+                self.last_exit_ns = Some(self.last_exit_ns.map_or(ts_ns, |t| t.max(ts_ns)));
+            }
             _ => {}
         }
     }
@@ -376,6 +394,38 @@ impl PowerAccumulator {
             _ => None,
         };
 
+        // The command's life, within the samples: the headline; the sampler's own start-up
+        // and teardown around it are shown apart.
+        let window = |start: u64, end: u64| {
+            let (energy_mj, covered_ns) = energy_in(start, end);
+            Window {
+                start_ns: start,
+                duration_ns: end - start,
+                energy_j: energy_mj / 1e3,
+                mean_w: watts(energy_mj, covered_ns),
+            }
+        };
+        let life = match (first, last, self.first_exec_ns, self.last_exit_ns) {
+            (Some(first), Some(last), Some(exec), Some(exit)) => {
+                let (start, end) = (exec.max(first), exit.min(last));
+                (end > start).then_some((first, start, end, last))
+            }
+            _ => None,
+        };
+        let command = life.map(|(_, start, end, _)| window(start, end));
+        let before_command = life.map(|(first, start, _, _)| window(first, start));
+        let after_command = life.map(|(_, _, end, last)| window(end, last));
+        let devices: Vec<DeviceEnergy> = devices
+            .into_iter()
+            .map(|mut device| {
+                device.command_j = life.and_then(|(_, start, end, _)| {
+                    let state = self.devices.get(&device.index)?;
+                    Some(state.energy().between(start, end) / 1e3)
+                });
+                device
+            })
+            .collect();
+
         let mut kernels: Vec<KernelEnergy> = self
             .windows
             .rows
@@ -415,6 +465,9 @@ impl PowerAccumulator {
             read_errors,
             devices,
             before_first_launch,
+            command,
+            before_command,
+            after_command,
             stages,
             kernels: KernelEnergyReport {
                 method: LAUNCH_WINDOWS,
@@ -482,6 +535,7 @@ fn device_energy(index: u32, state: &DeviceState, info: &PowerInfo) -> DeviceEne
         first_ts_ns: state.first_ts,
         last_ts_ns: state.first_ts.map(|_| state.last_ts),
         energy_j: energy_mj / 1e3,
+        command_j: None,
         counter_j: state.uses_counter().then(|| state.counter.total() / 1e3),
         integrated_j: state.integrated.total() / 1e3,
         mean_w: watts(energy_mj, span),

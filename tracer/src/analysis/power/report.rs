@@ -33,6 +33,18 @@ pub struct PowerReport {
     /// From the first sample to the first launch (all GPUs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub before_first_launch: Option<Window>,
+    /// The traced command's life, its first exec to its last exit (within the samples),
+    /// all GPUs: what the command cost. Absent where the trace has no exec and exit
+    /// (`-p`, `--all`, a run stopped by a signal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Window>,
+    /// The sampler's margins around the command's life: from its first sample to the
+    /// exec, and from the last exit to its last sample (cudatrace's own start-up and
+    /// teardown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_command: Option<Window>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_command: Option<Window>,
     pub stages: Vec<ProcessStageEnergy>,
     pub kernels: KernelEnergyReport,
 }
@@ -51,6 +63,9 @@ pub struct DeviceEnergy {
     pub first_ts_ns: Option<u64>,
     pub last_ts_ns: Option<u64>,
     pub energy_j: f64,
+    /// Its energy over the command's life ([`PowerReport::command`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_j: Option<f64>,
     /// The counter's own figure (when it is the source).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counter_j: Option<f64>,

@@ -90,7 +90,7 @@ fn standin() -> (PathBuf, PathBuf) {
 fn setup() -> (Ebpf, Library, Plan) {
     let (lib_path, _) = standin();
     let lib = Library::open(&LIBCUDA, &lib_path).unwrap();
-    let plan = Plan::new(&LIBCUDA, &lib, 0, 0, &Default::default());
+    let plan = Plan::new(&LIBCUDA, &lib, 0, &Default::default());
     let mut bpf = object::load(&LoadOptions {
         trace_all: false,
         ring_bytes: 1 << 22,

@@ -40,6 +40,15 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
         format_ns(summary.span_ns),
         info.lost_events
     );
+    for lost in &info.libraries_not_attached {
+        let pid = lost.pid.map_or(String::new(), |pid| format!("pid {pid}: "));
+        let why = lost.error.as_deref().unwrap_or("no reason given");
+        let _ = writeln!(
+            out,
+            "  NOT ATTACHED: {pid}{}: its calls are missing ({why})",
+            lost.library
+        );
+    }
     if info.skipped_lines > 0 {
         let _ = writeln!(out, "  {} malformed lines skipped", info.skipped_lines);
     }
@@ -224,7 +233,12 @@ pub fn render_text(info: &TraceInfo, report: &Report) -> String {
     render_driver(&mut out, &report.driver);
     render_gpu(&mut out, &report.gpu);
     if let Some(power) = &report.power {
-        power::render(&mut out, power, &report.stages, summary.first_ts_ns);
+        // Times count from the first call, or, without calls, from the trace's start.
+        let origin = match summary.calls {
+            0 => info.start_monotonic_ns.unwrap_or(0),
+            _ => summary.first_ts_ns,
+        };
+        power::render(&mut out, power, &report.stages, origin);
     }
     out
 }

@@ -6,7 +6,8 @@ use serde::Serialize;
 use crate::{
     analysis::{
         devices::DevicesSummary, driver::DriverSummary, gpu::GpuSummary, nccl::CollectivesSummary,
-        power::PowerReport, stages::ProcessStages, summarise::TraceInfo, summary::Summary,
+        power::PowerReport, ranks::JobReport, stages::ProcessStages, summarise::TraceInfo,
+        summary::Summary,
     },
     schema::ProcessMemory,
 };
@@ -34,6 +35,9 @@ pub struct SummaryJson<'a> {
     /// Present when calls went to more than one device.
     #[serde(skip_serializing_if = "single_device")]
     pub devices: &'a DevicesSummary,
+    /// Present when a communicator has several ranks in the trace: who waited for whom.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<&'a JobReport>,
 }
 
 pub(super) fn single_device(devices: &&DevicesSummary) -> bool {

@@ -8,10 +8,12 @@
 //! | `gpu.rs` | its `--gpu` section |
 //! | `short.rs` | [`render_short`], [`render_gpu_short`]: what `cudatrace run` prints at the end |
 //! | `json.rs` | [`SummaryJson`]: `cudatrace summary --json` |
+//! | `ranks.rs` | [`render_job`]: several traces of one job (`summary A B`), and who waited for whom |
 
 mod full;
 mod gpu;
 mod json;
+mod ranks;
 mod sections;
 mod short;
 #[cfg(test)]
@@ -19,6 +21,7 @@ mod tests;
 
 pub use full::render_text;
 pub use json::SummaryJson;
+pub use ranks::{render_communicators, render_job};
 pub use short::{render_gpu_short, render_short};
 
 pub(super) fn copies(n: u64) -> String {

@@ -63,7 +63,7 @@ pub(super) fn render_collectives(out: &mut String, collectives: &CollectivesSumm
     let _ = writeln!(out, "\nNCCL collectives, by communicator and rank");
     let _ = write!(
         out,
-        "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+        "  {:<22} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
         "communicator", "rank", "pid", "op", "calls", "errors", "bytes", "host"
     );
     if gpu {
@@ -74,8 +74,8 @@ pub(super) fn render_collectives(out: &mut String, collectives: &CollectivesSumm
     for row in &collectives.rows {
         let _ = write!(
             out,
-            "  {:<18} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
-            shorten(&row.communicator, 18),
+            "  {:<22} {:>9} {:>8} {:<14} {:>7} {:>6} {:>11} {:>10}",
+            shorten(&row.communicator, 22),
             format!("{} of {}", known(row.rank), known(row.nranks)),
             row.pid,
             row.op,
@@ -98,7 +98,7 @@ pub(super) fn render_collectives(out: &mut String, collectives: &CollectivesSumm
         if row.inner_calls > 0 {
             let _ = writeln!(
                 out,
-                "  {:<18} {:>9} {:>8} ran as {} inside it ({} calls, counted once, here)",
+                "  {:<22} {:>9} {:>8} ran as {} inside it ({} calls, counted once, here)",
                 "",
                 "",
                 "",
