@@ -7,13 +7,8 @@
 //!   `ncclBroadcast`) is the outer call's row, which names it (`inner_name`). Lines
 //!   come as calls return, the inner first, so each thread's last collective is held
 //!   until its next one (or the end) shows whether it ran inside that one;
-//! - `comm_seq` numbers a process's successful collective calls on each communicator
-//!   whose creation was seen, from 1, as their lines come (an inner call takes a number
-//!   too, and the outer row keeps its own): NCCL requires every rank to call a
-//!   communicator's collectives in the same order, so `(comm_id, comm_seq)` names one
-//!   collective on every rank. Send and receive are not numbered (each rank has its own
-//!   peers); a communicator destroyed starts again (its pointer may name another). The
-//!   cross-rank analysis (`analysis/ranks/`) numbers them the same way;
+//! - `comm_id` and `comm_seq` are the analysis's (`analysis/nccl/`): `(comm_id, comm_seq)`
+//!   names one collective on every rank;
 //! - a kernel belongs to the collective whose call its launch ran inside (same thread); a
 //!   kernel launched inside an `ncclGroupEnd` to that group's collectives, its time
 //!   shared in proportion to their bytes. A row waits for its kernels (they come some
@@ -53,11 +48,8 @@ pub struct Collective {
     pub ret: Option<u32>,
     pub ret_name: Option<String>,
     pub comm: Option<u64>,
-    /// The communicator across processes (the summary's `communicator`): the start of
-    /// the unique id, else `PID:COMM`.
+    /// The communicator across processes (the call's `comm_id`), else `PID:COMM`.
     pub comm_id: String,
-    /// The communicator's creation was seen: its calls are numbered.
-    pub known: bool,
     pub unique_id: Option<String>,
     pub comm_rank: Option<i32>,
     pub comm_nranks: Option<i32>,
@@ -117,8 +109,6 @@ pub struct Collectives {
     next_id: u64,
     /// Each thread's last collective (its row's id), until the next one comes.
     latest: HashMap<(u32, u32), u64>,
-    /// The collective calls numbered so far on each communicator, `(pid, comm)`.
-    seqs: HashMap<(u32, u64), u64>,
     /// Launches waiting for their kernel: the rows and weights their time goes to.
     claimed: HashMap<LaunchKey, Vec<(u64, f64)>>,
     /// NCCL kernels whose launch no collective has claimed yet: start and duration.
@@ -149,15 +139,8 @@ impl Collectives {
         if !call.name.starts_with("nccl") && !call.name.starts_with("pnccl") {
             return;
         }
-        match lookup(&call.name).map(|spec| spec.name()) {
-            Some("ncclGroupEnd") => return self.group_end(call),
-            Some("ncclCommDestroy" | "ncclCommAbort") if call.ok() => {
-                if let Some(comm) = call.comm {
-                    self.seqs.remove(&(call.pid, comm.0));
-                }
-                return;
-            }
-            _ => {}
+        if lookup(&call.name).is_some_and(|spec| spec.name() == "ncclGroupEnd") {
+            return self.group_end(call);
         }
         if collective_op(&call.name).is_none() {
             return;
@@ -165,14 +148,6 @@ impl Collectives {
         let mut row = made();
         if self.gpu {
             row.gpu = Some(GpuSpan::default());
-        }
-        if row.ok && row.known && !matches!(row.op, "Send" | "Recv") {
-            let numbered = self
-                .seqs
-                .entry((row.pid, row.comm.unwrap_or(0)))
-                .or_default();
-            *numbered += 1;
-            row.comm_seq = Some(*numbered);
         }
         let end = row.end_ns();
         let inner = self.latest.get(&thread).copied().filter(|id| {

@@ -619,8 +619,9 @@ fn memset_row(call: &CallLine) -> memsets::Row<'_> {
 /// A collective call's row, before its number and GPU time.
 fn collective(call: &CallLine, analysis: &Analysis) -> Collective {
     let comm = call.comm.map(|comm| comm.0);
-    let info = comm.and_then(|comm| analysis.nccl_comm(call.pid, comm));
-    let unique_id = info.and_then(|info| info.unique_id.clone());
+    let unique_id = comm
+        .and_then(|comm| analysis.nccl_comm(call.pid, comm))
+        .and_then(|info| info.unique_id.clone());
     Collective {
         pid: call.pid,
         tid: call.tid,
@@ -633,16 +634,15 @@ fn collective(call: &CallLine, analysis: &Analysis) -> Collective {
         ret: call.ret,
         ret_name: call.ret_name.as_deref().map(str::to_owned),
         comm,
-        // As the summary names it: the same on every rank where the unique id is known.
-        comm_id: match &unique_id {
-            Some(id) => id.chars().take(16).collect(),
-            None => format!("{}:{:#x}", call.pid, comm.unwrap_or(0)),
-        },
-        known: info.is_some(),
+        // The analysis's name, the same on every rank; a process's own where none.
+        comm_id: call
+            .comm_id
+            .clone()
+            .unwrap_or_else(|| format!("{}:{:#x}", call.pid, comm.unwrap_or(0))),
         unique_id,
         comm_rank: call.rank,
         comm_nranks: call.nranks,
-        comm_seq: None,
+        comm_seq: call.comm_seq,
         group: call.group,
         count: call.count,
         datatype: call.datatype.as_deref().map(str::to_owned),
