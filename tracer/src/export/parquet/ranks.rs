@@ -120,15 +120,19 @@ fn may_make_communicators(file: &mut File) -> io::Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use std::{
+        io::Write,
+        sync::atomic::{AtomicUsize, Ordering},
+    };
 
     use super::*;
 
     fn file_of(text: &str) -> File {
+        static MADE: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
             "cudatrace-ranks-{}-{}",
             std::process::id(),
-            text.len()
+            MADE.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::File::create(&path)
             .unwrap()

@@ -206,6 +206,7 @@ fn every_table_is_written_with_its_schema_and_calls_keep_every_field() {
             json!(false),
         ]]
     );
+    std::fs::remove_dir_all(out.parent().unwrap()).unwrap();
 }
 
 #[test]
@@ -386,6 +387,7 @@ fn collectives_are_numbered_on_their_communicator_with_their_kernels() {
             [json!(1), json!(7), json!(3_000_350), json!(2), json!(512)]
         ]
     );
+    std::fs::remove_dir_all(out.parent().unwrap()).unwrap();
 }
 
 /// The Parquet section of docs/trace-format.md: for each table (`### \`name\``, and
