@@ -85,6 +85,16 @@ pub fn run(args: MergeArgs) -> Result<i32, Failure> {
             Some("json") => ExportFormat::Chrome,
             _ => ExportFormat::Perfetto,
         });
+    if format == ExportFormat::Parquet {
+        return Err(Failure::new(
+            ExitCode::Usage,
+            anyhow!(
+                "a job's Parquet tables need no merge: export each trace with --format \
+                 parquet into a folder of its own, and query them together \
+                 ('job/*/calls.parquet')"
+            ),
+        ));
+    }
     let files = job_input::open(&paths)?;
     let traces = job_input::read(&files, args.skip_bad_lines)?;
     let report = analyse(&traces);

@@ -16,6 +16,7 @@ docs/export.md has the whole mapping.
 Examples:
   cudatrace export trace.jsonl                     # writes trace.json
   cudatrace export trace.jsonl --format perfetto   # writes trace.pftrace
+  cudatrace export trace.jsonl --format parquet -o job/rank0   # job/rank0/calls.parquet, ...
   cudatrace export trace.jsonl --pid 4242 --name cuLaunch --start-ms 1000 --end-ms 1500")]
 pub struct ExportArgs {
     /// The JSONL trace written by `cudatrace run`.
@@ -23,14 +24,21 @@ pub struct ExportArgs {
     pub trace: PathBuf,
 
     /// `chrome`: Trace Event JSON; `perfetto`: Perfetto's protobuf format, smaller and
-    /// faster to open for traces of a million events or more.
+    /// faster to open for traces of a million events or more; `parquet`: a folder of
+    /// Parquet tables, one per kind of line, for SQL engines (docs/trace-format.md).
     #[arg(long, value_enum, default_value = "chrome")]
     pub format: ExportFormat,
 
     /// Where to write; `-` for standard output. Default: TRACE with the extension
-    /// `.json` (chrome) or `.pftrace` (perfetto).
+    /// `.json` (chrome), `.pftrace` (perfetto) or `.parquet` (parquet: a folder, made if
+    /// missing, that must be empty or hold only an earlier export's tables).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+
+    /// `--format parquet`: write the tables into a folder that holds other files too
+    /// (they are left as they are; the tables' files are overwritten).
+    #[arg(long)]
+    pub force: bool,
 
     /// Only this process's events. Repeatable.
     #[arg(long = "pid", value_name = "PID")]
@@ -63,6 +71,8 @@ pub enum ExportFormat {
     Chrome,
     /// Perfetto's protobuf TrackEvent format: smaller and faster to load for large traces.
     Perfetto,
+    /// A folder of Parquet tables, one per kind of line, for SQL engines.
+    Parquet,
 }
 
 impl ExportFormat {
@@ -70,6 +80,7 @@ impl ExportFormat {
         match self {
             ExportFormat::Chrome => "json",
             ExportFormat::Perfetto => "pftrace",
+            ExportFormat::Parquet => "parquet",
         }
     }
 
@@ -77,6 +88,7 @@ impl ExportFormat {
         match self {
             ExportFormat::Chrome => "Trace Event JSON",
             ExportFormat::Perfetto => "Perfetto protobuf",
+            ExportFormat::Parquet => "Parquet tables",
         }
     }
 }

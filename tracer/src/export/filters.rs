@@ -1,7 +1,7 @@
 //! `--pid`, `--name`, `--start-ms` and `--end-ms`: which events an export keeps.
 
 /// Which events to keep. Times are nanoseconds since the export's time base.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Filters {
     pub pids: Vec<u32>,
     /// Substrings of a call's function or slice name (case-sensitive); any one matches.

@@ -1,5 +1,6 @@
 //! `cudatrace export TRACE.jsonl`: the trace as a timeline for the Perfetto UI and
-//! chrome://tracing (docs/export.md has the mapping).
+//! chrome://tracing (docs/export.md has the mapping), or as Parquet tables for SQL
+//! engines (`parquet/`, docs/trace-format.md).
 //!
 //! Lines are read, analysed (kernel names, live device bytes) and written one at a time:
 //! memory holds the launches waiting for their synchronisation and a few entries per
@@ -16,6 +17,7 @@
 //! | `flows.rs` | launch → synchronisation arrows |
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
+//! | `parquet/` | `--format parquet`: a table per kind of line |
 //! | `merge.rs` | several traces of a job in one timeline (`cudatrace merge`): each on the job's clock, its ids kept apart |
 
 mod args;
@@ -26,6 +28,7 @@ mod exporter;
 mod filters;
 mod flows;
 pub mod merge;
+mod parquet;
 mod perfetto;
 mod power;
 pub mod proto;
@@ -84,6 +87,10 @@ pub fn export_lines(
     match format {
         ExportFormat::Chrome => Exporter::new(filters, ChromeWriter::new(out)?).run(lines),
         ExportFormat::Perfetto => Exporter::new(filters, PerfettoWriter::new(out)).run(lines),
+        // A folder, not a stream: `parquet::export` writes it.
+        ExportFormat::Parquet => Err(ExportError::Write(io::Error::other(
+            "Parquet tables are written by export::parquet",
+        ))),
     }
 }
 
@@ -108,6 +115,10 @@ pub fn merge_files(
             .map_err(ExportError::from)
             .and_then(|sink| merge_into(sink, traces, markers)),
         ExportFormat::Perfetto => merge_into(PerfettoWriter::new(out), traces, markers),
+        // Refused by `cudatrace merge`: each trace's tables are queried together.
+        ExportFormat::Parquet => Err(ExportError::Write(io::Error::other(
+            "Parquet tables are not merged",
+        ))),
     }
     .map_err(export_failure)
 }
@@ -192,6 +203,9 @@ pub fn run(args: ExportArgs) -> Result<i32, Failure> {
             anyhow!("--start-ms is after --end-ms: the window is empty"),
         ));
     }
+    if args.format == ExportFormat::Parquet {
+        return run_parquet(&args, &filters);
+    }
     let output = match &args.output {
         Some(output) => output.clone(),
         None if !is_stream(&args.trace) => default_output(&args.trace, args.format),
@@ -219,13 +233,59 @@ pub fn run(args: ExportArgs) -> Result<i32, Failure> {
     Ok(0)
 }
 
+/// `cudatrace export --format parquet`: a folder of tables; SQL does what the timeline
+/// filters do.
+fn run_parquet(args: &ExportArgs, filters: &Filters) -> Result<i32, Failure> {
+    if filters != &Filters::default() {
+        return Err(Failure::new(
+            ExitCode::Usage,
+            anyhow!(
+                "--pid, --name, --start-ms and --end-ms cut the timeline formats; the Parquet \
+                 tables hold the whole trace (select in SQL)"
+            ),
+        ));
+    }
+    let outdir = match &args.output {
+        Some(output) if output == Path::new("-") => {
+            return Err(Failure::new(
+                ExitCode::Usage,
+                anyhow!("-o -: Parquet tables are a folder, not a stream: pass -o OUTDIR"),
+            ));
+        }
+        Some(output) => output.clone(),
+        None if !is_stream(&args.trace) => default_output(&args.trace, ExportFormat::Parquet),
+        None => {
+            return Err(Failure::new(
+                ExitCode::Usage,
+                anyhow!(
+                    "{} is not a file, so there is no name to write beside it: pass -o OUTDIR",
+                    args.trace.display()
+                ),
+            ));
+        }
+    };
+    let user = privileges::sudo_user();
+    parquet::export(
+        &args.trace,
+        &outdir,
+        args.force,
+        args.skip_bad_lines,
+        user.as_ref(),
+    )?;
+    Ok(0)
+}
+
 /// `cudatrace run --export FORMAT`: the trace just written, exported beside it
 /// (`TRACE.json` or `TRACE.pftrace`) as `user`, who owns the trace. The trace is complete
 /// whatever happens here, so a failure is a warning. Returns the export's path.
 pub fn after_run(trace: &Path, format: ExportFormat, user: Option<&TargetUser>) -> Option<PathBuf> {
     let output = default_output(trace, format);
-    match export_file(trace, &output, format, &Filters::default(), false, user) {
-        Ok(_) => Some(output),
+    let exported = match format {
+        ExportFormat::Parquet => parquet::export(trace, &output, false, false, user).map(|_| ()),
+        _ => export_file(trace, &output, format, &Filters::default(), false, user).map(|_| ()),
+    };
+    match exported {
+        Ok(()) => Some(output),
         Err(failure) => {
             eprintln!(
                 "cudatrace: warning: the trace is complete but exporting it failed: {:#}",

@@ -640,6 +640,7 @@ fn power_counters(format: ExportFormat) -> (Vec<GpuValue>, Vec<(u32, String)>) {
                 }
             }
         }
+        ExportFormat::Parquet => unreachable!("a timeline format"),
     }
     (counters, groups)
 }

@@ -213,8 +213,9 @@ pub struct RunArgs {
     )]
     pub stack_depth: u32,
 
-    /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`) or
-    /// TRACE.pftrace (`perfetto`); see `cudatrace export`. Not with `-o -`.
+    /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`),
+    /// TRACE.pftrace (`perfetto`) or the folder TRACE.parquet (`parquet`); see `cudatrace
+    /// export`. Not with `-o -`.
     #[arg(long, value_enum, value_name = "FORMAT")]
     pub export: Option<ExportFormat>,
 

@@ -486,3 +486,111 @@ pub fn gpu_power() -> String {
     lines.push(footer);
     lines.join("\n") + "\n"
 }
+
+/// A `--gpu` trace of NCCL calls, pid 7, rank 1 of 2 on communicator `aaaa…` (first
+/// seen after a call): an all-reduce with its kernel (the kernel's line before the
+/// call's); a group of an all-reduce (100 B) and a broadcast (300 B) whose one kernel
+/// (8,000 ns) is launched in `ncclGroupEnd`; `ncclBcast` running as `ncclBroadcast`
+/// inside it; a send; a failed all-reduce.
+pub fn nccl_gpu() -> String {
+    let call = |name: &str, ts: u64, dur: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":7,"tid":7,"ts_ns":{ts},"dur_ns":{dur},"ret":0{extra}}}"#
+        )
+    };
+    let comm = r#","comm":"0x100""#;
+    let kernel = |launch_ts: u64, ts: u64, dur: u64| {
+        format!(
+            r#"{{"type":"gpu_kernel","pid":7,"device":0,"context":1,"stream":13,"ts_ns":{ts},"dur_ns":{dur},"kernel":"ncclDevKernel_Generic","grid":[2,1,1],"block":[512,1,1],"correlation_id":3,"call_tid":7,"call_ts_ns":{launch_ts}}}"#
+        )
+    };
+    let unique_id = "aa".repeat(32);
+    [
+        r#"{"type":"header","version":3,"host":"node-a","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":1795600000000000000,"start_monotonic_ns":1000000,"pids":[7],"gpu":{"library":"inject.so"}}"#
+            .to_owned(),
+        call("cuInit", 1_100_000, 10, ""),
+        call(
+            "ncclCommInitRank",
+            1_200_000,
+            100,
+            &format!(r#","comm":"0x100","unique_id":"{unique_id}","rank":1,"nranks":2"#),
+        ),
+        call("cuLaunchKernel", 2_000_050, 10, r#","function":"0x30""#),
+        // A kernel before its collective's line: kept until the line comes.
+        kernel(2_000_050, 2_100_000, 5_000),
+        call(
+            "ncclAllReduce",
+            2_000_000,
+            100,
+            &format!(r#"{comm},"count":256,"datatype":"float32","bytes":1024,"op":"sum""#),
+        ),
+        call("ncclGroupStart", 3_000_000, 5, ""),
+        call("ncclAllReduce", 3_000_100, 10, &format!(r#"{comm},"bytes":100"#)),
+        call(
+            "ncclBroadcast",
+            3_000_200,
+            10,
+            &format!(r#"{comm},"bytes":300,"root":0"#),
+        ),
+        call("cuLaunchKernel", 3_000_350, 10, r#","function":"0x30""#),
+        call("ncclGroupEnd", 3_000_300, 100, ""),
+        call("ncclBroadcast", 4_000_010, 20, &format!(r#"{comm},"bytes":64"#)),
+        call("ncclBcast", 4_000_000, 50, &format!(r#"{comm},"bytes":64"#)),
+        call("ncclSend", 5_000_000, 10, &format!(r#"{comm},"bytes":8,"peer":0"#)),
+        format!(
+            r#"{{"type":"call","name":"ncclAllReduce","pid":7,"tid":7,"ts_ns":6000000,"dur_ns":10,"ret":4,"ret_name":"ncclInvalidArgument"{comm}}}"#
+        ),
+        kernel(3_000_350, 3_100_000, 8_000),
+        r#"{"type":"footer","calls_by_name":{"ncclCommInitRank":1}}"#.to_owned(),
+    ]
+    .join("\n")
+}
+
+/// Host names and the wall clock's offset (`start_wall_ns - start_monotonic_ns`) of
+/// [`job_rank`]'s two traces: two machines whose monotonic clocks differ.
+pub const JOB_HOSTS: [(&str, u64); 2] = [
+    ("host-a", 1_795_600_000_000_000_000),
+    ("host-b", 1_795_600_000_000_000_000 - 7_000_000_000),
+];
+/// When each rank arrives at each of [`job_rank`]'s four all-reduces, in ns after
+/// 1795600010000000000 on the wall clock: rank 1 is 50 ms late to the first and third,
+/// rank 0 1 ms late to the second and fourth.
+pub const JOB_ARRIVALS: [[u64; 4]; 2] = [
+    [0, 1_001_000_000, 2_000_000_000, 3_001_000_000],
+    [50_000_000, 1_000_000_000, 2_050_000_000, 3_000_000_000],
+];
+
+/// One rank's trace of a two-rank job (pid 1000 + rank): a communicator made with
+/// unique id `0102…`, then four all-reduces of 1 MiB at [`JOB_ARRIVALS`].
+pub fn job_rank(rank: usize) -> String {
+    let (host, offset) = JOB_HOSTS[rank];
+    let pid = 1000 + rank;
+    let monotonic = |wall_after: u64| 1_795_600_010_000_000_000 + wall_after - offset;
+    let call = |name: &str, ts: u64, extra: &str| {
+        format!(
+            r#"{{"type":"call","name":"{name}","pid":{pid},"tid":{pid},"ts_ns":{ts},"dur_ns":20000,"ret":0,"comm":"0x5000"{extra}}}"#
+        )
+    };
+    let unique_id: String = (1..=32).map(|b| format!("{b:02x}")).collect();
+    let mut lines = vec![
+        format!(
+            r#"{{"type":"header","version":3,"host":"{host}","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":{},"start_monotonic_ns":{},"pids":[{pid}]}}"#,
+            offset + 5_000_000_000,
+            5_000_000_000_u64,
+        ),
+        call(
+            "ncclCommInitRank",
+            monotonic(0) - 1_000_000,
+            &format!(r#","unique_id":"{unique_id}","rank":{rank},"nranks":2"#),
+        ),
+    ];
+    for arrival in JOB_ARRIVALS[rank] {
+        lines.push(call(
+            "ncclAllReduce",
+            monotonic(arrival),
+            r#","count":262144,"datatype":"float32","bytes":1048576,"op":"sum""#,
+        ));
+    }
+    lines.push(r#"{"type":"footer","calls_by_name":{"ncclCommInitRank":1}}"#.to_owned());
+    lines.join("\n") + "\n"
+}

@@ -22,6 +22,8 @@ pub struct Tool {
     /// Its key under `trace.tools` in results.json.
     pub key: &'static str,
     pub args: &'static [&'static str],
+    /// A folder under target/bench the command writes into (`-o`), emptied after each run.
+    pub folder: Option<&'static str>,
 }
 
 /// The tools, in the table's order.
@@ -29,21 +31,33 @@ pub const TOOLS: &[Tool] = &[
     Tool {
         key: "summary",
         args: &["summary"],
+        folder: None,
     },
     Tool {
         key: "export_chrome",
         args: &["export", "--format", "chrome", "-o", "/dev/null"],
+        folder: None,
     },
     Tool {
         key: "export_perfetto",
         args: &["export", "--format", "perfetto", "-o", "/dev/null"],
+        folder: None,
+    },
+    // Tables are a folder: written for real (a few percent of the trace's size).
+    Tool {
+        key: "export_parquet",
+        args: &["export", "--format", "parquet"],
+        folder: Some("parquet"),
     },
 ];
 
 impl Tool {
     /// `cudatrace summary`, as the table names it.
     pub fn label(&self) -> String {
-        format!("cudatrace {}", self.args.join(" "))
+        match self.folder {
+            Some(folder) => format!("cudatrace {} -o target/bench/{folder}", self.args.join(" ")),
+            None => format!("cudatrace {}", self.args.join(" ")),
+        }
     }
 }
 
@@ -130,9 +144,22 @@ pub fn run(
     for round in 0..rounds.max(1) {
         for tool in TOOLS {
             let mut command = Command::new(&env.cudatrace);
-            command.args(tool.args).arg(&generated);
+            command.args(tool.args);
+            let folder = tool.folder.map(|folder| env.out.join(folder));
+            if let Some(folder) = &folder {
+                command.arg("-o").arg(folder);
+            }
+            command.arg(&generated);
             let run = run_measured(&env.out, &mut command, None)?;
             run.ensure_ok(&tool.label())?;
+            if let Some(folder) = &folder {
+                eprintln!(
+                    "xtask: bench: {} holds {:.1} MB",
+                    folder.display(),
+                    folder_bytes(folder)? as f64 / 1e6
+                );
+                fs::remove_dir_all(folder)?;
+            }
             eprintln!(
                 "xtask: bench: round {}/{} {:16} {:6.2} s, peak RSS {:.1} MiB",
                 round + 1,
@@ -180,6 +207,15 @@ pub fn run(
         tools,
         kept: keep.then(|| generated.display().to_string()),
     })
+}
+
+/// The bytes of the files in `folder`.
+fn folder_bytes(folder: &Path) -> Result<u64> {
+    let mut bytes = 0;
+    for entry in fs::read_dir(folder)? {
+        bytes += entry?.metadata()?.len();
+    }
+    Ok(bytes)
 }
 
 /// Bytes free to unprivileged users on the file system of `path` (what `df` shows).

@@ -1,0 +1,204 @@
+//! `cudatrace export TRACE --format parquet -o OUTDIR`: the trace as Parquet tables, one
+//! file per kind of line (`calls.parquet`, `kernels.parquet`, ...), for SQL engines
+//! (DuckDB, ClickHouse, Spark, Trino). Every table starts with `trace`, `host` and
+//! `rank`, so the tables of a job's traces concatenate
+//! (`SELECT ... FROM 'job/*/calls.parquet'`). docs/trace-format.md describes each table
+//! and column.
+//!
+//! Lines are read once, in order; each row goes into its table's Arrow arrays, and every
+//! few thousand rows the batch goes to a thread that encodes it into the table's file
+//! (`writer.rs`). Memory holds a batch and an encoded row group per table, a few batches
+//! in flight, the collectives waiting for their kernels and the analysis's handles,
+//! never the trace. A pass ahead of the export reads each process's rank (`ranks.rs`), so
+//! that its first rows have it too.
+//!
+//! | file | |
+//! |---|---|
+//! | `columns.rs` | column kinds: integer widths, dictionary strings, lists, `[x,y,z]` |
+//! | `table.rs` | a table's columns declared once (`table!`), and its file written a batch at a time |
+//! | `tables.rs` | the tables' columns but `calls`' |
+//! | `calls.rs` | the `calls` table, whose columns follow from the call line's fields (`call_fields!`) |
+//! | `collectives.rs` | NCCL collectives: one row per collective asked for, numbered on its communicator, with its kernels' GPU time |
+//! | `ranks.rs` | each process's rank, from the communicators it made |
+//! | `exporter.rs` | lines → rows |
+//! | `writer.rs` | the encoding into Parquet, on a thread of its own |
+//!
+//! A `stacks` table comes with issue 23's stack lines: a row per frame, keyed to the call
+//! line by `(trace, pid, tid, ts_ns)` like the GPU tables' links (declare it in
+//! `tables.rs`, add it to `Tables`).
+
+mod calls;
+mod collectives;
+mod columns;
+mod exporter;
+mod ranks;
+mod table;
+mod tables;
+mod writer;
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::anyhow;
+
+use self::{
+    exporter::{ParquetExportError, ParquetExporter, TABLE_NAMES, Tables, header_extra},
+    ranks::Ranks,
+};
+use crate::{
+    exit::{ExitCode, Failure},
+    output_file::{Input, Writer, as_user},
+    privileges::TargetUser,
+    reader::{ReadError, TraceLines},
+    trace_input::TraceInput,
+};
+
+/// The rows written to each table, in [`TABLE_NAMES`]' order.
+pub type Rows = [u64; exporter::TABLES];
+
+/// Exports `trace` into the folder `outdir` (made if missing) as `user`. An `outdir`
+/// holding anything but a parquet export's tables is refused unless `force`.
+pub fn export(
+    trace: &Path,
+    outdir: &Path,
+    force: bool,
+    skip_bad_lines: bool,
+    user: Option<&TargetUser>,
+) -> Result<Rows, Failure> {
+    let started = Instant::now();
+    let label = trace.display().to_string();
+    let input = TraceInput::open(trace).map_err(|e| {
+        Failure::new(
+            ExitCode::NoSuchProcess,
+            anyhow!("cannot open the trace {label}: {e}"),
+        )
+    })?;
+    let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
+    let writer = Writer { user };
+    // `-o job/rank0`: the folders above are made too.
+    let missing: Vec<&Path> = outdir
+        .ancestors()
+        .skip(1)
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .collect();
+    for dir in missing.into_iter().rev().chain([outdir]) {
+        writer.create_dir(dir).map_err(|e| not_writable(e.into()))?;
+    }
+    let others = other_files(outdir, user)
+        .map_err(|e| not_writable(anyhow!("cannot list {}: {e}", outdir.display())))?;
+    if !others.is_empty() && !force {
+        return Err(not_writable(anyhow!(
+            "{} holds files a parquet export does not write ({}): pass --force to write \
+             the tables beside them, or -o an empty or new folder",
+            outdir.display(),
+            others.join(", ")
+        )));
+    }
+    let unreadable = |e: std::io::Error| {
+        Failure::new(
+            ExitCode::NoSuchProcess,
+            anyhow!("reading the trace {label}: {e}"),
+        )
+    };
+    let ranks = Ranks::read(&mut input.pass().map_err(unreadable)?).map_err(unreadable)?;
+    let trace_file = input.pass().map_err(unreadable)?;
+    let inputs: Vec<Input> = Input::of_file("the trace being exported", &trace_file)
+        .into_iter()
+        .collect();
+    let paths: Vec<PathBuf> = TABLE_NAMES
+        .iter()
+        .map(|name| outdir.join(format!("{name}.parquet")))
+        .collect();
+    let mut files = Vec::with_capacity(paths.len());
+    for path in &paths {
+        match writer.create(path, &inputs) {
+            Ok(file) => files.push(file),
+            Err(e) => {
+                // Only the files this export holds (locked) are its to remove.
+                remove(&paths[..files.len()], user);
+                return Err(not_writable(e.into()));
+            }
+        }
+    }
+    let tables = Tables::open(files).map_err(|e| {
+        remove(&paths, user);
+        not_writable(e.into())
+    })?;
+    let lines = TraceLines::from_file_prepared(trace_file, &label, skip_bad_lines, header_extra);
+    let (rows, figures) = ParquetExporter::new(tables, ranks, &label)
+        .run(lines)
+        .map_err(|e| {
+            // A table cut short has no footer: no reader could open it.
+            remove(&paths, user);
+            match e {
+                ParquetExportError::Read(ReadError::BadLine { .. }) => {
+                    Failure::new(ExitCode::BadInput, e)
+                }
+                ParquetExportError::Read(ReadError::Io { .. }) => {
+                    Failure::new(ExitCode::NoSuchProcess, e)
+                }
+                ParquetExportError::Write(_) => not_writable(e.into()),
+            }
+        })?;
+    if figures.skipped_lines > 0 {
+        eprintln!(
+            "cudatrace: skipped {} malformed lines of {label}",
+            figures.skipped_lines
+        );
+        for (line, message) in &figures.first_skipped {
+            eprintln!("cudatrace:   {label}:{line}: {message}");
+        }
+    }
+    if figures.unknown_lines > 0 {
+        eprintln!(
+            "cudatrace: {} lines of types this version does not know were left out",
+            figures.unknown_lines
+        );
+    }
+    let counts: Vec<String> = TABLE_NAMES
+        .iter()
+        .zip(rows)
+        .filter(|(_, rows)| *rows > 0)
+        .map(|(name, rows)| format!("{name} {rows}"))
+        .collect();
+    eprintln!(
+        "cudatrace: wrote {} (Parquet tables): {} rows ({}) in {:.2} s",
+        outdir.display(),
+        rows.iter().sum::<u64>(),
+        counts.join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(rows)
+}
+
+/// The entries of `outdir` that are not the tables' files, sorted.
+fn other_files(outdir: &Path, user: Option<&TargetUser>) -> std::io::Result<Vec<String>> {
+    let names = as_user(user, || {
+        std::fs::read_dir(outdir)?
+            .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<Vec<String>>>()
+    })??;
+    let mut others: Vec<String> = names
+        .into_iter()
+        .filter(|name| {
+            name.strip_suffix(".parquet")
+                .is_none_or(|table| !TABLE_NAMES.contains(&table))
+        })
+        .collect();
+    others.sort();
+    Ok(others)
+}
+
+/// Removes the tables' files (as `user`, who made them).
+fn remove(paths: &[PathBuf], user: Option<&TargetUser>) {
+    let _ = as_user(user, || {
+        for path in paths {
+            let _ = std::fs::remove_file(path);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;
