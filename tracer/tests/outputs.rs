@@ -271,6 +271,9 @@ fn an_output_that_is_an_input_a_fifo_or_taken_is_refused() {
         .output()
         .unwrap();
     refused(&output, "is being written by another process");
+    // Its command's first call is in the trace before it is stopped (a loaded machine can
+    // be slow to start the command).
+    wait_for_trace(&trace, r#""name":"cuInit""#);
     // SAFETY: kill(2) of the cudatrace this test started.
     unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
     assert_eq!(first.wait().unwrap().code(), Some(130));
