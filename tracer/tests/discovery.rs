@@ -653,12 +653,15 @@ fn no_process_is_left_stopped_when_cudatrace_is_interrupted() {
 
 /// `cudatrace keeper` processes running now.
 fn keepers() -> Vec<u32> {
+    // This build's keepers only: other checkouts' tests may run beside these.
+    let ours = std::fs::canonicalize(CUDATRACE).unwrap();
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmdline| cmdline.ends_with(b"\0keeper\0"))
+                && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == ours)
         })
         .collect()
 }
