@@ -15,7 +15,8 @@
 #    microseconds per launch and milliseconds per token (OUTDIR/cost.txt, one line per run).
 # gpt2cost (not in the default): GPT-2 decoding alone, 200 tokens a run, in ROUNDS
 #    interleaved rounds, the order rotated each round, under $GPT2COST_CONDITIONS (default
-#    `untraced run stacks`; also `stacks_entry`: `--stacks --launch-entry-only`); each
+#    `untraced run stacks`; also `stacks_entry`: `--stacks --launch-entry-only`, and
+#    `stacks_every4`: `--stacks --stack-every 4`, a thread's stack at 1 in 4 calls); each
 #    traced run's ratio to its round's untraced one (OUTDIR/gpt2cost.txt).
 # 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
 #    --stacks (the call program's run time per call includes the stack programs it
@@ -83,6 +84,7 @@ count=${#long_conditions[@]}
         run) prefix=("$cudatrace" run -q -o /dev/null --) ;;
         stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
         stacks_entry) prefix=("$cudatrace" run -q --stacks --launch-entry-only -o /dev/null --) ;;
+        stacks_every4) prefix=("$cudatrace" run -q --stacks --stack-every 4 -o /dev/null --) ;;
         esac
         ms=$("${prefix[@]}" "${gpt2_long[@]}" 2>>"$out/gpt2cost.stderr" | awk '/^per token:/ {print $3}')
         line="$line $condition=$ms"

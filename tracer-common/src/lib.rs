@@ -53,6 +53,9 @@ pub mod flags {
     /// Emitted at entry by an entry-only probe ([`super::cookie::ENTRY_ONLY`]): no return
     /// was seen, so the event's `ret` and `dur_ns` mean nothing (they are 0).
     pub const NO_RETURN: u32 = 1 << 3;
+    /// `--stacks --stack-every N`: the thread's Python stack was not walked at this call
+    /// (it walks one of every N of its calls): the call has no stack record, by design.
+    pub const STACK_SAMPLED_OUT: u32 = 1 << 4;
 }
 
 /// Registers plus stack slots captured per call: `cuLaunchKernel` needs ten.

@@ -17,6 +17,8 @@ pub const MAX_STACK_FRAMES: usize = 256;
 /// The frame budget when `--stack-depth` is not given: deeper than transformers' decoding
 /// stacks.
 pub const DEFAULT_STACK_DEPTH: u32 = 128;
+/// `--stack-every`'s upper bound: one walk in a million calls is already no profile.
+pub const MAX_STACK_EVERY: u32 = 1_000_000;
 /// Frames one run of the walk program reads; a deeper stack continues in a tail call.
 pub const FRAMES_PER_WALK: usize = 32;
 /// Thread states the walk looks at, at most, to find the calling thread's.

@@ -106,7 +106,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     };
     if cookie & cookie_bits::ENTRY_ONLY != 0 {
         // No return will come: the whole event now, without a frame.
-        let call = CallEvent {
+        let mut call = CallEvent {
             header: EventHeader {
                 kind: kind::CALL,
                 flags: entry_flags | flags::NO_RETURN,
@@ -122,7 +122,8 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
         };
         if cookie & cookie_bits::STACKS != 0 {
             // The stack goes first, then the call; back here only if that could not be.
-            crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, Some(&call));
+            call.header.flags |=
+                crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, Some(&call));
         }
         return emit(call, SPECS.get(probe_id & SLOT_MASK)?);
     }
@@ -144,7 +145,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     frame.args = args;
     if cookie & cookie_bits::STACKS != 0 {
         // The call's stack, now: its record precedes the call's.
-        crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, None);
+        frame.flags |= crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, None);
     }
     Some(())
 }

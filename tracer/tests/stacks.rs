@@ -224,6 +224,17 @@ impl Traced {
 /// the budget cut it (and then it says so). Returns the number of calls compared and of
 /// stacks cut.
 fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) -> (usize, usize) {
+    assert_sampled_stacks_are_cpythons(python, traced, depth, 1)
+}
+
+/// The same with `--stack-every N`: a thread's 1st, N+1th, 2N+1th... call has CPython's
+/// stack, its others none, counted as sampled out and for no other reason.
+fn assert_sampled_stacks_are_cpythons(
+    python: &Python,
+    traced: &Traced,
+    depth: usize,
+    every: usize,
+) -> (usize, usize) {
     let stacks = traced.stacks();
     let calls = traced.calls_by_thread();
     let recorded = traced.recorded();
@@ -233,7 +244,7 @@ fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) ->
         "{}: threads",
         python.label
     );
-    let (mut compared, mut cut) = (0, 0);
+    let (mut compared, mut cut, mut sampled_out) = (0, 0, 0);
     for (tid, expected) in &recorded {
         let got = &calls[tid];
         assert_eq!(
@@ -243,6 +254,15 @@ fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) ->
             python.label
         );
         for (index, (stack, want)) in got.iter().zip(expected).enumerate() {
+            if index % every != 0 {
+                assert_eq!(
+                    *stack, None,
+                    "{}: call {index} of {tid} is sampled out",
+                    python.label
+                );
+                sampled_out += 1;
+                continue;
+            }
             let id = stack
                 .unwrap_or_else(|| panic!("{}: call {index} of {tid} has no stack", python.label));
             let (frames, was_cut) = &stacks[&id];
@@ -260,13 +280,17 @@ fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) ->
     let footer = traced.footer_stacks();
     assert_eq!(footer["calls"], compared as u64, "{}", python.label);
     assert_eq!(footer["cut"], cut as u64, "{}", python.label);
+    let mut without = footer["without"].as_object().unwrap().clone();
+    // Present only when some call was sampled out.
+    let counted = without.remove("sampled_out").map(|v| v.as_u64().unwrap());
     assert_eq!(
-        footer["without"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|v| v.as_u64().unwrap())
-            .sum::<u64>(),
+        counted,
+        (sampled_out > 0).then_some(sampled_out as u64),
+        "{}",
+        python.label
+    );
+    assert_eq!(
+        without.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
         0
     );
     (compared, cut)
@@ -434,6 +458,97 @@ fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
         ..python
     };
     assert_eq!(assert_stacks_are_cpythons(&perf, &traced, 128), (15, 0));
+}
+
+/// `--stack-every 3`: each thread walks its stack at its 1st, 4th, 7th... call, counted per
+/// thread, and those stacks are still CPython's; the others are counted as sampled out.
+#[test]
+fn with_stack_every_each_thread_walks_one_call_in_n_of_its_own() {
+    let Some(_guard) = root() else { return };
+    for python in pythons() {
+        let traced = python.trace("stacks_target.py", &["--stacks", "--stack-every", "3"], &[]);
+        // The main thread's 13 calls: its 1st, 4th, 7th, 10th and 13th; each worker's one.
+        let per_thread: Vec<usize> = traced.calls_by_thread().values().map(Vec::len).collect();
+        assert_eq!(per_thread.iter().sum::<usize>(), 15, "{}", python.label);
+        assert_eq!(
+            assert_sampled_stacks_are_cpythons(&python, &traced, 128, 3),
+            (5 + 1 + 1, 0),
+            "{}",
+            python.label
+        );
+        assert_eq!(traced.footer_stacks()["without"]["sampled_out"], 8);
+        assert_eq!(traced.lines[0]["stacks"]["every"], 3, "{}", python.label);
+    }
+
+    // Threads taking turns (4 calls, then 7 and 5 alternating), launches probed at entry
+    // alone: a count shared by the threads would pick other calls.
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_sampled.py",
+        &[
+            "--stacks=launch,sync",
+            "--launch-entry-only",
+            "--stack-every",
+            "3",
+        ],
+        &[],
+    );
+    let mut per_thread: Vec<usize> = traced.calls_by_thread().values().map(Vec::len).collect();
+    per_thread.sort();
+    assert_eq!(per_thread, [4, 5, 7]);
+    // ceil(4/3) + ceil(7/3) + ceil(5/3).
+    assert_eq!(
+        assert_sampled_stacks_are_cpythons(&python, &traced, 128, 3),
+        (2 + 3 + 2, 0)
+    );
+    assert_eq!(traced.footer_stacks()["without"]["sampled_out"], 16 - 7);
+    let launches = calls(&traced.lines)
+        .into_iter()
+        .filter(|c| c["name"].as_str().unwrap().starts_with("cuLaunchKernel"))
+        .map(|c| c.get("stack").is_some())
+        .collect::<Vec<_>>();
+    // Launches (each thread's 2nd, 4th... calls): some walked, some sampled out.
+    assert_eq!(launches.len(), 2 + 3 + 2);
+    assert!(launches.contains(&true) && launches.contains(&false));
+
+    // `--stack-every 1` is every call, as without it, and says nothing of sampling.
+    let traced = python.trace("stacks_target.py", &["--stacks", "--stack-every", "1"], &[]);
+    assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+    assert!(traced.lines[0]["stacks"].get("every").is_none());
+    assert!(
+        traced.footer_stacks()["without"]
+            .get("sampled_out")
+            .is_none()
+    );
+}
+
+#[test]
+fn stack_every_is_checked() {
+    for (args, message) in [
+        (
+            &["--stacks", "--stack-every", "0"][..],
+            "must be 1 to 1000000",
+        ),
+        (
+            &["--stacks", "--stack-every", "1000001"][..],
+            "must be 1 to 1000000",
+        ),
+        (&["--stacks", "--stack-every", "x"][..], "invalid digit"),
+        (&["--stack-every", "4"][..], "--stacks"),
+    ] {
+        let output = Command::new(CUDATRACE)
+            .arg("run")
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&output).contains(message),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
 }
 
 /// A stripped copy of pyenv's libpython (no `.symtab`: `_PyRuntime` and `PyCode_Type` from

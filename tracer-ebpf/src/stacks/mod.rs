@@ -25,7 +25,7 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    CallEvent, SLOT_MASK,
+    CallEvent, SLOT_MASK, flags,
     stacks::{MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, stack_counter, stack_prog},
 };
 
@@ -58,6 +58,11 @@ pub struct ThreadSeen {
 
 #[map]
 static THREADS_SEEN: LruHashMap<u32, ThreadSeen> = LruHashMap::with_max_entries(16384, 0);
+
+/// `--stack-every N` (N > 1): a thread's stacked calls to skip before its next walk, by
+/// tid; dropped at the thread's exit, so that a reused tid starts again at its 1st call.
+#[map]
+static STACK_SAMPLING: LruHashMap<u32, u32> = LruHashMap::with_max_entries(16384, 0);
 
 /// A stack by its hash in a process image.
 #[repr(C)]
@@ -165,6 +170,9 @@ static FSBASE_OFF: u32 = 0;
 /// The frame budget (`--stack-depth`).
 #[unsafe(no_mangle)]
 static STACK_DEPTH: u32 = tracer_common::stacks::DEFAULT_STACK_DEPTH;
+/// A thread walks its stack at one of every N of its stacked calls (`--stack-every`).
+#[unsafe(no_mangle)]
+static STACK_EVERY: u32 = 1;
 
 #[inline(always)]
 fn fsbase_offset() -> u32 {
@@ -174,6 +182,34 @@ fn fsbase_offset() -> u32 {
 #[inline(always)]
 fn stack_depth() -> u32 {
     crate::maps::load_const(&STACK_DEPTH)
+}
+
+/// Whether thread `tid` walks its stack at this call: its 1st, N+1th, 2N+1th... stacked
+/// call (N: `--stack-every`); counted per thread, so threads do not shift each other.
+#[inline(always)]
+fn sampled_in(tid: u32) -> bool {
+    let every = crate::maps::load_const(&STACK_EVERY);
+    if every <= 1 {
+        return true;
+    }
+    match STACK_SAMPLING.get_ptr_mut(tid) {
+        // SAFETY: a map value; only this thread's calls write its entry, one at a time.
+        Some(left) if unsafe { *left } > 0 => {
+            unsafe { *left -= 1 };
+            false
+        }
+        // Its first call (or an evicted entry), or its turn: walk, then skip N-1.
+        _ => {
+            let _ = STACK_SAMPLING.insert(tid, every - 1, 0);
+            true
+        }
+    }
+}
+
+/// A thread exited: its sampling count goes with it.
+#[inline(always)]
+pub fn thread_exited(tid: u32) {
+    let _ = STACK_SAMPLING.remove(tid);
 }
 
 #[inline(always)]
@@ -224,7 +260,10 @@ pub fn forget(tgid: u32) {
 
 /// From a call program, at a call's entry: hands the call to the stack programs, which
 /// send its stack and then `call` (an entry-only call) themselves. Returns only when they
-/// could not be reached (no `--stacks`, or the tail call failed): the caller sends `call`.
+/// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` skips
+/// this call): the caller sends `call`, with the flags returned
+/// ([`flags::STACK_SAMPLED_OUT`] for a call sampling skipped, so that userspace does not
+/// take its missing stack record for a lost one).
 #[inline(always)]
 pub fn start(
     ctx: &ProbeContext,
@@ -232,9 +271,12 @@ pub fn start(
     ts_ns: u64,
     probe_id: u32,
     call: Option<&CallEvent>,
-) {
+) -> u32 {
+    if !sampled_in(tid) {
+        return flags::STACK_SAMPLED_OUT;
+    }
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
-        return;
+        return 0;
     };
     // SAFETY: this CPU's scratch value.
     let scratch = unsafe { &mut *scratch };
@@ -254,6 +296,7 @@ pub fn start(
     scratch.event.probe_id = probe_id;
     tail_call(ctx, stack_prog::WALK);
     scratch.has_call = 0;
+    0
 }
 
 /// Tail-calls the stack program `index` of this program's kind; returns if that failed.

@@ -106,7 +106,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     while let Some(line) = lines.next_line()? {
         analysis.line(line);
         if matches!(line, Line::Stack(_)) && stacks.is_none() {
-            stacks = Some(StackAccumulator::new(gpu_header));
+            stacks = Some(StackAccumulator::new(gpu_header, 1));
         }
         if let Some(stacks) = &mut stacks {
             stacks.line(line);
@@ -116,8 +116,8 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
                 info.command = std::mem::take(&mut header.command);
                 info.start_monotonic_ns = header.start_monotonic_ns;
                 gpu_header = header.gpu.is_some();
-                if header.stacks.is_some() {
-                    stacks = Some(StackAccumulator::new(gpu_header));
+                if let Some(info) = &header.stacks {
+                    stacks = Some(StackAccumulator::new(gpu_header, info.every()));
                 }
             }
             Line::Lost(lost) => {

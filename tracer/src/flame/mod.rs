@@ -241,6 +241,14 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
         },
         stacks.table.stacks().len(),
     );
+    if stacks.every > 1 {
+        eprintln!(
+            "cudatrace: sampled (--stack-every {every}): each thread's stack was read at 1 in \
+             {every} of its calls; the stacks weigh what the sampled calls did (about \
+             1/{every} of the totals), the others weigh under (no stack)",
+            every = stacks.every
+        );
+    }
     Ok(0)
 }
 

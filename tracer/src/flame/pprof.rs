@@ -159,6 +159,14 @@ pub fn profile(stacks: &StackProfile, weight: Weight) -> Profile {
     builder.profile.default_sample_type = builder.string(weight.type_and_unit().0);
     let comment = builder.string("cudatrace flame: Python stacks of CUDA driver calls");
     builder.profile.comment.push(comment);
+    if stacks.every > 1 {
+        // A sampled trace's stacks weigh their sampled calls only: said where pprof shows it.
+        let sampled = builder.string(&format!(
+            "sampled: each thread's stack read at 1 in {} of its calls (--stack-every)",
+            stacks.every
+        ));
+        builder.profile.comment.push(sampled);
+    }
     let table = &stacks.table;
     for (stack, figures) in table.stacks().iter().zip(&stacks.per_stack) {
         let mut locations: Vec<u64> = stack

@@ -32,6 +32,8 @@ pub struct StackOptions {
     pub fsbase_offset: u32,
     /// The frame budget (`--stack-depth`).
     pub depth: u32,
+    /// A thread walks one of every `every` of its stacked calls (`--stack-every`).
+    pub every: u32,
 }
 
 /// The inode of the kernel's root pid namespace (`PROC_PID_INIT_INO`).
@@ -123,7 +125,8 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     if let Some(stacks) = &options.stacks {
         loader
             .override_global("FSBASE_OFF", &stacks.fsbase_offset, true)
-            .override_global("STACK_DEPTH", &stacks.depth, true);
+            .override_global("STACK_DEPTH", &stacks.depth, true)
+            .override_global("STACK_EVERY", &stacks.every, true);
     }
     loader
         .override_global("PIDNS_DEV", &pidns_dev, true)

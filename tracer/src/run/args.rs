@@ -213,6 +213,18 @@ pub struct RunArgs {
     )]
     pub stack_depth: u32,
 
+    /// Sample --stacks: each thread walks its Python stack at one of every N of its
+    /// stacked calls (its 1st, N+1th, 2N+1th...; 1 to 1000000, default 1: every call). The
+    /// others have no `stack`, counted in the footer as `sampled_out`.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = parse_stack_every,
+        requires = "stacks"
+    )]
+    pub stack_every: u32,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`),
     /// TRACE.pftrace (`perfetto`) or the folder TRACE.parquet (`parquet`); see `cudatrace
     /// export`. Not with `-o -`.
@@ -258,6 +270,15 @@ fn parse_stack_depth(text: &str) -> Result<u32, String> {
         return Err(format!("must be 1 to {most}"));
     }
     Ok(depth)
+}
+
+fn parse_stack_every(text: &str) -> Result<u32, String> {
+    let every: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    let most = tracer_common::stacks::MAX_STACK_EVERY;
+    if every == 0 || every > most {
+        return Err(format!("must be 1 to {most}"));
+    }
+    Ok(every)
 }
 
 fn parse_ring_kib(text: &str) -> Result<u32, String> {

@@ -105,6 +105,7 @@ impl HeaderBase<'_> {
             stacks: args.stacks.as_ref().map(|selection| StacksInfo {
                 families: selection.names(),
                 depth: args.stack_depth,
+                every: (args.stack_every > 1).then_some(args.stack_every),
             }),
             ..Header::default()
         }

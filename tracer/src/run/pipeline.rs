@@ -23,7 +23,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::proc_event;
+use tracer_common::{flags, proc_event};
 
 use super::{
     attaching::{Attaching, NotAttached},
@@ -164,7 +164,8 @@ impl<'a> Pipeline<'a> {
     /// One record through decode, enrich and the sinks (or to the attach layer).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
         let raw = decode(bytes);
-        let mut stacked = false;
+        // Whether the call's probe has stacks, and whether `--stack-every` skipped it.
+        let (mut stacked, mut sampled_out) = (false, false);
         match &raw {
             Ok(RawEvent::Attach(event)) => {
                 // While the process waits: its interpreter, before its probes let it go on.
@@ -211,6 +212,7 @@ impl<'a> Pipeline<'a> {
                     .plans()
                     .probe(call.probe_id)
                     .is_some_and(|probe| probe.stacks);
+                sampled_out = call.header.flags & flags::STACK_SAMPLED_OUT != 0;
             }
             _ => {}
         }
@@ -221,7 +223,7 @@ impl<'a> Pipeline<'a> {
         match event {
             Event::Line(mut line) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
-                    stacks.call(call);
+                    stacks.call(call, sampled_out);
                 }
                 if !self.gpu {
                     self.analysis.line(&mut line);

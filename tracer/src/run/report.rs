@@ -139,6 +139,7 @@ fn say_stacks(stacks: &StacksFooter, distinct: u64) {
         ("read fault", without.read_fault),
         ("code object unresolved", without.code_unresolved),
         ("record lost", without.record_lost),
+        ("sampled out (--stack-every)", without.sampled_out),
     ]
     .iter()
     .filter(|(_, count)| *count > 0)

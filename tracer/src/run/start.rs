@@ -448,6 +448,7 @@ fn stack_options(args: &RunArgs) -> Result<Option<StackOptions>, Failure> {
     Ok(Some(StackOptions {
         fsbase_offset,
         depth: args.stack_depth,
+        every: args.stack_every,
     }))
 }
 

@@ -161,6 +161,10 @@ pub struct StacklessCounts {
     pub code_unresolved: u64,
     /// The stack's record was lost (the ring buffer was full).
     pub record_lost: u64,
+    /// `--stack-every N`: the thread's other calls, whose stack was not walked (by design,
+    /// not a failure). Absent when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sampled_out: u64,
 }
 
 /// Code records that could not name a frame, by why (a record may have more than one).
@@ -188,6 +192,7 @@ impl StacklessCounts {
             + self.read_fault
             + self.code_unresolved
             + self.record_lost
+            + self.sampled_out
     }
 }
 

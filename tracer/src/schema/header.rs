@@ -121,6 +121,18 @@ pub struct StacksInfo {
     /// The frame budget: a stack deeper than this keeps its innermost `depth` frames and is
     /// marked `cut`.
     pub depth: u32,
+    /// `--stack-every N`: each thread's stack was walked at one of every N of its calls
+    /// (its 1st, N+1th...); the others have none (the footer's `sampled_out`). Absent: every
+    /// call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every: Option<u32>,
+}
+
+impl StacksInfo {
+    /// N of `--stack-every` (1: every call).
+    pub fn every(&self) -> u32 {
+        self.every.unwrap_or(1).max(1)
+    }
 }
 
 impl LineType for Header {

@@ -131,8 +131,14 @@ impl Stacks {
     }
 
     /// A call line whose probe has stacks: its `stack`, or its reason counted.
-    pub fn call(&mut self, call: &mut CallLine) {
-        call.stack = self.resolver.take(call.tid, call.ts_ns);
+    /// `sampled_out`: `--stack-every` skipped its walk, so no record was sent for it.
+    pub fn call(&mut self, call: &mut CallLine, sampled_out: bool) {
+        call.stack = if sampled_out {
+            self.resolver.footer.without.sampled_out += 1;
+            None
+        } else {
+            self.resolver.take(call.tid, call.ts_ns)
+        };
     }
 
     /// The footer's `stacks` object.

@@ -80,6 +80,8 @@ pub struct StackAccumulator {
     /// The trace has `--gpu` lines to come (its header says so): calls are kept for them.
     kernels: bool,
     counts: StackCounts,
+    /// `--stack-every N` (the header's `stacks.every`): stacks of 1 in N calls a thread.
+    every: u32,
 }
 
 /// How the calls and kernels were attributed.
@@ -99,10 +101,11 @@ pub struct StackCounts {
 
 impl StackAccumulator {
     /// `kernels`: the trace's header says `--gpu` (launches' stacks are kept for the
-    /// kernels to come).
-    pub fn new(kernels: bool) -> Self {
+    /// kernels to come); `every`: its `stacks.every` (1 when absent).
+    pub fn new(kernels: bool, every: u32) -> Self {
         StackAccumulator {
             kernels,
+            every,
             ..StackAccumulator::default()
         }
     }
@@ -209,6 +212,7 @@ impl StackAccumulator {
             no_stack: self.no_stack,
             counts: self.counts,
             gpu,
+            every: self.every.max(1),
         }
     }
 }
@@ -223,6 +227,9 @@ pub struct StackProfile {
     pub counts: StackCounts,
     /// The trace has `--gpu` lines.
     pub gpu: bool,
+    /// `--stack-every N`: only 1 in N of each thread's calls has a stack, so the stacks'
+    /// figures are those of the sampled calls and the others count under "(no stack)".
+    pub every: u32,
 }
 
 impl StackProfile {

@@ -47,6 +47,11 @@ pub struct StacksSummary {
     pub counts: StackCounts,
     /// The trace has `--gpu` lines: the GPU columns are the kernels' time.
     pub gpu: bool,
+    /// `--stack-every N` (absent when 1): each thread's stack was walked at 1 in N of its
+    /// calls, so the rows by layer and line are the figures of the sampled calls (about
+    /// 1/N of each one's totals), and the calls sampling skipped count under "(no stack)".
+    #[serde(skip_serializing_if = "is_one")]
+    pub every: u32,
     /// Every figure summed (the trace's totals).
     pub total: StackFigures,
     /// By layer; most GPU time first (without `--gpu`, most time in calls), then
@@ -57,6 +62,10 @@ pub struct StacksSummary {
     /// By the user's line (the innermost frame outside torch, the installed packages and
     /// the standard library), then "(no user frame)" and "(no stack)".
     pub user_lines: Vec<StackRow>,
+}
+
+fn is_one(every: &u32) -> bool {
+    *every == 1
 }
 
 /// What a row is keyed by: a function (layers) or a frame (lines), or none.
@@ -171,6 +180,7 @@ impl StackProfile {
             stacks: self.table.stacks().len() as u64,
             counts: self.counts,
             gpu: self.gpu,
+            every: self.every,
             total: self.total(),
             layers,
             lines,

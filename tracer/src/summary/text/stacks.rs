@@ -90,6 +90,15 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
         counts.cut,
         plural(stacks.stacks, "distinct stack"),
     );
+    if stacks.every > 1 {
+        let _ = writeln!(
+            out,
+            "  Sampled (--stack-every {every}): each thread's stack was read at 1 in {every} \
+             of its calls; the rows by layer and line are the sampled calls' figures (about \
+             1/{every} of the totals), the others count under {NO_STACK}",
+            every = stacks.every
+        );
+    }
     if counts.unknown_stack > 0 {
         let _ = writeln!(
             out,
@@ -125,4 +134,46 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
         &stacks.user_lines,
         stacks,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render_stacks;
+    use crate::{analysis::summarise::summarise, reader::TraceLines, test_traces::stacks};
+
+    fn rendered(text: &str) -> (String, String) {
+        let summarised =
+            summarise(|| Ok(TraceLines::new(text.as_bytes(), "stacks.jsonl", false))).unwrap();
+        let summary = summarised.report.stacks.unwrap().summary();
+        let mut out = String::new();
+        render_stacks(&mut out, &summary);
+        (out, serde_json::to_string(&summary).unwrap())
+    }
+
+    #[test]
+    fn a_sampled_trace_says_its_rows_are_the_sampled_calls() {
+        let (whole, whole_json) = rendered(&stacks());
+        assert!(!whole.contains("Sampled"), "{whole}");
+        assert!(!whole_json.contains(r#""every""#), "{whole_json}");
+
+        let sampled = stacks().replace(r#""depth":64}"#, r#""depth":64,"every":4}"#);
+        assert_ne!(sampled, stacks());
+        let (text, json) = rendered(&sampled);
+        assert!(
+            text.contains(
+                "  Sampled (--stack-every 4): each thread's stack was read at 1 in 4 of its \
+                 calls; the rows by layer and line are the sampled calls' figures (about 1/4 of \
+                 the totals), the others count under (no stack)\n"
+            ),
+            "{text}"
+        );
+        assert!(json.contains(r#""gpu":true,"every":4,"#), "{json}");
+        // Otherwise the same tables: the same lines summed.
+        let without_note: String = text
+            .lines()
+            .filter(|line| !line.starts_with("  Sampled"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert_eq!(without_note, whole);
+    }
 }
