@@ -17,59 +17,13 @@ mod traces;
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
-    process::{Command, Output},
-    sync::OnceLock,
+    process::Command,
 };
 
-use common::*;
+use common::{trace_processor::run as trace_processor, *};
 use serde_json::{Value, json};
 
 // ---- the trace processor ----
-
-/// Where the pinned Perfetto UI lies (fetched once per test binary, cached under target/).
-fn perfetto_ui() -> &'static Path {
-    static UI: OnceLock<PathBuf> = OnceLock::new();
-    UI.get_or_init(|| {
-        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("perfetto-ui");
-        let output = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/perfetto/fetch_ui.py"
-            ))
-            .arg(&cache)
-            .output()
-            .expect("running python3 tests/perfetto/fetch_ui.py");
-        assert!(
-            output.status.success(),
-            "fetching the pinned Perfetto UI failed (exit {:?}):\n{}",
-            output.status.code(),
-            stderr(&output)
-        );
-        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
-    })
-}
-
-/// The trace processor's engine files (engine_bundle.js, trace_processor.wasm).
-fn engine() -> PathBuf {
-    perfetto_ui().join("v52.0-6b9586def")
-}
-
-/// Runs the harness on `file` with `queries`. Its exit code says whether the trace loaded
-/// (0), was rejected (1) or had error statistics (3).
-fn trace_processor(file: &Path, queries: &[&str]) -> Output {
-    let engine = engine();
-    Command::new("node")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/perfetto/trace_processor.mjs"
-        ))
-        .arg("--engine")
-        .arg(&engine)
-        .arg(file)
-        .args(queries)
-        .output()
-        .expect("running node (install Node.js 18 or newer: apt-get install nodejs)")
-}
 
 /// A SQL query and the rows it must return, exactly (`ordered`: in this order, else as a
 /// multiset).
@@ -173,7 +127,7 @@ enum Format {
 /// Runs `check` for both formats at once (exporting a large trace in a debug build takes
 /// seconds); a panic in either fails the test.
 fn each_format(check: impl Fn(Format) + Sync) {
-    perfetto_ui(); // fetched once, before the threads need it
+    common::trace_processor::engine(); // fetched once, before the threads need it
     std::thread::scope(|scope| {
         for format in [Format::Chrome, Format::Perfetto] {
             let check = &check;
