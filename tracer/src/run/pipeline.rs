@@ -206,7 +206,8 @@ impl<'a> Pipeline<'a> {
                     stacks.forget(event.header.pid);
                 }
             }
-            Ok(RawEvent::Call { call, .. }) => {
+            // The probe's stacks bit, looked up only when there are stacks to give.
+            Ok(RawEvent::Call { call, .. }) if self.stacks.is_some() => {
                 stacked = self
                     .attaching
                     .plans()
