@@ -3,6 +3,7 @@
 mod bench;
 mod cmd;
 mod ebpf;
+mod imports;
 mod pythons;
 mod standin;
 mod tasks;
@@ -30,6 +31,8 @@ enum Command {
     BuildEbpf(ebpf::BuildEbpfOptions),
     /// Run every test: unit, root (real probes), and root again on a 6.1 kernel in QEMU.
     Test(tasks::TestOptions),
+    /// Check that no crate has an import circle among sibling modules (files or folders).
+    CheckImports,
     /// Build everything and record a demo trace into traces/demo.jsonl.
     Demo,
     /// Run the root tests in a QEMU guest on Debian's 6.1 kernel (needs root).
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::BuildEbpf(opts) => ebpf::build_ebpf(&opts),
         Command::Test(opts) => tasks::test(&opts),
+        Command::CheckImports => imports::check_imports(),
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
         Command::Bench(opts) => bench::bench(&opts),

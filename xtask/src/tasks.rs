@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use crate::{
     cmd::{self, cargo, run},
-    ebpf, pythons, standin, vm,
+    ebpf, imports, pythons, standin, vm,
 };
 
 #[derive(clap::Args, Debug, Default, Clone)]
@@ -22,6 +22,7 @@ pub struct TestOptions {
 /// Runs every test: unit tests, the root tests that load and attach real probes, and the
 /// root tests again on a second kernel under QEMU (`vm-test`).
 pub fn test(opts: &TestOptions) -> Result<()> {
+    imports::check_imports()?;
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
     if !cmd::is_root() {
         bail!(
