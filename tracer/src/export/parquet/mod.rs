@@ -16,21 +16,22 @@
 //! |---|---|
 //! | `columns.rs` | column kinds: integer widths, dictionary strings, lists, `[x,y,z]` |
 //! | `table.rs` | a table's columns declared once (`table!`), and its file written a batch at a time |
-//! | `tables.rs` | the tables' columns but `calls`' |
+//! | `tables.rs` | every table but `calls` declared, and the set an export writes, listed once |
 //! | `calls.rs` | the `calls` table, whose columns follow from the call line's fields (`call_fields!`) |
+//! | `link.rs` | the link columns the GPU tables end with, from the lines' `GpuLink` |
 //! | `collectives.rs` | NCCL collectives: one row per collective asked for, numbered on its communicator, with its kernels' GPU time |
 //! | `ranks.rs` | each process's rank, from the communicators it made |
 //! | `exporter.rs` | lines → rows |
 //! | `writer.rs` | the encoding into Parquet, on a thread of its own |
 //!
-//! A `stacks` table comes with issue 23's stack lines: a row per frame, keyed to the call
-//! line by `(trace, pid, tid, ts_ns)` like the GPU tables' links (declare it in
-//! `tables.rs`, add it to `Tables`).
+//! `stack` lines are the `stacks` table, a row per frame, keyed to the calls that name
+//! the stack by `(trace, stack)`.
 
 mod calls;
 mod collectives;
 mod columns;
 mod exporter;
+mod link;
 mod ranks;
 mod table;
 mod tables;
@@ -44,8 +45,9 @@ use std::{
 use anyhow::anyhow;
 
 use self::{
-    exporter::{ParquetExportError, ParquetExporter, TABLE_NAMES, Tables, header_extra},
+    exporter::{ParquetExportError, ParquetExporter, header_extra},
     ranks::Ranks,
+    tables::{TABLE_NAMES, TABLES, Tables},
 };
 use crate::{
     exit::{ExitCode, Failure},
@@ -56,7 +58,7 @@ use crate::{
 };
 
 /// The rows written to each table, in [`TABLE_NAMES`]' order.
-pub type Rows = [u64; exporter::TABLES];
+pub type Rows = [u64; TABLES];
 
 /// Exports `trace` into the folder `outdir` (made if missing) as `user`. An `outdir`
 /// holding anything but a parquet export's tables is refused unless `force`.
