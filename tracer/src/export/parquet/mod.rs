@@ -25,7 +25,8 @@
 //! | `writer.rs` | the encoding into Parquet, on a thread of its own |
 //!
 //! `stack` lines are the `stacks` table, a row per frame, keyed to the calls that name
-//! the stack by `(trace, stack)`.
+//! the stack by `(trace, stack)`. A test checks that every field of every kind of line
+//! has a column, or is listed with the reason it has none (`coverage.rs`).
 
 mod calls;
 mod collectives;
@@ -202,5 +203,7 @@ fn remove(paths: &[PathBuf], user: Option<&TargetUser>) {
     });
 }
 
+#[cfg(test)]
+mod coverage;
 #[cfg(test)]
 mod tests;
