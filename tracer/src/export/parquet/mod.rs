@@ -39,6 +39,7 @@ mod tables;
 mod writer;
 
 use std::{
+    fs::File,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -46,7 +47,7 @@ use std::{
 use anyhow::anyhow;
 
 use self::{
-    exporter::{ParquetExportError, ParquetExporter, header_extra},
+    exporter::{ParquetExportError, ParquetExporter, ReadFigures, header_extra},
     ranks::Ranks,
     tables::{TABLE_NAMES, TABLES, Tables},
 };
@@ -80,25 +81,7 @@ pub fn export(
     })?;
     let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
     let writer = Writer { user };
-    // `-o job/rank0`: the folders above are made too.
-    let missing: Vec<&Path> = outdir
-        .ancestors()
-        .skip(1)
-        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
-        .collect();
-    for dir in missing.into_iter().rev().chain([outdir]) {
-        writer.create_dir(dir).map_err(|e| not_writable(e.into()))?;
-    }
-    let others = other_files(outdir, user)
-        .map_err(|e| not_writable(anyhow!("cannot list {}: {e}", outdir.display())))?;
-    if !others.is_empty() && !force {
-        return Err(not_writable(anyhow!(
-            "{} holds files a parquet export does not write ({}): pass --force to write \
-             the tables beside them, or -o an empty or new folder",
-            outdir.display(),
-            others.join(", ")
-        )));
-    }
+    make_folder(outdir, force, &writer).map_err(not_writable)?;
     let unreadable = |e: std::io::Error| {
         Failure::new(
             ExitCode::NoSuchProcess,
@@ -114,17 +97,7 @@ pub fn export(
         .iter()
         .map(|name| outdir.join(format!("{name}.parquet")))
         .collect();
-    let mut files = Vec::with_capacity(paths.len());
-    for path in &paths {
-        match writer.create(path, &inputs) {
-            Ok(file) => files.push(file),
-            Err(e) => {
-                // Only the files this export holds (locked) are its to remove.
-                remove(&paths[..files.len()], user);
-                return Err(not_writable(e.into()));
-            }
-        }
-    }
+    let files = create(&paths, &inputs, &writer).map_err(not_writable)?;
     let tables = Tables::open(files).map_err(|e| {
         remove(&paths, user);
         not_writable(e.into())
@@ -145,6 +118,52 @@ pub fn export(
                 ParquetExportError::Write(_) => not_writable(e.into()),
             }
         })?;
+    report(&label, outdir, &rows, &figures, started);
+    Ok(rows)
+}
+
+/// Makes `outdir` (`-o job/rank0`: the folders above too), and refuses one holding
+/// anything but a parquet export's tables unless `force`.
+fn make_folder(outdir: &Path, force: bool, writer: &Writer) -> anyhow::Result<()> {
+    let missing: Vec<&Path> = outdir
+        .ancestors()
+        .skip(1)
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .collect();
+    for dir in missing.into_iter().rev().chain([outdir]) {
+        writer.create_dir(dir)?;
+    }
+    let others = other_files(outdir, writer.user)
+        .map_err(|e| anyhow!("cannot list {}: {e}", outdir.display()))?;
+    if !others.is_empty() && !force {
+        anyhow::bail!(
+            "{} holds files a parquet export does not write ({}): pass --force to write \
+             the tables beside them, or -o an empty or new folder",
+            outdir.display(),
+            others.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Creates the tables' files, or none: those made before a failure are removed.
+fn create(paths: &[PathBuf], inputs: &[Input], writer: &Writer) -> anyhow::Result<Vec<File>> {
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        match writer.create(path, inputs) {
+            Ok(file) => files.push(file),
+            Err(e) => {
+                // Only the files this export holds (locked) are its to remove.
+                remove(&paths[..files.len()], writer.user);
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The closing lines on stderr: lines skipped or left out, and the rows of each table.
+fn report(label: &str, outdir: &Path, rows: &Rows, figures: &ReadFigures, started: Instant) {
     if figures.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",
@@ -163,7 +182,7 @@ pub fn export(
     let counts: Vec<String> = TABLE_NAMES
         .iter()
         .zip(rows)
-        .filter(|(_, rows)| *rows > 0)
+        .filter(|(_, rows)| **rows > 0)
         .map(|(name, rows)| format!("{name} {rows}"))
         .collect();
     eprintln!(
@@ -173,7 +192,6 @@ pub fn export(
         counts.join(", "),
         started.elapsed().as_secs_f64()
     );
-    Ok(rows)
 }
 
 /// The entries of `outdir` that are not the tables' files, sorted.
