@@ -1,10 +1,10 @@
 //! `run --stacks`: each call of the chosen families with the Python stack it was made from,
 //! read by the probes from CPython's own structures (`tracer-ebpf/src/stacks/`;
-//! docs/python-stacks.md says how and why).
+//! docs/python-stacks.md says how and why). Which calls get stacks is the probes' choice
+//! (`probes::stack_selection`); this stage reads what the loaded object hands it.
 //!
 //! | file | |
 //! |---|---|
-//! | `families.rs` | `--stacks[=WHICH]`: which calls get stacks |
 //! | `interpreters.rs` | each process's interpreter: found, checked, given to the probes (`PYPROC`), said once |
 //! | `elf.rs` | an interpreter file: `_PyRuntime`, `PyCode_Type`, its version, its debug offsets |
 //! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
@@ -17,7 +17,6 @@
 mod btf;
 mod debug_offsets;
 mod elf;
-mod families;
 mod fault_in;
 mod interpreters;
 mod layout;
@@ -33,7 +32,6 @@ use tracer_common::{
 };
 
 pub use btf::fsbase_offset;
-pub use families::StackSelection;
 use interpreters::{Found, Interpreters};
 use resolve::{Reason, Resolver};
 
