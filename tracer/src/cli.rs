@@ -30,8 +30,9 @@ use crate::{
         cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
         cudatrace flame trace.jsonl            # Python stacks as a pprof profile (run --stacks)\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
-        66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
-        no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
+        66 no such process (-p), 69 unusable --libcuda/--lib, 70 internal error, 72 no usable\n\
+        NVML (--power), 73 output not writable, 74 trace not readable (no such file, a\n\
+        directory, no permission), 77 not privileged, 78 probes missing\n\
         (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
         set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
         command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143\n\
