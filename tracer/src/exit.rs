@@ -43,6 +43,29 @@ pub enum ExitCode {
     CommandNotFound = 127,
 }
 
+impl ExitCode {
+    /// Every code, for the test that each is documented (a new code goes here too).
+    #[cfg(test)]
+    pub const ALL: [ExitCode; 16] = [
+        ExitCode::Usage,
+        ExitCode::BadInput,
+        ExitCode::NoSuchProcess,
+        ExitCode::NoLibcuda,
+        ExitCode::Internal,
+        ExitCode::NoNvml,
+        ExitCode::OutputNotWritable,
+        ExitCode::InputUnreadable,
+        ExitCode::PortBusy,
+        ExitCode::NotPrivileged,
+        ExitCode::ProbesMissing,
+        ExitCode::NoCupti,
+        ExitCode::InjectionPathSet,
+        ExitCode::GpuRecordingFailed,
+        ExitCode::NotExecutable,
+        ExitCode::CommandNotFound,
+    ];
+}
+
 /// An error with the exit code it maps to.
 pub struct Failure {
     pub code: ExitCode,
