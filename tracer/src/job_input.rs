@@ -36,12 +36,7 @@ impl JobFile {
         input
             .pass()
             .and_then(|pass| BufReader::new(pass).read_until(b'\n', &mut first))
-            .map_err(|e| {
-                Failure::new(
-                    ExitCode::NoSuchProcess,
-                    anyhow!("cannot read the trace {label}: {e}"),
-                )
-            })?;
+            .map_err(ReadError::reading(&label))?;
         let header = JobHeader::parse(first.trim_ascii_end()).map_err(|message| {
             Failure::new(
                 ExitCode::BadInput,
@@ -70,7 +65,7 @@ impl JobFile {
 pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         Failure::new(
-            ExitCode::NoSuchProcess,
+            ExitCode::InputUnreadable,
             anyhow!("cannot read the folder {}: {e}", dir.display()),
         )
     })?;
@@ -81,7 +76,7 @@ pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     files.sort();
     if files.is_empty() {
         return Err(Failure::new(
-            ExitCode::NoSuchProcess,
+            ExitCode::InputUnreadable,
             anyhow!("{} holds no *.jsonl trace", dir.display()),
         ));
     }
@@ -95,12 +90,7 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<JobFile>, Failure> {
     let mut identities: Vec<(u64, u64)> = Vec::new();
     for path in paths {
         let label = path.display().to_string();
-        let cannot = |e: std::io::Error| {
-            Failure::new(
-                ExitCode::NoSuchProcess,
-                anyhow!("cannot open the trace {label}: {e}"),
-            )
-        };
+        let cannot = ReadError::opening(&label);
         let identity = std::fs::metadata(path).map_err(cannot)?;
         let identity = (identity.dev(), identity.ino());
         let input = TraceInput::open(path).map_err(cannot)?;
@@ -160,23 +150,9 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
     files
         .iter()
         .map(|file| {
-            let pass = file.input.pass().map_err(|source| ReadError::Io {
-                file: file.label.clone(),
-                source,
-            });
-            pass.and_then(|pass| {
-                let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
-                collect(lines, file.header.clone())
-            })
-            .map_err(read_failure)
+            let pass = file.input.pass().map_err(ReadError::reading(&file.label))?;
+            let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
+            Ok(collect(lines, file.header.clone())?)
         })
         .collect()
-}
-
-/// A reading error with its exit code.
-pub fn read_failure(error: ReadError) -> Failure {
-    match error {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, error),
-        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, error),
-    }
 }

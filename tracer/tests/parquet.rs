@@ -593,8 +593,25 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
         ),
         rows: vec![json!([traces::KNOWN_CALLS])],
     }]);
-    let output = export(&dir.join("missing.jsonl"), &dir.join("none"), &[]);
-    assert_eq!(output.status.code(), Some(66), "{}", stderr(&output));
+    let missing = dir.join("missing.jsonl");
+    let output = export(&missing, &dir.join("none"), &[]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+    let output = export(&dir, &dir.join("none"), &[]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            dir.display()
+        )
+    );
     // Without -o: TRACE.parquet beside the trace.
     let output = Command::new(CUDATRACE)
         .args(["export", "--format", "parquet"])

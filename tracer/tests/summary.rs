@@ -138,15 +138,24 @@ fn a_trace_without_footer_is_summarised_with_a_warning() {
 }
 
 #[test]
-fn a_missing_trace_exits_66() {
-    let output = Command::new(CUDATRACE)
-        .args(["summary", "/nonexistent/trace.jsonl"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(66));
-    assert!(
-        stderr(&output).contains("cannot open the trace /nonexistent/trace.jsonl"),
-        "{}",
-        stderr(&output)
-    );
+fn an_unreadable_trace_exits_74() {
+    let folder = scratch("summary-unreadable");
+    for (trace, why) in [
+        (
+            "/nonexistent/trace.jsonl",
+            "No such file or directory (os error 2)",
+        ),
+        (folder.to_str().unwrap(), "Is a directory (os error 21)"),
+    ] {
+        let output = Command::new(CUDATRACE)
+            .args(["summary", trace])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+        assert_eq!(
+            stderr(&output),
+            format!("cudatrace: error: cannot open the trace {trace}: {why}\n")
+        );
+        assert!(output.stdout.is_empty());
+    }
 }

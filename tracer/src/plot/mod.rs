@@ -56,17 +56,13 @@ pub fn render(
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
-    let io_error = |source| ReadError::Io {
-        file: label.to_owned(),
-        source,
-    };
     // Read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(io_error)?;
+    let input = TraceInput::open(path).map_err(ReadError::opening(label))?;
     let open = || {
         input
             .pass()
             .map(|file| TraceLines::from_file(file, label, skip_bad_lines))
-            .map_err(io_error)
+            .map_err(ReadError::reading(label))
     };
     let summarised = summarise(open)?;
     let summary = &summarised.report.summary;
@@ -181,14 +177,7 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     let as_png = output
         .extension()
         .is_some_and(|ext| ext.eq_ignore_ascii_case("png"));
-    let rendered =
-        render(&args.trace, &label, args.width, args.skip_bad_lines).map_err(|e| match e {
-            ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-            ReadError::Io { ref source, .. } => Failure::new(
-                ExitCode::NoSuchProcess,
-                anyhow!("cannot read the trace {label}: {source}"),
-            ),
-        })?;
+    let rendered = render(&args.trace, &label, args.width, args.skip_bad_lines)?;
     if rendered.info.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",

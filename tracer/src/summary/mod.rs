@@ -41,23 +41,12 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     let path = &paths[0];
     let label = path.display().to_string();
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(|e| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    })?;
+    let input = TraceInput::open(path).map_err(ReadError::opening(&label))?;
     let open = || {
-        let file = input.pass().map_err(|source| ReadError::Io {
-            file: label.clone(),
-            source,
-        })?;
+        let file = input.pass().map_err(ReadError::reading(&label))?;
         Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
     };
-    let result = summarise(open).map_err(|e| match e {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
-    })?;
+    let result = summarise(open)?;
 
     for (line, message) in &result.skipped {
         eprintln!("cudatrace: skipped {label}:{line}: {message}");

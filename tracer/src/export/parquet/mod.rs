@@ -73,21 +73,11 @@ pub fn export(
 ) -> Result<Rows, Failure> {
     let started = Instant::now();
     let label = trace.display().to_string();
-    let input = TraceInput::open(trace).map_err(|e| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    })?;
+    let input = TraceInput::open(trace).map_err(ReadError::opening(&label))?;
     let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
     let writer = Writer { user };
     make_folder(outdir, force, &writer).map_err(not_writable)?;
-    let unreadable = |e: std::io::Error| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("reading the trace {label}: {e}"),
-        )
-    };
+    let unreadable = ReadError::reading(&label);
     let ranks = Ranks::read(&mut input.pass().map_err(unreadable)?).map_err(unreadable)?;
     let trace_file = input.pass().map_err(unreadable)?;
     let inputs: Vec<Input> = Input::of_file("the trace being exported", &trace_file)
@@ -109,12 +99,7 @@ pub fn export(
             // A table cut short has no footer: no reader could open it.
             remove(&paths, user);
             match e {
-                ParquetExportError::Read(ReadError::BadLine { .. }) => {
-                    Failure::new(ExitCode::BadInput, e)
-                }
-                ParquetExportError::Read(ReadError::Io { .. }) => {
-                    Failure::new(ExitCode::NoSuchProcess, e)
-                }
+                ParquetExportError::Read(e) => e.into(),
                 ParquetExportError::Write(_) => not_writable(e.into()),
             }
         })?;
