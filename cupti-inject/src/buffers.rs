@@ -4,7 +4,6 @@
 use std::alloc::{Layout, alloc, dealloc};
 use std::collections::HashSet;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tracer_common::{GpuRecord, gpu_record, gpu_stage};
@@ -33,11 +32,6 @@ fn layout() -> Layout {
 /// callback (CUPTI keeps one callback per process): its records are read, its memory is
 /// left to its owner.
 static OURS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-/// Records read after the library took CUPTI back from another client: API records, and
-/// kernels, copies and memsets (`flush.rs` checks that the first come with the second).
-pub static SINCE_RESUME_API: AtomicU64 = AtomicU64::new(0);
-pub static SINCE_RESUME_WORK: AtomicU64 = AtomicU64::new(0);
 
 /// CUPTI asks for an empty buffer.
 pub unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize, max: *mut usize) {
@@ -208,16 +202,6 @@ unsafe fn deliver(context: CUcontext, stream_id: u32, buffer: *mut u8, valid: us
             },
             convert::Converted::Other(_) => {}
         }
-    }
-    for &(kind, n) in &kinds {
-        use crate::cupti::activity_kind::{CONCURRENT_KERNEL, DRIVER, MEMCPY, MEMSET};
-        match kind {
-            DRIVER => SINCE_RESUME_API.fetch_add(n, Ordering::Relaxed),
-            CONCURRENT_KERNEL | MEMCPY | MEMSET => {
-                SINCE_RESUME_WORK.fetch_add(n, Ordering::Relaxed)
-            }
-            _ => 0,
-        };
     }
     let mut dropped = 0usize;
     // SAFETY: CUPTI writes one count.

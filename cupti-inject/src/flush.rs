@@ -58,11 +58,6 @@ fn flush_periodically() {
         control::follow();
         if !control::yielded() {
             flush(0);
-            if let Some(session) = session()
-                && crate::session::heal(session)
-            {
-                flush(0);
-            }
         } else {
             // Buffers of ours another client's flush handed back.
             read_completed();

@@ -52,8 +52,6 @@ pub const ENV_FLUSH_MS: &str = "CUDATRACE_INJECT_FLUSH_MS";
 pub const ENV_BUFFER_KIB: &str = "CUDATRACE_INJECT_BUFFER_KIB";
 /// `1`: say on stderr what each buffer held and how CUPTI was taken back (diagnostics).
 pub const ENV_VERBOSE: &str = "CUDATRACE_INJECT_VERBOSE";
-/// How CUPTI is taken back after another client (diagnostics; `session.rs`, [`session::Retake`]).
-pub const ENV_RESUME: &str = "CUDATRACE_INJECT_RESUME";
 
 /// cudatrace's uprobe sits on this function and copies `count` records from `records` into
 /// its ring buffer. It does nothing itself; it must only exist and be called.

@@ -22,9 +22,7 @@ use crate::cupti::{
     Subscriber, SubscriberParams, THREAD_ID_TYPE_SYSTEM, activity_kind,
 };
 use crate::flush::{monotonic_ns, send_clock_pair};
-use crate::{
-    ENV_CUPTI, ENV_RESUME, ENV_VERBOSE, Failure, cbids, control, flush, report_now, sender,
-};
+use crate::{ENV_CUPTI, ENV_VERBOSE, Failure, cbids, control, flush, report_now, sender};
 
 /// The activity kinds enabled, in order; all or none.
 pub const ACTIVITY_KINDS: [(u32, &str); 3] = [
@@ -261,67 +259,10 @@ pub fn take(session: &Session, again: bool) -> Result<(), Failure> {
         }
     }
     if again {
-        match how().retake {
-            Retake::Kind => only_our_driver_api(session),
-            Retake::Functions => {}
-            Retake::All => {
-                let rc = enable(session, activity_kind::DRIVER, true);
-                verbose(format_args!("resume: cuptiActivityEnable(DRIVER) {rc}"));
-                return Ok(());
-            }
-            Retake::Reset => {
-                let rc = enable(session, activity_kind::DRIVER, false);
-                verbose(format_args!("resume: cuptiActivityDisable(DRIVER) {rc}"));
-            }
-        }
+        only_our_driver_api(session);
     }
     enable_driver_api(session);
     Ok(())
-}
-
-/// How the driver API records are switched back on after another client ([`ENV_RESUME`]:
-/// `kind`, the default, `functions`, `all` or `reset`, and any of `flush`, `heal`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retake {
-    /// The DRIVER kind on, every function but the library's off ([`only_our_driver_api`]).
-    Kind,
-    /// The library's functions on, one by one (as at start).
-    Functions,
-    /// The DRIVER kind on: every driver function's record.
-    All,
-    /// The DRIVER kind off, then the library's functions on.
-    Reset,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct How {
-    pub retake: Retake,
-    /// A forced flush right after taking CUPTI back.
-    pub flush: bool,
-    /// Take CUPTI back once more if work records come without API records.
-    pub heal: bool,
-}
-
-pub fn how() -> How {
-    static HOW: std::sync::OnceLock<How> = std::sync::OnceLock::new();
-    *HOW.get_or_init(|| {
-        let text = std::env::var(ENV_RESUME).unwrap_or_default();
-        let words: Vec<&str> = text.split(',').map(str::trim).collect();
-        let retake = if words.contains(&"functions") {
-            Retake::Functions
-        } else if words.contains(&"all") {
-            Retake::All
-        } else if words.contains(&"reset") {
-            Retake::Reset
-        } else {
-            Retake::Kind
-        };
-        How {
-            retake,
-            flush: words.contains(&"flush"),
-            heal: words.contains(&"heal"),
-        }
-    })
 }
 
 /// A line on stderr where [`ENV_VERBOSE`] is `1`.
@@ -335,7 +276,8 @@ pub fn verbose(what: std::fmt::Arguments) {
 /// it (CUPTI's documentation), and once that client disabled it, switching functions on
 /// alone recorded nothing (run J1, CUPTI 13.0). So, as CUPTI's documentation says for
 /// recording a set of functions: the DRIVER kind on, then every other function off. On
-/// CUPTI 13.0 after torch.profiler this records nothing either (run J2): docs/gpu.md.
+/// CUPTI 13.0 after torch.profiler this records nothing either (run J2), nor did any other
+/// way tried (run L): docs/gpu.md.
 fn only_our_driver_api(session: &Session) {
     let (Mode::Single, Some(switch)) = (&session.mode, session.cupti.enable_driver_api) else {
         return;
@@ -361,33 +303,6 @@ fn only_our_driver_api(session: &Session) {
     ));
 }
 
-/// How many times the library took CUPTI back.
-pub static RESUMES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// After taking CUPTI back: where kernels, copies or memsets came since but no API record
-/// ([`How::heal`]), takes it once more; true if it did.
-pub fn heal(session: &Session) -> bool {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    static HEALED: AtomicBool = AtomicBool::new(false);
-    if !how().heal
-        || RESUMES.load(Relaxed) == 0
-        || crate::buffers::SINCE_RESUME_API.load(Relaxed) != 0
-        || crate::buffers::SINCE_RESUME_WORK.load(Relaxed) == 0
-        || HEALED.swap(true, Relaxed)
-    {
-        return false;
-    }
-    let result = take(session, true);
-    verbose(format_args!(
-        "heal: taken again: {:?}",
-        result.as_ref().map_err(|f| &f.message)
-    ));
-    if let Err(failure) = result {
-        report_now(failure);
-    }
-    true
-}
-
 /// Takes CUPTI back after another client let go: the clock first (the other client may
 /// have registered its own), then [`take`]; a CLIENT record says when.
 pub fn resume(session: &Session) -> Result<(), Failure> {
@@ -395,16 +310,7 @@ pub fn resume(session: &Session) -> Result<(), Failure> {
         register_timestamp_callback(&session.cupti);
     }
     take(session, true)?;
-    RESUMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::buffers::SINCE_RESUME_API.store(0, std::sync::atomic::Ordering::Relaxed);
-    crate::buffers::SINCE_RESUME_WORK.store(0, std::sync::atomic::Ordering::Relaxed);
-    if how().flush {
-        // SAFETY: callbacks registered just now.
-        let rc = unsafe { (session.cupti.flush_all)(crate::cupti::FLUSH_FORCED) };
-        verbose(format_args!("resume: cuptiActivityFlushAll(FORCED) {rc}"));
-        crate::buffers::read_completed();
-    }
-    verbose(format_args!("resume: done ({:?})", how()));
+    verbose(format_args!("resume: done"));
     if let Some(sender) = sender().as_mut() {
         if session.clock_flags != 0 {
             send_clock_pair(&session.cupti, sender);
