@@ -9,52 +9,170 @@
 //! shared page) when it changes. The flush thread then yields (stops flushing: the buffers
 //! are the other client's) or resumes (takes CUPTI back: callbacks, clock, kinds), and says
 //! so in a CLIENT record. Nothing in the program is changed or intercepted.
+//!
+//! This file reads the slot and keeps what the library did about it; the owner
+//! (`injection.rs`) sends the records and takes CUPTI back.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use tracer_common::{GpuRecord, client, gpu_record, gpu_stage};
+use tracer_common::gpu_stage;
 
-use crate::flush::{clock_ns, monotonic_ns};
-use crate::session::{Mode, resume, session};
-use crate::{ENV_CONTROL, Failure, report_now, sender};
+use crate::env::{self, verbose};
+use crate::outbox::Failure;
 
-/// This process's slot in cudatrace's control file.
-static SLOT: OnceLock<&'static AtomicU32> = OnceLock::new();
-/// The slot's value the library last acted on.
-static SEEN: AtomicU32 = AtomicU32::new(0);
-/// Another client holds the activity API: the library does not flush.
-static YIELDED: AtomicBool = AtomicBool::new(false);
-/// Taking CUPTI back failed: the library stays out for good.
-static GAVE_UP: AtomicBool = AtomicBool::new(false);
+/// This process's slot in cudatrace's control file, and where the library stands.
+pub struct Control {
+    /// The mapped slot; unset: the library never yields.
+    slot: OnceLock<&'static AtomicU32>,
+    /// The slot's value the library last acted on.
+    seen: AtomicU32,
+    /// Another client holds the activity API: the library does not flush.
+    yielded: AtomicBool,
+    /// Taking CUPTI back failed: the library stays out for good.
+    gave_up: AtomicBool,
+}
 
-/// Maps this process's slot of the control file, where cudatrace named one (single
-/// subscriber only: with a subscriber of its own the library never yields).
-pub fn open() {
-    let Some(session) = session() else { return };
-    if matches!(session.mode, Mode::Multi(_)) {
-        return;
-    }
-    let Some(path) = std::env::var_os(ENV_CONTROL).filter(|p| !p.is_empty()) else {
-        return;
-    };
-    match map_slot(&path) {
-        Ok(slot) => {
-            SEEN.store(slot.load(Ordering::Acquire), Ordering::Relaxed);
-            let _ = SLOT.set(slot);
+/// What a change of the slot asks of the library.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing to do.
+    None,
+    /// Another client took the activity API: the library yielded (a CLIENT record is due).
+    Taken,
+    /// The other client let go (perhaps taken and let go since the last look, unseen):
+    /// CUPTI is to be taken back either way, the other client may have replaced the
+    /// callbacks and clock.
+    LetGo,
+}
+
+impl Control {
+    pub const fn new() -> Self {
+        Control {
+            slot: OnceLock::new(),
+            seen: AtomicU32::new(0),
+            yielded: AtomicBool::new(false),
+            gave_up: AtomicBool::new(false),
         }
-        Err(e) => report_now(Failure {
-            stage: gpu_stage::CONTROL,
-            result: 0,
-            detail: 0,
-            fatal: false,
-            message: format!(
-                "cannot map cudatrace's control file {} ({e}): GPU recording cannot yield to \
-                 another CUPTI client of the program",
-                path.to_string_lossy()
-            ),
-        }),
+    }
+
+    /// Maps this process's slot of the control file, where cudatrace named one ([`env::CONTROL`]).
+    pub fn open(&self) -> Result<(), Failure> {
+        let Some(path) = env::path(env::CONTROL) else {
+            return Ok(());
+        };
+        match map_slot(&path) {
+            Ok(slot) => {
+                self.seen
+                    .store(slot.load(Ordering::Acquire), Ordering::Relaxed);
+                let _ = self.slot.set(slot);
+                Ok(())
+            }
+            Err(e) => Err(Failure::plain(
+                gpu_stage::CONTROL,
+                false,
+                format!(
+                    "cannot map cudatrace's control file {} ({e}): GPU recording cannot yield to \
+                     another CUPTI client of the program",
+                    path.to_string_lossy()
+                ),
+            )),
+        }
+    }
+
+    /// At start: whether another client holds CUPTI already (it took it before `cuInit`);
+    /// then the library starts yielded (a CLIENT record is due).
+    pub fn start_yielded(&self) -> bool {
+        let Some(slot) = self.slot.get() else {
+            return false;
+        };
+        let value = slot.load(Ordering::Acquire);
+        if value & 1 == 0 {
+            return false;
+        }
+        self.seen.store(value, Ordering::Relaxed);
+        self.yielded.store(true, Ordering::Release);
+        true
+    }
+
+    /// Whether the library is out of CUPTI's way (yielded, or gave up).
+    pub fn yielded(&self) -> bool {
+        self.yielded.load(Ordering::Acquire)
+    }
+
+    /// Whether cudatrace says another client holds the activity API now.
+    pub fn held_by_other(&self) -> bool {
+        self.slot
+            .get()
+            .is_some_and(|slot| slot.load(Ordering::Acquire) & 1 == 1)
+    }
+
+    /// Waits up to `timeout`, waking early when cudatrace changes the slot.
+    pub fn wait(&self, timeout: Duration) {
+        let Some(slot) = self.slot.get() else {
+            std::thread::sleep(timeout);
+            return;
+        };
+        let seen = self.seen.load(Ordering::Relaxed);
+        if slot.load(Ordering::Acquire) != seen {
+            return;
+        }
+        let time = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a shared (not private) futex wait on the mapped slot: cudatrace's
+        // FUTEX_WAKE on its own mapping of the same file page wakes it.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                slot.as_ptr(),
+                libc::FUTEX_WAIT,
+                seen,
+                &time as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                0,
+            )
+        };
+    }
+
+    /// Reads the slot: yields when another client took the activity API, and says what
+    /// is due. The flush thread's, under its lock.
+    pub fn follow(&self) -> Change {
+        let Some(slot) = self.slot.get() else {
+            return Change::None;
+        };
+        if self.gave_up.load(Ordering::Relaxed) {
+            return Change::None;
+        }
+        let value = slot.load(Ordering::Acquire);
+        if value == self.seen.swap(value, Ordering::Relaxed) {
+            return Change::None;
+        }
+        let held = value & 1 == 1;
+        verbose(format_args!(
+            "control slot {value} (held {held}, yielded {})",
+            self.yielded()
+        ));
+        if held && !self.yielded() {
+            self.yielded.store(true, Ordering::Release);
+            Change::Taken
+        } else if !held {
+            Change::LetGo
+        } else {
+            Change::None
+        }
+    }
+
+    /// CUPTI was taken back after [`Change::LetGo`]: `false`, it failed, and the library
+    /// stays out for good.
+    pub fn resumed(&self, taken: bool) {
+        if taken {
+            self.yielded.store(false, Ordering::Release);
+        } else {
+            self.gave_up.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -83,116 +201,4 @@ fn map_slot(path: &std::ffi::OsStr) -> std::io::Result<&'static AtomicU32> {
     // SAFETY: in the mapping, aligned (offset is a multiple of 4 in a page-aligned mapping);
     // cudatrace writes it with atomic stores.
     Ok(unsafe { &*(base.cast::<u8>().add(offset).cast::<AtomicU32>()) })
-}
-
-/// At start: whether another client holds CUPTI already (it took it before `cuInit`);
-/// then the library starts yielded.
-pub fn start_yielded() -> bool {
-    let Some(slot) = SLOT.get() else {
-        return false;
-    };
-    let value = slot.load(Ordering::Acquire);
-    if value & 1 == 0 {
-        return false;
-    }
-    SEEN.store(value, Ordering::Relaxed);
-    YIELDED.store(true, Ordering::Release);
-    send(client::YIELDED);
-    true
-}
-
-/// Whether the library is out of CUPTI's way (yielded, or gave up).
-pub fn yielded() -> bool {
-    YIELDED.load(Ordering::Acquire)
-}
-
-/// Whether cudatrace says another client holds the activity API now.
-pub fn held_by_other() -> bool {
-    SLOT.get()
-        .is_some_and(|slot| slot.load(Ordering::Acquire) & 1 == 1)
-}
-
-/// Waits up to `timeout`, waking early when cudatrace changes the slot.
-pub fn wait(timeout: Duration) {
-    let Some(slot) = SLOT.get() else {
-        std::thread::sleep(timeout);
-        return;
-    };
-    let seen = SEEN.load(Ordering::Relaxed);
-    if slot.load(Ordering::Acquire) != seen {
-        return;
-    }
-    let time = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a shared (not private) futex wait on the mapped slot: cudatrace's
-    // FUTEX_WAKE on its own mapping of the same file page wakes it.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            slot.as_ptr(),
-            libc::FUTEX_WAIT,
-            seen,
-            &time as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0,
-        )
-    };
-}
-
-/// Acts on the slot's value: yields when another client took the activity API, resumes
-/// when it let go. The flush thread's, under its lock.
-pub fn follow() {
-    let Some(slot) = SLOT.get() else { return };
-    if GAVE_UP.load(Ordering::Relaxed) {
-        return;
-    }
-    let value = slot.load(Ordering::Acquire);
-    if value == SEEN.swap(value, Ordering::Relaxed) {
-        return;
-    }
-    let held = value & 1 == 1;
-    crate::session::verbose(format_args!(
-        "control slot {value} (held {held}, yielded {})",
-        yielded()
-    ));
-    if held && !yielded() {
-        YIELDED.store(true, Ordering::Release);
-        send(client::YIELDED);
-    } else if !held {
-        // Let go (perhaps taken and let go since the last look, unseen): CUPTI is taken back
-        // either way, the other client may have replaced the callbacks and clock.
-        let Some(session) = session() else { return };
-        match resume(session) {
-            Ok(()) => YIELDED.store(false, Ordering::Release),
-            Err(failure) => {
-                GAVE_UP.store(true, Ordering::Relaxed);
-                report_now(failure);
-            }
-        }
-    }
-}
-
-fn send(what: u32) {
-    if let Some(sender) = sender().as_mut() {
-        sender.push(GpuRecord {
-            what: gpu_record::CLIENT,
-            detail: what,
-            start: monotonic_ns(),
-            ..GpuRecord::default()
-        });
-        sender.flush();
-    }
-}
-
-/// CUPTI's timestamp callback: CLOCK_MONOTONIC, the trace's clock; CLOCK_REALTIME while
-/// another client holds the activity API (CUPTI's own clock, which that client expects
-/// unless it registered a callback of its own).
-pub unsafe extern "C" fn timestamp() -> u64 {
-    if held_by_other() {
-        clock_ns(libc::CLOCK_REALTIME)
-    } else {
-        monotonic_ns()
-    }
 }

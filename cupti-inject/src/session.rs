@@ -10,20 +10,21 @@
 //!   before; another client that registers its callbacks takes every record from then on,
 //!   and the library yields until it lets go.
 
+use std::collections::HashSet;
 use std::ffi::c_void;
 
-use tracer_common::{GpuRecord, gpu_flags, gpu_record, gpu_stage};
+use tracer_common::{GpuRecord, client, gpu_flags, gpu_record, gpu_stage};
 
-use crate::buffers::{
-    buffer_completed, buffer_completed_v2, buffer_requested, buffer_requested_v2,
-};
+use crate::clock::monotonic_ns;
 use crate::cupti::{
-    CUPTI_SUCCESS, CUptiResult, Cupti, LoadError, MULTI_SUBSCRIBER_VERSION, SUBSCRIBER_PARAMS_SIZE,
-    Subscriber, SubscriberParams, THREAD_ID_TYPE_SYSTEM, activity_kind,
+    CUPTI_SUCCESS, CUptiResult, Cupti, LoadError, MULTI_SUBSCRIBER_VERSION, PerSubscriber,
+    SUBSCRIBER_PARAMS_SIZE, Subscriber, SubscriberParams, THREAD_ID_TYPE_SYSTEM, activity_kind,
 };
-use crate::flush::{monotonic_ns, send_clock_pair};
+use crate::env::{self, verbose};
+use crate::outbox::{Failure, Outbox, Uprobe, client_record, report};
+use crate::sender::Sender;
 use crate::{
-    ENV_CUPTI, ENV_RESUME, ENV_VERBOSE, Failure, cbids, control, flush, report_now, sender,
+    buffer_completed, buffer_completed_v2, buffer_requested, buffer_requested_v2, cbids, timestamp,
 };
 
 /// The activity kinds enabled, in order; all or none.
@@ -32,6 +33,13 @@ pub const ACTIVITY_KINDS: [(u32, &str); 3] = [
     (activity_kind::MEMCPY, "memcpy"),
     (activity_kind::MEMSET, "memset"),
 ];
+
+/// Callback ids below this are switched off, one by one, when the library takes CUPTI back
+/// (CUDA 13's driver ids end near 800).
+const DRIVER_CBID_LIMIT: u32 = 1024;
+
+/// Pairs read for one CLOCK record: the tightest is kept.
+const CLOCK_PAIR_TRIES: usize = 4;
 
 /// How the library holds CUPTI's activity API.
 pub enum Mode {
@@ -56,64 +64,45 @@ unsafe impl Send for Session {}
 // SAFETY: as above; the session is never changed after it is set.
 unsafe impl Sync for Session {}
 
-static SESSION: std::sync::OnceLock<Session> = std::sync::OnceLock::new();
-
-pub fn session() -> Option<&'static Session> {
-    SESSION.get()
-}
-
-/// Loads and sets up CUPTI; an error stops GPU recording in this process.
-pub fn start_cupti() -> Result<(), Failure> {
-    let path = std::env::var(ENV_CUPTI).ok().filter(|p| !p.is_empty());
-    let cupti = Cupti::load(path.as_deref()).map_err(|error| match error {
-        LoadError::NotLoadable(why) => Failure {
-            stage: gpu_stage::LOAD_CUPTI,
-            result: 0,
-            detail: 0,
-            fatal: true,
-            message: format!("cannot load libcupti ({why}): GPU activity is not recorded"),
-        },
-        LoadError::MissingFunction { path, function } => Failure {
-            stage: gpu_stage::MISSING_FUNCTION,
-            result: 0,
-            detail: 0,
-            fatal: true,
-            message: format!("{path} has no {function}: GPU activity is not recorded"),
-        },
-    })?;
-
-    let mut version = 0;
-    // SAFETY: CUPTI writes one u32.
-    unsafe { (cupti.get_version)(&mut version) };
-    // SAFETY: a plain setting.
-    let rc = unsafe { (cupti.set_thread_id_type)(THREAD_ID_TYPE_SYSTEM) };
-    if rc != CUPTI_SUCCESS {
-        report_now(Failure {
-            stage: gpu_stage::THREAD_ID_TYPE,
-            result: rc,
-            detail: THREAD_ID_TYPE_SYSTEM,
-            fatal: false,
-            message: format!(
-                "cuptiSetThreadIdType(SYSTEM) failed: {}: GPU records cannot be linked to calls by thread",
-                cupti.result_string(rc)
-            ),
-        });
+impl Session {
+    /// Loads and sets up CUPTI, and says so (an INFO record); an error stops GPU recording
+    /// in this process. The activity API is not taken yet ([`Session::take`]).
+    pub fn open(outbox: &Outbox) -> Result<Session, Failure> {
+        let cupti = load()?;
+        let mut version = 0;
+        // SAFETY: CUPTI writes one u32.
+        unsafe { (cupti.get_version)(&mut version) };
+        system_thread_ids(&cupti, outbox);
+        let mode = match subscribe_beside_others(&cupti, version) {
+            Some(subscriber) => Mode::Multi(subscriber),
+            None => Mode::Single,
+        };
+        // The timestamp callback is process-wide: with other subscribers it would change
+        // their clock too, so then clock pairs only.
+        let callback = matches!(mode, Mode::Single) && register_timestamp_callback(&cupti, outbox);
+        let session = Session {
+            cupti,
+            clock_flags: if callback { 0 } else { gpu_flags::CUPTI_CLOCK },
+            pid: std::process::id(),
+            mode,
+        };
+        session.announce(version, callback, outbox);
+        Ok(session)
     }
-    let mode = match subscribe_beside_others(&cupti, version) {
-        Some(subscriber) => Mode::Multi(subscriber),
-        None => Mode::Single,
-    };
-    // The timestamp callback is process-wide: with other subscribers it would change their
-    // clock too, so then clock pairs only.
-    let callback = matches!(mode, Mode::Single) && register_timestamp_callback(&cupti);
-    let clock_flags = if callback { 0 } else { gpu_flags::CUPTI_CLOCK };
-    if let Some(sender) = sender().as_mut() {
+
+    /// The INFO record: CUPTI's version and path, how it is held, the request callback's
+    /// address; a clock pair where records come on CUPTI's clock.
+    fn announce(&self, version: u32, callback: bool, outbox: &Outbox) {
+        let mut guard = outbox.lock();
+        let Some(sender) = guard.as_mut() else {
+            return;
+        };
         let mut flags = if callback {
             gpu_flags::TIMESTAMP_CALLBACK
         } else {
             0
         };
-        if matches!(mode, Mode::Multi(_)) {
+        if matches!(self.mode, Mode::Multi(_)) {
             flags |= gpu_flags::MULTI_SUBSCRIBER;
         }
         let info = GpuRecord {
@@ -124,33 +113,284 @@ pub fn start_cupti() -> Result<(), Failure> {
             pid: std::process::id(),
             ..GpuRecord::default()
         };
-        sender.push_text(info, &cupti.path);
+        sender.push_text(info, &self.cupti.path);
         if !callback {
-            send_clock_pair(&cupti, sender);
+            self.send_clock_pair(sender);
         }
-        // Out before the registration below: cudatrace tells this library's
+        // Out before the registration that follows: cudatrace tells this library's
         // cuptiActivityRegisterCallbacks from another client's by the INFO's address.
         sender.flush();
     }
-    let session = SESSION.get_or_init(|| Session {
-        cupti,
-        clock_flags,
-        pid: std::process::id(),
-        mode,
-    });
-    control::open();
-    // Another client that took CUPTI before cuInit keeps it: taken when it lets go.
-    if !control::start_yielded() {
-        take(session, false).map_err(|failure| match failure.stage {
-            gpu_stage::RESUME => Failure {
-                stage: gpu_stage::REGISTER_CALLBACKS,
-                ..failure
-            },
-            _ => failure,
-        })?;
+
+    /// The per-subscriber functions and this library's subscriber, where it has one.
+    pub fn per_subscriber(&self) -> Option<(Subscriber, &PerSubscriber)> {
+        match (&self.mode, self.cupti.per_subscriber.as_ref()) {
+            (Mode::Multi(subscriber), Some(api)) => Some((*subscriber, api)),
+            _ => None,
+        }
     }
-    flush::start();
-    Ok(())
+
+    /// Registers the buffer callbacks and enables the activity kinds and driver API
+    /// records: at start, and when another client let go (`again`: it may have replaced
+    /// the callbacks and the clock, and disabled the kinds). Failing is fatal, as stage
+    /// [`gpu_stage::RESUME`] (start says its own stage).
+    pub fn take(&self, again: bool, outbox: &Outbox) -> Result<(), Failure> {
+        self.register_callbacks(again)?;
+        self.enable_activity()?;
+        if again {
+            self.only_our_driver_api();
+        }
+        self.enable_driver_api(outbox);
+        Ok(())
+    }
+
+    /// Takes CUPTI back after another client let go: the clock first (the other client may
+    /// have registered its own), then [`Session::take`]; a CLIENT record says when.
+    pub fn resume(&self, outbox: &Outbox) -> Result<(), Failure> {
+        if self.clock_flags == 0 {
+            register_timestamp_callback(&self.cupti, outbox);
+        }
+        self.take(true, outbox)?;
+        verbose(format_args!("resume: done"));
+        if let Some(sender) = outbox.lock().as_mut() {
+            if self.clock_flags != 0 {
+                self.send_clock_pair(sender);
+            }
+            sender.push(client_record(client::RESUMED));
+            sender.flush();
+        }
+        Ok(())
+    }
+
+    fn register_callbacks(&self, again: bool) -> Result<(), Failure> {
+        let cupti = &self.cupti;
+        let rc = match (&self.mode, cupti.per_subscriber.as_ref()) {
+            // SAFETY: both callbacks are plain functions, valid for the life of the process.
+            (Mode::Single, _) => unsafe {
+                (cupti.register_callbacks)(buffer_requested, buffer_completed)
+            },
+            // SAFETY: as above, for this subscriber.
+            (Mode::Multi(subscriber), Some(api)) => unsafe {
+                (api.register_callbacks)(*subscriber, buffer_requested_v2, buffer_completed_v2)
+            },
+            (Mode::Multi(_), None) => CUPTI_SUCCESS,
+        };
+        if again {
+            verbose(format_args!("resume: cuptiActivityRegisterCallbacks {rc}"));
+        }
+        if rc == CUPTI_SUCCESS {
+            return Ok(());
+        }
+        Err(Failure {
+            stage: gpu_stage::RESUME,
+            result: rc,
+            detail: 0,
+            fatal: true,
+            message: format!(
+                "cuptiActivityRegisterCallbacks failed: {}: GPU activity is not recorded",
+                cupti.result_string(rc)
+            ),
+        })
+    }
+
+    /// Enables [`ACTIVITY_KINDS`], all or none.
+    fn enable_activity(&self) -> Result<(), Failure> {
+        for (index, (kind, what)) in ACTIVITY_KINDS.iter().enumerate() {
+            let rc = self.enable(*kind, true);
+            if rc == CUPTI_SUCCESS {
+                continue;
+            }
+            for (enabled, _) in &ACTIVITY_KINDS[..index] {
+                self.enable(*enabled, false);
+            }
+            return Err(Failure {
+                stage: gpu_stage::ENABLE_ACTIVITY,
+                result: rc,
+                detail: *kind,
+                fatal: true,
+                message: format!(
+                    "CUPTI refused to record {what} activity: {}{}: GPU activity is not recorded",
+                    self.cupti.result_string(rc),
+                    remedy(rc)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// After another client: the DRIVER kind overrides the per-function switches set
+    /// before it (CUPTI's documentation), and once that client disabled it, switching
+    /// functions on alone recorded nothing (run J1, CUPTI 13.0). So, as CUPTI's
+    /// documentation says for recording a set of functions: the DRIVER kind on, then every
+    /// other function off. On CUPTI 13.0 after torch.profiler this records nothing either
+    /// (run J2), nor did any other way tried (run L): docs/gpu.md.
+    fn only_our_driver_api(&self) {
+        let (Mode::Single, Some(switch)) = (&self.mode, self.cupti.enable_driver_api) else {
+            return;
+        };
+        let rc = self.enable(activity_kind::DRIVER, true);
+        verbose(format_args!("resume: cuptiActivityEnable(DRIVER) {rc}"));
+        if rc != CUPTI_SUCCESS {
+            return;
+        }
+        let ours: HashSet<u32> = cbids::LINKED_DRIVER_FUNCTIONS
+            .iter()
+            .map(|&(_, cbid)| cbid)
+            .collect();
+        let mut refused = 0;
+        for cbid in (1..DRIVER_CBID_LIMIT).filter(|cbid| !ours.contains(cbid)) {
+            // SAFETY: a plain setting; ids past CUPTI's last are refused, which is fine.
+            if unsafe { switch(cbid, 0) } != CUPTI_SUCCESS {
+                refused += 1;
+            }
+        }
+        verbose(format_args!(
+            "resume: other functions off, {refused} refused"
+        ));
+    }
+
+    /// Enables the API records of the driver calls that issue GPU work.
+    fn enable_driver_api(&self, outbox: &Outbox) {
+        let cupti = &self.cupti;
+        let enable: Box<dyn Fn(u32) -> CUptiResult> = match self.per_subscriber() {
+            Some((subscriber, api)) => {
+                let function = api.enable_driver_api;
+                // SAFETY: a plain setting of this subscriber.
+                Box::new(move |cbid| unsafe { function(subscriber, cbid, 1) })
+            }
+            None => match cupti.enable_driver_api {
+                // SAFETY: a plain setting.
+                Some(function) => Box::new(move |cbid| unsafe { function(cbid, 1) }),
+                None => {
+                    outbox.report(Failure::plain(
+                        gpu_stage::MISSING_FUNCTION,
+                        false,
+                        format!(
+                            "{} has no cuptiActivityEnableDriverApi: GPU records cannot be linked to their calls",
+                            cupti.path
+                        ),
+                    ));
+                    return;
+                }
+            },
+        };
+        let refused: Vec<(&str, u32, CUptiResult)> = cbids::LINKED_DRIVER_FUNCTIONS
+            .iter()
+            .map(|&(function, cbid)| (function, cbid, enable(cbid)))
+            .filter(|&(_, _, rc)| rc != CUPTI_SUCCESS)
+            .collect();
+        let Some(&(_, first_cbid, first_rc)) = refused.first() else {
+            return;
+        };
+        let names: Vec<&str> = refused.iter().map(|(name, _, _)| *name).collect();
+        outbox.report(Failure {
+            stage: gpu_stage::ENABLE_DRIVER_API,
+            result: first_rc,
+            detail: first_cbid,
+            fatal: false,
+            message: format!(
+                "cuptiActivityEnableDriverApi failed for {} of {} functions ({}): {}: their GPU records cannot be linked to their calls",
+                refused.len(),
+                cbids::LINKED_DRIVER_FUNCTIONS.len(),
+                names.join(", "),
+                cupti.result_string(first_rc)
+            ),
+        });
+    }
+
+    fn enable(&self, kind: u32, on: bool) -> CUptiResult {
+        let cupti = &self.cupti;
+        // SAFETY: plain settings.
+        unsafe {
+            match (self.per_subscriber(), on) {
+                (Some((subscriber, api)), true) => {
+                    (api.enable)(subscriber, kind, std::ptr::null_mut::<c_void>())
+                }
+                (Some((subscriber, api)), false) => {
+                    (api.disable)(subscriber, kind, std::ptr::null_mut::<c_void>())
+                }
+                (None, true) => (cupti.enable)(kind),
+                (None, false) => (cupti.disable)(kind),
+            }
+        }
+    }
+
+    /// Queues a CLOCK record: CUPTI's timestamp and CLOCK_MONOTONIC (the midpoint of two
+    /// reads around it), the tightest of [`CLOCK_PAIR_TRIES`] reads. A midpoint is off by
+    /// up to half the time between its two reads, and one read can be slow (the first
+    /// touches pages for the first time; the thread can be preempted): 16 µs off at
+    /// `cuInit` under QEMU's TCG, enough to put a call's CUPTI record before the call.
+    pub fn send_clock_pair(&self, sender: &mut Sender<Uprobe>) {
+        let cupti = &self.cupti;
+        let mut tightest: Option<(u64, u64, u64)> = None;
+        for _ in 0..CLOCK_PAIR_TRIES {
+            let mut cupti_ns = 0;
+            let before = monotonic_ns();
+            // SAFETY: reads the clock only.
+            let rc = unsafe { (cupti.get_timestamp)(&mut cupti_ns) };
+            let after = monotonic_ns();
+            if rc != CUPTI_SUCCESS {
+                report(
+                    sender,
+                    Failure {
+                        stage: gpu_stage::TIMESTAMP,
+                        result: rc,
+                        detail: 0,
+                        fatal: false,
+                        message: format!("cuptiGetTimestamp failed: {}", cupti.result_string(rc)),
+                    },
+                );
+                return;
+            }
+            let gap = after.saturating_sub(before);
+            if tightest.is_none_or(|(best, _, _)| gap < best) {
+                tightest = Some((gap, cupti_ns, before + gap / 2));
+            }
+        }
+        if let Some((_, cupti_ns, monotonic)) = tightest {
+            sender.push(GpuRecord {
+                what: gpu_record::CLOCK,
+                start: cupti_ns,
+                end: monotonic,
+                ..GpuRecord::default()
+            });
+        }
+    }
+}
+
+/// Loads libcupti ([`env::CUPTI`], or the loader's search).
+fn load() -> Result<Cupti, Failure> {
+    let path = std::env::var(env::CUPTI).ok().filter(|p| !p.is_empty());
+    Cupti::load(path.as_deref()).map_err(|error| match error {
+        LoadError::NotLoadable(why) => Failure::plain(
+            gpu_stage::LOAD_CUPTI,
+            true,
+            format!("cannot load libcupti ({why}): GPU activity is not recorded"),
+        ),
+        LoadError::MissingFunction { path, function } => Failure::plain(
+            gpu_stage::MISSING_FUNCTION,
+            true,
+            format!("{path} has no {function}: GPU activity is not recorded"),
+        ),
+    })
+}
+
+/// Asks for the system's thread ids (`gettid()`, as in the trace) in records.
+fn system_thread_ids(cupti: &Cupti, outbox: &Outbox) {
+    // SAFETY: a plain setting.
+    let rc = unsafe { (cupti.set_thread_id_type)(THREAD_ID_TYPE_SYSTEM) };
+    if rc != CUPTI_SUCCESS {
+        outbox.report(Failure {
+            stage: gpu_stage::THREAD_ID_TYPE,
+            result: rc,
+            detail: THREAD_ID_TYPE_SYSTEM,
+            fatal: false,
+            message: format!(
+                "cuptiSetThreadIdType(SYSTEM) failed: {}: GPU records cannot be linked to calls by thread",
+                cupti.result_string(rc)
+            ),
+        });
+    }
 }
 
 /// A subscriber of the library's own beside the program's, where CUPTI allows several;
@@ -182,15 +422,15 @@ fn subscribe_beside_others(cupti: &Cupti, version: u32) -> Option<Subscriber> {
 }
 
 /// Registers CLOCK_MONOTONIC as CUPTI's clock, where CUPTI has the function.
-fn register_timestamp_callback(cupti: &Cupti) -> bool {
+fn register_timestamp_callback(cupti: &Cupti, outbox: &Outbox) -> bool {
     let Some(register) = cupti.register_timestamp_callback else {
         return false;
     };
     // SAFETY: the callback is a plain function, valid for the life of the process.
-    match unsafe { register(control::timestamp) } {
+    match unsafe { register(timestamp) } {
         CUPTI_SUCCESS => true,
         rc => {
-            report_now(Failure {
+            outbox.report(Failure {
                 stage: gpu_stage::TIMESTAMP_CALLBACK,
                 result: rc,
                 detail: 0,
@@ -205,238 +445,6 @@ fn register_timestamp_callback(cupti: &Cupti) -> bool {
     }
 }
 
-/// Callback ids below this are set, one by one, when the library takes CUPTI back
-/// (CUDA 13's driver ids end near 800).
-const DRIVER_CBID_LIMIT: u32 = 1024;
-
-/// Registers the buffer callbacks and enables the activity kinds and driver API records:
-/// at start, and when another client let go (`again`: it may have replaced the callbacks
-/// and the clock, and disabled the kinds). Failing is fatal, as stage
-/// [`gpu_stage::RESUME`] (start says its own stage).
-pub fn take(session: &Session, again: bool) -> Result<(), Failure> {
-    let cupti = &session.cupti;
-    let rc = match session.mode {
-        // SAFETY: both callbacks are plain functions, valid for the life of the process.
-        Mode::Single => unsafe { (cupti.register_callbacks)(buffer_requested, buffer_completed) },
-        Mode::Multi(subscriber) => match cupti.per_subscriber.as_ref() {
-            // SAFETY: as above, for this subscriber.
-            Some(api) => unsafe {
-                (api.register_callbacks)(subscriber, buffer_requested_v2, buffer_completed_v2)
-            },
-            None => CUPTI_SUCCESS,
-        },
-    };
-    if again {
-        verbose(format_args!("resume: cuptiActivityRegisterCallbacks {rc}"));
-    }
-    if rc != CUPTI_SUCCESS {
-        return Err(Failure {
-            stage: gpu_stage::RESUME,
-            result: rc,
-            detail: 0,
-            fatal: true,
-            message: format!(
-                "cuptiActivityRegisterCallbacks failed: {}: GPU activity is not recorded",
-                cupti.result_string(rc)
-            ),
-        });
-    }
-    for (index, (kind, what)) in ACTIVITY_KINDS.iter().enumerate() {
-        let rc = enable(session, *kind, true);
-        if rc != CUPTI_SUCCESS {
-            for (enabled, _) in &ACTIVITY_KINDS[..index] {
-                enable(session, *enabled, false);
-            }
-            return Err(Failure {
-                stage: gpu_stage::ENABLE_ACTIVITY,
-                result: rc,
-                detail: *kind,
-                fatal: true,
-                message: format!(
-                    "CUPTI refused to record {what} activity: {}{}: GPU activity is not recorded",
-                    cupti.result_string(rc),
-                    remedy(rc)
-                ),
-            });
-        }
-    }
-    if again {
-        match how().retake {
-            Retake::Kind => only_our_driver_api(session),
-            Retake::Functions => {}
-            Retake::All => {
-                let rc = enable(session, activity_kind::DRIVER, true);
-                verbose(format_args!("resume: cuptiActivityEnable(DRIVER) {rc}"));
-                return Ok(());
-            }
-            Retake::Reset => {
-                let rc = enable(session, activity_kind::DRIVER, false);
-                verbose(format_args!("resume: cuptiActivityDisable(DRIVER) {rc}"));
-            }
-        }
-    }
-    enable_driver_api(session);
-    Ok(())
-}
-
-/// How the driver API records are switched back on after another client ([`ENV_RESUME`]:
-/// `kind`, the default, `functions`, `all` or `reset`, and any of `flush`, `heal`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retake {
-    /// The DRIVER kind on, every function but the library's off ([`only_our_driver_api`]).
-    Kind,
-    /// The library's functions on, one by one (as at start).
-    Functions,
-    /// The DRIVER kind on: every driver function's record.
-    All,
-    /// The DRIVER kind off, then the library's functions on.
-    Reset,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct How {
-    pub retake: Retake,
-    /// A forced flush right after taking CUPTI back.
-    pub flush: bool,
-    /// Take CUPTI back once more if work records come without API records.
-    pub heal: bool,
-}
-
-pub fn how() -> How {
-    static HOW: std::sync::OnceLock<How> = std::sync::OnceLock::new();
-    *HOW.get_or_init(|| {
-        let text = std::env::var(ENV_RESUME).unwrap_or_default();
-        let words: Vec<&str> = text.split(',').map(str::trim).collect();
-        let retake = if words.contains(&"functions") {
-            Retake::Functions
-        } else if words.contains(&"all") {
-            Retake::All
-        } else if words.contains(&"reset") {
-            Retake::Reset
-        } else {
-            Retake::Kind
-        };
-        How {
-            retake,
-            flush: words.contains(&"flush"),
-            heal: words.contains(&"heal"),
-        }
-    })
-}
-
-/// A line on stderr where [`ENV_VERBOSE`] is `1`.
-pub fn verbose(what: std::fmt::Arguments) {
-    if std::env::var_os(ENV_VERBOSE).is_some_and(|v| v == "1") {
-        eprintln!("cudatrace-inject: +{} ns: {what}", flush::monotonic_ns());
-    }
-}
-
-/// After another client: the DRIVER kind overrides the per-function switches set before
-/// it (CUPTI's documentation), and once that client disabled it, switching functions on
-/// alone recorded nothing (run J1, CUPTI 13.0). So, as CUPTI's documentation says for
-/// recording a set of functions: the DRIVER kind on, then every other function off. On
-/// CUPTI 13.0 after torch.profiler this records nothing either (run J2): docs/gpu.md.
-fn only_our_driver_api(session: &Session) {
-    let (Mode::Single, Some(switch)) = (&session.mode, session.cupti.enable_driver_api) else {
-        return;
-    };
-    let rc = enable(session, activity_kind::DRIVER, true);
-    verbose(format_args!("resume: cuptiActivityEnable(DRIVER) {rc}"));
-    if rc != CUPTI_SUCCESS {
-        return;
-    }
-    let ours: std::collections::HashSet<u32> = cbids::LINKED_DRIVER_FUNCTIONS
-        .iter()
-        .map(|&(_, cbid)| cbid)
-        .collect();
-    let mut refused = 0;
-    for cbid in (1..DRIVER_CBID_LIMIT).filter(|cbid| !ours.contains(cbid)) {
-        // SAFETY: a plain setting; ids past CUPTI's last are refused, which is fine.
-        if unsafe { switch(cbid, 0) } != CUPTI_SUCCESS {
-            refused += 1;
-        }
-    }
-    verbose(format_args!(
-        "resume: other functions off, {refused} refused"
-    ));
-}
-
-/// How many times the library took CUPTI back.
-pub static RESUMES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// After taking CUPTI back: where kernels, copies or memsets came since but no API record
-/// ([`How::heal`]), takes it once more; true if it did.
-pub fn heal(session: &Session) -> bool {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    static HEALED: AtomicBool = AtomicBool::new(false);
-    if !how().heal
-        || RESUMES.load(Relaxed) == 0
-        || crate::buffers::SINCE_RESUME_API.load(Relaxed) != 0
-        || crate::buffers::SINCE_RESUME_WORK.load(Relaxed) == 0
-        || HEALED.swap(true, Relaxed)
-    {
-        return false;
-    }
-    let result = take(session, true);
-    verbose(format_args!(
-        "heal: taken again: {:?}",
-        result.as_ref().map_err(|f| &f.message)
-    ));
-    if let Err(failure) = result {
-        report_now(failure);
-    }
-    true
-}
-
-/// Takes CUPTI back after another client let go: the clock first (the other client may
-/// have registered its own), then [`take`]; a CLIENT record says when.
-pub fn resume(session: &Session) -> Result<(), Failure> {
-    if session.clock_flags == 0 {
-        register_timestamp_callback(&session.cupti);
-    }
-    take(session, true)?;
-    RESUMES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::buffers::SINCE_RESUME_API.store(0, std::sync::atomic::Ordering::Relaxed);
-    crate::buffers::SINCE_RESUME_WORK.store(0, std::sync::atomic::Ordering::Relaxed);
-    if how().flush {
-        // SAFETY: callbacks registered just now.
-        let rc = unsafe { (session.cupti.flush_all)(crate::cupti::FLUSH_FORCED) };
-        verbose(format_args!("resume: cuptiActivityFlushAll(FORCED) {rc}"));
-        crate::buffers::read_completed();
-    }
-    verbose(format_args!("resume: done ({:?})", how()));
-    if let Some(sender) = sender().as_mut() {
-        if session.clock_flags != 0 {
-            send_clock_pair(&session.cupti, sender);
-        }
-        sender.push(GpuRecord {
-            what: gpu_record::CLIENT,
-            detail: tracer_common::client::RESUMED,
-            start: monotonic_ns(),
-            ..GpuRecord::default()
-        });
-        sender.flush();
-    }
-    Ok(())
-}
-
-fn enable(session: &Session, kind: u32, on: bool) -> CUptiResult {
-    let cupti = &session.cupti;
-    // SAFETY: plain settings.
-    unsafe {
-        match (&session.mode, cupti.per_subscriber.as_ref(), on) {
-            (Mode::Multi(subscriber), Some(api), true) => {
-                (api.enable)(*subscriber, kind, std::ptr::null_mut::<c_void>())
-            }
-            (Mode::Multi(subscriber), Some(api), false) => {
-                (api.disable)(*subscriber, kind, std::ptr::null_mut::<c_void>())
-            }
-            (_, _, true) => (cupti.enable)(kind),
-            (_, _, false) => (cupti.disable)(kind),
-        }
-    }
-}
-
 /// What a user can do about a CUPTI refusal, if anything.
 fn remedy(rc: CUptiResult) -> &'static str {
     match rc {
@@ -446,61 +454,5 @@ fn remedy(rc: CUptiResult) -> &'static str {
         }
         39 => " (another CUPTI client, such as Nsight Systems or torch.profiler, is active)",
         _ => "",
-    }
-}
-
-/// Enables the API records of the driver calls that issue GPU work.
-fn enable_driver_api(session: &Session) {
-    let cupti = &session.cupti;
-    let enable: Box<dyn Fn(u32) -> CUptiResult> = match (&session.mode, &cupti.per_subscriber) {
-        (Mode::Multi(subscriber), Some(api)) => {
-            let (subscriber, function) = (*subscriber, api.enable_driver_api);
-            // SAFETY: a plain setting of this subscriber.
-            Box::new(move |cbid| unsafe { function(subscriber, cbid, 1) })
-        }
-        _ => match cupti.enable_driver_api {
-            // SAFETY: a plain setting.
-            Some(function) => Box::new(move |cbid| unsafe { function(cbid, 1) }),
-            None => {
-                report_now(Failure {
-                    stage: gpu_stage::MISSING_FUNCTION,
-                    result: 0,
-                    detail: 0,
-                    fatal: false,
-                    message: format!(
-                        "{} has no cuptiActivityEnableDriverApi: GPU records cannot be linked to their calls",
-                        cupti.path
-                    ),
-                });
-                return;
-            }
-        },
-    };
-    let mut refused = Vec::new();
-    let mut first_rc = CUPTI_SUCCESS;
-    for &(function, cbid) in cbids::LINKED_DRIVER_FUNCTIONS {
-        let rc = enable(cbid);
-        if rc != CUPTI_SUCCESS {
-            if refused.is_empty() {
-                first_rc = rc;
-            }
-            refused.push((function, cbid));
-        }
-    }
-    if let Some(&(_, first_cbid)) = refused.first() {
-        let names: Vec<&str> = refused.iter().map(|(name, _)| *name).collect();
-        report_now(Failure {
-            stage: gpu_stage::ENABLE_DRIVER_API,
-            result: first_rc,
-            detail: first_cbid,
-            fatal: false,
-            message: format!(
-                "cuptiActivityEnableDriverApi failed for {} of {} functions ({}): {}: their GPU records cannot be linked to their calls",
-                refused.len(),
-                cbids::LINKED_DRIVER_FUNCTIONS.len(),
-                names.join(", "),
-                cupti.result_string(first_rc)
-            ),
-        });
     }
 }

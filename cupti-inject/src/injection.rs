@@ -1,0 +1,201 @@
+//! The library's one owner: everything it keeps between CUPTI's calls into it, in one
+//! [`Injection`] (lib.rs's `INJECTION`: CUPTI's and libc's callbacks carry no data of
+//! ours). Each concern is a field: the outbox (the sender), the CUPTI session, the buffers,
+//! the control slot, flushing. Starting, the flush thread and the exit flush are its
+//! phases.
+
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tracer_common::{client, gpu_stage};
+
+use crate::buffers::Buffers;
+use crate::chain;
+use crate::control::{Change, Control};
+use crate::cupti::FLUSH_FORCED;
+use crate::env;
+use crate::flush::{self, Flush};
+use crate::outbox::{Failure, Outbox, Uprobe};
+use crate::sender::Sender;
+use crate::session::{Mode, Session};
+
+pub struct Injection {
+    /// `InitializeInjection` ran: it starts the library once per process.
+    started: AtomicBool,
+    outbox: Outbox,
+    /// CUPTI, once loaded and set up.
+    session: OnceLock<Session>,
+    buffers: Buffers,
+    control: Control,
+    flush: Flush,
+}
+
+impl Injection {
+    pub const fn new() -> Self {
+        Injection {
+            started: AtomicBool::new(false),
+            outbox: Outbox::new(),
+            session: OnceLock::new(),
+            buffers: Buffers::new(),
+            control: Control::new(),
+            flush: Flush::new(),
+        }
+    }
+
+    pub fn buffers(&self) -> &Buffers {
+        &self.buffers
+    }
+
+    pub fn control(&self) -> &Control {
+        &self.control
+    }
+
+    /// Starts the library, the first time only. A failure is reported to cudatrace, never
+    /// allowed to break the program.
+    pub fn initialize(&'static self) {
+        if !self.started.swap(true, Ordering::SeqCst)
+            && catch_unwind(AssertUnwindSafe(|| self.start())).is_err()
+        {
+            eprintln!("cudatrace-inject: internal error: GPU activity is not recorded");
+        }
+    }
+
+    /// Opens the outbox, sets up CUPTI, starts a chained injection library.
+    fn start(&'static self) {
+        self.outbox.open(Sender::new(Uprobe, debug_file()));
+        if let Err(failure) = self.start_cupti() {
+            self.outbox.report(failure);
+        }
+        if let Err(failure) = chain::start() {
+            self.outbox.report(failure);
+        }
+        self.outbox.flush();
+    }
+
+    /// Loads CUPTI, takes it (unless another client holds it), starts flushing; an error
+    /// stops GPU recording in this process.
+    fn start_cupti(&'static self) -> Result<(), Failure> {
+        let session = Session::open(&self.outbox)?;
+        let session = self.session.get_or_init(|| session);
+        // With a subscriber of its own the library never yields.
+        if matches!(session.mode, Mode::Single)
+            && let Err(failure) = self.control.open()
+        {
+            self.outbox.report(failure);
+        }
+        // Another client that took CUPTI before cuInit keeps it: taken when it lets go.
+        if self.control.start_yielded() {
+            self.outbox.send_client(client::YIELDED);
+        } else {
+            session
+                .take(false, &self.outbox)
+                .map_err(|failure| match failure.stage {
+                    gpu_stage::RESUME => Failure {
+                        stage: gpu_stage::REGISTER_CALLBACKS,
+                        ..failure
+                    },
+                    _ => failure,
+                })?;
+        }
+        self.start_flushing(session);
+        Ok(())
+    }
+
+    /// Registers the exit flush and starts the flush thread.
+    fn start_flushing(&'static self, session: &'static Session) {
+        // SAFETY: a plain function, run once at normal exit.
+        unsafe { libc::atexit(crate::at_exit) };
+        if let Err(e) = std::thread::Builder::new()
+            .name("cudatrace-flush".into())
+            .spawn(move || self.flush_periodically(session))
+        {
+            self.outbox.report(Failure::plain(
+                gpu_stage::FLUSH,
+                false,
+                format!(
+                    "cannot start the flush thread ({e}): records arrive in full buffers and at exit"
+                ),
+            ));
+        }
+    }
+
+    /// Asks CUPTI for completed buffers every period until exit, except while another
+    /// client holds the activity API; wakes early when cudatrace changes the control slot.
+    fn flush_periodically(&self, session: &Session) {
+        let period = flush::period();
+        loop {
+            self.control.wait(period);
+            let Some(_running) = self.flush.running() else {
+                return;
+            };
+            self.follow_control(session);
+            if !self.control.yielded() {
+                self.flush.flush(0, session, &self.buffers, &self.outbox);
+            } else {
+                // Buffers of ours another client's flush handed back.
+                self.buffers.read_completed(session, &self.outbox);
+            }
+        }
+    }
+
+    /// At normal exit: stop the periodic flush, then force out every buffer, incomplete
+    /// records included, so a short program loses nothing. Registered after libcupti was
+    /// loaded, so it runs before libcupti's own teardown. Not while another client holds
+    /// the activity API: the buffers are its own then.
+    pub fn at_exit(&self) {
+        let Some(session) = self.session.get() else {
+            return;
+        };
+        if session.pid != std::process::id() {
+            // A forked child: CUPTI is not set up here, and the lock may be held forever.
+            return;
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let _stopped = self.flush.stop();
+            self.follow_control(session);
+            if !self.control.yielded() && !self.control.held_by_other() {
+                self.flush
+                    .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
+            } else {
+                self.buffers.read_completed(session, &self.outbox);
+                self.outbox.flush();
+            }
+        }));
+    }
+
+    /// Acts on cudatrace's control slot: says when the library yielded, takes CUPTI back
+    /// when the other client let go (for good, if that fails).
+    fn follow_control(&self, session: &Session) {
+        match self.control.follow() {
+            Change::None => {}
+            Change::Taken => self.outbox.send_client(client::YIELDED),
+            Change::LetGo => match session.resume(&self.outbox) {
+                Ok(()) => self.control.resumed(true),
+                Err(failure) => {
+                    self.control.resumed(false);
+                    self.outbox.report(failure);
+                }
+            },
+        }
+    }
+}
+
+/// The debug file ([`env::DEBUG_FILE`]), where named and opened.
+fn debug_file() -> Option<File> {
+    let path = std::env::var_os(env::DEBUG_FILE)?;
+    open_append(&path)
+        .map_err(|e| {
+            eprintln!(
+                "cudatrace-inject: cannot open {}: {e}",
+                path.to_string_lossy()
+            )
+        })
+        .ok()
+}
+
+fn open_append(path: &OsStr) -> std::io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
