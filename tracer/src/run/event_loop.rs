@@ -36,6 +36,7 @@ use crate::{
     events::{RawEvent, decode},
     probes::maps::CounterReader,
     sinks::progress::Progress,
+    spawn,
 };
 
 /// Records one drain passes down the pipeline at most before the loop looks at signals
@@ -208,7 +209,7 @@ pub async fn event_loop(
             index = any_exit(&exits), if !exits.is_empty() => {
                 let (pid, _) = exits.swap_remove(index);
                 if child == Some(pid) {
-                    let (code, signal) = reap(pid);
+                    let (code, signal) = spawn::reap(pid);
                     outcome.code = code;
                     outcome.signal = signal;
                 }
@@ -283,7 +284,7 @@ pub async fn event_loop(
     let now = pipeline.counters(counters.read()?);
     loss.update(now, not_drained, pipeline.writer)?;
     if let Some(feed) = power {
-        pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
+        pipeline.writer.footer.power = Some(feed.finish(|lines| pipeline.power(lines)).await?);
     }
     pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
     if let Some(stacks) = &pipeline.stacks {
@@ -312,7 +313,7 @@ async fn wait_for_the_rest(
             index = any_exit(&exits) => {
                 let (pid, _) = exits.swap_remove(index);
                 if child == Some(pid) {
-                    let (code, signal) = reap(pid);
+                    let (code, signal) = spawn::reap(pid);
                     outcome.code = code;
                     outcome.signal = signal;
                 }
@@ -389,21 +390,4 @@ fn watch<T: AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
     // SAFETY: the AsyncFd owns `inner`, so the fd stays open while it is registered.
     unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
         .map_err(|_| anyhow!("cannot poll {what}"))
-}
-
-/// Reaps the child: (exit code, killing signal).
-pub fn reap(pid: u32) -> (Option<i32>, Option<i32>) {
-    let mut status = 0;
-    // SAFETY: waitpid on our own child.
-    let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-    if rc != pid as i32 {
-        return (None, None);
-    }
-    if libc::WIFEXITED(status) {
-        (Some(libc::WEXITSTATUS(status)), None)
-    } else if libc::WIFSIGNALED(status) {
-        (None, Some(libc::WTERMSIG(status)))
-    } else {
-        (None, None)
-    }
 }

@@ -53,13 +53,13 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use self::{
-    event_loop::event_loop, outcome::Outcome, output::Trace, pipeline::Pipeline, prepare::Prepared,
-    start::Started,
+    event_loop::event_loop, header::HeaderFlags, outcome::Outcome, output::Trace,
+    pipeline::Pipeline, prepare::Prepared, start::Started,
 };
 use crate::{
     exit::{ExitCode, Failure},
     inject, privileges,
-    schema::WindowFooter,
+    schema::{StacksInfo, WindowFooter},
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
@@ -117,6 +117,33 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
         inject::check_environment(&privileges::command_env(None))?;
     }
     Ok(())
+}
+
+/// What the header says of the flags.
+fn header_flags(args: &RunArgs) -> HeaderFlags {
+    let mode = if args.all {
+        "all"
+    } else if args.command.is_empty() {
+        "pid"
+    } else {
+        "command"
+    };
+    HeaderFlags {
+        mode,
+        command: args
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        functions: args.functions.to_string(),
+        launch_entry_only: args.launch_entry_only || args.gpu,
+        ring_bytes: args.ring_kib * 1024,
+        stacks: args.stacks.as_ref().map(|selection| StacksInfo {
+            families: selection.names(),
+            depth: args.stack_depth,
+            every: (args.stack_every > 1).then_some(args.stack_every),
+        }),
+    }
 }
 
 /// How tracing ended.

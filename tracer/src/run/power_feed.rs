@@ -5,10 +5,9 @@ use std::io;
 
 use tokio::sync::mpsc::Receiver;
 
-use super::pipeline::Pipeline;
 use crate::{
     power::sampler::{Batch, STOP_TIMEOUT, Sampler},
-    schema::PowerFooter,
+    schema::{PowerFooter, PowerLine},
 };
 
 pub struct PowerFeed {
@@ -17,14 +16,17 @@ pub struct PowerFeed {
 }
 
 impl PowerFeed {
-    /// Stops the sampler (it takes one last sample), writes what it still sends, and
-    /// returns its figures. A sampler that does not stop in time is left behind, and the
-    /// figures say so.
-    pub async fn finish(mut self, pipeline: &mut Pipeline<'_>) -> io::Result<PowerFooter> {
+    /// Stops the sampler (it takes one last sample), gives what it still sends to `write`,
+    /// and returns its figures. A sampler that does not stop in time is left behind, and
+    /// the figures say so.
+    pub async fn finish(
+        mut self,
+        mut write: impl FnMut(&[PowerLine]) -> io::Result<()>,
+    ) -> io::Result<PowerFooter> {
         self.sampler.request_stop();
         let drained = tokio::time::timeout(STOP_TIMEOUT, async {
             while let Some(batch) = self.receiver.recv().await {
-                pipeline.power(&batch)?;
+                write(&batch)?;
             }
             io::Result::Ok(())
         })

@@ -73,7 +73,7 @@ pub fn start(
     writer: &mut TraceWriter,
 ) -> Result<Started, Failure> {
     let base = HeaderBase {
-        args,
+        flags: super::header_flags(args),
         clocks: Clocks::now(),
         power: power.as_ref().map(|setup| setup.info.clone()),
         gpu: command.gpu.as_ref().map(GpuInjection::header),
