@@ -25,10 +25,7 @@ use tokio::{
 };
 
 use super::{
-    loss::{LossAccount, NotDrained},
-    outcome::Outcome,
-    pipeline::Pipeline,
-    power_feed::PowerFeed,
+    bpf_stats, loss::NotDrained, outcome::Outcome, pipeline::Pipeline, power_feed::PowerFeed,
 };
 use tracer_common::attach_flags;
 
@@ -147,157 +144,227 @@ async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
     .await
 }
 
-/// Runs until the watched processes exit or a signal stops tracing, reading `ring` and the
-/// kernel's `counters`; `child` (the command) is reaped for its exit status and passed
-/// SIGTERM and SIGHUP on.
+/// What the event loop reads beside `--power`'s sampler, and what ends it.
+pub struct Sources {
+    pub ring: RingBuf<MapData>,
+    /// The kernel's drop counters.
+    pub counters: CounterReader,
+    pub watches: Watches,
+    /// The command, running: reaped for its exit status, passed SIGTERM and SIGHUP on.
+    pub child: Option<u32>,
+}
+
+/// Runs until the watched processes exit or a signal stops tracing, then detaches, drains
+/// and settles: the pipeline's figures and `power`'s are complete after it.
 pub async fn event_loop(
     pipeline: &mut Pipeline<'_>,
-    ring: RingBuf<MapData>,
-    counters: CounterReader,
-    watches: Watches,
-    child: Option<u32>,
+    sources: Sources,
+    power: &mut Option<PowerFeed>,
     quiet: bool,
-    mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
-    let mut ring = watch(ring, "the ring buffer")?;
+    let Sources {
+        ring,
+        counters,
+        watches,
+        child,
+    } = sources;
     let Watches {
-        mut signals,
-        mut exits,
+        signals,
+        exits,
         all_gone,
         close_at,
     } = watches;
-    let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    // `--gpu`: the ring is read often, so that a program's own CUPTI client taking and
-    // letting go of recording is followed at once (its few calls do not wake the reader).
-    let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
-    cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut loss = LossAccount::new(pipeline.gpu);
-    let mut progress = Progress::new(quiet);
-    let mut outcome = Outcome::default();
-
-    let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
+    let mut tracing = Tracing {
+        ring: watch(ring, "the ring buffer")?,
+        counters,
+        signals,
+        exits,
+        close_at,
+        child,
+        progress: Progress::new(quiet),
+        outcome: Outcome::default(),
+    };
     // `-p` targets that were gone before the watch started: nothing more will come.
-    let mut running = !all_gone;
-    while running {
-        if let Some(index) = stop_signal() {
-            stop(&mut outcome, index, child);
-            break;
-        }
-        if let Some(error) = pipeline.writer.failed() {
-            // Said at once; recording stops, the command goes on (waited for below).
-            eprintln!(
-                "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
-                 command goes on untraced and cudatrace waits for it to end (exit 73 then)"
-            );
-            break;
-        }
-        tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                let drained =
-                    pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-                if drained.empty {
-                    // Drained: wait for the next wakeup (the fd is edge-triggered).
-                    guard.clear_ready();
-                } else {
-                    // Still full: let the runtime poll its driver, which is what delivers
-                    // signals and exits; a ring that never empties must not starve them.
-                    drop(guard);
-                    tokio::task::yield_now().await;
-                }
-            }
-            index = any_exit(&exits), if !exits.is_empty() => {
-                let (pid, _) = exits.swap_remove(index);
-                if child == Some(pid) {
-                    let (code, signal) = spawn::reap(pid);
-                    outcome.code = code;
-                    outcome.signal = signal;
-                }
-                running = !exits.is_empty();
-            }
-            index = any_signal(&mut signals) => {
-                stop(&mut outcome, index, child);
-                running = false;
-            }
-            _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
-                if close_at.is_some() => {
-                // The window's end: recording stops as when the command ends (the whole
-                // ring is drained); the command runs on.
-                outcome.window_closed = true;
-                running = false;
-            }
-            batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
-                match batch {
-                    Some(lines) => pipeline.power(&lines)?,
-                    // The sampler ended on its own: its figures say why.
-                    None => {
-                        if let Some(feed) = power.take() {
-                            pipeline.writer.footer.power = Some(feed.sampler.join());
-                        }
-                    }
-                }
-            }
-            _ = cupti_clients.tick(), if pipeline.gpu => {
-                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-            }
-            _ = ticker.tick() => {
-                // Records below the wakeup threshold raise no readiness: collect them here.
-                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-                pipeline.tick()?;
-                let now = pipeline.counters(counters.read()?);
-                loss.update(now, NotDrained::default(), pipeline.writer)?;
-                progress.update(pipeline.writer.footer.events.call, loss.lost());
-                // A live trace can be followed (`tail -f`) a quarter second behind.
-                pipeline.writer.flush()?;
-            }
-        }
+    if !all_gone {
+        tracing.trace(pipeline, power).await?;
     }
-
-    // Stop recording at once, and stopping processes (those stopped go on); close the links
-    // (the kernel takes its time) while the ring is drained, then drain what the last
-    // in-flight calls left: all of it when the command ended, as much as the time allows
-    // when a signal stopped the run.
-    let stop = Instant::now();
-    let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
-    super::bpf_stats::report();
-    let closing = pipeline.attaching.end()?;
-    let ring = ring.get_mut();
-    let never = || false;
-    while !closing.is_finished() && !past(deadline) {
-        if pipeline
-            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
-            .empty
-        {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-    if closing.join().is_err() {
-        return Err(anyhow!("detaching the probes panicked"));
-    }
-    while !past(deadline)
-        && !pipeline
-            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
-            .empty
-    {}
-    let not_drained = count_rest(ring);
-    pipeline.finish()?;
-    let now = pipeline.counters(counters.read()?);
-    loss.update(now, not_drained, pipeline.writer)?;
-    if let Some(feed) = power {
-        pipeline.writer.footer.power = Some(feed.finish(|lines| pipeline.power(lines)).await?);
-    }
-    pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
-    if let Some(stacks) = &pipeline.stacks {
-        pipeline.writer.footer.stacks = Some(stacks.footer());
-    }
-    progress.finish();
-    pipeline.writer.flush()?;
-    if pipeline.writer.failed().is_some() && outcome.stopped_by.is_none() {
+    let not_drained = tracing.detach_and_drain(pipeline)?;
+    tracing.settle(pipeline, power, not_drained).await?;
+    let Tracing {
+        signals,
+        exits,
+        child,
+        mut outcome,
+        ..
+    } = tracing;
+    if pipeline.write_failed().is_some() && outcome.stopped_by.is_none() {
         // The trace could not be written: the command's life goes on as it would have,
         // its signals passed on, until it ends.
         wait_for_the_rest(&mut outcome, exits, signals, child).await;
     }
     Ok(outcome)
+}
+
+/// The event loop's own state: what it watches, and how tracing is ending.
+struct Tracing {
+    ring: AsyncFd<RingBuf<MapData>>,
+    counters: CounterReader,
+    signals: Vec<Signal>,
+    /// The watched processes still running.
+    exits: Vec<(u32, AsyncFd<OwnedFd>)>,
+    /// `--duration`: when the window's end stops tracing.
+    close_at: Option<tokio::time::Instant>,
+    child: Option<u32>,
+    progress: Progress,
+    outcome: Outcome,
+}
+
+impl Tracing {
+    /// Traces until the watched processes exit, a signal stops tracing, the window closes
+    /// or the trace cannot be written.
+    async fn trace(
+        &mut self,
+        pipeline: &mut Pipeline<'_>,
+        power: &mut Option<PowerFeed>,
+    ) -> Result<()> {
+        let Tracing {
+            ring,
+            counters,
+            signals,
+            exits,
+            close_at,
+            child,
+            progress,
+            outcome,
+        } = self;
+        let (child, close_at) = (*child, *close_at);
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        // `--gpu`: the ring is read often, so that a program's own CUPTI client taking and
+        // letting go of recording is followed at once (its few calls do not wake the reader).
+        let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
+        cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
+        let sampling =
+            |power: &Option<PowerFeed>| power.as_ref().is_some_and(PowerFeed::is_sampling);
+        loop {
+            if let Some(index) = stop_signal() {
+                stop(outcome, index, child);
+                return Ok(());
+            }
+            if let Some(error) = pipeline.write_failed() {
+                // Said at once; recording stops, the command goes on (waited for below).
+                eprintln!(
+                    "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
+                     command goes on untraced and cudatrace waits for it to end (exit 73 then)"
+                );
+                return Ok(());
+            }
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard?;
+                    let drained =
+                        pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                    if drained.empty {
+                        // Drained: wait for the next wakeup (the fd is edge-triggered).
+                        guard.clear_ready();
+                    } else {
+                        // Still full: let the runtime poll its driver, which is what delivers
+                        // signals and exits; a ring that never empties must not starve them.
+                        drop(guard);
+                        tokio::task::yield_now().await;
+                    }
+                }
+                index = any_exit(exits), if !exits.is_empty() => {
+                    let (pid, _) = exits.swap_remove(index);
+                    if child == Some(pid) {
+                        let (code, signal) = spawn::reap(pid);
+                        outcome.code = code;
+                        outcome.signal = signal;
+                    }
+                    if exits.is_empty() {
+                        return Ok(());
+                    }
+                }
+                index = any_signal(signals) => {
+                    stop(outcome, index, child);
+                    return Ok(());
+                }
+                _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if close_at.is_some() => {
+                    // The window's end: recording stops as when the command ends (the whole
+                    // ring is drained); the command runs on.
+                    outcome.window_closed = true;
+                    return Ok(());
+                }
+                batch = async { power.as_mut().expect("sampling").next().await }, if sampling(power) => {
+                    match batch {
+                        Some(lines) => pipeline.power(&lines)?,
+                        // The sampler ended on its own: its figures say why.
+                        None => *power = power.take().map(PowerFeed::ended),
+                    }
+                }
+                _ = cupti_clients.tick(), if pipeline.gpu() => {
+                    pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                }
+                _ = ticker.tick() => {
+                    // Records below the wakeup threshold raise no readiness: collect them here.
+                    pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                    pipeline.tick()?;
+                    pipeline.account_losses(counters.read()?, NotDrained::default())?;
+                    progress.update(pipeline.calls_written(), pipeline.lost());
+                    // A live trace can be followed (`tail -f`) a quarter second behind.
+                    pipeline.flush()?;
+                }
+            }
+        }
+    }
+
+    /// Stops recording at once, and stopping processes (those stopped go on); closes the
+    /// links (the kernel takes its time) while the ring is drained, then drains what the
+    /// last in-flight calls left: all of it when the command ended, as much as the time
+    /// allows when a signal stopped the run. Returns what was left in the ring.
+    fn detach_and_drain(&mut self, pipeline: &mut Pipeline<'_>) -> Result<NotDrained> {
+        let stop = Instant::now();
+        let deadline = self.outcome.stopped_by.map(|_| stop + STOP_TIME);
+        bpf_stats::report();
+        let closing = pipeline.attaching().end()?;
+        let ring = self.ring.get_mut();
+        let never = || false;
+        while !closing.is_finished() && !past(deadline) {
+            if pipeline
+                .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+                .empty
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        if closing.join().is_err() {
+            return Err(anyhow!("detaching the probes panicked"));
+        }
+        while !past(deadline)
+            && !pipeline
+                .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+                .empty
+        {}
+        Ok(count_rest(ring))
+    }
+
+    /// Whatever still waits goes out, the last losses are counted and the sampler stops.
+    async fn settle(
+        &mut self,
+        pipeline: &mut Pipeline<'_>,
+        power: &mut Option<PowerFeed>,
+        not_drained: NotDrained,
+    ) -> Result<()> {
+        pipeline.finish()?;
+        pipeline.account_losses(self.counters.read()?, not_drained)?;
+        if let Some(feed) = power.take() {
+            *power = Some(feed.finish(|lines| pipeline.power(lines)).await?);
+        }
+        self.progress.finish();
+        pipeline.flush()?;
+        Ok(())
+    }
 }
 
 /// Waits until every watched process has exited, passing stopping signals on to the

@@ -9,13 +9,31 @@ use super::{
     Traced,
     args::RunArgs,
     event_loop::take_stop_signal,
+    loss::LossFigures,
     outcome::Outcome,
     output::Trace,
     prepare::Command,
     report::{self, Closing},
     window,
 };
-use crate::exit::{ExitCode, Failure};
+use crate::{
+    exit::{ExitCode, Failure},
+    schema::{Footer, PowerFooter, StacksFooter, StopFigures, WindowFooter},
+};
+
+/// What tracing counted, each stage its own figures: the footer is built from them, here.
+#[derive(Default)]
+pub struct Figures {
+    pub loss: LossFigures,
+    /// How long the processes were stopped for attaching.
+    pub stops: StopFigures,
+    /// `--power`: the sampler's, once it ended.
+    pub power: Option<PowerFooter>,
+    /// Records the decoder could not decode.
+    pub undecodable: u64,
+    pub stacks: Option<StacksFooter>,
+    pub window: Option<WindowFooter>,
+}
 
 /// Completes the trace with its footer, reports, exports, and returns the exit code (or
 /// the failure that ended tracing).
@@ -24,6 +42,7 @@ pub fn finish(
     command: Command,
     trace: Trace,
     traced: Result<Traced, Failure>,
+    figures: Figures,
 ) -> Result<i32, Failure> {
     let Trace {
         mut writer,
@@ -35,15 +54,41 @@ pub fn finish(
         Ok(traced) => (traced.outcome, traced.loaded_any, traced.running, None),
         Err(failure) => (Outcome::failed(), false, None, Some(failure)),
     };
-    writer.footer.end_wall = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
-    writer.footer.duration_ns = started.elapsed().as_nanos() as u64;
-    writer.footer.exit_code = exit.code;
-    writer.footer.exit_signal = exit.signal;
-    writer.footer.stopped_by = exit.stopped_by;
-    writer.footer.error = error.as_ref().map(|f| format!("{:#}", f.error));
-    writer.footer.gpu = analysis.gpu_footer();
+    let end_wall = humantime::format_rfc3339_nanos(SystemTime::now()).to_string();
+    let duration_ns = started.elapsed().as_nanos() as u64;
+    let gpu = analysis.gpu_footer();
     let report = analysis.finish();
-    writer.footer.memory = Some(report.memory_footer());
+    let Figures {
+        loss,
+        stops,
+        power,
+        undecodable,
+        stacks,
+        window,
+    } = figures;
+    // The writer counted the lines it wrote; everything else is the stages' figures.
+    writer.footer = Footer {
+        tag: Default::default(),
+        end_wall,
+        duration_ns,
+        events: std::mem::take(&mut writer.footer.events),
+        calls_by_name: std::mem::take(&mut writer.footer.calls_by_name),
+        lost: loss.lost,
+        entries_seen: loss.entries_seen,
+        unmatched_returns: loss.unmatched_returns,
+        abandoned_calls: loss.abandoned_calls,
+        stops,
+        undecodable,
+        exit_code: exit.code,
+        exit_signal: exit.signal,
+        stopped_by: exit.stopped_by,
+        error: error.as_ref().map(|f| format!("{:#}", f.error)),
+        memory: Some(report.memory_footer()),
+        power,
+        gpu,
+        stacks,
+        window,
+    };
     let written = writer
         .finish()
         .map_err(|e| Failure::new(ExitCode::OutputNotWritable, anyhow!("writing {label}: {e}")))?;

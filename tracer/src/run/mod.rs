@@ -53,8 +53,8 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use self::{
-    event_loop::event_loop, header::HeaderFlags, outcome::Outcome, output::Trace,
-    pipeline::Pipeline, prepare::Prepared, start::Started,
+    event_loop::event_loop, finish::Figures, header::HeaderFlags, outcome::Outcome, output::Trace,
+    pipeline::Pipeline, power_feed::PowerFeed, prepare::Prepared, start::Started,
 };
 use crate::{
     exit::{ExitCode, Failure},
@@ -72,10 +72,12 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
     } = prepare::prepare(&args)?;
     let inputs = output::inputs(&libraries, &command, power.as_ref());
     let mut trace = Trace::open(&args, command.user.as_ref(), power.as_ref(), &inputs)?;
-    let control = command.gpu.as_ref().map(|gpu| gpu.control.clone());
-    let traced = start::start(&args, &command, libraries, power, &mut trace.writer)
-        .and_then(|started| trace_until_end(&args, started, &mut trace, control));
-    finish::finish(&args, command, trace, traced)
+    let (traced, figures) = match start::start(&args, &command, libraries, power, &mut trace.writer)
+    {
+        Ok(started) => trace_until_end(started, &mut trace, args.quiet),
+        Err(failure) => (Err(failure), Figures::default()),
+    };
+    finish::finish(&args, command, trace, traced, figures)
 }
 
 /// The smallest ring `--stacks` takes: code records are up to 18 KiB.
@@ -156,54 +158,59 @@ pub struct Traced {
 }
 
 /// Traces until the command exits or a signal stops it: the event loop, then every
-/// process the probes stopped continued and everything detached.
+/// process the probes stopped continued and everything detached. Returns how tracing
+/// ended and what its stages counted (also when it failed).
 fn trace_until_end(
-    args: &RunArgs,
     started: Started,
     trace: &mut Trace,
-    control: Option<std::sync::Arc<crate::inject::control::ControlFile>>,
-) -> Result<Traced, Failure> {
+    quiet: bool,
+) -> (Result<Traced, Failure>, Figures) {
     let Started {
         mut attaching,
-        ring,
-        counters,
-        decoder,
+        stages,
+        sources,
         runtime,
-        watches,
-        child,
-        power,
-        window,
-        stacks,
+        mut power,
     } = started;
+    let child = sources.child;
     let mut pipeline = Pipeline::new(
-        decoder,
+        stages,
         &mut attaching,
         &mut trace.analysis,
         &mut trace.writer,
-        control,
     );
-    pipeline.window = window;
-    pipeline.stacks = stacks;
-    let ended = runtime.block_on(event_loop(
-        &mut pipeline,
-        ring,
-        counters,
-        watches,
-        child,
-        args.quiet,
+    let ended = runtime.block_on(event_loop(&mut pipeline, sources, &mut power, quiet));
+    let stages = pipeline.figures();
+    let attached = attaching.close();
+    let power = power.and_then(PowerFeed::figures);
+    let outcome = match ended {
+        Ok(outcome) => outcome,
+        // What was counted before the failure: the losses, the stops, a sampler that ended.
+        Err(error) => {
+            let figures = Figures {
+                loss: stages.loss,
+                stops: attached.stops,
+                power,
+                ..Figures::default()
+            };
+            return (Err(Failure::new(ExitCode::Internal, error)), figures);
+        }
+    };
+    let figures = Figures {
+        loss: stages.loss,
+        stops: attached.stops,
         power,
-    ));
-    let window = pipeline.window.take();
-    trace.writer.footer.stops = attaching.stop_figures.clone();
-    attaching.finish();
-    let outcome = ended.map_err(|e| Failure::new(ExitCode::Internal, e))?;
-    trace.writer.footer.window = window.map(|window| WindowFooter {
-        closed: outcome.window_closed,
-        ..window.footer
-    });
-    Ok(Traced {
+        undecodable: stages.undecodable,
+        stacks: stages.stacks,
+        window: stages.window.map(|window| WindowFooter {
+            closed: outcome.window_closed,
+            ..window
+        }),
+    };
+    let traced = Traced {
         outcome,
-        loaded_any: attaching.loaded_any,
+        loaded_any: attached.loaded_any,
         running: child.filter(|_| outcome.window_closed),
-    })
+    };
+    (Ok(traced), figures)
 }

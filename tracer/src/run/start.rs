@@ -14,9 +14,10 @@ use aya::maps::{MapData, RingBuf};
 use super::{
     args::RunArgs,
     attaching::Attaching,
-    event_loop::Watches,
+    event_loop::{Sources, Watches},
     header::{HeaderBase, failure_info},
     missing,
+    pipeline::Stages,
     power_feed::PowerFeed,
     prepare::Command,
     window::{self, WindowFilter},
@@ -45,22 +46,14 @@ use crate::{
     stacks::{self, Stacks},
 };
 
-/// What the event loop needs: the probes, the ring and counters, the watches, the
-/// command released, `--power`'s sampler.
+/// What the event loop needs: the probes, the pipeline's stages, the ring and counters,
+/// the watches and the command released, `--power`'s sampler.
 pub struct Started {
     pub attaching: Attaching,
-    pub ring: RingBuf<MapData>,
-    pub counters: CounterReader,
-    pub decoder: Decoder,
+    pub stages: Stages,
+    pub sources: Sources,
     pub runtime: tokio::runtime::Runtime,
-    pub watches: Watches,
-    /// The command, running.
-    pub child: Option<u32>,
     pub power: Option<PowerFeed>,
-    /// `--start-at`/`--duration`: which lines are written.
-    pub window: Option<WindowFilter>,
-    /// `--stacks`' stage.
-    pub stacks: Option<Stacks>,
 }
 
 /// Starts tracing, writing the header and the `library` lines. A start that fails before
@@ -151,7 +144,7 @@ pub fn start(
             let (sampler, receiver) = setup
                 .start()
                 .map_err(|e| internal(anyhow!("starting the NVML sampler: {e}")))?;
-            Some(PowerFeed { sampler, receiver })
+            Some(PowerFeed::Sampling { sampler, receiver })
         }
         None => None,
     };
@@ -180,15 +173,20 @@ pub fn start(
     let decoder = Decoder::new(kernel_functions(kernel_hooks.as_ref()).map_err(internal)?);
     Ok(Started {
         attaching,
-        ring,
-        counters,
-        decoder,
+        stages: Stages {
+            decoder,
+            window,
+            stacks,
+            control: command.gpu.as_ref().map(|gpu| gpu.control.clone()),
+        },
+        sources: Sources {
+            ring,
+            counters,
+            watches,
+            child,
+        },
         runtime,
-        watches,
-        child,
         power,
-        window,
-        stacks,
     })
 }
 
