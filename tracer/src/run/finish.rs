@@ -7,19 +7,26 @@ use anyhow::anyhow;
 
 use super::{
     Traced,
-    args::RunArgs,
     event_loop::take_stop_signal,
     loss::LossFigures,
     outcome::Outcome,
     output::Trace,
     prepare::Command,
-    report::{self, Closing},
+    report::{self, Closing, ReportFlags},
     window,
 };
 use crate::{
     exit::{ExitCode, Failure},
+    export::ExportFormat,
     schema::{Footer, PowerFooter, StacksFooter, StopFigures, WindowFooter},
 };
+
+/// What finishing is asked for, from the flags.
+pub struct FinishOptions {
+    /// `--export`.
+    pub export: Option<ExportFormat>,
+    pub report: ReportFlags,
+}
 
 /// What tracing counted, each stage its own figures: the footer is built from them, here.
 #[derive(Default)]
@@ -38,7 +45,7 @@ pub struct Figures {
 /// Completes the trace with its footer, reports, exports, and returns the exit code (or
 /// the failure that ended tracing).
 pub fn finish(
-    args: &RunArgs,
+    options: &FinishOptions,
     command: Command,
     trace: Trace,
     traced: Result<Traced, Failure>,
@@ -97,7 +104,7 @@ pub fn finish(
         return Err(failure);
     }
     report::print(
-        args,
+        options.report,
         &Closing {
             footer: &footer,
             report: &report,
@@ -106,7 +113,7 @@ pub fn finish(
             output_label: &label,
         },
     );
-    match (args.export, label == "stdout") {
+    match (options.export, label == "stdout") {
         (Some(_), true) => eprintln!("cudatrace: --export needs a trace file, not -o -"),
         (Some(format), false) => {
             // Written as the invoking user, as the trace was.
@@ -118,7 +125,7 @@ pub fn finish(
         // The window closed: the trace is complete; the command goes on as if untraced,
         // its parent waiting (whatever became of the trace).
         Some(pid) => {
-            if !args.quiet {
+            if !options.report.quiet {
                 eprintln!(
                     "cudatrace: the window closed; waiting for the command (pid {pid}) to exit"
                 );

@@ -48,36 +48,147 @@ mod window;
 
 pub use args::RunArgs;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 
 use self::{
-    event_loop::event_loop, finish::Figures, header::HeaderFlags, outcome::Outcome, output::Trace,
-    pipeline::Pipeline, power_feed::PowerFeed, prepare::Prepared, start::Started,
+    event_loop::event_loop,
+    finish::{Figures, FinishOptions},
+    header::HeaderFlags,
+    outcome::Outcome,
+    output::Trace,
+    pipeline::Pipeline,
+    power_feed::PowerFeed,
+    prepare::{PrepareOptions, Prepared},
+    report::ReportFlags,
+    start::{
+        CommandOptions, ProbeOptions, StackSampling, StartOptions, Started, Targets, WindowAsked,
+    },
 };
 use crate::{
     exit::{ExitCode, Failure},
-    inject, privileges,
+    inject, kernel_hooks, privileges,
     schema::{StacksInfo, WindowFooter},
 };
 
 /// Runs `cudatrace run` and returns the process exit code.
 pub fn run(args: RunArgs) -> Result<i32, Failure> {
     check(&args)?;
+    let Options {
+        prepare,
+        output,
+        start,
+        finish,
+    } = Options::read(args);
     let Prepared {
         libraries,
         power,
         command,
-    } = prepare::prepare(&args)?;
+    } = prepare::prepare(&prepare)?;
     let inputs = output::inputs(&libraries, &command, power.as_ref());
-    let mut trace = Trace::open(&args, command.user.as_ref(), power.as_ref(), &inputs)?;
-    let (traced, figures) = match start::start(&args, &command, libraries, power, &mut trace.writer)
+    let user = command.user.as_ref();
+    let mut trace = Trace::open(output.as_deref(), start.gpu, user, power.as_ref(), &inputs)?;
+    let quiet = start.quiet;
+    let (traced, figures) = match start::start(start, &command, libraries, power, &mut trace.writer)
     {
-        Ok(started) => trace_until_end(started, &mut trace, args.quiet),
+        Ok(started) => trace_until_end(started, &mut trace, quiet),
         Err(failure) => (Err(failure), Figures::default()),
     };
-    finish::finish(&args, command, trace, traced, figures)
+    finish::finish(&finish, command, trace, traced, figures)
+}
+
+/// The flags, read once into what each phase needs.
+struct Options {
+    prepare: PrepareOptions,
+    /// `-o`.
+    output: Option<PathBuf>,
+    start: StartOptions,
+    finish: FinishOptions,
+}
+
+impl Options {
+    fn read(args: RunArgs) -> Self {
+        let selection = args.selection();
+        let header = header_flags(&args);
+        let report = ReportFlags {
+            quiet: args.quiet,
+            ring_kib: args.ring_kib,
+        };
+        let stdout_to_stderr = args.output.as_deref() == Some(Path::new("-"));
+        let window = (args.start_at.is_some() || args.duration.is_some()).then_some(WindowAsked {
+            start_at: args.start_at,
+            duration: args.duration,
+        });
+        let RunArgs {
+            pids,
+            all,
+            output,
+            libcuda,
+            libs,
+            missing_probes,
+            functions,
+            launch_entry_only: _,
+            as_root,
+            quiet,
+            ring_kib,
+            kernel,
+            kernel_hooks,
+            kernel_device_prefix,
+            power,
+            nvml,
+            gpu,
+            cupti,
+            map_entries,
+            stacks,
+            stack_depth,
+            stack_every,
+            export,
+            start_at: _,
+            duration: _,
+            command,
+        } = args;
+        Options {
+            prepare: PrepareOptions {
+                libcuda,
+                libs,
+                functions,
+                missing_probes,
+                power,
+                nvml,
+                as_root,
+                program: command.first().cloned(),
+                gpu,
+                cupti,
+            },
+            output,
+            start: StartOptions {
+                header,
+                targets: Targets { pids, all },
+                probes: ProbeOptions {
+                    ring_bytes: ring_kib * 1024,
+                    map_entries,
+                    stacks: stacks.map(|_| StackSampling {
+                        depth: stack_depth,
+                        every: stack_every,
+                    }),
+                    selection,
+                    missing_probes,
+                    kernel_hooks: kernel.then_some(kernel_hooks),
+                    device_prefix: kernel_device_prefix
+                        .unwrap_or_else(|| kernel_hooks::DEVICE_PREFIX.to_owned()),
+                },
+                command: CommandOptions {
+                    argv: command,
+                    stdout_to_stderr,
+                },
+                window,
+                gpu,
+                quiet,
+            },
+            finish: FinishOptions { export, report },
+        }
+    }
 }
 
 /// The smallest ring `--stacks` takes: code records are up to 18 KiB.
