@@ -68,6 +68,11 @@ pub fn take_stop_signal() -> Option<i32> {
 /// does only between polls, and a ring that never empties is always ready).
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// A stopping signal was received: a drain stops between two records.
+fn stopping() -> bool {
+    STOP_SIGNAL.load(Ordering::Relaxed) != 0
+}
+
 fn stop_signal() -> Option<usize> {
     let number = STOP_SIGNAL.load(Ordering::Relaxed);
     STOP_SIGNALS.iter().position(|(_, n, _)| *n == number)
@@ -81,13 +86,13 @@ pub struct Watches {
     /// Processes to watch were given, and all had exited before the watch was set up.
     all_gone: bool,
     /// `--duration`: when the window's end stops tracing.
-    pub close_at: Option<tokio::time::Instant>,
+    close_at: Option<tokio::time::Instant>,
 }
 
 impl Watches {
     /// Must run inside the runtime's context. Tracing ends when every `watched` process
-    /// has exited (none: only a signal ends it).
-    pub fn new(watched: &[u32]) -> Result<Self> {
+    /// has exited (none: only a signal ends it), or at `close_at` (the window's end).
+    pub fn new(watched: &[u32], close_at: Option<tokio::time::Instant>) -> Result<Self> {
         let signals = STOP_SIGNALS
             .iter()
             .map(|(_, number, _)| signal(SignalKind::from_raw(*number)))
@@ -113,7 +118,7 @@ impl Watches {
             all_gone: !watched.is_empty() && exits.is_empty(),
             signals,
             exits,
-            close_at: None,
+            close_at,
         })
     }
 }
@@ -243,7 +248,6 @@ impl Tracing {
         // letting go of recording is followed at once (its few calls do not wake the reader).
         let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
         cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
         let sampling =
             |power: &Option<PowerFeed>| power.as_ref().is_some_and(PowerFeed::is_sampling);
         loop {
@@ -306,15 +310,7 @@ impl Tracing {
                 _ = cupti_clients.tick(), if pipeline.gpu() => {
                     pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
                 }
-                _ = ticker.tick() => {
-                    // Records below the wakeup threshold raise no readiness: collect them here.
-                    pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-                    pipeline.tick()?;
-                    pipeline.account_losses(counters.read()?, NotDrained::default())?;
-                    progress.update(pipeline.calls_written(), pipeline.lost());
-                    // A live trace can be followed (`tail -f`) a quarter second behind.
-                    pipeline.flush()?;
-                }
+                _ = ticker.tick() => tick(pipeline, ring.get_mut(), counters, progress)?,
             }
         }
     }
@@ -365,6 +361,24 @@ impl Tracing {
         pipeline.flush()?;
         Ok(())
     }
+}
+
+/// Every quarter second: what the ring holds below its wakeup threshold, the pipeline's
+/// waiting lines, the losses, the progress line, the trace flushed.
+fn tick(
+    pipeline: &mut Pipeline<'_>,
+    ring: &mut RingBuf<MapData>,
+    counters: &CounterReader,
+    progress: &mut Progress,
+) -> Result<()> {
+    // Records below the wakeup threshold raise no readiness: collect them here.
+    pipeline.drain(ring, DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+    pipeline.tick()?;
+    pipeline.account_losses(counters.read()?, NotDrained::default())?;
+    progress.update(pipeline.calls_written(), pipeline.lost());
+    // A live trace can be followed (`tail -f`) a quarter second behind.
+    pipeline.flush()?;
+    Ok(())
 }
 
 /// Waits until every watched process has exited, passing stopping signals on to the

@@ -1,31 +1,36 @@
 //! `cudatrace run`, in phases over typed values: check → prepare → start → trace → finish.
-//! Each phase returns what the next needs; from the moment the trace file is open, every
-//! way out completes it with a footer.
+//! The flags are read once, here, into what each phase needs; each phase returns what the
+//! next needs, and each stage of tracing returns its own figures, from which `finish`
+//! builds the footer. From the moment the trace file is open, every way out completes it
+//! with a footer.
 //!
 //! | file | |
 //! |---|---|
-//! | `args.rs` | the flags |
-//! | `mod.rs` | the phases; check (privileges, usage) and trace (the event loop's run) |
+//! | `args.rs` | the flags and their parsers |
+//! | `mod.rs` | the phases; check (privileges, usage), the flags read into each phase's options, and trace (the event loop's run, the stages' figures) |
 //! | `prepare.rs` | before the trace file: the libraries probed from the start, NVML, the command's path and user, `--gpu`'s injection |
 //! | `output.rs` | the trace file (or stdout), and the trace while it is written |
 //! | `output_name.rs` | `-o`'s patterns: `%h` host, `%r` the launcher's rank, `%p` pid, `%t` start time |
-//! | `start.rs` | load, attach, spawn gated, header, release: what the event loop needs |
-//! | `attaching.rs` | the probes while tracing: the object lent to the attach layer (`probes/`), the stopped processes; what attaching did as `library` lines and reports |
+//! | `start.rs` | probe, spawn gated, header, release: what the event loop needs |
+//! | `probe.rs` | before the command starts: load the object, attach the libraries known at start, the process tracking and discovery, `--kernel`'s hooks |
+//! | `attaching.rs` | the probes while tracing: the object lent to the attach layer (`probes/`), the stopped processes; what attaching did as `library` lines, reports and figures |
 //! | `missing.rs` | `--missing-probes` |
-//! | `header.rs` | the header line and the `library` lines |
-//! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends |
-//! | `pipeline.rs` | source → decode → enrich → sinks, for each record |
+//! | `header.rs` | the header line (from a value: `HeaderFlags`) and the `library` lines |
+//! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends; then detach, drain, settle |
+//! | `pipeline.rs` | source → decode → enrich → sinks, for each record; what its stages counted |
 //! | `queue.rs` | `--gpu`: the ordered queue where launch lines wait for CUPTI's record of them |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
-//! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline |
-//! | `finish.rs` | the footer, `--export`, the exit code |
+//! | `power_feed.rs` | `--power`: the NVML sampler's lines into the pipeline, then its figures |
+//! | `finish.rs` | the footer (built once, from the stages' figures), `--export`, the exit code |
 //! | `report.rs` | the closing report on stderr |
 //! | `outcome.rs` | how the command ended (the trace clock is `crate::clock`) |
 //! | `window.rs` | `--start-at`/`--duration`: the window's lines, its end, waiting for the command after it |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
-//! `--gpu`'s set-up (libcupti, the injection library, the command's environment) is in
-//! `crate::inject`; its records go down the same pipeline.
+//! The files depend one way (`cargo xtask check-imports`): `start` on `probe`, `event_loop`
+//! on `pipeline` on `attaching` on `header`; `finish` on what it reads; none back. The
+//! child is reaped in `crate::spawn`. `--gpu`'s set-up (libcupti, the injection library,
+//! the command's environment) is in `crate::inject`; its records go down the same pipeline.
 
 mod args;
 mod attaching;
@@ -41,6 +46,7 @@ mod output_name;
 mod pipeline;
 mod power_feed;
 mod prepare;
+mod probe;
 mod queue;
 mod report;
 mod start;
@@ -61,10 +67,9 @@ use self::{
     pipeline::Pipeline,
     power_feed::PowerFeed,
     prepare::{PrepareOptions, Prepared},
+    probe::{ProbeOptions, StackSampling, Targets},
     report::ReportFlags,
-    start::{
-        CommandOptions, ProbeOptions, StackSampling, StartOptions, Started, Targets, WindowAsked,
-    },
+    start::{CommandOptions, StartOptions, Started, WindowAsked},
 };
 use crate::{
     exit::{ExitCode, Failure},

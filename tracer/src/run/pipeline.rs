@@ -23,7 +23,10 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{flags, proc_event};
+use tracer_common::{
+    AttachEvent, flags, proc_event,
+    stacks::{RawPyFrame, StackEvent},
+};
 
 use super::{
     attaching::{Attaching, NotAttached},
@@ -238,37 +241,15 @@ impl<'a> Pipeline<'a> {
         })
     }
 
-    /// One record through decode, enrich and the sinks (or to the attach layer).
+    /// One record through decode, enrich and the sinks (or to the attach layer, or the
+    /// stacks stage).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
         let raw = decode(bytes);
         // Whether the call's probe has stacks, and whether `--stack-every` skipped it.
         let (mut stacked, mut sampled_out) = (false, false);
         match &raw {
-            Ok(RawEvent::Attach(event)) => {
-                // While the process waits: its interpreter, before its probes let it go on.
-                if let Some(line) = self.stacks.as_mut().and_then(|s| s.attach_event(event)) {
-                    self.writer.write(&line)?;
-                }
-                let (lines, not_attached) = self.attaching.handle(event);
-                for line in lines {
-                    self.writer.write(&line)?;
-                }
-                if let Some(lost) = not_attached {
-                    self.library_lost(event.header.ts_ns, lost)?;
-                }
-                return Ok(());
-            }
-            Ok(RawEvent::Stack { event, frames }) => {
-                if let Some(stacks) = &mut self.stacks {
-                    for line in stacks.stack(event, frames) {
-                        match line {
-                            StackLines::Interpreter(line) => self.writer.write(&line)?,
-                            StackLines::Stack(line) => self.writer.write(&line)?,
-                        }
-                    }
-                }
-                return Ok(());
-            }
+            Ok(RawEvent::Attach(event)) => return self.attach_event(event),
+            Ok(RawEvent::Stack { event, frames }) => return self.stack_record(event, frames),
             Ok(RawEvent::Code { head, data }) => {
                 if let Some(stacks) = &mut self.stacks {
                     stacks.code(head, data);
@@ -294,31 +275,64 @@ impl<'a> Pipeline<'a> {
             }
             _ => {}
         }
-        let event = match self.decoder.decode_raw(raw, self.attaching.plans()) {
-            Some(event) => event,
-            None => return Ok(()),
-        };
-        match event {
-            Event::Line(mut line) => {
+        match self.decoder.decode_raw(raw, self.attaching.plans()) {
+            Some(Event::Line(mut line)) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
                     stacks.call(call, sampled_out);
                 }
-                if !self.gpu {
-                    self.analysis.line(&mut line);
-                    if self.kept(&line) {
-                        self.writer.line(&line)?;
-                    }
-                    self.decoder.recycle(line);
-                    return Ok(());
-                }
-                self.line_arrived(line);
-                self.settle(false)
+                self.line(line)
             }
-            Event::Gpu(event) => {
+            Some(Event::Gpu(event)) => {
                 self.gpu_arrived(event);
                 self.settle(false)
             }
+            None => Ok(()),
         }
+    }
+
+    /// For the attach layer, no line of its own: it attaches, and a new library file
+    /// gets its `library` line, a process that could not get its probes a `lost` line.
+    fn attach_event(&mut self, event: &AttachEvent) -> io::Result<()> {
+        // While the process waits: its interpreter, before its probes let it go on.
+        if let Some(line) = self.stacks.as_mut().and_then(|s| s.attach_event(event)) {
+            self.writer.write(&line)?;
+        }
+        let (lines, not_attached) = self.attaching.handle(event);
+        for line in lines {
+            self.writer.write(&line)?;
+        }
+        if let Some(lost) = not_attached {
+            self.library_lost(event.header.ts_ns, lost)?;
+        }
+        Ok(())
+    }
+
+    /// A stack record, to the stacks stage: its `stack` (and `interpreter`) lines.
+    fn stack_record(&mut self, event: &StackEvent, frames: &[RawPyFrame]) -> io::Result<()> {
+        let Some(stacks) = &mut self.stacks else {
+            return Ok(());
+        };
+        for line in stacks.stack(event, frames) {
+            match line {
+                StackLines::Interpreter(line) => self.writer.write(&line)?,
+                StackLines::Stack(line) => self.writer.write(&line)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A decoded line: enrich, then the sinks; with `--gpu`, through the queue.
+    fn line(&mut self, mut line: Line) -> io::Result<()> {
+        if self.gpu {
+            self.line_arrived(line);
+            return self.settle(false);
+        }
+        self.analysis.line(&mut line);
+        if self.kept(&line) {
+            self.writer.line(&line)?;
+        }
+        self.decoder.recycle(line);
+        Ok(())
     }
 
     /// `--gpu`: a decoded line, into the queue.
