@@ -84,14 +84,7 @@ pub fn probe(
     quiet: bool,
     libraries: Vec<FoundLibrary>,
 ) -> Result<Probed, (Failure, Option<AttachInfo>)> {
-    let loaded = LoadedObject::load(&LoadOptions {
-        trace_all: targets.all,
-        ring_bytes: options.ring_bytes,
-        device_prefix: options.device_prefix.clone(),
-        map_entries: options.map_entries.clone(),
-        stacks: stack_options(options.stacks.as_ref()).map_err(|e| (e, None))?,
-    })
-    .map_err(|e| (internal(e), None))?;
+    let loaded = load(options, targets).map_err(|e| (e, None))?;
     let LoadedObject {
         bpf,
         uprobe_multi,
@@ -133,17 +126,10 @@ pub fn probe(
         &mut lines,
     )
     .map_err(|failure| (failure, Some(attach.clone())))?;
-    let mut interpreter_lines = Vec::new();
-    if let Some(stacks) = &mut stacks {
-        // `-p` and `--all` processes that map a probed library: their interpreters now.
-        let mapping = targets.mapping();
-        let now = monotonic_ns();
-        for pid in mapping {
-            if attaching.maps_probed_library(pid) {
-                interpreter_lines.extend(stacks.look_at(pid, now));
-            }
-        }
-    }
+    let interpreter_lines = match &mut stacks {
+        Some(stacks) => interpreters_at_start(stacks, &attaching, targets),
+        None => Vec::new(),
+    };
     Ok(Probed {
         attaching,
         ring,
@@ -155,6 +141,36 @@ pub fn probe(
         kernel_hooks,
         stacks,
     })
+}
+
+/// Loads the eBPF object as the flags ask.
+fn load(options: &ProbeOptions, targets: &Targets) -> Result<LoadedObject, Failure> {
+    LoadedObject::load(&LoadOptions {
+        trace_all: targets.all,
+        ring_bytes: options.ring_bytes,
+        device_prefix: options.device_prefix.clone(),
+        map_entries: options.map_entries.clone(),
+        stacks: stack_options(options.stacks.as_ref())?,
+    })
+    .map_err(internal)
+}
+
+/// `--stacks`: the interpreters of the `-p` and `--all` processes that map a probed
+/// library, looked at now.
+fn interpreters_at_start(
+    stacks: &mut Stacks,
+    attaching: &Attaching,
+    targets: &Targets,
+) -> Vec<InterpreterLine> {
+    let mapping = targets.mapping();
+    let now = monotonic_ns();
+    let mut lines = Vec::new();
+    for pid in mapping {
+        if attaching.maps_probed_library(pid) {
+            lines.extend(stacks.look_at(pid, now));
+        }
+    }
+    lines
 }
 
 /// The libraries probed from the start: planned, attached (for the host) or checked, with
