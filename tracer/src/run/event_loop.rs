@@ -12,20 +12,21 @@
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    sync::atomic::{AtomicI32, Ordering},
     task::Poll,
     time::{Duration, Instant},
 };
 
 use anyhow::{Result, anyhow};
 use aya::maps::{MapData, RingBuf};
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{Signal, SignalKind, signal},
-};
+use tokio::{io::unix::AsyncFd, signal::unix::Signal};
 
 use super::{
-    bpf_stats, loss::NotDrained, outcome::Outcome, pipeline::Pipeline, power_feed::PowerFeed,
+    bpf_stats,
+    loss::NotDrained,
+    outcome::Outcome,
+    pipeline::Pipeline,
+    power_feed::PowerFeed,
+    signals::{self, any_signal, stop, stop_signal, stopping},
 };
 use tracer_common::attach_flags;
 
@@ -45,39 +46,6 @@ const DRAIN_TIME: Duration = Duration::from_millis(50);
 /// still holds after it is counted, not written.
 const STOP_TIME: Duration = Duration::from_millis(500);
 
-/// The signals that end tracing, and whether each is passed on to the command.
-const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
-    // The terminal sends Ctrl-C and Ctrl-\ to the command as well.
-    ("SIGINT", libc::SIGINT, false),
-    ("SIGTERM", libc::SIGTERM, true),
-    ("SIGHUP", libc::SIGHUP, true),
-    ("SIGQUIT", libc::SIGQUIT, false),
-];
-
-/// Takes the stopping signal received since the last look, if any (after the window,
-/// while cudatrace waits for the command).
-pub fn take_stop_signal() -> Option<i32> {
-    match STOP_SIGNAL.swap(0, Ordering::Relaxed) {
-        0 => None,
-        number => Some(number),
-    }
-}
-
-/// The last stopping signal received, stored by the signal handler itself: a drain sees it
-/// between two records, without waiting for the runtime to deliver the signal (which it
-/// does only between polls, and a ring that never empties is always ready).
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-/// A stopping signal was received: a drain stops between two records.
-fn stopping() -> bool {
-    STOP_SIGNAL.load(Ordering::Relaxed) != 0
-}
-
-fn stop_signal() -> Option<usize> {
-    let number = STOP_SIGNAL.load(Ordering::Relaxed);
-    STOP_SIGNALS.iter().position(|(_, n, _)| *n == number)
-}
-
 /// The stopping signals' streams and the watched processes' exits, registered up front.
 pub struct Watches {
     signals: Vec<Signal>,
@@ -93,18 +61,7 @@ impl Watches {
     /// Must run inside the runtime's context. Tracing ends when every `watched` process
     /// has exited (none: only a signal ends it), or at `close_at` (the window's end).
     pub fn new(watched: &[u32], close_at: Option<tokio::time::Instant>) -> Result<Self> {
-        let signals = STOP_SIGNALS
-            .iter()
-            .map(|(_, number, _)| signal(SignalKind::from_raw(*number)))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        for (_, number, _) in STOP_SIGNALS {
-            // SAFETY: the action only stores to an atomic, which is async-signal-safe.
-            unsafe {
-                signal_hook_registry::register(number, move || {
-                    STOP_SIGNAL.store(number, Ordering::Relaxed)
-                })
-            }?;
-        }
+        let signals = signals::watch()?;
         let mut exits = Vec::new();
         for pid in watched {
             match pidfd_open(*pid) {
@@ -121,19 +78,6 @@ impl Watches {
             close_at,
         })
     }
-}
-
-/// The index of the first stopping signal received.
-async fn any_signal(signals: &mut [Signal]) -> usize {
-    std::future::poll_fn(|cx| {
-        for (index, signal) in signals.iter_mut().enumerate() {
-            if signal.poll_recv(cx).is_ready() {
-                return Poll::Ready(index);
-            }
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// The index of the first watched process that exited.
@@ -405,16 +349,6 @@ async fn wait_for_the_rest(
                 outcome.stopped_by = stopped_by.or(outcome.stopped_by);
             }
         }
-    }
-}
-
-/// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.
-fn stop(outcome: &mut Outcome, index: usize, child: Option<u32>) {
-    let (name, number, pass_on) = STOP_SIGNALS[index];
-    outcome.stopped_by = Some(name);
-    if let (Some(pid), true) = (child, pass_on) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(pid as i32, number) };
     }
 }
 

@@ -7,12 +7,12 @@ use anyhow::anyhow;
 
 use super::{
     Traced,
-    event_loop::take_stop_signal,
     loss::LossFigures,
     outcome::Outcome,
     output::Trace,
     prepare::Command,
     report::{self, Closing, ReportFlags},
+    signals::take_stop_signal,
     window,
 };
 use crate::{

@@ -17,6 +17,7 @@
 //! | `missing.rs` | `--missing-probes` |
 //! | `header.rs` | the header line (from a value: `HeaderFlags`) and the `library` lines |
 //! | `event_loop.rs` | ring, exit, signals and ticks until tracing ends; then detach, drain, settle |
+//! | `signals.rs` | the signals that stop tracing: noted at once, passed on to the command |
 //! | `pipeline.rs` | source → decode → enrich → sinks, for each record; what its stages counted |
 //! | `queue.rs` | `--gpu`: the ordered queue where launch lines wait for CUPTI's record of them |
 //! | `loss.rs` | the kernel's drop counters as `lost` lines and footer figures |
@@ -27,10 +28,12 @@
 //! | `window.rs` | `--start-at`/`--duration`: the window's lines, its end, waiting for the command after it |
 //! | `bpf_stats.rs` | `CUDATRACE_BPF_STATS=1`: the programs' run time and count (benchmarks) |
 //!
-//! The files depend one way (`cargo xtask check-imports`): `start` on `probe`, `event_loop`
-//! on `pipeline` on `attaching` on `header`; `finish` on what it reads; none back. The
-//! child is reaped in `crate::spawn`. `--gpu`'s set-up (libcupti, the injection library,
-//! the command's environment) is in `crate::inject`; its records go down the same pipeline.
+//! The files depend one way, no circle (`cargo xtask check-imports`): `start` on `probe`
+//! on `attaching` on `header`; `event_loop` on `pipeline` (on `attaching`, `queue`,
+//! `window`, `loss`), `power_feed` and `signals`; `finish` on `report`, `output`, `window`
+//! and `signals`; `args` on none. The child is reaped in `crate::spawn`. `--gpu`'s set-up
+//! (libcupti, the injection library, the command's environment) is in `crate::inject`; its
+//! records go down the same pipeline.
 
 mod args;
 mod attaching;
@@ -49,6 +52,7 @@ mod prepare;
 mod probe;
 mod queue;
 mod report;
+mod signals;
 mod start;
 mod window;
 
