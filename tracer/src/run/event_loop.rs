@@ -267,7 +267,7 @@ impl Tracing {
         let stop = Instant::now();
         let deadline = self.outcome.stopped_by.map(|_| stop + STOP_TIME);
         bpf_stats::report();
-        let closing = pipeline.attaching().end()?;
+        let closing = pipeline.end_probes()?;
         let ring = self.ring.get_mut();
         let never = || false;
         while !closing.is_finished() && !past(deadline) {

@@ -19,6 +19,7 @@
 use std::{
     io,
     sync::Arc,
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -151,9 +152,10 @@ impl<'a> Pipeline<'a> {
         self.gpu
     }
 
-    /// The probes, while tracing (the event loop ends them).
-    pub fn attaching(&mut self) -> &mut Attaching {
-        self.attaching
+    /// Tracing ends: the probes stop recording and go to a thread that detaches them
+    /// (see [`Attaching::end`]); their last records are still drained through here.
+    pub fn end_probes(&mut self) -> anyhow::Result<JoinHandle<()>> {
+        self.attaching.end()
     }
 
     /// The first write of the trace that failed.
