@@ -2,7 +2,8 @@
 //!
 //! The child blocks before `execve` until [`Gated::release`], so probes are attached
 //! before the command's first instruction. `std::process::Command` cannot do this: its
-//! `spawn` waits for the exec, so a gate in `pre_exec` deadlocks.
+//! `spawn` waits for the exec, so a gate in `pre_exec` deadlocks. Its end is ours too:
+//! [`reap`] gives its exit code or killing signal.
 
 use std::{
     ffi::{CString, OsStr, OsString},
@@ -295,6 +296,23 @@ impl Gated {
             }
         }
         Ok(self.pid)
+    }
+}
+
+/// Reaps the child: (exit code, killing signal).
+pub fn reap(pid: u32) -> (Option<i32>, Option<i32>) {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    if rc != pid as i32 {
+        return (None, None);
+    }
+    if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (None, None)
     }
 }
 

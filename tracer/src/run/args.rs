@@ -1,6 +1,10 @@
 //! `cudatrace run`'s flags.
 
-use std::{ffi::OsString, path::PathBuf};
+use std::{
+    ffi::OsString,
+    path::PathBuf,
+    time::{Duration, UNIX_EPOCH},
+};
 
 use clap::Args;
 
@@ -236,14 +240,14 @@ pub struct RunArgs {
     /// window (to NTP's agreement of their clocks). The probes are attached, and the
     /// command started, at once: the calls before the window are analysed (kernel names,
     /// NCCL communicators and ranks) but not written. The header says the window.
-    #[arg(long, value_name = "TIME", value_parser = super::window::parse_start_at)]
+    #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
     pub start_at: Option<u64>,
 
     /// Record for this long (30s, 500ms, 2m; from --start-at, else from now), then stop:
     /// detach and write the footer. A command runs on; cudatrace waits for it (passing
     /// SIGTERM and SIGHUP on) and exits with its exit code.
-    #[arg(long, value_name = "D", value_parser = super::window::parse_duration)]
-    pub duration: Option<std::time::Duration>,
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
 
     /// The command to run, after `--`.
     #[arg(last = true, value_name = "CMD")]
@@ -302,4 +306,106 @@ fn parse_map_entries(text: &str) -> Result<(String, u32), String> {
         return Err("a map needs at least 1 entry".into());
     }
     Ok((map.to_owned(), entries))
+}
+
+/// `--start-at`: RFC 3339 (`2026-11-26T12:00:00Z`, `2026-11-26T13:00:00.5+01:00`) or Unix
+/// seconds (`1795265558`, `1795265558.25`). Nanoseconds since the epoch.
+fn parse_start_at(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Some(seconds) = text.strip_prefix('@').or(Some(text))
+        && !seconds.is_empty()
+        && seconds.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+    {
+        let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
+        let whole: u64 = whole
+            .parse()
+            .map_err(|e| format!("{text:?}: {e} (Unix seconds or RFC 3339)"))?;
+        let digits: String = fraction
+            .chars()
+            .chain("000000000".chars())
+            .take(9)
+            .collect();
+        let nanos: u64 = digits
+            .parse()
+            .map_err(|_| format!("{text:?}: not Unix seconds"))?;
+        return whole
+            .checked_mul(1_000_000_000)
+            .and_then(|ns| ns.checked_add(nanos))
+            .ok_or_else(|| format!("{text:?}: too far in the future"));
+    }
+    // humantime reads UTC (`Z`) alone: an offset is applied here.
+    let (local, offset_s) = split_offset(text)?;
+    let time = humantime::parse_rfc3339(&format!("{local}Z")).map_err(|e| {
+        format!("{text:?}: {e} (give RFC 3339, 2026-11-26T12:00:00Z, or Unix seconds)")
+    })?;
+    let ns = time
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("{text:?}: before 1970"))?
+        .as_nanos() as i128
+        - i128::from(offset_s) * 1_000_000_000;
+    u64::try_from(ns).map_err(|_| format!("{text:?}: before 1970"))
+}
+
+/// `...T13:00:00+01:00` → (`...T13:00:00`, 3600); `...Z` → (`...`, 0).
+fn split_offset(text: &str) -> Result<(&str, i64), String> {
+    if let Some(local) = text.strip_suffix(['Z', 'z']) {
+        return Ok((local, 0));
+    }
+    let Some(at) = text.len().checked_sub(6) else {
+        return Err(format!("{text:?}: not a time"));
+    };
+    let (local, offset) = text.split_at(at);
+    let sign = match offset.as_bytes()[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => {
+            return Err(format!(
+                "{text:?}: no time zone (end it with Z or an offset such as +01:00)"
+            ));
+        }
+    };
+    let (hours, minutes) = offset[1..]
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: offset {offset} is not ±HH:MM"))?;
+    let hours: i64 = hours.parse().map_err(|_| format!("{text:?}: bad offset"))?;
+    let minutes: i64 = minutes
+        .parse()
+        .map_err(|_| format!("{text:?}: bad offset"))?;
+    Ok((local, sign * (hours * 3600 + minutes * 60)))
+}
+
+/// `--duration`: `30s`, `500ms`, `2m`, `1h 30m` (humantime).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?;
+    if duration.is_zero() {
+        return Err("the window must last longer than 0".into());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_times_are_rfc_3339_with_any_offset_or_unix_seconds() {
+        let utc = parse_start_at("2026-11-21T12:52:38Z").unwrap();
+        assert_eq!(utc, 1_795_265_558_000_000_000);
+        assert_eq!(parse_start_at("2026-11-21T13:52:38+01:00"), Ok(utc));
+        assert_eq!(parse_start_at("2026-11-21T10:22:38-02:30"), Ok(utc));
+        assert_eq!(
+            parse_start_at("2026-11-21T12:52:38.25Z"),
+            Ok(utc + 250_000_000)
+        );
+        assert_eq!(parse_start_at("1795265558"), Ok(utc));
+        assert_eq!(parse_start_at("@1795265558.000000001"), Ok(utc + 1));
+        assert!(
+            parse_start_at("2026-11-21T12:52:38")
+                .unwrap_err()
+                .contains("no time zone")
+        );
+        assert!(parse_start_at("tomorrow").is_err());
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("0s").is_err());
+    }
 }

@@ -37,10 +37,18 @@ pub struct Attaching {
     /// Symbols that failed to attach, per library id.
     pub failures: Vec<(u32, AttachFailure)>,
     /// Some traced process opened or mapped a probe-set library.
-    pub loaded_any: bool,
+    loaded_any: bool,
     /// How long the processes were stopped for attaching.
-    pub stop_figures: StopFigures,
+    stop_figures: StopFigures,
     finished: bool,
+}
+
+/// What attaching did while tracing, for the footer and the closing report.
+pub struct AttachFigures {
+    /// How long the processes were stopped for attaching.
+    pub stops: StopFigures,
+    /// Some traced process opened or mapped a probe-set library.
+    pub loaded_any: bool,
 }
 
 /// A library a process could not be given its probes on.
@@ -224,6 +232,15 @@ impl Attaching {
         self.end_stops();
         if let Some(bpf) = &mut self.bpf {
             self.discovery.detach_all(bpf);
+        }
+    }
+
+    /// Finishes (see [`Attaching::finish`]) and returns what attaching did.
+    pub fn close(mut self) -> AttachFigures {
+        self.finish();
+        AttachFigures {
+            stops: std::mem::take(&mut self.stop_figures),
+            loaded_any: self.loaded_any,
         }
     }
 

@@ -12,23 +12,21 @@
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    sync::atomic::{AtomicI32, Ordering},
     task::Poll,
     time::{Duration, Instant},
 };
 
 use anyhow::{Result, anyhow};
 use aya::maps::{MapData, RingBuf};
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{Signal, SignalKind, signal},
-};
+use tokio::{io::unix::AsyncFd, signal::unix::Signal};
 
 use super::{
-    loss::{LossAccount, NotDrained},
+    bpf_stats,
+    loss::NotDrained,
     outcome::Outcome,
     pipeline::Pipeline,
     power_feed::PowerFeed,
+    signals::{self, any_signal, stop, stop_signal, stopping},
 };
 use tracer_common::attach_flags;
 
@@ -36,6 +34,7 @@ use crate::{
     events::{RawEvent, decode},
     probes::maps::CounterReader,
     sinks::progress::Progress,
+    spawn,
 };
 
 /// Records one drain passes down the pipeline at most before the loop looks at signals
@@ -47,34 +46,6 @@ const DRAIN_TIME: Duration = Duration::from_millis(50);
 /// still holds after it is counted, not written.
 const STOP_TIME: Duration = Duration::from_millis(500);
 
-/// The signals that end tracing, and whether each is passed on to the command.
-const STOP_SIGNALS: [(&str, libc::c_int, bool); 4] = [
-    // The terminal sends Ctrl-C and Ctrl-\ to the command as well.
-    ("SIGINT", libc::SIGINT, false),
-    ("SIGTERM", libc::SIGTERM, true),
-    ("SIGHUP", libc::SIGHUP, true),
-    ("SIGQUIT", libc::SIGQUIT, false),
-];
-
-/// Takes the stopping signal received since the last look, if any (after the window,
-/// while cudatrace waits for the command).
-pub fn take_stop_signal() -> Option<i32> {
-    match STOP_SIGNAL.swap(0, Ordering::Relaxed) {
-        0 => None,
-        number => Some(number),
-    }
-}
-
-/// The last stopping signal received, stored by the signal handler itself: a drain sees it
-/// between two records, without waiting for the runtime to deliver the signal (which it
-/// does only between polls, and a ring that never empties is always ready).
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-fn stop_signal() -> Option<usize> {
-    let number = STOP_SIGNAL.load(Ordering::Relaxed);
-    STOP_SIGNALS.iter().position(|(_, n, _)| *n == number)
-}
-
 /// The stopping signals' streams and the watched processes' exits, registered up front.
 pub struct Watches {
     signals: Vec<Signal>,
@@ -83,25 +54,14 @@ pub struct Watches {
     /// Processes to watch were given, and all had exited before the watch was set up.
     all_gone: bool,
     /// `--duration`: when the window's end stops tracing.
-    pub close_at: Option<tokio::time::Instant>,
+    close_at: Option<tokio::time::Instant>,
 }
 
 impl Watches {
     /// Must run inside the runtime's context. Tracing ends when every `watched` process
-    /// has exited (none: only a signal ends it).
-    pub fn new(watched: &[u32]) -> Result<Self> {
-        let signals = STOP_SIGNALS
-            .iter()
-            .map(|(_, number, _)| signal(SignalKind::from_raw(*number)))
-            .collect::<std::io::Result<Vec<_>>>()?;
-        for (_, number, _) in STOP_SIGNALS {
-            // SAFETY: the action only stores to an atomic, which is async-signal-safe.
-            unsafe {
-                signal_hook_registry::register(number, move || {
-                    STOP_SIGNAL.store(number, Ordering::Relaxed)
-                })
-            }?;
-        }
+    /// has exited (none: only a signal ends it), or at `close_at` (the window's end).
+    pub fn new(watched: &[u32], close_at: Option<tokio::time::Instant>) -> Result<Self> {
+        let signals = signals::watch()?;
         let mut exits = Vec::new();
         for pid in watched {
             match pidfd_open(*pid) {
@@ -115,22 +75,9 @@ impl Watches {
             all_gone: !watched.is_empty() && exits.is_empty(),
             signals,
             exits,
-            close_at: None,
+            close_at,
         })
     }
-}
-
-/// The index of the first stopping signal received.
-async fn any_signal(signals: &mut [Signal]) -> usize {
-    std::future::poll_fn(|cx| {
-        for (index, signal) in signals.iter_mut().enumerate() {
-            if signal.poll_recv(cx).is_ready() {
-                return Poll::Ready(index);
-            }
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// The index of the first watched process that exited.
@@ -146,157 +93,236 @@ async fn any_exit(exits: &[(u32, AsyncFd<OwnedFd>)]) -> usize {
     .await
 }
 
-/// Runs until the watched processes exit or a signal stops tracing, reading `ring` and the
-/// kernel's `counters`; `child` (the command) is reaped for its exit status and passed
-/// SIGTERM and SIGHUP on.
+/// What the event loop reads beside `--power`'s sampler, and what ends it.
+pub struct Sources {
+    pub ring: RingBuf<MapData>,
+    /// The kernel's drop counters.
+    pub counters: CounterReader,
+    pub watches: Watches,
+    /// The command, running: reaped for its exit status, passed SIGTERM and SIGHUP on.
+    pub child: Option<u32>,
+}
+
+/// Runs until the watched processes exit or a signal stops tracing, then detaches, drains
+/// and settles: the pipeline's figures and `power`'s are complete after it.
 pub async fn event_loop(
     pipeline: &mut Pipeline<'_>,
-    ring: RingBuf<MapData>,
-    counters: CounterReader,
-    watches: Watches,
-    child: Option<u32>,
+    sources: Sources,
+    power: &mut Option<PowerFeed>,
     quiet: bool,
-    mut power: Option<PowerFeed>,
 ) -> Result<Outcome> {
-    let mut ring = watch(ring, "the ring buffer")?;
+    let Sources {
+        ring,
+        counters,
+        watches,
+        child,
+    } = sources;
     let Watches {
-        mut signals,
-        mut exits,
+        signals,
+        exits,
         all_gone,
         close_at,
     } = watches;
-    let mut ticker = tokio::time::interval(Duration::from_millis(250));
-    // `--gpu`: the ring is read often, so that a program's own CUPTI client taking and
-    // letting go of recording is followed at once (its few calls do not wake the reader).
-    let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
-    cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut loss = LossAccount::new(pipeline.gpu);
-    let mut progress = Progress::new(quiet);
-    let mut outcome = Outcome::default();
-
-    let stopping = || STOP_SIGNAL.load(Ordering::Relaxed) != 0;
+    let mut tracing = Tracing {
+        ring: watch(ring, "the ring buffer")?,
+        counters,
+        signals,
+        exits,
+        close_at,
+        child,
+        progress: Progress::new(quiet),
+        outcome: Outcome::default(),
+    };
     // `-p` targets that were gone before the watch started: nothing more will come.
-    let mut running = !all_gone;
-    while running {
-        if let Some(index) = stop_signal() {
-            stop(&mut outcome, index, child);
-            break;
-        }
-        if let Some(error) = pipeline.writer.failed() {
-            // Said at once; recording stops, the command goes on (waited for below).
-            eprintln!(
-                "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
-                 command goes on untraced and cudatrace waits for it to end (exit 73 then)"
-            );
-            break;
-        }
-        tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                let drained =
-                    pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-                if drained.empty {
-                    // Drained: wait for the next wakeup (the fd is edge-triggered).
-                    guard.clear_ready();
-                } else {
-                    // Still full: let the runtime poll its driver, which is what delivers
-                    // signals and exits; a ring that never empties must not starve them.
-                    drop(guard);
-                    tokio::task::yield_now().await;
-                }
-            }
-            index = any_exit(&exits), if !exits.is_empty() => {
-                let (pid, _) = exits.swap_remove(index);
-                if child == Some(pid) {
-                    let (code, signal) = reap(pid);
-                    outcome.code = code;
-                    outcome.signal = signal;
-                }
-                running = !exits.is_empty();
-            }
-            index = any_signal(&mut signals) => {
-                stop(&mut outcome, index, child);
-                running = false;
-            }
-            _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
-                if close_at.is_some() => {
-                // The window's end: recording stops as when the command ends (the whole
-                // ring is drained); the command runs on.
-                outcome.window_closed = true;
-                running = false;
-            }
-            batch = async { power.as_mut().unwrap().receiver.recv().await }, if power.is_some() => {
-                match batch {
-                    Some(lines) => pipeline.power(&lines)?,
-                    // The sampler ended on its own: its figures say why.
-                    None => {
-                        if let Some(feed) = power.take() {
-                            pipeline.writer.footer.power = Some(feed.sampler.join());
-                        }
-                    }
-                }
-            }
-            _ = cupti_clients.tick(), if pipeline.gpu => {
-                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-            }
-            _ = ticker.tick() => {
-                // Records below the wakeup threshold raise no readiness: collect them here.
-                pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
-                pipeline.tick()?;
-                let now = pipeline.counters(counters.read()?);
-                loss.update(now, NotDrained::default(), pipeline.writer)?;
-                progress.update(pipeline.writer.footer.events.call, loss.lost());
-                // A live trace can be followed (`tail -f`) a quarter second behind.
-                pipeline.writer.flush()?;
-            }
-        }
+    if !all_gone {
+        tracing.trace(pipeline, power).await?;
     }
-
-    // Stop recording at once, and stopping processes (those stopped go on); close the links
-    // (the kernel takes its time) while the ring is drained, then drain what the last
-    // in-flight calls left: all of it when the command ended, as much as the time allows
-    // when a signal stopped the run.
-    let stop = Instant::now();
-    let deadline = outcome.stopped_by.map(|_| stop + STOP_TIME);
-    super::bpf_stats::report();
-    let closing = pipeline.attaching.end()?;
-    let ring = ring.get_mut();
-    let never = || false;
-    while !closing.is_finished() && !past(deadline) {
-        if pipeline
-            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
-            .empty
-        {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-    if closing.join().is_err() {
-        return Err(anyhow!("detaching the probes panicked"));
-    }
-    while !past(deadline)
-        && !pipeline
-            .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
-            .empty
-    {}
-    let not_drained = count_rest(ring);
-    pipeline.finish()?;
-    let now = pipeline.counters(counters.read()?);
-    loss.update(now, not_drained, pipeline.writer)?;
-    if let Some(feed) = power {
-        pipeline.writer.footer.power = Some(feed.finish(pipeline).await?);
-    }
-    pipeline.writer.footer.undecodable = pipeline.decoder.undecodable;
-    if let Some(stacks) = &pipeline.stacks {
-        pipeline.writer.footer.stacks = Some(stacks.footer());
-    }
-    progress.finish();
-    pipeline.writer.flush()?;
-    if pipeline.writer.failed().is_some() && outcome.stopped_by.is_none() {
+    let not_drained = tracing.detach_and_drain(pipeline)?;
+    tracing.settle(pipeline, power, not_drained).await?;
+    let Tracing {
+        signals,
+        exits,
+        child,
+        mut outcome,
+        ..
+    } = tracing;
+    if pipeline.write_failed().is_some() && outcome.stopped_by.is_none() {
         // The trace could not be written: the command's life goes on as it would have,
         // its signals passed on, until it ends.
         wait_for_the_rest(&mut outcome, exits, signals, child).await;
     }
     Ok(outcome)
+}
+
+/// The event loop's own state: what it watches, and how tracing is ending.
+struct Tracing {
+    ring: AsyncFd<RingBuf<MapData>>,
+    counters: CounterReader,
+    signals: Vec<Signal>,
+    /// The watched processes still running.
+    exits: Vec<(u32, AsyncFd<OwnedFd>)>,
+    /// `--duration`: when the window's end stops tracing.
+    close_at: Option<tokio::time::Instant>,
+    child: Option<u32>,
+    progress: Progress,
+    outcome: Outcome,
+}
+
+impl Tracing {
+    /// Traces until the watched processes exit, a signal stops tracing, the window closes
+    /// or the trace cannot be written.
+    async fn trace(
+        &mut self,
+        pipeline: &mut Pipeline<'_>,
+        power: &mut Option<PowerFeed>,
+    ) -> Result<()> {
+        let Tracing {
+            ring,
+            counters,
+            signals,
+            exits,
+            close_at,
+            child,
+            progress,
+            outcome,
+        } = self;
+        let (child, close_at) = (*child, *close_at);
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        // `--gpu`: the ring is read often, so that a program's own CUPTI client taking and
+        // letting go of recording is followed at once (its few calls do not wake the reader).
+        let mut cupti_clients = tokio::time::interval(Duration::from_millis(5));
+        cupti_clients.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let sampling =
+            |power: &Option<PowerFeed>| power.as_ref().is_some_and(PowerFeed::is_sampling);
+        loop {
+            if let Some(index) = stop_signal() {
+                stop(outcome, index, child);
+                return Ok(());
+            }
+            if let Some(error) = pipeline.write_failed() {
+                // Said at once; recording stops, the command goes on (waited for below).
+                eprintln!(
+                    "cudatrace: error: cannot write the trace ({error}): recording stops here; the \
+                     command goes on untraced and cudatrace waits for it to end (exit 73 then)"
+                );
+                return Ok(());
+            }
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard?;
+                    let drained =
+                        pipeline.drain(guard.get_inner_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                    if drained.empty {
+                        // Drained: wait for the next wakeup (the fd is edge-triggered).
+                        guard.clear_ready();
+                    } else {
+                        // Still full: let the runtime poll its driver, which is what delivers
+                        // signals and exits; a ring that never empties must not starve them.
+                        drop(guard);
+                        tokio::task::yield_now().await;
+                    }
+                }
+                index = any_exit(exits), if !exits.is_empty() => {
+                    let (pid, _) = exits.swap_remove(index);
+                    if child == Some(pid) {
+                        let (code, signal) = spawn::reap(pid);
+                        outcome.code = code;
+                        outcome.signal = signal;
+                    }
+                    if exits.is_empty() {
+                        return Ok(());
+                    }
+                }
+                index = any_signal(signals) => {
+                    stop(outcome, index, child);
+                    return Ok(());
+                }
+                _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if close_at.is_some() => {
+                    // The window's end: recording stops as when the command ends (the whole
+                    // ring is drained); the command runs on.
+                    outcome.window_closed = true;
+                    return Ok(());
+                }
+                batch = async { power.as_mut().expect("sampling").next().await }, if sampling(power) => {
+                    match batch {
+                        Some(lines) => pipeline.power(&lines)?,
+                        // The sampler ended on its own: its figures say why.
+                        None => *power = power.take().map(PowerFeed::ended),
+                    }
+                }
+                _ = cupti_clients.tick(), if pipeline.gpu() => {
+                    pipeline.drain(ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+                }
+                _ = ticker.tick() => tick(pipeline, ring.get_mut(), counters, progress)?,
+            }
+        }
+    }
+
+    /// Stops recording at once, and stopping processes (those stopped go on); closes the
+    /// links (the kernel takes its time) while the ring is drained, then drains what the
+    /// last in-flight calls left: all of it when the command ended, as much as the time
+    /// allows when a signal stopped the run. Returns what was left in the ring.
+    fn detach_and_drain(&mut self, pipeline: &mut Pipeline<'_>) -> Result<NotDrained> {
+        let stop = Instant::now();
+        let deadline = self.outcome.stopped_by.map(|_| stop + STOP_TIME);
+        bpf_stats::report();
+        let closing = pipeline.end_probes()?;
+        let ring = self.ring.get_mut();
+        let never = || false;
+        while !closing.is_finished() && !past(deadline) {
+            if pipeline
+                .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+                .empty
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        if closing.join().is_err() {
+            return Err(anyhow!("detaching the probes panicked"));
+        }
+        while !past(deadline)
+            && !pipeline
+                .drain(ring, DRAIN_RECORDS, left(deadline), &never)?
+                .empty
+        {}
+        Ok(count_rest(ring))
+    }
+
+    /// Whatever still waits goes out, the last losses are counted and the sampler stops.
+    async fn settle(
+        &mut self,
+        pipeline: &mut Pipeline<'_>,
+        power: &mut Option<PowerFeed>,
+        not_drained: NotDrained,
+    ) -> Result<()> {
+        pipeline.finish()?;
+        pipeline.account_losses(self.counters.read()?, not_drained)?;
+        if let Some(feed) = power.take() {
+            *power = Some(feed.finish(|lines| pipeline.power(lines)).await?);
+        }
+        self.progress.finish();
+        pipeline.flush()?;
+        Ok(())
+    }
+}
+
+/// Every quarter second: what the ring holds below its wakeup threshold, the pipeline's
+/// waiting lines, the losses, the progress line, the trace flushed.
+fn tick(
+    pipeline: &mut Pipeline<'_>,
+    ring: &mut RingBuf<MapData>,
+    counters: &CounterReader,
+    progress: &mut Progress,
+) -> Result<()> {
+    // Records below the wakeup threshold raise no readiness: collect them here.
+    pipeline.drain(ring, DRAIN_RECORDS, DRAIN_TIME, &stopping)?;
+    pipeline.tick()?;
+    pipeline.account_losses(counters.read()?, NotDrained::default())?;
+    progress.update(pipeline.calls_written(), pipeline.lost());
+    // A live trace can be followed (`tail -f`) a quarter second behind.
+    pipeline.flush()?;
+    Ok(())
 }
 
 /// Waits until every watched process has exited, passing stopping signals on to the
@@ -312,7 +338,7 @@ async fn wait_for_the_rest(
             index = any_exit(&exits) => {
                 let (pid, _) = exits.swap_remove(index);
                 if child == Some(pid) {
-                    let (code, signal) = reap(pid);
+                    let (code, signal) = spawn::reap(pid);
                     outcome.code = code;
                     outcome.signal = signal;
                 }
@@ -323,16 +349,6 @@ async fn wait_for_the_rest(
                 outcome.stopped_by = stopped_by.or(outcome.stopped_by);
             }
         }
-    }
-}
-
-/// Records that the signal `STOP_SIGNALS[index]` stopped tracing, and passes it on.
-fn stop(outcome: &mut Outcome, index: usize, child: Option<u32>) {
-    let (name, number, pass_on) = STOP_SIGNALS[index];
-    outcome.stopped_by = Some(name);
-    if let (Some(pid), true) = (child, pass_on) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(pid as i32, number) };
     }
 }
 
@@ -389,21 +405,4 @@ fn watch<T: AsRawFd>(inner: T, what: &str) -> Result<AsyncFd<T>> {
     // SAFETY: the AsyncFd owns `inner`, so the fd stays open while it is registered.
     unsafe { AsyncFd::register_with_interest(inner, tokio::io::Interest::READABLE) }
         .map_err(|_| anyhow!("cannot poll {what}"))
-}
-
-/// Reaps the child: (exit code, killing signal).
-pub fn reap(pid: u32) -> (Option<i32>, Option<i32>) {
-    let mut status = 0;
-    // SAFETY: waitpid on our own child.
-    let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-    if rc != pid as i32 {
-        return (None, None);
-    }
-    if libc::WIFEXITED(status) {
-        (Some(libc::WEXITSTATUS(status)), None)
-    } else if libc::WIFSIGNALED(status) {
-        (None, Some(libc::WTERMSIG(status)))
-    } else {
-        (None, None)
-    }
 }

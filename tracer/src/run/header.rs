@@ -4,9 +4,8 @@
 
 use std::{collections::HashSet, time::UNIX_EPOCH};
 
-use super::args::RunArgs;
-use crate::clock::Clocks;
 use crate::{
+    clock::Clocks,
     probes::{
         attach::AttachFailure,
         discovery::NewLibrary,
@@ -19,16 +18,29 @@ use crate::{
     },
 };
 
+/// What the header says of the flags.
+pub struct HeaderFlags {
+    /// `command`, `pid` (`-p` alone) or `all`.
+    pub mode: &'static str,
+    pub command: Vec<String>,
+    /// `--functions`, as given.
+    pub functions: String,
+    /// `--launch-entry-only`, or `--gpu`.
+    pub launch_entry_only: bool,
+    pub ring_bytes: u32,
+    pub stacks: Option<StacksInfo>,
+}
+
 /// What the header says that is known before anything is attached: the flags, the clocks,
 /// and the objects of `--power` and `--gpu` (from their own set-up).
-pub struct HeaderBase<'a> {
-    pub args: &'a RunArgs,
+pub struct HeaderBase {
+    pub flags: HeaderFlags,
     pub clocks: Clocks,
     pub power: Option<PowerInfo>,
     pub gpu: Option<GpuHeaderInfo>,
 }
 
-impl HeaderBase<'_> {
+impl HeaderBase {
     /// The header of a run. `plans` are the libraries attached at start (each has its
     /// `library` line after the header); `pids` the processes traced from the start (the
     /// command's first); symbols in `failures` did not attach and are left out of `probes`.
@@ -40,26 +52,15 @@ impl HeaderBase<'_> {
         failures: Vec<AttachFailureInfo>,
         kernel_hooks: Option<KernelHooksInfo>,
     ) -> Header {
-        let args = self.args;
+        let flags = &self.flags;
         let (host, kernel) = uname();
-        let mode = if args.all {
-            "all"
-        } else if args.command.is_empty() {
-            "pid"
-        } else {
-            "command"
-        };
         let failed: HashSet<&str> = failures.iter().map(|f| f.symbol.as_str()).collect();
         Header {
             format: "cudatrace".into(),
             version: FORMAT_VERSION,
             cudatrace_version: env!("CARGO_PKG_VERSION").into(),
-            mode: mode.into(),
-            command: args
-                .command
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
+            mode: flags.mode.into(),
+            command: flags.command.clone(),
             pids: pids.to_vec(),
             start_wall: humantime::format_rfc3339_nanos(self.clocks.wall).to_string(),
             start_wall_ns: self
@@ -72,8 +73,8 @@ impl HeaderBase<'_> {
             start_monotonic_ns: Some(self.clocks.monotonic_ns),
             host,
             kernel,
-            functions: args.functions.to_string(),
-            launch_entry_only: args.launch_entry_only || args.gpu,
+            functions: flags.functions.clone(),
+            launch_entry_only: flags.launch_entry_only,
             libcuda: plans
                 .of(&LIBCUDA)
                 .map(|plan| LibcudaInfo {
@@ -83,7 +84,7 @@ impl HeaderBase<'_> {
                 })
                 .unwrap_or_default(),
             attach,
-            ring_bytes: args.ring_kib * 1024,
+            ring_bytes: flags.ring_bytes,
             probes: plans
                 .probes()
                 .filter(|p| !failed.contains(p.symbol.as_str()))
@@ -102,11 +103,7 @@ impl HeaderBase<'_> {
             kernel_hooks,
             power: self.power.clone(),
             gpu: self.gpu.clone(),
-            stacks: args.stacks.as_ref().map(|selection| StacksInfo {
-                families: selection.names(),
-                depth: args.stack_depth,
-                every: (args.stack_every > 1).then_some(args.stack_every),
-            }),
+            stacks: flags.stacks.clone(),
             ..Header::default()
         }
     }

@@ -19,10 +19,20 @@ pub struct NotDrained {
     pub other: u64,
 }
 
+/// The footer's figures of the loss accounting, as last reported.
+#[derive(Clone, Debug, Default)]
+pub struct LossFigures {
+    pub lost: LostCounts,
+    /// Calls the kernel saw start in traced processes.
+    pub entries_seen: u64,
+    pub abandoned_calls: u64,
+    pub unmatched_returns: u64,
+}
+
 /// The figures as last reported.
 #[derive(Default)]
 pub struct LossAccount {
-    last: LostCounts,
+    last: LossFigures,
     /// `--gpu`: the GPU figures are written (as 0 too).
     gpu: bool,
 }
@@ -90,17 +100,27 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 20] {
 impl LossAccount {
     pub fn new(gpu: bool) -> Self {
         LossAccount {
-            last: LostCounts::default(),
+            last: LossFigures::default(),
             gpu,
         }
     }
 
     /// Everything lost so far.
     pub fn lost(&self) -> u64 {
-        self.last.total
+        self.last.lost.total
     }
 
-    /// Writes a `lost` line for each reason that grew since the last look, and sets the
+    /// The footer's figures, as last reported.
+    pub fn figures(&self) -> LossFigures {
+        self.last.clone()
+    }
+
+    /// The `lost` figures, as last reported.
+    pub fn last(&self) -> &LostCounts {
+        &self.last.lost
+    }
+
+    /// Writes a `lost` line for each reason that grew since the last look, and keeps the
     /// footer's figures.
     pub fn update(
         &mut self,
@@ -110,7 +130,8 @@ impl LossAccount {
     ) -> io::Result<()> {
         let counts = lost_counts(&now, not_drained, self.gpu);
         let ts_ns = monotonic_ns();
-        for ((reason, after), (_, before)) in reasons(&counts).into_iter().zip(reasons(&self.last))
+        for ((reason, after), (_, before)) in
+            reasons(&counts).into_iter().zip(reasons(&self.last.lost))
         {
             if after > before {
                 writer.write(&LostLine {
@@ -122,11 +143,12 @@ impl LossAccount {
                 })?;
             }
         }
-        writer.footer.lost = counts.clone();
-        writer.footer.entries_seen = now.entries;
-        writer.footer.abandoned_calls = now.abandoned_frames;
-        writer.footer.unmatched_returns = now.unmatched_returns;
-        self.last = counts;
+        self.last = LossFigures {
+            lost: counts,
+            entries_seen: now.entries,
+            abandoned_calls: now.abandoned_frames,
+            unmatched_returns: now.unmatched_returns,
+        };
         Ok(())
     }
 

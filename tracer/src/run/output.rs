@@ -9,7 +9,6 @@ use std::{
 use anyhow::{Result, anyhow};
 
 use super::{
-    args::RunArgs,
     output_name::{self, NameContext},
     prepare::Command,
 };
@@ -35,25 +34,26 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Opens the trace (written as `user`, never over one of `inputs`), its analysis
-    /// knowing `--gpu` and `--power`.
+    /// Opens the trace at `output` (`-o`; written as `user`, never over one of `inputs`),
+    /// its analysis knowing `--gpu` and `--power`.
     pub fn open(
-        args: &RunArgs,
+        output: Option<&Path>,
+        gpu: bool,
         user: Option<&TargetUser>,
         power: Option<&PowerSetup>,
         inputs: &[Input],
     ) -> Result<Self, Failure> {
-        let requested = match &args.output {
+        let requested = match output {
             Some(path) if path != Path::new("-") => Some(
                 output_name::expand(path, &NameContext::current())
                     .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?,
             ),
-            other => other.clone(),
+            other => other.map(Path::to_path_buf),
         };
         let (writer, label) = open_output(requested.as_deref(), user, inputs)
             .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
         let started = Instant::now();
-        let mut analysis = if args.gpu {
+        let mut analysis = if gpu {
             Analysis::with_gpu_linking()
         } else {
             Analysis::default()

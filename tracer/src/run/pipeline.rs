@@ -19,14 +19,19 @@
 use std::{
     io,
     sync::Arc,
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
-use tracer_common::{flags, proc_event};
+use tracer_common::{
+    AttachEvent, flags, proc_event,
+    stacks::{RawPyFrame, StackEvent},
+};
 
 use super::{
     attaching::{Attaching, NotAttached},
+    loss::{LossAccount, LossFigures, NotDrained},
     queue::{Item, OutputQueue},
     window::WindowFilter,
 };
@@ -39,7 +44,7 @@ use crate::{
     events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
     inject::control::ControlFile,
     probes::maps::Counters,
-    schema::{GpuLine, Line, LostLine, PowerLine},
+    schema::{GpuLine, Line, LostLine, PowerLine, StacksFooter, WindowFooter},
     sinks::jsonl::TraceWriter,
     stacks::{StackLines, Stacks},
 };
@@ -48,20 +53,22 @@ use crate::{
 const NODE_WAIT: Duration = Duration::from_secs(1);
 
 pub struct Pipeline<'a> {
-    pub decoder: Decoder,
-    pub attaching: &'a mut Attaching,
-    pub analysis: &'a mut Analysis,
-    pub writer: &'a mut TraceWriter,
+    decoder: Decoder,
+    attaching: &'a mut Attaching,
+    analysis: &'a mut Analysis,
+    writer: &'a mut TraceWriter,
+    /// The kernel's drop counters and the losses only userspace sees, as `lost` lines.
+    loss: LossAccount,
     /// Records CUPTI said it dropped (`--gpu`), for the loss accounting.
-    pub cupti_dropped: u64,
+    cupti_dropped: u64,
     /// Libraries a process could not be given its probes on, for the loss accounting.
-    pub library_not_attached: u64,
+    library_not_attached: u64,
     /// `--gpu` was given.
-    pub gpu: bool,
+    gpu: bool,
     /// `--start-at`/`--duration`: the lines outside the window are analysed, not written.
-    pub window: Option<WindowFilter>,
+    window: Option<WindowFilter>,
     /// `--stacks`: the stacks stage (interpreters, stack records, the calls' stacks).
-    pub stacks: Option<Stacks>,
+    stacks: Option<Stacks>,
     /// `--gpu`: the lines on their way to enrich and the writer.
     queue: OutputQueue,
     /// `--gpu`: how the injection libraries are told to yield or resume.
@@ -70,6 +77,28 @@ pub struct Pipeline<'a> {
     gpu_lines: Vec<GpuLine>,
     /// The front of the queue waits for the rest of its graph launch, since.
     node_wait: Option<Instant>,
+}
+
+/// The stages the pipeline runs beside enrich and the sinks: decode, and those the flags
+/// ask for.
+pub struct Stages {
+    pub decoder: Decoder,
+    /// `--start-at`/`--duration`: which lines are written.
+    pub window: Option<WindowFilter>,
+    /// `--stacks`' stage.
+    pub stacks: Option<Stacks>,
+    /// `--gpu`: the injection libraries' control file.
+    pub control: Option<Arc<ControlFile>>,
+}
+
+/// What the pipeline's stages counted, for the footer.
+pub struct PipelineFigures {
+    pub loss: LossFigures,
+    /// Records the decoder could not decode.
+    pub undecodable: u64,
+    pub stacks: Option<StacksFooter>,
+    /// What the window left out (whether it closed is the event loop's to say).
+    pub window: Option<WindowFooter>,
 }
 
 /// What one drain did.
@@ -85,12 +114,17 @@ const CLOCK_EVERY: usize = 256;
 
 impl<'a> Pipeline<'a> {
     pub fn new(
-        decoder: Decoder,
+        stages: Stages,
         attaching: &'a mut Attaching,
         analysis: &'a mut Analysis,
         writer: &'a mut TraceWriter,
-        control: Option<Arc<ControlFile>>,
     ) -> Self {
+        let Stages {
+            decoder,
+            window,
+            stacks,
+            control,
+        } = stages;
         let gpu = control.is_some();
         if gpu {
             analysis.linker().hold_launches = true;
@@ -100,11 +134,12 @@ impl<'a> Pipeline<'a> {
             attaching,
             analysis,
             writer,
+            loss: LossAccount::new(gpu),
             cupti_dropped: 0,
             library_not_attached: 0,
             gpu,
-            window: None,
-            stacks: None,
+            window,
+            stacks,
             queue: OutputQueue::default(),
             control,
             gpu_lines: Vec::new(),
@@ -112,9 +147,56 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// `--gpu` was given.
+    pub fn gpu(&self) -> bool {
+        self.gpu
+    }
+
+    /// Tracing ends: the probes stop recording and go to a thread that detaches them
+    /// (see [`Attaching::end`]); their last records are still drained through here.
+    pub fn end_probes(&mut self) -> anyhow::Result<JoinHandle<()>> {
+        self.attaching.end()
+    }
+
+    /// The first write of the trace that failed.
+    pub fn write_failed(&self) -> Option<&io::Error> {
+        self.writer.failed()
+    }
+
+    /// Call lines written so far.
+    pub fn calls_written(&self) -> u64 {
+        self.writer.footer.events.call
+    }
+
+    /// Everything lost so far, as last accounted.
+    pub fn lost(&self) -> u64 {
+        self.loss.lost()
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+
+    /// Writes a `lost` line for each reason that grew since the last look: the kernel's
+    /// counters, the losses only userspace sees, and `not_drained`.
+    pub fn account_losses(&mut self, kernel: Counters, not_drained: NotDrained) -> io::Result<()> {
+        let now = self.counters(kernel);
+        self.loss.update(now, not_drained, self.writer)
+    }
+
+    /// Tracing is over: what the stages counted.
+    pub fn figures(self) -> PipelineFigures {
+        PipelineFigures {
+            loss: self.loss.figures(),
+            undecodable: self.decoder.undecodable,
+            stacks: self.stacks.as_ref().map(Stacks::footer),
+            window: self.window.map(|window| window.footer),
+        }
+    }
+
     /// The kernel's counters with the losses only userspace sees (CUPTI's, libraries not
     /// attached, and GPU work never recorded).
-    pub fn counters(&mut self, mut kernel: Counters) -> Counters {
+    fn counters(&mut self, mut kernel: Counters) -> Counters {
         kernel.cupti_dropped = self.cupti_dropped;
         kernel.library_not_attached = self.library_not_attached;
         if self.gpu {
@@ -161,37 +243,15 @@ impl<'a> Pipeline<'a> {
         })
     }
 
-    /// One record through decode, enrich and the sinks (or to the attach layer).
+    /// One record through decode, enrich and the sinks (or to the attach layer, or the
+    /// stacks stage).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
         let raw = decode(bytes);
         // Whether the call's probe has stacks, and whether `--stack-every` skipped it.
         let (mut stacked, mut sampled_out) = (false, false);
         match &raw {
-            Ok(RawEvent::Attach(event)) => {
-                // While the process waits: its interpreter, before its probes let it go on.
-                if let Some(line) = self.stacks.as_mut().and_then(|s| s.attach_event(event)) {
-                    self.writer.write(&line)?;
-                }
-                let (lines, not_attached) = self.attaching.handle(event);
-                for line in lines {
-                    self.writer.write(&line)?;
-                }
-                if let Some(lost) = not_attached {
-                    self.library_lost(event.header.ts_ns, lost)?;
-                }
-                return Ok(());
-            }
-            Ok(RawEvent::Stack { event, frames }) => {
-                if let Some(stacks) = &mut self.stacks {
-                    for line in stacks.stack(event, frames) {
-                        match line {
-                            StackLines::Interpreter(line) => self.writer.write(&line)?,
-                            StackLines::Stack(line) => self.writer.write(&line)?,
-                        }
-                    }
-                }
-                return Ok(());
-            }
+            Ok(RawEvent::Attach(event)) => return self.attach_event(event),
+            Ok(RawEvent::Stack { event, frames }) => return self.stack_record(event, frames),
             Ok(RawEvent::Code { head, data }) => {
                 if let Some(stacks) = &mut self.stacks {
                     stacks.code(head, data);
@@ -217,31 +277,64 @@ impl<'a> Pipeline<'a> {
             }
             _ => {}
         }
-        let event = match self.decoder.decode_raw(raw, self.attaching.plans()) {
-            Some(event) => event,
-            None => return Ok(()),
-        };
-        match event {
-            Event::Line(mut line) => {
+        match self.decoder.decode_raw(raw, self.attaching.plans()) {
+            Some(Event::Line(mut line)) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
                     stacks.call(call, sampled_out);
                 }
-                if !self.gpu {
-                    self.analysis.line(&mut line);
-                    if self.kept(&line) {
-                        self.writer.line(&line)?;
-                    }
-                    self.decoder.recycle(line);
-                    return Ok(());
-                }
-                self.line_arrived(line);
-                self.settle(false)
+                self.line(line)
             }
-            Event::Gpu(event) => {
+            Some(Event::Gpu(event)) => {
                 self.gpu_arrived(event);
                 self.settle(false)
             }
+            None => Ok(()),
         }
+    }
+
+    /// For the attach layer, no line of its own: it attaches, and a new library file
+    /// gets its `library` line, a process that could not get its probes a `lost` line.
+    fn attach_event(&mut self, event: &AttachEvent) -> io::Result<()> {
+        // While the process waits: its interpreter, before its probes let it go on.
+        if let Some(line) = self.stacks.as_mut().and_then(|s| s.attach_event(event)) {
+            self.writer.write(&line)?;
+        }
+        let (lines, not_attached) = self.attaching.handle(event);
+        for line in lines {
+            self.writer.write(&line)?;
+        }
+        if let Some(lost) = not_attached {
+            self.library_lost(event.header.ts_ns, lost)?;
+        }
+        Ok(())
+    }
+
+    /// A stack record, to the stacks stage: its `stack` (and `interpreter`) lines.
+    fn stack_record(&mut self, event: &StackEvent, frames: &[RawPyFrame]) -> io::Result<()> {
+        let Some(stacks) = &mut self.stacks else {
+            return Ok(());
+        };
+        for line in stacks.stack(event, frames) {
+            match line {
+                StackLines::Interpreter(line) => self.writer.write(&line)?,
+                StackLines::Stack(line) => self.writer.write(&line)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A decoded line: enrich, then the sinks; with `--gpu`, through the queue.
+    fn line(&mut self, mut line: Line) -> io::Result<()> {
+        if self.gpu {
+            self.line_arrived(line);
+            return self.settle(false);
+        }
+        self.analysis.line(&mut line);
+        if self.kept(&line) {
+            self.writer.line(&line)?;
+        }
+        self.decoder.recycle(line);
+        Ok(())
     }
 
     /// `--gpu`: a decoded line, into the queue.
@@ -376,9 +469,9 @@ impl<'a> Pipeline<'a> {
     /// it (the loss accounting counts it in the footer, without a line of its own).
     fn library_lost(&mut self, ts_ns: u64, lost: NotAttached) -> io::Result<()> {
         self.library_not_attached += 1;
-        let footer = &self.writer.footer.lost;
+        let last = self.loss.last();
         // Everything lost so far: the last tick's figures, with this run's library losses.
-        let total = footer.total - footer.library_not_attached + self.library_not_attached;
+        let total = last.total - last.library_not_attached + self.library_not_attached;
         self.writer.write(&LostLine {
             ts_ns,
             reason: "library_not_attached".into(),

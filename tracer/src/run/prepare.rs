@@ -2,11 +2,11 @@
 //! library files probed from the start (and `--missing-probes` on them), NVML for
 //! `--power`, who the command runs as and its path, `--gpu`'s injection library.
 
-use std::path::PathBuf;
+use std::{ffi::OsString, path::PathBuf};
 
 use anyhow::anyhow;
 
-use super::{args::RunArgs, missing};
+use super::missing;
 use crate::{
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},
@@ -15,11 +15,32 @@ use crate::{
     probes::{
         discovery::{Found, FoundLibrary},
         library::{self, Library, LibraryError},
-        plan::{FunctionSelection, Plan},
+        plan::{FunctionSelection, MissingProbes, Plan},
         probe_set::{INJECTION, LIBCUDA, PROBE_SETS},
     },
     spawn,
 };
+
+/// What preparing is asked for, read from the flags (`run::run`).
+pub struct PrepareOptions {
+    /// `--libcuda`.
+    pub libcuda: Option<PathBuf>,
+    /// `--lib`.
+    pub libs: Vec<PathBuf>,
+    /// `--functions`: what the libraries probed from the start are checked for.
+    pub functions: FunctionSelection,
+    pub missing_probes: MissingProbes,
+    /// `--power`'s period, in milliseconds, and `--nvml`.
+    pub power: Option<u32>,
+    pub nvml: Option<PathBuf>,
+    /// `--as-root`: the command runs as root even under sudo.
+    pub as_root: bool,
+    /// The command's program, as given (its first word).
+    pub program: Option<OsString>,
+    /// `--gpu`, and `--cupti`.
+    pub gpu: bool,
+    pub cupti: Option<PathBuf>,
+}
 
 /// What the run prepared.
 pub struct Prepared {
@@ -42,12 +63,12 @@ pub struct Command {
 }
 
 /// Prepares the run; every failure here happens before the trace file exists.
-pub fn prepare(args: &RunArgs) -> Result<Prepared, Failure> {
-    let mut libraries = start_libraries(args)?;
+pub fn prepare(options: &PrepareOptions) -> Result<Prepared, Failure> {
+    let mut libraries = start_libraries(options)?;
     // NVML is started before anything else happens, so its absence stops the run early.
-    let power = match args.power {
+    let power = match options.power {
         Some(period_ms) => Some(
-            PowerSetup::prepare(args.nvml.as_deref(), period_ms).map_err(|why| {
+            PowerSetup::prepare(options.nvml.as_deref(), period_ms).map_err(|why| {
                 Failure::new(
                     ExitCode::NoNvml,
                     anyhow!("--power: {why}; pass --nvml PATH, or run without --power"),
@@ -56,12 +77,12 @@ pub fn prepare(args: &RunArgs) -> Result<Prepared, Failure> {
         ),
         None => None,
     };
-    let user = if args.as_root {
+    let user = if options.as_root {
         None
     } else {
         privileges::sudo_user()
     };
-    let program = match args.command.first() {
+    let program = match &options.program {
         Some(program) => {
             let path_var = std::env::var_os("PATH");
             let resolved = spawn::resolve(program, path_var.as_deref()).map_err(|e| {
@@ -75,11 +96,11 @@ pub fn prepare(args: &RunArgs) -> Result<Prepared, Failure> {
         }
         None => None,
     };
-    let gpu = match args.gpu {
+    let gpu = match options.gpu {
         true => {
             let env = privileges::command_env(user.as_ref());
             let injection = inject::prepare(
-                args.cupti.as_deref(),
+                options.cupti.as_deref(),
                 program.as_deref(),
                 &env,
                 user.as_ref(),
@@ -120,14 +141,14 @@ fn injection_library(injection: &GpuInjection) -> Result<FoundLibrary, Failure> 
 /// given no file, the one the default search finds (none is no error: libraries are also
 /// found as the traced processes load them). `--missing-probes` applies to each; a file
 /// given by path that cannot be used is an error.
-fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
+fn start_libraries(options: &PrepareOptions) -> Result<Vec<FoundLibrary>, Failure> {
     let unusable = |e: anyhow::Error| Failure::new(ExitCode::NoLibcuda, e);
     let mut found = Vec::new();
-    if let Some(path) = &args.libcuda {
+    if let Some(path) = &options.libcuda {
         let path = library::find(&LIBCUDA, Some(path)).map_err(|e| unusable(e.into()))?;
         found.push(FoundLibrary::open(&LIBCUDA, &path, Found::Explicit).map_err(unusable)?);
     }
-    for path in &args.libs {
+    for path in &options.libs {
         let file = std::fs::File::open(path)
             .map_err(|e| unusable(LibraryError::LibUnreadable(path.clone(), e).into()))?;
         let set = library::identify(&file, path).map_err(|e| unusable(e.into()))?;
@@ -152,18 +173,18 @@ fn start_libraries(args: &RunArgs) -> Result<Vec<FoundLibrary>, Failure> {
         }
     }
     for library in &found {
-        check_plan(args, library)?;
+        check_plan(options, library)?;
     }
     Ok(found)
 }
 
 /// `--missing-probes` on a library planned at start; one that exports none of its
 /// functions is an error.
-fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
-    let plan = Plan::new(found.set, &found.library, 0, &args.functions);
+fn check_plan(options: &PrepareOptions, found: &FoundLibrary) -> Result<(), Failure> {
+    let plan = Plan::new(found.set, &found.library, 0, &options.functions);
     if !plan.unmatched_globs.is_empty() {
         missing::apply(
-            args.missing_probes,
+            options.missing_probes,
             &format!(
                 "patterns of --functions match no {} export",
                 plan.set.library
@@ -177,7 +198,7 @@ fn check_plan(args: &RunArgs, found: &FoundLibrary) -> Result<(), Failure> {
     }
     if !plan.missing.is_empty() {
         missing::apply(
-            args.missing_probes,
+            options.missing_probes,
             &format!("functions not exported by {}", plan.set.library),
             &plan.missing,
         )?;

@@ -2,7 +2,7 @@
 //! what was lost and why, `--power`'s troubles, calls that never returned, a run that
 //! found no library, and (unless `-q`) the short summary.
 
-use super::{args::RunArgs, loss::LossAccount, outcome::Outcome};
+use super::{loss::LossAccount, outcome::Outcome};
 use crate::{
     analysis::Report,
     power::sampler::describe_errors,
@@ -22,8 +22,17 @@ pub struct Closing<'a> {
     pub output_label: &'a str,
 }
 
+/// What the closing report is asked for, from the flags.
+#[derive(Clone, Copy)]
+pub struct ReportFlags {
+    /// `-q`: no window figures, no short summary.
+    pub quiet: bool,
+    /// `--ring-kib`, for the hint when the ring refused records.
+    pub ring_kib: u32,
+}
+
 /// Prints the closing report.
-pub fn print(args: &RunArgs, closing: &Closing) {
+pub fn print(flags: ReportFlags, closing: &Closing) {
     let Closing {
         footer,
         report,
@@ -39,7 +48,7 @@ pub fn print(args: &RunArgs, closing: &Closing) {
         footer.events.process,
         exit.describe()
     );
-    if let (Some(window), false) = (&footer.window, args.quiet) {
+    if let (Some(window), false) = (&footer.window, flags.quiet) {
         eprintln!(
             "cudatrace: the window left out {} lines before it and {} after it (analysed, not \
              written: the figures below count them)",
@@ -55,7 +64,7 @@ pub fn print(args: &RunArgs, closing: &Closing) {
         let hint = if ring_refused > 0 {
             format!(
                 "; try --ring-kib {}",
-                args.ring_kib.saturating_mul(4).min(1 << 20)
+                flags.ring_kib.saturating_mul(4).min(1 << 20)
             )
         } else {
             String::new()
@@ -87,7 +96,7 @@ pub fn print(args: &RunArgs, closing: &Closing) {
                 .join(" or ")
         );
     }
-    if !args.quiet {
+    if !flags.quiet {
         eprint!("{}", render_short(report));
         if let Some(gpu) = &footer.gpu {
             eprint!("{}", render_gpu_short(&report.gpu, gpu));

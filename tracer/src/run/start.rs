@@ -1,92 +1,113 @@
 //! Starting to trace, in the order that lets the command's first call (`cuInit`) be seen:
-//! load the eBPF object, plan and attach the libraries known at start (with `--gpu`, the
-//! injection library too) and the process tracking and library discovery (and `--kernel`'s
-//! hooks) (`probe`); fork the command suspended, mark it traced and give it its probes,
-//! watch for signals and its exit (`spawn`); write the header and the `library` lines,
-//! start `--power`'s sampler, release the command. Each step returns what the next needs;
-//! the last returns what the event loop needs ([`Started`]).
+//! probe (`probe.rs`: load the object, attach what is known at start); fork the command
+//! suspended, mark it traced and give it its probes, watch for signals and its exit
+//! (`spawn`); write the header and the `library` lines, start `--power`'s sampler, release
+//! the command. Each step returns what the next needs; the last returns what the event
+//! loop needs ([`Started`]).
 
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, ffi::OsString, time::Duration};
 
 use anyhow::{Result, anyhow};
-use aya::maps::{MapData, RingBuf};
 
 use super::{
-    args::RunArgs,
     attaching::Attaching,
-    event_loop::Watches,
-    header::{HeaderBase, failure_info},
-    missing,
+    event_loop::{Sources, Watches},
+    header::{HeaderBase, HeaderFlags, failure_info},
+    pipeline::Stages,
     power_feed::PowerFeed,
     prepare::Command,
+    probe::{self, ProbeOptions, Probed, Targets},
     window::{self, WindowFilter},
 };
 use crate::{
-    clock::{Clocks, monotonic_ns},
+    clock::Clocks,
     events::Decoder,
     exit::{ExitCode, Failure},
     inject::{self, GpuInjection},
     kernel_hooks,
     power::PowerSetup,
     privileges,
-    probes::{
-        attach::{Attacher, Scope},
-        discovery::{Discovery, FoundLibrary, library_names},
-        loaded::LoadedObject,
-        maps::{CounterReader, NamePatterns},
-        object::{LoadOptions, StackOptions},
-        programs,
-        stops::Stops,
-        tracefs,
-    },
-    schema::{AttachInfo, InterpreterLine, KernelHooksInfo, LibraryLine},
+    probes::{attach::Scope, discovery::FoundLibrary},
+    schema::KernelHooksInfo,
     sinks::jsonl::TraceWriter,
     spawn::{self, Gated},
-    stacks::{self, Stacks},
 };
 
-/// What the event loop needs: the probes, the ring and counters, the watches, the
-/// command released, `--power`'s sampler.
+/// What starting is asked for, read from the flags once (`run::run`).
+pub struct StartOptions {
+    /// What the header says of the flags.
+    pub header: HeaderFlags,
+    pub targets: Targets,
+    pub probes: ProbeOptions,
+    pub command: CommandOptions,
+    /// `--start-at`/`--duration`, when either is given.
+    pub window: Option<WindowAsked>,
+    /// `--gpu`: tracing goes on after the window's end for the GPU records.
+    pub gpu: bool,
+    pub quiet: bool,
+}
+
+/// How the command is started.
+pub struct CommandOptions {
+    /// The command's words (its program already resolved, `Command::program`).
+    pub argv: Vec<OsString>,
+    /// `-o -`: the command's standard output goes to stderr.
+    pub stdout_to_stderr: bool,
+}
+
+/// `--start-at` (ns since the epoch) and `--duration`.
+pub struct WindowAsked {
+    pub start_at: Option<u64>,
+    pub duration: Option<Duration>,
+}
+
+/// What the event loop needs: the probes, the pipeline's stages, the ring and counters,
+/// the watches and the command released, `--power`'s sampler.
 pub struct Started {
     pub attaching: Attaching,
-    pub ring: RingBuf<MapData>,
-    pub counters: CounterReader,
-    pub decoder: Decoder,
+    pub stages: Stages,
+    pub sources: Sources,
     pub runtime: tokio::runtime::Runtime,
-    pub watches: Watches,
-    /// The command, running.
-    pub child: Option<u32>,
     pub power: Option<PowerFeed>,
-    /// `--start-at`/`--duration`: which lines are written.
-    pub window: Option<WindowFilter>,
-    /// `--stacks`' stage.
-    pub stacks: Option<Stacks>,
 }
 
 /// Starts tracing, writing the header and the `library` lines. A start that fails before
 /// its header still writes one, from what was known by then.
 pub fn start(
-    args: &RunArgs,
+    options: StartOptions,
     command: &Command,
     libraries: Vec<FoundLibrary>,
     power: Option<PowerSetup>,
     writer: &mut TraceWriter,
 ) -> Result<Started, Failure> {
+    let StartOptions {
+        header,
+        targets,
+        probes,
+        command: command_options,
+        window,
+        gpu,
+        quiet,
+    } = options;
     let base = HeaderBase {
-        args,
+        flags: header,
         clocks: Clocks::now(),
         power: power.as_ref().map(|setup| setup.info.clone()),
         gpu: command.gpu.as_ref().map(GpuInjection::header),
     };
+    let window = window.map(|asked| {
+        WindowFilter::new(window::place(asked.start_at, asked.duration, &base.clocks))
+    });
     // A start that fails before its header still writes one, from what was known.
-    let mut probed = match probe(args, libraries) {
+    let mut probed = match probe::probe(&probes, &targets, quiet, libraries) {
         Ok(probed) => probed,
         Err((failure, attach)) => {
             let _ = writer.header(&base.failed_start(attach, None));
             return Err(failure);
         }
     };
-    let spawned = match spawn(args, command, &mut probed) {
+    let close = window.as_ref().map(|window| (window, gpu));
+    let spawned = match spawn(&command_options, &targets, command, &mut probed, close) {
         Ok(spawned) => spawned,
         Err(failure) => {
             let header = base.failed_start(Some(probed.attach), probed.kernel_hooks);
@@ -94,39 +115,71 @@ pub fn start(
             return Err(failure);
         }
     };
-    let Probed {
-        attaching,
-        ring,
-        counters,
-        attach,
-        kernel_hooks,
-        lines,
-        interpreter_lines,
-        stacks,
-        ..
-    } = probed;
     let Spawned {
         gated,
         pids,
         runtime,
-        mut watches,
+        watches,
     } = spawned;
+    write_header(writer, &base, &probed, &pids, window.as_ref())?;
+    // The sampler starts before the command does: its first samples are the GPUs' power
+    // before the command touched them.
+    let power = start_power(power, quiet)?;
+    let child = match gated {
+        Some(gated) => Some(gated.release().map_err(internal_spawn)?),
+        None => None,
+    };
+    if !quiet {
+        say_what_is_traced(&targets, &probed.attaching, &pids);
+        say_gpu(command);
+    }
+    let Probed {
+        attaching,
+        ring,
+        counters,
+        kernel_hooks,
+        stacks,
+        ..
+    } = probed;
+    let decoder = Decoder::new(kernel_functions(kernel_hooks.as_ref()).map_err(internal)?);
+    Ok(Started {
+        attaching,
+        stages: Stages {
+            decoder,
+            window,
+            stacks,
+            control: command.gpu.as_ref().map(|gpu| gpu.control.clone()),
+        },
+        sources: Sources {
+            ring,
+            counters,
+            watches,
+            child,
+        },
+        runtime,
+        power,
+    })
+}
 
+/// The header (with the window, if any), then the `library` and `interpreter` lines of
+/// what was probed from the start.
+fn write_header(
+    writer: &mut TraceWriter,
+    base: &HeaderBase,
+    probed: &Probed,
+    pids: &[u32],
+    window: Option<&WindowFilter>,
+) -> Result<(), Failure> {
+    let attaching = &probed.attaching;
     let failures = attaching.failures.iter().map(|(_, f)| failure_info(f));
     let mut header = base.header(
         attaching.plans(),
-        attach,
-        &pids,
+        probed.attach.clone(),
+        pids,
         failures.collect(),
-        kernel_hooks.clone(),
+        probed.kernel_hooks.clone(),
     );
-    let window = (args.start_at.is_some() || args.duration.is_some())
-        .then(|| WindowFilter::new(window::place(args.start_at, args.duration, &base.clocks)));
-    if let Some(window) = &window {
-        header.window = Some(window.info.clone());
-        let _context = runtime.enter();
-        watches.close_at = window.stop_at(args.gpu);
-    }
+    header.window = window.map(|window| window.info.clone());
     let header_error = |e: std::io::Error| {
         Failure::new(
             ExitCode::OutputNotWritable,
@@ -134,244 +187,47 @@ pub fn start(
         )
     };
     writer.header(&header).map_err(header_error)?;
-    for line in &lines {
+    for line in &probed.lines {
         writer.write(line).map_err(header_error)?;
     }
-    for line in &interpreter_lines {
+    for line in &probed.interpreter_lines {
         writer.write(line).map_err(header_error)?;
-    }
-
-    // The sampler starts before the command does: its first samples are the GPUs' power
-    // before the command touched them.
-    let power = match power {
-        Some(setup) => {
-            if !args.quiet {
-                eprintln!("cudatrace: --power: {}", setup.describe());
-            }
-            let (sampler, receiver) = setup
-                .start()
-                .map_err(|e| internal(anyhow!("starting the NVML sampler: {e}")))?;
-            Some(PowerFeed { sampler, receiver })
-        }
-        None => None,
-    };
-    let child = match gated {
-        Some(gated) => Some(gated.release().map_err(internal_spawn)?),
-        None => None,
-    };
-    if !args.quiet {
-        say_what_is_traced(args, &attaching, &pids);
-        if let Some(gpu) = &command.gpu {
-            eprintln!(
-                "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
-                gpu.library.path.display(),
-                gpu.cupti.path.display(),
-                gpu.cupti.from
-            );
-            if let Some(chain) = &gpu.chain {
-                eprintln!(
-                    "cudatrace: --gpu: the command's own CUDA_INJECTION64_PATH ({}) starts after \
-                     cudatrace's; while it holds CUPTI, GPU recording yields to it (gpu_gap lines)",
-                    chain.to_string_lossy()
-                );
-            }
-        }
-    }
-    let decoder = Decoder::new(kernel_functions(kernel_hooks.as_ref()).map_err(internal)?);
-    Ok(Started {
-        attaching,
-        ring,
-        counters,
-        decoder,
-        runtime,
-        watches,
-        child,
-        power,
-        window,
-        stacks,
-    })
-}
-
-/// The probes attached before the command starts, and what the header says of them.
-struct Probed {
-    attaching: Attaching,
-    ring: RingBuf<MapData>,
-    counters: CounterReader,
-    /// The header's `attach` object, as attaching the start libraries left it.
-    attach: AttachInfo,
-    /// The ids of the libraries probed from the start: every traced process gets its
-    /// probes on them.
-    start_ids: Vec<u32>,
-    /// The `library` lines of the files planned so far, for after the header.
-    lines: Vec<LibraryLine>,
-    /// `--stacks`: the interpreters of the processes traced from the start.
-    interpreter_lines: Vec<InterpreterLine>,
-    kernel_hooks: Option<KernelHooksInfo>,
-    stacks: Option<Stacks>,
-}
-
-/// Loads the object and attaches: the libraries probed from the start, the process
-/// tracking and library discovery, the libraries of `-p`/`--all` processes, `--kernel`'s
-/// hooks. A failure comes with the `attach` object known by then.
-fn probe(
-    args: &RunArgs,
-    libraries: Vec<FoundLibrary>,
-) -> Result<Probed, (Failure, Option<AttachInfo>)> {
-    let loaded = LoadedObject::load(&LoadOptions {
-        trace_all: args.all,
-        ring_bytes: args.ring_kib * 1024,
-        device_prefix: device_prefix(args).to_owned(),
-        map_entries: args.map_entries.clone(),
-        stacks: stack_options(args).map_err(|e| (e, None))?,
-    })
-    .map_err(|e| (internal(e), None))?;
-    let LoadedObject {
-        bpf,
-        uprobe_multi,
-        ring,
-        counters,
-        probe_table,
-        traced,
-        mut names,
-        linked,
-        stops,
-        stacks,
-    } = loaded;
-    let mut stacks = stacks.map(|maps| Stacks::new(maps, args.quiet));
-    let attacher = Attacher::new(uprobe_multi, args.all);
-    if let (Some(reason), false) = (&attacher.fallback_reason, args.quiet) {
-        eprintln!("cudatrace: probing every process that maps the library: {reason}");
-    }
-    let discovery = Discovery::new(attacher, probe_table, linked, args.selection());
-    let (stops, keeper) = Stops::new(stops, monotonic_ns);
-    if let Err(error) = keeper {
-        eprintln!(
-            "cudatrace: WARNING: cannot start the keeper ({error}): if cudatrace is killed \
-             with SIGKILL while attaching, the process it stopped stays stopped (`kill -CONT` it)"
-        );
-    }
-    let mut attaching = Attaching::new(bpf, discovery, traced, stops, args.missing_probes);
-    let before = attaching.attach_info();
-    let (start_ids, mut lines) = attach_start(args, &mut attaching, &mut names, libraries)
-        .map_err(|failure| (failure, Some(before)))?;
-    // What the start libraries' attaching decided (some symbols may have gone to
-    // per-symbol links, some functions been refused).
-    let attach = attaching.attach_info();
-    let kernel_hooks = attach_tracking(args, &mut attaching, &start_ids, &mut lines)
-        .map_err(|failure| (failure, Some(attach.clone())))?;
-    let mut interpreter_lines = Vec::new();
-    if let Some(stacks) = &mut stacks {
-        // `-p` and `--all` processes that map a probed library: their interpreters now.
-        let mapping = if args.all {
-            all_pids()
-        } else {
-            args.pids.clone()
-        };
-        let now = monotonic_ns();
-        for pid in mapping {
-            if attaching.maps_probed_library(pid) {
-                interpreter_lines.extend(stacks.look_at(pid, now));
-            }
-        }
-    }
-    Ok(Probed {
-        attaching,
-        ring,
-        counters,
-        attach,
-        start_ids,
-        lines,
-        interpreter_lines,
-        kernel_hooks,
-        stacks,
-    })
-}
-
-/// The libraries probed from the start: planned, attached (for the host) or checked, with
-/// `--missing-probes` on what failed. Returns their ids and lines.
-fn attach_start(
-    args: &RunArgs,
-    attaching: &mut Attaching,
-    names: &mut NamePatterns,
-    libraries: Vec<FoundLibrary>,
-) -> Result<(Vec<u32>, Vec<LibraryLine>), Failure> {
-    let explicit: Vec<&FoundLibrary> = libraries.iter().collect();
-    names.set(&library_names(&explicit)).map_err(internal)?;
-    attaching.allow_stops().map_err(internal)?;
-    let mut lines = Vec::new();
-    let mut start_ids = Vec::new();
-    for found in libraries {
-        let (id, line) = attaching.add(found).map_err(internal)?;
-        start_ids.push(id);
-        lines.extend(line);
-    }
-    check_attached(args, attaching)?;
-    Ok((start_ids, lines))
-}
-
-/// Symbols that failed to attach are reported by `--missing-probes`; nothing attached at
-/// all is an error.
-fn check_attached(args: &RunArgs, attaching: &Attaching) -> Result<(), Failure> {
-    if attaching.failures.is_empty() {
-        return Ok(());
-    }
-    let names: Vec<&str> = attaching
-        .failures
-        .iter()
-        .map(|(_, f)| f.symbol.as_str())
-        .collect();
-    missing::apply(args.missing_probes, "functions failed to attach", &names)?;
-    if attaching.failures.len() == attaching.plans().probe_count() {
-        let paths: Vec<String> = attaching
-            .plans()
-            .iter()
-            .map(|plan| plan.library.path.display().to_string())
-            .collect();
-        return Err(internal(anyhow!(
-            "no probe could be attached to {}: {}",
-            paths.join(", "),
-            attaching.failures[0].1.error
-        )));
     }
     Ok(())
 }
 
-/// The process tracking and library discovery, the `-p` targets (and with `--all`, every
-/// process: what they map already), `--kernel`'s hooks. Returns what `--kernel` hooked.
-fn attach_tracking(
-    args: &RunArgs,
-    attaching: &mut Attaching,
-    start_ids: &[u32],
-    lines: &mut Vec<LibraryLine>,
-) -> Result<Option<KernelHooksInfo>, Failure> {
-    programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
-    let tracefs = tracefs::tracefs().map_err(internal)?;
-    programs::attach_discovery(attaching.bpf(), &tracefs).map_err(internal)?;
-    for pid in &args.pids {
-        attaching.trace_pid(*pid).map_err(internal)?;
-    }
-    // What the processes already map, read after discovery is watching: a library they
-    // open from now on is reported.
-    let mapping: Vec<u32> = if args.all {
-        all_pids()
-    } else {
-        args.pids.clone()
-    };
-    for pid in mapping {
-        // --all probes every process already: nothing to link.
-        lines.extend(attaching.add_mapped(pid, !args.all).map_err(internal)?);
-    }
-    for pid in &args.pids {
-        for id in start_ids {
-            attaching.link(*id, *pid).map_err(internal)?;
-        }
-    }
-    if !args.kernel {
+/// `--power`: starts the sampler NVML was prepared for.
+fn start_power(power: Option<PowerSetup>, quiet: bool) -> Result<Option<PowerFeed>, Failure> {
+    let Some(setup) = power else {
         return Ok(None);
+    };
+    if !quiet {
+        eprintln!("cudatrace: --power: {}", setup.describe());
     }
-    attach_kernel_hooks(args, attaching, &args.pids)
-        .map(Some)
-        .map_err(internal)
+    let (sampler, receiver) = setup
+        .start()
+        .map_err(|e| internal(anyhow!("starting the NVML sampler: {e}")))?;
+    Ok(Some(PowerFeed::Sampling { sampler, receiver }))
+}
+
+/// `--gpu`: what goes into the command, and another tool's injection after it.
+fn say_gpu(command: &Command) {
+    let Some(gpu) = &command.gpu else {
+        return;
+    };
+    eprintln!(
+        "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
+        gpu.library.path.display(),
+        gpu.cupti.path.display(),
+        gpu.cupti.from
+    );
+    if let Some(chain) = &gpu.chain {
+        eprintln!(
+            "cudatrace: --gpu: the command's own CUDA_INJECTION64_PATH ({}) starts after \
+             cudatrace's; while it holds CUPTI, GPU recording yields to it (gpu_gap lines)",
+            chain.to_string_lossy()
+        );
+    }
 }
 
 /// The command forked and waiting at its gate, and the watches for the end.
@@ -383,8 +239,15 @@ struct Spawned {
     watches: Watches,
 }
 
-/// Forks the command at its gate, traced and with its probes, and sets up the watches.
-fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawned, Failure> {
+/// Forks the command at its gate, traced and with its probes, and sets up the watches
+/// (with `close`, the window's end, later with `--gpu`).
+fn spawn(
+    options: &CommandOptions,
+    targets: &Targets,
+    command: &Command,
+    probed: &mut Probed,
+    close: Option<(&WindowFilter, bool)>,
+) -> Result<Spawned, Failure> {
     // Fork before any thread exists; the child waits at the gate.
     let gated = match &command.program {
         Some(path) => {
@@ -392,9 +255,9 @@ fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawn
             if let Some(gpu) = &command.gpu {
                 env = inject::with_vars(env, gpu.env());
             }
-            let redirect = args.output.as_deref() == Some(Path::new("-"));
+            let redirect = options.stdout_to_stderr;
             Some(
-                spawn::spawn_gated(path, &args.command, &env, command.user.as_ref(), redirect)
+                spawn::spawn_gated(path, &options.argv, &env, command.user.as_ref(), redirect)
                     .map_err(internal_spawn)?,
             )
         }
@@ -403,7 +266,7 @@ fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawn
     // Each traced process holds two link fds per library: raise our own fd limit, once
     // the command has been forked with the limit it would have had anyway.
     raise_open_files_limit();
-    let mut pids = args.pids.clone();
+    let mut pids = targets.pids.clone();
     if let Some(gated) = &gated {
         pids.insert(0, gated.pid);
         probed.attaching.trace_pid(gated.pid).map_err(internal)?;
@@ -423,11 +286,12 @@ fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawn
     // of them exits.
     let watched: Vec<u32> = match &gated {
         Some(gated) => vec![gated.pid],
-        None => args.pids.clone(),
+        None => targets.pids.clone(),
     };
     let watch_setup = {
         let _context = runtime.enter();
-        Watches::new(&watched)
+        let close_at = close.and_then(|(window, gpu)| window.stop_at(gpu));
+        Watches::new(&watched, close_at)
     };
     let watches = watch_setup.map_err(internal)?;
     Ok(Spawned {
@@ -436,20 +300,6 @@ fn spawn(args: &RunArgs, command: &Command, probed: &mut Probed) -> Result<Spawn
         runtime,
         watches,
     })
-}
-
-/// `--stacks`'s settings for the probes, or why this kernel cannot give stacks.
-fn stack_options(args: &RunArgs) -> Result<Option<StackOptions>, Failure> {
-    if args.stacks.is_none() {
-        return Ok(None);
-    }
-    let fsbase_offset = stacks::kernel_fsbase()
-        .map_err(|e| Failure::new(ExitCode::Usage, anyhow!("--stacks: {e}")))?;
-    Ok(Some(StackOptions {
-        fsbase_offset,
-        depth: args.stack_depth,
-        every: args.stack_every,
-    }))
 }
 
 fn internal(e: anyhow::Error) -> Failure {
@@ -467,13 +317,13 @@ fn internal_spawn(e: spawn::SpawnError) -> Failure {
     Failure::new(code, e)
 }
 
-fn say_what_is_traced(args: &RunArgs, attaching: &Attaching, pids: &[u32]) {
+fn say_what_is_traced(targets: &Targets, attaching: &Attaching, pids: &[u32]) {
     let attacher = attaching.attacher();
     let scope = match attacher.scope() {
         Scope::PerProcess => "per traced process",
         Scope::Host => "for every process",
     };
-    let targets = describe_targets(args, pids);
+    let targets = describe_targets(targets, pids);
     if attaching.plans().is_empty() {
         eprintln!(
             "cudatrace: no library found at start; libraries are attached as traced \
@@ -493,49 +343,6 @@ fn say_what_is_traced(args: &RunArgs, attaching: &Attaching, pids: &[u32]) {
         attacher.mechanism(),
         libraries.join(", "),
     );
-}
-
-fn device_prefix(args: &RunArgs) -> &str {
-    args.kernel_device_prefix
-        .as_deref()
-        .unwrap_or(kernel_hooks::DEVICE_PREFIX)
-}
-
-/// `--kernel`: picks kprobes or tracepoints, says which and why, attaches them.
-fn attach_kernel_hooks(
-    args: &RunArgs,
-    attaching: &mut Attaching,
-    pids: &[u32],
-) -> Result<KernelHooksInfo> {
-    let support = kernel_hooks::KernelSupport::probe(&tracefs::tracefs()?);
-    let plan = kernel_hooks::plan(&args.kernel_hooks, &support)?;
-    let bpf = attaching.bpf();
-    let functions = kernel_hooks::attach(bpf, &plan)?;
-    for pid in pids {
-        kernel_hooks::seed_open_fds(bpf, *pid, device_prefix(args))?;
-    }
-    if !args.quiet {
-        let what = match plan.mechanism {
-            "kprobe" => format!("kprobes on {}", functions.join(", ")),
-            _ => format!(
-                "the ioctl/mmap syscall tracepoints on {}*",
-                device_prefix(args)
-            ),
-        };
-        let xid = if plan.xid {
-            " and nvidia:nvidia_dev_xid"
-        } else {
-            ""
-        };
-        eprintln!("cudatrace: --kernel: {what}{xid} ({})", plan.reason);
-    }
-    Ok(KernelHooksInfo {
-        mechanism: plan.mechanism.to_owned(),
-        reason: plan.reason,
-        functions,
-        xid: plan.xid,
-        device_prefix: device_prefix(args).to_owned(),
-    })
 }
 
 /// Names of kprobed kernel functions by address; only those, and only with kprobes (all
@@ -571,20 +378,8 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Every process but this one (`--all`: what they map is attached at start).
-fn all_pids() -> Vec<u32> {
-    let own = std::process::id();
-    std::fs::read_dir("/proc")
-        .map(|dir| {
-            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-                .filter(|pid| *pid != own)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn describe_targets(args: &RunArgs, pids: &[u32]) -> String {
-    if args.all {
+fn describe_targets(targets: &Targets, pids: &[u32]) -> String {
+    if targets.all {
         return "every process using libcuda".into();
     }
     let list: Vec<String> = pids.iter().map(u32::to_string).collect();

@@ -22,81 +22,6 @@ use crate::{
 /// (`cupti-inject`'s `FLUSH_PERIOD`). Lines of calls after the end are not written.
 pub const GPU_GRACE: Duration = Duration::from_millis(600);
 
-/// `--start-at`: RFC 3339 (`2026-11-26T12:00:00Z`, `2026-11-26T13:00:00.5+01:00`) or Unix
-/// seconds (`1795265558`, `1795265558.25`). Nanoseconds since the epoch.
-pub fn parse_start_at(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    if let Some(seconds) = text.strip_prefix('@').or(Some(text))
-        && !seconds.is_empty()
-        && seconds.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-    {
-        let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
-        let whole: u64 = whole
-            .parse()
-            .map_err(|e| format!("{text:?}: {e} (Unix seconds or RFC 3339)"))?;
-        let digits: String = fraction
-            .chars()
-            .chain("000000000".chars())
-            .take(9)
-            .collect();
-        let nanos: u64 = digits
-            .parse()
-            .map_err(|_| format!("{text:?}: not Unix seconds"))?;
-        return whole
-            .checked_mul(1_000_000_000)
-            .and_then(|ns| ns.checked_add(nanos))
-            .ok_or_else(|| format!("{text:?}: too far in the future"));
-    }
-    // humantime reads UTC (`Z`) alone: an offset is applied here.
-    let (local, offset_s) = split_offset(text)?;
-    let time = humantime::parse_rfc3339(&format!("{local}Z")).map_err(|e| {
-        format!("{text:?}: {e} (give RFC 3339, 2026-11-26T12:00:00Z, or Unix seconds)")
-    })?;
-    let ns = time
-        .duration_since(UNIX_EPOCH)
-        .map_err(|_| format!("{text:?}: before 1970"))?
-        .as_nanos() as i128
-        - i128::from(offset_s) * 1_000_000_000;
-    u64::try_from(ns).map_err(|_| format!("{text:?}: before 1970"))
-}
-
-/// `...T13:00:00+01:00` → (`...T13:00:00`, 3600); `...Z` → (`...`, 0).
-fn split_offset(text: &str) -> Result<(&str, i64), String> {
-    if let Some(local) = text.strip_suffix(['Z', 'z']) {
-        return Ok((local, 0));
-    }
-    let Some(at) = text.len().checked_sub(6) else {
-        return Err(format!("{text:?}: not a time"));
-    };
-    let (local, offset) = text.split_at(at);
-    let sign = match offset.as_bytes()[0] {
-        b'+' => 1,
-        b'-' => -1,
-        _ => {
-            return Err(format!(
-                "{text:?}: no time zone (end it with Z or an offset such as +01:00)"
-            ));
-        }
-    };
-    let (hours, minutes) = offset[1..]
-        .split_once(':')
-        .ok_or_else(|| format!("{text:?}: offset {offset} is not ±HH:MM"))?;
-    let hours: i64 = hours.parse().map_err(|_| format!("{text:?}: bad offset"))?;
-    let minutes: i64 = minutes
-        .parse()
-        .map_err(|_| format!("{text:?}: bad offset"))?;
-    Ok((local, sign * (hours * 3600 + minutes * 60)))
-}
-
-/// `--duration`: `30s`, `500ms`, `2m`, `1h 30m` (humantime).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?;
-    if duration.is_zero() {
-        return Err("the window must last longer than 0".into());
-    }
-    Ok(duration)
-}
-
 /// The window asked for, placed on the trace's clocks (`clocks`, the header's pair):
 /// `start_at` (ns since the epoch; default: now) for `duration` (default: until the end).
 pub fn place(start_at: Option<u64>, duration: Option<Duration>, clocks: &Clocks) -> WindowInfo {
@@ -245,7 +170,7 @@ pub fn wait_for_command(
             unsafe { libc::kill(pid as i32, signal) };
         }
         if ready > 0 {
-            return Ok(super::event_loop::reap(pid));
+            return Ok(crate::spawn::reap(pid));
         }
     }
 }
@@ -253,28 +178,6 @@ pub fn wait_for_command(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn start_times_are_rfc_3339_with_any_offset_or_unix_seconds() {
-        let utc = parse_start_at("2026-11-21T12:52:38Z").unwrap();
-        assert_eq!(utc, 1_795_265_558_000_000_000);
-        assert_eq!(parse_start_at("2026-11-21T13:52:38+01:00"), Ok(utc));
-        assert_eq!(parse_start_at("2026-11-21T10:22:38-02:30"), Ok(utc));
-        assert_eq!(
-            parse_start_at("2026-11-21T12:52:38.25Z"),
-            Ok(utc + 250_000_000)
-        );
-        assert_eq!(parse_start_at("1795265558"), Ok(utc));
-        assert_eq!(parse_start_at("@1795265558.000000001"), Ok(utc + 1));
-        assert!(
-            parse_start_at("2026-11-21T12:52:38")
-                .unwrap_err()
-                .contains("no time zone")
-        );
-        assert!(parse_start_at("tomorrow").is_err());
-        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("0s").is_err());
-    }
 
     #[test]
     fn the_window_is_placed_on_the_header_clocks_and_keeps_its_lines() {
