@@ -17,8 +17,7 @@ use crate::{
     analysis::ranks::{JobHeader, JobTrace, collect},
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
-    schema::FORMAT_VERSION,
-    trace_input::TraceInput,
+    trace_input::{TraceInput, regular_file},
 };
 
 /// A trace of the job, opened and its header read.
@@ -42,22 +41,13 @@ impl JobFile {
                     anyhow!("cannot read the trace {label}: {e}"),
                 )
             })?;
+        // Its version was checked when it was opened (`trace_input`).
         let header = JobHeader::parse(first.trim_ascii_end()).map_err(|message| {
             Failure::new(
                 ExitCode::BadInput,
                 anyhow!("{label}:1: not a cudatrace trace: {message}"),
             )
         })?;
-        if header.version > FORMAT_VERSION || header.version == 0 {
-            return Err(Failure::new(
-                ExitCode::BadInput,
-                anyhow!(
-                    "{label}: trace format version {}: this cudatrace reads versions 1 to \
-                     {FORMAT_VERSION} (a newer cudatrace wrote it?)",
-                    header.version
-                ),
-            ));
-        }
         Ok(JobFile {
             label,
             input,
@@ -79,6 +69,10 @@ pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
         .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
         .collect();
     files.sort();
+    // A FIFO would wait for a writer, `/dev/zero` never end: regular files only.
+    for file in &files {
+        regular_file(file)?;
+    }
     if files.is_empty() {
         return Err(Failure::new(
             ExitCode::NoSuchProcess,
@@ -103,7 +97,14 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<JobFile>, Failure> {
         };
         let identity = std::fs::metadata(path).map_err(cannot)?;
         let identity = (identity.dev(), identity.ino());
-        let input = TraceInput::open(path).map_err(cannot)?;
+        let input = TraceInput::open_trace(path)?;
+        if input.is_empty() {
+            eprintln!(
+                "cudatrace: note: {label} is empty (its tracer wrote nothing, or was killed \
+                 before its header was whole): a rank with nothing, left out"
+            );
+            continue;
+        }
         let JobFile {
             label,
             input,
@@ -164,11 +165,22 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
                 file: file.label.clone(),
                 source,
             });
-            pass.and_then(|pass| {
-                let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
-                collect(lines, file.header.clone())
-            })
-            .map_err(read_failure)
+            let trace = pass
+                .and_then(|pass| {
+                    let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
+                    collect(lines, file.header.clone())
+                })
+                .map_err(read_failure)?;
+            if trace.skipped_lines > 0 {
+                eprintln!(
+                    "cudatrace: skipped {} malformed lines of {}",
+                    trace.skipped_lines, file.label
+                );
+                for (line, message) in &trace.first_skipped {
+                    eprintln!("cudatrace:   {}:{line}: {message}", file.label);
+                }
+            }
+            Ok(trace)
         })
         .collect()
 }

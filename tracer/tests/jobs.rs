@@ -557,3 +557,65 @@ fn bad_input_is_refused_or_said_with_its_exit_code() {
         .unwrap();
     assert_eq!(output.status.code(), Some(73), "{}", stderr(&output));
 }
+
+#[test]
+fn empty_cut_and_skipped_traces_of_a_job_are_read_and_said() {
+    let dir = scratch("jobs-odd");
+    let id = "00112233445566778899aabbccddeeff";
+    let a = write(&dir, "a.jsonl", &job_trace("a", 3, id, 0, true));
+    // Rank 1, killed in its last line; a malformed line before it.
+    let mut cut: String = job_trace("b", 3, id, 1, false)
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    cut.insert_str(cut.find('\n').unwrap() + 1, "not json\n");
+    cut.push_str(r#"{"type":"call","name":"ncclAllRed"#);
+    std::fs::write(dir.join("b.jsonl"), cut).unwrap();
+    std::fs::write(dir.join("empty.jsonl"), "").unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(CUDATRACE)
+            .args(["summary", "--json"])
+            .args(extra)
+            .arg("--job")
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("b.jsonl:2: expected ident at column 2"),
+        "{}",
+        stderr(&output)
+    );
+    let output = run(&["--skip-bad-lines"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let (b, empty) = (dir.join("b.jsonl"), dir.join("empty.jsonl"));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: note: {empty} is empty (its tracer wrote nothing, or was killed before \
+             its header was whole): a rank with nothing, left out\n\
+             cudatrace: skipped 1 malformed lines of {b}\n\
+             cudatrace:   {b}:2: expected ident at column 2\n\
+             cudatrace: note: {b} has no footer (cut short, its line 5 cut mid-line): \
+             collectives after the cut are missing from it\n",
+            empty = empty.display(),
+            b = b.display()
+        )
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["traces"].as_array().unwrap().len(), 2);
+    assert_eq!(report["traces"][1]["skipped_lines"], 1);
+    assert_eq!(report["communicators"][0]["matched"], 1);
+    // The merge reads them alike.
+    let output = Command::new(CUDATRACE)
+        .args(["merge", "--skip-bad-lines", "--job"])
+        .arg(&dir)
+        .arg("-o")
+        .arg(dir.join("job.json"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    drop(a);
+}

@@ -173,7 +173,10 @@ fn png_output_and_errors() {
 
     let missing = cudatrace(&["plot"], &trace.with_extension("none"));
     assert_eq!(missing.status.code(), Some(66), "{}", stderr(&missing));
-    let bad = write("bad", "{\"type\":\"header\"}\nnot json\n");
+    let bad = write(
+        "bad",
+        "{\"type\":\"header\",\"format\":\"cudatrace\",\"version\":4}\nnot json\n",
+    );
     let output = cudatrace(&["plot"], &bad);
     assert_eq!(output.status.code(), Some(65));
     assert!(

@@ -242,3 +242,28 @@ pub struct GpuHeaderInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chained: Option<String>,
 }
+
+/// The one check of a trace's first line, for every reader: a cudatrace header of a
+/// version this cudatrace reads (1 to [`super::FORMAT_VERSION`]). Returns the version;
+/// the error names what was found (`version -1`, `version "5"`, `version 1e20`).
+pub fn check_header(first_line: &[u8]) -> Result<u32, String> {
+    let value: serde_json::Value = serde_json::from_slice(first_line)
+        .map_err(|e| format!("its first line is not JSON ({e})"))?;
+    if value["type"] != "header" || value["format"] != "cudatrace" {
+        return Err("its first line is not a cudatrace header".into());
+    }
+    let Some(found) = value.get("version") else {
+        return Err("its header has no format version".into());
+    };
+    let newest = u64::from(super::FORMAT_VERSION);
+    match found.as_u64() {
+        Some(version @ 1..) if version <= newest => Ok(version as u32),
+        number => Err(format!(
+            "trace format version {found}: this cudatrace reads versions 1 to {newest}{}",
+            match number {
+                Some(version) if version > newest => " (a newer cudatrace wrote it?)",
+                _ => " (that is no version number)",
+            }
+        )),
+    }
+}

@@ -67,7 +67,7 @@ pub use gpu::{
 };
 pub use header::{
     AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
-    StacksInfo, WindowInfo,
+    StacksInfo, WindowInfo, check_header,
 };
 pub use library::LibraryLine;
 pub use lost::LostLine;

@@ -22,7 +22,7 @@ use crate::{
     },
     exit::{ExitCode, Failure},
     job_input::{self, JobFile},
-    reader::{ReadError, TraceLines},
+    reader::{ReadError, TraceLines, cut_warning},
     trace_input::TraceInput,
 };
 
@@ -41,12 +41,8 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     let path = &paths[0];
     let label = path.display().to_string();
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(|e| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    })?;
+    let input = TraceInput::open_trace(path)?;
+    let empty = input.is_empty();
     let open = || {
         let file = input.pass().map_err(|source| ReadError::Io {
             file: label.clone(),
@@ -68,12 +64,17 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.skipped_lines
         );
     }
-    if !result.info.complete {
+    if empty {
+        eprintln!("cudatrace: note: {label} is empty (its tracer wrote nothing)");
+    } else if !result.info.complete {
         eprintln!(
             "cudatrace: warning: {label} has no footer (the trace was cut short); \
              summarising the {} lines it has",
             result.info.lines
         );
+    }
+    if let Some(line) = result.info.cut_line {
+        eprintln!("cudatrace: warning: {}", cut_warning(&label, line));
     }
     if let Some(power) = &result.report.power
         && power.read_errors > 0

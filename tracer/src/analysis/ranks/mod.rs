@@ -49,6 +49,9 @@ pub struct TraceReport {
     pub version: u32,
     /// It ends with its footer.
     pub complete: bool,
+    /// Malformed lines passed over (`--skip-bad-lines`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_lines: u64,
     pub start_wall_ns: u64,
     /// Numbered collective calls (outer calls) and those whose communicator is unknown.
     pub collectives: u64,
@@ -70,8 +73,12 @@ pub(crate) struct Member {
 pub fn analyse(traces: &[JobTrace]) -> JobReport {
     let mut notes = Vec::new();
     for trace in traces.iter().filter(|trace| !trace.complete) {
+        let cut = match trace.cut_line {
+            Some(line) => format!(", its line {line} cut mid-line"),
+            None => String::new(),
+        };
         notes.push(format!(
-            "{} has no footer (cut short): collectives after the cut are missing from it",
+            "{} has no footer (cut short{cut}): collectives after the cut are missing from it",
             trace.label
         ));
     }
@@ -109,6 +116,7 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
                 host: trace.header.host.clone(),
                 version: trace.header.version,
                 complete: trace.complete,
+                skipped_lines: trace.skipped_lines,
                 start_wall_ns: trace.header.start_wall_ns,
                 collectives: trace.collectives.len() as u64,
                 unnumbered: trace.unnumbered,
@@ -118,6 +126,10 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
         communicators: reports,
         notes,
     }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// (trace, pid, `ncclComm_t`, `comm_id`): one rank of a communicator.

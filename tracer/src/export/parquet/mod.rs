@@ -69,12 +69,7 @@ pub fn export(
 ) -> Result<Rows, Failure> {
     let started = Instant::now();
     let label = trace.display().to_string();
-    let input = TraceInput::open(trace).map_err(|e| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    })?;
+    let input = TraceInput::open_trace(trace)?;
     let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
     let writer = Writer { user };
     // `-o job/rank0`: the folders above are made too.
@@ -150,6 +145,9 @@ pub fn export(
         for (line, message) in &figures.first_skipped {
             eprintln!("cudatrace:   {label}:{line}: {message}");
         }
+    }
+    if let Some(cut) = &figures.cut_warning {
+        eprintln!("cudatrace: warning: {cut}");
     }
     if figures.unknown_lines > 0 {
         eprintln!(
