@@ -208,7 +208,8 @@ fn from_pipe(args: &[&str], text: &str) -> Output {
 #[test]
 fn a_trace_from_a_pipe_or_fifo_is_read_whole_twice() {
     // A --gpu trace: the summary reads it twice too.
-    for (name, text) in [("inference", traces::inference(20)), ("gpu", traces::gpu())] {
+    let inference = format!("{}\n{}", traces::INFERENCE_HEADER, traces::inference(20));
+    for (name, text) in [("inference", inference), ("gpu", traces::gpu())] {
         let file = write(&format!("pipe-{name}"), &text);
         let dir = file.parent().unwrap();
         let from_file = plot(&file);
