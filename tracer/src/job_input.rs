@@ -2,7 +2,7 @@
 //! first, `trace_input`), its header checked, read through the cross-rank analysis'
 //! collector. What cannot make one job is refused before anything is read twice: the
 //! same trace given twice, a format newer than this cudatrace reads, a file that is not
-//! a trace.
+//! a trace; then traces that are not of one run (`one_run`).
 
 use std::{
     collections::BTreeSet,
@@ -14,7 +14,7 @@ use std::{
 use anyhow::anyhow;
 
 use crate::{
-    analysis::ranks::{JobHeader, JobTrace, collect},
+    analysis::ranks::{JobHeader, JobTrace, collect, mismatch},
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
     trace_input::{TraceInput, regular_file},
@@ -183,6 +183,26 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
             Ok(trace)
         })
         .collect()
+}
+
+/// Refuses traces that are not of one run (exit 65), naming the first two that disagree
+/// and why; `remedy` says what to do instead.
+pub fn one_run(traces: &[JobTrace], remedy: &str) -> Result<(), Failure> {
+    for (index, a) in traces.iter().enumerate() {
+        for b in &traces[index + 1..] {
+            if let Some(why) = mismatch(a, b) {
+                return Err(Failure::new(
+                    ExitCode::BadInput,
+                    anyhow!(
+                        "{} and {} are not of one run: {why}; {remedy}",
+                        a.label,
+                        b.label
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A reading error with its exit code.

@@ -97,6 +97,7 @@ pub fn run(args: MergeArgs) -> Result<i32, Failure> {
     }
     let files = job_input::open(&paths)?;
     let traces = job_input::read(&files, args.skip_bad_lines)?;
+    job_input::one_run(&traces, "merge each run's traces on their own")?;
     let report = analyse(&traces);
     for note in &report.notes {
         eprintln!("cudatrace: note: {note}");

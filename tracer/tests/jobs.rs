@@ -619,3 +619,77 @@ fn empty_cut_and_skipped_traces_of_a_job_are_read_and_said() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     drop(a);
 }
+
+#[test]
+fn traces_of_different_runs_are_refused_or_summarised_apart() {
+    let dir = scratch("jobs-runs");
+    // NCCL_COMM_ID set: every run's communicator has the same id.
+    let id = "00112233445566778899aabbccddeeff";
+    let a = write(&dir, "a.jsonl", &job_trace("a", 3, id, 0, true));
+    let mut later = job_trace("b", 3, id, 1, true);
+    // The next run, 19 s later.
+    later[0]["start_wall_ns"] = json!(20_000_000_001u64);
+    let later = write(&dir, "later.jsonl", &later);
+    let mut bigger = job_trace("c", 3, id, 1, true);
+    bigger[1]["nranks"] = json!(4);
+    let bigger = write(&dir, "bigger.jsonl", &bigger);
+    let run = |args: &[&str], traces: [&Path; 2]| {
+        Command::new(CUDATRACE)
+            .args(args)
+            .args(traces)
+            .output()
+            .unwrap()
+    };
+    let apart = format!(
+        "{} and {} are not of one run: {} starts 19.000 s after {} ends (their wall clocks; \
+         one run's traces overlap in time)",
+        a.display(),
+        later.display(),
+        later.display(),
+        a.display()
+    );
+    let output = run(&["summary"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {apart}; pass --separate-runs to summarise each run on its own\n"
+        )
+    );
+    assert!(output.stdout.is_empty());
+    let merged = dir.join("job.json");
+    let output = run(&["merge", "-o", merged.to_str().unwrap()], [&a, &later]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!("cudatrace: error: {apart}; merge each run's traces on their own\n")
+    );
+    assert!(!merged.exists());
+    let output = run(&["summary"], [&a, &bigger]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {0} and {1} are not of one run: communicator 0011223344556677 has 2 ranks \
+             in {0} and 4 in {1}; pass --separate-runs to summarise each run on its own\n",
+            a.display(),
+            bigger.display()
+        )
+    );
+    // Apart: each run on its own, each with its one rank.
+    let output = run(&["summary", "--json", "--separate-runs"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, trace) in runs.iter().zip([&a, &later]) {
+        assert_eq!(run["traces"].as_array().unwrap().len(), 1);
+        assert_eq!(run["traces"][0]["file"], trace.to_str().unwrap());
+        assert_eq!(run["communicators"][0]["matched"], 0);
+    }
+    let output = run(&["summary", "--separate-runs"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("Run 1 of 2\nJob: 1 traces\n"), "{text}");
+    assert!(text.contains("\nRun 2 of 2\nJob: 1 traces\n"), "{text}");
+}

@@ -17,15 +17,18 @@
 //! | `clocks.rs` | each trace's clock offset and its uncertainty, from the collectives' kernel ends |
 //! | `figures.rs` | per collective (arrivals, waits, transfer) and per rank (waits caused and suffered, GPU busy, overlap) |
 //! | `intervals.rs` | sets of time intervals |
+//! | `runs.rs` | whether the traces are of one run (their spans, their communicators' sizes) |
 
 mod clocks;
 mod collect;
 mod figures;
 mod intervals;
+mod runs;
 
 pub use clocks::ClockFit;
 pub use collect::{JobHeader, JobTrace, collect};
 pub use figures::CommunicatorReport;
+pub use runs::{mismatch, runs};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

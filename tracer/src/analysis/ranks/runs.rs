@@ -1,0 +1,133 @@
+//! Whether a job's traces are of one run, checked before their collectives are matched:
+//! a communicator's id is not proof (with `NCCL_COMM_ID` set, every run's communicator
+//! has the same one). Two traces of one run overlap in time, and give each communicator
+//! they share the same number of ranks. (The headers record no launcher's job id, so
+//! there is none to compare.)
+
+use std::collections::BTreeMap;
+
+use super::collect::JobTrace;
+use crate::format::format_ns;
+
+/// How far apart two hosts' wall clocks may be (NTP agrees to milliseconds; the clock
+/// fit on the collectives comes after the matching, so it cannot be used here).
+pub const CLOCK_SLACK_NS: u64 = 1_000_000_000;
+
+/// Why two traces cannot be of one run (`None`: they can).
+pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
+    let ((a_start, a_end), (b_start, b_end)) = (span(a), span(b));
+    let slack = i128::from(CLOCK_SLACK_NS);
+    let apart = |first: &JobTrace, end: i128, second: &JobTrace, start: i128| {
+        format!(
+            "{} starts {} after {} ends (their wall clocks; one run's traces overlap in time)",
+            second.label,
+            format_ns(u64::try_from(start - end).unwrap_or(u64::MAX)),
+            first.label
+        )
+    };
+    if b_start > a_end + slack {
+        return Some(apart(a, a_end, b, b_start));
+    }
+    if a_start > b_end + slack {
+        return Some(apart(b, b_end, a, a_start));
+    }
+    let b_sizes = sizes(b);
+    sizes(a).into_iter().find_map(|(comm_id, a_size)| {
+        let b_size = *b_sizes.get(comm_id)?;
+        (a_size != b_size).then(|| {
+            format!(
+                "communicator {comm_id} has {a_size} ranks in {} and {b_size} in {}",
+                a.label, b.label
+            )
+        })
+    })
+}
+
+/// Groups of traces that can each be one run, in the order given: each trace joins the
+/// first group whose every trace agrees with it.
+pub fn runs(traces: &[JobTrace]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (index, trace) in traces.iter().enumerate() {
+        let home = groups.iter_mut().find(|group| {
+            group
+                .iter()
+                .all(|&other| mismatch(&traces[other], trace).is_none())
+        });
+        match home {
+            Some(group) => group.push(index),
+            None => groups.push(vec![index]),
+        }
+    }
+    groups
+}
+
+/// The trace's span on its wall clock: from its start to its last event.
+fn span(trace: &JobTrace) -> (i128, i128) {
+    let start = i128::from(trace.header.start_wall_ns);
+    let end = trace
+        .last_ts_ns
+        .map_or(start, |ts| trace.header.wall_ns(ts).max(start));
+    (start, end)
+}
+
+/// Each communicator's number of ranks, as the trace's calls give it.
+fn sizes(trace: &JobTrace) -> BTreeMap<&str, i32> {
+    let mut sizes = BTreeMap::new();
+    for call in &trace.collectives {
+        if let Some(nranks) = call.nranks {
+            sizes.entry(call.comm_id.as_str()).or_insert(nranks);
+        }
+    }
+    sizes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::ranks::collect::{CollectiveCall, JobHeader};
+
+    fn trace(label: &str, start_s: u64, last_s: u64, nranks: i32) -> JobTrace {
+        JobTrace {
+            label: label.into(),
+            header: JobHeader {
+                start_wall_ns: start_s * 1_000_000_000,
+                start_monotonic_ns: 0,
+                ..JobHeader::default()
+            },
+            last_ts_ns: Some((last_s - start_s) * 1_000_000_000),
+            collectives: vec![CollectiveCall {
+                comm_id: "c0".into(),
+                nranks: Some(nranks),
+                ..CollectiveCall::default()
+            }],
+            ..JobTrace::default()
+        }
+    }
+
+    #[test]
+    fn traces_apart_in_time_or_size_are_different_runs() {
+        let traces = [
+            trace("a", 100, 110, 2),
+            trace("b", 101, 111, 2),
+            // 19 s after a ends.
+            trace("c", 129, 140, 2),
+            // At the same time, another size.
+            trace("d", 100, 110, 4),
+            // Within the slack of c's start.
+            trace("e", 120, 128, 2),
+        ];
+        assert_eq!(mismatch(&traces[0], &traces[1]), None);
+        assert_eq!(
+            mismatch(&traces[2], &traces[0]).as_deref(),
+            Some(
+                "c starts 19.000 s after a ends (their wall clocks; one run's traces overlap \
+                 in time)"
+            )
+        );
+        assert_eq!(
+            mismatch(&traces[0], &traces[3]).as_deref(),
+            Some("communicator c0 has 2 ranks in a and 4 in d")
+        );
+        assert_eq!(runs(&traces), [vec![0, 1], vec![2, 4], vec![3]]);
+    }
+}
