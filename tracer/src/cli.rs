@@ -29,7 +29,7 @@ use crate::{
         cudatrace summary traces/*.jsonl        # who waited for whom across the ranks\n  \
         cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
         cudatrace flame trace.jsonl            # Python stacks as a pprof profile (run --stacks)\n\n\
-        Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
+        Exit codes: the traced command's own, or 2 usage, 65 malformed or mismatched traces,\n\
         66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
         no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
         (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
