@@ -27,6 +27,7 @@ fn start_rank(dir: &Path, rendezvous: &Path, rank: u32, gpu: bool) -> Child {
     let mut command = Command::new(CUDATRACE);
     command
         .env("RANK", rank.to_string())
+        .env("SLURM_JOB_ID", "4242")
         .env("NCCL_STANDIN_RENDEZVOUS", rendezvous)
         .args(["run", "-q", "-o"])
         .arg(dir.join("%h-%r.jsonl"));
@@ -68,7 +69,10 @@ fn trace_job(dir: &Path, gpu: bool) -> [PathBuf; 2] {
     let host = host_name();
     [0, 1].map(|rank| {
         let path = dir.join(format!("{host}-{rank}.jsonl"));
-        assert_complete(&read_trace(&path));
+        let lines = read_trace(&path);
+        assert_complete(&lines);
+        // The launcher's job, as cudatrace's environment gives it.
+        assert_eq!(lines[0]["job_ids"], json!({"SLURM_JOB_ID": "4242"}));
         path
     })
 }
@@ -665,6 +669,27 @@ fn traces_of_different_runs_are_refused_or_summarised_apart() {
         format!("cudatrace: error: {apart}; merge each run's traces on their own\n")
     );
     assert!(!merged.exists());
+    // Overlapping, but of two Slurm jobs.
+    let mut other_job = job_trace("d", 3, id, 1, true);
+    other_job[0]["job_ids"] = json!({"SLURM_JOB_ID": "8", "PBS_JOBID": "x"});
+    let other_job = write(&dir, "other-job.jsonl", &other_job);
+    let mut slurm = job_trace("a", 3, id, 0, true);
+    slurm[0]["job_ids"] = json!({"SLURM_JOB_ID": "7"});
+    let slurm = write(&dir, "slurm.jsonl", &slurm);
+    let output = run(&["summary"], [&slurm, &other_job]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {0} and {1} are not of one run: their launcher's jobs differ \
+             (SLURM_JOB_ID 7 in {0}, 8 in {1}); pass --separate-runs to summarise each run on \
+             its own\n",
+            slurm.display(),
+            other_job.display()
+        )
+    );
+    // A job id on one side only says nothing.
+    assert_eq!(run(&["summary"], [&a, &other_job]).status.code(), Some(0));
     let output = run(&["summary"], [&a, &bigger]);
     assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
     assert_eq!(

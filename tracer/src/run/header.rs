@@ -14,8 +14,8 @@ use crate::{
         probe_set::LIBCUDA,
     },
     schema::{
-        AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, KernelHooksInfo,
-        LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo, StacksInfo,
+        AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, JOB_ID_VARIABLES,
+        KernelHooksInfo, LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo, StacksInfo,
     },
 };
 
@@ -107,6 +107,13 @@ impl HeaderBase<'_> {
                 depth: args.stack_depth,
                 every: (args.stack_every > 1).then_some(args.stack_every),
             }),
+            job_ids: JOB_ID_VARIABLES
+                .iter()
+                .filter_map(|name| {
+                    let value = std::env::var(name).ok()?;
+                    Some((name.to_string(), value))
+                })
+                .collect(),
             ..Header::default()
         }
     }

@@ -79,6 +79,13 @@ pub struct Header {
     /// `--start-at`/`--duration`: the window recorded, on both clocks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowInfo>,
+    /// The launcher's job ids in cudatrace's environment ([`JOB_ID_VARIABLES`] that are
+    /// set): traces of one run have the same (`analysis::ranks::runs`).
+    #[serde(
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        skip_deserializing
+    )]
+    pub job_ids: std::collections::BTreeMap<String, String>,
     /// `--stacks`: which calls get Python stacks. Readers take its presence: `stack` lines
     /// and call lines' `stack` may follow.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,6 +141,16 @@ impl StacksInfo {
         self.every.unwrap_or(1).max(1)
     }
 }
+
+/// The environment variables that name a launcher's job: Slurm's, torchrun's (set for its
+/// workers, and for a cudatrace it starts), PBS's, LSF's, Flux's.
+pub const JOB_ID_VARIABLES: [&str; 5] = [
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "FLUX_JOB_ID",
+];
 
 impl LineType for Header {
     const TYPE: &'static str = "header";

@@ -3,7 +3,10 @@
 //! analysis where the trace lacks them) with the GPU span of its NCCL kernels, and each
 //! GPU's busy time and compute kernels (for `--gpu` traces).
 
-use std::{collections::HashMap, io::BufRead};
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::BufRead,
+};
 
 use serde_json::Value;
 
@@ -27,6 +30,8 @@ pub struct JobHeader {
     /// A `--gpu` trace.
     pub gpu: bool,
     pub window: Option<WindowInfo>,
+    /// The launcher's job ids (`job_ids`), by variable.
+    pub job_ids: BTreeMap<String, String>,
 }
 
 impl JobHeader {
@@ -55,6 +60,14 @@ impl JobHeader {
                 .unwrap_or_default(),
             gpu: value.get("gpu").is_some_and(Value::is_object),
             window: serde_json::from_value(value["window"].clone()).ok(),
+            job_ids: value["job_ids"]
+                .as_object()
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|(name, id)| Some((name.clone(), id.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 

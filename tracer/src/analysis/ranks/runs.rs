@@ -1,8 +1,8 @@
 //! Whether a job's traces are of one run, checked before their collectives are matched:
 //! a communicator's id is not proof (with `NCCL_COMM_ID` set, every run's communicator
 //! has the same one). Two traces of one run overlap in time, and give each communicator
-//! they share the same number of ranks. (The headers record no launcher's job id, so
-//! there is none to compare.)
+//! they share the same number of ranks, and where their headers have a launcher's job id
+//! (`job_ids`: `SLURM_JOB_ID`, `TORCHELASTIC_RUN_ID`...) of the same variable, the same.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +15,16 @@ pub const CLOCK_SLACK_NS: u64 = 1_000_000_000;
 
 /// Why two traces cannot be of one run (`None`: they can).
 pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
+    for (name, a_id) in &a.header.job_ids {
+        if let Some(b_id) = b.header.job_ids.get(name)
+            && a_id != b_id
+        {
+            return Some(format!(
+                "their launcher's jobs differ ({name} {a_id} in {}, {b_id} in {})",
+                a.label, b.label
+            ));
+        }
+    }
     let ((a_start, a_end), (b_start, b_end)) = (span(a), span(b));
     let slack = i128::from(CLOCK_SLACK_NS);
     let apart = |first: &JobTrace, end: i128, second: &JobTrace, start: i128| {
@@ -129,5 +139,14 @@ mod tests {
             Some("communicator c0 has 2 ranks in a and 4 in d")
         );
         assert_eq!(runs(&traces), [vec![0, 1], vec![2, 4], vec![3]]);
+        // One launcher's job id of each, where both have it.
+        let [mut f, mut g] = [trace("f", 100, 110, 2), trace("g", 100, 110, 2)];
+        f.header.job_ids.insert("SLURM_JOB_ID".into(), "41".into());
+        assert_eq!(mismatch(&f, &g), None);
+        g.header.job_ids.insert("SLURM_JOB_ID".into(), "42".into());
+        assert_eq!(
+            mismatch(&f, &g).as_deref(),
+            Some("their launcher's jobs differ (SLURM_JOB_ID 41 in f, 42 in g)")
+        );
     }
 }
