@@ -14,10 +14,10 @@ use std::{
 use anyhow::anyhow;
 
 use crate::{
-    analysis::ranks::{JobHeader, JobTrace, collect, mismatch},
+    analysis::ranks::{JobHeader, JobTrace, collect, first_mismatch},
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
-    trace_input::{TraceInput, regular_file},
+    trace_input::{TraceInput, empty_note, regular_file},
 };
 
 /// A trace of the job, opened and its header read.
@@ -100,8 +100,8 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<JobFile>, Failure> {
         let input = TraceInput::open_trace(path)?;
         if input.is_empty() {
             eprintln!(
-                "cudatrace: note: {label} is empty (its tracer wrote nothing, or was killed \
-                 before its header was whole): a rank with nothing, left out"
+                "cudatrace: note: {}: a rank with nothing, left out",
+                empty_note(&label)
             );
             continue;
         }
@@ -188,21 +188,10 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
 /// Refuses traces that are not of one run (exit 65), naming the first two that disagree
 /// and why; `remedy` says what to do instead.
 pub fn one_run(traces: &[JobTrace], remedy: &str) -> Result<(), Failure> {
-    for (index, a) in traces.iter().enumerate() {
-        for b in &traces[index + 1..] {
-            if let Some(why) = mismatch(a, b) {
-                return Err(Failure::new(
-                    ExitCode::BadInput,
-                    anyhow!(
-                        "{} and {} are not of one run: {why}; {remedy}",
-                        a.label,
-                        b.label
-                    ),
-                ));
-            }
-        }
+    match first_mismatch(traces) {
+        Some(why) => Err(Failure::new(ExitCode::BadInput, anyhow!("{why}; {remedy}"))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// A reading error with its exit code.

@@ -209,7 +209,8 @@ impl TraceInput {
         }
     }
 
-    /// Whether the trace holds no byte (the tracer wrote nothing: a rank with nothing).
+    /// Whether the trace holds nothing: no byte, or a header cut short (the tracer wrote
+    /// nothing, or was killed first). [`empty_note`] says so.
     pub fn is_empty(&self) -> bool {
         self.empty
     }
@@ -287,6 +288,13 @@ fn first_line(reader: &mut impl BufRead, label: &str) -> Result<Option<Vec<u8>>,
         Err(_) if !ended && line.starts_with(br#"{"type":"header""#) => Ok(None),
         Err(message) => Err(not_a_trace(message)),
     }
+}
+
+/// What the readers say of a trace that [`is_empty`](TraceInput::is_empty).
+pub fn empty_note(label: &str) -> String {
+    format!(
+        "{label} is empty (its tracer wrote nothing, or was killed before its header was whole)"
+    )
 }
 
 /// How much of a pipe may be copied, and why that much.

@@ -160,7 +160,10 @@ fn a_trace_without_footer_is_summarised_with_a_warning() {
             (&0.into(), &0.into())
         );
         assert!(
-            stderr(&output).contains("is empty (its tracer wrote nothing)"),
+            stderr(&output).contains(
+                "trace.jsonl is empty (its tracer wrote nothing, or was killed before its \
+                 header was whole)"
+            ),
             "{}",
             stderr(&output)
         );

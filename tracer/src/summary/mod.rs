@@ -23,7 +23,7 @@ use crate::{
     exit::{ExitCode, Failure},
     job_input::{self, JobFile},
     reader::{ReadError, TraceLines, cut_warning},
-    trace_input::TraceInput,
+    trace_input::{TraceInput, empty_note},
 };
 
 use self::text::{SummaryJson, render_communicators, render_job, render_text};
@@ -65,7 +65,7 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
         );
     }
     if empty {
-        eprintln!("cudatrace: note: {label} is empty (its tracer wrote nothing)");
+        eprintln!("cudatrace: note: {}", empty_note(&label));
     } else if !result.info.complete {
         eprintln!(
             "cudatrace: warning: {label} has no footer (the trace was cut short); \

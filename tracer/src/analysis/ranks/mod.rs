@@ -28,7 +28,7 @@ mod runs;
 pub use clocks::ClockFit;
 pub use collect::{JobHeader, JobTrace, collect};
 pub use figures::CommunicatorReport;
-pub use runs::{mismatch, runs};
+pub use runs::{first_mismatch, runs};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

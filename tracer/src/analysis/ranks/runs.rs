@@ -13,10 +13,41 @@ use crate::format::format_ns;
 /// fit on the collectives comes after the matching, so it cannot be used here).
 pub const CLOCK_SLACK_NS: u64 = 1_000_000_000;
 
+/// What the checks compare of a trace, taken once.
+pub struct RunFacts<'t> {
+    label: &'t str,
+    /// On its wall clock: from its start to its last event.
+    span: (i128, i128),
+    /// Each communicator's number of ranks, as its calls give it.
+    sizes: BTreeMap<&'t str, i32>,
+    job_ids: &'t BTreeMap<String, String>,
+}
+
+impl<'t> RunFacts<'t> {
+    pub fn of(trace: &'t JobTrace) -> RunFacts<'t> {
+        let start = i128::from(trace.header.start_wall_ns);
+        let end = trace
+            .last_ts_ns
+            .map_or(start, |ts| trace.header.wall_ns(ts).max(start));
+        let mut sizes = BTreeMap::new();
+        for call in &trace.collectives {
+            if let Some(nranks) = call.nranks {
+                sizes.entry(call.comm_id.as_str()).or_insert(nranks);
+            }
+        }
+        RunFacts {
+            label: &trace.label,
+            span: (start, end),
+            sizes,
+            job_ids: &trace.header.job_ids,
+        }
+    }
+}
+
 /// Why two traces cannot be of one run (`None`: they can).
-pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
-    for (name, a_id) in &a.header.job_ids {
-        if let Some(b_id) = b.header.job_ids.get(name)
+pub fn mismatch(a: &RunFacts, b: &RunFacts) -> Option<String> {
+    for (name, a_id) in a.job_ids {
+        if let Some(b_id) = b.job_ids.get(name)
             && a_id != b_id
         {
             return Some(format!(
@@ -25,9 +56,9 @@ pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
             ));
         }
     }
-    let ((a_start, a_end), (b_start, b_end)) = (span(a), span(b));
+    let ((a_start, a_end), (b_start, b_end)) = (a.span, b.span);
     let slack = i128::from(CLOCK_SLACK_NS);
-    let apart = |first: &JobTrace, end: i128, second: &JobTrace, start: i128| {
+    let apart = |first: &RunFacts, end: i128, second: &RunFacts, start: i128| {
         format!(
             "{} starts {} after {} ends (their wall clocks; one run's traces overlap in time)",
             second.label,
@@ -41,9 +72,8 @@ pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
     if a_start > b_end + slack {
         return Some(apart(b, b_end, a, a_start));
     }
-    let b_sizes = sizes(b);
-    sizes(a).into_iter().find_map(|(comm_id, a_size)| {
-        let b_size = *b_sizes.get(comm_id)?;
+    a.sizes.iter().find_map(|(comm_id, a_size)| {
+        let b_size = b.sizes.get(comm_id)?;
         (a_size != b_size).then(|| {
             format!(
                 "communicator {comm_id} has {a_size} ranks in {} and {b_size} in {}",
@@ -53,15 +83,27 @@ pub fn mismatch(a: &JobTrace, b: &JobTrace) -> Option<String> {
     })
 }
 
+/// The first two traces (in the order given) that cannot be of one run, and why.
+pub fn first_mismatch(traces: &[JobTrace]) -> Option<String> {
+    let facts: Vec<RunFacts> = traces.iter().map(RunFacts::of).collect();
+    facts.iter().enumerate().find_map(|(index, a)| {
+        facts[index + 1..].iter().find_map(|b| {
+            mismatch(a, b)
+                .map(|why| format!("{} and {} are not of one run: {why}", a.label, b.label))
+        })
+    })
+}
+
 /// Groups of traces that can each be one run, in the order given: each trace joins the
 /// first group whose every trace agrees with it.
 pub fn runs(traces: &[JobTrace]) -> Vec<Vec<usize>> {
+    let facts: Vec<RunFacts> = traces.iter().map(RunFacts::of).collect();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    for (index, trace) in traces.iter().enumerate() {
+    for (index, trace) in facts.iter().enumerate() {
         let home = groups.iter_mut().find(|group| {
             group
                 .iter()
-                .all(|&other| mismatch(&traces[other], trace).is_none())
+                .all(|&other| mismatch(&facts[other], trace).is_none())
         });
         match home {
             Some(group) => group.push(index),
@@ -69,26 +111,6 @@ pub fn runs(traces: &[JobTrace]) -> Vec<Vec<usize>> {
         }
     }
     groups
-}
-
-/// The trace's span on its wall clock: from its start to its last event.
-fn span(trace: &JobTrace) -> (i128, i128) {
-    let start = i128::from(trace.header.start_wall_ns);
-    let end = trace
-        .last_ts_ns
-        .map_or(start, |ts| trace.header.wall_ns(ts).max(start));
-    (start, end)
-}
-
-/// Each communicator's number of ranks, as the trace's calls give it.
-fn sizes(trace: &JobTrace) -> BTreeMap<&str, i32> {
-    let mut sizes = BTreeMap::new();
-    for call in &trace.collectives {
-        if let Some(nranks) = call.nranks {
-            sizes.entry(call.comm_id.as_str()).or_insert(nranks);
-        }
-    }
-    sizes
 }
 
 #[cfg(test)]
@@ -126,27 +148,30 @@ mod tests {
             // Within the slack of c's start.
             trace("e", 120, 128, 2),
         ];
-        assert_eq!(mismatch(&traces[0], &traces[1]), None);
+        let facts: Vec<RunFacts> = traces.iter().map(RunFacts::of).collect();
+        assert_eq!(mismatch(&facts[0], &facts[1]), None);
         assert_eq!(
-            mismatch(&traces[2], &traces[0]).as_deref(),
+            mismatch(&facts[2], &facts[0]).as_deref(),
             Some(
                 "c starts 19.000 s after a ends (their wall clocks; one run's traces overlap \
                  in time)"
             )
         );
         assert_eq!(
-            mismatch(&traces[0], &traces[3]).as_deref(),
+            mismatch(&facts[0], &facts[3]).as_deref(),
             Some("communicator c0 has 2 ranks in a and 4 in d")
         );
         assert_eq!(runs(&traces), [vec![0, 1], vec![2, 4], vec![3]]);
         // One launcher's job id of each, where both have it.
         let [mut f, mut g] = [trace("f", 100, 110, 2), trace("g", 100, 110, 2)];
         f.header.job_ids.insert("SLURM_JOB_ID".into(), "41".into());
-        assert_eq!(mismatch(&f, &g), None);
+        assert_eq!(mismatch(&RunFacts::of(&f), &RunFacts::of(&g)), None);
         g.header.job_ids.insert("SLURM_JOB_ID".into(), "42".into());
         assert_eq!(
-            mismatch(&f, &g).as_deref(),
-            Some("their launcher's jobs differ (SLURM_JOB_ID 41 in f, 42 in g)")
+            first_mismatch(&[f, g]).as_deref(),
+            Some(
+                "f and g are not of one run: their launcher's jobs differ (SLURM_JOB_ID 41 in f, 42 in g)"
+            )
         );
     }
 }
