@@ -2,7 +2,8 @@
 //! named like a probe-set library, or a process with per-process probes forks, the process
 //! is stopped from its own syscall exit (before it runs another user instruction) and the
 //! loader is told; the loader attaches, then sends `SIGCONT`. So no first call is missed,
-//! however soon after `dlopen` or `fork` it comes.
+//! however soon after `dlopen` or `fork` it comes. A fork child's return from `clone` is
+//! process-tree tracking's (`process.rs`), which asks for its stop here ([`report_forked`]).
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
@@ -12,11 +13,11 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use tracer_common::{
-    AttachEvent, EventHeader, MAX_PATTERNS, NamePattern, PATH_LEN, PATTERN_LEN, PendingChild,
-    SET_UNKNOWN, attach_event, attach_flags, counter, kind,
+    AttachEvent, EventHeader, MAX_PATTERNS, NamePattern, PATH_LEN, PATTERN_LEN, SET_UNKNOWN,
+    attach_event, attach_flags, counter, kind,
 };
 
-use crate::maps::{EVENTS, TRACED, bump, current_ids, is_traced, kernel_tid};
+use crate::maps::{EVENTS, bump, current_ids, is_traced, kernel_tid};
 
 /// File-name patterns of the probe sets' libraries, set by the loader; a `len` of 0 ends
 /// the list.
@@ -34,11 +35,6 @@ pub static LINKED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 /// it is continued after the last). The loader continues any left when it ends.
 #[map]
 static STOPPED: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
-
-/// Children of traced processes between `task_newtask` and their own return from `clone`,
-/// by kernel thread id.
-#[map]
-pub static PENDING_CHILD: HashMap<u32, PendingChild> = HashMap::with_max_entries(4096, 0);
 
 /// `open`/`openat`'s file name pointer, from entry to exit, by kernel thread id.
 #[map]
@@ -232,48 +228,11 @@ fn select(bit: u64, a: u64, b: u64) -> u64 {
     (a & mask) | (b & !mask)
 }
 
-/// A traced process's child returning from `clone` (or `clone3`, `fork`, `vfork`) in its
-/// own context, before its first user instruction.
-#[tracepoint]
-pub fn child_exit_clone(ctx: TracePointContext) -> u32 {
-    let _ = try_child_exit_clone(&ctx);
-    0
-}
-
+/// Reports a fork child of a process with per-process probes, stopped (when stops are
+/// allowed) until its own probes are attached.
 #[inline(always)]
-fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
-    let ret: i64 = unsafe { ctx.read_at(RET) }.ok()?;
-    if ret != 0 {
-        return None;
-    }
-    let key = kernel_tid();
-    let pending = *unsafe { PENDING_CHILD.get(&key) }?;
-    let _ = PENDING_CHILD.remove(&key);
-    let (tgid, tid) = current_ids()?;
-    if pending.register != 0 {
-        // Only now can the child be named in the loader's pid namespace.
-        let registered = TRACED.insert(&tgid, &1, 0).is_ok();
-        crate::stacks::inherit(pending.parent_pid, tgid);
-        crate::process::emit_fork(&pending, tgid);
-        if !registered {
-            // Untraced, and counted: no probes of its own (see `task_newtask`).
-            bump(counter::TRACED_FULL);
-            return None;
-        }
-    }
-    if pending.stop != 0 {
-        report(
-            attach_event::FORKED,
-            (tgid, tid),
-            -1,
-            pending.parent_pid,
-            0,
-            0,
-            None,
-            true,
-        );
-    }
-    Some(())
+pub fn report_forked(ids: (u32, u32), parent: u32) {
+    report(attach_event::FORKED, ids, -1, parent, 0, 0, None, true);
 }
 
 /// Reports a process that exec'd from a thread other than its leader.

@@ -11,6 +11,7 @@
 // needs).
 #![feature(asm_experimental_arch)]
 
+mod call_event;
 mod calls;
 mod discovery;
 mod driver;

@@ -3,12 +3,15 @@
 //!
 //! Pids are the loader's (its pid namespace). A child is named by the kernel's own pid in
 //! `task_newtask`, which runs in the parent; where the two differ, the child registers
-//! itself on its return from `clone` (`discovery.rs`), before its first user instruction.
+//! itself on its return from `clone` (`child_exit_clone`), before its first user
+//! instruction. A child that needs probes of its own is stopped there by the attach layer's
+//! stops (`discovery.rs`).
 
 use aya_ebpf::{
     EbpfContext,
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
-    macros::tracepoint,
+    macros::{map, tracepoint},
+    maps::HashMap,
     programs::TracePointContext,
 };
 use tracer_common::{
@@ -16,7 +19,7 @@ use tracer_common::{
 };
 
 use crate::{
-    discovery::{LINKED, PENDING_CHILD, process_exited, report_new_leader},
+    discovery::{LINKED, process_exited, report_forked, report_new_leader},
     maps::{
         EVENTS, FRAMES, TRACED, bump, current_ids, exec_filename_off, exec_old_pid_off,
         exec_pid_off, exit_group_dead_off, in_pid_namespace, is_traced, kernel_tid,
@@ -24,8 +27,15 @@ use crate::{
     },
 };
 
+/// Children of traced processes between `task_newtask` and their own return from `clone`,
+/// by kernel thread id.
+#[map]
+static PENDING_CHILD: HashMap<u32, PendingChild> = HashMap::with_max_entries(4096, 0);
+
 const CLONE_VFORK: u64 = 0x0000_4000;
 const CLONE_THREAD: u64 = 0x0001_0000;
+/// Syscall exit tracepoint layout: `ret` at 16.
+const RET: usize = 16;
 
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
@@ -96,6 +106,41 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
+/// A traced process's child returning from `clone` (or `clone3`, `fork`, `vfork`) in its
+/// own context, before its first user instruction.
+#[tracepoint]
+pub fn child_exit_clone(ctx: TracePointContext) -> u32 {
+    let _ = try_child_exit_clone(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
+    let ret: i64 = unsafe { ctx.read_at(RET) }.ok()?;
+    if ret != 0 {
+        return None;
+    }
+    let key = kernel_tid();
+    let pending = *unsafe { PENDING_CHILD.get(&key) }?;
+    let _ = PENDING_CHILD.remove(&key);
+    let (tgid, tid) = current_ids()?;
+    if pending.register != 0 {
+        // Only now can the child be named in the loader's pid namespace.
+        let registered = TRACED.insert(&tgid, &1, 0).is_ok();
+        crate::stacks::inherit(pending.parent_pid, tgid);
+        emit_fork(&pending, tgid);
+        if !registered {
+            // Untraced, and counted: no probes of its own (see `task_newtask`).
+            bump(counter::TRACED_FULL);
+            return None;
+        }
+    }
+    if pending.stop != 0 {
+        report_forked((tgid, tid), pending.parent_pid);
+    }
+    Some(())
+}
+
 /// `--all`: a new child process of `parent` has its interpreter (`--stacks`).
 #[inline(always)]
 fn inherit_python(ctx: &TracePointContext, parent: u32) {
@@ -112,7 +157,7 @@ fn inherit_python(ctx: &TracePointContext, parent: u32) {
 
 /// Reports a traced process's new child.
 #[inline(always)]
-pub fn emit_fork(pending: &PendingChild, child: u32) {
+fn emit_fork(pending: &PendingChild, child: u32) {
     let comm = pending.comm;
     emit(
         (pending.parent_pid, pending.parent_tid),

@@ -30,12 +30,13 @@ use crate::{
         cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
         cudatrace flame trace.jsonl            # Python stacks as a pprof profile (run --stacks)\n\n\
         Exit codes: the traced command's own, or 2 usage, 65 malformed or mismatched traces,\n\
-        66 no such process or trace file, 69 unusable --libcuda/--lib, 70 internal error, 72\n\
-        no usable NVML (--power), 73 output not writable, 77 not privileged, 78 probes missing\n\
-        (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH already\n\
-        set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable, 127\n\
-        command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT, 143\n\
-        SIGTERM."
+        66 no such process (-p), 69 unusable --libcuda/--lib, 70 internal error, 72 no usable\n\
+        NVML (--power), 73 output not writable, 74 trace not readable (no such file, a\n\
+        directory, a device, no permission, a pipe past its copy limit), 75 port 9001 in use\n\
+        (view), 77 not privileged, 78 probes missing (--missing-probes error), 80 no libcupti\n\
+        (--gpu), 81 CUDA_INJECTION64_PATH already set (--gpu), 82 GPU recording failed\n\
+        (--gpu), 126 command not executable, 127 command not found; stopped by a signal: 129\n\
+        SIGHUP, 130 SIGINT, 131 SIGQUIT, 143 SIGTERM."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -79,12 +80,40 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::probes::plan::MissingProbes;
+    use crate::{exit::ExitCode, probes::plan::MissingProbes};
     use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// The numbers in `text`.
+    fn numbers(text: &str) -> Vec<i32> {
+        text.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|word| word.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn every_exit_code_is_in_the_help_and_the_readme() {
+        let help = Cli::command().get_after_help().unwrap().to_string();
+        let (_, in_help) = help.split_once("Exit codes:").unwrap();
+        let in_help = numbers(in_help);
+        // The README's table: a row per code (or two), the codes in its first cell.
+        let readme = include_str!("../../README.md");
+        let (_, table) = readme.split_once("| code | meaning |").unwrap();
+        let in_readme: Vec<i32> = table
+            .lines()
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .flat_map(|line| numbers(line.split('|').nth(1).unwrap()))
+            .collect();
+        for code in ExitCode::ALL {
+            let code = code as i32;
+            assert!(in_help.contains(&code), "{code} is not in --help");
+            assert!(in_readme.contains(&code), "{code} is not in the README");
+        }
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::reader::ReadError;
+
 /// cudatrace's own exit codes; otherwise it exits with the traced command's code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitCode {
@@ -9,7 +11,7 @@ pub enum ExitCode {
     Usage = 2,
     /// A malformed trace line (`cudatrace summary` without --skip-bad-lines).
     BadInput = 65,
-    /// `-p PID` names no process, or the trace to summarise cannot be opened.
+    /// `-p PID` names no process.
     NoSuchProcess = 66,
     /// A library given by path (`--libcuda`, `--lib`) cannot be used, or a library given
     /// or found at start exports none of the probed functions.
@@ -20,6 +22,9 @@ pub enum ExitCode {
     NoNvml = 72,
     /// The trace cannot be written.
     OutputNotWritable = 73,
+    /// A trace to read cannot be opened or read (`--job DIR`: the folder, or it holds no
+    /// `*.jsonl`; `view --offline`: the folder, or it has no `index.html`).
+    InputUnreadable = 74,
     /// `cudatrace view`: port 9001 on 127.0.0.1 is taken (try again once it is free).
     PortBusy = 75,
     /// Not root and without CAP_BPF + CAP_PERFMON.
@@ -36,6 +41,29 @@ pub enum ExitCode {
     NotExecutable = 126,
     /// The command was not found.
     CommandNotFound = 127,
+}
+
+impl ExitCode {
+    /// Every code, for the test that each is documented (a new code goes here too).
+    #[cfg(test)]
+    pub const ALL: [ExitCode; 16] = [
+        ExitCode::Usage,
+        ExitCode::BadInput,
+        ExitCode::NoSuchProcess,
+        ExitCode::NoLibcuda,
+        ExitCode::Internal,
+        ExitCode::NoNvml,
+        ExitCode::OutputNotWritable,
+        ExitCode::InputUnreadable,
+        ExitCode::PortBusy,
+        ExitCode::NotPrivileged,
+        ExitCode::ProbesMissing,
+        ExitCode::NoCupti,
+        ExitCode::InjectionPathSet,
+        ExitCode::GpuRecordingFailed,
+        ExitCode::NotExecutable,
+        ExitCode::CommandNotFound,
+    ];
 }
 
 /// An error with the exit code it maps to.
@@ -56,5 +84,17 @@ impl Failure {
 impl fmt::Debug for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: {:#}", self.code, self.error)
+    }
+}
+
+/// What every reader command makes of a reading error: a malformed line is bad input, the
+/// rest an unreadable trace.
+impl From<ReadError> for Failure {
+    fn from(error: ReadError) -> Self {
+        let code = match error {
+            ReadError::BadLine { .. } => ExitCode::BadInput,
+            ReadError::Open { .. } | ReadError::Io { .. } => ExitCode::InputUnreadable,
+        };
+        Failure::new(code, error)
     }
 }

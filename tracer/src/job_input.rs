@@ -35,12 +35,7 @@ impl JobFile {
         input
             .pass()
             .and_then(|pass| BufReader::new(pass).read_until(b'\n', &mut first))
-            .map_err(|e| {
-                Failure::new(
-                    ExitCode::NoSuchProcess,
-                    anyhow!("cannot read the trace {label}: {e}"),
-                )
-            })?;
+            .map_err(ReadError::reading(&label))?;
         // Its version was checked when it was opened (`trace_input`).
         let header = JobHeader::parse(first.trim_ascii_end()).map_err(|message| {
             Failure::new(
@@ -60,7 +55,7 @@ impl JobFile {
 pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         Failure::new(
-            ExitCode::NoSuchProcess,
+            ExitCode::InputUnreadable,
             anyhow!("cannot read the folder {}: {e}", dir.display()),
         )
     })?;
@@ -75,7 +70,7 @@ pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     }
     if files.is_empty() {
         return Err(Failure::new(
-            ExitCode::NoSuchProcess,
+            ExitCode::InputUnreadable,
             anyhow!("{} holds no *.jsonl trace", dir.display()),
         ));
     }
@@ -89,12 +84,7 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<JobFile>, Failure> {
     let mut identities: Vec<(u64, u64)> = Vec::new();
     for path in paths {
         let label = path.display().to_string();
-        let cannot = |e: std::io::Error| {
-            Failure::new(
-                ExitCode::NoSuchProcess,
-                anyhow!("cannot open the trace {label}: {e}"),
-            )
-        };
+        let cannot = ReadError::opening(&label);
         let identity = std::fs::metadata(path).map_err(cannot)?;
         let identity = (identity.dev(), identity.ino());
         let input = TraceInput::open_trace(path)?;
@@ -161,16 +151,9 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
     files
         .iter()
         .map(|file| {
-            let pass = file.input.pass().map_err(|source| ReadError::Io {
-                file: file.label.clone(),
-                source,
-            });
-            let trace = pass
-                .and_then(|pass| {
-                    let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
-                    collect(lines, file.header.clone())
-                })
-                .map_err(read_failure)?;
+            let pass = file.input.pass().map_err(ReadError::reading(&file.label))?;
+            let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
+            let trace = collect(lines, file.header.clone())?;
             if trace.skipped_lines > 0 {
                 eprintln!(
                     "cudatrace: skipped {} malformed lines of {}",
@@ -191,13 +174,5 @@ pub fn one_run(traces: &[JobTrace], remedy: &str) -> Result<(), Failure> {
     match first_mismatch(traces) {
         Some(why) => Err(Failure::new(ExitCode::BadInput, anyhow!("{why}; {remedy}"))),
         None => Ok(()),
-    }
-}
-
-/// A reading error with its exit code.
-pub fn read_failure(error: ReadError) -> Failure {
-    match error {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, error),
-        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, error),
     }
 }

@@ -123,12 +123,7 @@ pub fn run(args: MergeArgs) -> Result<i32, Failure> {
     .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let mut passes = Vec::with_capacity(files.len());
     for (file, place) in files.iter().zip(places) {
-        let pass = file.input.pass().map_err(|source| {
-            job_input::read_failure(ReadError::Io {
-                file: file.label.clone(),
-                source,
-            })
-        })?;
+        let pass = file.input.pass().map_err(ReadError::reading(&file.label))?;
         passes.push((pass, file.label.clone(), place));
     }
     let stats = merge_files(passes, &markers, out, format, args.skip_bad_lines)?;

@@ -62,7 +62,7 @@ impl From<OpenError> for Failure {
     fn from(error: OpenError) -> Failure {
         let code = match error {
             OpenError::Io { .. } | OpenError::NotAFile { .. } | OpenError::SpoolFull { .. } => {
-                ExitCode::NoSuchProcess
+                ExitCode::InputUnreadable
             }
             OpenError::NotATrace { .. } => ExitCode::BadInput,
         };

@@ -183,9 +183,28 @@ fn output_goes_to_stdout_with_a_dash() {
 #[test]
 fn errors_have_their_exit_codes() {
     let dir = scratch("export-errors");
-    let missing = export(&dir.join("none.jsonl"), &[]);
-    assert_eq!(missing.status.code(), Some(66), "{}", stderr(&missing));
-    assert!(stderr(&missing).contains("cannot open the trace"));
+    let missing = dir.join("none.jsonl");
+    let output = export(&missing, &[]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+    // A folder opens, but cannot be read.
+    let folder = dir.join("folder.jsonl");
+    std::fs::create_dir(&folder).unwrap();
+    let output = export(&folder, &["-o", "-"]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot read the trace {}: Is a directory (os error 21)\n",
+            folder.display()
+        )
+    );
 
     let bad = write("bad", &format!("{}{{\"type\":\n", traces::known()));
     let output = export(&bad, &[]);

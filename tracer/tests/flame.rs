@@ -179,3 +179,48 @@ fn folded_text_is_chosen_by_the_name_and_a_trace_without_stacks_is_refused() {
         stderr(&refused)
     );
 }
+
+#[test]
+fn an_unreadable_trace_exits_74_and_a_bad_line_65() {
+    let dir = scratch("flame-unreadable");
+    let flame = |trace: &Path| {
+        Command::new(CUDATRACE)
+            .args(["flame", "-o"])
+            .arg(dir.join("out.folded"))
+            .arg(trace)
+            .output()
+            .unwrap()
+    };
+    for (trace, why) in [
+        (
+            dir.join("none.jsonl"),
+            "No such file or directory (os error 2)",
+        ),
+        (dir.clone(), "Is a directory (os error 21)"),
+    ] {
+        let output = flame(&trace);
+        assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "cudatrace: error: cannot open the trace {}: {why}\n",
+                trace.display()
+            )
+        );
+    }
+    let bad = dir.join("bad.jsonl");
+    let stacks = traces::stacks();
+    let header = stacks.lines().next().unwrap();
+    std::fs::write(&bad, format!("{header}\nnot json\n")).unwrap();
+    let output = flame(&bad);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {}:2: expected ident at column 2 (--skip-bad-lines reads past \
+             malformed lines)\n",
+            bad.display()
+        )
+    );
+    assert!(!dir.join("out.folded").exists());
+}

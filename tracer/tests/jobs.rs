@@ -9,6 +9,7 @@
 mod common;
 
 use std::{
+    ffi::OsStr,
     path::{Path, PathBuf},
     process::{Child, Command, Output},
 };
@@ -534,7 +535,7 @@ fn bad_input_is_refused_or_said_with_its_exit_code() {
     // Not a trace; no file.
     let text = write(&dir, "text.jsonl", &[json!({"hello": 1})]);
     assert_eq!(run(&[&a, &text]).status.code(), Some(65));
-    assert_eq!(run(&[&a, &dir.join("none.jsonl")]).status.code(), Some(66));
+    assert_eq!(run(&[&a, &dir.join("none.jsonl")]).status.code(), Some(74));
     // The matched pair: one collective, rank 1 later by the headers' 1 ns.
     let output = Command::new(CUDATRACE)
         .args(["summary", "--json", "--job"])
@@ -717,4 +718,73 @@ fn traces_of_different_runs_are_refused_or_summarised_apart() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.starts_with("Run 1 of 2\nJob: 1 traces\n"), "{text}");
     assert!(text.contains("\nRun 2 of 2\nJob: 1 traces\n"), "{text}");
+}
+
+#[test]
+fn an_unreadable_trace_exits_74_and_a_bad_line_65_in_summary_and_merge() {
+    let dir = scratch("jobs-unreadable");
+    let id = "00112233445566778899aabbccddeeff";
+    let a = write(&dir, "a.jsonl", &job_trace("a", 3, id, 0, true));
+    let missing = dir.join("none.jsonl");
+    let folder = dir.join("folder.jsonl");
+    std::fs::create_dir(&folder).unwrap();
+    let b = write(&dir, "b.jsonl", &job_trace("b", 3, id, 1, true));
+    let mut bad_text = std::fs::read_to_string(&b).unwrap();
+    std::fs::remove_file(&b).unwrap();
+    bad_text.insert_str(bad_text.find('\n').unwrap() + 1, "not json\n");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, bad_text).unwrap();
+    let merged = dir.join("job.pftrace");
+    let run = |args: &[&OsStr]| Command::new(CUDATRACE).args(args).output().unwrap();
+    for command in [
+        vec![OsStr::new("summary")],
+        vec![OsStr::new("merge"), OsStr::new("-o"), merged.as_os_str()],
+    ] {
+        for (trace, why) in [
+            (&missing, "No such file or directory (os error 2)"),
+            (&folder, "Is a directory (os error 21)"),
+        ] {
+            let output = run(&[&command[..], &[a.as_os_str(), trace.as_os_str()]].concat());
+            assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+            assert_eq!(
+                stderr(&output),
+                format!(
+                    "cudatrace: error: cannot open the trace {}: {why}\n",
+                    trace.display()
+                )
+            );
+        }
+        let output = run(&[&command[..], &[a.as_os_str(), bad.as_os_str()]].concat());
+        assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+        assert!(
+            stderr(&output).ends_with(&format!(
+                "cudatrace: error: {}:2: expected ident at column 2 (--skip-bad-lines reads \
+                 past malformed lines)\n",
+                bad.display()
+            )),
+            "{}",
+            stderr(&output)
+        );
+    }
+    assert!(!merged.exists());
+    // --job: a folder that cannot be read, or that holds no trace.
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for (job, why) in [
+        (
+            &missing,
+            format!(
+                "cannot read the folder {}: No such file or directory (os error 2)",
+                missing.display()
+            ),
+        ),
+        (
+            &empty,
+            format!("{} holds no *.jsonl trace", empty.display()),
+        ),
+    ] {
+        let output = run(&[OsStr::new("summary"), OsStr::new("--job"), job.as_os_str()]);
+        assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+        assert_eq!(stderr(&output), format!("cudatrace: error: {why}\n"));
+    }
 }

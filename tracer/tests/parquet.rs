@@ -115,16 +115,34 @@ fn write_trace(name: &str, text: &str) -> PathBuf {
     path
 }
 
-/// DuckDB's figures over `trace`'s tables against `summary --json`'s.
-fn summary_checks(trace: &Path) -> Vec<Check> {
+/// The sections of `summary --json` that only some traces have.
+const SECTIONS: [&str; 2] = ["collectives", "power"];
+
+/// `value`'s `key`, which `summary --json` must have written.
+fn key<'a>(value: &'a Value, key: &str) -> &'a Value {
+    value
+        .get(key)
+        .unwrap_or_else(|| panic!("summary --json: no `{key}` in {value}"))
+}
+
+/// DuckDB's figures over `trace`'s tables against `summary --json`'s; `sections` are those
+/// of [`SECTIONS`] the trace has, and the summary must have them (and not the others).
+fn summary_checks(trace: &Path, sections: &[&str]) -> Vec<Check> {
     let summary = summary_json(trace);
+    for section in SECTIONS {
+        assert_eq!(
+            summary.get(section).is_some(),
+            sections.contains(&section),
+            "{}: the `{section}` section of summary --json (expected: {sections:?})",
+            trace.display()
+        );
+    }
     let dir = exported(trace);
     let table = |name: &str| format!("'{}'", dir.join(format!("{name}.parquet")).display());
-    let rows = |key: &str, f: &dyn Fn(&Value) -> Value| -> Vec<Value> {
-        summary[key]
-            .as_array()
-            .map(|items| items.iter().map(f).collect())
-            .unwrap_or_default()
+    let rows = |name: &str, f: &dyn Fn(&Value) -> Value| -> Vec<Value> {
+        let items = key(&summary, name).as_array();
+        let items = items.unwrap_or_else(|| panic!("summary --json: `{name}` is not a list"));
+        items.iter().map(f).collect()
     };
     let mut checks = vec![
         Check {
@@ -177,9 +195,9 @@ fn summary_checks(trace: &Path) -> Vec<Check> {
         },
     ];
     if let Some(collectives) = summary.get("collectives") {
-        let gpu = collectives["rows"]
-            .as_array()
-            .is_some_and(|rows| rows.iter().any(|r| r.get("gpu_ns").is_some()));
+        let collective_rows = key(collectives, "rows").as_array().unwrap();
+        // A `--gpu` trace's collectives have their kernels' time.
+        let gpu = summary.get("gpu").is_some();
         let gpu_sql = if gpu { ", sum(gpu_ns)" } else { "" };
         checks.push(Check {
             what: "collectives per communicator, rank, process and op",
@@ -193,27 +211,25 @@ fn summary_checks(trace: &Path) -> Vec<Check> {
                  {gpu_sql} from {} group by comm_id, pid, op",
                 table("collectives")
             ),
-            rows: collectives["rows"]
-                .as_array()
-                .unwrap()
+            rows: collective_rows
                 .iter()
                 .map(|r| {
-                    let mut row = vec![
-                        r["communicator"].clone(),
-                        r["rank"].clone(),
-                        r["nranks"].clone(),
-                        r["pid"].clone(),
-                        r["op"].clone(),
-                        r["calls"].clone(),
-                        r["errors"].clone(),
-                        r["grouped"].clone(),
-                        r["bytes"].clone(),
-                        r["host_ns"].clone(),
+                    let mut columns = vec![
+                        "communicator",
+                        "rank",
+                        "nranks",
+                        "pid",
+                        "op",
+                        "calls",
+                        "errors",
+                        "grouped",
+                        "bytes",
+                        "host_ns",
                     ];
                     if gpu {
-                        row.push(r["gpu_ns"].clone());
+                        columns.push("gpu_ns");
                     }
-                    Value::Array(row)
+                    columns.iter().map(|c| key(r, c).clone()).collect()
                 })
                 .collect(),
         });
@@ -227,12 +243,12 @@ fn summary_checks(trace: &Path) -> Vec<Check> {
                  group by device having count(energy_mj) > 0",
                 table("power")
             ),
-            rows: power["devices"]
+            rows: key(power, "devices")
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|d| d["energy_source"] == "counter")
-                .map(|d| json!([d["index"], d["energy_j"]]))
+                .filter(|d| key(d, "energy_source") == "counter")
+                .map(|d| json!([key(d, "index"), key(d, "energy_j")]))
                 .collect(),
         });
     }
@@ -244,19 +260,20 @@ fn summary_checks(trace: &Path) -> Vec<Check> {
 #[test]
 fn hand_written_traces_give_the_summarys_figures_in_duckdb() {
     let mut checks = Vec::new();
-    for (name, text) in [
-        ("known", traces::known()),
+    for (name, text, sections) in [
+        ("known", traces::known(), &[][..]),
         // Without its footer: a trace cut short.
         (
             "inference",
             format!("{}\n{}", traces::INFERENCE_HEADER, traces::inference(30)),
+            &[],
         ),
-        ("power", traces::power()),
-        ("gpu", traces::gpu()),
-        ("gpu-power", traces::gpu_power()),
-        ("nccl-gpu", traces::nccl_gpu()),
+        ("power", traces::power(), &["power"]),
+        ("gpu", traces::gpu(), &[]),
+        ("gpu-power", traces::gpu_power(), &["power"]),
+        ("nccl-gpu", traces::nccl_gpu(), &["collectives"]),
     ] {
-        checks.extend(summary_checks(&write_trace(name, &text)));
+        checks.extend(summary_checks(&write_trace(name, &text), sections));
     }
     assert_checks(checks);
 }
@@ -331,12 +348,13 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
     let gpu = dir.join("gpu.jsonl");
     // The demo with two stand-in GPUs' power (NOT NVIDIA's NVML), the second without an
     // energy counter; the stand-in driver's GPU work (a stand-in CUPTI).
-    for (trace, flags, program) in [
+    for (trace, flags, program, sections) in [
         // Exported as it ends, too (run --export).
         (
             &demo,
             vec!["--export".to_owned(), "parquet".to_owned()],
             vec![standin().demo.clone()],
+            &[][..],
         ),
         (
             &power,
@@ -346,6 +364,7 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
                 common::power::nvml_standin().lib.display().to_string(),
             ],
             vec![standin().demo.clone()],
+            &["power"],
         ),
         (
             &gpu,
@@ -355,6 +374,7 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
                 common::gpu::cupti_standin().lib.display().to_string(),
             ],
             vec![standin().driver.clone(), PathBuf::from("gpu")],
+            &[],
         ),
     ] {
         let output = Command::new(CUDATRACE)
@@ -372,7 +392,7 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
             .unwrap();
         assert!(output.status.success(), "{}", stderr(&output));
         assert_complete(&read_trace(trace));
-        traces.push(trace.clone());
+        traces.push((trace.clone(), sections));
     }
     let beside = demo.with_extension("parquet");
     assert!(
@@ -381,10 +401,10 @@ fn recorded_traces_give_the_summarys_figures_in_duckdb() {
     );
     let nccl_dir = scratch("parquet-nccl");
     common::nccl::trace_nccl_caller(&nccl_dir);
-    traces.push(nccl_dir.join("t.jsonl"));
+    traces.push((nccl_dir.join("t.jsonl"), &["collectives"]));
     let mut checks = Vec::new();
-    for trace in &traces {
-        checks.extend(summary_checks(trace));
+    for (trace, sections) in &traces {
+        checks.extend(summary_checks(trace, sections));
     }
     // The demo's kernel launches, as demo_inference.c makes them: 4 × 20 batches.
     let demo_tables = demo.with_extension("parquet");
@@ -578,8 +598,25 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
         ),
         rows: vec![json!([traces::KNOWN_CALLS])],
     }]);
-    let output = export(&dir.join("missing.jsonl"), &dir.join("none"), &[]);
-    assert_eq!(output.status.code(), Some(66), "{}", stderr(&output));
+    let missing = dir.join("missing.jsonl");
+    let output = export(&missing, &dir.join("none"), &[]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+    let output = export(&dir, &dir.join("none"), &[]);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            dir.display()
+        )
+    );
     // Without -o: TRACE.parquet beside the trace.
     let output = Command::new(CUDATRACE)
         .args(["export", "--format", "parquet"])

@@ -171,8 +171,27 @@ fn png_output_and_errors() {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
     assert_eq!(u32::from_be_bytes(bytes[16..20].try_into().unwrap()), 2800);
 
-    let missing = cudatrace(&["plot"], &trace.with_extension("none"));
-    assert_eq!(missing.status.code(), Some(66), "{}", stderr(&missing));
+    let missing = trace.with_extension("none");
+    let output = cudatrace(&["plot"], &missing);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+    let folder = trace.parent().unwrap();
+    let svg = trace.with_file_name("folder.svg");
+    let output = cudatrace(&["plot", "-o", svg.to_str().unwrap()], folder);
+    assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            folder.display()
+        )
+    );
     let bad = write(
         "bad",
         "{\"type\":\"header\",\"format\":\"cudatrace\",\"version\":4}\nnot json\n",

@@ -204,7 +204,7 @@ fn devices_fifos_and_endless_input_are_refused_at_once() {
         let output = within_10_s(args, Stdio::null());
         assert_eq!(
             output.status.code(),
-            Some(66),
+            Some(74),
             "{args:?}: {}",
             stderr(&output)
         );
@@ -223,7 +223,7 @@ fn devices_fifos_and_endless_input_are_refused_at_once() {
         let output = within_10_s(args, Stdio::null());
         assert_eq!(
             output.status.code(),
-            Some(66),
+            Some(74),
             "{args:?}: {}",
             stderr(&output)
         );
@@ -298,15 +298,24 @@ fn every_reader_refuses_a_version_it_does_not_read_naming_it() {
 }
 
 #[test]
-fn a_missing_trace_exits_66() {
-    let output = Command::new(CUDATRACE)
-        .args(["summary", "/nonexistent/trace.jsonl"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(66));
-    assert!(
-        stderr(&output).contains("cannot open the trace /nonexistent/trace.jsonl"),
-        "{}",
-        stderr(&output)
-    );
+fn an_unreadable_trace_exits_74() {
+    let folder = scratch("summary-unreadable");
+    for (trace, why) in [
+        (
+            "/nonexistent/trace.jsonl",
+            "No such file or directory (os error 2)",
+        ),
+        (folder.to_str().unwrap(), "Is a directory (os error 21)"),
+    ] {
+        let output = Command::new(CUDATRACE)
+            .args(["summary", trace])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
+        assert_eq!(
+            stderr(&output),
+            format!("cudatrace: error: cannot open the trace {trace}: {why}\n")
+        );
+        assert!(output.stdout.is_empty());
+    }
 }

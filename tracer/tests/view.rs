@@ -378,12 +378,28 @@ fn errors_have_their_exit_codes() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
-    let (code, stderr) = run(&[dir.join("missing.jsonl").to_str().unwrap()]);
-    assert_eq!(code, Some(66), "{stderr}");
-    assert!(stderr.contains("cannot open the trace"), "{stderr}");
+    let missing = dir.join("missing.jsonl");
+    let (code, stderr) = run(&[missing.to_str().unwrap()]);
+    assert_eq!(code, Some(74), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "cudatrace: error: cannot open the trace {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+    let (code, stderr) = run(&[dir.to_str().unwrap()]);
+    assert_eq!(code, Some(74), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            dir.display()
+        )
+    );
 
     let (code, stderr) = run(&[trace.to_str().unwrap(), "--offline", dir.to_str().unwrap()]);
-    assert_eq!(code, Some(66), "{stderr}");
+    assert_eq!(code, Some(74), "{stderr}");
     assert!(stderr.contains("no index.html there"), "{stderr}");
 
     let bad = write(
@@ -530,7 +546,7 @@ fn under_sudo_the_trace_is_read_as_the_user_who_asked() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(66), "{stderr}");
+    assert_eq!(output.status.code(), Some(74), "{stderr}");
     assert!(stderr.contains("cannot open the trace"), "{stderr}");
     assert!(stderr.contains("Permission denied"), "{stderr}");
 }

@@ -357,7 +357,7 @@ fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
     if scratch.has_call != 0 {
         scratch.has_call = 0;
         if let Some(spec) = SPECS.get(scratch.call.probe_id & SLOT_MASK) {
-            let _ = crate::calls::emit(scratch.call, spec);
+            let _ = crate::call_event::emit(scratch.call, spec);
         }
     }
     sent

@@ -1,7 +1,6 @@
 //! What a function does, as far as the analysis is concerned: a column of the catalog rows
-//! ([`FnSpec::role`](super::FnSpec::role)), the family's unless the row says another.
-
-use super::spec::Family;
+//! ([`FnSpec::role`](super::FnSpec::role)), the family's unless the row says another. The
+//! rows' types in `spec.rs` read these; these know nothing of the rows.
 
 /// What a driver function does, as far as the analysis is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,27 +66,4 @@ pub enum SyncOn {
     Stream,
     /// One event (cuEventSynchronize).
     Event,
-}
-
-impl Family {
-    /// The role of a function of this family whose row says none.
-    pub const fn role(self) -> Role {
-        match self {
-            Family::Init | Family::Context => Role::Setup,
-            Family::Copy => Role::Copy,
-            Family::Memset => Role::Memset,
-            Family::Launch => Role::Launch,
-            Family::Module => Role::ModuleLoad,
-            Family::Collective => Role::Collective,
-            Family::Cupti => Role::Cupti,
-            // NCCL's own allocations are made of the driver calls probed in libcuda.
-            Family::Communicator | Family::Group => Role::Other,
-            // Memory calls each say theirs; queries, events and streams have none.
-            Family::Memory
-            | Family::VirtualMemory
-            | Family::Sync
-            | Family::GpuRecords
-            | Family::Other => Role::Other,
-        }
-    }
 }

@@ -52,6 +52,27 @@ impl Family {
             Family::Other => "other",
         }
     }
+
+    /// The role of a function of this family whose row says none.
+    pub const fn role(self) -> Role {
+        match self {
+            Family::Init | Family::Context => Role::Setup,
+            Family::Copy => Role::Copy,
+            Family::Memset => Role::Memset,
+            Family::Launch => Role::Launch,
+            Family::Module => Role::ModuleLoad,
+            Family::Collective => Role::Collective,
+            Family::Cupti => Role::Cupti,
+            // NCCL's own allocations are made of the driver calls probed in libcuda.
+            Family::Communicator | Family::Group => Role::Other,
+            // Memory calls each say theirs; queries, events and streams have none.
+            Family::Memory
+            | Family::VirtualMemory
+            | Family::Sync
+            | Family::GpuRecords
+            | Family::Other => Role::Other,
+        }
+    }
 }
 
 /// Copy direction. `Default` is the driver's unified-addressing choice (cuMemcpy, and

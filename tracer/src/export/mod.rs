@@ -110,25 +110,30 @@ pub fn merge_files(
             (lines, place)
         })
         .collect();
-    match format {
-        ExportFormat::Chrome => ChromeWriter::new(out)
-            .map_err(ExportError::from)
-            .and_then(|sink| merge_into(sink, traces, markers)),
-        ExportFormat::Perfetto => merge_into(PerfettoWriter::new(out), traces, markers),
+    let stats = match format {
+        ExportFormat::Chrome => merge_into(
+            ChromeWriter::new(out).map_err(ExportError::from)?,
+            traces,
+            markers,
+        )?,
+        ExportFormat::Perfetto => merge_into(PerfettoWriter::new(out), traces, markers)?,
         // Refused by `cudatrace merge`: each trace's tables are queried together.
-        ExportFormat::Parquet => Err(ExportError::Write(io::Error::other(
-            "Parquet tables are not merged",
-        ))),
-    }
-    .map_err(export_failure)
+        ExportFormat::Parquet => {
+            return Err(
+                ExportError::Write(io::Error::other("Parquet tables are not merged")).into(),
+            );
+        }
+    };
+    Ok(stats)
 }
 
 /// An export's error with its exit code.
-fn export_failure(error: ExportError) -> Failure {
-    match error {
-        ExportError::Read(ReadError::BadLine { .. }) => Failure::new(ExitCode::BadInput, error),
-        ExportError::Read(ReadError::Io { .. }) => Failure::new(ExitCode::NoSuchProcess, error),
-        ExportError::Write(_) => Failure::new(ExitCode::OutputNotWritable, error),
+impl From<ExportError> for Failure {
+    fn from(error: ExportError) -> Self {
+        match error {
+            ExportError::Read(error) => error.into(),
+            ExportError::Write(_) => Failure::new(ExitCode::OutputNotWritable, error),
+        }
     }
 }
 
@@ -307,12 +312,7 @@ pub fn export_file(
 ) -> Result<ExportStats, Failure> {
     let label = trace.display().to_string();
     let input = TraceInput::open_trace(trace)?;
-    let file = input.pass().map_err(|e| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    })?;
+    let file = input.pass().map_err(ReadError::opening(&label))?;
     if output == trace {
         return Err(Failure::new(
             ExitCode::Usage,
@@ -341,8 +341,7 @@ pub fn export_opened(
         out,
         format,
         filters,
-    )
-    .map_err(export_failure)?;
+    )?;
     if stats.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",

@@ -137,26 +137,15 @@ pub struct FlameArgs {
 
 /// The stacks of the trace at `path`, as `summary` reads them.
 fn read(path: &Path, label: &str, skip_bad_lines: bool) -> Result<StackProfile, Failure> {
-    let io_error = |source| ReadError::Io {
-        file: label.to_owned(),
-        source,
-    };
-    let failure = |e: ReadError| match e {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-        ReadError::Io { ref source, .. } => Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot read the trace {label}: {source}"),
-        ),
-    };
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
     let input = TraceInput::open_trace(path)?;
     let open = || {
         input
             .pass()
             .map(|file| TraceLines::from_file(file, label, skip_bad_lines))
-            .map_err(io_error)
+            .map_err(ReadError::reading(label))
     };
-    let summarised = summarise(open).map_err(failure)?;
+    let summarised = summarise(open)?;
     if summarised.info.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",

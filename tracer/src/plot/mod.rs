@@ -57,10 +57,7 @@ pub fn render(
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
-    let input = TraceInput::open(path).map_err(|e| ReadError::Io {
-        file: label.to_owned(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let input = TraceInput::open(path).map_err(ReadError::opening(label))?;
     render_input(&input, label, width, skip_bad_lines)
 }
 
@@ -79,7 +76,7 @@ pub fn render_input(
         input
             .pass()
             .map(|file| TraceLines::from_file(file, label, skip_bad_lines))
-            .map_err(io_error)
+            .map_err(ReadError::reading(label))
     };
     let summarised = summarise(open)?;
     let summary = &summarised.report.summary;
@@ -195,14 +192,7 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
         .extension()
         .is_some_and(|ext| ext.eq_ignore_ascii_case("png"));
     let input = TraceInput::open_trace(&args.trace)?;
-    let rendered =
-        render_input(&input, &label, args.width, args.skip_bad_lines).map_err(|e| match e {
-            ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-            ReadError::Io { ref source, .. } => Failure::new(
-                ExitCode::NoSuchProcess,
-                anyhow!("cannot read the trace {label}: {source}"),
-            ),
-        })?;
+    let rendered = render_input(&input, &label, args.width, args.skip_bad_lines)?;
     if rendered.info.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",

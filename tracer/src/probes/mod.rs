@@ -25,6 +25,7 @@
 //! | `object.rs` | the embedded eBPF object, loaded with this run's globals |
 //! | `loaded.rs` | the loaded object taken apart: programs, ring, counters, maps |
 //! | `programs.rs` | programs by name; tracepoint and process-tree attaching |
+//! | `stack_selection.rs` | `--stacks[=WHICH]`: which probes send the Python stack, by what their calls do |
 //! | `stack_programs.rs` | `--stacks`: the stack programs loaded into the program array of each kind of call program |
 //! | `maps.rs` | each map as its owner uses it: the traced set, the probe table, the library names, the linked and stopped processes, the ring, the loss counters |
 //! | `tracefs.rs` | finding tracefs, reading tracepoint formats |
@@ -39,6 +40,7 @@ pub mod plan;
 pub mod probe_set;
 pub mod programs;
 pub mod stack_programs;
+pub mod stack_selection;
 pub mod stops;
 pub mod tracefs;
 pub mod uprobe_multi;

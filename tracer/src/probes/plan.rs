@@ -8,11 +8,9 @@ use std::collections::{HashMap, HashSet};
 use super::{
     library::{ExportedFn, Library, LibraryFile},
     probe_set::ProbeSet,
+    stack_selection::StackSelection,
 };
-use crate::{
-    catalog::{FnSpec, GENERIC},
-    stacks::StackSelection,
-};
+use crate::catalog::{FnSpec, GENERIC};
 use tracer_common::{MAX_LIBRARIES, MAX_PROBES, SLOT_BITS, SLOT_MASK};
 
 /// What to do when a catalog function is absent from the library or fails to attach (the

@@ -30,14 +30,35 @@ pub const MAX_LINE_BYTES: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("reading {file}: {source}")]
-    Io { file: String, source: io::Error },
+    // `error`, not `source`: the message holds it, and `{:#}` would print it twice.
+    #[error("cannot open the trace {file}: {error}")]
+    Open { file: String, error: io::Error },
+    #[error("cannot read the trace {file}: {error}")]
+    Io { file: String, error: io::Error },
     #[error("{file}:{line}: {message} (--skip-bad-lines reads past malformed lines)")]
     BadLine {
         file: String,
         line: u64,
         message: String,
     },
+}
+
+impl ReadError {
+    /// For `map_err`: the trace `file` cannot be opened.
+    pub fn opening(file: &str) -> impl Fn(io::Error) -> ReadError + Copy + '_ {
+        move |error| ReadError::Open {
+            file: file.to_owned(),
+            error,
+        }
+    }
+
+    /// For `map_err`: reading the trace `file` failed.
+    pub fn reading(file: &str) -> impl Fn(io::Error) -> ReadError + Copy + '_ {
+        move |error| ReadError::Io {
+            file: file.to_owned(),
+            error,
+        }
+    }
 }
 
 /// Work done for each well-formed line where it is parsed (on the worker threads for a
@@ -134,10 +155,7 @@ impl<R: BufRead, X> TraceLines<R, X> {
                 }),
                 Source::Workers(pipeline) => pipeline.advance(),
             };
-            let next = next.map_err(|source| ReadError::Io {
-                file: self.file.clone(),
-                source,
-            })?;
+            let next = next.map_err(ReadError::reading(&self.file))?;
             let Some((next, ended)) = next else {
                 return Ok(None);
             };

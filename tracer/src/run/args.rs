@@ -10,8 +10,8 @@ use crate::{
     probes::{
         maps::SIZED_MAPS,
         plan::{FunctionSelection, MissingProbes},
+        stack_selection::StackSelection,
     },
-    stacks::StackSelection,
 };
 
 #[derive(Debug, Args)]

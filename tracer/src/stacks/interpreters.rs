@@ -16,8 +16,9 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use tracer_common::stacks::{PyProcess, py_flags};
 
 use super::{
+    debug_offsets::DebugOffsets,
     elf::{self, InterpreterFile, NotInterpreter},
-    layout::{self, DebugOffsets},
+    layout,
 };
 use crate::schema::InterpreterLine;
 

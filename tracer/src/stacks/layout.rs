@@ -1,446 +1,349 @@
-//! Where CPython keeps what the walk reads, per minor version (x86-64, default GIL builds):
-//! a table checked against each version's own headers (`offsetof` compiled against
-//! 3.10.13, 3.11.2, 3.11.7, 3.12.1, 3.13.0, 3.13.5, 3.13.18 and 3.14.10, the same for every
-//! patch release seen), and for 3.13+ CPython's own `_Py_DebugOffsets`, read from the
-//! interpreter file, which wins where it has the field.
+//! Where CPython keeps what the walk reads, per minor version (x86-64, default GIL builds),
+//! in one table, [`FIELDS`]: a row per offset of [`PyProcess`] with its value in each minor
+//! (checked against each version's own headers: `offsetof` compiled against 3.10.13,
+//! 3.11.2, 3.11.7, 3.12.1, 3.13.0, 3.13.5, 3.13.18 and 3.14.10, the same for every patch
+//! release seen), where CPython's own `_Py_DebugOffsets` (3.13+, read from the interpreter
+//! file, which wins) gives it, and the probes' read it must lie in. The layout of a minor
+//! ([`table`]), the reading of `_Py_DebugOffsets` (`debug_offsets.rs`), the bounds check
+//! ([`fits`]) and the tests follow from the rows; a `PyProcess` field without a row fails
+//! the build.
 
-use tracer_common::stacks::{NO_FIELD, PyProcess, py_flags};
+use std::ops::RangeInclusive;
 
-/// The minor versions cudatrace reads.
+use tracer_common::stacks::{
+    CODE_READ, FINGERPRINT_LEN, FRAME_READ, INTERP_READ, NO_FIELD, PyProcess, STR_READ,
+    TSTATE_READ,
+    py_flags::{FINGERPRINT, IDENT_PER_FRAME, LASTI},
+};
+
+/// The minor versions cudatrace reads: the table's columns.
+pub const MINORS: RangeInclusive<u32> = 10..=14;
+/// The minor versions with `_Py_DebugOffsets`: its columns.
+pub const DEBUG_MINORS: RangeInclusive<u32> = 13..=14;
+
+/// One offset of [`PyProcess`]: a row of [`FIELDS`].
+#[derive(Debug)]
+pub struct Field {
+    pub name: &'static str,
+    /// Its value in each of [`MINORS`] ([`NO_FIELD`] where the version has none).
+    table: [u32; 5],
+    /// How `_Py_DebugOffsets` gives it.
+    pub given: Given,
+    /// The probes' read it lies in, and its size there.
+    read: Option<(Read, Size)>,
+    get: fn(&PyProcess) -> u32,
+    set: fn(&mut PyProcess, u32),
+}
+
+/// How `_Py_DebugOffsets` gives a field.
+#[derive(Debug)]
+pub enum Given {
+    /// It does not: the table's value stands.
+    Not,
+    /// As the word at this position of the struct in each of [`DEBUG_MINORS`] (the struct
+    /// grew fields between 3.13 and 3.14; `None`: that minor's has no such word).
+    At([Option<usize>; 2]),
+    /// From the field named, when it gives that one: its value plus this.
+    From(&'static str, i64),
+}
+
+/// A read of the probes: where it starts and how many bytes it takes.
+#[derive(Clone, Copy, Debug)]
+enum Read {
+    Interp,
+    Tstate,
+    Frame,
+    Code,
+    Str,
+}
+
+/// A field's size, and so its alignment, in its read (the probes' masked loads).
+#[derive(Clone, Copy, Debug)]
+enum Size {
+    Word,
+    Int,
+    Byte,
+    /// The frame's instruction: 3.10's `f_lasti` is an `int`, later ones a pointer.
+    Instr,
+}
+
+/// What a minor is beyond its offsets.
+struct Version {
+    flags: u32,
+    code_mask: u64,
+    fingerprint_mask: [u64; FINGERPRINT_LEN / 8],
+}
+
+/// [`Version`]s by minor, as [`MINORS`].
+const VERSIONS: [Version; 5] = [
+    Version {
+        flags: IDENT_PER_FRAME | LASTI | FINGERPRINT,
+        code_mask: u64::MAX,
+        // [16, 128) of the code object; [128, 144) (`co_zombieframe`, `co_weakreflist`)
+        // changes as it runs.
+        fingerprint_mask: {
+            let mut mask = [u64::MAX; FINGERPRINT_LEN / 8];
+            mask[14] = 0;
+            mask[15] = 0;
+            mask
+        },
+    },
+    Version {
+        flags: IDENT_PER_FRAME | FINGERPRINT,
+        code_mask: u64::MAX,
+        // [16, 144), but for `co_warmup` and `_co_linearray_entry_size` ([52, 56): the
+        // upper half of the word at 48).
+        fingerprint_mask: {
+            let mut mask = [u64::MAX; FINGERPRINT_LEN / 8];
+            mask[4] = 0x0000_0000_ffff_ffff;
+            mask
+        },
+    },
+    Version {
+        flags: IDENT_PER_FRAME,
+        code_mask: u64::MAX,
+        fingerprint_mask: [0; FINGERPRINT_LEN / 8],
+    },
+    Version {
+        flags: IDENT_PER_FRAME,
+        code_mask: u64::MAX,
+        fingerprint_mask: [0; FINGERPRINT_LEN / 8],
+    },
+    Version {
+        flags: 0,
+        // `_PyStackRef`: the low bits tag the pointer.
+        code_mask: !3,
+        fingerprint_mask: [0; FINGERPRINT_LEN / 8],
+    },
+];
+
+/// [`FIELDS`] from its rows, and a [`PyProcess`] literal naming every row and the fields
+/// that are no offsets, so that a field without a row fails the build. A row:
+/// `name: [3.10, 3.11, 3.12, 3.13, 3.14]` (`-`: none), then how `_Py_DebugOffsets` gives
+/// it, if it does (`at [3.13, 3.14]`, its positions, or `= other ± n`), then the read it
+/// must fit in (`in Read Size`).
+macro_rules! cpython_fields {
+    ($(
+        $name:ident: [$($value:tt),*]
+        $(at [$($position:tt),*])?
+        $(= $from:ident $(+ $plus:literal)? $(- $minus:literal)?)?
+        $(in $read:ident $size:ident)?;
+    )*) => {
+        /// The table: a row per offset of [`PyProcess`].
+        pub const FIELDS: &[Field] = &[$(Field {
+            name: stringify!($name),
+            table: [$(cpython_fields!(@value $value)),*],
+            given: cpython_fields!(@given $(at [$($position),*])? $(= $from $(+ $plus)? $(- $minus)?)?),
+            read: cpython_fields!(@read $($read $size)?),
+            get: |py| py.$name,
+            set: |py, value| py.$name = value,
+        }),*];
+
+        /// `minor`'s [`PyProcess`] with every offset 0 and its [`Version`].
+        fn blank(minor: u32, version: &Version) -> PyProcess {
+            PyProcess {
+                generation: 0,
+                runtime: 0,
+                code_type: 0,
+                minor,
+                flags: version.flags,
+                code_mask: version.code_mask,
+                fingerprint_mask: version.fingerprint_mask,
+                $($name: 0,)*
+            }
+        }
+    };
+    (@value -) => { NO_FIELD };
+    (@value $value:literal) => { $value };
+    (@position -) => { None };
+    (@position $position:literal) => { Some($position) };
+    (@given) => { Given::Not };
+    (@given at [$($position:tt),*]) => { Given::At([$(cpython_fields!(@position $position)),*]) };
+    (@given = $from:ident) => { Given::From(stringify!($from), 0) };
+    (@given = $from:ident + $by:literal) => { Given::From(stringify!($from), $by) };
+    (@given = $from:ident - $by:literal) => { Given::From(stringify!($from), -$by) };
+    (@read) => { None };
+    (@read $read:ident $size:ident) => { Some((Read::$read, Size::$size)) };
+}
+
+cpython_fields! {
+    //                     3.10  3.11  3.12  3.13  3.14   _Py_DebugOffsets       read
+    runtime_interpreters: [  32,   40,   40,  632,  808] at [ 40,  40];
+    // The interpreter state: one read from `next`.
+    interp_read:          [   0,    0,    0, 7264, 7272] = interp_next;
+    interp_next:          [   0,    0,    0, 7264, 7272] at [ 64,  64] in Interp Word;
+    interp_threads:       [   8,   16,   72, 7344, 7344] at [ 72,  72] in Interp Word;
+    // `threads.next_unique_id` is the field before `threads.head`.
+    interp_thread_epoch:  [3448,    8,   64, 7336, 7336] = interp_threads - 8;
+    // 3.14's `_code_object_generation` (u64), counted up at each code object freed: while
+    // it stands, every code pointer still names the object it named.
+    interp_code_epoch:    [   -,    -,    -,    -, 7992] at [  -, 160];
+    code_epoch_size:      [   0,    0,    0,    0,    8];
+    // The thread state.
+    tstate_read:          [   8,    8,    8,    8,    8];
+    tstate_next:          [   8,    8,    8,    8,    8] at [168, 192] in Tstate Word;
+    tstate_interp:        [  16,   16,   16,   16,   16]              in Tstate Word;
+    tstate_thread_id:     [ 176,  152,  136,  152,  152] at [192, 216] in Tstate Word;
+    tstate_native_id:     [   -,  160,  144,  160,  160] at [200, 224] in Tstate Word;
+    tstate_frame:         [  24,   56,   56,   72,   72] at [184, 208] in Tstate Word;
+    cframe_frame:         [   -,    8,    0,    -,    -];
+    // The frame.
+    frame_read:           [  24,   32,    0,    0,    0];
+    frame_previous:       [  24,   48,    8,    8,    8] at [232, 256] in Frame Word;
+    frame_code:           [  32,   32,    0,    0,    0] at [240, 264] in Frame Word;
+    frame_instr:          [  96,   56,   56,   56,   56] at [248, 272] in Frame Instr;
+    frame_owner:          [   -,   69,   70,   70,   74] at [264, 288] in Frame Byte;
+    owner_skip_from:      [   -,    -,    3,    3,    3];
+    // The code object, read from its start.
+    code_ob_type:         [   8,    8,    8,    8,    8] at [360, 408] in Code Word;
+    code_adaptive:        [   0,  184,  192,  200,  208] at [344, 384];
+    code_ident:           [  16,   16,   92,   92,   92];
+    code_filename:        [ 104,  112,  112,  112,  112] at [280, 320] in Code Word;
+    code_qualname:        [ 112,  128,  128,  128,  128] at [296, 336] in Code Word;
+    code_firstlineno:     [  40,   72,   68,   68,   68] at [312, 352] in Code Int;
+    code_firsttraceable:  [   -,  168,  176,  184,  192]              in Code Int;
+    code_linetable:       [ 120,  136,  136,  136,  136] at [304, 344] in Code Word;
+    // `bytes` and `str`, read from their start.
+    bytes_size:           [  16,   16,   16,   16,   16] at [520, 600];
+    bytes_data:           [  32,   32,   32,   32,   32] at [528, 608];
+    str_length:           [  16,   16,   16,   16,   16] at [552, 632] in Str Word;
+    str_state:            [  32,   32,   32,   32,   32] at [544, 624] in Str Int;
+    str_ascii_data:       [  48,   48,   40,   40,   40] at [560, 640];
+    // A compact string's data follows `PyCompactUnicodeObject`, two words more than
+    // `PyASCIIObject`.
+    str_compact_data:     [  72,   72,   56,   56,   56] = str_ascii_data + 16;
+}
+
+impl Field {
+    /// Its value in `py`.
+    pub fn get(&self, py: &PyProcess) -> u32 {
+        (self.get)(py)
+    }
+
+    pub fn set(&self, py: &mut PyProcess, value: u32) {
+        (self.set)(py, value);
+    }
+
+    /// Its position in `_Py_DebugOffsets` of `minor`, where the struct has it.
+    pub fn position(&self, minor: u32) -> Option<usize> {
+        match self.given {
+            Given::At(positions) => {
+                let column = minor.checked_sub(*DEBUG_MINORS.start())?;
+                *positions.get(usize::try_from(column).ok()?)?
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether its value in `py` lies inside its read, aligned to its size.
+    fn fits(&self, py: &PyProcess) -> bool {
+        let Some((read, size)) = self.read else {
+            return true;
+        };
+        let (start, len) = match read {
+            Read::Interp => (py.interp_read, INTERP_READ),
+            Read::Tstate => (py.tstate_read, TSTATE_READ),
+            Read::Frame => (py.frame_read, FRAME_READ),
+            Read::Code => (0, CODE_READ),
+            Read::Str => (0, STR_READ),
+        };
+        let size: u32 = match size {
+            Size::Word => 8,
+            Size::Int => 4,
+            Size::Byte => 1,
+            Size::Instr if py.flags & LASTI != 0 => 4,
+            Size::Instr => 8,
+        };
+        let offset = self.get(py);
+        offset == NO_FIELD
+            || (offset >= start
+                && u64::from(offset - start) + u64::from(size) <= len as u64
+                && (offset - start).is_multiple_of(size))
+    }
+}
+
+/// The row named `name`.
 #[cfg(test)]
-pub const MINORS: std::ops::RangeInclusive<u32> = 10..=14;
+pub fn field(name: &str) -> Option<&'static Field> {
+    FIELDS.iter().find(|field| field.name == name)
+}
 
 /// The layout of `3.minor` from the table (addresses and generation left 0).
 pub fn table(minor: u32) -> Option<PyProcess> {
-    let mut py = PyProcess {
-        minor,
-        code_mask: u64::MAX,
-        tstate_read: 8,
-        tstate_next: 8,
-        tstate_interp: 16,
-        tstate_native_id: 160,
-        cframe_frame: NO_FIELD,
-        frame_read: 0,
-        frame_previous: 8,
-        frame_code: 0,
-        frame_instr: 56,
-        frame_owner: 70,
-        owner_skip_from: 3,
-        code_ob_type: 8,
-        code_ident: 92,
-        code_filename: 112,
-        code_qualname: 128,
-        code_firstlineno: 68,
-        code_linetable: 136,
-        interp_next: 0,
-        interp_code_epoch: NO_FIELD,
-        bytes_size: 16,
-        bytes_data: 32,
-        str_length: 16,
-        str_state: 32,
-        str_ascii_data: 40,
-        str_compact_data: 56,
-        flags: py_flags::IDENT_PER_FRAME,
-        ..PyProcess::default()
-    };
-    match minor {
-        10 => {
-            py.runtime_interpreters = 32;
-            py.interp_threads = 8;
-            py.interp_thread_epoch = 3448;
-            py.tstate_thread_id = 176;
-            py.tstate_native_id = NO_FIELD;
-            py.tstate_frame = 24;
-            py.frame_read = 24;
-            py.frame_previous = 24;
-            py.frame_code = 32;
-            py.frame_instr = 96;
-            py.frame_owner = NO_FIELD;
-            py.owner_skip_from = NO_FIELD;
-            py.flags |= py_flags::LASTI | py_flags::FINGERPRINT;
-            // [16, 128) of the code object; [128, 144) (`co_zombieframe`,
-            // `co_weakreflist`) changes as it runs.
-            py.code_ident = 16;
-            py.fingerprint_mask = [u64::MAX; 16];
-            py.fingerprint_mask[14] = 0;
-            py.fingerprint_mask[15] = 0;
-            py.code_filename = 104;
-            py.code_qualname = 112;
-            py.code_firstlineno = 40;
-            py.code_linetable = 120;
-            py.code_firsttraceable = NO_FIELD;
-            py.code_adaptive = 0;
-            py.str_ascii_data = 48;
-            py.str_compact_data = 72;
-        }
-        11 => {
-            py.runtime_interpreters = 40;
-            py.interp_threads = 16;
-            py.interp_thread_epoch = 8;
-            py.tstate_thread_id = 152;
-            py.tstate_frame = 56;
-            py.cframe_frame = 8;
-            py.frame_read = 32;
-            py.frame_previous = 48;
-            py.frame_code = 32;
-            py.frame_owner = 69;
-            py.owner_skip_from = NO_FIELD;
-            py.flags |= py_flags::FINGERPRINT;
-            // [16, 144), but for `co_warmup` and `_co_linearray_entry_size` ([52, 56): the
-            // upper half of the word at 48).
-            py.code_ident = 16;
-            py.fingerprint_mask = [u64::MAX; 16];
-            py.fingerprint_mask[4] = 0x0000_0000_ffff_ffff;
-            py.code_firstlineno = 72;
-            py.code_firsttraceable = 168;
-            py.code_adaptive = 184;
-            py.str_ascii_data = 48;
-            py.str_compact_data = 72;
-        }
-        12 => {
-            py.runtime_interpreters = 40;
-            py.interp_threads = 72;
-            py.interp_thread_epoch = 64;
-            py.tstate_thread_id = 136;
-            py.tstate_native_id = 144;
-            py.tstate_frame = 56;
-            py.cframe_frame = 0;
-            py.code_firsttraceable = 176;
-            py.code_adaptive = 192;
-        }
-        13 => {
-            py.runtime_interpreters = 632;
-            py.interp_next = 7264;
-            py.interp_threads = 7344;
-            py.interp_thread_epoch = 7336;
-            py.tstate_thread_id = 152;
-            py.tstate_frame = 72;
-            py.code_firsttraceable = 184;
-            py.code_adaptive = 200;
-        }
-        14 => {
-            py.runtime_interpreters = 808;
-            py.interp_next = 7272;
-            py.interp_threads = 7344;
-            py.interp_thread_epoch = 7336;
-            py.tstate_thread_id = 152;
-            py.tstate_frame = 72;
-            py.frame_owner = 74;
-            py.code_firsttraceable = 192;
-            py.code_adaptive = 208;
-            // `_PyStackRef`: the low bits tag the pointer.
-            py.code_mask = !3;
-            // `_code_object_generation` (u64), counted up at each code object freed: while
-            // it stands, every code pointer still names the object it named.
-            py.interp_code_epoch = 7992;
-            py.code_epoch_size = 8;
-            py.flags &= !py_flags::IDENT_PER_FRAME;
-        }
-        _ => return None,
+    let column = usize::try_from(minor.checked_sub(*MINORS.start())?).ok()?;
+    let mut py = blank(minor, VERSIONS.get(column)?);
+    for field in FIELDS {
+        field.set(&mut py, field.table[column]);
     }
-    py.interp_read = py.interp_next;
     Some(py)
-}
-
-/// `_Py_DebugOffsets` (3.13+), as far as the walk uses it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DebugOffsets {
-    /// `PY_VERSION_HEX`.
-    pub version: u64,
-    pub free_threaded: bool,
-    values: Vec<(Field, u64)>,
-}
-
-/// A [`PyProcess`] field `_Py_DebugOffsets` gives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Field {
-    RuntimeInterpreters,
-    InterpNext,
-    InterpThreads,
-    InterpCodeEpoch,
-    TstateNext,
-    TstateFrame,
-    TstateThreadId,
-    TstateNativeId,
-    FramePrevious,
-    FrameCode,
-    FrameInstr,
-    FrameOwner,
-    CodeFilename,
-    CodeQualname,
-    CodeLinetable,
-    CodeFirstlineno,
-    CodeAdaptive,
-    ObType,
-    BytesSize,
-    BytesData,
-    StrState,
-    StrLength,
-    StrAsciiSize,
-}
-
-/// Where each field sits inside `_Py_DebugOffsets` (the struct grew fields between 3.13
-/// and 3.14, so each minor has its map).
-fn positions(minor: u32) -> Option<&'static [(Field, usize)]> {
-    use Field::*;
-    match minor {
-        13 => Some(&[
-            (RuntimeInterpreters, 40),
-            (InterpNext, 64),
-            (InterpThreads, 72),
-            (TstateNext, 168),
-            (TstateFrame, 184),
-            (TstateThreadId, 192),
-            (TstateNativeId, 200),
-            (FramePrevious, 232),
-            (FrameCode, 240),
-            (FrameInstr, 248),
-            (FrameOwner, 264),
-            (CodeFilename, 280),
-            (CodeQualname, 296),
-            (CodeLinetable, 304),
-            (CodeFirstlineno, 312),
-            (CodeAdaptive, 344),
-            (ObType, 360),
-            (BytesSize, 520),
-            (BytesData, 528),
-            (StrState, 544),
-            (StrLength, 552),
-            (StrAsciiSize, 560),
-        ]),
-        14 => Some(&[
-            (RuntimeInterpreters, 40),
-            (InterpNext, 64),
-            (InterpThreads, 72),
-            (InterpCodeEpoch, 160),
-            (TstateNext, 192),
-            (TstateFrame, 208),
-            (TstateThreadId, 216),
-            (TstateNativeId, 224),
-            (FramePrevious, 256),
-            (FrameCode, 264),
-            (FrameInstr, 272),
-            (FrameOwner, 288),
-            (CodeFilename, 320),
-            (CodeQualname, 336),
-            (CodeLinetable, 344),
-            (CodeFirstlineno, 352),
-            (CodeAdaptive, 384),
-            (ObType, 408),
-            (BytesSize, 600),
-            (BytesData, 608),
-            (StrState, 624),
-            (StrLength, 632),
-            (StrAsciiSize, 640),
-        ]),
-        _ => None,
-    }
-}
-
-/// What is wrong with an interpreter's debug offsets.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DebugOffsetsError {
-    #[error("its _Py_DebugOffsets has no \"xdebugpy\" cookie")]
-    NoCookie,
-    #[error("its _Py_DebugOffsets is cut short ({0} bytes)")]
-    Short(usize),
-}
-
-impl DebugOffsets {
-    /// Reads the struct at the start of `_PyRuntime` (`bytes`: the file's bytes there) for
-    /// minor version `minor` (13+).
-    pub fn read(bytes: &[u8], minor: u32) -> Result<Self, DebugOffsetsError> {
-        let word = |at: usize| {
-            bytes
-                .get(at..at + 8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        };
-        if bytes.get(..8) != Some(b"xdebugpy") {
-            return Err(DebugOffsetsError::NoCookie);
-        }
-        let (Some(version), Some(free_threaded)) = (word(8), word(16)) else {
-            return Err(DebugOffsetsError::Short(bytes.len()));
-        };
-        let mut values = Vec::new();
-        for (field, at) in positions(minor).unwrap_or(&[]) {
-            values.push((
-                *field,
-                word(*at).ok_or(DebugOffsetsError::Short(bytes.len()))?,
-            ));
-        }
-        Ok(DebugOffsets {
-            version,
-            free_threaded: free_threaded != 0,
-            values,
-        })
-    }
-
-    /// `py` (the table's layout) with every field the debug offsets give taken from them.
-    /// `None` when a value does not fit where the walk reads it (a layout the probes cannot
-    /// read in one piece).
-    pub fn apply(&self, mut py: PyProcess) -> Option<PyProcess> {
-        for (field, value) in &self.values {
-            let value = u32::try_from(*value).ok()?;
-            match field {
-                Field::RuntimeInterpreters => py.runtime_interpreters = value,
-                Field::InterpNext => py.interp_next = value,
-                Field::InterpThreads => {
-                    py.interp_threads = value;
-                    // `threads.next_unique_id` is the field before `threads.head`.
-                    py.interp_thread_epoch = value.checked_sub(8)?;
-                }
-                Field::InterpCodeEpoch => py.interp_code_epoch = value,
-                Field::TstateNext => py.tstate_next = value,
-                Field::TstateFrame => py.tstate_frame = value,
-                Field::TstateThreadId => py.tstate_thread_id = value,
-                Field::TstateNativeId => py.tstate_native_id = value,
-                Field::FramePrevious => py.frame_previous = value,
-                Field::FrameCode => py.frame_code = value,
-                Field::FrameInstr => py.frame_instr = value,
-                Field::FrameOwner => py.frame_owner = value,
-                Field::CodeFilename => py.code_filename = value,
-                Field::CodeQualname => py.code_qualname = value,
-                Field::CodeLinetable => py.code_linetable = value,
-                Field::CodeFirstlineno => py.code_firstlineno = value,
-                Field::CodeAdaptive => py.code_adaptive = value,
-                Field::ObType => py.code_ob_type = value,
-                Field::BytesSize => py.bytes_size = value,
-                Field::BytesData => py.bytes_data = value,
-                Field::StrState => py.str_state = value,
-                Field::StrLength => py.str_length = value,
-                Field::StrAsciiSize => {
-                    py.str_ascii_data = value;
-                    // A compact string's data follows `PyCompactUnicodeObject`, two words
-                    // more than `PyASCIIObject`.
-                    py.str_compact_data = value + 16;
-                }
-            }
-        }
-        py.interp_read = py.interp_next;
-        fits(&py).then_some(py)
-    }
 }
 
 /// Whether every field lies where the probes read it: inside the one read of its object,
 /// aligned for the probes' masked loads.
 pub fn fits(py: &PyProcess) -> bool {
-    use tracer_common::stacks::{CODE_READ, FRAME_READ, INTERP_READ, STR_READ, TSTATE_READ};
-    let inside = |field: u32, start: u32, len: usize, size: u32| {
-        field == NO_FIELD
-            || (field >= start
-                && u64::from(field - start) + u64::from(size) <= len as u64
-                && (field - start).is_multiple_of(size))
-    };
-    let words = |fields: &[u32], start: u32, len: usize| {
-        fields.iter().all(|field| inside(*field, start, len, 8))
-    };
-    let instr = if py.flags & py_flags::LASTI != 0 {
-        4
-    } else {
-        8
-    };
-    words(
-        &[py.interp_next, py.interp_threads],
-        py.interp_read,
-        INTERP_READ,
-    ) && words(
-        &[
-            py.tstate_next,
-            py.tstate_interp,
-            py.tstate_thread_id,
-            py.tstate_native_id,
-            py.tstate_frame,
-        ],
-        py.tstate_read,
-        TSTATE_READ,
-    ) && words(
-        &[py.frame_previous, py.frame_code],
-        py.frame_read,
-        FRAME_READ,
-    ) && inside(py.frame_instr, py.frame_read, FRAME_READ, instr)
-        && inside(py.frame_owner, py.frame_read, FRAME_READ, 1)
-        && words(
-            &[
-                py.code_ob_type,
-                py.code_filename,
-                py.code_qualname,
-                py.code_linetable,
-            ],
-            0,
-            CODE_READ,
-        )
-        && inside(py.code_firstlineno, 0, CODE_READ, 4)
-        && inside(py.code_firsttraceable, 0, CODE_READ, 4)
-        && inside(py.str_length, 0, STR_READ, 8)
-        && inside(py.str_state, 0, STR_READ, 4)
+    FIELDS.iter().all(|field| field.fits(py))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every minor's table fits the probes' reads.
+    /// Every minor's table fits the probes' reads, and there is none for other minors.
     #[test]
     fn each_table_fits_the_reads() {
         for minor in MINORS {
             let py = table(minor).unwrap();
             assert!(fits(&py), "3.{minor}");
-            assert_eq!(py.interp_read, py.interp_next);
+            assert_eq!(py.minor, minor);
         }
         assert_eq!(table(9), None);
         assert_eq!(table(15), None);
     }
 
-    /// Debug offsets as the research read them from Debian's 3.13.5 and 3.14.10 give the
-    /// table's values (which were checked against the headers).
+    /// A field moved out of its read, or off its alignment, does not fit.
     #[test]
-    fn debug_offsets_give_the_tables_values() {
-        for (minor, version) in [(13, 0x030d_05f0u64), (14, 0x030e_0af0)] {
-            let expected = table(minor).unwrap();
-            let mut bytes = vec![0u8; 800];
-            bytes[..8].copy_from_slice(b"xdebugpy");
-            bytes[8..16].copy_from_slice(&version.to_le_bytes());
-            let value = |field: Field| -> u64 {
-                match field {
-                    Field::RuntimeInterpreters => expected.runtime_interpreters.into(),
-                    Field::InterpNext => expected.interp_next.into(),
-                    Field::InterpThreads => expected.interp_threads.into(),
-                    Field::InterpCodeEpoch => expected.interp_code_epoch.into(),
-                    Field::TstateNext => expected.tstate_next.into(),
-                    Field::TstateFrame => expected.tstate_frame.into(),
-                    Field::TstateThreadId => expected.tstate_thread_id.into(),
-                    Field::TstateNativeId => expected.tstate_native_id.into(),
-                    Field::FramePrevious => expected.frame_previous.into(),
-                    Field::FrameCode => expected.frame_code.into(),
-                    Field::FrameInstr => expected.frame_instr.into(),
-                    Field::FrameOwner => expected.frame_owner.into(),
-                    Field::CodeFilename => expected.code_filename.into(),
-                    Field::CodeQualname => expected.code_qualname.into(),
-                    Field::CodeLinetable => expected.code_linetable.into(),
-                    Field::CodeFirstlineno => expected.code_firstlineno.into(),
-                    Field::CodeAdaptive => expected.code_adaptive.into(),
-                    Field::ObType => expected.code_ob_type.into(),
-                    Field::BytesSize => expected.bytes_size.into(),
-                    Field::BytesData => expected.bytes_data.into(),
-                    Field::StrState => expected.str_state.into(),
-                    Field::StrLength => expected.str_length.into(),
-                    Field::StrAsciiSize => expected.str_ascii_data.into(),
-                }
-            };
-            for (field, at) in positions(minor).unwrap() {
-                bytes[*at..*at + 8].copy_from_slice(&value(*field).to_le_bytes());
-            }
-            let offsets = DebugOffsets::read(&bytes, minor).unwrap();
-            assert_eq!((offsets.version, offsets.free_threaded), (version, false));
-            assert_eq!(offsets.apply(expected), Some(expected), "3.{minor}");
+    fn a_field_outside_its_read_does_not_fit() {
+        let py = table(13).unwrap();
+        for (name, value) in [
+            ("tstate_frame", TSTATE_READ as u32 + 8),
+            ("tstate_frame", 4),
+            ("frame_instr", 60),
+            ("code_firstlineno", CODE_READ as u32 - 2),
+            ("str_state", 34),
+        ] {
+            let mut moved = py;
+            field(name).unwrap().set(&mut moved, value);
+            assert!(!fits(&moved), "{name} at {value}");
         }
-        assert_eq!(
-            DebugOffsets::read(b"xdebugpz", 13),
-            Err(DebugOffsetsError::NoCookie)
-        );
-        assert_eq!(
-            DebugOffsets::read(b"xdebugpy\x01", 13),
-            Err(DebugOffsetsError::Short(9))
-        );
+        // 3.10's `f_lasti` is an int: 4-aligned is enough.
+        let mut lasti = table(10).unwrap();
+        lasti.frame_instr = 100;
+        assert!(fits(&lasti));
+    }
+
+    /// What a derived field follows from is a row `_Py_DebugOffsets` gives in every minor
+    /// that has it, and the table agrees with the derivation there.
+    #[test]
+    fn derived_fields_follow_their_rows() {
+        for field in FIELDS {
+            let Given::From(from, by) = field.given else {
+                continue;
+            };
+            let source = super::field(from).unwrap();
+            for minor in DEBUG_MINORS {
+                assert!(
+                    source.position(minor).is_some(),
+                    "{} in 3.{minor}",
+                    field.name
+                );
+                let py = table(minor).unwrap();
+                assert_eq!(
+                    i64::from(field.get(&py)),
+                    i64::from(source.get(&py)) + by,
+                    "{} in 3.{minor}",
+                    field.name
+                );
+            }
+        }
     }
 }

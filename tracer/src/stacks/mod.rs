@@ -1,21 +1,22 @@
 //! `run --stacks`: each call of the chosen families with the Python stack it was made from,
 //! read by the probes from CPython's own structures (`tracer-ebpf/src/stacks/`;
-//! docs/python-stacks.md says how and why).
+//! docs/python-stacks.md says how and why). Which calls get stacks is the probes' choice
+//! (`probes::stack_selection`); this stage reads what the loaded object hands it.
 //!
 //! | file | |
 //! |---|---|
-//! | `families.rs` | `--stacks[=WHICH]`: which calls get stacks |
 //! | `interpreters.rs` | each process's interpreter: found, checked, given to the probes (`PYPROC`), said once |
 //! | `elf.rs` | an interpreter file: `_PyRuntime`, `PyCode_Type`, its version, its debug offsets |
-//! | `layout.rs` | where each version keeps what the probes read: the table, `_Py_DebugOffsets` |
+//! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
+//! | `debug_offsets.rs` | CPython's own `_Py_DebugOffsets` (3.13+), laid over the table |
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
 //! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
 
 mod btf;
+mod debug_offsets;
 mod elf;
-mod families;
 mod fault_in;
 mod interpreters;
 mod layout;
@@ -31,7 +32,6 @@ use tracer_common::{
 };
 
 pub use btf::fsbase_offset;
-pub use families::StackSelection;
 use interpreters::{Found, Interpreters};
 use resolve::{Reason, Resolver};
 

@@ -44,16 +44,10 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     let input = TraceInput::open_trace(path)?;
     let empty = input.is_empty();
     let open = || {
-        let file = input.pass().map_err(|source| ReadError::Io {
-            file: label.clone(),
-            source,
-        })?;
+        let file = input.pass().map_err(ReadError::reading(&label))?;
         Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
     };
-    let result = summarise(open).map_err(|e| match e {
-        ReadError::BadLine { .. } => Failure::new(ExitCode::BadInput, e),
-        ReadError::Io { .. } => Failure::new(ExitCode::NoSuchProcess, e),
-    })?;
+    let result = summarise(open)?;
 
     for (line, message) in &result.skipped {
         eprintln!("cudatrace: skipped {label}:{line}: {message}");

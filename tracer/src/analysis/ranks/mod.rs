@@ -17,22 +17,27 @@
 //! | `clocks.rs` | each trace's clock offset and its uncertainty, from the collectives' kernel ends |
 //! | `figures.rs` | per collective (arrivals, waits, transfer) and per rank (waits caused and suffered, GPU busy, overlap) |
 //! | `intervals.rs` | sets of time intervals |
+//! | `notes.rs` | what could not be matched or aligned ([`Note`]), and the sentence for each |
 //! | `runs.rs` | whether the traces are of one run (their spans, their communicators' sizes) |
 
 mod clocks;
 mod collect;
 mod figures;
 mod intervals;
+mod notes;
 mod runs;
 
 pub use clocks::ClockFit;
 pub use collect::{JobHeader, JobTrace, collect};
 pub use figures::CommunicatorReport;
+pub use notes::Note;
 pub use runs::{first_mismatch, runs};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
+
+use self::notes::TraceProcess;
 
 /// The cross-rank analysis of a job's traces.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -40,8 +45,8 @@ pub struct JobReport {
     pub traces: Vec<TraceReport>,
     /// Communicators with ranks in the traces given, by `comm_id`.
     pub communicators: Vec<CommunicatorReport>,
-    /// What could not be matched or aligned, and why.
-    pub notes: Vec<String>,
+    /// What could not be matched or aligned, and why (each a sentence in the JSON).
+    pub notes: Vec<Note>,
 }
 
 /// One trace of the job and how its clock was aligned.
@@ -74,17 +79,14 @@ pub(crate) struct Member {
 
 /// Analyses `traces` (in the order given: the first is the clock's reference).
 pub fn analyse(traces: &[JobTrace]) -> JobReport {
-    let mut notes = Vec::new();
-    for trace in traces.iter().filter(|trace| !trace.complete) {
-        let cut = match trace.cut_line {
-            Some(line) => format!(", its line {line} cut mid-line"),
-            None => String::new(),
-        };
-        notes.push(format!(
-            "{} has no footer (cut short{cut}): collectives after the cut are missing from it",
-            trace.label
-        ));
-    }
+    let mut notes: Vec<Note> = traces
+        .iter()
+        .filter(|trace| !trace.complete)
+        .map(|trace| Note::CutShort {
+            file: trace.label.clone(),
+            cut_line: trace.cut_line,
+        })
+        .collect();
     let communicators = members(traces, &mut notes);
     let shared = communicators.values().any(|members| {
         members
@@ -95,21 +97,16 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
             > 1
     });
     if traces.len() > 1 && !shared {
-        notes.push(
-            "no communicator is shared by these traces (traces of different jobs, or \
-             communicators made before tracing began): their clocks are aligned by the \
-             wall clock alone"
-                .into(),
-        );
+        notes.push(Note::NothingShared);
     }
     let pairs = figures::end_differences(traces, &communicators);
     let fits = clocks::fit(traces.len(), &pairs);
-    let reports = communicators
-        .iter()
-        .map(|(comm_id, members)| {
-            figures::communicator(comm_id, members, traces, &fits, &mut notes)
-        })
-        .collect();
+    let mut reports = Vec::with_capacity(communicators.len());
+    for (comm_id, members) in &communicators {
+        let (report, left_out) = figures::communicator(comm_id, members, traces, &fits);
+        reports.push(report);
+        notes.extend(left_out);
+    }
     JobReport {
         traces: traces
             .iter()
@@ -140,7 +137,7 @@ type MemberKey<'t> = (usize, u32, u64, &'t str);
 
 /// Each communicator's members (a rank of it in a process of a trace), by `comm_id`;
 /// a rank found twice is kept once, with a note.
-fn members(traces: &[JobTrace], notes: &mut Vec<String>) -> BTreeMap<String, Vec<Member>> {
+fn members(traces: &[JobTrace], notes: &mut Vec<Note>) -> BTreeMap<String, Vec<Member>> {
     let mut by_key: HashMap<MemberKey, Member> = HashMap::new();
     for (index, trace) in traces.iter().enumerate() {
         for (call_index, call) in trace.collectives.iter().enumerate() {
@@ -162,15 +159,16 @@ fn members(traces: &[JobTrace], notes: &mut Vec<String>) -> BTreeMap<String, Vec
     for ((_, _, _, comm_id), member) in keyed {
         let members = communicators.entry(comm_id.to_owned()).or_default();
         if let Some(other) = members.iter().find(|m| m.rank == member.rank) {
-            notes.push(format!(
-                "communicator {comm_id}: rank {} is in {} (pid {}) and again in {} (pid {}): \
-                 the second is left out (the same run traced twice?)",
-                member.rank,
-                traces[other.trace].label,
-                other.pid,
-                traces[member.trace].label,
-                member.pid
-            ));
+            let process = |m: &Member| TraceProcess {
+                file: traces[m.trace].label.clone(),
+                pid: m.pid,
+            };
+            notes.push(Note::RankTwice {
+                comm_id: comm_id.to_owned(),
+                rank: member.rank,
+                kept: process(other),
+                left_out: process(&member),
+            });
             continue;
         }
         members.push(member);

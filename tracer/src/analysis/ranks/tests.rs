@@ -5,7 +5,7 @@ use std::io::Cursor;
 
 use serde_json::{Value, json};
 
-use super::*;
+use super::{notes::TraceProcess, *};
 use crate::reader::TraceLines;
 
 /// A trace's lines as `run` writes them (times in ns on its own clock).
@@ -119,7 +119,7 @@ fn the_last_rank_is_named_with_the_wait_it_caused_on_a_clock_fitted_from_kernel_
         }
     }
     let report = analyse(&[a.read("a.jsonl", true), b.read("b.jsonl", true)]);
-    assert_eq!(report.notes, Vec::<String>::new());
+    assert_eq!(report.notes, []);
     let clock = &report.traces[1].clock;
     assert_eq!(
         (
@@ -192,6 +192,16 @@ fn without_a_shared_communicator_or_a_footer_the_report_says_so() {
     assert_eq!(
         report.notes,
         [
+            Note::CutShort {
+                file: "b.jsonl".into(),
+                cut_line: None,
+            },
+            Note::NothingShared
+        ]
+    );
+    assert_eq!(
+        sentences(&report.notes),
+        [
             "b.jsonl has no footer (cut short): collectives after the cut are missing from it",
             "no communicator is shared by these traces (traces of different jobs, or \
              communicators made before tracing began): their clocks are aligned by the wall \
@@ -245,7 +255,7 @@ fn one_process_driving_both_ranks_in_a_group_is_matched_within_its_trace() {
         t.call(10, "ncclGroupEnd", ts + 20, 50, json!({}));
     }
     let report = analyse(&[t.read("jax.jsonl", true)]);
-    assert_eq!(report.notes, Vec::<String>::new());
+    assert_eq!(report.notes, []);
     let comm = &report.communicators[0];
     assert_eq!(
         (comm.comm_id.as_str(), comm.matched, comm.ready_from),
@@ -285,4 +295,85 @@ fn ncclbcast_calling_ncclbroadcast_is_one_collective() {
     let trace = t.read("a.jsonl", true);
     let kept: Vec<(&str, u64)> = trace.collectives.iter().map(|c| (c.op, c.seq)).collect();
     assert_eq!(kept, [("Bcast", 2)]);
+}
+
+fn sentences(notes: &[Note]) -> Vec<String> {
+    notes.iter().map(Note::to_string).collect()
+}
+
+#[test]
+fn missing_ranks_a_rank_twice_and_different_collectives_are_noted() {
+    // Ranks 0 and 1 of 4; rank 1 broadcasts where rank 0 all-reduces (number 2); a
+    // third trace holds rank 0 again.
+    let mut a = Lines::new("a", 1_000, 0, false);
+    a.init(10, "0x2000", 0, 4);
+    a.all_reduce(10, "0x2000", 1_000, None);
+    a.all_reduce(10, "0x2000", 2_000, None);
+    let mut b = Lines::new("b", 1_000, 0, false);
+    b.init(20, "0x2000", 1, 4);
+    b.all_reduce(20, "0x2000", 1_000, None);
+    b.call(
+        20,
+        "ncclBroadcast",
+        2_000,
+        10,
+        json!({"comm": "0x2000", "bytes": 4_000_000, "root": 0}),
+    );
+    let mut again = Lines::new("c", 1_000, 0, false);
+    again.init(30, "0x2000", 0, 4);
+    again.all_reduce(30, "0x2000", 1_000, None);
+    let report = analyse(&[
+        a.read("a.jsonl", true),
+        b.read("b.jsonl", true),
+        again.read("c.jsonl", true),
+    ]);
+    let comm_id = report.communicators[0].comm_id.clone();
+    assert_eq!(report.communicators[0].matched, 1);
+    assert_eq!(report.communicators[0].mismatched, 1);
+    assert_eq!(
+        report.notes,
+        [
+            Note::RankTwice {
+                comm_id: comm_id.clone(),
+                rank: 0,
+                kept: TraceProcess {
+                    file: "a.jsonl".into(),
+                    pid: 10
+                },
+                left_out: TraceProcess {
+                    file: "c.jsonl".into(),
+                    pid: 30
+                },
+            },
+            Note::RanksMissing {
+                comm_id: comm_id.clone(),
+                nranks: 4,
+                missing: vec![2, 3],
+            },
+            Note::Mismatched {
+                comm_id: comm_id.clone(),
+                first: 2,
+                numbers: 1,
+            },
+        ]
+    );
+    assert_eq!(
+        sentences(&report.notes),
+        [
+            format!(
+                "communicator {comm_id}: rank 0 is in a.jsonl (pid 10) and again in c.jsonl \
+                 (pid 30): the second is left out (the same run traced twice?)"
+            ),
+            format!(
+                "communicator {comm_id}: rank 2, 3 of 4 in no trace given: the waits are those \
+                 among the ranks given"
+            ),
+            format!(
+                "communicator {comm_id}: its ranks called different collectives as number 2 (1 \
+                 numbers in all; traces of different runs?): those are not matched"
+            ),
+        ]
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["notes"], json!(sentences(&report.notes)));
 }

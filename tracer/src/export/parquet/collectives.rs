@@ -18,8 +18,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use foldhash::HashMap;
 
+use super::{columns::int, tables::collectives::Row};
 use crate::{
-    analysis::Role,
+    analysis::{Analysis, Role},
     catalog::nccl::{collective_op, lookup},
     schema::{CallLine, GpuKernelLine},
 };
@@ -76,6 +77,81 @@ pub struct GpuSpan {
 }
 
 impl Collective {
+    /// A collective call's row, before its number and GPU time.
+    pub fn of(call: &CallLine, analysis: &Analysis) -> Collective {
+        let comm = call.comm.map(|comm| comm.0);
+        let unique_id = comm
+            .and_then(|comm| analysis.nccl_comm(call.pid, comm))
+            .and_then(|info| info.unique_id.clone());
+        Collective {
+            pid: call.pid,
+            tid: call.tid,
+            ts_ns: call.ts_ns,
+            dur_ns: call.dur_ns,
+            name: call.name.clone(),
+            op: collective_op(&call.name).unwrap_or("?"),
+            inner_name: None,
+            ok: call.ok(),
+            ret: call.ret,
+            ret_name: call.ret_name.as_deref().map(str::to_owned),
+            comm,
+            // The analysis's name, the same on every rank; a process's own where none.
+            comm_id: call
+                .comm_id
+                .clone()
+                .unwrap_or_else(|| format!("{}:{:#x}", call.pid, comm.unwrap_or(0))),
+            unique_id,
+            comm_rank: call.rank,
+            comm_nranks: call.nranks,
+            comm_seq: call.comm_seq,
+            group: call.group,
+            count: call.count,
+            datatype: call.datatype.as_deref().map(str::to_owned),
+            bytes: call.bytes,
+            reduction: call.op.as_deref().map(str::to_owned),
+            root: call.root,
+            peer: call.peer,
+            stream: call.stream.map(|stream| stream.0),
+            gpu: None,
+        }
+    }
+
+    /// Its row of the `collectives` table.
+    pub fn row(&self, wall_offset_ns: Option<i64>) -> Row<'_> {
+        let gpu = self.gpu;
+        Row {
+            pid: self.pid as i32,
+            tid: self.tid as i32,
+            ts_ns: int(self.ts_ns),
+            dur_ns: self.dur_ns.map(int),
+            name: &self.name,
+            op: self.op,
+            inner_name: self.inner_name.as_deref(),
+            ok: self.ok,
+            ret: self.ret.map(i64::from),
+            ret_name: self.ret_name.as_deref(),
+            comm: self.comm.map(|comm| comm as i64),
+            comm_id: &self.comm_id,
+            unique_id: self.unique_id.as_deref(),
+            comm_rank: self.comm_rank,
+            comm_nranks: self.comm_nranks,
+            comm_seq: self.comm_seq.map(int),
+            group: self.group.map(int),
+            count: self.count.map(int),
+            datatype: self.datatype.as_deref(),
+            bytes: self.bytes.map(int),
+            reduction: self.reduction.as_deref(),
+            root: self.root,
+            peer: self.peer,
+            stream: self.stream.map(|stream| stream as i64),
+            gpu_kernels: gpu.map(|gpu| int(gpu.kernels)),
+            gpu_start_ns: gpu.and_then(|gpu| gpu.start_ns).map(int),
+            gpu_end_ns: gpu.and_then(|gpu| gpu.end_ns).map(int),
+            gpu_ns: gpu.map(|gpu| gpu.ns.round() as i64),
+            wall_offset_ns,
+        }
+    }
+
     fn end_ns(&self) -> u64 {
         self.ts_ns + self.dur_ns.unwrap_or(0)
     }

@@ -2,30 +2,29 @@
 //! `copies`, `memsets` or `collectives` where it is one), through the analysis, so that
 //! traces without kernel names, devices or NCCL ranks get them as `summary` does.
 
-use std::{borrow::Cow, fs::File, io::BufRead};
+use std::{borrow::Cow, io::BufRead};
 
 use foldhash::HashMap;
-use parquet::{arrow::ArrowWriter, errors::ParquetError};
+use parquet::errors::ParquetError;
 use serde_json::Value;
 
 use super::{
-    calls::{CallRow, Calls},
+    calls::CallRow,
     collectives::{Collective, Collectives},
     columns::{int, pointer},
     ranks::Ranks,
-    table::{Origin, Table, TableDef},
+    table::Origin,
     tables::{
-        collectives, copies, gpu_copies, gpu_gaps, gpu_memsets, kernels, libraries, memsets, power,
-        processes, stacks, traces,
+        TABLES, Tables, copies, gpu_copies, gpu_gaps, gpu_memsets, kernels, libraries, memsets,
+        power, processes, stacks, traces,
     },
-    writer::{Encoder, Running},
 };
 use crate::{
     analysis::{Analysis, Role, families::Families},
     reader::{ReadError, TraceLines},
     schema::{
-        CallLine, FooterFigures, GpuLine, GpuLink, Header, LibraryLine, Line, PowerLine,
-        ProcessLine, StackLine,
+        CallLine, FooterFigures, GpuLine, Header, LibraryLine, Line, PowerLine, ProcessLine,
+        StackLine,
     },
 };
 
@@ -71,119 +70,6 @@ pub fn header_extra(bytes: &[u8], line: &Line) -> Option<Box<HeaderExtra>> {
         start_wall_ns: value.get("start_wall_ns").and_then(Value::as_u64),
         host: text("host"),
     }))
-}
-
-/// Every table, and the thread that encodes them into their files.
-pub struct Tables {
-    pub calls: Table<Calls>,
-    pub kernels: Table<kernels::Def>,
-    pub gpu_copies: Table<gpu_copies::Def>,
-    pub gpu_memsets: Table<gpu_memsets::Def>,
-    pub gpu_gaps: Table<gpu_gaps::Def>,
-    pub copies: Table<copies::Def>,
-    pub memsets: Table<memsets::Def>,
-    pub collectives: Table<collectives::Def>,
-    pub power: Table<power::Def>,
-    pub processes: Table<processes::Def>,
-    pub libraries: Table<libraries::Def>,
-    pub stacks: Table<stacks::Def>,
-    pub traces: Table<traces::Def>,
-    encoder: Running,
-}
-
-/// The tables' file names, in the order [`Tables::open`] takes their files.
-pub const TABLE_NAMES: [&str; TABLES] = [
-    Calls::NAME,
-    kernels::Def::NAME,
-    gpu_copies::Def::NAME,
-    gpu_memsets::Def::NAME,
-    gpu_gaps::Def::NAME,
-    copies::Def::NAME,
-    memsets::Def::NAME,
-    collectives::Def::NAME,
-    power::Def::NAME,
-    processes::Def::NAME,
-    libraries::Def::NAME,
-    stacks::Def::NAME,
-    traces::Def::NAME,
-];
-
-/// How many tables an export writes.
-pub const TABLES: usize = 13;
-
-impl Tables {
-    /// Every table's writer on its file (`files` in [`TABLE_NAMES`]' order), and the
-    /// encoder thread started.
-    pub fn open(files: Vec<File>) -> Result<Tables, ParquetError> {
-        let encoder = Encoder::new();
-        let mut writers = Vec::with_capacity(files.len());
-        let mut files = files.into_iter();
-        let mut table = |writers: &mut Vec<ArrowWriter<File>>| {
-            let file = files.next().expect("a file per table");
-            (file, encoder.sink(writers.len()))
-        };
-        macro_rules! open {
-            () => {{
-                let (file, sink) = table(&mut writers);
-                let (table, writer) = Table::new(file, sink)?;
-                writers.push(writer);
-                table
-            }};
-        }
-        let (calls, kernels, gpu_copies, gpu_memsets, gpu_gaps, copies, memsets) = (
-            open!(),
-            open!(),
-            open!(),
-            open!(),
-            open!(),
-            open!(),
-            open!(),
-        );
-        let (collectives, power, processes, libraries, stacks, traces) =
-            (open!(), open!(), open!(), open!(), open!(), open!());
-        Ok(Tables {
-            calls,
-            kernels,
-            gpu_copies,
-            gpu_memsets,
-            gpu_gaps,
-            copies,
-            memsets,
-            collectives,
-            power,
-            processes,
-            libraries,
-            stacks,
-            traces,
-            encoder: encoder.start(writers),
-        })
-    }
-
-    /// Writes what is left and every file's footer; the rows of each table.
-    pub fn close(self) -> Result<[u64; TABLES], ParquetError> {
-        let rows = [
-            self.calls.close(),
-            self.kernels.close(),
-            self.gpu_copies.close(),
-            self.gpu_memsets.close(),
-            self.gpu_gaps.close(),
-            self.copies.close(),
-            self.memsets.close(),
-            self.collectives.close(),
-            self.power.close(),
-            self.processes.close(),
-            self.libraries.close(),
-            self.stacks.close(),
-            self.traces.close(),
-        ];
-        // Every sink is gone: the encoder closes the files and ends.
-        self.encoder.finish()?;
-        let mut written = [0; TABLES];
-        for (count, rows) in written.iter_mut().zip(rows) {
-            *count = rows?;
-        }
-        Ok(written)
-    }
 }
 
 /// What every row starts with.
@@ -336,47 +222,16 @@ impl ParquetExporter {
         }
         let analysis = &self.analysis;
         self.collectives
-            .call(role, call, || collective(call, analysis));
+            .call(role, call, || Collective::of(call, analysis));
         self.write_collectives()
     }
 
     fn write_collectives(&mut self) -> Result<(), ParquetError> {
         for row in self.collectives.ready.drain(..) {
-            let gpu = row.gpu;
-            self.tables.collectives.push(
-                self.who.origin(row.pid),
-                collectives::Row {
-                    pid: row.pid as i32,
-                    tid: row.tid as i32,
-                    ts_ns: int(row.ts_ns),
-                    dur_ns: row.dur_ns.map(int),
-                    name: &row.name,
-                    op: row.op,
-                    inner_name: row.inner_name.as_deref(),
-                    ok: row.ok,
-                    ret: row.ret.map(i64::from),
-                    ret_name: row.ret_name.as_deref(),
-                    comm: row.comm.map(|comm| comm as i64),
-                    comm_id: &row.comm_id,
-                    unique_id: row.unique_id.as_deref(),
-                    comm_rank: row.comm_rank,
-                    comm_nranks: row.comm_nranks,
-                    comm_seq: row.comm_seq.map(int),
-                    group: row.group.map(int),
-                    count: row.count.map(int),
-                    datatype: row.datatype.as_deref(),
-                    bytes: row.bytes.map(int),
-                    reduction: row.reduction.as_deref(),
-                    root: row.root,
-                    peer: row.peer,
-                    stream: row.stream.map(|stream| stream as i64),
-                    gpu_kernels: gpu.map(|gpu| int(gpu.kernels)),
-                    gpu_start_ns: gpu.and_then(|gpu| gpu.start_ns).map(int),
-                    gpu_end_ns: gpu.and_then(|gpu| gpu.end_ns).map(int),
-                    gpu_ns: gpu.map(|gpu| gpu.ns.round() as i64),
-                    wall_offset_ns: self.wall_offset_ns,
-                },
-            )?;
+            let origin = self.who.origin(row.pid);
+            self.tables
+                .collectives
+                .push(origin, row.row(self.wall_offset_ns))?;
         }
         Ok(())
     }
@@ -402,7 +257,6 @@ impl ParquetExporter {
         match line {
             GpuLine::Kernel(k) => {
                 self.collectives.kernel(k);
-                let link = Link::of(&k.link);
                 self.tables.kernels.push(
                     origin,
                     kernels::Row {
@@ -419,77 +273,44 @@ impl ParquetExporter {
                         static_shared_mem: i64::from(k.static_shared_mem),
                         dynamic_shared_mem: i64::from(k.dynamic_shared_mem),
                         registers_per_thread: k.registers_per_thread as i32,
-                        correlation_id: link.correlation_id,
-                        graph_id: link.graph_id,
-                        call_tid: link.call_tid,
-                        call_ts_ns: link.call_ts_ns,
-                        graph_node_id: link.graph_node_id,
-                        capture_call_tid: link.capture_call_tid,
-                        capture_call_ts_ns: link.capture_call_ts_ns,
-                        queued_ns: link.queued_ns,
-                        unlinked: link.unlinked,
-                        warnings: link.warnings,
+                        link: &k.link,
                     },
                 )?;
                 self.write_collectives()
             }
-            GpuLine::Copy(c) => {
-                let link = Link::of(&c.link);
-                self.tables.gpu_copies.push(
-                    origin,
-                    gpu_copies::Row {
-                        pid: c.pid as i32,
-                        device: c.device as i32,
-                        context: i64::from(c.context),
-                        stream: i64::from(c.stream),
-                        ts_ns: int(c.ts_ns),
-                        dur_ns: int(c.dur_ns),
-                        kind: &c.kind,
-                        bytes: int(c.bytes),
-                        src_kind: &c.src_kind,
-                        dst_kind: &c.dst_kind,
-                        is_async: c.is_async,
-                        correlation_id: link.correlation_id,
-                        graph_id: link.graph_id,
-                        call_tid: link.call_tid,
-                        call_ts_ns: link.call_ts_ns,
-                        graph_node_id: link.graph_node_id,
-                        capture_call_tid: link.capture_call_tid,
-                        capture_call_ts_ns: link.capture_call_ts_ns,
-                        queued_ns: link.queued_ns,
-                        unlinked: link.unlinked,
-                        warnings: link.warnings,
-                    },
-                )
-            }
-            GpuLine::Memset(m) => {
-                let link = Link::of(&m.link);
-                self.tables.gpu_memsets.push(
-                    origin,
-                    gpu_memsets::Row {
-                        pid: m.pid as i32,
-                        device: m.device as i32,
-                        context: i64::from(m.context),
-                        stream: i64::from(m.stream),
-                        ts_ns: int(m.ts_ns),
-                        dur_ns: int(m.dur_ns),
-                        bytes: int(m.bytes),
-                        value: i64::from(m.value),
-                        memory: &m.memory,
-                        is_async: m.is_async,
-                        correlation_id: link.correlation_id,
-                        graph_id: link.graph_id,
-                        call_tid: link.call_tid,
-                        call_ts_ns: link.call_ts_ns,
-                        graph_node_id: link.graph_node_id,
-                        capture_call_tid: link.capture_call_tid,
-                        capture_call_ts_ns: link.capture_call_ts_ns,
-                        queued_ns: link.queued_ns,
-                        unlinked: link.unlinked,
-                        warnings: link.warnings,
-                    },
-                )
-            }
+            GpuLine::Copy(c) => self.tables.gpu_copies.push(
+                origin,
+                gpu_copies::Row {
+                    pid: c.pid as i32,
+                    device: c.device as i32,
+                    context: i64::from(c.context),
+                    stream: i64::from(c.stream),
+                    ts_ns: int(c.ts_ns),
+                    dur_ns: int(c.dur_ns),
+                    kind: &c.kind,
+                    bytes: int(c.bytes),
+                    src_kind: &c.src_kind,
+                    dst_kind: &c.dst_kind,
+                    is_async: c.is_async,
+                    link: &c.link,
+                },
+            ),
+            GpuLine::Memset(m) => self.tables.gpu_memsets.push(
+                origin,
+                gpu_memsets::Row {
+                    pid: m.pid as i32,
+                    device: m.device as i32,
+                    context: i64::from(m.context),
+                    stream: i64::from(m.stream),
+                    ts_ns: int(m.ts_ns),
+                    dur_ns: int(m.dur_ns),
+                    bytes: int(m.bytes),
+                    value: i64::from(m.value),
+                    memory: &m.memory,
+                    is_async: m.is_async,
+                    link: &m.link,
+                },
+            ),
             // How recording went: the trace's own lines say it.
             GpuLine::Gap(gap) => self.tables.gpu_gaps.push(
                 origin,
@@ -610,37 +431,6 @@ impl ParquetExporter {
     }
 }
 
-/// A GPU line's link columns.
-struct Link<'a> {
-    correlation_id: i64,
-    graph_id: Option<i64>,
-    call_tid: Option<i32>,
-    call_ts_ns: Option<i64>,
-    graph_node_id: Option<i64>,
-    capture_call_tid: Option<i32>,
-    capture_call_ts_ns: Option<i64>,
-    queued_ns: Option<i64>,
-    unlinked: Option<&'a str>,
-    warnings: Option<&'a [Cow<'static, str>]>,
-}
-
-impl<'a> Link<'a> {
-    fn of(link: &'a GpuLink) -> Self {
-        Link {
-            correlation_id: i64::from(link.correlation_id),
-            graph_id: link.graph_id.map(i64::from),
-            call_tid: link.call_tid.map(|tid| tid as i32),
-            call_ts_ns: link.call_ts_ns.map(int),
-            graph_node_id: link.graph_node_id.map(int),
-            capture_call_tid: link.capture_call_tid.map(|tid| tid as i32),
-            capture_call_ts_ns: link.capture_call_ts_ns.map(int),
-            queued_ns: link.queued_ns,
-            unlinked: link.unlinked.as_deref(),
-            warnings: (!link.warnings.is_empty()).then_some(link.warnings.as_slice()),
-        }
-    }
-}
-
 fn copy_row(call: &CallLine) -> copies::Row<'_> {
     copies::Row {
         pid: call.pid as i32,
@@ -681,44 +471,5 @@ fn memset_row(call: &CallLine) -> memsets::Row<'_> {
         value: call.value.map(int),
         stream: call.stream.map(pointer),
         device: call.device,
-    }
-}
-
-/// A collective call's row, before its number and GPU time.
-fn collective(call: &CallLine, analysis: &Analysis) -> Collective {
-    let comm = call.comm.map(|comm| comm.0);
-    let unique_id = comm
-        .and_then(|comm| analysis.nccl_comm(call.pid, comm))
-        .and_then(|info| info.unique_id.clone());
-    Collective {
-        pid: call.pid,
-        tid: call.tid,
-        ts_ns: call.ts_ns,
-        dur_ns: call.dur_ns,
-        name: call.name.clone(),
-        op: crate::catalog::nccl::collective_op(&call.name).unwrap_or("?"),
-        inner_name: None,
-        ok: call.ok(),
-        ret: call.ret,
-        ret_name: call.ret_name.as_deref().map(str::to_owned),
-        comm,
-        // The analysis's name, the same on every rank; a process's own where none.
-        comm_id: call
-            .comm_id
-            .clone()
-            .unwrap_or_else(|| format!("{}:{:#x}", call.pid, comm.unwrap_or(0))),
-        unique_id,
-        comm_rank: call.rank,
-        comm_nranks: call.nranks,
-        comm_seq: call.comm_seq,
-        group: call.group,
-        count: call.count,
-        datatype: call.datatype.as_deref().map(str::to_owned),
-        bytes: call.bytes,
-        reduction: call.op.as_deref().map(str::to_owned),
-        root: call.root,
-        peer: call.peer,
-        stream: call.stream.map(|stream| stream.0),
-        gpu: None,
     }
 }

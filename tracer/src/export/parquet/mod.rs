@@ -16,27 +16,30 @@
 //! |---|---|
 //! | `columns.rs` | column kinds: integer widths, dictionary strings, lists, `[x,y,z]` |
 //! | `table.rs` | a table's columns declared once (`table!`), and its file written a batch at a time |
-//! | `tables.rs` | the tables' columns but `calls`' |
+//! | `tables.rs` | every table but `calls` declared, and the set an export writes, listed once |
 //! | `calls.rs` | the `calls` table, whose columns follow from the call line's fields (`call_fields!`) |
+//! | `link.rs` | the link columns the GPU tables end with, from the lines' `GpuLink` |
 //! | `collectives.rs` | NCCL collectives: one row per collective asked for, numbered on its communicator, with its kernels' GPU time |
 //! | `ranks.rs` | each process's rank, from the communicators it made |
 //! | `exporter.rs` | lines → rows |
 //! | `writer.rs` | the encoding into Parquet, on a thread of its own |
 //!
-//! A `stacks` table comes with issue 23's stack lines: a row per frame, keyed to the call
-//! line by `(trace, pid, tid, ts_ns)` like the GPU tables' links (declare it in
-//! `tables.rs`, add it to `Tables`).
+//! `stack` lines are the `stacks` table, a row per frame, keyed to the calls that name
+//! the stack by `(trace, stack)`. A test checks that every field of every kind of line
+//! has a column, or is listed with the reason it has none (`coverage.rs`).
 
 mod calls;
 mod collectives;
 mod columns;
 mod exporter;
+mod link;
 mod ranks;
 mod table;
 mod tables;
 mod writer;
 
 use std::{
+    fs::File,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -44,8 +47,9 @@ use std::{
 use anyhow::anyhow;
 
 use self::{
-    exporter::{ParquetExportError, ParquetExporter, TABLE_NAMES, Tables, header_extra},
+    exporter::{ParquetExportError, ParquetExporter, ReadFigures, header_extra},
     ranks::Ranks,
+    tables::{TABLE_NAMES, TABLES, Tables},
 };
 use crate::{
     exit::{ExitCode, Failure},
@@ -56,7 +60,7 @@ use crate::{
 };
 
 /// The rows written to each table, in [`TABLE_NAMES`]' order.
-pub type Rows = [u64; exporter::TABLES];
+pub type Rows = [u64; TABLES];
 
 /// Exports `trace` into the folder `outdir` (made if missing) as `user`. An `outdir`
 /// holding anything but a parquet export's tables is refused unless `force`.
@@ -72,31 +76,8 @@ pub fn export(
     let input = TraceInput::open_trace(trace)?;
     let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
     let writer = Writer { user };
-    // `-o job/rank0`: the folders above are made too.
-    let missing: Vec<&Path> = outdir
-        .ancestors()
-        .skip(1)
-        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
-        .collect();
-    for dir in missing.into_iter().rev().chain([outdir]) {
-        writer.create_dir(dir).map_err(|e| not_writable(e.into()))?;
-    }
-    let others = other_files(outdir, user)
-        .map_err(|e| not_writable(anyhow!("cannot list {}: {e}", outdir.display())))?;
-    if !others.is_empty() && !force {
-        return Err(not_writable(anyhow!(
-            "{} holds files a parquet export does not write ({}): pass --force to write \
-             the tables beside them, or -o an empty or new folder",
-            outdir.display(),
-            others.join(", ")
-        )));
-    }
-    let unreadable = |e: std::io::Error| {
-        Failure::new(
-            ExitCode::NoSuchProcess,
-            anyhow!("reading the trace {label}: {e}"),
-        )
-    };
+    make_folder(outdir, force, &writer).map_err(not_writable)?;
+    let unreadable = ReadError::reading(&label);
     let ranks = Ranks::read(&mut input.pass().map_err(unreadable)?).map_err(unreadable)?;
     let trace_file = input.pass().map_err(unreadable)?;
     let inputs: Vec<Input> = Input::of_file("the trace being exported", &trace_file)
@@ -106,17 +87,7 @@ pub fn export(
         .iter()
         .map(|name| outdir.join(format!("{name}.parquet")))
         .collect();
-    let mut files = Vec::with_capacity(paths.len());
-    for path in &paths {
-        match writer.create(path, &inputs) {
-            Ok(file) => files.push(file),
-            Err(e) => {
-                // Only the files this export holds (locked) are its to remove.
-                remove(&paths[..files.len()], user);
-                return Err(not_writable(e.into()));
-            }
-        }
-    }
+    let files = create(&paths, &inputs, &writer).map_err(not_writable)?;
     let tables = Tables::open(files).map_err(|e| {
         remove(&paths, user);
         not_writable(e.into())
@@ -128,15 +99,56 @@ pub fn export(
             // A table cut short has no footer: no reader could open it.
             remove(&paths, user);
             match e {
-                ParquetExportError::Read(ReadError::BadLine { .. }) => {
-                    Failure::new(ExitCode::BadInput, e)
-                }
-                ParquetExportError::Read(ReadError::Io { .. }) => {
-                    Failure::new(ExitCode::NoSuchProcess, e)
-                }
+                ParquetExportError::Read(e) => e.into(),
                 ParquetExportError::Write(_) => not_writable(e.into()),
             }
         })?;
+    report(&label, outdir, &rows, &figures, started);
+    Ok(rows)
+}
+
+/// Makes `outdir` (`-o job/rank0`: the folders above too), and refuses one holding
+/// anything but a parquet export's tables unless `force`.
+fn make_folder(outdir: &Path, force: bool, writer: &Writer) -> anyhow::Result<()> {
+    let missing: Vec<&Path> = outdir
+        .ancestors()
+        .skip(1)
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .collect();
+    for dir in missing.into_iter().rev().chain([outdir]) {
+        writer.create_dir(dir)?;
+    }
+    let others = other_files(outdir, writer.user)
+        .map_err(|e| anyhow!("cannot list {}: {e}", outdir.display()))?;
+    if !others.is_empty() && !force {
+        anyhow::bail!(
+            "{} holds files a parquet export does not write ({}): pass --force to write \
+             the tables beside them, or -o an empty or new folder",
+            outdir.display(),
+            others.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Creates the tables' files, or none: those made before a failure are removed.
+fn create(paths: &[PathBuf], inputs: &[Input], writer: &Writer) -> anyhow::Result<Vec<File>> {
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        match writer.create(path, inputs) {
+            Ok(file) => files.push(file),
+            Err(e) => {
+                // Only the files this export holds (locked) are its to remove.
+                remove(&paths[..files.len()], writer.user);
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The closing lines on stderr: lines skipped or left out, and the rows of each table.
+fn report(label: &str, outdir: &Path, rows: &Rows, figures: &ReadFigures, started: Instant) {
     if figures.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",
@@ -158,7 +170,7 @@ pub fn export(
     let counts: Vec<String> = TABLE_NAMES
         .iter()
         .zip(rows)
-        .filter(|(_, rows)| *rows > 0)
+        .filter(|(_, rows)| **rows > 0)
         .map(|(name, rows)| format!("{name} {rows}"))
         .collect();
     eprintln!(
@@ -168,7 +180,6 @@ pub fn export(
         counts.join(", "),
         started.elapsed().as_secs_f64()
     );
-    Ok(rows)
 }
 
 /// The entries of `outdir` that are not the tables' files, sorted.
@@ -198,5 +209,7 @@ fn remove(paths: &[PathBuf], user: Option<&TargetUser>) {
     });
 }
 
+#[cfg(test)]
+mod coverage;
 #[cfg(test)]
 mod tests;

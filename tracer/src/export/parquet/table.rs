@@ -57,8 +57,11 @@ macro_rules! table {
     ($(#[$meta:meta])* $module:ident $file:literal { $($column:ident: $kind:ty,)* }) => {
         $(#[$meta])*
         pub mod $module {
+            // The column kinds (`columns.rs`), and those where the table is declared.
             #[allow(unused_imports)]
             use $crate::export::parquet::columns::*;
+            #[allow(unused_imports)]
+            use super::*;
 
             pub struct Row<'a> {
                 $(pub $column: <$kind as Kind>::Value<'a>,)*

@@ -1,11 +1,22 @@
-//! The tables other than `calls`, each declared once: its file's name and its columns in
-//! order, with their kinds (`columns.rs`). docs/trace-format.md describes each column; a
-//! test checks that it names every one with its type.
+//! Every table: those other than `calls` declared here, each once (its file's name and its
+//! columns in order, with their kinds: `columns.rs`), and [`Tables`], the set an export
+//! writes, listed once (`every_table!`). docs/trace-format.md describes each column; a test
+//! checks that it names every one with its type.
 
-use super::table::table;
+use std::fs::File;
+
+use parquet::errors::ParquetError;
+
+use super::{
+    calls::Calls,
+    link::Link,
+    table::{Table, TableDef, table},
+    writer::{Encoder, Running},
+};
 
 table! {
-    /// `gpu_kernel` lines: each kernel that ran on a GPU (`--gpu`).
+    /// `gpu_kernel` lines: each kernel that ran on a GPU (`--gpu`). Like `gpu_copies` and
+    /// `gpu_memsets`, it ends with the link to the issuing call (`link.rs`).
     kernels "kernels" {
         pid: I32,
         device: I32,
@@ -20,16 +31,7 @@ table! {
         static_shared_mem: I64,
         dynamic_shared_mem: I64,
         registers_per_thread: I32,
-        correlation_id: I64,
-        graph_id: Opt<I64>,
-        call_tid: Opt<I32>,
-        call_ts_ns: Opt<I64>,
-        graph_node_id: Opt<I64>,
-        capture_call_tid: Opt<I32>,
-        capture_call_ts_ns: Opt<I64>,
-        queued_ns: Opt<I64>,
-        unlinked: Opt<Str>,
-        warnings: Opt<Words>,
+        link: Link,
     }
 }
 
@@ -47,16 +49,7 @@ table! {
         src_kind: Str,
         dst_kind: Str,
         is_async: Bool,
-        correlation_id: I64,
-        graph_id: Opt<I64>,
-        call_tid: Opt<I32>,
-        call_ts_ns: Opt<I64>,
-        graph_node_id: Opt<I64>,
-        capture_call_tid: Opt<I32>,
-        capture_call_ts_ns: Opt<I64>,
-        queued_ns: Opt<I64>,
-        unlinked: Opt<Str>,
-        warnings: Opt<Words>,
+        link: Link,
     }
 }
 
@@ -73,16 +66,7 @@ table! {
         value: I64,
         memory: Str,
         is_async: Bool,
-        correlation_id: I64,
-        graph_id: Opt<I64>,
-        call_tid: Opt<I32>,
-        call_ts_ns: Opt<I64>,
-        graph_node_id: Opt<I64>,
-        capture_call_tid: Opt<I32>,
-        capture_call_ts_ns: Opt<I64>,
-        queued_ns: Opt<I64>,
-        unlinked: Opt<Str>,
-        warnings: Opt<Words>,
+        link: Link,
     }
 }
 
@@ -264,3 +248,73 @@ table! {
         skipped_lines: I64,
     }
 }
+
+/// [`Tables`], [`TABLE_NAMES`] and the opening and closing of every table, from one list.
+macro_rules! every_table {
+    ($($table:ident: $def:ty,)*) => {
+        /// Every table, and the thread that encodes them into their files.
+        pub struct Tables {
+            $(pub $table: Table<$def>,)*
+            encoder: Running,
+        }
+
+        /// The tables' file names, in the order [`Tables::open`] takes their files.
+        pub const TABLE_NAMES: &[&str] = &[$(<$def as TableDef>::NAME,)*];
+
+        impl Tables {
+            /// Every table's writer on its file (`files` in [`TABLE_NAMES`]' order), and
+            /// the encoder thread started.
+            pub fn open(files: Vec<File>) -> Result<Tables, ParquetError> {
+                let encoder = Encoder::new();
+                let mut files = files.into_iter();
+                let mut writers = Vec::with_capacity(TABLES);
+                $(
+                    let file = files.next().expect("a file per table");
+                    let ($table, writer) = Table::<$def>::new(file, encoder.sink(writers.len()))?;
+                    writers.push(writer);
+                )*
+                Ok(Tables {
+                    $($table,)*
+                    encoder: encoder.start(writers),
+                })
+            }
+
+            /// Writes what is left and every file's footer; the rows of each table.
+            pub fn close(self) -> Result<[u64; TABLES], ParquetError> {
+                let rows = [$(self.$table.close(),)*];
+                // Every sink is gone: the encoder closes the files and ends.
+                self.encoder.finish()?;
+                let mut written = [0; TABLES];
+                for (count, rows) in written.iter_mut().zip(rows) {
+                    *count = rows?;
+                }
+                Ok(written)
+            }
+        }
+
+        /// Each table's name and columns, in [`TABLE_NAMES`]' order.
+        #[cfg(test)]
+        pub fn schemas() -> Vec<(&'static str, arrow_schema::SchemaRef)> {
+            vec![$((<$def as TableDef>::NAME, super::table::schema::<$def>()),)*]
+        }
+    };
+}
+
+every_table! {
+    calls: Calls,
+    kernels: kernels::Def,
+    gpu_copies: gpu_copies::Def,
+    gpu_memsets: gpu_memsets::Def,
+    gpu_gaps: gpu_gaps::Def,
+    copies: copies::Def,
+    memsets: memsets::Def,
+    collectives: collectives::Def,
+    power: power::Def,
+    processes: processes::Def,
+    libraries: libraries::Def,
+    stacks: stacks::Def,
+    traces: traces::Def,
+}
+
+/// How many tables an export writes.
+pub const TABLES: usize = TABLE_NAMES.len();

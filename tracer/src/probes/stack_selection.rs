@@ -1,5 +1,6 @@
 //! `--stacks[=WHICH]`: which calls get a Python stack, by what they do (the catalog's
-//! roles), not by name.
+//! roles), not by name. A plan marks the probes it includes; their entry programs send the
+//! stack, and `stacks/` decodes what they send.
 
 use crate::catalog::{FnSpec, Role};
 
