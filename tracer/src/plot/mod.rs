@@ -57,7 +57,10 @@ pub fn render(
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
-    let input = TraceInput::open(path).map_err(ReadError::opening(label))?;
+    let input = TraceInput::open(path).map_err(|e| ReadError::Open {
+        file: label.to_owned(),
+        error: std::io::Error::other(e.to_string()),
+    })?;
     render_input(&input, label, width, skip_bad_lines)
 }
 
@@ -68,10 +71,6 @@ pub fn render_input(
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
-    let io_error = |source| ReadError::Io {
-        file: label.to_owned(),
-        source,
-    };
     let open = || {
         input
             .pass()

@@ -10,10 +10,7 @@ use serde::{Serialize, Serializer};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Note {
     /// A trace without its footer (`cut_line`: its last line, cut mid-line).
-    CutShort {
-        file: String,
-        cut_line: Option<u64>,
-    },
+    CutShort { file: String, cut_line: Option<u64> },
     /// No communicator has ranks in two of the traces: the clocks are the wall clock's.
     NothingShared,
     /// A rank of a communicator found in two processes: the second is left out.
