@@ -613,7 +613,8 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             dir.display()
         )
     );

@@ -188,7 +188,8 @@ fn png_output_and_errors() {
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             folder.display()
         )
     );
