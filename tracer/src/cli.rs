@@ -29,14 +29,14 @@ use crate::{
         cudatrace summary traces/*.jsonl        # who waited for whom across the ranks\n  \
         cudatrace merge traces/*.jsonl -o job.pftrace   # one timeline, clocks aligned\n\n\
         cudatrace flame trace.jsonl            # Python stacks as a pprof profile (run --stacks)\n\n\
-        Exit codes: the traced command's own, or 2 usage, 65 malformed trace line,\n\
+        Exit codes: the traced command's own, or 2 usage, 65 malformed or mismatched traces,\n\
         66 no such process (-p), 69 unusable --libcuda/--lib, 70 internal error, 72 no usable\n\
         NVML (--power), 73 output not writable, 74 trace not readable (no such file, a\n\
-        directory, no permission), 75 port 9001 in use (view), 77 not privileged, 78 probes\n\
-        missing (--missing-probes error), 80 no libcupti (--gpu), 81 CUDA_INJECTION64_PATH\n\
-        already set (--gpu), 82 GPU recording failed (--gpu), 126 command not executable,\n\
-        127 command not found; stopped by a signal: 129 SIGHUP, 130 SIGINT, 131 SIGQUIT,\n\
-        143 SIGTERM."
+        directory, a device, no permission, a pipe past its copy limit), 75 port 9001 in use\n\
+        (view), 77 not privileged, 78 probes missing (--missing-probes error), 80 no libcupti\n\
+        (--gpu), 81 CUDA_INJECTION64_PATH already set (--gpu), 82 GPU recording failed\n\
+        (--gpu), 126 command not executable, 127 command not found; stopped by a signal: 129\n\
+        SIGHUP, 130 SIGINT, 131 SIGQUIT, 143 SIGTERM."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -2,7 +2,7 @@
 //! first, `trace_input`), its header checked, read through the cross-rank analysis'
 //! collector. What cannot make one job is refused before anything is read twice: the
 //! same trace given twice, a format newer than this cudatrace reads, a file that is not
-//! a trace.
+//! a trace; then traces that are not of one run (`one_run`).
 
 use std::{
     collections::BTreeSet,
@@ -14,11 +14,10 @@ use std::{
 use anyhow::anyhow;
 
 use crate::{
-    analysis::ranks::{JobHeader, JobTrace, collect},
+    analysis::ranks::{JobHeader, JobTrace, collect, first_mismatch},
     exit::{ExitCode, Failure},
     reader::{ReadError, TraceLines},
-    schema::FORMAT_VERSION,
-    trace_input::TraceInput,
+    trace_input::{TraceInput, empty_note, regular_file},
 };
 
 /// A trace of the job, opened and its header read.
@@ -37,22 +36,13 @@ impl JobFile {
             .pass()
             .and_then(|pass| BufReader::new(pass).read_until(b'\n', &mut first))
             .map_err(ReadError::reading(&label))?;
+        // Its version was checked when it was opened (`trace_input`).
         let header = JobHeader::parse(first.trim_ascii_end()).map_err(|message| {
             Failure::new(
                 ExitCode::BadInput,
                 anyhow!("{label}:1: not a cudatrace trace: {message}"),
             )
         })?;
-        if header.version > FORMAT_VERSION || header.version == 0 {
-            return Err(Failure::new(
-                ExitCode::BadInput,
-                anyhow!(
-                    "{label}: trace format version {}: this cudatrace reads versions 1 to \
-                     {FORMAT_VERSION} (a newer cudatrace wrote it?)",
-                    header.version
-                ),
-            ));
-        }
         Ok(JobFile {
             label,
             input,
@@ -74,6 +64,10 @@ pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
         .filter(|path| path.extension().is_some_and(|ext| ext == "jsonl"))
         .collect();
     files.sort();
+    // A FIFO would wait for a writer, `/dev/zero` never end: regular files only.
+    for file in &files {
+        regular_file(file)?;
+    }
     if files.is_empty() {
         return Err(Failure::new(
             ExitCode::InputUnreadable,
@@ -93,7 +87,14 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<JobFile>, Failure> {
         let cannot = ReadError::opening(&label);
         let identity = std::fs::metadata(path).map_err(cannot)?;
         let identity = (identity.dev(), identity.ino());
-        let input = TraceInput::open(path).map_err(cannot)?;
+        let input = TraceInput::open_trace(path)?;
+        if input.is_empty() {
+            eprintln!(
+                "cudatrace: note: {}: a rank with nothing, left out",
+                empty_note(&label)
+            );
+            continue;
+        }
         let JobFile {
             label,
             input,
@@ -152,7 +153,26 @@ pub fn read(files: &[JobFile], skip_bad_lines: bool) -> Result<Vec<JobTrace>, Fa
         .map(|file| {
             let pass = file.input.pass().map_err(ReadError::reading(&file.label))?;
             let lines = TraceLines::from_file(pass, &file.label, skip_bad_lines);
-            Ok(collect(lines, file.header.clone())?)
+            let trace = collect(lines, file.header.clone())?;
+            if trace.skipped_lines > 0 {
+                eprintln!(
+                    "cudatrace: skipped {} malformed lines of {}",
+                    trace.skipped_lines, file.label
+                );
+                for (line, message) in &trace.first_skipped {
+                    eprintln!("cudatrace:   {}:{line}: {message}", file.label);
+                }
+            }
+            Ok(trace)
         })
         .collect()
+}
+
+/// Refuses traces that are not of one run (exit 65), naming the first two that disagree
+/// and why; `remedy` says what to do instead.
+pub fn one_run(traces: &[JobTrace], remedy: &str) -> Result<(), Failure> {
+    match first_mismatch(traces) {
+        Some(why) => Err(Failure::new(ExitCode::BadInput, anyhow!("{why}; {remedy}"))),
+        None => Ok(()),
+    }
 }

@@ -38,6 +38,8 @@ clocks: each trace's CLOCK_MONOTONIC is put on wall time by its header, then, wh
 together on every rank (a collective's last step completes on all ranks at once); each
 trace's offset and its uncertainty are printed and marked on the cudatrace track at its
 start. Traces with no collective in common stay on their wall clock (NTP's agreement).
+Traces of different runs (their times apart by more than 1 s, or a communicator of
+different sizes) are refused (exit 65): merge each run's traces on their own.
 
 Examples:
   cudatrace merge traces/node0.jsonl traces/node1.jsonl -o job.pftrace
@@ -97,6 +99,7 @@ pub fn run(args: MergeArgs) -> Result<i32, Failure> {
     }
     let files = job_input::open(&paths)?;
     let traces = job_input::read(&files, args.skip_bad_lines)?;
+    job_input::one_run(&traces, "merge each run's traces on their own")?;
     let report = analyse(&traces);
     for note in &report.notes {
         eprintln!("cudatrace: note: {note}");

@@ -201,7 +201,8 @@ fn errors_have_their_exit_codes() {
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: error: cannot read the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             folder.display()
         )
     );

@@ -28,6 +28,7 @@ fn start_rank(dir: &Path, rendezvous: &Path, rank: u32, gpu: bool) -> Child {
     let mut command = Command::new(CUDATRACE);
     command
         .env("RANK", rank.to_string())
+        .env("SLURM_JOB_ID", "4242")
         .env("NCCL_STANDIN_RENDEZVOUS", rendezvous)
         .args(["run", "-q", "-o"])
         .arg(dir.join("%h-%r.jsonl"));
@@ -69,7 +70,10 @@ fn trace_job(dir: &Path, gpu: bool) -> [PathBuf; 2] {
     let host = host_name();
     [0, 1].map(|rank| {
         let path = dir.join(format!("{host}-{rank}.jsonl"));
-        assert_complete(&read_trace(&path));
+        let lines = read_trace(&path);
+        assert_complete(&lines);
+        // The launcher's job, as cudatrace's environment gives it.
+        assert_eq!(lines[0]["job_ids"], json!({"SLURM_JOB_ID": "4242"}));
         path
     })
 }
@@ -560,6 +564,163 @@ fn bad_input_is_refused_or_said_with_its_exit_code() {
 }
 
 #[test]
+fn empty_cut_and_skipped_traces_of_a_job_are_read_and_said() {
+    let dir = scratch("jobs-odd");
+    let id = "00112233445566778899aabbccddeeff";
+    let a = write(&dir, "a.jsonl", &job_trace("a", 3, id, 0, true));
+    // Rank 1, killed in its last line; a malformed line before it.
+    let mut cut: String = job_trace("b", 3, id, 1, false)
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    cut.insert_str(cut.find('\n').unwrap() + 1, "not json\n");
+    cut.push_str(r#"{"type":"call","name":"ncclAllRed"#);
+    std::fs::write(dir.join("b.jsonl"), cut).unwrap();
+    std::fs::write(dir.join("empty.jsonl"), "").unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(CUDATRACE)
+            .args(["summary", "--json"])
+            .args(extra)
+            .arg("--job")
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("b.jsonl:2: expected ident at column 2"),
+        "{}",
+        stderr(&output)
+    );
+    let output = run(&["--skip-bad-lines"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let (b, empty) = (dir.join("b.jsonl"), dir.join("empty.jsonl"));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: note: {empty} is empty (its tracer wrote nothing, or was killed before \
+             its header was whole): a rank with nothing, left out\n\
+             cudatrace: skipped 1 malformed lines of {b}\n\
+             cudatrace:   {b}:2: expected ident at column 2\n\
+             cudatrace: note: {b} has no footer (cut short, its line 5 cut mid-line): \
+             collectives after the cut are missing from it\n",
+            empty = empty.display(),
+            b = b.display()
+        )
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["traces"].as_array().unwrap().len(), 2);
+    assert_eq!(report["traces"][1]["skipped_lines"], 1);
+    assert_eq!(report["communicators"][0]["matched"], 1);
+    // The merge reads them alike.
+    let output = Command::new(CUDATRACE)
+        .args(["merge", "--skip-bad-lines", "--job"])
+        .arg(&dir)
+        .arg("-o")
+        .arg(dir.join("job.json"))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    drop(a);
+}
+
+#[test]
+fn traces_of_different_runs_are_refused_or_summarised_apart() {
+    let dir = scratch("jobs-runs");
+    // NCCL_COMM_ID set: every run's communicator has the same id.
+    let id = "00112233445566778899aabbccddeeff";
+    let a = write(&dir, "a.jsonl", &job_trace("a", 3, id, 0, true));
+    let mut later = job_trace("b", 3, id, 1, true);
+    // The next run, 19 s later.
+    later[0]["start_wall_ns"] = json!(20_000_000_001u64);
+    let later = write(&dir, "later.jsonl", &later);
+    let mut bigger = job_trace("c", 3, id, 1, true);
+    bigger[1]["nranks"] = json!(4);
+    let bigger = write(&dir, "bigger.jsonl", &bigger);
+    let run = |args: &[&str], traces: [&Path; 2]| {
+        Command::new(CUDATRACE)
+            .args(args)
+            .args(traces)
+            .output()
+            .unwrap()
+    };
+    let apart = format!(
+        "{} and {} are not of one run: {} starts 19.000 s after {} ends (their wall clocks; \
+         one run's traces overlap in time)",
+        a.display(),
+        later.display(),
+        later.display(),
+        a.display()
+    );
+    let output = run(&["summary"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {apart}; pass --separate-runs to summarise each run on its own\n"
+        )
+    );
+    assert!(output.stdout.is_empty());
+    let merged = dir.join("job.json");
+    let output = run(&["merge", "-o", merged.to_str().unwrap()], [&a, &later]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!("cudatrace: error: {apart}; merge each run's traces on their own\n")
+    );
+    assert!(!merged.exists());
+    // Overlapping, but of two Slurm jobs.
+    let mut other_job = job_trace("d", 3, id, 1, true);
+    other_job[0]["job_ids"] = json!({"SLURM_JOB_ID": "8", "PBS_JOBID": "x"});
+    let other_job = write(&dir, "other-job.jsonl", &other_job);
+    let mut slurm = job_trace("a", 3, id, 0, true);
+    slurm[0]["job_ids"] = json!({"SLURM_JOB_ID": "7"});
+    let slurm = write(&dir, "slurm.jsonl", &slurm);
+    let output = run(&["summary"], [&slurm, &other_job]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {0} and {1} are not of one run: their launcher's jobs differ \
+             (SLURM_JOB_ID 7 in {0}, 8 in {1}); pass --separate-runs to summarise each run on \
+             its own\n",
+            slurm.display(),
+            other_job.display()
+        )
+    );
+    // A job id on one side only says nothing.
+    assert_eq!(run(&["summary"], [&a, &other_job]).status.code(), Some(0));
+    let output = run(&["summary"], [&a, &bigger]);
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "cudatrace: error: {0} and {1} are not of one run: communicator 0011223344556677 has 2 ranks \
+             in {0} and 4 in {1}; pass --separate-runs to summarise each run on its own\n",
+            a.display(),
+            bigger.display()
+        )
+    );
+    // Apart: each run on its own, each with its one rank.
+    let output = run(&["summary", "--json", "--separate-runs"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, trace) in runs.iter().zip([&a, &later]) {
+        assert_eq!(run["traces"].as_array().unwrap().len(), 1);
+        assert_eq!(run["traces"][0]["file"], trace.to_str().unwrap());
+        assert_eq!(run["communicators"][0]["matched"], 0);
+    }
+    let output = run(&["summary", "--separate-runs"], [&a, &later]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("Run 1 of 2\nJob: 1 traces\n"), "{text}");
+    assert!(text.contains("\nRun 2 of 2\nJob: 1 traces\n"), "{text}");
+}
+
+#[test]
 fn an_unreadable_trace_exits_74_and_a_bad_line_65_in_summary_and_merge() {
     let dir = scratch("jobs-unreadable");
     let id = "00112233445566778899aabbccddeeff";
@@ -581,16 +742,23 @@ fn an_unreadable_trace_exits_74_and_a_bad_line_65_in_summary_and_merge() {
     ] {
         for (trace, why) in [
             (&missing, "No such file or directory (os error 2)"),
-            (&folder, "Is a directory (os error 21)"),
+            (&folder, "folder"),
         ] {
             let output = run(&[&command[..], &[a.as_os_str(), trace.as_os_str()]].concat());
             assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
             assert_eq!(
                 stderr(&output),
-                format!(
-                    "cudatrace: error: cannot open the trace {}: {why}\n",
-                    trace.display()
-                )
+                if why == "folder" {
+                    format!(
+                        "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe named on the command line\n",
+                        trace.display()
+                    )
+                } else {
+                    format!(
+                        "cudatrace: error: cannot open the trace {}: {why}\n",
+                        trace.display()
+                    )
+                }
             );
         }
         let output = run(&[&command[..], &[a.as_os_str(), bad.as_os_str()]].concat());

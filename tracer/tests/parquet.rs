@@ -262,7 +262,12 @@ fn hand_written_traces_give_the_summarys_figures_in_duckdb() {
     let mut checks = Vec::new();
     for (name, text, sections) in [
         ("known", traces::known(), &[][..]),
-        ("inference", traces::inference(30), &[]),
+        // Without its footer: a trace cut short.
+        (
+            "inference",
+            format!("{}\n{}", traces::INFERENCE_HEADER, traces::inference(30)),
+            &[],
+        ),
         ("power", traces::power(), &["power"]),
         ("gpu", traces::gpu(), &[]),
         ("gpu-power", traces::gpu_power(), &["power"]),
@@ -608,7 +613,8 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             dir.display()
         )
     );

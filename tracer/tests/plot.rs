@@ -188,11 +188,15 @@ fn png_output_and_errors() {
     assert_eq!(
         stderr(&output),
         format!(
-            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             folder.display()
         )
     );
-    let bad = write("bad", "{\"type\":\"header\"}\nnot json\n");
+    let bad = write(
+        "bad",
+        "{\"type\":\"header\",\"format\":\"cudatrace\",\"version\":4}\nnot json\n",
+    );
     let output = cudatrace(&["plot"], &bad);
     assert_eq!(output.status.code(), Some(65));
     assert!(
@@ -224,7 +228,8 @@ fn from_pipe(args: &[&str], text: &str) -> Output {
 #[test]
 fn a_trace_from_a_pipe_or_fifo_is_read_whole_twice() {
     // A --gpu trace: the summary reads it twice too.
-    for (name, text) in [("inference", traces::inference(20)), ("gpu", traces::gpu())] {
+    let inference = format!("{}\n{}", traces::INFERENCE_HEADER, traces::inference(20));
+    for (name, text) in [("inference", inference), ("gpu", traces::gpu())] {
         let file = write(&format!("pipe-{name}"), &text);
         let dir = file.parent().unwrap();
         let from_file = plot(&file);

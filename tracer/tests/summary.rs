@@ -3,7 +3,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::{
+    path::Path,
+    process::{Command, Output, Stdio},
+};
 
 use common::{CUDATRACE, scratch, stderr};
 use serde_json::Value;
@@ -112,29 +115,186 @@ fn a_malformed_line_exits_65_naming_file_and_line() {
 #[test]
 fn a_trace_without_footer_is_summarised_with_a_warning() {
     let mut middle = calls();
-    // Cut in the middle of the last line, as a killed tracer leaves it.
+    // Cut in the middle of the last line, as a killed tracer leaves it (no newline).
     let last = middle.pop().unwrap();
-    middle.push(last[..20].to_owned());
-    let output = summary("cut", &trace(middle.clone(), false), &[]);
+    let lines = trace(middle, false);
+    let path = scratch("summary-cut").join("trace.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n" + &last[..20]).unwrap();
+    for extra in [&[][..], &["--skip-bad-lines"]] {
+        let output = Command::new(CUDATRACE)
+            .args(["summary", "--json"])
+            .args(extra)
+            .arg(&path)
+            .output()
+            .unwrap();
+        // The cut is where the trace ends, not a malformed line: the same either way.
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "cudatrace: warning: {0} has no footer (the trace was cut short); summarising \
+                 the 4 lines it has\ncudatrace: warning: {0}:5: the trace was cut in this line \
+                 (its tracer was killed?): read up to the line before\n",
+                path.display()
+            )
+        );
+        let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(json["trace"]["complete"], false);
+        assert_eq!(json["trace"]["cut_line"], 5);
+        assert_eq!(json["trace"]["skipped_lines"], 0);
+        assert_eq!(json["calls"], 3);
+    }
+    // A trace cut while its header was written, and an empty one: nothing, said.
+    for (name, text) in [("header", &HEADER[..30]), ("empty", "")] {
+        let path = scratch(&format!("summary-nothing-{name}")).join("trace.jsonl");
+        std::fs::write(&path, text).unwrap();
+        let output = Command::new(CUDATRACE)
+            .args(["summary", "--json"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(
+            (&json["trace"]["lines"], &json["calls"]),
+            (&0.into(), &0.into())
+        );
+        assert!(
+            stderr(&output).contains(
+                "trace.jsonl is empty (its tracer wrote nothing, or was killed before its \
+                 header was whole)"
+            ),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
+/// `cudatrace ARGS` with a deadline: a reader that hangs fails the test instead.
+fn within_10_s(args: &[&str], stdin: Stdio) -> Output {
+    Command::new("timeout")
+        .arg("10")
+        .arg(CUDATRACE)
+        .args(args)
+        .stdin(stdin)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn devices_fifos_and_endless_input_are_refused_at_once() {
+    let dir = scratch("summary-endless");
+    let job = dir.join("job");
+    std::fs::create_dir(&job).unwrap();
+    std::fs::write(job.join("r0.jsonl"), trace(calls(), true).join("\n") + "\n").unwrap();
+    let link = job.join("zz.jsonl");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    let job = job.to_str().unwrap();
+    let devices = format!(
+        "{} is a character device, not a trace: a trace is a regular file, or a pipe named \
+         on the command line",
+        link.display()
+    );
+    for args in [
+        &["summary", "--job", job][..],
+        &["merge", "--job", job, "-o", "/dev/null"],
+        &["summary", link.to_str().unwrap()],
+        &["export", link.to_str().unwrap(), "-o", "-"],
+    ] {
+        let output = within_10_s(args, Stdio::null());
+        assert_eq!(
+            output.status.code(),
+            Some(74),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert_eq!(stderr(&output), format!("cudatrace: error: {devices}\n"));
+    }
+    std::fs::remove_file(&link).unwrap();
+    // A FIFO in a job's folder would wait for a writer.
+    let fifo = Path::new(job).join("ff.jsonl");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    for args in [
+        &["summary", "--job", job][..],
+        &["merge", "--job", job, "-o", "/dev/null"],
+    ] {
+        let output = within_10_s(args, Stdio::null());
+        assert_eq!(
+            output.status.code(),
+            Some(74),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(&format!("{} is a FIFO, not a trace", fifo.display())),
+            "{}",
+            stderr(&output)
+        );
+    }
+    // A pipe named on the command line is read, but an endless one that is no trace is
+    // refused by its first byte, not copied whole.
+    let mut zeros = Command::new("head")
+        .args(["-c", "2000000000", "/dev/zero"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = zeros.stdout.take().unwrap();
+    let output = within_10_s(&["summary", "/dev/stdin"], pipe.into());
+    // Its pipe closed: it ends (SIGPIPE).
+    zeros.wait().unwrap();
+    assert_eq!(output.status.code(), Some(65), "{}", stderr(&output));
     assert_eq!(
-        output.status.code(),
-        Some(65),
-        "a cut line is still malformed"
+        stderr(&output),
+        "cudatrace: error: /dev/stdin:1: not a trace this cudatrace reads: its first line is \
+         not a cudatrace header (it does not start with `{`)\n"
     );
-    let output = summary(
-        "cut-skip",
-        &trace(middle, false),
-        &["--skip-bad-lines", "--json"],
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("has no footer"),
-        "{}",
-        stderr(&output)
-    );
-    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["trace"]["complete"], false);
-    assert_eq!(json["calls"], 3);
+}
+
+#[test]
+fn every_reader_refuses_a_version_it_does_not_read_naming_it() {
+    let dir = scratch("summary-versions");
+    for (version, found, why) in [
+        ("5", "5", "(a newer cudatrace wrote it?)"),
+        ("-1", "-1", "(that is no version number)"),
+        ("\"5\"", "\"5\"", "(that is no version number)"),
+        ("1e20", "1e+20", "(that is no version number)"),
+        ("0", "0", "(that is no version number)"),
+    ] {
+        let path = dir.join("trace.jsonl");
+        let header = HEADER.replace("\"version\":1", &format!("\"version\":{version}"));
+        let mut lines = trace(calls(), true);
+        lines[0] = header;
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let trace = path.to_str().unwrap();
+        let out = dir.join("out");
+        let out = out.to_str().unwrap();
+        for args in [
+            &["summary", trace][..],
+            &["summary", "--skip-bad-lines", trace],
+            &["export", trace, "-o", out],
+            &["export", "--format", "parquet", trace, "-o", out],
+            &["flame", trace, "-o", out],
+            &["plot", trace, "-o", out],
+        ] {
+            let output = within_10_s(args, Stdio::null());
+            assert_eq!(
+                output.status.code(),
+                Some(65),
+                "{args:?}: {}",
+                stderr(&output)
+            );
+            assert_eq!(
+                stderr(&output),
+                format!(
+                    "cudatrace: error: {trace}:1: not a trace this cudatrace reads: trace format \
+                     version {found}: this cudatrace reads versions 1 to 4 {why}\n"
+                ),
+                "{args:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -145,7 +305,7 @@ fn an_unreadable_trace_exits_74() {
             "/nonexistent/trace.jsonl",
             "No such file or directory (os error 2)",
         ),
-        (folder.to_str().unwrap(), "Is a directory (os error 21)"),
+        (folder.to_str().unwrap(), "folder"),
     ] {
         let output = Command::new(CUDATRACE)
             .args(["summary", trace])
@@ -154,7 +314,14 @@ fn an_unreadable_trace_exits_74() {
         assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
         assert_eq!(
             stderr(&output),
-            format!("cudatrace: error: cannot open the trace {trace}: {why}\n")
+            if why == "folder" {
+                format!(
+                    "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe named on the command line\n",
+                    trace
+                )
+            } else {
+                format!("cudatrace: error: cannot open the trace {trace}: {why}\n")
+            }
         );
         assert!(output.stdout.is_empty());
     }

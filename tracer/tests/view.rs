@@ -393,7 +393,8 @@ fn errors_have_their_exit_codes() {
     assert_eq!(
         stderr,
         format!(
-            "cudatrace: error: cannot open the trace {}: Is a directory (os error 21)\n",
+            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
+             named on the command line\n",
             dir.display()
         )
     );

@@ -20,6 +20,9 @@ pub struct TraceInfo {
     pub lines: u64,
     /// Malformed lines passed over with --skip-bad-lines.
     pub skipped_lines: u64,
+    /// The last line, cut mid-line by a killed tracer (its number; not among `lines`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut_line: Option<u64>,
     /// Lines of a type this version does not know.
     pub unknown_lines: u64,
     /// Events the tracer lost (from the footer, else the `lost` lines).
@@ -149,6 +152,7 @@ fn first_pass(mut lines: TraceLines<impl BufRead>) -> Result<Summarised, ReadErr
     }
     info.lines = lines.lines;
     info.skipped_lines = lines.skipped_lines;
+    info.cut_line = lines.cut;
     info.lost_events = footer_lost.unwrap_or(lost_lines);
     let mut report = analysis.finish();
     let gpu = gpu_header || report.gpu.work > 0;
@@ -250,7 +254,8 @@ mod tests {
                 .starts_with("trace.jsonl:2: EOF while parsing a value at column 0"),
             "{error}"
         );
-        let wrong_type = r#"{"type":"call","name":"cuInit","pid":"x"}"#;
+        // With its newline: a last line without one in a trace without footer is the cut.
+        let wrong_type = "{\"type\":\"call\",\"name\":\"cuInit\",\"pid\":\"x\"}\n";
         assert_eq!(
             read(wrong_type.as_bytes(), false)
                 .err()
@@ -273,9 +278,14 @@ mod tests {
         let text = format!("not json\n{}", &SAMPLE[..cut]);
         let result = read(text.as_bytes(), true).unwrap();
         assert!(!result.info.complete);
-        assert_eq!(result.info.skipped_lines, 2);
+        // The partial last line is the cut, not a malformed line; read alike without
+        // skipping.
+        assert_eq!(result.info.skipped_lines, 1);
         assert_eq!(result.skipped[0].0, 1);
-        assert_eq!(result.skipped[1].0, 13);
+        assert_eq!((result.info.cut_line, result.info.lines), (Some(13), 12));
+        let whole = read(&text.as_bytes()["not json\n".len()..], false).unwrap();
+        assert_eq!((whole.info.cut_line, whole.info.lines), (Some(12), 11));
+        assert_eq!(whole.report.summary.calls, 8);
         assert_eq!(result.info.lost_events, 3, "from the lost lines");
         assert_eq!(result.report.summary.calls, 8);
         assert_eq!(result.report.memory[0].final_device_bytes, 1 << 20);

@@ -57,7 +57,7 @@ use crate::{
     output_file::{Input, Writer},
     privileges::{self, TargetUser},
     reader::{ReadError, TraceLines},
-    trace_input::is_stream,
+    trace_input::{TraceInput, is_stream},
 };
 
 /// Exports a whole trace to `out` in `format`.
@@ -311,7 +311,8 @@ pub fn export_file(
     user: Option<&TargetUser>,
 ) -> Result<ExportStats, Failure> {
     let label = trace.display().to_string();
-    let file = File::open(trace).map_err(ReadError::opening(&label))?;
+    let input = TraceInput::open_trace(trace)?;
+    let file = input.pass().map_err(ReadError::opening(&label))?;
     if output == trace {
         return Err(Failure::new(
             ExitCode::Usage,
@@ -346,6 +347,9 @@ pub fn export_opened(
             "cudatrace: skipped {} malformed lines of {label}",
             stats.skipped_lines
         );
+    }
+    if let Some(cut) = &stats.cut_warning {
+        eprintln!("cudatrace: warning: {cut}");
     }
     if stats.unknown_lines > 0 {
         eprintln!(

@@ -21,6 +21,8 @@ pub struct ExportStats {
     pub filtered: u64,
     pub unknown_lines: u64,
     pub skipped_lines: u64,
+    /// The cut line of a trace without footer, as a warning (`TraceLines::cut`).
+    pub cut_warning: Option<String>,
     /// Launches whose arrow was dropped because their stream had too many waiting.
     pub flows_dropped: u64,
     /// `--gpu`: kernels, copies and memsets drawn on the GPU tracks (among `slices`).

@@ -28,7 +28,7 @@ use crate::{
     exit::{ExitCode, Failure},
     output_file::{Input, Writer},
     privileges,
-    reader::{ReadError, TraceLines},
+    reader::{ReadError, TraceLines, cut_warning},
     trace_input::{TraceInput, is_stream},
 };
 
@@ -138,7 +138,7 @@ pub struct FlameArgs {
 /// The stacks of the trace at `path`, as `summary` reads them.
 fn read(path: &Path, label: &str, skip_bad_lines: bool) -> Result<StackProfile, Failure> {
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(ReadError::opening(label))?;
+    let input = TraceInput::open_trace(path)?;
     let open = || {
         input
             .pass()
@@ -151,6 +151,9 @@ fn read(path: &Path, label: &str, skip_bad_lines: bool) -> Result<StackProfile, 
             "cudatrace: skipped {} malformed lines of {label}",
             summarised.info.skipped_lines
         );
+    }
+    if let Some(line) = summarised.info.cut_line {
+        eprintln!("cudatrace: warning: {}", cut_warning(label, line));
     }
     summarised.report.stacks.ok_or_else(|| {
         Failure::new(

@@ -36,7 +36,7 @@ use crate::{
     exit::{ExitCode, Failure},
     output_file::{Input, Writer},
     privileges,
-    reader::{ReadError, TraceLines},
+    reader::{ReadError, TraceLines, cut_warning},
     schema::{Line, ProcessMemory},
     trace_input::{TraceInput, is_stream},
 };
@@ -50,14 +50,27 @@ pub struct Rendered {
 
 /// Reads the trace at `path` twice (a pipe's bytes are kept for the second pass) and
 /// draws it `width` CSS pixels wide.
+#[cfg(test)]
 pub fn render(
     path: &Path,
     label: &str,
     width: u32,
     skip_bad_lines: bool,
 ) -> Result<Rendered, ReadError> {
-    // Read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(ReadError::opening(label))?;
+    let input = TraceInput::open(path).map_err(|e| ReadError::Open {
+        file: label.to_owned(),
+        error: std::io::Error::other(e.to_string()),
+    })?;
+    render_input(&input, label, width, skip_bad_lines)
+}
+
+/// As [`render`], the trace opened (`trace_input`: read twice, a pipe copied first).
+pub fn render_input(
+    input: &TraceInput,
+    label: &str,
+    width: u32,
+    skip_bad_lines: bool,
+) -> Result<Rendered, ReadError> {
     let open = || {
         input
             .pass()
@@ -177,7 +190,8 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     let as_png = output
         .extension()
         .is_some_and(|ext| ext.eq_ignore_ascii_case("png"));
-    let rendered = render(&args.trace, &label, args.width, args.skip_bad_lines)?;
+    let input = TraceInput::open_trace(&args.trace)?;
+    let rendered = render_input(&input, &label, args.width, args.skip_bad_lines)?;
     if rendered.info.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",
@@ -186,6 +200,9 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     }
     if !rendered.info.complete {
         eprintln!("cudatrace: warning: {label} has no footer (the trace was cut short)");
+    }
+    if let Some(line) = rendered.info.cut_line {
+        eprintln!("cudatrace: warning: {}", cut_warning(&label, line));
     }
     let bytes = if as_png {
         let png = png::rasterise(&rendered.svg).map_err(|e| Failure::new(ExitCode::Internal, e))?;

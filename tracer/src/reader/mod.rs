@@ -2,6 +2,9 @@
 //! memory at a time, each parsed to the schema's [`Line`] as
 //! [`schema::parse`](crate::schema::parse) parses it, only faster. A malformed line is an
 //! error naming the file and the line, or, with `--skip-bad-lines`, counted and passed over.
+//! The one exception is the cut: in a trace without its footer, a last line with no
+//! newline that does not parse is where the tracer was killed; reading ends before it,
+//! and [`TraceLines::cut`] says so.
 //!
 //! | file | |
 //! |---|---|
@@ -75,6 +78,9 @@ pub struct TraceLines<R, X = ()> {
     pub skipped_lines: u64,
     /// The first few of them: (line number, message).
     pub first_skipped: Vec<(u64, String)>,
+    /// The cut: the last line, partial, of a trace without footer (its number).
+    pub cut: Option<u64>,
+    footer_seen: bool,
 }
 
 enum Source<R, X> {
@@ -115,6 +121,8 @@ impl<R: BufRead, X> TraceLines<R, X> {
             lines: 0,
             skipped_lines: 0,
             first_skipped: Vec::new(),
+            cut: None,
+            footer_seen: false,
         }
     }
 
@@ -141,17 +149,25 @@ impl<R: BufRead, X> TraceLines<R, X> {
                     buf,
                     current,
                 } => read_here(reader, buf, prepare).map(|parsed| {
-                    parsed.map(|parsed| parsed.map(|prepared| *current = Some(prepared)))
+                    parsed.map(|(parsed, ended)| {
+                        (parsed.map(|prepared| *current = Some(prepared)), ended)
+                    })
                 }),
                 Source::Workers(pipeline) => pipeline.advance(),
             };
             let next = next.map_err(ReadError::reading(&self.file))?;
-            let Some(next) = next else {
+            let Some((next, ended)) = next else {
                 return Ok(None);
             };
             self.lines += 1;
             match next {
                 Ok(()) => break,
+                // Killed mid-line: the end of what the trace has, not a malformed line.
+                Err(_) if !ended && !self.footer_seen => {
+                    self.cut = Some(self.lines);
+                    self.lines -= 1;
+                    return Ok(None);
+                }
                 Err(message) if self.skip_bad_lines => {
                     self.skipped_lines += 1;
                     if self.first_skipped.len() < 5 {
@@ -167,10 +183,19 @@ impl<R: BufRead, X> TraceLines<R, X> {
                 }
             }
         }
-        Ok(match &mut self.source {
+        let current = match &mut self.source {
             Source::Here { current, .. } => current.as_mut().map(|(line, x)| (line, x)),
             Source::Workers(pipeline) => pipeline.current(),
-        })
+        };
+        if let Some((Line::Footer(_), _)) = &current {
+            self.footer_seen = true;
+        }
+        Ok(current)
+    }
+
+    /// The line a killed tracer cut, as a warning: `None` when the trace ends whole.
+    pub fn cut_warning(&self) -> Option<String> {
+        self.cut.map(|line| cut_warning(&self.file, line))
     }
 }
 
@@ -200,6 +225,8 @@ impl<X: Send + 'static> TraceLines<io::Empty, X> {
             lines: 0,
             skipped_lines: 0,
             first_skipped: Vec::new(),
+            cut: None,
+            footer_seen: false,
         }
     }
 }
@@ -226,6 +253,14 @@ fn parse_prepared<X>(
     })
 }
 
+/// The warning for a trace cut at `line` (see [`TraceLines::cut`]).
+pub fn cut_warning(file: &str, line: u64) -> String {
+    format!(
+        "{file}:{line}: the trace was cut in this line (its tracer was killed?): read up to \
+         the line before"
+    )
+}
+
 fn too_long<X>() -> Prepared<X> {
     Err(too_long_message())
 }
@@ -234,12 +269,13 @@ fn too_long_message() -> String {
     format!("line longer than {} MiB", MAX_LINE_BYTES >> 20)
 }
 
-/// The next line of `reader`, parsed and prepared; `None` at the end.
+/// The next line of `reader`, parsed and prepared, and whether it ended with a newline;
+/// `None` at the end.
 fn read_here<X>(
     reader: &mut impl BufRead,
     buf: &mut Vec<u8>,
     prepare: Prepare<X>,
-) -> io::Result<Option<Prepared<X>>> {
+) -> io::Result<Option<(Prepared<X>, bool)>> {
     loop {
         // Nearly every line lies whole in the reader's buffer: parsed where it is.
         let available = match reader.fill_buf() {
@@ -254,12 +290,12 @@ fn read_here<X>(
                 false => parse_line(&available[..end], prepare, &mut Vec::new()),
             };
             reader.consume(end + 1);
-            return Ok(Some(parsed));
+            return Ok(Some((parsed, true)));
         }
         return Ok(
-            read_line(reader, buf, MAX_LINE_BYTES)?.map(|kept| match kept {
-                true => parse_prepared(buf, prepare, &mut Vec::new()),
-                false => too_long(),
+            read_line_ended(reader, buf, MAX_LINE_BYTES)?.map(|(kept, ended)| match kept {
+                true => (parse_prepared(buf, prepare, &mut Vec::new()), ended),
+                false => (too_long(), ended),
             }),
         );
     }
@@ -267,12 +303,23 @@ fn read_here<X>(
 
 /// Reads one line into `buf` (newline and a trailing CR removed). `Ok(None)` at the end;
 /// `Ok(Some(false))` for a line over `max` bytes, which is consumed but not kept.
+#[cfg(test)]
 pub fn read_line(
     reader: &mut impl BufRead,
     buf: &mut Vec<u8>,
     max: usize,
 ) -> io::Result<Option<bool>> {
+    Ok(read_line_ended(reader, buf, max)?.map(|(kept, _)| kept))
+}
+
+/// As [`read_line`], and whether the line ended with a newline (not the file's end).
+fn read_line_ended(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Option<(bool, bool)>> {
     buf.clear();
+    let mut ended = false;
     let mut read_any = false;
     let mut too_long = false;
     loop {
@@ -300,6 +347,7 @@ pub fn read_line(
         let used = done.unwrap_or(available.len());
         reader.consume(used);
         if done.is_some() {
+            ended = true;
             break;
         }
     }
@@ -309,7 +357,7 @@ pub fn read_line(
     if buf.last() == Some(&b'\r') {
         buf.pop();
     }
-    Ok(Some(!too_long))
+    Ok(Some((!too_long, ended)))
 }
 
 #[cfg(test)]

@@ -28,7 +28,8 @@ enum Block {
 }
 
 enum Batch<X> {
-    Lines(Vec<Prepared<X>>),
+    /// Lines, and whether the last ended with a newline (all but perhaps the file's last).
+    Lines(Vec<Prepared<X>>, bool),
     Failed(io::Error),
     /// The file ended: sent by the worker whose turn came after the last block.
     End,
@@ -45,6 +46,8 @@ pub struct Pipeline<X> {
     current: Vec<Prepared<X>>,
     worker: usize,
     position: Option<usize>,
+    /// The block's last line ended with a newline.
+    last_ended: bool,
     ended: bool,
     /// The thread cutting the file into blocks, joined at the end.
     reading: Option<thread::JoinHandle<()>>,
@@ -77,6 +80,7 @@ impl<X: Send + 'static> Pipeline<X> {
             current: Vec::new(),
             worker: 0,
             position: None,
+            last_ended: true,
             ended: false,
             reading: Some(reading),
         }
@@ -85,16 +89,19 @@ impl<X: Send + 'static> Pipeline<X> {
 
 impl<X> Pipeline<X> {
     /// Moves to the next line: `Ok(())` if it is well-formed (see
-    /// [`current`](Pipeline::current)), else why not; `None` at the end.
-    pub fn advance(&mut self) -> io::Result<Option<Result<(), String>>> {
+    /// [`current`](Pipeline::current)), else why not, and whether it ended with a newline;
+    /// `None` at the end.
+    pub fn advance(&mut self) -> io::Result<Option<(Result<(), String>, bool)>> {
         loop {
             let next = self.position.map_or(0, |position| position + 1);
+            let last = next + 1 == self.current.len();
             if let Some(parsed) = self.current.get_mut(next) {
                 self.position = Some(next);
-                return Ok(Some(match parsed {
+                let parsed = match parsed {
                     Ok(_) => Ok(()),
                     Err(message) => Err(std::mem::take(message)),
-                }));
+                };
+                return Ok(Some((parsed, !last || self.last_ended)));
             }
             if self.ended {
                 return Ok(None);
@@ -104,8 +111,9 @@ impl<X> Pipeline<X> {
             let _ = self.used[self.worker].send(used);
             self.position = None;
             match self.batches[self.next_worker].recv() {
-                Ok(Batch::Lines(lines)) => {
+                Ok(Batch::Lines(lines, last_ended)) => {
                     self.current = lines;
+                    self.last_ended = last_ended;
                     self.worker = self.next_worker;
                     self.next_worker = (self.next_worker + 1) % self.batches.len();
                 }
@@ -178,12 +186,14 @@ fn parse_blocks<X>(
                     lines.push(line(&bytes[start..end]));
                     start = end + 1;
                 }
-                if start < bytes.len() {
+                // The file's last line, without its newline.
+                let last_ended = start == bytes.len();
+                if !last_ended {
                     lines.push(line(&bytes[start..]));
                 }
-                Batch::Lines(lines)
+                Batch::Lines(lines, last_ended)
             }
-            Block::TooLong => Batch::Lines(vec![Err(too_long_message())]),
+            Block::TooLong => Batch::Lines(vec![Err(too_long_message())], true),
             Block::Failed(error) => Batch::Failed(error),
         };
         if batches.send(batch).is_err() {

@@ -27,8 +27,8 @@ fn outcome<R: BufRead>(mut reader: TraceLines<R>) -> Vec<String> {
         }
     }
     seen.push(format!(
-        "{} lines, {} skipped, first {:?}",
-        reader.lines, reader.skipped_lines, reader.first_skipped
+        "{} lines, {} skipped, first {:?}, cut {:?}",
+        reader.lines, reader.skipped_lines, reader.first_skipped, reader.cut
     ));
     seen
 }
@@ -90,7 +90,7 @@ fn the_workers_read_what_this_thread_reads() {
          (15, \"EOF while parsing a value at column 0\"), \
          (1011, \"expected ident at column 2\"), \
          (1012, \"EOF while parsing a value at column 0\"), \
-         (2008, \"expected ident at column 2\")]"
+         (2008, \"expected ident at column 2\")], cut None"
     );
 }
 
@@ -107,7 +107,7 @@ fn the_workers_skip_overlong_lines_and_report_missing_files() {
         [
             "Footer(FooterFigures { lost_total: None, exit_code: None, gpu_issuing: None })",
             "end",
-            "2 lines, 1 skipped, first [(1, \"line longer than 64 MiB\")]"
+            "2 lines, 1 skipped, first [(1, \"line longer than 64 MiB\")], cut None"
         ]
     );
     assert_eq!(
@@ -178,4 +178,44 @@ fn overlong_lines_are_malformed_not_kept() {
     assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), Some(true));
     assert_eq!(buf, b"last");
     assert_eq!(read_line(&mut reader, &mut buf, 4).unwrap(), None);
+}
+
+#[test]
+fn a_partial_last_line_without_footer_is_the_cut_on_both_readers() {
+    let call = r#"{"type":"call","name":"cuInit","pid":1,"tid":1,"ts_ns":5,"ret":0}"#;
+    // (text, skip, what every reader gives): the cut ends the lines, skipping or not; a
+    // partial line after a footer, or a whole malformed line, is malformed.
+    let cases: [(String, bool, &str); 4] = [
+        (
+            format!("{call}\n{{\"type\":\"ca"),
+            false,
+            "1 lines, 0 skipped, first [], cut Some(2)",
+        ),
+        (
+            format!("x\n{call}\n{{\"type"),
+            true,
+            "2 lines, 1 skipped, first [(1, \"expected value at column 1\")], cut Some(3)",
+        ),
+        (
+            format!("{call}\n{{\"type\":\"footer\"}}\n{{\"ty"),
+            false,
+            "t.jsonl:3: EOF while parsing a string at column 4 (--skip-bad-lines reads past malformed lines)",
+        ),
+        (
+            format!("{call}\n{{\"type\":\n"),
+            false,
+            "t.jsonl:2: EOF while parsing a value at column 8 (--skip-bad-lines reads past malformed lines)",
+        ),
+    ];
+    for (text, skip, expected) in cases {
+        let file = TempTrace::new("cut", text.as_bytes());
+        let here = outcome(TraceLines::new(text.as_bytes(), "t.jsonl", skip));
+        assert_eq!(outcome(file.open(skip)), here, "{text}");
+        // The counts come last; an error just before them.
+        let said = match expected.contains("lines, ") {
+            true => &here[here.len() - 1],
+            false => &here[here.len() - 2],
+        };
+        assert_eq!(said, expected, "{text}: {here:?}");
+    }
 }

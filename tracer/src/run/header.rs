@@ -13,8 +13,8 @@ use crate::{
         probe_set::LIBCUDA,
     },
     schema::{
-        AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, KernelHooksInfo,
-        LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo, StacksInfo,
+        AttachFailureInfo, AttachInfo, FORMAT_VERSION, GpuHeaderInfo, Header, JOB_ID_VARIABLES,
+        KernelHooksInfo, LibcudaInfo, LibraryLine, PowerInfo, ProbeInfo, StacksInfo,
     },
 };
 
@@ -104,6 +104,13 @@ impl HeaderBase {
             power: self.power.clone(),
             gpu: self.gpu.clone(),
             stacks: flags.stacks.clone(),
+            job_ids: JOB_ID_VARIABLES
+                .iter()
+                .filter_map(|name| {
+                    let value = std::env::var(name).ok()?;
+                    Some((name.to_string(), value))
+                })
+                .collect(),
             ..Header::default()
         }
     }

@@ -79,6 +79,13 @@ pub struct Header {
     /// `--start-at`/`--duration`: the window recorded, on both clocks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowInfo>,
+    /// The launcher's job ids in cudatrace's environment ([`JOB_ID_VARIABLES`] that are
+    /// set): traces of one run have the same (`analysis::ranks::runs`).
+    #[serde(
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        skip_deserializing
+    )]
+    pub job_ids: std::collections::BTreeMap<String, String>,
     /// `--stacks`: which calls get Python stacks. Readers take its presence: `stack` lines
     /// and call lines' `stack` may follow.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,6 +141,16 @@ impl StacksInfo {
         self.every.unwrap_or(1).max(1)
     }
 }
+
+/// The environment variables that name a launcher's job: Slurm's, torchrun's (set for its
+/// workers, and for a cudatrace it starts), PBS's, LSF's, Flux's.
+pub const JOB_ID_VARIABLES: [&str; 5] = [
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "PBS_JOBID",
+    "LSB_JOBID",
+    "FLUX_JOB_ID",
+];
 
 impl LineType for Header {
     const TYPE: &'static str = "header";
@@ -241,4 +258,29 @@ pub struct GpuHeaderInfo {
     /// cudatrace's (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chained: Option<String>,
+}
+
+/// The one check of a trace's first line, for every reader: a cudatrace header of a
+/// version this cudatrace reads (1 to [`super::FORMAT_VERSION`]). Returns the version;
+/// the error names what was found (`version -1`, `version "5"`, `version 1e20`).
+pub fn check_header(first_line: &[u8]) -> Result<u32, String> {
+    let value: serde_json::Value = serde_json::from_slice(first_line)
+        .map_err(|e| format!("its first line is not JSON ({e})"))?;
+    if value["type"] != "header" || value["format"] != "cudatrace" {
+        return Err("its first line is not a cudatrace header".into());
+    }
+    let Some(found) = value.get("version") else {
+        return Err("its header has no format version".into());
+    };
+    let newest = u64::from(super::FORMAT_VERSION);
+    match found.as_u64() {
+        Some(version @ 1..) if version <= newest => Ok(version as u32),
+        number => Err(format!(
+            "trace format version {found}: this cudatrace reads versions 1 to {newest}{}",
+            match number {
+                Some(version) if version > newest => " (a newer cudatrace wrote it?)",
+                _ => " (that is no version number)",
+            }
+        )),
+    }
 }

@@ -66,8 +66,8 @@ pub use gpu::{
     GpuMemsetLine,
 };
 pub use header::{
-    AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, KernelHooksInfo, LibcudaInfo, ProbeInfo,
-    StacksInfo, WindowInfo,
+    AttachFailureInfo, AttachInfo, GpuHeaderInfo, Header, JOB_ID_VARIABLES, KernelHooksInfo,
+    LibcudaInfo, ProbeInfo, StacksInfo, WindowInfo, check_header,
 };
 pub use library::LibraryLine;
 pub use lost::LostLine;

@@ -15,7 +15,11 @@ fields\") says how stages are detected and what counts as device memory.
 With several traces (or --job DIR), the job's collectives are matched across ranks by
 communicator and order (each NCCL call's comm_id and comm_seq), the traces' clocks put on
 one (their headers' wall clock, refined by the kernel ends of --gpu collectives), and each
-collective's last rank named with the wait it caused on the others (docs/nccl.md). A
+collective's last rank named with the wait it caused on the others (docs/nccl.md). The
+traces must be of one run: their times overlap (within 1 s, for the hosts' clocks) and
+they give each communicator they share one number of ranks; else they are refused (exit
+65) or, with --separate-runs, summarised run by run. An empty trace is a rank with
+nothing (said); a trace cut mid-line is read up to the cut (said). A
 single trace holding several ranks of a communicator (JAX, torchrun with several
 processes per node) gets the same section after its summary.")]
 pub struct SummaryArgs {
@@ -35,4 +39,10 @@ pub struct SummaryArgs {
     /// Skip malformed lines (counted and reported) instead of failing with exit code 65.
     #[arg(long)]
     pub skip_bad_lines: bool,
+
+    /// Several traces that are not of one run (their times do not overlap, or they give a
+    /// communicator different numbers of ranks): summarise each run on its own instead of
+    /// refusing them (exit 65). With --json: {"runs": [report, ...]}.
+    #[arg(long)]
+    pub separate_runs: bool,
 }

@@ -17,13 +17,13 @@ pub use args::SummaryArgs;
 use crate::{
     analysis::{
         nccl::CollectivesSummary,
-        ranks::{JobReport, analyse},
+        ranks::{JobReport, JobTrace, analyse, runs},
         summarise::summarise,
     },
     exit::{ExitCode, Failure},
     job_input::{self, JobFile},
-    reader::{ReadError, TraceLines},
-    trace_input::TraceInput,
+    reader::{ReadError, TraceLines, cut_warning},
+    trace_input::{TraceInput, empty_note},
 };
 
 use self::text::{SummaryJson, render_communicators, render_job, render_text};
@@ -41,7 +41,8 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
     let path = &paths[0];
     let label = path.display().to_string();
     // A `--gpu` trace is read twice: a pipe is copied first (`trace_input`).
-    let input = TraceInput::open(path).map_err(ReadError::opening(&label))?;
+    let input = TraceInput::open_trace(path)?;
+    let empty = input.is_empty();
     let open = || {
         let file = input.pass().map_err(ReadError::reading(&label))?;
         Ok(TraceLines::from_file(file, &label, args.skip_bad_lines))
@@ -57,12 +58,17 @@ pub fn run(args: SummaryArgs) -> Result<i32, Failure> {
             result.info.skipped_lines
         );
     }
-    if !result.info.complete {
+    if empty {
+        eprintln!("cudatrace: note: {}", empty_note(&label));
+    } else if !result.info.complete {
         eprintln!(
             "cudatrace: warning: {label} has no footer (the trace was cut short); \
              summarising the {} lines it has",
             result.info.lines
         );
+    }
+    if let Some(line) = result.info.cut_line {
+        eprintln!("cudatrace: warning: {}", cut_warning(&label, line));
     }
     if let Some(power) = &result.report.power
         && power.read_errors > 0
@@ -161,6 +167,13 @@ fn ranks_of_one(
 fn job(args: &SummaryArgs, paths: &[PathBuf]) -> Result<i32, Failure> {
     let files = job_input::open(paths)?;
     let traces = job_input::read(&files, args.skip_bad_lines)?;
+    if args.separate_runs {
+        return separate_runs(args, traces);
+    }
+    job_input::one_run(
+        &traces,
+        "pass --separate-runs to summarise each run on its own",
+    )?;
     let report = analyse(&traces);
     for note in &report.notes {
         eprintln!("cudatrace: note: {note}");
@@ -172,6 +185,42 @@ fn job(args: &SummaryArgs, paths: &[PathBuf]) -> Result<i32, Failure> {
         text
     } else {
         render_job(&report)
+    };
+    print(&text)
+}
+
+/// `--separate-runs`: the traces grouped into runs (`analysis::ranks::runs`), each
+/// analysed on its own.
+fn separate_runs(args: &SummaryArgs, traces: Vec<JobTrace>) -> Result<i32, Failure> {
+    let groups = runs(&traces);
+    let mut traces: Vec<Option<JobTrace>> = traces.into_iter().map(Some).collect();
+    let reports: Vec<JobReport> = groups
+        .iter()
+        .map(|group| {
+            let run: Vec<JobTrace> = group.iter().filter_map(|&i| traces[i].take()).collect();
+            analyse(&run)
+        })
+        .collect();
+    for (number, report) in reports.iter().enumerate() {
+        for note in &report.notes {
+            eprintln!("cudatrace: note: run {}: {note}", number + 1);
+        }
+    }
+    let text = if args.json {
+        let mut text = serde_json::to_string_pretty(&serde_json::json!({ "runs": reports }))
+            .map_err(|e| Failure::new(ExitCode::Internal, e))?;
+        text.push('\n');
+        text
+    } else {
+        let mut text = String::new();
+        for (number, report) in reports.iter().enumerate() {
+            if number > 0 {
+                text.push('\n');
+            }
+            text.push_str(&format!("Run {} of {}\n", number + 1, reports.len()));
+            text.push_str(&render_job(report));
+        }
+        text
     };
     print(&text)
 }

@@ -54,7 +54,7 @@ pub fn run(args: ViewArgs) -> Result<i32, Failure> {
     let cannot_open = ReadError::opening(&label);
     // Read more than once (its first line, then the export or the serving): a pipe is
     // copied first (`trace_input`).
-    let input = TraceInput::open(&args.trace).map_err(cannot_open)?;
+    let input = TraceInput::open(&args.trace)?;
     let jsonl = is_jsonl(input.pass().map_err(cannot_open)?).map_err(cannot_open)?;
     let ui_dir = match &args.offline {
         Some(dir) => Some(open_ui_dir(dir)?),

@@ -506,7 +506,7 @@ pub fn nccl_gpu() -> String {
     };
     let unique_id = "aa".repeat(32);
     [
-        r#"{"type":"header","version":3,"host":"node-a","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":1795600000000000000,"start_monotonic_ns":1000000,"pids":[7],"gpu":{"library":"inject.so"}}"#
+        r#"{"type":"header","format":"cudatrace","version":3,"host":"node-a","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":1795600000000000000,"start_monotonic_ns":1000000,"pids":[7],"gpu":{"library":"inject.so"}}"#
             .to_owned(),
         call("cuInit", 1_100_000, 10, ""),
         call(
@@ -574,7 +574,7 @@ pub fn job_rank(rank: usize) -> String {
     let unique_id: String = (1..=32).map(|b| format!("{b:02x}")).collect();
     let mut lines = vec![
         format!(
-            r#"{{"type":"header","version":3,"host":"{host}","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":{},"start_monotonic_ns":{},"pids":[{pid}]}}"#,
+            r#"{{"type":"header","format":"cudatrace","version":3,"host":"{host}","start_wall":"2026-11-26T10:00:00Z","start_wall_ns":{},"start_monotonic_ns":{},"pids":[{pid}]}}"#,
             offset + 5_000_000_000,
             5_000_000_000_u64,
         ),

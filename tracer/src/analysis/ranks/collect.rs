@@ -3,7 +3,10 @@
 //! analysis where the trace lacks them) with the GPU span of its NCCL kernels, and each
 //! GPU's busy time and compute kernels (for `--gpu` traces).
 
-use std::{collections::HashMap, io::BufRead};
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::BufRead,
+};
 
 use serde_json::Value;
 
@@ -27,6 +30,8 @@ pub struct JobHeader {
     /// A `--gpu` trace.
     pub gpu: bool,
     pub window: Option<WindowInfo>,
+    /// The launcher's job ids (`job_ids`), by variable.
+    pub job_ids: BTreeMap<String, String>,
 }
 
 impl JobHeader {
@@ -55,6 +60,14 @@ impl JobHeader {
                 .unwrap_or_default(),
             gpu: value.get("gpu").is_some_and(Value::is_object),
             window: serde_json::from_value(value["window"].clone()).ok(),
+            job_ids: value["job_ids"]
+                .as_object()
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|(name, id)| Some((name.clone(), id.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 
@@ -95,6 +108,13 @@ pub struct JobTrace {
     pub header: JobHeader,
     /// It ends with its footer.
     pub complete: bool,
+    /// Its last line, cut mid-line (its number), and the malformed lines passed over
+    /// (`--skip-bad-lines`): how many, and the first few (number, message).
+    pub cut_line: Option<u64>,
+    pub skipped_lines: u64,
+    pub first_skipped: Vec<(u64, String)>,
+    /// The last time of an event in it (its clock), where it has one.
+    pub last_ts_ns: Option<u64>,
     /// Its collective calls, numbered on their communicator; nested ones (NCCL's
     /// `ncclBcast` calling `ncclBroadcast`) left out: the outer call stands for both.
     pub collectives: Vec<CollectiveCall>,
@@ -137,6 +157,17 @@ pub fn collect<R: BufRead>(
     // (pid, tid, ts, end, group) of each ncclGroupEnd.
     let mut group_ends: Vec<(u32, u32, u64, u64, u64)> = Vec::new();
     while let Some(line) = lines.next_line()? {
+        let end = match &*line {
+            Line::Call(call) => Some(call.ts_ns.saturating_add(call.dur_or_zero())),
+            Line::Gpu(gpu) => gpu
+                .work()
+                .map(|work| work.ts_ns.saturating_add(work.dur_ns)),
+            Line::Process(process) => Some(process.ts_ns),
+            _ => None,
+        };
+        if let Some(end) = end {
+            trace.last_ts_ns = Some(trace.last_ts_ns.map_or(end, |last| last.max(end)));
+        }
         match line {
             Line::Call(call) => {
                 analysis.annotate(call);
@@ -214,6 +245,9 @@ pub fn collect<R: BufRead>(
             _ => {}
         }
     }
+    trace.cut_line = lines.cut;
+    trace.skipped_lines = lines.skipped_lines;
+    trace.first_skipped = std::mem::take(&mut lines.first_skipped);
     drop_nested(&mut trace.collectives);
     attribute(&mut trace.collectives, &kernels, &group_ends);
     for set in trace.busy.values_mut().chain(trace.compute.values_mut()) {

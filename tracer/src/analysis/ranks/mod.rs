@@ -18,17 +18,20 @@
 //! | `figures.rs` | per collective (arrivals, waits, transfer) and per rank (waits caused and suffered, GPU busy, overlap) |
 //! | `intervals.rs` | sets of time intervals |
 //! | `notes.rs` | what could not be matched or aligned ([`Note`]), and the sentence for each |
+//! | `runs.rs` | whether the traces are of one run (their spans, their communicators' sizes) |
 
 mod clocks;
 mod collect;
 mod figures;
 mod intervals;
 mod notes;
+mod runs;
 
 pub use clocks::ClockFit;
 pub use collect::{JobHeader, JobTrace, collect};
 pub use figures::CommunicatorReport;
 pub use notes::Note;
+pub use runs::{first_mismatch, runs};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -54,6 +57,9 @@ pub struct TraceReport {
     pub version: u32,
     /// It ends with its footer.
     pub complete: bool,
+    /// Malformed lines passed over (`--skip-bad-lines`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_lines: u64,
     pub start_wall_ns: u64,
     /// Numbered collective calls (outer calls) and those whose communicator is unknown.
     pub collectives: u64,
@@ -78,6 +84,7 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
         .filter(|trace| !trace.complete)
         .map(|trace| Note::CutShort {
             file: trace.label.clone(),
+            cut_line: trace.cut_line,
         })
         .collect();
     let communicators = members(traces, &mut notes);
@@ -109,6 +116,7 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
                 host: trace.header.host.clone(),
                 version: trace.header.version,
                 complete: trace.complete,
+                skipped_lines: trace.skipped_lines,
                 start_wall_ns: trace.header.start_wall_ns,
                 collectives: trace.collectives.len() as u64,
                 unnumbered: trace.unnumbered,
@@ -118,6 +126,10 @@ pub fn analyse(traces: &[JobTrace]) -> JobReport {
         communicators: reports,
         notes,
     }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// (trace, pid, `ncclComm_t`, `comm_id`): one rank of a communicator.

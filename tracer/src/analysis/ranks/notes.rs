@@ -9,8 +9,8 @@ use serde::{Serialize, Serializer};
 /// One thing the figures leave out, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Note {
-    /// A trace without its footer.
-    CutShort { file: String },
+    /// A trace without its footer (`cut_line`: its last line, cut mid-line).
+    CutShort { file: String, cut_line: Option<u64> },
     /// No communicator has ranks in two of the traces: the clocks are the wall clock's.
     NothingShared,
     /// A rank of a communicator found in two processes: the second is left out.
@@ -45,10 +45,17 @@ pub struct TraceProcess {
 impl fmt::Display for Note {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Note::CutShort { file } => write!(
-                f,
-                "{file} has no footer (cut short): collectives after the cut are missing from it"
-            ),
+            Note::CutShort { file, cut_line } => {
+                let cut = match cut_line {
+                    Some(line) => format!(", its line {line} cut mid-line"),
+                    None => String::new(),
+                };
+                write!(
+                    f,
+                    "{file} has no footer (cut short{cut}): collectives after the cut are \
+                     missing from it"
+                )
+            }
             Note::NothingShared => f.write_str(
                 "no communicator is shared by these traces (traces of different jobs, or \
                  communicators made before tracing began): their clocks are aligned by the \

@@ -193,7 +193,8 @@ fn without_a_shared_communicator_or_a_footer_the_report_says_so() {
         report.notes,
         [
             Note::CutShort {
-                file: "b.jsonl".into()
+                file: "b.jsonl".into(),
+                cut_line: None,
             },
             Note::NothingShared
         ]

@@ -179,6 +179,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         self.stats.lines = lines.lines;
         self.stats.skipped_lines = lines.skipped_lines;
+        self.stats.cut_warning = lines.cut_warning();
         self.stats.flows_dropped =
             self.flows.dropped + self.gpu_flows.as_ref().map_or(0, |f| f.dropped);
         self.sink.finish(&self.stats)?;

@@ -99,6 +99,12 @@ const NOT_EXPORTED: &[(&str, &str, &str)] = &[
     ("header", "format", "always `cudatrace`"),
     (
         "header",
+        "job_ids",
+        "the launcher's job variables, a map: the readers' one-run check reads them from the \
+         JSONL; a job's tables are one export per trace, in its own folder",
+    ),
+    (
+        "header",
         "clock",
         "always `CLOCK_MONOTONIC`, as the format doc says",
     ),

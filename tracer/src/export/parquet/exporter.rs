@@ -105,6 +105,8 @@ pub struct ReadFigures {
     pub skipped_lines: u64,
     pub first_skipped: Vec<(u64, String)>,
     pub unknown_lines: u64,
+    /// The cut line of a trace without footer, as a warning.
+    pub cut_warning: Option<String>,
 }
 
 pub struct ParquetExporter {
@@ -170,6 +172,7 @@ impl ParquetExporter {
         self.figures.lines = lines.lines;
         self.figures.skipped_lines = lines.skipped_lines;
         self.figures.first_skipped = std::mem::take(&mut lines.first_skipped);
+        self.figures.cut_warning = lines.cut_warning();
         self.collectives.finish();
         self.write_collectives()?;
         self.trace_row()?;

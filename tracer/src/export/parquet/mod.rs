@@ -73,7 +73,7 @@ pub fn export(
 ) -> Result<Rows, Failure> {
     let started = Instant::now();
     let label = trace.display().to_string();
-    let input = TraceInput::open(trace).map_err(ReadError::opening(&label))?;
+    let input = TraceInput::open_trace(trace)?;
     let not_writable = |e: anyhow::Error| Failure::new(ExitCode::OutputNotWritable, e);
     let writer = Writer { user };
     make_folder(outdir, force, &writer).map_err(not_writable)?;
@@ -157,6 +157,9 @@ fn report(label: &str, outdir: &Path, rows: &Rows, figures: &ReadFigures, starte
         for (line, message) in &figures.first_skipped {
             eprintln!("cudatrace:   {label}:{line}: {message}");
         }
+    }
+    if let Some(cut) = &figures.cut_warning {
+        eprintln!("cudatrace: warning: {cut}");
     }
     if figures.unknown_lines > 0 {
         eprintln!(
