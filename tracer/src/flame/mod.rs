@@ -12,10 +12,7 @@
 mod folded;
 mod pprof;
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
@@ -26,7 +23,7 @@ use crate::{
         summarise::summarise,
     },
     exit::{ExitCode, Failure},
-    output_file::{Input, Writer},
+    output_file::{Input, Output, Writer},
     privileges,
     reader::{ReadError, TraceLines},
     trace_input::{TraceInput, is_stream},
@@ -212,18 +209,13 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
     Writer {
         user: user.as_ref(),
     }
-    .create(&output, &inputs)
-    .map_err(anyhow::Error::from)
-    .and_then(|mut file| {
-        file.write_all(&bytes)
-            .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))
-    })
+    .write_output(&output, &inputs, &bytes)
     .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let total = weight.of(&stacks.total());
     let (kind, unit) = weight.type_and_unit();
     eprintln!(
         "cudatrace: wrote {} ({}, {} stacks, {kind} {total} {unit})",
-        output.display(),
+        Output::describe(&output),
         match format {
             FlameFormat::Pprof => "pprof",
             FlameFormat::Folded => "folded",
