@@ -52,7 +52,8 @@ pub struct MergeArgs {
     pub job: Option<PathBuf>,
 
     /// The merged timeline: `.pftrace` (Perfetto protobuf) or `.json` (Trace Event JSON),
-    /// or as --format says.
+    /// or as --format says; `-` for standard output. Not inside --job's folder. A file is
+    /// written whole or not at all: an earlier one stays as it was if the merge fails.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
 

@@ -123,7 +123,9 @@ pub struct FlameArgs {
     #[arg(long, value_enum)]
     pub format: Option<FlameFormat>,
 
-    /// Where to write. Default: TRACE with the extension `.pb.gz` (`.folded`).
+    /// Where to write; `-` for standard output. Default: TRACE with the extension `.pb.gz`
+    /// (`.folded`). A file is written whole or not at all: an earlier one stays as it was
+    /// if this run fails.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
