@@ -23,6 +23,7 @@ use crate::{
         summarise::summarise,
     },
     exit::{ExitCode, Failure},
+    format::plural,
     output_file::{Input, Output, Writer},
     privileges,
     reader::{ReadError, TraceLines},
@@ -224,6 +225,21 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
         },
         stacks.table.stacks().len(),
     );
+    let counts = &stacks.counts;
+    if counts.unknown_stack > 0 {
+        eprintln!(
+            "cudatrace: warning: {} of {label} named a stack the trace does not have: they \
+             weigh under (no stack)",
+            plural(counts.unknown_stack, "call")
+        );
+    }
+    if counts.duplicate_stack_ids > 0 {
+        eprintln!(
+            "cudatrace: warning: {} of {label} repeated an id seen before: the first line of \
+             each id was kept",
+            plural(counts.duplicate_stack_ids, "stack line")
+        );
+    }
     if stacks.every > 1 {
         eprintln!(
             "cudatrace: sampled (--stack-every {every}): each thread's stack was read at 1 in \

@@ -1,0 +1,89 @@
+//! Messages and flags a hostile user met (issue 34): each odd input refused by name or said,
+//! never taken silently. No root needed.
+
+mod common;
+mod traces;
+
+use std::{fs, process::Command};
+
+use common::{CUDATRACE, scratch, stderr};
+
+fn cudatrace(args: &[&str]) -> std::process::Output {
+    Command::new(CUDATRACE)
+        .args(args)
+        .output()
+        .expect("running cudatrace")
+}
+
+#[test]
+fn all_among_families_is_refused_as_standing_alone() {
+    let output = cudatrace(&["run", "--stacks=all,launch", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains(
+            "`all` stands alone: give --stacks=all, or families separated by commas without \
+             it (any of launch, alloc, copy, memset, sync, module, collective)"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!stderr(&output).contains("is not a family"));
+}
+
+#[test]
+fn flame_says_calls_naming_no_stack_and_repeated_stack_ids() {
+    let dir = scratch("messages-flame");
+    let text = traces::stacks();
+    let first_stack = text
+        .lines()
+        .find(|line| line.contains(r#""type":"stack""#))
+        .unwrap();
+    let doubled = text.replacen(first_stack, &format!("{first_stack}\n{first_stack}"), 1);
+    let trace = dir.join("t.jsonl");
+    fs::write(&trace, doubled).unwrap();
+    let folded = dir.join("t.folded");
+    let output = cudatrace(&[
+        "flame",
+        trace.to_str().unwrap(),
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let label = trace.display();
+    let said = stderr(&output);
+    // The test trace has one call naming stack 99, which it never defines.
+    assert!(
+        said.contains(&format!(
+            "cudatrace: warning: 1 call of {label} named a stack the trace does not have: \
+             they weigh under (no stack)\n"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "cudatrace: warning: 1 stack line of {label} repeated an id seen before: the first \
+             line of each id was kept\n"
+        )),
+        "{said}"
+    );
+    let summary = cudatrace(&["summary", trace.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&summary.stdout).contains(
+            "  1 stack line repeated an id seen before: the first line of each id was kept\n"
+        ),
+        "{}",
+        String::from_utf8_lossy(&summary.stdout)
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_top_help_names_parquet() {
+    let output = cudatrace(&["--help"]);
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        help.contains("or into\n           Parquet tables for SQL engines"),
+        "{help}"
+    );
+    assert!(help.contains("cudatrace export --format parquet trace.jsonl"));
+}
