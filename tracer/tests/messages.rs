@@ -87,3 +87,56 @@ fn the_top_help_names_parquet() {
     );
     assert!(help.contains("cudatrace export --format parquet trace.jsonl"));
 }
+
+#[test]
+fn a_rank_that_is_not_utf8_is_named_not_reported_unset() {
+    let Some(_root) = common::root() else { return };
+    use std::os::unix::ffi::OsStrExt;
+    let dir = scratch("messages-rank");
+    let output = Command::new(CUDATRACE)
+        .env("RANK", std::ffi::OsStr::from_bytes(b"1\xff"))
+        .args(["run", "-q", "-o"])
+        .arg(dir.join("%r.jsonl"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(r#"-o uses %r but RANK is not UTF-8 ("1\xFF"), not a rank"#),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_host_named_dot_dot_stays_inside_the_folder_given() {
+    let Some(_root) = common::root() else { return };
+    let dir = scratch("messages-host");
+    let inner = dir.join("traces");
+    // `run -o` makes no folder: the one `%h` is to name is there.
+    fs::create_dir_all(inner.join("__")).unwrap();
+    // A host named `..`, in a UTS namespace of its own (`hostname` refuses the name).
+    let output = Command::new("unshare")
+        .args([
+            "--uts",
+            "python3",
+            "-c",
+            "import os, socket, sys; socket.sethostname('..'); os.execv(sys.argv[1], sys.argv[1:])",
+            CUDATRACE,
+            "run",
+            "-q",
+            "--missing-probes",
+            "ignore",
+            "-o",
+        ])
+        .arg(inner.join("%h/t.jsonl"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(inner.join("__/t.jsonl").is_file(), "{}", stderr(&output));
+    assert!(!dir.join("t.jsonl").exists());
+    fs::remove_dir_all(dir).unwrap();
+}
