@@ -89,7 +89,9 @@ pub fn export(
     // The folder is held against a second export; each table is written under a temporary
     // name, and all are renamed into place once every one is whole: a failed export leaves
     // the folder's earlier tables as they were.
-    let _held = writer.lock_dir(outdir).map_err(|e| not_writable(e.into()))?;
+    let _held = writer
+        .lock_dir(outdir)
+        .map_err(|e| not_writable(e.into()))?;
     let replacements = create(&paths, &inputs, &writer).map_err(not_writable)?;
     let files = replacements
         .iter()
