@@ -140,3 +140,33 @@ fn a_host_named_dot_dot_stays_inside_the_folder_given() {
     assert!(!dir.join("t.jsonl").exists());
     fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn odd_window_and_stack_flags_are_refused_by_name() {
+    let output = cudatrace(&["run", "--stack-depth", "8", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("the following required arguments were not provided")
+            && stderr(&output).contains("--stacks"),
+        "{}",
+        stderr(&output)
+    );
+    let output = cudatrace(&["run", "--duration", "999999999999h", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(
+            "\"999999999999h\" is longer than 366 days: give a shorter window, or leave \
+             --duration out to record until the command ends"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    let Some(_root) = common::root() else { return };
+    let output = cudatrace(&["run", "--start-at", "0", "--", "true"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).starts_with("cudatrace: error: --start-at 1970-01-01T00:00:00Z is 2"),
+        "{}",
+        stderr(&output)
+    );
+}
