@@ -24,6 +24,7 @@ use crate::{
         sudo cudatrace run --functions all -- ./app    # every exported cu* function\n  \
         cudatrace summary trace.jsonl          # kernels, memory, stages, latencies\n  \
         cudatrace export trace.jsonl           # trace.json for the Perfetto UI or chrome://tracing\n  \
+        cudatrace export --format parquet trace.jsonl   # trace.parquet/: tables for DuckDB\n  \
         cudatrace plot trace.jsonl -o timeline.svg\n  \
         srun cudatrace run -o 'traces/%h-%r.jsonl' -- python3 train.py   # a trace per rank\n  \
         cudatrace summary traces/*.jsonl        # who waited for whom across the ranks\n  \
@@ -50,7 +51,8 @@ pub enum Command {
     /// Summarise a trace: time per function, kernels, copies, device memory and leaks,
     /// and the stages of the run.
     Summary(SummaryArgs),
-    /// Convert a trace for the Perfetto UI (ui.perfetto.dev) or chrome://tracing.
+    /// Convert a trace for the Perfetto UI (ui.perfetto.dev) or chrome://tracing, or into
+    /// Parquet tables for SQL engines (DuckDB, pandas, Spark).
     Export(ExportArgs),
     /// Merge one job's traces (one per node or rank) into one timeline for the Perfetto
     /// UI: hosts and ranks named, clocks aligned on the collectives' kernel ends.

@@ -24,7 +24,7 @@ use crate::{
     },
     format::format_ns,
     job_input::{self, JobFile},
-    output_file::{Input, Writer},
+    output_file::{Input, Output, Writer, is_stdout},
     privileges,
     reader::ReadError,
 };
@@ -54,7 +54,8 @@ pub struct MergeArgs {
     pub job: Option<PathBuf>,
 
     /// The merged timeline: `.pftrace` (Perfetto protobuf) or `.json` (Trace Event JSON),
-    /// or as --format says.
+    /// or as --format says; `-` for standard output. Not inside --job's folder. A file is
+    /// written whole or not at all: an earlier one stays as it was if the merge fails.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: PathBuf,
 
@@ -67,9 +68,39 @@ pub struct MergeArgs {
     pub skip_bad_lines: bool,
 }
 
+/// An output inside the job's folder would be read as one of its traces next time (a
+/// `.jsonl`) or sit among them: refused.
+fn refuse_output_inside(output: &Path, job: &Path) -> Result<(), Failure> {
+    if is_stdout(output) {
+        return Ok(());
+    }
+    let folder = match output.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let (Ok(folder), Ok(job_folder)) = (folder.canonicalize(), job.canonicalize()) else {
+        return Ok(()); // a folder that is not there holds no trace; the open says why
+    };
+    if folder.starts_with(&job_folder) {
+        return Err(Failure::new(
+            ExitCode::Usage,
+            anyhow!(
+                "{} is inside the job folder {}: the merge would sit among the traces it \
+                 was made of (and a later `summary --job` would read it): write it elsewhere",
+                output.display(),
+                job.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `cudatrace merge` and returns the exit code.
 pub fn run(args: MergeArgs) -> Result<i32, Failure> {
     let started = Clock::now();
+    if let Some(dir) = &args.job {
+        refuse_output_inside(&args.output, dir)?;
+    }
     let mut paths = match &args.job {
         Some(dir) => job_input::files_in(dir)?,
         None => Vec::new(),
@@ -116,20 +147,22 @@ pub fn run(args: MergeArgs) -> Result<i32, Failure> {
         .collect();
     // Under sudo the merge is the invoking user's, written with their permissions.
     let user = privileges::sudo_user();
-    let out = Writer {
+    let mut out = Writer {
         user: user.as_ref(),
     }
-    .create(&args.output, &inputs)
+    .output(&args.output, &inputs)
     .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let mut passes = Vec::with_capacity(files.len());
     for (file, place) in files.iter().zip(places) {
         let pass = file.input.pass().map_err(ReadError::reading(&file.label))?;
         passes.push((pass, file.label.clone(), place));
     }
-    let stats = merge_files(passes, &markers, out, format, args.skip_bad_lines)?;
+    let stats = merge_files(passes, &markers, &mut out, format, args.skip_bad_lines)?;
+    out.commit()
+        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     eprintln!(
         "cudatrace: wrote {} ({}): {} traces, {} slices, {} counter values, {} flows, {} markers in {:.2} s",
-        args.output.display(),
+        Output::describe(&args.output),
         format.label(),
         files.len(),
         stats.slices,

@@ -11,16 +11,20 @@
 //! - **never over an input** of the same command (`-o` naming `--libcuda`'s file, the
 //!   trace being exported), compared by device and inode;
 //! - **locked** (`flock`) before it is truncated: a second writer of the same file refuses.
+//!
+//! A reader's one output (an export, a profile, a plot, a merge) is an [`Output`]: `-` is
+//! standard output, and a file is written under a temporary name beside it and renamed
+//! into place only once whole, so a failed or interrupted run leaves what was there before.
 
 use std::{
     ffi::CString,
     fs::File,
-    io,
+    io::{self, Write},
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::{
             ffi::OsStrExt,
-            fs::{FileTypeExt, MetadataExt},
+            fs::{FileTypeExt, MetadataExt, PermissionsExt},
         },
     },
     path::{Path, PathBuf},
@@ -50,7 +54,8 @@ pub enum OutputError {
          refusing to write it too"
     )]
     Locked(PathBuf),
-    #[error("cannot write {path}{who}: {source}")]
+    // The OS error is the source: `{:#}` prints it once, after this.
+    #[error("cannot write {path}{who}")]
     Io {
         path: PathBuf,
         /// ` as USER` under sudo.
@@ -147,6 +152,21 @@ impl Writer<'_> {
         Ok(file)
     }
 
+    /// Holds `dir` (a folder) for this process alone until the result is dropped: a second
+    /// writer of the same folder is refused, as for a file.
+    pub fn lock_dir(&self, dir: &Path) -> Result<File, OutputError> {
+        let folder = File::open(dir).map_err(|e| self.io(dir, e))?;
+        // SAFETY: flock(2) on a descriptor this function owns.
+        if unsafe { libc::flock(folder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = io::Error::last_os_error();
+            return Err(match error.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => OutputError::Locked(dir.to_owned()),
+                _ => self.io(dir, error),
+            });
+        }
+        Ok(folder)
+    }
+
     /// Creates the folder `path` (mode 0755) if it is not there; an existing one must be a
     /// folder, not a link to one.
     pub fn create_dir(&self, path: &Path) -> Result<(), OutputError> {
@@ -185,6 +205,222 @@ impl Writer<'_> {
         }
         Ok(())
     }
+}
+
+/// A reader's one output: standard output, or a file written under a temporary name and
+/// renamed into place by [`Output::commit`].
+pub enum Output<'a> {
+    Stdout(io::StdoutLock<'static>),
+    File(Replacement<'a>),
+}
+
+impl Output<'_> {
+    /// `path` as the user should read it in a message: `stdout` for `-`.
+    pub fn describe(path: &Path) -> String {
+        if is_stdout(path) {
+            "stdout".to_owned()
+        } else {
+            path.display().to_string()
+        }
+    }
+
+    /// Flushes what was written and puts the file in place.
+    pub fn commit(self) -> Result<(), OutputError> {
+        match self {
+            Output::Stdout(mut out) => out.flush().map_err(|source| OutputError::Io {
+                path: PathBuf::from("stdout"),
+                who: String::new(),
+                source,
+            }),
+            Output::File(replacement) => replacement.commit(),
+        }
+    }
+}
+
+impl Write for Output<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Output::Stdout(out) => out.write(buf),
+            Output::File(replacement) => replacement.file.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Output::Stdout(out) => out.write_all(buf),
+            Output::File(replacement) => replacement.file.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::Stdout(out) => out.flush(),
+            Output::File(replacement) => replacement.file.flush(),
+        }
+    }
+}
+
+/// `-`: standard output.
+pub fn is_stdout(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// A file being written under a temporary name beside `path` (`.NAME.cudatrace-PID.tmp`,
+/// made as the writer), renamed over `path` by [`Replacement::commit`]; dropped before
+/// that, the temporary file is removed and `path` is as it was. `/dev/null` is written
+/// directly.
+pub struct Replacement<'a> {
+    file: File,
+    /// `None` for /dev/null.
+    temp: Option<PathBuf>,
+    path: PathBuf,
+    writer: Writer<'a>,
+}
+
+impl Replacement<'_> {
+    /// A second descriptor of the file being written, for a writer that wants a `File`.
+    pub fn file(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    /// Puts the file in place (renamed over `path`).
+    pub fn commit(mut self) -> Result<(), OutputError> {
+        let Some(temp) = self.temp.take() else {
+            return Ok(());
+        };
+        let renamed = as_user(self.writer.user, || std::fs::rename(&temp, &self.path))
+            .and_then(|renamed| renamed);
+        if let Err(e) = renamed {
+            let _ = as_user(self.writer.user, || std::fs::remove_file(&temp));
+            return Err(self.writer.io(&self.path, e));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Replacement<'_> {
+    fn drop(&mut self) {
+        if let Some(temp) = self.temp.take() {
+            let _ = as_user(self.writer.user, || std::fs::remove_file(&temp));
+        }
+    }
+}
+
+impl<'a> Writer<'a> {
+    /// A reader's one output at `path` (`-`: standard output), by the rules above: a link,
+    /// a FIFO, a device but /dev/null, or an input at `path` is refused and left alone.
+    pub fn output(&self, path: &Path, inputs: &[Input]) -> Result<Output<'a>, OutputError> {
+        if is_stdout(path) {
+            return Ok(Output::Stdout(io::stdout().lock()));
+        }
+        self.replacement(path, inputs).map(Output::File)
+    }
+
+    /// Writes `bytes` as the whole output at `path`.
+    pub fn write_output(
+        &self,
+        path: &Path,
+        inputs: &[Input],
+        bytes: &[u8],
+    ) -> Result<(), OutputError> {
+        let mut output = self.output(path, inputs)?;
+        output.write_all(bytes).map_err(|e| self.io(path, e))?;
+        output.commit()
+    }
+
+    /// A file at `path` written under a temporary name: refused as [`Writer::output`] is.
+    pub fn replacement(
+        &self,
+        path: &Path,
+        inputs: &[Input],
+    ) -> Result<Replacement<'a>, OutputError> {
+        let mut mode = None;
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(self.io(path, e)),
+            Ok(metadata) if metadata.file_type().is_symlink() => {
+                return Err(OutputError::Symlink(path.to_owned()));
+            }
+            Ok(metadata)
+                if metadata.file_type().is_char_device()
+                    && metadata.rdev() == libc::makedev(1, 3) =>
+            {
+                let file = self.create(path, inputs)?;
+                return Ok(Replacement {
+                    file,
+                    temp: None,
+                    path: path.to_owned(),
+                    writer: *self,
+                });
+            }
+            Ok(metadata) if !metadata.is_file() => {
+                return Err(OutputError::NotRegular(path.to_owned()));
+            }
+            Ok(metadata) => {
+                if let Some(input) = inputs
+                    .iter()
+                    .find(|input| (input.device, input.inode) == (metadata.dev(), metadata.ino()))
+                {
+                    return Err(OutputError::IsInput {
+                        path: path.to_owned(),
+                        what: input.what.clone(),
+                    });
+                }
+                mode = Some(metadata.mode() & 0o7777);
+            }
+        }
+        let name = path
+            .file_name()
+            .ok_or_else(|| self.io(path, io::ErrorKind::InvalidInput.into()))?;
+        let temp = path.with_file_name(format!(
+            ".{}.cudatrace-{}.tmp",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let c_temp = CString::new(temp.as_os_str().as_bytes())
+            .map_err(|_| self.io(path, io::ErrorKind::InvalidInput.into()))?;
+        let file = as_user(self.user, || {
+            let mut opened = create_new(&c_temp);
+            if opened
+                .as_ref()
+                .is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists)
+            {
+                // Left by a killed run that had this pid: ours to take over.
+                std::fs::remove_file(&temp)?;
+                opened = create_new(&c_temp);
+            }
+            let file = opened?;
+            if let Some(mode) = mode {
+                file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            }
+            Ok(file)
+        })
+        .and_then(|file| file)
+        .map_err(|e| self.io(path, e))?;
+        Ok(Replacement {
+            file,
+            temp: Some(temp),
+            path: path.to_owned(),
+            writer: *self,
+        })
+    }
+}
+
+/// A new file (mode 0644 less the umask), never through a link, never an existing one.
+fn create_new(path: &CString) -> io::Result<File> {
+    // SAFETY: open(2) on a NUL-terminated path; the result is checked.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor this function owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 /// An output opened, and whether this open created it.
@@ -399,6 +635,94 @@ mod tests {
         // /dev/null is taken as it is.
         writer.create(Path::new("/dev/null"), &[]).unwrap();
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_replaces_the_old_file_only_when_committed() {
+        let dir = scratch("replace");
+        let path = dir.join("t.json");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let writer = Writer::default();
+        let mut failed = writer.output(&path, &[]).unwrap();
+        failed.write_all(b"half").unwrap();
+        drop(failed);
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        let names = |dir: &Path| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(&dir), ["t.json"], "no temporary file is left");
+        let mut done = writer.output(&path, &[]).unwrap();
+        done.write_all(b"new").unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"old",
+            "in place only at commit"
+        );
+        done.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o600, "the replaced file's mode is kept");
+        assert_eq!(names(&dir), ["t.json"]);
+        let fresh = dir.join("fresh.json");
+        let mut created = writer.output(&fresh, &[]).unwrap();
+        created.write_all(b"x").unwrap();
+        created.commit().unwrap();
+        assert_eq!(std::fs::read(&fresh).unwrap(), b"x");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_refuses_links_fifos_and_inputs_and_takes_dev_null() {
+        let dir = scratch("output-refused");
+        let target = dir.join("target");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = dir.join("link.json");
+        symlink(&target, &link).unwrap();
+        let writer = Writer::default();
+        assert!(matches!(
+            writer.output(&link, &[]),
+            Err(OutputError::Symlink(_))
+        ));
+        let fifo = dir.join("fifo");
+        let c_fifo = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            writer.output(&fifo, &[]),
+            Err(OutputError::NotRegular(_))
+        ));
+        let input = Input::of("the trace being exported", &target).unwrap();
+        assert!(matches!(
+            writer.output(&target, &[input]),
+            Err(OutputError::IsInput { .. })
+        ));
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let mut null = writer.output(Path::new("/dev/null"), &[]).unwrap();
+        null.write_all(b"gone").unwrap();
+        null.commit().unwrap();
+        assert!(matches!(
+            writer.output(Path::new("-"), &[]),
+            Ok(Output::Stdout(_))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_os_error_is_said_once() {
+        let error = Writer::default()
+            .output(Path::new("/nonexistent-cudatrace/t.json"), &[])
+            .err()
+            .unwrap();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(error)),
+            "cannot write /nonexistent-cudatrace/t.json: No such file or directory (os error 2)"
+        );
     }
 
     #[test]

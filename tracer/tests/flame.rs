@@ -83,7 +83,9 @@ fn a_third_party_reader_finds_the_summarys_figures_in_the_profile() {
     assert_eq!(
         stderr(&written).trim(),
         format!(
-            "cudatrace: wrote {} (pprof, 5 stacks, gpu {} nanoseconds)",
+            "cudatrace: wrote {} (pprof, 5 stacks, gpu {} nanoseconds)\n\
+             cudatrace: warning: 1 call of {trace} named a stack the trace does not have: they \
+             weigh under (no stack)",
             dir.join("trace.pb.gz").display(),
             traces::STACKS_GPU_NS
         )

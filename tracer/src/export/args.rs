@@ -31,7 +31,9 @@ pub struct ExportArgs {
 
     /// Where to write; `-` for standard output. Default: TRACE with the extension
     /// `.json` (chrome), `.pftrace` (perfetto) or `.parquet` (parquet: a folder, made if
-    /// missing, that must be empty or hold only an earlier export's tables).
+    /// missing, that must be empty or hold only an earlier export's tables). Written whole
+    /// or not at all: if the export fails, an earlier file or earlier tables stay as they
+    /// were.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 

@@ -54,7 +54,7 @@ use self::{
 };
 use crate::{
     exit::{ExitCode, Failure},
-    output_file::{Input, Writer},
+    output_file::{Input, Output, Writer},
     privileges::{self, TargetUser},
     reader::{ReadError, TraceLines},
     trace_input::{TraceInput, is_stream},
@@ -162,23 +162,19 @@ fn default_output(trace: &Path, format: ExportFormat) -> PathBuf {
     trace.with_extension(format.extension())
 }
 
-/// `path` for writing, as `user` (the invoking user under sudo); never over `trace`
-/// (`output_file`).
-fn open_output(
+/// `path` for writing (`-`: stdout), as `user` (the invoking user under sudo); never over
+/// `trace` (`output_file`).
+fn open_output<'a>(
     path: &Path,
     trace: &File,
-    user: Option<&TargetUser>,
-) -> Result<Box<dyn Write>, Failure> {
-    if path == Path::new("-") {
-        return Ok(Box::new(io::stdout().lock()));
-    }
+    user: Option<&'a TargetUser>,
+) -> Result<Output<'a>, Failure> {
     let inputs: Vec<Input> = Input::of_file("the trace being exported", trace)
         .into_iter()
         .collect();
-    let file = Writer { user }
-        .create(path, &inputs)
-        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
-    Ok(Box::new(file))
+    Writer { user }
+        .output(path, &inputs)
+        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))
 }
 
 fn window_ns(ms: Option<f64>, flag: &str) -> Result<Option<u64>, Failure> {
@@ -335,13 +331,15 @@ pub fn export_opened(
 ) -> Result<ExportStats, Failure> {
     let started = Clock::now();
     // The writers gather their output in blocks of their own.
-    let out = open_output(output, &file, user)?;
+    let mut out = open_output(output, &file, user)?;
     let stats = export_lines(
         TraceLines::from_file_prepared(file, label, skip_bad_lines, no_escapes),
-        out,
+        &mut out,
         format,
         filters,
     )?;
+    out.commit()
+        .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     if stats.skipped_lines > 0 {
         eprintln!(
             "cudatrace: skipped {} malformed lines of {label}",
@@ -371,11 +369,7 @@ pub fn export_opened(
             stats.layer_launches_without_kernel
         );
     }
-    let destination = if output == Path::new("-") {
-        "stdout".to_owned()
-    } else {
-        output.display().to_string()
-    };
+    let destination = Output::describe(output);
     eprintln!(
         "cudatrace: wrote {destination} ({}): {} slices, {} counter values, {} flows, {} markers{} in {:.2} s",
         format.label(),

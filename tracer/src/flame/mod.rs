@@ -12,10 +12,7 @@
 mod folded;
 mod pprof;
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
@@ -26,7 +23,8 @@ use crate::{
         summarise::summarise,
     },
     exit::{ExitCode, Failure},
-    output_file::{Input, Writer},
+    format::plural,
+    output_file::{Input, Output, Writer},
     privileges,
     reader::{ReadError, TraceLines, cut_warning},
     trace_input::{TraceInput, is_stream},
@@ -126,7 +124,9 @@ pub struct FlameArgs {
     #[arg(long, value_enum)]
     pub format: Option<FlameFormat>,
 
-    /// Where to write. Default: TRACE with the extension `.pb.gz` (`.folded`).
+    /// Where to write; `-` for standard output. Default: TRACE with the extension `.pb.gz`
+    /// (`.folded`). A file is written whole or not at all: an earlier one stays as it was
+    /// if this run fails.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -215,24 +215,34 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
     Writer {
         user: user.as_ref(),
     }
-    .create(&output, &inputs)
-    .map_err(anyhow::Error::from)
-    .and_then(|mut file| {
-        file.write_all(&bytes)
-            .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))
-    })
+    .write_output(&output, &inputs, &bytes)
     .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     let total = weight.of(&stacks.total());
     let (kind, unit) = weight.type_and_unit();
     eprintln!(
         "cudatrace: wrote {} ({}, {} stacks, {kind} {total} {unit})",
-        output.display(),
+        Output::describe(&output),
         match format {
             FlameFormat::Pprof => "pprof",
             FlameFormat::Folded => "folded",
         },
         stacks.table.stacks().len(),
     );
+    let counts = &stacks.counts;
+    if counts.unknown_stack > 0 {
+        eprintln!(
+            "cudatrace: warning: {} of {label} named a stack the trace does not have: they \
+             weigh under (no stack)",
+            plural(counts.unknown_stack, "call")
+        );
+    }
+    if counts.duplicate_stack_ids > 0 {
+        eprintln!(
+            "cudatrace: warning: {} of {label} repeated an id seen before: the first line of \
+             each id was kept",
+            plural(counts.duplicate_stack_ids, "stack line")
+        );
+    }
     if stacks.every > 1 {
         eprintln!(
             "cudatrace: sampled (--stack-every {every}): each thread's stack was read at 1 in \

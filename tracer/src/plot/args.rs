@@ -21,7 +21,8 @@ pub struct PlotArgs {
     pub trace: PathBuf,
 
     /// Where to write: `.svg`, or `.png` for a bitmap (twice the width in pixels).
-    /// Default: TRACE with the extension `.svg`.
+    /// `-` for standard output (SVG). Default: TRACE with the extension `.svg`. A file is
+    /// written whole or not at all.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
 

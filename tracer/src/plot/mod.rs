@@ -15,7 +15,7 @@ mod tables;
 mod theme;
 
 use std::{
-    io::{BufRead, Write},
+    io::BufRead,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -34,7 +34,7 @@ use crate::{
         summarise::{TraceInfo, summarise},
     },
     exit::{ExitCode, Failure},
-    output_file::{Input, Writer},
+    output_file::{Input, Output, Writer},
     privileges,
     reader::{ReadError, TraceLines, cut_warning},
     schema::{Line, ProcessMemory},
@@ -221,19 +221,14 @@ pub fn run(args: PlotArgs) -> Result<i32, Failure> {
     let inputs: Vec<Input> = Input::of("the trace being plotted", &args.trace)
         .into_iter()
         .collect();
-    let written = Writer {
+    Writer {
         user: user.as_ref(),
     }
-    .create(&output, &inputs)
-    .map_err(anyhow::Error::from)
-    .and_then(|mut file| {
-        file.write_all(&bytes)
-            .map_err(|e| anyhow!("cannot write {}: {e}", output.display()))
-    });
-    written.map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
+    .write_output(&output, &inputs, &bytes)
+    .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
     eprintln!(
         "cudatrace: wrote {} ({} calls, {:.2} s)",
-        output.display(),
+        Output::describe(&output),
         rendered.report.summary.calls,
         started.elapsed().as_secs_f64()
     );

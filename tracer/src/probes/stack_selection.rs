@@ -116,6 +116,13 @@ impl StackSelection {
         }
         let mut families = 0;
         for item in text.split(',').map(str::trim) {
+            if item == "all" || item == "default" {
+                return Err(format!(
+                    "`{item}` stands alone: give --stacks={item}, or families separated by \
+                     commas without it (any of {})",
+                    StackFamily::ALL.map(StackFamily::as_str).join(", ")
+                ));
+            }
             let family = StackFamily::ALL
                 .into_iter()
                 .find(|family| family.as_str() == item)
@@ -189,6 +196,20 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    #[test]
+    fn all_and_default_stand_alone() {
+        for (text, word) in [("all,launch", "all"), ("launch,default", "default")] {
+            assert_eq!(
+                StackSelection::parse(text),
+                Err(format!(
+                    "`{word}` stands alone: give --stacks={word}, or families separated by \
+                     commas without it (any of launch, alloc, copy, memset, sync, module, \
+                     collective)"
+                ))
+            );
+        }
     }
 
     #[test]

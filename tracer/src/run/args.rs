@@ -213,7 +213,8 @@ pub struct RunArgs {
         long,
         value_name = "N",
         default_value_t = tracer_common::stacks::DEFAULT_STACK_DEPTH,
-        value_parser = parse_stack_depth
+        value_parser = parse_stack_depth,
+        requires = "stacks"
     )]
     pub stack_depth: u32,
 
@@ -374,11 +375,21 @@ fn split_offset(text: &str) -> Result<(&str, i64), String> {
     Ok((local, sign * (hours * 3600 + minutes * 60)))
 }
 
-/// `--duration`: `30s`, `500ms`, `2m`, `1h 30m` (humantime).
+/// The longest `--duration`: a window longer than a year is a typo, and past about 584
+/// years the nanosecond clock cannot hold its end.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// `--duration`: `30s`, `500ms`, `2m`, `1h 30m` (humantime), a year at most.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?;
     if duration.is_zero() {
         return Err("the window must last longer than 0".into());
+    }
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "{text:?} is longer than 366 days: give a shorter window, or leave --duration out \
+             to record until the command ends"
+        ));
     }
     Ok(duration)
 }
@@ -407,5 +418,14 @@ mod tests {
         assert!(parse_start_at("tomorrow").is_err());
         assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("0s").is_err());
+        assert_eq!(
+            parse_duration("999999999999h"),
+            Err(
+                "\"999999999999h\" is longer than 366 days: give a shorter window, or leave \
+                 --duration out to record until the command ends"
+                    .into()
+            )
+        );
+        assert_eq!(parse_duration("366days"), Ok(MAX_DURATION));
     }
 }

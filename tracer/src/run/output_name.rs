@@ -16,8 +16,8 @@ pub const RANK_VARIABLES: [&str; 4] = ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_
 /// What the patterns stand for in this run.
 pub struct NameContext {
     pub host: String,
-    /// The first of [`RANK_VARIABLES`] set: its name and value.
-    pub rank: Option<(&'static str, String)>,
+    /// The first of [`RANK_VARIABLES`] set: its name and value (UTF-8 or not).
+    pub rank: Option<(&'static str, OsString)>,
     pub pid: u32,
     pub start: SystemTime,
 }
@@ -29,7 +29,7 @@ impl NameContext {
             host: super::header::host_name(),
             rank: RANK_VARIABLES
                 .iter()
-                .find_map(|name| Some((*name, std::env::var(name).ok()?))),
+                .find_map(|name| Some((*name, std::env::var_os(name)?))),
             pid: std::process::id(),
             start: SystemTime::now(),
         }
@@ -51,7 +51,7 @@ pub fn expand(pattern: &Path, context: &NameContext) -> Result<PathBuf, String> 
         }
         match rest.next() {
             Some(b'%') => out.push(b'%'),
-            Some(b'h') => out.extend(context.host.replace('/', "_").bytes()),
+            Some(b'h') => out.extend(safe_host(&context.host).bytes()),
             Some(b'p') => out.extend(context.pid.to_string().bytes()),
             Some(b't') => out.extend(utc_stamp(context.start).bytes()),
             Some(b'r') => out.extend(rank(context)?.bytes()),
@@ -74,13 +74,27 @@ pub fn expand(pattern: &Path, context: &NameContext) -> Result<PathBuf, String> 
     Ok(PathBuf::from(OsString::from_vec(out)))
 }
 
+/// `%h`: the host name as one path component: no `/`, and never `.`, `..` or empty
+/// (their dots become `_`), so it cannot climb out of the folder it names.
+fn safe_host(host: &str) -> String {
+    if host.chars().all(|c| c == '.') {
+        return "_".repeat(host.len().max(1));
+    }
+    host.replace('/', "_")
+}
+
 /// `%r`: the launcher's rank, a number; an error naming the variables when none is set.
 fn rank(context: &NameContext) -> Result<String, String> {
     match &context.rank {
-        Some((_, value)) if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
-            Ok(value.clone())
-        }
-        Some((name, value)) => Err(format!("-o uses %r but {name} is {value:?}, not a rank")),
+        Some((name, value)) => match value.to_str() {
+            Some(rank) if !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(rank.to_owned())
+            }
+            Some(other) => Err(format!("-o uses %r but {name} is {other:?}, not a rank")),
+            None => Err(format!(
+                "-o uses %r but {name} is not UTF-8 ({value:?}), not a rank"
+            )),
+        },
         None => Err(format!(
             "-o uses %r but none of {} is set: launchers set them for the processes they \
              start (torchrun sets RANK for its workers, not for the node agent: name a node's \
@@ -106,7 +120,7 @@ mod tests {
     fn context(rank: Option<(&'static str, &str)>) -> NameContext {
         NameContext {
             host: "gpu-7".into(),
-            rank: rank.map(|(name, value)| (name, value.to_owned())),
+            rank: rank.map(|(name, value)| (name, value.into())),
             pid: 4242,
             start: UNIX_EPOCH + Duration::from_secs(1_795_265_558),
         }
@@ -139,6 +153,39 @@ mod tests {
         let unknown = expand(Path::new("%x.jsonl"), &context(None)).unwrap_err();
         assert!(unknown.starts_with("-o %x.jsonl: %x is not a pattern"));
         assert!(expand(Path::new("t%"), &context(None)).is_err());
+    }
+
+    #[test]
+    fn a_rank_that_is_not_utf8_is_named_not_taken_for_unset() {
+        let context = NameContext {
+            rank: Some(("RANK", OsString::from_vec(vec![b'1', 0xff]))),
+            ..context(None)
+        };
+        assert_eq!(
+            expand(Path::new("%r.jsonl"), &context).unwrap_err(),
+            r#"-o uses %r but RANK is not UTF-8 ("1\xFF"), not a rank"#
+        );
+    }
+
+    #[test]
+    fn a_host_named_dot_or_dot_dot_stays_one_folder_down() {
+        for (host, expanded) in [
+            ("..", "traces/__/t.jsonl"),
+            (".", "traces/_/t.jsonl"),
+            ("", "traces/_/t.jsonl"),
+            ("a/../b", "traces/a_.._b/t.jsonl"),
+            ("node..1", "traces/node..1/t.jsonl"),
+        ] {
+            let context = NameContext {
+                host: host.into(),
+                ..context(None)
+            };
+            assert_eq!(
+                expand(Path::new("traces/%h/t.jsonl"), &context),
+                Ok(PathBuf::from(expanded)),
+                "{host:?}"
+            );
+        }
     }
 
     #[test]

@@ -60,6 +60,22 @@ pub fn check(start_at: Option<u64>, duration: Option<Duration>) -> Result<(), St
     let Some(start) = start_at else {
         return Ok(());
     };
+    // A start long past or far ahead is a typo (`--start-at 0` is 1970), not a window.
+    const DAY_NS: u64 = 24 * 3600 * 1_000_000_000;
+    if start.saturating_add(DAY_NS) < now {
+        return Err(format!(
+            "--start-at {} is {:.1} days ago: give a time within the last day, or in the future",
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_nanos(start)),
+            (now - start) as f64 / DAY_NS as f64
+        ));
+    }
+    if start > now.saturating_add(30 * DAY_NS) {
+        return Err(format!(
+            "--start-at {} is {:.1} days ahead: cudatrace waits 30 days at most",
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_nanos(start)),
+            (start - now) as f64 / DAY_NS as f64
+        ));
+    }
     let end = duration.map(|d| start.saturating_add(d.as_nanos() as u64));
     if end.is_some_and(|end| end <= now) {
         return Err(format!(
@@ -178,6 +194,28 @@ pub fn wait_for_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_long_past_or_far_ahead_is_refused() {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let error = check(Some(0), None).unwrap_err();
+        assert!(
+            error.starts_with("--start-at 1970-01-01T00:00:00Z is 2"),
+            "{error}"
+        );
+        assert!(error.ends_with(" days ago: give a time within the last day, or in the future"));
+        let day = 24 * 3600 * 1_000_000_000;
+        assert!(check(Some(now - day / 2), None).is_ok());
+        assert!(check(Some(now + 29 * day), None).is_ok());
+        let error = check(Some(now + 31 * day), None).unwrap_err();
+        assert!(
+            error.ends_with(" days ahead: cudatrace waits 30 days at most"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn the_window_is_placed_on_the_header_clocks_and_keeps_its_lines() {

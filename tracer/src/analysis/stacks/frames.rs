@@ -144,11 +144,11 @@ pub struct StackTable {
 }
 
 impl StackTable {
-    /// A `stack` line. A second line with an id seen before replaces nothing (the writer
-    /// never repeats one).
-    pub fn add(&mut self, line: &StackLine) {
+    /// A `stack` line; `false` for a second line with an id seen before, which replaces
+    /// nothing (the writer never repeats one: the caller counts it).
+    pub fn add(&mut self, line: &StackLine) -> bool {
         if self.by_id.contains_key(&line.id) {
-            return;
+            return false;
         }
         let frames: Vec<u32> = line
             .frames
@@ -180,6 +180,7 @@ impl StackTable {
             layer,
             user,
         });
+        true
     }
 
     fn intern_function(&mut self, function: Function) -> u32 {

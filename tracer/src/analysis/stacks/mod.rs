@@ -65,6 +65,10 @@ impl StackFigures {
     }
 }
 
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
 /// Device memory still allocated at the end, by the `stack` of the allocating call (the
 /// trace's id; `None`: allocated without one): `(allocations, bytes)`.
 pub type LiveByStack = HashMap<Option<u64>, (u64, u64)>;
@@ -93,6 +97,9 @@ pub struct StackCounts {
     pub cut: u64,
     /// Calls naming a stack id whose line the trace does not have (counted without one).
     pub unknown_stack: u64,
+    /// `stack` lines repeating an id seen before: the first line is kept.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub duplicate_stack_ids: u64,
     /// `--gpu`: kernels whose call has no stack.
     pub kernels_call_without_stack: u64,
     /// `--gpu`: kernels with no link to a call, or whose call was not found.
@@ -113,7 +120,9 @@ impl StackAccumulator {
     pub fn line(&mut self, line: &Line) {
         match line {
             Line::Stack(stack) => {
-                self.table.add(stack);
+                if !self.table.add(stack) {
+                    self.counts.duplicate_stack_ids += 1;
+                }
                 self.per_stack
                     .resize(self.table.stacks().len(), StackFigures::default());
             }

@@ -223,3 +223,25 @@ fn graph_kernels_go_to_their_capture_sites_stack() {
     );
     assert_eq!(summary.counts.kernels_without_call, 0);
 }
+
+#[test]
+fn a_repeated_stack_id_is_counted_and_the_first_line_kept() {
+    let text = stacks();
+    let first_stack = text
+        .lines()
+        .find(|line| line.contains(r#""type":"stack""#))
+        .unwrap();
+    // The same id again, with other frames: ignored, counted.
+    let repeated = first_stack.replace(r#""line":"#, r#""line":1000"#);
+    let doubled = text.replacen(first_stack, &format!("{first_stack}\n{repeated}"), 1);
+    let once = read(&text);
+    let twice = read(&doubled);
+    let (once, twice) = (
+        once.report.stacks.as_ref().unwrap(),
+        twice.report.stacks.as_ref().unwrap(),
+    );
+    assert_eq!(once.counts.duplicate_stack_ids, 0);
+    assert_eq!(twice.counts.duplicate_stack_ids, 1);
+    assert_eq!(twice.per_stack, once.per_stack);
+    assert_eq!(twice.no_stack, once.no_stack);
+}

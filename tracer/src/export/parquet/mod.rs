@@ -39,7 +39,6 @@ mod tables;
 mod writer;
 
 use std::{
-    fs::File,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -53,7 +52,7 @@ use self::{
 };
 use crate::{
     exit::{ExitCode, Failure},
-    output_file::{Input, Writer, as_user},
+    output_file::{Input, Replacement, Writer, as_user},
     privileges::TargetUser,
     reader::{ReadError, TraceLines},
     trace_input::TraceInput,
@@ -87,22 +86,29 @@ pub fn export(
         .iter()
         .map(|name| outdir.join(format!("{name}.parquet")))
         .collect();
-    let files = create(&paths, &inputs, &writer).map_err(not_writable)?;
-    let tables = Tables::open(files).map_err(|e| {
-        remove(&paths, user);
-        not_writable(e.into())
-    })?;
+    // The folder is held against a second export; each table is written under a temporary
+    // name, and all are renamed into place once every one is whole: a failed export leaves
+    // the folder's earlier tables as they were.
+    let _held = writer
+        .lock_dir(outdir)
+        .map_err(|e| not_writable(e.into()))?;
+    let replacements = create(&paths, &inputs, &writer).map_err(not_writable)?;
+    let files = replacements
+        .iter()
+        .map(Replacement::file)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| not_writable(anyhow!("cannot write {}: {e}", outdir.display())))?;
+    let tables = Tables::open(files).map_err(|e| not_writable(e.into()))?;
     let lines = TraceLines::from_file_prepared(trace_file, &label, skip_bad_lines, header_extra);
     let (rows, figures) = ParquetExporter::new(tables, ranks, &label)
         .run(lines)
-        .map_err(|e| {
-            // A table cut short has no footer: no reader could open it.
-            remove(&paths, user);
-            match e {
-                ParquetExportError::Read(e) => e.into(),
-                ParquetExportError::Write(_) => not_writable(e.into()),
-            }
+        .map_err(|e| match e {
+            ParquetExportError::Read(e) => e.into(),
+            ParquetExportError::Write(_) => not_writable(e.into()),
         })?;
+    for replacement in replacements {
+        replacement.commit().map_err(|e| not_writable(e.into()))?;
+    }
     report(&label, outdir, &rows, &figures, started);
     Ok(rows)
 }
@@ -131,20 +137,16 @@ fn make_folder(outdir: &Path, force: bool, writer: &Writer) -> anyhow::Result<()
     Ok(())
 }
 
-/// Creates the tables' files, or none: those made before a failure are removed.
-fn create(paths: &[PathBuf], inputs: &[Input], writer: &Writer) -> anyhow::Result<Vec<File>> {
-    let mut files = Vec::with_capacity(paths.len());
-    for path in paths {
-        match writer.create(path, inputs) {
-            Ok(file) => files.push(file),
-            Err(e) => {
-                // Only the files this export holds (locked) are its to remove.
-                remove(&paths[..files.len()], writer.user);
-                return Err(e.into());
-            }
-        }
-    }
-    Ok(files)
+/// The tables' files, each under its temporary name (removed if dropped uncommitted).
+fn create<'a>(
+    paths: &[PathBuf],
+    inputs: &[Input],
+    writer: &Writer<'a>,
+) -> anyhow::Result<Vec<Replacement<'a>>> {
+    paths
+        .iter()
+        .map(|path| Ok(writer.replacement(path, inputs)?))
+        .collect()
 }
 
 /// The closing lines on stderr: lines skipped or left out, and the rows of each table.
@@ -195,18 +197,11 @@ fn other_files(outdir: &Path, user: Option<&TargetUser>) -> std::io::Result<Vec<
             name.strip_suffix(".parquet")
                 .is_none_or(|table| !TABLE_NAMES.contains(&table))
         })
+        // A table's temporary file, left by an export that was killed: its own.
+        .filter(|name| !(name.starts_with('.') && name.contains(".parquet.cudatrace-")))
         .collect();
     others.sort();
     Ok(others)
-}
-
-/// Removes the tables' files (as `user`, who made them).
-fn remove(paths: &[PathBuf], user: Option<&TargetUser>) {
-    let _ = as_user(user, || {
-        for path in paths {
-            let _ = std::fs::remove_file(path);
-        }
-    });
 }
 
 #[cfg(test)]

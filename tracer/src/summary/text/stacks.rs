@@ -106,6 +106,13 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
             plural(counts.unknown_stack, "call")
         );
     }
+    if counts.duplicate_stack_ids > 0 {
+        let _ = writeln!(
+            out,
+            "  {} repeated an id seen before: the first line of each id was kept",
+            plural(counts.duplicate_stack_ids, "stack line")
+        );
+    }
     if stacks.gpu {
         let _ = writeln!(
             out,
