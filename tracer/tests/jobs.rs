@@ -618,7 +618,7 @@ fn empty_cut_and_skipped_traces_of_a_job_are_read_and_said() {
         .args(["merge", "--skip-bad-lines", "--job"])
         .arg(&dir)
         .arg("-o")
-        .arg(dir.join("job.json"))
+        .arg(dir.with_extension("merged.json"))
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

@@ -60,6 +60,13 @@ pub fn check(start_at: Option<u64>, duration: Option<Duration>) -> Result<(), St
     let Some(start) = start_at else {
         return Ok(());
     };
+    let end = duration.map(|d| start.saturating_add(d.as_nanos() as u64));
+    if end.is_some_and(|end| end <= now) {
+        return Err(format!(
+            "the window (--start-at, --duration) ended {:.3} s ago: nothing to record",
+            (now - end.unwrap_or(now)) as f64 / 1e9
+        ));
+    }
     // A start long past or far ahead is a typo (`--start-at 0` is 1970), not a window.
     const DAY_NS: u64 = 24 * 3600 * 1_000_000_000;
     if start.saturating_add(DAY_NS) < now {
@@ -74,13 +81,6 @@ pub fn check(start_at: Option<u64>, duration: Option<Duration>) -> Result<(), St
             "--start-at {} is {:.1} days ahead: cudatrace waits 30 days at most",
             humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_nanos(start)),
             (start - now) as f64 / DAY_NS as f64
-        ));
-    }
-    let end = duration.map(|d| start.saturating_add(d.as_nanos() as u64));
-    if end.is_some_and(|end| end <= now) {
-        return Err(format!(
-            "the window (--start-at, --duration) ended {:.3} s ago: nothing to record",
-            (now - end.unwrap_or(now)) as f64 / 1e9
         ));
     }
     if start < now {
