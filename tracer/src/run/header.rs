@@ -2,7 +2,10 @@
 //! which library; and each library's `library` line, which follows it (or comes later, for
 //! a library found while tracing).
 
-use std::{collections::HashSet, time::UNIX_EPOCH};
+use std::{
+    collections::{BTreeMap, HashSet},
+    time::UNIX_EPOCH,
+};
 
 use crate::{
     clock::Clocks,
@@ -29,6 +32,16 @@ pub struct HeaderFlags {
     pub launch_entry_only: bool,
     pub ring_bytes: u32,
     pub stacks: Option<StacksInfo>,
+    /// The launcher's job ids in cudatrace's environment.
+    pub job_ids: BTreeMap<String, String>,
+}
+
+/// The launcher's job ids in this process's environment ([`JOB_ID_VARIABLES`] set).
+pub fn job_ids() -> BTreeMap<String, String> {
+    JOB_ID_VARIABLES
+        .iter()
+        .filter_map(|name| Some((name.to_string(), std::env::var(name).ok()?)))
+        .collect()
 }
 
 /// What the header says that is known before anything is attached: the flags, the clocks,
@@ -104,13 +117,7 @@ impl HeaderBase {
             power: self.power.clone(),
             gpu: self.gpu.clone(),
             stacks: flags.stacks.clone(),
-            job_ids: JOB_ID_VARIABLES
-                .iter()
-                .filter_map(|name| {
-                    let value = std::env::var(name).ok()?;
-                    Some((name.to_string(), value))
-                })
-                .collect(),
+            job_ids: flags.job_ids.clone(),
             ..Header::default()
         }
     }

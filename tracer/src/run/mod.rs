@@ -265,6 +265,7 @@ fn header_flags(args: &RunArgs) -> HeaderFlags {
             depth: args.stack_depth,
             every: (args.stack_every > 1).then_some(args.stack_every),
         }),
+        job_ids: header::job_ids(),
     }
 }
 
