@@ -7,8 +7,11 @@
 //! function per Python function (qualified name, file, first line). Calls and kernels
 //! without a stack are one sample at a location of their own, `(no stack)`; a stack cut at
 //! the frame budget has `(cut at the frame budget)` as its outermost frame.
+//!
+//! A function's `system_name` is its qualname exactly; its `name` is that too, but for a
+//! name Go's `pprof` would take for a demangled C++ one ([`shown_name`]).
 
-use std::{collections::HashMap, io::Write};
+use std::{borrow::Cow, collections::HashMap, io::Write, path::Path};
 
 use flate2::{Compression, write::GzEncoder};
 use prost::Message;
@@ -86,12 +89,29 @@ pub struct Function {
     pub start_line: i64,
 }
 
+/// The name pprof shows for the function `qualname` of `file`: the qualname, but where Go's
+/// `pprof` would take it for a demangled C++ name and strip its `<...>` by default (a `<`,
+/// `>`, `[`, `]` or `::` and no `.<`: Python's `<module>`, `<lambda>`, `<genexpr>`,
+/// `<listcomp>`, left empty), the file's name and a dot before it: `run.py.<module>`. The
+/// `.<` keeps it whole in every `-symbolize` mode but `force`; the file tells apart the
+/// `<module>` frames of two files, which `pprof -top` would add up as one function.
+fn shown_name<'a>(qualname: &'a str, file: &str) -> Cow<'a, str> {
+    let looks_like_cpp = qualname.contains(['<', '>', '[', ']']) || qualname.contains("::");
+    let file_name = Path::new(file).file_name().and_then(|name| name.to_str());
+    match file_name {
+        Some(file_name) if looks_like_cpp && !qualname.contains(".<") => {
+            Cow::Owned(format!("{file_name}.{qualname}"))
+        }
+        _ => Cow::Borrowed(qualname),
+    }
+}
+
 /// Builds a profile, each string, function and location once.
 #[derive(Default)]
 struct Builder {
     profile: Profile,
     strings: HashMap<String, i64>,
-    /// (name, file, first line) → function id.
+    /// (qualname, file, first line) → function id.
     functions: HashMap<(i64, i64, i64), u64>,
     /// (function id, line) → location id.
     locations: HashMap<(u64, i64), u64>,
@@ -108,14 +128,19 @@ impl Builder {
         index
     }
 
-    fn location(&mut self, name: &str, file: &str, first_line: u32, line: Option<u32>) -> u64 {
-        let key = (self.string(name), self.string(file), i64::from(first_line));
+    fn location(&mut self, qualname: &str, file: &str, first_line: u32, line: Option<u32>) -> u64 {
+        let key = (
+            self.string(qualname),
+            self.string(file),
+            i64::from(first_line),
+        );
         let next = self.functions.len() as u64 + 1;
         let function_id = *self.functions.entry(key).or_insert(next);
         if function_id == next {
+            let name = self.string(&shown_name(qualname, file));
             self.profile.function.push(Function {
                 id: function_id,
-                name: key.0,
+                name,
                 system_name: key.0,
                 filename: key.1,
                 start_line: key.2,

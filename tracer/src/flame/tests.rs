@@ -14,7 +14,7 @@ use crate::{
         summarise::summarise,
     },
     reader::TraceLines,
-    test_traces::stacks,
+    test_traces::{python_names, stacks},
 };
 
 fn profile_of(text: &str) -> StackProfile {
@@ -110,4 +110,41 @@ fn the_pprof_profile_has_the_summarys_figures_per_line() {
     let profile = pprof::Profile::decode(raw.as_slice()).unwrap();
     let default = &profile.string_table[profile.default_sample_type as usize];
     assert_eq!(default, "time");
+}
+
+#[test]
+fn pythons_own_names_get_their_files_name_and_keep_the_qualname_as_system_name() {
+    let stacks = profile_of(&python_names());
+    let profile = pprof::profile(&stacks, Weight::Time);
+    let string = |index: i64| profile.string_table[index as usize].as_str();
+    let mut names: Vec<(&str, &str, &str)> = profile
+        .function
+        .iter()
+        .map(|f| (string(f.name), string(f.system_name), string(f.filename)))
+        .collect();
+    names.sort();
+    let aot = "/venv/lib/python3.12/site-packages/torch/_functorch/aot_autograd.py";
+    assert_eq!(
+        names,
+        [
+            ("(no stack)", "(no stack)", ""),
+            ("Trainer.fit", "Trainer.fit", "/w/train.py"),
+            (
+                "Trainer.fit.<locals>.<lambda>",
+                "Trainer.fit.<locals>.<lambda>",
+                "/w/train.py"
+            ),
+            (
+                "aot_module_simplified.<locals>.forward",
+                "aot_module_simplified.<locals>.forward",
+                aot
+            ),
+            ("data.py.<genexpr>", "<genexpr>", "/w/data.py"),
+            ("data.py.<module>", "<module>", "/w/data.py"),
+            ("run.py.<dictcomp>", "<dictcomp>", "/w/run.py"),
+            ("run.py.<lambda>", "<lambda>", "/w/run.py"),
+            ("run.py.<listcomp>", "<listcomp>", "/w/run.py"),
+            ("run.py.<module>", "<module>", "/w/run.py"),
+        ]
+    );
 }

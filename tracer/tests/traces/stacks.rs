@@ -146,3 +146,62 @@ pub fn stacks() -> String {
     .join("\n")
         + "\n"
 }
+
+/// A `--stacks` trace (no `--gpu`) whose frames have the names Python gives code that is
+/// no function of its own, a cuMemAlloc of its own duration under each stack:
+///
+/// | stack | frames, innermost first | ns |
+/// |---|---|---|
+/// | 1 | `<listcomp>` run.py:8, `<module>` run.py:8 | 1,000 |
+/// | 2 | `<genexpr>` data.py:4, `<module>` data.py:4, `<module>` run.py:2 | 2,000 |
+/// | 3 | `<lambda>` run.py:6, `<module>` run.py:6 | 3,000 |
+/// | 4 | `Trainer.fit.<locals>.<lambda>` train.py:20, `Trainer.fit` train.py:21, `<module>` run.py:10 | 4,000 |
+/// | 5 | `aot_module_simplified.<locals>.forward` aot_autograd.py:1100, `<module>` run.py:12 | 5,000 |
+/// | 6 | `<dictcomp>` run.py:14, `<module>` run.py:14 | 6,000 |
+/// | 7 | `<module>` run.py:3 | 7,000 |
+pub fn python_names() -> String {
+    let base = STACKS_BASE_NS;
+    let run = |line: u32| frame("/w/run.py", "<module>", line, 1);
+    let aot = "/venv/lib/python3.12/site-packages/torch/_functorch/aot_autograd.py";
+    let stacks: [Vec<String>; 7] = [
+        vec![frame("/w/run.py", "<listcomp>", 8, 8), run(8)],
+        vec![
+            frame("/w/data.py", "<genexpr>", 4, 4),
+            frame("/w/data.py", "<module>", 4, 1),
+            run(2),
+        ],
+        vec![frame("/w/run.py", "<lambda>", 6, 6), run(6)],
+        vec![
+            frame("/w/train.py", "Trainer.fit.<locals>.<lambda>", 20, 20),
+            frame("/w/train.py", "Trainer.fit", 21, 18),
+            run(10),
+        ],
+        vec![
+            frame(aot, "aot_module_simplified.<locals>.forward", 1100, 1090),
+            run(12),
+        ],
+        vec![frame("/w/run.py", "<dictcomp>", 14, 14), run(14)],
+        vec![run(3)],
+    ];
+    let mut lines = vec![
+        format!(
+            r#"{{"type":"header","format":"cudatrace","version":2,"command":["python3","run.py"],"pids":[500],"start_monotonic_ns":{base},"probes":[],"stacks":{{"families":["all"],"depth":64}}}}"#
+        ),
+        format!(
+            r#"{{"type":"interpreter","pid":500,"ts_ns":{},"path":"/usr/bin/python3.12","python":"3.12.3","stacks":true}}"#,
+            base + 100
+        ),
+    ];
+    for (index, frames) in stacks.iter().enumerate() {
+        let id = index as u64 + 1;
+        lines.push(stack(id, frames, false));
+        lines.push(format!(
+            r#"{{"type":"call","name":"cuMemAlloc_v2","pid":500,"tid":500,"ts_ns":{},"dur_ns":{},"ret":0,"bytes":256,"dptr":"0x{:x}","stack":{id}}}"#,
+            base + id * 10_000,
+            id * 1_000,
+            0xa000 + id * 0x1000
+        ));
+    }
+    lines.push(r#"{"type":"footer"}"#.to_owned());
+    lines.join("\n") + "\n"
+}
