@@ -4,6 +4,10 @@
 //! flat value per Python line, as that reader decodes the profile, is exactly the row
 //! `cudatrace summary --json` gives for that line, and each total the summary's total.
 //! Offline, set `CUDATRACE_PPROF_FORMAT_TGZ` to the package's tarball.
+//!
+//! And by the reference reader, Go's `pprof` (`go tool pprof`, Debian's `golang-go`), under
+//! its default options: the names it shows for Python's `<module>`, `<lambda>` and
+//! comprehension frames, whose `<...>` its demangler would strip as a C++ template's.
 
 mod common;
 mod traces;
@@ -232,4 +236,166 @@ fn an_unreadable_trace_exits_74_and_a_bad_line_65() {
         )
     );
     assert!(!dir.join("out.folded").exists());
+}
+
+/// `go tool pprof ARGS PROFILE`'s standard output (its default options otherwise).
+fn go_pprof(args: &[&str], profile: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(profile)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running `go tool pprof` ({e}): the flame tests read profiles with Go's pprof: \
+                 install golang-go (apt-get install golang-go; .ci/run does)"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?}: {}",
+        stderr(&output)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// `-top`'s rows: (flat, cum, name).
+fn top_rows(top: &str) -> Vec<(String, String, String)> {
+    let rows = top
+        .lines()
+        .skip_while(|line| !line.trim_start().starts_with("flat"))
+        .skip(1);
+    rows.map(|row| {
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        assert!(columns.len() >= 6, "a -top row: {row:?}");
+        (
+            columns[0].to_owned(),
+            columns[3].to_owned(),
+            columns[5..].join(" "),
+        )
+    })
+    .collect()
+}
+
+/// `-traces`' samples: (value, frames leaf first), by value.
+fn traces_of(traces: &str) -> Vec<(String, Vec<String>)> {
+    let mut samples: Vec<(String, Vec<String>)> = Vec::new();
+    let mut current: Option<(String, Vec<String>)> = None;
+    for line in traces.lines() {
+        if line.starts_with("-----------+") {
+            samples.extend(current.take());
+        } else if let Some((value, frames)) = &mut current {
+            assert!(!value.is_empty());
+            frames.push(line.trim().to_owned());
+        } else if line.starts_with(' ') {
+            let (value, frame) = line.trim().split_once(char::is_whitespace).unwrap();
+            current = Some((value.to_owned(), vec![frame.trim().to_owned()]));
+        }
+    }
+    samples.extend(current);
+    samples.sort_by_key(|(value, _)| value.trim_end_matches("us").parse::<u64>().unwrap());
+    samples
+}
+
+fn owned<const N: usize>(rows: [(&str, &str, &str); N]) -> Vec<(String, String, String)> {
+    rows.iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
+}
+
+#[test]
+fn go_pprof_shows_pythons_own_names_with_their_file() {
+    let dir = scratch("flame-go-pprof");
+    let trace = dir.join("names.jsonl");
+    std::fs::write(&trace, traces::python_names()).unwrap();
+    cudatrace(&["flame", trace.to_str().unwrap()]);
+    let profile = dir.join("names.pb.gz");
+
+    let top = go_pprof(&["-top"], &profile);
+    assert!(top.contains("Type: time\n"), "{top}");
+    assert_eq!(
+        top_rows(&top),
+        owned([
+            ("7us", "28us", "run.py.<module>"),
+            ("6us", "6us", "run.py.<dictcomp>"),
+            ("5us", "5us", "aot_module_simplified.<locals>.forward"),
+            ("4us", "4us", "Trainer.fit.<locals>.<lambda>"),
+            ("3us", "3us", "run.py.<lambda>"),
+            ("2us", "2us", "data.py.<genexpr>"),
+            ("1us", "1us", "run.py.<listcomp>"),
+            ("0", "4us", "Trainer.fit"),
+            ("0", "2us", "data.py.<module>"),
+        ]),
+        "{top}"
+    );
+
+    let traces = go_pprof(&["-traces"], &profile);
+    let sample = |value: &str, frames: &[&str]| {
+        (
+            value.to_owned(),
+            frames.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        traces_of(&traces),
+        [
+            sample("1us", &["run.py.<listcomp>", "run.py.<module>"]),
+            sample(
+                "2us",
+                &["data.py.<genexpr>", "data.py.<module>", "run.py.<module>"]
+            ),
+            sample("3us", &["run.py.<lambda>", "run.py.<module>"]),
+            sample(
+                "4us",
+                &[
+                    "Trainer.fit.<locals>.<lambda>",
+                    "Trainer.fit",
+                    "run.py.<module>"
+                ]
+            ),
+            sample(
+                "5us",
+                &["aot_module_simplified.<locals>.forward", "run.py.<module>"]
+            ),
+            sample("6us", &["run.py.<dictcomp>", "run.py.<module>"]),
+            sample("7us", &["run.py.<module>"]),
+        ],
+        "{traces}"
+    );
+
+    // The function's system name keeps the exact qualname; `-raw` shows it after the name.
+    let raw = go_pprof(&["-raw"], &profile);
+    for (name, place) in [
+        ("run.py.<module>", "/w/run.py:3 s=1(<module>)"),
+        ("data.py.<genexpr>", "/w/data.py:4 s=4(<genexpr>)"),
+        ("Trainer.fit", "/w/train.py:21 s=18\n"),
+    ] {
+        assert!(raw.contains(&format!("{name} {place}")), "{name}: {raw}");
+    }
+}
+
+#[test]
+fn go_pprof_shows_the_stacks_traces_figures_by_name() {
+    let dir = scratch("flame-go-pprof-stacks");
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(&trace, traces::stacks()).unwrap();
+    cudatrace(&["flame", trace.to_str().unwrap()]);
+    let top = go_pprof(&["-top"], &dir.join("trace.pb.gz"));
+    assert!(top.contains("Type: gpu\n"), "{top}");
+    assert_eq!(
+        top_rows(&top),
+        owned([
+            ("30us", "30us", "Linear.forward"),
+            ("7us", "42us", "Block.forward"),
+            ("5us", "5us", "(no stack)"),
+            ("5us", "5us", "Scale.forward"),
+            ("3us", "3us", "Thread.run"),
+            ("0", "3us", "(cut at the frame budget)"),
+            ("0", "42us", "Module._call_impl"),
+            ("0", "42us", "Module._wrapped_call_impl"),
+            ("0", "42us", "Net.forward"),
+            ("0", "42us", "run.py.<module>"),
+        ]),
+        "{top}"
+    );
 }
