@@ -161,8 +161,8 @@ pub struct StacklessCounts {
     pub code_unresolved: u64,
     /// The stack's record was lost (the ring buffer was full).
     pub record_lost: u64,
-    /// `--stack-every N`: the thread's other calls, whose stack was not walked (by design,
-    /// not a failure). Absent when 0.
+    /// `--stack-every N`: calls the random draw left out, whose stack was not walked (by
+    /// design, not a failure). Absent when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub sampled_out: u64,
 }
