@@ -47,9 +47,9 @@ pub struct StacksSummary {
     pub counts: StackCounts,
     /// The trace has `--gpu` lines: the GPU columns are the kernels' time.
     pub gpu: bool,
-    /// `--stack-every N` (absent when 1): each thread's stack was walked at 1 in N of its
-    /// calls, so the rows by layer and line are the figures of the sampled calls (about
-    /// 1/N of each one's totals), and the calls sampling skipped count under "(no stack)".
+    /// `--stack-every N` (absent when 1): a call's stack was walked with a chance of 1 in N,
+    /// so the rows by layer and line are estimates, N times their sampled calls' figures,
+    /// and "(no stack)" the rest of the totals; the totals and the counts are exact.
     #[serde(skip_serializing_if = "is_one")]
     pub every: u32,
     /// Every figure summed (the trace's totals).
@@ -181,7 +181,7 @@ impl StackProfile {
             counts: self.counts,
             gpu: self.gpu,
             every: self.every,
-            total: self.total(),
+            total: self.total,
             layers,
             lines,
             user_lines,
