@@ -27,7 +27,7 @@ use self::{
     gpu::{GpuStacks, KernelSite},
 };
 use super::{Role, classify, memory::allocated_device_bytes, summary::call_bytes};
-use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line};
+use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line, StacklessCounts};
 
 /// What the calls of one stack (or of none) did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -118,6 +118,8 @@ pub struct StackAccumulator {
     /// `--stack-every N` (the header's `stacks.every`): a call had a stack with a chance
     /// of 1 in N.
     every: u32,
+    /// The footer's reasons for the calls without a stack.
+    without: Option<StacklessCounts>,
 }
 
 /// How the calls and kernels were attributed.
@@ -159,6 +161,7 @@ impl StackAccumulator {
                     .resize(self.table.stacks().len(), StackFigures::default());
             }
             Line::Call(call) => self.call(call),
+            Line::Footer(footer) => self.without = footer.stacks_without,
             Line::Gpu(gpu) => {
                 if let GpuLine::Kernel(kernel) = &**gpu {
                     self.kernel(kernel);
@@ -268,6 +271,7 @@ impl StackAccumulator {
             no_stack: self.no_stack,
             total,
             counts: self.counts,
+            without: self.without,
             gpu,
             every,
         }
@@ -284,6 +288,8 @@ pub struct StackProfile {
     /// Every figure summed: the trace's own totals, exact.
     pub total: StackFigures,
     pub counts: StackCounts,
+    /// The footer's reasons for the calls without a stack (absent without a footer).
+    pub without: Option<StacklessCounts>,
     /// The trace has `--gpu` lines.
     pub gpu: bool,
     /// `--stack-every N`: a call had a stack with a chance of 1 in N, so the stacks'

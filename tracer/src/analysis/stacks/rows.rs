@@ -8,6 +8,7 @@ use foldhash::HashMap;
 use serde::Serialize;
 
 use super::{StackCounts, StackFigures, StackProfile, frames::StackTable};
+use crate::schema::StacklessCounts;
 
 /// The row of calls and kernels without a stack.
 pub const NO_STACK: &str = "(no stack)";
@@ -45,6 +46,10 @@ pub struct StacksSummary {
     pub stacks: u64,
     #[serde(flatten)]
     pub counts: StackCounts,
+    /// The footer's `stacks.without`: the calls of the chosen families without a stack, by
+    /// why (`sampled_out` by `--stack-every`); absent where the trace has no footer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without: Option<StacklessCounts>,
     /// The trace has `--gpu` lines: the GPU columns are the kernels' time.
     pub gpu: bool,
     /// `--stack-every N` (absent when 1): a call's stack was walked with a chance of 1 in N,
@@ -179,6 +184,7 @@ impl StackProfile {
         StacksSummary {
             stacks: self.table.stacks().len() as u64,
             counts: self.counts,
+            without: self.without,
             gpu: self.gpu,
             every: self.every,
             total: self.total,

@@ -90,6 +90,14 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
         counts.cut,
         plural(stacks.stacks, "distinct stack"),
     );
+    if let Some(without) = stacks.without.filter(|without| without.total() > 0) {
+        let _ = writeln!(
+            out,
+            "  {} of the chosen families without a stack (the trace's footer): {}",
+            plural(without.total(), "call"),
+            without.said()
+        );
+    }
     if stacks.every > 1 {
         let _ = writeln!(
             out,
@@ -168,15 +176,31 @@ mod tests {
     }
 
     #[test]
-    fn a_sampled_trace_says_its_rows_are_estimates_n_times_the_sampled_calls() {
+    fn a_sampled_trace_says_its_rows_are_estimates_and_why_calls_have_no_stack() {
         let (whole, whole_summary) = rendered(&stacks());
         let whole_json = serde_json::to_string(&whole_summary).unwrap();
         assert!(!whole.contains("Sampled"), "{whole}");
         assert!(!whole_json.contains(r#""every""#), "{whole_json}");
 
-        let sampled = stacks().replace(r#""depth":64}"#, r#""depth":64,"every":4}"#);
+        assert!(!whole.contains("without a stack"), "{whole}");
+        assert!(!whole_json.contains(r#""without""#), "{whole_json}");
+
+        // The footer's reasons for the calls without a stack are said too.
+        let sampled = stacks()
+            .replace(r#""depth":64}"#, r#""depth":64,"every":4}"#)
+            .replace(
+                r#"{"type":"footer"}"#,
+                r#"{"type":"footer","stacks":{"calls":12,"cut":1,"without":{"no_thread_state":1,"sampled_out":2}}}"#,
+            );
         assert_ne!(sampled, stacks());
         let (text, summary) = rendered(&sampled);
+        assert!(
+            text.contains(
+                "  3 calls of the chosen families without a stack (the trace's footer): no \
+                 thread state (a thread Python did not start) 1, sampled out (--stack-every) 2\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "  Sampled (--stack-every 4): a call's stack was read at random, 1 in 4; the \
@@ -186,7 +210,12 @@ mod tests {
             "{text}"
         );
         let json = serde_json::to_string(&summary).unwrap();
-        assert!(json.contains(r#""gpu":true,"every":4,"#), "{json}");
+        assert!(
+            json.contains(
+                r#""without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":1,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0,"sampled_out":2},"gpu":true,"every":4,"#
+            ),
+            "{json}"
+        );
         // The totals and counts are the trace's; each row with a stack is 4 times its
         // figures, and "(no stack)" the rest of the totals.
         assert_eq!(summary.total, whole_summary.total);
