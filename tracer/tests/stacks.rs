@@ -684,6 +684,17 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     assert_eq!(footer["stacks"]["calls"], 0);
     assert_eq!(footer["lost"]["total"], 0);
     assert!(calls(&with).iter().all(|c| c.get("stack").is_none()));
+    // Sampled: the same count, by that reason and not by sampling.
+    let output = run(
+        &dir.join("demo.jsonl"),
+        &["--stacks", "--stack-every", "7"],
+        &[demo],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let sampled = read_trace(&dir.join("demo.jsonl"));
+    let without = &sampled.last().unwrap()["stacks"]["without"];
+    assert_eq!(without["not_python"], 121, "{without}");
+    assert!(without.get("sampled_out").is_none(), "{without}");
 
     // A Python cudatrace does not read: said, and counted.
     let script = scripts().join("stacks_native.py");
@@ -748,6 +759,29 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     let without = &trace.last().unwrap()["stacks"]["without"];
     assert_eq!(without["no_thread_state"], 1);
     assert_eq!(trace.last().unwrap()["stacks"]["calls"], 1);
+
+    // Sampled, 1 in 7: a call that could have no stack is counted by that reason, before
+    // the draw, so the five native threads' calls are all `no_thread_state`; the Python
+    // call has its stack or is sampled out.
+    let output = run(
+        &dir.join("native.jsonl"),
+        &["--stacks", "--stack-every", "7"],
+        &["/usr/bin/python3.11", script.to_str().unwrap(), lib, "5"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&dir.join("native.jsonl"));
+    assert_eq!(trace.iter().filter(|l| l["type"] == "call").count(), 6);
+    let footer = &trace.last().unwrap()["stacks"];
+    let without = &footer["without"];
+    assert_eq!(without["no_thread_state"], 5, "{footer}");
+    let sampled_out = without
+        .get("sampled_out")
+        .map_or(0, |n| n.as_u64().unwrap());
+    assert_eq!(
+        footer["calls"].as_u64().unwrap() + sampled_out,
+        1,
+        "{footer}"
+    );
 }
 
 /// A process traced with `-p` is looked at when tracing starts (it maps the library

@@ -110,6 +110,10 @@ pub struct Scratch {
     pub has_call: u32,
     /// The walk has found the thread's first frame (later runs continue at `frame`).
     pub started: u32,
+    /// 1: `--stack-every`'s draw left the call out; walked only to learn why it could have
+    /// no stack, it stops once the thread's state is found.
+    pub drawn_out: u32,
+    pub _pad: u32,
     pub call: CallEvent,
     pub frame: u64,
     pub search: Search,
@@ -190,6 +194,22 @@ fn sampled_in() -> bool {
     every <= 1 || unsafe { generated::bpf_get_prandom_u32() } % every == 0
 }
 
+/// Whether thread `tid` is known to have a Python thread state (the walk's cache, in the
+/// current process image): a call drawn out is then counted as sampled out at once.
+/// Otherwise the walk goes as far as the thread state, so that a call that could have no
+/// stack anyway is counted by that reason, not by sampling.
+#[inline(always)]
+fn has_thread_state(tgid: u32, tid: u32) -> bool {
+    let Some(py) = PYPROC.get_ptr(tgid) else {
+        return false;
+    };
+    // SAFETY: map values.
+    match unsafe { THREADS_SEEN.get(tid) } {
+        Some(seen) => seen.tstate != 0 && seen.generation == unsafe { (*py).generation },
+        None => false,
+    }
+}
+
 #[inline(always)]
 fn bump(index: u32, amount: u64) {
     if let Some(count) = STACK_COUNTERS.get_ptr_mut(index) {
@@ -250,7 +270,8 @@ pub fn start(
     probe_id: u32,
     call: Option<&CallEvent>,
 ) -> u32 {
-    if !sampled_in() {
+    let drawn_in = sampled_in();
+    if !drawn_in && has_thread_state(tgid, tid) {
         return flags::STACK_SAMPLED_OUT;
     }
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
@@ -262,6 +283,7 @@ pub fn start(
     scratch.tid = tid;
     scratch.ts_ns = ts_ns;
     scratch.started = 0;
+    scratch.drawn_out = u32::from(!drawn_in);
     scratch.has_call = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;
