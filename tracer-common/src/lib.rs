@@ -54,7 +54,7 @@ pub mod flags {
     /// was seen, so the event's `ret` and `dur_ns` mean nothing (they are 0).
     pub const NO_RETURN: u32 = 1 << 3;
     /// `--stacks --stack-every N`: the thread's Python stack was not walked at this call
-    /// (it walks one of every N of its calls): the call has no stack record, by design.
+    /// (a call walks it with a chance of 1 in N): the call has no stack record, by design.
     pub const STACK_SAMPLED_OUT: u32 = 1 << 4;
 }
 

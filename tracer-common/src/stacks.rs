@@ -170,6 +170,9 @@ pub mod stack_status {
     pub const TOO_MANY_THREADS: u32 = 7;
     /// The kernel's `fs` base offset is unknown (no BTF): no thread can be matched.
     pub const NO_FSBASE: u32 = 8;
+    /// `--stack-every`: the draw left the call out, but whether its thread has a thread
+    /// state was not known then; the walk found one, and stopped there.
+    pub const SAMPLED_OUT: u32 = 9;
 }
 
 /// Bits of [`StackEvent::flags`].

@@ -212,7 +212,6 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     }
     // A thread that dies mid-call never returns: drop its pending frames.
     let _ = FRAMES.remove(&tid);
-    crate::stacks::thread_exited(tid);
     let _ = PENDING_CHILD.remove(&kernel_tid());
     let group_dead = match exit_group_dead_off() {
         0 => tid == tgid,

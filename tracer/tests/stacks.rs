@@ -227,8 +227,10 @@ fn assert_stacks_are_cpythons(python: &Python, traced: &Traced, depth: usize) ->
     assert_sampled_stacks_are_cpythons(python, traced, depth, 1)
 }
 
-/// The same with `--stack-every N`: a thread's 1st, N+1th, 2N+1th... call has CPython's
-/// stack, its others none, counted as sampled out and for no other reason.
+/// The same with `--stack-every N`: each call has CPython's stack or, N > 1, none, counted
+/// as sampled out and for no other reason; the footer's accounting is exact (with a stack
+/// plus sampled out: every call line). Returns the number of calls compared and of stacks
+/// cut.
 fn assert_sampled_stacks_are_cpythons(
     python: &Python,
     traced: &Traced,
@@ -254,18 +256,16 @@ fn assert_sampled_stacks_are_cpythons(
             python.label
         );
         for (index, (stack, want)) in got.iter().zip(expected).enumerate() {
-            if index % every != 0 {
-                assert_eq!(
-                    *stack, None,
-                    "{}: call {index} of {tid} is sampled out",
+            let Some(id) = stack else {
+                assert!(
+                    every > 1,
+                    "{}: call {index} of {tid} has no stack",
                     python.label
                 );
                 sampled_out += 1;
                 continue;
-            }
-            let id = stack
-                .unwrap_or_else(|| panic!("{}: call {index} of {tid} has no stack", python.label));
-            let (frames, was_cut) = &stacks[&id];
+            };
+            let (frames, was_cut) = &stacks[id];
             let kept = want.len().min(depth);
             assert_eq!(
                 (frames, *was_cut),
@@ -292,6 +292,13 @@ fn assert_sampled_stacks_are_cpythons(
     assert_eq!(
         without.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
         0
+    );
+    // Every call line is counted once: with its stack or sampled out.
+    assert_eq!(
+        compared + sampled_out,
+        calls.values().map(Vec::len).sum::<usize>(),
+        "{}",
+        python.label
     );
     (compared, cut)
 }
@@ -460,28 +467,30 @@ fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
     assert_eq!(assert_stacks_are_cpythons(&perf, &traced, 128), (15, 0));
 }
 
-/// `--stack-every 3`: each thread walks its stack at its 1st, 4th, 7th... call, counted per
-/// thread, and those stacks are still CPython's; the others are counted as sampled out.
+/// `--stack-every N` picks calls at random, 1 in N: those stacks are still CPython's, the
+/// others are counted as sampled out, and the trace says N.
 #[test]
-fn with_stack_every_each_thread_walks_one_call_in_n_of_its_own() {
+fn with_stack_every_calls_are_walked_at_random_one_in_n() {
     let Some(_guard) = root() else { return };
     for python in pythons() {
         let traced = python.trace("stacks_target.py", &["--stacks", "--stack-every", "3"], &[]);
-        // The main thread's 13 calls: its 1st, 4th, 7th, 10th and 13th; each worker's one.
         let per_thread: Vec<usize> = traced.calls_by_thread().values().map(Vec::len).collect();
         assert_eq!(per_thread.iter().sum::<usize>(), 15, "{}", python.label);
-        assert_eq!(
-            assert_sampled_stacks_are_cpythons(&python, &traced, 128, 3),
-            (5 + 1 + 1, 0),
-            "{}",
-            python.label
-        );
-        assert_eq!(traced.footer_stacks()["without"]["sampled_out"], 8);
+        let (compared, cut) = assert_sampled_stacks_are_cpythons(&python, &traced, 128, 3);
+        assert_eq!(cut, 0, "{}", python.label);
+        let sampled_out = traced.footer_stacks()["without"]["sampled_out"]
+            .as_u64()
+            .unwrap_or(0);
+        assert_eq!(compared as u64 + sampled_out, 15, "{}", python.label);
         assert_eq!(traced.lines[0]["stacks"]["every"], 3, "{}", python.label);
     }
 
-    // Threads taking turns (4 calls, then 7 and 5 alternating), launches probed at entry
-    // alone: a count shared by the threads would pick other calls.
+    // A loop whose step makes four calls from four lines, 400 steps, in the main thread
+    // and then in two threads taking turns a step each; launches probed at entry alone.
+    // Walking every 4th call of a thread would give line a its 400 calls and b, c and d
+    // none; a count shared by the threads, some lines of one thread and none of the
+    // other's. At random, each line of each thread has Binomial(400, 1/4) stacks: mean
+    // 100, outside 50..=150 with a chance of 1.2e-8 (12 lines: about 1.5e-7 a run).
     let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
     let traced = python.trace(
         "stacks_sampled.py",
@@ -489,26 +498,51 @@ fn with_stack_every_each_thread_walks_one_call_in_n_of_its_own() {
             "--stacks=launch,sync",
             "--launch-entry-only",
             "--stack-every",
-            "3",
+            "4",
         ],
         &[],
     );
-    let mut per_thread: Vec<usize> = traced.calls_by_thread().values().map(Vec::len).collect();
-    per_thread.sort();
-    assert_eq!(per_thread, [4, 5, 7]);
-    // ceil(4/3) + ceil(7/3) + ceil(5/3).
+    let by_thread = traced.calls_by_thread();
     assert_eq!(
-        assert_sampled_stacks_are_cpythons(&python, &traced, 128, 3),
-        (2 + 3 + 2, 0)
+        by_thread.values().map(Vec::len).collect::<Vec<_>>(),
+        [1600; 3]
     );
-    assert_eq!(traced.footer_stacks()["without"]["sampled_out"], 16 - 7);
+    let (walked, _) = assert_sampled_stacks_are_cpythons(&python, &traced, 128, 4);
+    assert_eq!(
+        traced.footer_stacks()["without"]["sampled_out"],
+        (3 * 1600 - walked) as u64
+    );
+    let recorded = traced.recorded();
+    let lines = ["a", "b", "c", "d"].map(|name| marked("stacks_sampled.py", name));
+    for (tid, stacks) in &by_thread {
+        // Per line of the loop: its calls, and those with a stack.
+        let mut by_line: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        for (stack, want) in stacks.iter().zip(&recorded[tid]) {
+            let line = by_line.entry(want[0].2.unwrap()).or_default();
+            line.0 += 1;
+            line.1 += usize::from(stack.is_some());
+        }
+        assert_eq!(
+            by_line.keys().copied().collect::<Vec<_>>(),
+            lines,
+            "thread {tid}"
+        );
+        for (line, (calls, walked)) in &by_line {
+            assert_eq!(*calls, 400, "thread {tid} line {line}");
+            assert!(
+                (50..=150).contains(walked),
+                "thread {tid} line {line}: {walked} of 400 calls walked: {by_line:?}"
+            );
+        }
+        eprintln!("--stack-every 4, thread {tid}: (calls, walked) by line {by_line:?}");
+    }
     let launches = calls(&traced.lines)
         .into_iter()
         .filter(|c| c["name"].as_str().unwrap().starts_with("cuLaunchKernel"))
         .map(|c| c.get("stack").is_some())
         .collect::<Vec<_>>();
-    // Launches (each thread's 2nd, 4th... calls): some walked, some sampled out.
-    assert_eq!(launches.len(), 2 + 3 + 2);
+    // Entry-only launches: some walked, some sampled out.
+    assert_eq!(launches.len(), 3 * 800);
     assert!(launches.contains(&true) && launches.contains(&false));
 
     // `--stack-every 1` is every call, as without it, and says nothing of sampling.
@@ -650,6 +684,17 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     assert_eq!(footer["stacks"]["calls"], 0);
     assert_eq!(footer["lost"]["total"], 0);
     assert!(calls(&with).iter().all(|c| c.get("stack").is_none()));
+    // Sampled: the same count, by that reason and not by sampling.
+    let output = run(
+        &dir.join("demo.jsonl"),
+        &["--stacks", "--stack-every", "7"],
+        &[demo],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let sampled = read_trace(&dir.join("demo.jsonl"));
+    let without = &sampled.last().unwrap()["stacks"]["without"];
+    assert_eq!(without["not_python"], 121, "{without}");
+    assert!(without.get("sampled_out").is_none(), "{without}");
 
     // A Python cudatrace does not read: said, and counted.
     let script = scripts().join("stacks_native.py");
@@ -714,6 +759,29 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     let without = &trace.last().unwrap()["stacks"]["without"];
     assert_eq!(without["no_thread_state"], 1);
     assert_eq!(trace.last().unwrap()["stacks"]["calls"], 1);
+
+    // Sampled, 1 in 7: a call that could have no stack is counted by that reason, before
+    // the draw, so the five native threads' calls are all `no_thread_state`; the Python
+    // call has its stack or is sampled out.
+    let output = run(
+        &dir.join("native.jsonl"),
+        &["--stacks", "--stack-every", "7"],
+        &["/usr/bin/python3.11", script.to_str().unwrap(), lib, "5"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&dir.join("native.jsonl"));
+    assert_eq!(trace.iter().filter(|l| l["type"] == "call").count(), 6);
+    let footer = &trace.last().unwrap()["stacks"];
+    let without = &footer["without"];
+    assert_eq!(without["no_thread_state"], 5, "{footer}");
+    let sampled_out = without
+        .get("sampled_out")
+        .map_or(0, |n| n.as_u64().unwrap());
+    assert_eq!(
+        footer["calls"].as_u64().unwrap() + sampled_out,
+        1,
+        "{footer}"
+    );
 }
 
 /// A process traced with `-p` is looked at when tracing starts (it maps the library

@@ -59,11 +59,6 @@ pub struct ThreadSeen {
 #[map]
 static THREADS_SEEN: LruHashMap<u32, ThreadSeen> = LruHashMap::with_max_entries(16384, 0);
 
-/// `--stack-every N` (N > 1): a thread's stacked calls to skip before its next walk, by
-/// tid; dropped at the thread's exit, so that a reused tid starts again at its 1st call.
-#[map]
-static STACK_SAMPLING: LruHashMap<u32, u32> = LruHashMap::with_max_entries(16384, 0);
-
 /// A stack by its hash in a process image.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -115,6 +110,10 @@ pub struct Scratch {
     pub has_call: u32,
     /// The walk has found the thread's first frame (later runs continue at `frame`).
     pub started: u32,
+    /// 1: `--stack-every`'s draw left the call out; walked only to learn why it could have
+    /// no stack, it stops once the thread's state is found.
+    pub drawn_out: u32,
+    pub _pad: u32,
     pub call: CallEvent,
     pub frame: u64,
     pub search: Search,
@@ -170,7 +169,7 @@ static FSBASE_OFF: u32 = 0;
 /// The frame budget (`--stack-depth`).
 #[unsafe(no_mangle)]
 static STACK_DEPTH: u32 = tracer_common::stacks::DEFAULT_STACK_DEPTH;
-/// A thread walks its stack at one of every N of its stacked calls (`--stack-every`).
+/// A call walks its stack with a chance of 1 in N (`--stack-every`).
 #[unsafe(no_mangle)]
 static STACK_EVERY: u32 = 1;
 
@@ -184,32 +183,31 @@ fn stack_depth() -> u32 {
     crate::maps::load_const(&STACK_DEPTH)
 }
 
-/// Whether thread `tid` walks its stack at this call: its 1st, N+1th, 2N+1th... stacked
-/// call (N: `--stack-every`); counted per thread, so threads do not shift each other.
+/// Whether this call walks its stack: 1 in N at random (N: `--stack-every`), drawn at
+/// each call, so that a loop's period cannot line up with the sampling and each line's
+/// share of the samples is an unbiased estimate of its share of the calls. A draw per call
+/// needs no state per thread, and threads are independent of each other.
 #[inline(always)]
-fn sampled_in(tid: u32) -> bool {
+fn sampled_in() -> bool {
     let every = crate::maps::load_const(&STACK_EVERY);
-    if every <= 1 {
-        return true;
-    }
-    match STACK_SAMPLING.get_ptr_mut(tid) {
-        // SAFETY: a map value; only this thread's calls write its entry, one at a time.
-        Some(left) if unsafe { *left } > 0 => {
-            unsafe { *left -= 1 };
-            false
-        }
-        // Its first call (or an evicted entry), or its turn: walk, then skip N-1.
-        _ => {
-            let _ = STACK_SAMPLING.insert(tid, every - 1, 0);
-            true
-        }
-    }
+    // The remainder's bias is at most N / 2^32 of a share (N <= 10^6): none to measure.
+    every <= 1 || unsafe { generated::bpf_get_prandom_u32() } % every == 0
 }
 
-/// A thread exited: its sampling count goes with it.
+/// Whether thread `tid` is known to have a Python thread state (the walk's cache, in the
+/// current process image): a call drawn out is then counted as sampled out at once.
+/// Otherwise the walk goes as far as the thread state, so that a call that could have no
+/// stack anyway is counted by that reason, not by sampling.
 #[inline(always)]
-pub fn thread_exited(tid: u32) {
-    let _ = STACK_SAMPLING.remove(tid);
+fn has_thread_state(tgid: u32, tid: u32) -> bool {
+    let Some(py) = PYPROC.get_ptr(tgid) else {
+        return false;
+    };
+    // SAFETY: map values.
+    match unsafe { THREADS_SEEN.get(tid) } {
+        Some(seen) => seen.tstate != 0 && seen.generation == unsafe { (*py).generation },
+        None => false,
+    }
 }
 
 #[inline(always)]
@@ -272,7 +270,8 @@ pub fn start(
     probe_id: u32,
     call: Option<&CallEvent>,
 ) -> u32 {
-    if !sampled_in(tid) {
+    let drawn_in = sampled_in();
+    if !drawn_in && has_thread_state(tgid, tid) {
         return flags::STACK_SAMPLED_OUT;
     }
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
@@ -284,6 +283,7 @@ pub fn start(
     scratch.tid = tid;
     scratch.ts_ns = ts_ns;
     scratch.started = 0;
+    scratch.drawn_out = u32::from(!drawn_in);
     scratch.has_call = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;

@@ -217,7 +217,7 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
     }
     .write_output(&output, &inputs, &bytes)
     .map_err(|e| Failure::new(ExitCode::OutputNotWritable, e))?;
-    let total = weight.of(&stacks.total());
+    let total = weight.of(&stacks.total);
     let (kind, unit) = weight.type_and_unit();
     eprintln!(
         "cudatrace: wrote {} ({}, {} stacks, {kind} {total} {unit})",
@@ -245,9 +245,9 @@ pub fn run(args: FlameArgs) -> Result<i32, Failure> {
     }
     if stacks.every > 1 {
         eprintln!(
-            "cudatrace: sampled (--stack-every {every}): each thread's stack was read at 1 in \
-             {every} of its calls; the stacks weigh what the sampled calls did (about \
-             1/{every} of the totals), the others weigh under (no stack)",
+            "cudatrace: sampled (--stack-every {every}): a call's stack was read at random, 1 \
+             in {every}; each stack weighs an estimate ({every} times what its sampled calls \
+             did) and (no stack) the rest of the total",
             every = stacks.every
         );
     }

@@ -185,10 +185,11 @@ pub fn profile(stacks: &StackProfile, weight: Weight) -> Profile {
     let comment = builder.string("cudatrace flame: Python stacks of CUDA driver calls");
     builder.profile.comment.push(comment);
     if stacks.every > 1 {
-        // A sampled trace's stacks weigh their sampled calls only: said where pprof shows it.
+        // A sampled trace's stacks weigh estimates: said where pprof shows it.
         let sampled = builder.string(&format!(
-            "sampled: each thread's stack read at 1 in {} of its calls (--stack-every)",
-            stacks.every
+            "sampled: a call's stack read at random, 1 in {every} (--stack-every); each stack \
+             weighs {every} times its sampled calls' figures, an estimate",
+            every = stacks.every
         ));
         builder.profile.comment.push(sampled);
     }

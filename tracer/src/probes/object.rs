@@ -32,7 +32,7 @@ pub struct StackOptions {
     pub fsbase_offset: u32,
     /// The frame budget (`--stack-depth`).
     pub depth: u32,
-    /// A thread walks one of every `every` of its stacked calls (`--stack-every`).
+    /// A stacked call walks its stack with a chance of 1 in `every` (`--stack-every`).
     pub every: u32,
 }
 

@@ -218,9 +218,10 @@ pub struct RunArgs {
     )]
     pub stack_depth: u32,
 
-    /// Sample --stacks: each thread walks its Python stack at one of every N of its
-    /// stacked calls (its 1st, N+1th, 2N+1th...; 1 to 1000000, default 1: every call). The
-    /// others have no `stack`, counted in the footer as `sampled_out`.
+    /// Sample --stacks: a stacked call walks its thread's Python stack with a chance of 1 in
+    /// N, drawn at random at each call (1 to 1000000, default 1: every call). The others
+    /// have no `stack`, counted in the footer as `sampled_out`; `summary` and `flame` scale
+    /// the sampled calls' figures by N.
     #[arg(
         long,
         value_name = "N",

@@ -135,25 +135,7 @@ fn warn_power(power: &PowerFooter) {
 /// `--stacks`: how many calls got their stack, and why the others did not.
 fn say_stacks(stacks: &StacksFooter, distinct: u64) {
     let without = &stacks.without;
-    let reasons: Vec<String> = [
-        ("not Python", without.not_python),
-        ("unsupported Python", without.unsupported_python),
-        ("interpreter not initialised", without.not_initialized),
-        (
-            "no thread state (a thread Python did not start)",
-            without.no_thread_state,
-        ),
-        ("ambiguous thread state", without.ambiguous_thread_state),
-        ("no Python frame", without.no_python_frames),
-        ("read fault", without.read_fault),
-        ("code object unresolved", without.code_unresolved),
-        ("record lost", without.record_lost),
-        ("sampled out (--stack-every)", without.sampled_out),
-    ]
-    .iter()
-    .filter(|(_, count)| *count > 0)
-    .map(|(reason, count)| format!("{reason} {count}"))
-    .collect();
+    let reasons = without.said();
     let cut = if stacks.cut > 0 {
         format!(", {} cut at the frame budget", stacks.cut)
     } else {
@@ -162,11 +144,7 @@ fn say_stacks(stacks: &StacksFooter, distinct: u64) {
     let none = if reasons.is_empty() {
         String::new()
     } else {
-        format!(
-            "; {} calls without one: {}",
-            without.total(),
-            reasons.join(", ")
-        )
+        format!("; {} calls without one: {reasons}", without.total())
     };
     eprintln!(
         "cudatrace: stacks: {} calls with a Python stack ({distinct} distinct{cut}){none}",

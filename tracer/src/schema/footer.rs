@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::fields::{Hex, LineType, Tag};
@@ -136,8 +136,10 @@ pub struct StacksFooter {
 }
 
 /// Calls of the chosen families that have no `stack`, by reason (docs/trace-format.md).
-/// Never a guess: a call whose stack cannot be read exactly has none.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// Never a guess: a call whose stack cannot be read exactly has none. Read back by
+/// `summary` (missing fields 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StacklessCounts {
     /// The process runs no Python interpreter cudatrace found.
     pub not_python: u64,
@@ -161,8 +163,8 @@ pub struct StacklessCounts {
     pub code_unresolved: u64,
     /// The stack's record was lost (the ring buffer was full).
     pub record_lost: u64,
-    /// `--stack-every N`: the thread's other calls, whose stack was not walked (by design,
-    /// not a failure). Absent when 0.
+    /// `--stack-every N`: calls the random draw left out, whose stack was not walked (by
+    /// design, not a failure). Absent when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub sampled_out: u64,
 }
@@ -182,6 +184,35 @@ pub struct UnusableCodeCounts {
 }
 
 impl StacklessCounts {
+    /// Each reason as `run` and `summary` name it, with its count.
+    pub fn reasons(&self) -> [(&'static str, u64); 10] {
+        [
+            ("not Python", self.not_python),
+            ("unsupported Python", self.unsupported_python),
+            ("interpreter not initialised", self.not_initialized),
+            (
+                "no thread state (a thread Python did not start)",
+                self.no_thread_state,
+            ),
+            ("ambiguous thread state", self.ambiguous_thread_state),
+            ("no Python frame", self.no_python_frames),
+            ("read fault", self.read_fault),
+            ("code object unresolved", self.code_unresolved),
+            ("record lost", self.record_lost),
+            ("sampled out (--stack-every)", self.sampled_out),
+        ]
+    }
+
+    /// The reasons with calls, `REASON COUNT` each, comma-separated.
+    pub fn said(&self) -> String {
+        self.reasons()
+            .iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(reason, count)| format!("{reason} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub fn total(&self) -> u64 {
         self.not_python
             + self.unsupported_python
@@ -505,6 +536,8 @@ pub struct FooterFigures {
     /// `gpu.issuing` (`run --gpu`): what became of every launch, copy and memset, which
     /// only `run` knew (which had work, which were in a gap).
     pub gpu_issuing: Option<IssuingCalls>,
+    /// `stacks.without` (`run --stacks`): why calls have no stack, which only `run` knew.
+    pub stacks_without: Option<StacklessCounts>,
 }
 
 impl FooterFigures {
@@ -536,6 +569,10 @@ impl FooterFigures {
                         missing: figure("missing"),
                     }
                 }),
+            stacks_without: value
+                .get("stacks")
+                .and_then(|stacks| stacks.get("without"))
+                .and_then(|without| StacklessCounts::deserialize(without).ok()),
         }
     }
 }

@@ -128,9 +128,8 @@ pub struct StacksInfo {
     /// The frame budget: a stack deeper than this keeps its innermost `depth` frames and is
     /// marked `cut`.
     pub depth: u32,
-    /// `--stack-every N`: each thread's stack was walked at one of every N of its calls
-    /// (its 1st, N+1th...); the others have none (the footer's `sampled_out`). Absent: every
-    /// call.
+    /// `--stack-every N`: each call's stack was walked with a chance of 1 in N, drawn at
+    /// random; the others have none (the footer's `sampled_out`). Absent: every call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub every: Option<u32>,
 }

@@ -380,6 +380,7 @@ mod tests {
                 lost_total: Some(4),
                 exit_code: Some(3),
                 gpu_issuing: None,
+                stacks_without: None,
             }))
         );
         assert_eq!(

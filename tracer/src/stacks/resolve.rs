@@ -24,6 +24,7 @@ pub enum Reason {
     ReadFault,
     CodeUnresolved,
     RecordLost,
+    SampledOut,
 }
 
 impl Reason {
@@ -38,6 +39,7 @@ impl Reason {
             Reason::ReadFault => &mut counts.read_fault,
             Reason::CodeUnresolved => &mut counts.code_unresolved,
             Reason::RecordLost => &mut counts.record_lost,
+            Reason::SampledOut => &mut counts.sampled_out,
         };
         *slot += 1;
     }
@@ -128,6 +130,7 @@ impl Resolver {
             stack_status::NO_THREAD_STATE => Some(Reason::NoThreadState),
             stack_status::AMBIGUOUS | stack_status::TOO_MANY_THREADS => Some(Reason::Ambiguous),
             stack_status::NO_FRAMES => Some(Reason::NoPythonFrames),
+            stack_status::SAMPLED_OUT => Some(Reason::SampledOut),
             _ => Some(Reason::ReadFault),
         };
         if let Some(reason) = reason {

@@ -1,10 +1,11 @@
-"""Calls the stand-in libcuda (ctypes) from three threads, and records at each call the stack
-CPython gives for it (as stacks_target.py does), for `--stack-every` (tests/stacks.rs): the
-main thread makes 4 calls, then two threads make 7 and 5 calls taking turns strictly (one
-call each in turn), so that a count shared by the threads would sample other calls than a
-count per thread. Calls alternate between a synchronisation and a launch.
+"""Calls the stand-in libcuda (ctypes) from a loop whose step makes four calls from four
+lines, and records at each call the stack CPython gives for it (as stacks_target.py does),
+for `--stack-every` (tests/stacks.rs). The main thread runs the loop, then two threads run
+it each, taking turns strictly (one step each in turn), so that a choice shared by the
+threads, or tied to a thread's count of calls, would sample some lines and not others.
+Calls alternate between a synchronisation and a launch.
 
-usage: stacks_sampled.py LIBCUDA OUT.json
+usage: stacks_sampled.py LIBCUDA OUT.json [STEPS]
 """
 
 import ctypes
@@ -13,6 +14,7 @@ import sys
 import threading
 
 lib = ctypes.CDLL(sys.argv[1])
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 400
 recorded = {}
 lock = threading.Lock()
 
@@ -29,36 +31,32 @@ def seen():
         recorded.setdefault(threading.get_native_id(), []).append(frames)
 
 
-def call(index):
-    if index % 2 == 0:
-        seen(); lib.cuCtxSynchronize()  # line:sync
-    else:
-        seen(); lib.cuLaunchKernel(None, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # line:launch
+def step():
+    seen(); lib.cuCtxSynchronize()  # line:a
+    seen(); lib.cuLaunchKernel(None, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # line:b
+    seen(); lib.cuCtxSynchronize()  # line:c
+    seen(); lib.cuLaunchKernel(None, 1, 1, 1, 32, 1, 1, 0, None, None, None)  # line:d
 
 
-def worker(calls, mine, theirs):
-    for index in range(calls):
+def worker(mine, theirs):
+    for _ in range(steps):
         mine.acquire()
-        call(index)
+        step()
         theirs.release()
 
 
 def main():
-    for index in range(4):
-        call(index)  # line:main
+    for _ in range(steps):
+        step()  # line:main
     first, second = threading.Semaphore(1), threading.Semaphore(0)
-    # The first thread's calls beyond the second's go on alone (the second releases its
-    # turn for good when done).
     workers = [
-        threading.Thread(target=worker, args=(7, first, second)),
-        threading.Thread(target=worker, args=(5, second, first)),
+        threading.Thread(target=worker, args=(first, second)),
+        threading.Thread(target=worker, args=(second, first)),
     ]
     for thread in workers:
         thread.start()
-    workers[1].join()
-    for _ in range(2):
-        first.release()
-    workers[0].join()
+    for thread in workers:
+        thread.join()
 
 
 main()

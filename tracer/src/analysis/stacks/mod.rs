@@ -27,7 +27,7 @@ use self::{
     gpu::{GpuStacks, KernelSite},
 };
 use super::{Role, classify, memory::allocated_device_bytes, summary::call_bytes};
-use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line};
+use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line, StacklessCounts};
 
 /// What the calls of one stack (or of none) did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -63,6 +63,37 @@ impl StackFigures {
         self.gpu_ns += other.gpu_ns;
         self.gpu_kernels += other.gpu_kernels;
     }
+
+    /// Every figure times `factor`: a sample's figures as an estimate of the whole.
+    fn scaled(&self, factor: u64) -> StackFigures {
+        let times = |figure: u64| figure.saturating_mul(factor);
+        StackFigures {
+            calls: times(self.calls),
+            time_ns: times(self.time_ns),
+            launches: times(self.launches),
+            copied_bytes: times(self.copied_bytes),
+            allocated_bytes: times(self.allocated_bytes),
+            live_bytes: times(self.live_bytes),
+            live_allocations: times(self.live_allocations),
+            gpu_ns: times(self.gpu_ns),
+            gpu_kernels: times(self.gpu_kernels),
+        }
+    }
+
+    /// Each figure less `other`'s, 0 at the least.
+    fn less(&self, other: &StackFigures) -> StackFigures {
+        StackFigures {
+            calls: self.calls.saturating_sub(other.calls),
+            time_ns: self.time_ns.saturating_sub(other.time_ns),
+            launches: self.launches.saturating_sub(other.launches),
+            copied_bytes: self.copied_bytes.saturating_sub(other.copied_bytes),
+            allocated_bytes: self.allocated_bytes.saturating_sub(other.allocated_bytes),
+            live_bytes: self.live_bytes.saturating_sub(other.live_bytes),
+            live_allocations: self.live_allocations.saturating_sub(other.live_allocations),
+            gpu_ns: self.gpu_ns.saturating_sub(other.gpu_ns),
+            gpu_kernels: self.gpu_kernels.saturating_sub(other.gpu_kernels),
+        }
+    }
 }
 
 fn is_zero(count: &u64) -> bool {
@@ -84,8 +115,11 @@ pub struct StackAccumulator {
     /// The trace has `--gpu` lines to come (its header says so): calls are kept for them.
     kernels: bool,
     counts: StackCounts,
-    /// `--stack-every N` (the header's `stacks.every`): stacks of 1 in N calls a thread.
+    /// `--stack-every N` (the header's `stacks.every`): a call had a stack with a chance
+    /// of 1 in N.
     every: u32,
+    /// The footer's reasons for the calls without a stack.
+    without: Option<StacklessCounts>,
 }
 
 /// How the calls and kernels were attributed.
@@ -127,6 +161,7 @@ impl StackAccumulator {
                     .resize(self.table.stacks().len(), StackFigures::default());
             }
             Line::Call(call) => self.call(call),
+            Line::Footer(footer) => self.without = footer.stacks_without,
             Line::Gpu(gpu) => {
                 if let GpuLine::Kernel(kernel) = &**gpu {
                     self.kernel(kernel);
@@ -215,13 +250,30 @@ impl StackAccumulator {
             figures.live_allocations += allocations;
             figures.live_bytes += bytes;
         }
+        let mut total = self.no_stack;
+        for figures in &self.per_stack {
+            total.add(figures);
+        }
+        let every = self.every.max(1);
+        if every > 1 {
+            // Each call had a stack with a chance of 1 in N, so N times a stack's figures
+            // estimate what all of its calls did; "(no stack)" is the rest of the totals.
+            let mut estimated = StackFigures::default();
+            for figures in &mut self.per_stack {
+                *figures = figures.scaled(u64::from(every));
+                estimated.add(figures);
+            }
+            self.no_stack = total.less(&estimated);
+        }
         StackProfile {
             table: self.table,
             per_stack: self.per_stack,
             no_stack: self.no_stack,
+            total,
             counts: self.counts,
+            without: self.without,
             gpu,
-            every: self.every.max(1),
+            every,
         }
     }
 }
@@ -233,11 +285,16 @@ pub struct StackProfile {
     pub per_stack: Vec<StackFigures>,
     /// Calls and kernels without a stack.
     pub no_stack: StackFigures,
+    /// Every figure summed: the trace's own totals, exact.
+    pub total: StackFigures,
     pub counts: StackCounts,
+    /// The footer's reasons for the calls without a stack (absent without a footer).
+    pub without: Option<StacklessCounts>,
     /// The trace has `--gpu` lines.
     pub gpu: bool,
-    /// `--stack-every N`: only 1 in N of each thread's calls has a stack, so the stacks'
-    /// figures are those of the sampled calls and the others count under "(no stack)".
+    /// `--stack-every N`: a call had a stack with a chance of 1 in N, so the stacks'
+    /// figures are N times those of their sampled calls (estimates of all their calls'),
+    /// and "(no stack)" is the rest of the totals (an estimate too).
     pub every: u32,
 }
 
@@ -251,15 +308,6 @@ impl StackProfile {
             Some(line) => format!("{file}:{line}"),
             None => file.clone(),
         })
-    }
-
-    /// Every figure summed: the trace's own totals.
-    pub fn total(&self) -> StackFigures {
-        let mut total = self.no_stack;
-        for figures in &self.per_stack {
-            total.add(figures);
-        }
-        total
     }
 }
 

@@ -8,6 +8,7 @@ use foldhash::HashMap;
 use serde::Serialize;
 
 use super::{StackCounts, StackFigures, StackProfile, frames::StackTable};
+use crate::schema::StacklessCounts;
 
 /// The row of calls and kernels without a stack.
 pub const NO_STACK: &str = "(no stack)";
@@ -45,11 +46,15 @@ pub struct StacksSummary {
     pub stacks: u64,
     #[serde(flatten)]
     pub counts: StackCounts,
+    /// The footer's `stacks.without`: the calls of the chosen families without a stack, by
+    /// why (`sampled_out` by `--stack-every`); absent where the trace has no footer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without: Option<StacklessCounts>,
     /// The trace has `--gpu` lines: the GPU columns are the kernels' time.
     pub gpu: bool,
-    /// `--stack-every N` (absent when 1): each thread's stack was walked at 1 in N of its
-    /// calls, so the rows by layer and line are the figures of the sampled calls (about
-    /// 1/N of each one's totals), and the calls sampling skipped count under "(no stack)".
+    /// `--stack-every N` (absent when 1): a call's stack was walked with a chance of 1 in N,
+    /// so the rows by layer and line are estimates, N times their sampled calls' figures,
+    /// and "(no stack)" the rest of the totals; the totals and the counts are exact.
     #[serde(skip_serializing_if = "is_one")]
     pub every: u32,
     /// Every figure summed (the trace's totals).
@@ -179,9 +184,10 @@ impl StackProfile {
         StacksSummary {
             stacks: self.table.stacks().len() as u64,
             counts: self.counts,
+            without: self.without,
             gpu: self.gpu,
             every: self.every,
-            total: self.total(),
+            total: self.total,
             layers,
             lines,
             user_lines,

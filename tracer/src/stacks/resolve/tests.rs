@@ -153,6 +153,8 @@ fn every_call_without_a_stack_is_counted_under_its_reason() {
         (stack_status::OK, vec![frame(3, 4)], Reason::NotPython),
         (stack_status::OK, vec![frame(0, 4)], Reason::NotPython),
         (stack_status::READ_FAULT, vec![], Reason::NotPython),
+        // `--stack-every`: drawn out where the thread's state was not known yet.
+        (stack_status::SAMPLED_OUT, vec![], Reason::NotPython),
     ];
     for (ts, (status, frames, no_interpreter)) in cases.into_iter().enumerate() {
         let event = StackEvent {
@@ -171,9 +173,10 @@ fn every_call_without_a_stack_is_counted_under_its_reason() {
             without.no_thread_state,
             without.code_unresolved,
             without.read_fault,
-            without.record_lost
+            without.record_lost,
+            without.sampled_out
         ),
-        (1, 1, 2, 1, 1)
+        (1, 1, 2, 1, 1, 1)
     );
     assert_eq!(resolver.footer.calls, 0);
 }

@@ -90,12 +90,20 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
         counts.cut,
         plural(stacks.stacks, "distinct stack"),
     );
+    if let Some(without) = stacks.without.filter(|without| without.total() > 0) {
+        let _ = writeln!(
+            out,
+            "  {} of the chosen families without a stack (the trace's footer): {}",
+            plural(without.total(), "call"),
+            without.said()
+        );
+    }
     if stacks.every > 1 {
         let _ = writeln!(
             out,
-            "  Sampled (--stack-every {every}): each thread's stack was read at 1 in {every} \
-             of its calls; the rows by layer and line are the sampled calls' figures (about \
-             1/{every} of the totals), the others count under {NO_STACK}",
+            "  Sampled (--stack-every {every}): a call's stack was read at random, 1 in {every}; \
+             the rows by layer and line are estimates ({every} times their sampled calls' \
+             figures) and {NO_STACK} the rest of the totals; the totals are exact",
             every = stacks.every
         );
     }
@@ -146,41 +154,101 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
 #[cfg(test)]
 mod tests {
     use super::render_stacks;
-    use crate::{analysis::summarise::summarise, reader::TraceLines, test_traces::stacks};
+    use crate::{
+        analysis::{
+            stacks::{
+                StackFigures,
+                rows::{NO_STACK, StacksSummary},
+            },
+            summarise::summarise,
+        },
+        reader::TraceLines,
+        test_traces::stacks,
+    };
 
-    fn rendered(text: &str) -> (String, String) {
+    fn rendered(text: &str) -> (String, StacksSummary) {
         let summarised =
             summarise(|| Ok(TraceLines::new(text.as_bytes(), "stacks.jsonl", false))).unwrap();
         let summary = summarised.report.stacks.unwrap().summary();
         let mut out = String::new();
         render_stacks(&mut out, &summary);
-        (out, serde_json::to_string(&summary).unwrap())
+        (out, summary)
     }
 
     #[test]
-    fn a_sampled_trace_says_its_rows_are_the_sampled_calls() {
-        let (whole, whole_json) = rendered(&stacks());
+    fn a_sampled_trace_says_its_rows_are_estimates_and_why_calls_have_no_stack() {
+        let (whole, whole_summary) = rendered(&stacks());
+        let whole_json = serde_json::to_string(&whole_summary).unwrap();
         assert!(!whole.contains("Sampled"), "{whole}");
         assert!(!whole_json.contains(r#""every""#), "{whole_json}");
 
-        let sampled = stacks().replace(r#""depth":64}"#, r#""depth":64,"every":4}"#);
+        assert!(!whole.contains("without a stack"), "{whole}");
+        assert!(!whole_json.contains(r#""without""#), "{whole_json}");
+
+        // The footer's reasons for the calls without a stack are said too.
+        let sampled = stacks()
+            .replace(r#""depth":64}"#, r#""depth":64,"every":4}"#)
+            .replace(
+                r#"{"type":"footer"}"#,
+                r#"{"type":"footer","stacks":{"calls":12,"cut":1,"without":{"no_thread_state":1,"sampled_out":2}}}"#,
+            );
         assert_ne!(sampled, stacks());
-        let (text, json) = rendered(&sampled);
+        let (text, summary) = rendered(&sampled);
         assert!(
             text.contains(
-                "  Sampled (--stack-every 4): each thread's stack was read at 1 in 4 of its \
-                 calls; the rows by layer and line are the sampled calls' figures (about 1/4 of \
-                 the totals), the others count under (no stack)\n"
+                "  3 calls of the chosen families without a stack (the trace's footer): no \
+                 thread state (a thread Python did not start) 1, sampled out (--stack-every) 2\n"
             ),
             "{text}"
         );
-        assert!(json.contains(r#""gpu":true,"every":4,"#), "{json}");
-        // Otherwise the same tables: the same lines summed.
-        let without_note: String = text
-            .lines()
-            .filter(|line| !line.starts_with("  Sampled"))
-            .map(|line| format!("{line}\n"))
-            .collect();
-        assert_eq!(without_note, whole);
+        assert!(
+            text.contains(
+                "  Sampled (--stack-every 4): a call's stack was read at random, 1 in 4; the \
+                 rows by layer and line are estimates (4 times their sampled calls' figures) \
+                 and (no stack) the rest of the totals; the totals are exact\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_string(&summary).unwrap();
+        assert!(
+            json.contains(
+                r#""without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":1,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0,"sampled_out":2},"gpu":true,"every":4,"#
+            ),
+            "{json}"
+        );
+        // The totals and counts are the trace's; each row with a stack is 4 times its
+        // figures, and "(no stack)" the rest of the totals.
+        assert_eq!(summary.total, whole_summary.total);
+        assert_eq!(summary.counts, whole_summary.counts);
+        for (rows, whole_rows) in [
+            (&summary.layers, &whole_summary.layers),
+            (&summary.lines, &whole_summary.lines),
+            (&summary.user_lines, &whole_summary.user_lines),
+        ] {
+            let mut estimated = StackFigures::default();
+            for (row, whole_row) in rows.iter().zip(whole_rows) {
+                assert_eq!(row.name, whole_row.name);
+                if row.name == NO_STACK {
+                    continue;
+                }
+                assert_eq!(row.figures.calls, 4 * whole_row.figures.calls);
+                assert_eq!(row.figures.time_ns, 4 * whole_row.figures.time_ns);
+                assert_eq!(row.figures.gpu_ns, 4 * whole_row.figures.gpu_ns);
+                estimated.add(&row.figures);
+            }
+            // Absent where the estimates reach the totals.
+            let no_stack = rows
+                .iter()
+                .find(|row| row.name == NO_STACK)
+                .map_or(StackFigures::default(), |row| row.figures);
+            assert_eq!(
+                no_stack.calls,
+                summary.total.calls.saturating_sub(estimated.calls)
+            );
+            assert_eq!(
+                no_stack.time_ns,
+                summary.total.time_ns.saturating_sub(estimated.time_ns)
+            );
+        }
     }
 }
