@@ -198,14 +198,7 @@ fn errors_have_their_exit_codes() {
     std::fs::create_dir(&folder).unwrap();
     let output = export(&folder, &["-o", "-"]);
     assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
-    assert_eq!(
-        stderr(&output),
-        format!(
-            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
-             named on the command line\n",
-            folder.display()
-        )
-    );
+    assert_eq!(stderr(&output), common::folder_refused(folder.display()));
 
     let bad = write("bad", &format!("{}{{\"type\":\n", traces::known()));
     let output = export(&bad, &[]);

@@ -749,10 +749,7 @@ fn an_unreadable_trace_exits_74_and_a_bad_line_65_in_summary_and_merge() {
             assert_eq!(
                 stderr(&output),
                 if why == "folder" {
-                    format!(
-                        "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe named on the command line\n",
-                        trace.display()
-                    )
+                    common::folder_refused(trace.display())
                 } else {
                     format!(
                         "cudatrace: error: cannot open the trace {}: {why}\n",

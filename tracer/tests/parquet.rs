@@ -610,14 +610,7 @@ fn the_folder_and_bad_lines_are_refused_as_the_other_outputs_are() {
     );
     let output = export(&dir, &dir.join("none"), &[]);
     assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
-    assert_eq!(
-        stderr(&output),
-        format!(
-            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
-             named on the command line\n",
-            dir.display()
-        )
-    );
+    assert_eq!(stderr(&output), common::folder_refused(dir.display()));
     // Without -o: TRACE.parquet beside the trace.
     let output = Command::new(CUDATRACE)
         .args(["export", "--format", "parquet"])

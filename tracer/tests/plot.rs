@@ -185,14 +185,7 @@ fn png_output_and_errors() {
     let svg = trace.with_file_name("folder.svg");
     let output = cudatrace(&["plot", "-o", svg.to_str().unwrap()], folder);
     assert_eq!(output.status.code(), Some(74), "{}", stderr(&output));
-    assert_eq!(
-        stderr(&output),
-        format!(
-            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
-             named on the command line\n",
-            folder.display()
-        )
-    );
+    assert_eq!(stderr(&output), common::folder_refused(folder.display()));
     let bad = write(
         "bad",
         "{\"type\":\"header\",\"format\":\"cudatrace\",\"version\":4}\nnot json\n",

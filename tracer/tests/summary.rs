@@ -315,10 +315,7 @@ fn an_unreadable_trace_exits_74() {
         assert_eq!(
             stderr(&output),
             if why == "folder" {
-                format!(
-                    "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe named on the command line\n",
-                    trace
-                )
+                common::folder_refused(trace)
             } else {
                 format!("cudatrace: error: cannot open the trace {trace}: {why}\n")
             }

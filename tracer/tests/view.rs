@@ -390,14 +390,7 @@ fn errors_have_their_exit_codes() {
     );
     let (code, stderr) = run(&[dir.to_str().unwrap()]);
     assert_eq!(code, Some(74), "{stderr}");
-    assert_eq!(
-        stderr,
-        format!(
-            "cudatrace: error: {} is a folder, not a trace: a trace is a regular file, or a pipe \
-             named on the command line\n",
-            dir.display()
-        )
-    );
+    assert_eq!(stderr, common::folder_refused(dir.display()));
 
     let (code, stderr) = run(&[trace.to_str().unwrap(), "--offline", dir.to_str().unwrap()]);
     assert_eq!(code, Some(74), "{stderr}");

@@ -246,6 +246,14 @@ pub fn wait_for_trace(path: &Path, needle: &str) {
 }
 
 /// Text of the header line, for [`wait_for_trace`].
+/// What every reader says of a folder given as its trace (exit 74).
+pub fn folder_refused(path: impl std::fmt::Display) -> String {
+    format!(
+        "cudatrace: error: {path} is a folder, not a trace: a trace is a regular file, or a \
+         pipe named on the command line\n"
+    )
+}
+
 pub const HEADER: &str = r#""type":"header""#;
 
 /// The trace's lines as JSON values; fails on any malformed line.
