@@ -81,8 +81,13 @@ fn flame_says_calls_naming_no_stack_and_repeated_stack_ids() {
 fn the_top_help_names_parquet() {
     let output = cudatrace(&["--help"]);
     let help = String::from_utf8_lossy(&output.stdout);
+    // Whatever width clap wraps the help to (a terminal's, or COLUMNS).
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        help.contains("or into\n           Parquet tables for SQL engines"),
+        words.contains(
+            "export Convert a trace for the Perfetto UI (ui.perfetto.dev) or chrome://tracing, \
+             or into Parquet tables for SQL engines"
+        ),
         "{help}"
     );
     assert!(help.contains("cudatrace export --format parquet trace.jsonl"));
