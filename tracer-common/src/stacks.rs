@@ -73,6 +73,12 @@ pub mod py_flags {
     /// The identity is a fingerprint of [`super::FINGERPRINT_LEN`] bytes (3.10, 3.11);
     /// otherwise `co_version` (a u32).
     pub const FINGERPRINT: u32 = 1 << 3;
+    /// A probe on `PyCode_Type`'s deallocator counts this process's code objects freed
+    /// ([`super::PyProcess::code_frees`]): while the count stands, every code pointer
+    /// still names the object it named, so it stands for the identities as 3.14's own
+    /// counter does. Set by the loader only once the probe is attached for this process;
+    /// a fork child starts without it.
+    pub const FREE_PROBE: u32 = 1 << 4;
 }
 
 /// One process's interpreter as the probes walk it: addresses in the process, and the
@@ -90,6 +96,9 @@ pub struct PyProcess {
     pub code_type: u64,
     /// Applied to a frame's code pointer (3.14's `_PyStackRef` tags its low bits).
     pub code_mask: u64,
+    /// Code objects freed in this process since its layout was given ([`py_flags::FREE_PROBE`]),
+    /// counted by the kernel.
+    pub code_frees: u64,
     /// CPython's minor version (10 to 14).
     pub minor: u32,
     /// Bits of [`py_flags`].
@@ -148,7 +157,7 @@ pub struct PyProcess {
     /// `co_zombieframe`; 3.11's `co_warmup` in part).
     pub fingerprint_mask: [u64; FINGERPRINT_LEN / 8],
 }
-const _: () = assert!(size_of::<PyProcess>() == 32 + 36 * 4 + FINGERPRINT_LEN);
+const _: () = assert!(size_of::<PyProcess>() == 40 + 36 * 4 + FINGERPRINT_LEN);
 
 /// What the walk found, in [`StackEvent::status`]. Numbers are stable.
 pub mod stack_status {

@@ -307,25 +307,12 @@ fn report(
 #[inline(always)]
 fn count_stop(tgid: u32, delta: u64) {
     if let Some(count) = STOPPED.get_ptr_mut(&tgid) {
-        atomic_add(count, delta);
+        crate::maps::atomic_add(count, delta);
     } else if delta == 1 && STOPPED.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
         // Another CPU inserted it first.
         if let Some(count) = STOPPED.get_ptr_mut(&tgid) {
-            atomic_add(count, 1);
+            crate::maps::atomic_add(count, 1);
         }
-    }
-}
-
-/// `*target += delta` as one atomic instruction (two CPUs may count the same process).
-#[inline(always)]
-fn atomic_add(target: *mut u64, delta: u64) {
-    // SAFETY: `target` points into a live map value.
-    unsafe {
-        core::arch::asm!(
-            "lock *(u64 *)({target} + 0) += {delta}",
-            target = in(reg) target,
-            delta = in(reg) delta,
-        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! The probe catalog lives in userspace as data; nothing here knows a CUDA function by name.
 #![no_std]
 #![no_main]
-// The atomic add in `discovery.rs` (the crate is built with RUSTC_BOOTSTRAP=1, as aya-ebpf
+// The atomic add in `maps.rs` (the crate is built with RUSTC_BOOTSTRAP=1, as aya-ebpf
 // needs).
 #![feature(asm_experimental_arch)]
 

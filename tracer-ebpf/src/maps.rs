@@ -200,3 +200,16 @@ pub fn add(index: u32, amount: u64) {
         unsafe { *count += amount };
     }
 }
+
+/// `*target += delta` as one atomic instruction (two CPUs may count the same value).
+#[inline(always)]
+pub fn atomic_add(target: *mut u64, delta: u64) {
+    // SAFETY: `target` points into a live map value.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u64 *)({target} + 0) += {delta}",
+            target = in(reg) target,
+            delta = in(reg) delta,
+        );
+    }
+}

@@ -409,6 +409,48 @@ fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
     }
 }
 
+/// Code objects freed and made anew at the same address, each with another name and line:
+/// a stack known by its code addresses must not keep the names of the code objects that
+/// were there before (the count of code objects freed, or their identities, tell them
+/// apart).
+#[test]
+fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_reuse.py";
+    for python in pythons() {
+        let traced = python.trace(script, &["--stacks"], &[]);
+        let codes: Vec<u64> = serde_json::from_str(
+            &std::fs::read_to_string(python.host_dir.join(format!("{script}.json.codes"))).unwrap(),
+        )
+        .unwrap();
+        // The test is only a test if the addresses repeat.
+        let distinct = codes
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        assert!(
+            distinct < codes.len() / 2,
+            "{}: {distinct} addresses for {} code objects",
+            python.label,
+            codes.len()
+        );
+        let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 128);
+        assert_eq!((compared, cut), (60, 0), "{}", python.label);
+        // Each step's own function, by name and line.
+        let stacks = traced.stacks();
+        let calls = &traced.calls_by_thread()[&traced.lines[0]["pids"][0].as_u64().unwrap()];
+        let names: Vec<(String, Option<u64>)> = calls
+            .iter()
+            .map(|id| stacks[&id.unwrap()].0[0].clone())
+            .map(|(_, name, line)| (name, line))
+            .collect();
+        let expected: Vec<(String, Option<u64>)> = (0..60)
+            .map(|step| (format!("step_{step}"), Some(step % 3 + 2)))
+            .collect();
+        assert_eq!(names, expected, "{}", python.label);
+    }
+}
+
 #[test]
 fn a_stack_deeper_than_the_budget_keeps_its_innermost_frames_and_says_it_was_cut() {
     let Some(_guard) = root() else { return };

@@ -8,8 +8,8 @@
 use aya_ebpf::{helpers::generated, macros::uprobe, programs::ProbeContext};
 use tracer_common::stacks::{
     CODE_READ, CodeEvent, CodeHead, FILENAME_CAP, LINETABLE_CAP, MAX_STACK_FRAMES, NO_FIELD,
-    PyProcess, QUALNAME_CAP, STR_READ, code_flags, py_flags, stack_counter, stack_flags,
-    stack_prog, stack_status,
+    PyProcess, QUALNAME_CAP, STR_READ, code_flags, stack_counter, stack_flags, stack_prog,
+    stack_status,
 };
 
 use super::{
@@ -103,7 +103,7 @@ fn resolve(ctx: &ProbeContext, scratch: &mut Scratch) -> Ended {
     };
     // SAFETY: a map value.
     let py = unsafe { &*py };
-    let read_ident = py.flags & py_flags::IDENT_PER_FRAME == 0;
+    let read_ident = !super::ident_per_frame(py);
     // Counted in the scratch, not a register: the verifier then need not walk every count
     // at every frame.
     scratch.todo = 0;

@@ -20,13 +20,15 @@ mod walk;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::generated,
-    macros::map,
+    macros::{map, uprobe},
     maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
     programs::ProbeContext,
 };
 use tracer_common::{
     CallEvent, SLOT_MASK, flags,
-    stacks::{MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, stack_counter, stack_prog},
+    stacks::{
+        MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, py_flags, stack_counter, stack_prog,
+    },
 };
 
 use crate::maps::{EVENTS, SPECS, submit_flags};
@@ -246,8 +248,38 @@ pub fn inherit(parent: u32, child: u32) {
     }
     if let Some(copy) = PYPROC.get_ptr_mut(child) {
         // SAFETY: a map value.
-        unsafe { (*copy).generation = (1 << 63) | unique_id() };
+        unsafe {
+            (*copy).generation = (1 << 63) | unique_id();
+            // The parent's probe on code frees is not the child's: the child reads
+            // identities per frame until the loader attaches its own.
+            (*copy).flags &= !tracer_common::stacks::py_flags::FREE_PROBE;
+            (*copy).code_frees = 0;
+        }
     }
+}
+
+/// Whether the walk reads each frame's code identity (3.10 to 3.13 without a count of code
+/// objects freed); otherwise the count stands for them, and `stack_codes` reads them for a
+/// stack not seen before.
+#[inline(always)]
+pub fn ident_per_frame(py: &PyProcess) -> bool {
+    py.flags & py_flags::IDENT_PER_FRAME != 0 && py.flags & py_flags::FREE_PROBE == 0
+}
+
+/// At `PyCode_Type`'s deallocator, attached for one process (`py_flags::FREE_PROBE`): a
+/// code object is about to be freed, so an address the caches know may name another code
+/// object from now on. Counted before the memory is freed, so a walk that finds a new code
+/// object at an old address always reads the new count.
+#[uprobe]
+pub fn py_code_freed(_ctx: ProbeContext) -> u32 {
+    let Some((tgid, _)) = crate::maps::current_ids() else {
+        return 0;
+    };
+    if let Some(py) = PYPROC.get_ptr_mut(tgid) {
+        // Other CPUs may count at once.
+        crate::maps::atomic_add(unsafe { &raw mut (*py).code_frees }, 1);
+    }
+    0
 }
 
 /// A traced process exec'd or exited: its interpreter is gone.

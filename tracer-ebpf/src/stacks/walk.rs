@@ -181,7 +181,10 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
         user_u64(interp + u64::from(py.interp_thread_epoch)).ok_or(stack_status::READ_FAULT)?
     };
     scratch.code_epoch = 0;
-    if py.interp_code_epoch != NO_FIELD {
+    if py.flags & py_flags::FREE_PROBE != 0 {
+        // SAFETY: a map value, counted up by `py_code_freed` on any CPU.
+        scratch.code_epoch = unsafe { core::ptr::read_volatile(&py.code_frees) };
+    } else if py.interp_code_epoch != NO_FIELD {
         let at = interp + u64::from(py.interp_code_epoch);
         scratch.code_epoch = if py.code_epoch_size == 8 {
             user_u64(at).ok_or(stack_status::READ_FAULT)?
@@ -326,7 +329,7 @@ enum Walked {
 #[inline(always)]
 fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
     let depth = stack_depth();
-    let per_frame_ident = py.flags & py_flags::IDENT_PER_FRAME != 0;
+    let per_frame_ident = super::ident_per_frame(py);
     let mut frame = scratch.frame;
     let mut walked = 0u64;
     for _ in 0..FRAMES_PER_WALK {

@@ -29,6 +29,9 @@ const PROGRAMS: [(&str, u32); 4] = [
 pub struct StackPrograms {
     /// The uprobe_multi copies' fds (the array holds the programs too).
     _multi: Vec<OwnedFd>,
+    /// `py_code_freed`, linked per process at `PyCode_Type`'s deallocator (uprobe_multi
+    /// only: a link for one process's memory; without it, identities are read per frame).
+    pub code_freed: Option<OwnedFd>,
 }
 
 impl StackPrograms {
@@ -46,6 +49,12 @@ impl StackPrograms {
                 set_raw(map, index, &fd)?;
                 fds.push(fd);
             }
+            let code_freed = uprobe_multi::load_program(bpf, PROBES_OBJECT, "py_code_freed", false)
+                .context("loading py_code_freed")?;
+            return Ok(StackPrograms {
+                _multi: fds,
+                code_freed: Some(code_freed),
+            });
         } else {
             for (name, index) in PROGRAMS {
                 let program: &mut UProbe = bpf
@@ -61,7 +70,10 @@ impl StackPrograms {
                 array.set(index, &fd, 0)?;
             }
         }
-        Ok(StackPrograms { _multi: fds })
+        Ok(StackPrograms {
+            _multi: fds,
+            code_freed: None,
+        })
     }
 }
 

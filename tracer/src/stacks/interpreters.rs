@@ -11,6 +11,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use std::os::fd::{AsFd, OwnedFd};
+
 use anyhow::{Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use tracer_common::stacks::{PyProcess, py_flags};
@@ -20,7 +22,10 @@ use super::{
     elf::{self, InterpreterFile, NotInterpreter},
     layout,
 };
-use crate::schema::InterpreterLine;
+use crate::{
+    probes::uprobe_multi::{self, MultiLink},
+    schema::InterpreterLine,
+};
 
 /// What was found of a process's interpreter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,11 +57,22 @@ pub struct Interpreters {
     quiet: bool,
     /// This process's pid namespace inode: a process in it has the tids the probes see.
     own_pid_ns: Option<u64>,
+    /// `py_code_freed`, when the kernel can link it to one process (uprobe_multi).
+    code_freed: Option<OwnedFd>,
+    /// Its link per process, at `PyCode_Type`'s deallocator, until the process execs or
+    /// exits.
+    free_probes: HashMap<u32, MultiLink>,
 }
 
 impl Interpreters {
-    pub fn new(map: BpfHashMap<MapData, u32, PyProcess>, quiet: bool) -> Self {
+    pub fn new(
+        map: BpfHashMap<MapData, u32, PyProcess>,
+        code_freed: Option<OwnedFd>,
+        quiet: bool,
+    ) -> Self {
         Interpreters {
+            code_freed,
+            free_probes: HashMap::new(),
             map,
             files: HashMap::new(),
             processes: HashMap::new(),
@@ -84,7 +100,10 @@ impl Interpreters {
                 version,
                 py,
                 minor,
-            }) => match self.give(pid, *py) {
+            }) => match {
+                let py = self.count_frees(pid, *py);
+                self.give(pid, py)
+            } {
                 Ok(()) => {
                     self.processes.insert(pid, Found::Readable { minor });
                     InterpreterLine {
@@ -169,6 +188,42 @@ impl Interpreters {
     /// A process exec'd or exited: the probes forgot its interpreter; so does this.
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.free_probes.remove(&pid);
+    }
+
+    /// Where the interpreter counts its own code objects freed only from 3.14 on: links
+    /// `py_code_freed` to `PyCode_Type`'s deallocator in `pid` (its memory only), so that
+    /// the count stands for the code identities and a known stack costs one read a frame
+    /// less. Without the link (no uprobe_multi, the deallocator not found) the walk reads
+    /// each frame's identity, as exact and slower.
+    fn count_frees(&mut self, pid: u32, mut py: PyProcess) -> PyProcess {
+        self.free_probes.remove(&pid);
+        if py.flags & py_flags::IDENT_PER_FRAME == 0 {
+            return py;
+        }
+        let Some(program) = &self.code_freed else {
+            return py;
+        };
+        if std::env::var_os(IDENT_PER_FRAME_ENV).is_some() {
+            return py;
+        }
+        match free_probe(program.as_fd(), pid, &py) {
+            Ok(link) => {
+                self.free_probes.insert(pid, link);
+                py.flags |= py_flags::FREE_PROBE;
+            }
+            Err(error) => {
+                let reason = format!("{error:#}");
+                self.say(
+                    &format!(
+                        "pid {pid}: code objects freed cannot be counted ({reason}): each frame's \
+                         identity is read per call"
+                    ),
+                    "free probe",
+                );
+            }
+        }
+        py
     }
 
     /// Writes `py` for `pid`, keeping the process image the kernel gave a fork child when
@@ -177,6 +232,7 @@ impl Interpreters {
         if let Ok(current) = self.map.get(&pid, 0) {
             let same = PyProcess {
                 generation: current.generation,
+                code_frees: current.code_frees,
                 ..py
             };
             if same == current {
@@ -210,7 +266,7 @@ impl Interpreters {
                 .and_then(|n| n.to_str())
                 .unwrap_or("");
             if name.starts_with("libpython3")
-                && let Ok(file) = File::open(format!("/proc/{pid}/map_files/{}", mapping.range))
+                && let Ok(file) = File::open(mapping.map_file(pid))
                     .or_else(|_| File::open(format!("/proc/{pid}/root{}", mapping.path.display())))
             {
                 candidates.push((file, mapping.path.clone()));
@@ -271,10 +327,22 @@ struct Refused {
 struct Mapping {
     range: String,
     start: u64,
+    end: u64,
     offset: u64,
     device: u64,
     inode: u64,
     path: PathBuf,
+}
+
+impl Mapping {
+    /// The mapped file as `/proc/PID/map_files` names it: its range without leading zeros
+    /// (`/proc/PID/maps` pads addresses to 8 digits, as a non-PIE executable's show).
+    fn map_file(&self, pid: u32) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            self.start, self.end
+        ))
+    }
 }
 
 fn parse_maps(maps: &str) -> Vec<Mapping> {
@@ -294,10 +362,13 @@ fn parse_maps(maps: &str) -> Vec<Mapping> {
             if !path.starts_with('/') {
                 return None;
             }
-            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+            let (start, end) = range.split_once('-')?;
+            let start = u64::from_str_radix(start, 16).ok()?;
+            let end = u64::from_str_radix(end, 16).ok()?;
             Some(Mapping {
                 range,
                 start,
+                end,
                 offset,
                 device,
                 inode,
@@ -406,6 +477,50 @@ fn layout_of(
     })
 }
 
+/// `py_code_freed` linked at `PyCode_Type.tp_dealloc` of `pid` (read from its memory:
+/// the function every code object is freed through).
+fn free_probe(program: std::os::fd::BorrowedFd<'_>, pid: u32, py: &PyProcess) -> Result<MultiLink> {
+    let memory = File::open(format!("/proc/{pid}/mem")).context("opening its memory")?;
+    let mut bytes = [0u8; 8];
+    // PyTypeObject's `tp_dealloc`: after the header, `ob_size`, `tp_name`, `tp_basicsize`
+    // and `tp_itemsize`.
+    memory
+        .read_exact_at(&mut bytes, py.code_type + TP_DEALLOC)
+        .context("reading PyCode_Type.tp_dealloc")?;
+    let dealloc = u64::from_le_bytes(bytes);
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).context("reading its maps")?;
+    let mapping = parse_maps(&maps)
+        .into_iter()
+        .find(|m| m.start <= dealloc && dealloc < m.end)
+        .with_context(|| format!("PyCode_Type.tp_dealloc {dealloc:#x} is in no file it maps"))?;
+    let offset = dealloc - mapping.start + mapping.offset;
+    // The file the process maps, whatever its mount namespace; the kernel is given it as
+    // this process's descriptor.
+    let file = File::open(mapping.map_file(pid))
+        .with_context(|| format!("opening {} as it maps it", mapping.path.display()))?;
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    ));
+    uprobe_multi::link(
+        program,
+        "py_code_freed",
+        &path,
+        &mapping.path,
+        &[offset],
+        &[],
+        false,
+        pid,
+    )
+}
+
+/// Set (hidden, for `cargo xtask bench --only stacks`): no count of code objects freed,
+/// identities read per frame, so that both ways are measured side by side.
+pub const IDENT_PER_FRAME_ENV: &str = "CUDATRACE_STACKS_IDENT_PER_FRAME";
+
+/// `tp_dealloc`'s offset in `PyTypeObject` (64-bit, 3.10 to 3.14).
+const TP_DEALLOC: u64 = 48;
+
 /// Checks the layout on the live (stopped) process: `PyCode_Type` is the type named
 /// `code`, and the interpreter's first thread state points back at its interpreter. An
 /// interpreter not initialised yet passes (the probes say so per call).
@@ -458,6 +573,7 @@ mod tests {
             Mapping {
                 range: "7f20-7f30".into(),
                 start: 0x7f20,
+                end: 0x7f30,
                 offset: 0x1000,
                 device: libc::makedev(8, 2),
                 inode: 77,

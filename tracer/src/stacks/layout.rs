@@ -148,6 +148,7 @@ macro_rules! cpython_fields {
                 minor,
                 flags: version.flags,
                 code_mask: version.code_mask,
+                code_frees: 0,
                 fingerprint_mask: version.fingerprint_mask,
                 $($name: 0,)*
             }

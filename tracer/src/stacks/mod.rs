@@ -64,9 +64,13 @@ pub enum StackLines {
 }
 
 impl Stacks {
-    pub fn new(maps: StackMaps, quiet: bool) -> Self {
+    pub fn new(mut maps: StackMaps, quiet: bool) -> Self {
         Stacks {
-            interpreters: Interpreters::new(maps.interpreters, quiet),
+            interpreters: Interpreters::new(
+                maps.interpreters,
+                maps.programs.code_freed.take(),
+                quiet,
+            ),
             resolver: Resolver::default(),
             counters: maps.counters,
             _programs: maps.programs,

@@ -1,0 +1,49 @@
+"""Frees code objects and makes new ones, so that a new code object lands where a freed
+one was: each step compiles a function of its own name (and line), calls the stand-in
+libcuda from it, and drops it. The stacks cudatrace reads must name each step's own
+function, however the addresses repeat (tests/stacks.rs compares them with CPython's).
+
+usage: stacks_reuse.py LIBCUDA OUT.json
+
+OUT.json: per thread id, the stacks CPython gives at each call (as stacks_target.py);
+OUT.json.codes: the address of each step's code object, in step order.
+"""
+
+import ctypes
+import json
+import sys
+import threading
+
+lib = ctypes.CDLL(sys.argv[1])
+recorded = {}
+
+
+def seen():
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
+        frames.append([code.co_filename, name, frame.f_lineno])
+        frame = frame.f_back
+    recorded.setdefault(threading.get_native_id(), []).append(frames)
+
+
+def steps(count):
+    codes = []
+    for step in range(count):
+        source = "\n" * (step % 3) + f"def step_{step}():\n    seen(); lib.cuCtxSynchronize()\n"
+        namespace = {"seen": seen, "lib": lib}
+        exec(compile(source, "<generated step>", "exec"), namespace)
+        function = namespace.pop(f"step_{step}")
+        codes.append(id(function.__code__))
+        function()
+        del function, namespace
+    return codes
+
+
+codes = steps(60)
+with open(sys.argv[2], "w") as out:
+    json.dump({str(tid): stacks for tid, stacks in recorded.items()}, out)
+with open(sys.argv[2] + ".codes", "w") as out:
+    json.dump(codes, out)
