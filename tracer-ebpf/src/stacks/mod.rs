@@ -130,6 +130,12 @@ pub struct Scratch {
     pub incomplete: u32,
     pub buf: Buf,
     pub fingerprint: Buf,
+    /// 3.11+: the process's memory at `window_start`, `window_len` bytes (0: none yet),
+    /// read below a frame in one piece: its callers' frames lie there, in the thread's
+    /// data stack (`walk.rs`, `read_frame`).
+    pub window_start: u64,
+    pub window_len: u64,
+    pub window: read::Window,
     /// Indexes in `frames` of the frames whose code object was not seen.
     pub todo_frames: [u16; MAX_STACK_FRAMES],
     /// Sent as one record: the event, then its frames.

@@ -7,6 +7,23 @@ use aya_ebpf::helpers::generated;
 /// Bytes of a read buffer: every read of the walk fits (`tracer_common::stacks::*_READ`).
 pub const BUF: usize = 256;
 
+/// Bytes a window read covers below the end of the frame it is for.
+pub const WINDOW: usize = 4096;
+
+/// The window's buffer: twice [`WINDOW`], so that a masked length or offset is in it.
+#[repr(C, align(8))]
+pub struct Window(pub [u8; 2 * WINDOW]);
+
+impl Window {
+    /// The u64 at byte `offset` (a multiple of 8).
+    #[inline(always)]
+    pub fn u64_at(&self, offset: u64) -> u64 {
+        let at = mask::<{ (2 * WINDOW - 8) as u64 & !7 }>(offset) as usize;
+        // SAFETY: `at` is 8-aligned and at most 2 * WINDOW - 8.
+        unsafe { core::ptr::read(self.0.as_ptr().add(at).cast::<u64>()) }
+    }
+}
+
 /// A read buffer, aligned for the u64 fields read out of it.
 #[repr(C, align(8))]
 pub struct Buf(pub [u8; BUF]);
@@ -69,6 +86,14 @@ pub fn user_u32(src: u64) -> Option<u32> {
 }
 
 impl Buf {
+    /// Sets the u64 at byte `offset` (a multiple of 8).
+    #[inline(always)]
+    pub fn set_u64(&mut self, offset: u32, value: u64) {
+        let at = mask::<{ (BUF - 8) as u64 & !7 }>(u64::from(offset)) as usize;
+        // SAFETY: `at` is 8-aligned and at most BUF - 8.
+        unsafe { core::ptr::write(self.0.as_mut_ptr().add(at).cast::<u64>(), value) }
+    }
+
     /// The u64 at byte `offset` (a multiple of 8: the low bits are masked off).
     #[inline(always)]
     pub fn u64_at(&self, offset: u32) -> u64 {

@@ -20,7 +20,7 @@ use tracer_common::stacks::{
 
 use super::{
     PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen, bump, fsbase_offset,
-    read::{Buf, read_user, user_u32, user_u64},
+    read::{Buf, WINDOW, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
 
@@ -232,6 +232,7 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
         frame = user_u64(frame + u64::from(py.cframe_frame)).ok_or(stack_status::READ_FAULT)?;
     }
     scratch.frame = frame;
+    scratch.window_len = 0;
     scratch.walked = 0;
     scratch.event.nframes = 0;
     scratch.event.flags = 0;
@@ -341,15 +342,11 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
             bump(stack_counter::FRAMES, walked);
             return Walked::Done { cut: true };
         }
-        let buf = &mut scratch.buf;
-        if !read_user(
-            buf.0.as_mut_ptr(),
-            FRAME_READ as u32,
-            frame + u64::from(py.frame_read),
-        ) {
+        if !read_frame(scratch, py, frame) {
             return Walked::Status(stack_status::READ_FAULT);
         }
         walked += 1;
+        let buf = &scratch.buf;
         let base = py.frame_read;
         let previous = buf.u64_at(py.frame_previous.wrapping_sub(base));
         let owner = if py.frame_owner == NO_FIELD {
@@ -399,6 +396,50 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         return Walked::Done { cut: true };
     }
     Walked::More
+}
+
+/// Reads the frame at `frame` ([`FRAME_READ`] bytes from `frame_read`) into the scratch's
+/// `buf`. From 3.11 frames live in the thread's data stack, each caller just below its
+/// callee: a frame below the window and within [`WINDOW`] of it, or the first, is read
+/// with the [`WINDOW`] bytes below it in one piece (only from its own page where the page
+/// below is not mapped), and the frames found there later cost no read. Others (an entry
+/// frame on the C stack, a generator's) are read alone.
+#[inline(always)]
+fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
+    let at = frame + u64::from(py.frame_read);
+    let end = at + FRAME_READ as u64;
+    if py.flags & py_flags::LASTI != 0 {
+        // 3.10: frame objects, each where the allocator put it.
+        return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+    }
+    let start = scratch.window_start;
+    let len = scratch.window_len;
+    let inside = len != 0 && at >= start && end <= start + len;
+    if !inside {
+        let below = len == 0 || (at < start && start - at <= WINDOW as u64);
+        if !below {
+            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+        }
+        let window = scratch.window.0.as_mut_ptr();
+        let (mut from, mut bytes) = (end.saturating_sub(WINDOW as u64), WINDOW as u64);
+        if !read_user(window, WINDOW as u32, from) {
+            // The page below is not mapped (the data stack's first chunk starts there).
+            from = at & !0xfff;
+            bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
+            if bytes > (WINDOW + FRAME_READ) as u64 || !read_user(window, bytes as u32, from) {
+                scratch.window_len = 0;
+                return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+            }
+        }
+        scratch.window_start = from;
+        scratch.window_len = bytes;
+    }
+    let offset = at - scratch.window_start;
+    for word in 0..FRAME_READ / 8 {
+        let value = scratch.window.u64_at(offset + (word * 8) as u64);
+        scratch.buf.set_u64((word * 8) as u32, value);
+    }
+    true
 }
 
 /// A code object's identity: `co_version` (3.12+), or on 3.10 and 3.11 a fingerprint of
