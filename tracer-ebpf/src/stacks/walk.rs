@@ -401,8 +401,8 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
 /// Reads the frame at `frame` ([`FRAME_READ`] bytes from `frame_read`) into the scratch's
 /// `buf`. From 3.11 frames live in the thread's data stack, each caller just below its
 /// callee: a frame below the window and within [`WINDOW`] of it, or the first, is read
-/// with the [`WINDOW`] bytes below it in one piece (only from its own page where the page
-/// below is not mapped), and the frames found there later cost no read. Others (an entry
+/// with the bytes below it in its page (at most [`WINDOW`]) in one piece, and the frames
+/// found there later cost no read. Others (an entry
 /// frame on the C stack, a generator's) are read alone.
 #[inline(always)]
 fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
@@ -420,16 +420,14 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
         if !below {
             return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
         }
+        // From the frame's own page only: a read that faults (the page below not mapped,
+        // as below the data stack's first chunk) costs more than several reads.
         let window = scratch.window.0.as_mut_ptr();
-        let (mut from, mut bytes) = (end.saturating_sub(WINDOW as u64), WINDOW as u64);
-        if !read_user(window, WINDOW as u32, from) {
-            // The page below is not mapped (the data stack's first chunk starts there).
-            from = at & !0xfff;
-            bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
-            if bytes > (WINDOW + FRAME_READ) as u64 || !read_user(window, bytes as u32, from) {
-                scratch.window_len = 0;
-                return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
-            }
+        let from = core::cmp::max(end.saturating_sub(WINDOW as u64), at & !0xfff);
+        let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
+        if bytes > (WINDOW + FRAME_READ) as u64 || !read_user(window, bytes as u32, from) {
+            scratch.window_len = 0;
+            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
         }
         scratch.window_start = from;
         scratch.window_len = bytes;
