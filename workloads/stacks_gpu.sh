@@ -18,6 +18,11 @@
 #    `untraced run stacks`; also `stacks_entry`: `--stacks --launch-entry-only`, and
 #    `stacks_every4`: `--stacks --stack-every 4`, a thread's stack at 1 in 4 calls); each
 #    traced run's ratio to its round's untraced one (OUTDIR/gpt2cost.txt).
+# loopgpu (not in the default; issue 32): the launch loop alone under $LOOPGPU_CONDITIONS
+#    (default `untraced run stacks stacks_ident gpu gpu_stacks`; `stacks_ident` is --stacks
+#    with each frame's identity read, CUDATRACE_STACKS_IDENT_PER_FRAME=1, as on a kernel
+#    without uprobe_multi), ROUNDS interleaved rounds, the order rotated each round; each
+#    traced run's ratio to its round's untraced one (OUTDIR/loopgpu.txt).
 # 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
 #    --stacks (the call program's run time per call includes the stack programs it
 #    tail-calls), and the footer's frames walked (OUTDIR/*.stats.stderr).
@@ -85,6 +90,7 @@ count=${#long_conditions[@]}
         stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
         stacks_entry) prefix=("$cudatrace" run -q --stacks --launch-entry-only -o /dev/null --) ;;
         stacks_every4) prefix=("$cudatrace" run -q --stacks --stack-every 4 -o /dev/null --) ;;
+        stacks_ident) prefix=(env CUDATRACE_STACKS_IDENT_PER_FRAME=1 "$cudatrace" run -q --stacks -o /dev/null --) ;;
         esac
         ms=$("${prefix[@]}" "${gpt2_long[@]}" 2>>"$out/gpt2cost.stderr" | awk '/^per token:/ {print $3}')
         line="$line $condition=$ms"
@@ -101,6 +107,42 @@ for condition in rounds[0]:
     if condition != "untraced":
         ratios = [float(r[condition]) / float(r["untraced"]) for r in rounds]
         print(f"GPT-2 200 tokens {condition:12} x{statistics.median(ratios):.3f} of untraced (median of per-round ratios) {[round(x, 3) for x in ratios]}")
+EOF
+
+read -r -a loop_conditions <<<"${LOOPGPU_CONDITIONS:-untraced run stacks stacks_ident gpu gpu_stacks}"
+count=${#loop_conditions[@]}
+[[ $parts == *,loopgpu,* ]] && echo "== launch loop ($rounds rounds)" &&
+: >"$out/loopgpu.txt" && for round in $(seq 1 "$rounds"); do
+    line="$round"
+    for index in $(seq 0 $((count - 1))); do
+        condition=${loop_conditions[$(((index + round) % count))]}
+        case $condition in
+        untraced) prefix=() ;;
+        run) prefix=("$cudatrace" run -q -o /dev/null --) ;;
+        stacks) prefix=("$cudatrace" run -q --stacks -o /dev/null --) ;;
+        stacks_ident) prefix=(env CUDATRACE_STACKS_IDENT_PER_FRAME=1 "$cudatrace" run -q --stacks -o /dev/null --) ;;
+        gpu) prefix=("$cudatrace" run -q --gpu -o /dev/null --) ;;
+        gpu_stacks) prefix=("$cudatrace" run -q --gpu --stacks -o /dev/null --) ;;
+        esac
+        us=$("${prefix[@]}" "${loop[@]}" 2>>"$out/loopgpu.stderr" | tail -1 |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["us_per_iter_median"])')
+        line="$line $condition=$us"
+    done
+    echo "$line" | tee -a "$out/loopgpu.txt"
+done
+[ -s "$out/loopgpu.txt" ] && python3 - "$out/loopgpu.txt" <<'EOF' | tee -a "$out/tables.txt"
+import statistics, sys
+rounds = [dict(f.split("=") for f in line.split()[1:]) for line in open(sys.argv[1])]
+for condition in rounds[0]:
+    us = [float(r[condition]) for r in rounds]
+    print(f"launch loop {condition:12} median {statistics.median(us):.2f} us/launch {[round(x, 2) for x in us]}")
+for condition in rounds[0]:
+    if condition != "untraced":
+        ratios = [float(r[condition]) / float(r["untraced"]) for r in rounds]
+        print(f"launch loop {condition:12} x{statistics.median(ratios):.3f} of untraced (median of per-round ratios) {[round(x, 3) for x in ratios]}")
+    if condition not in ("untraced", "run") and "run" in rounds[0]:
+        extra = [float(r[condition]) - float(r["run"]) for r in rounds]
+        print(f"launch loop {condition:12} {statistics.median(extra):+.2f} us/launch over run (median of per-round differences)")
 EOF
 
 echo "== 3. BPF statistics"

@@ -420,23 +420,29 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
             "run program ns",
             "--stacks program ns",
             "added ns",
+            "identities per frame: program ns",
+            "added ns",
         ],
         1,
     )?;
     for d in &s.depths {
-        let added = match (d.stacks_program_ns.median, d.run_program_ns.median) {
+        let added = |with: Option<f64>| match (with, d.run_program_ns.median) {
             (Some(with), Some(without)) => format!("{:.0}", with - without),
             _ => "n/a".into(),
         };
+        let ident = d.ident_program_ns.as_ref().and_then(|s| s.median);
         writeln!(
             out,
-            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {added} |",
+            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {} |",
             d.depth,
             d.frames_per_call,
             nan_if_none(d.run_us.median),
             nan_if_none(d.stacks_us.median),
             nan_if_none(d.run_program_ns.median),
             nan_if_none(d.stacks_program_ns.median),
+            added(d.stacks_program_ns.median),
+            nan_if_none(ident),
+            added(ident),
         )?;
     }
     match s.program_ns_per_frame {

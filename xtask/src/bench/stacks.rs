@@ -4,7 +4,10 @@
 //! --stacks`, rounds interleaved; every run with `CUDATRACE_BPF_STATS=1`, whose call-entry
 //! program time includes the stack programs it tail-calls. Per call: wall time and program
 //! time; per frame walked: the deep stack's added program time less the shallow one's,
-//! over the frames between them (the footer's `frames_walked`).
+//! over the frames between them (the footer's `frames_walked`). `--stacks` runs twice: as
+//! it runs (the count of code objects freed stands for their identities) and with each
+//! frame's identity read (`CUDATRACE_STACKS_IDENT_PER_FRAME`, as on a kernel without
+//! uprobe_multi), side by side.
 
 use std::{fs, path::Path};
 
@@ -16,7 +19,7 @@ use super::{cudatrace::cudatrace_run, env::Env, stats::Stats};
 /// The interpreter the loop runs on.
 pub const PYTHON: &str = "/usr/bin/python3.11";
 /// Frames of Python below the call: the loop's function, its recursion, `<module>`.
-pub const DEPTHS: [u32; 2] = [4, 36];
+pub const DEPTHS: [u32; 3] = [4, 32, 36];
 /// Calls per run.
 pub const CALLS: u64 = 50_000;
 
@@ -56,6 +59,19 @@ pub struct DepthResults {
     /// The call-entry program's ns per call.
     pub run_program_ns: Stats,
     pub stacks_program_ns: Stats,
+    /// `--stacks` with each frame's identity read (no count of code objects freed).
+    #[serde(default)]
+    pub ident_us: Option<Stats>,
+    #[serde(default)]
+    pub ident_program_ns: Option<Stats>,
+}
+
+/// The three ways a round runs the loop.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Run,
+    Stacks,
+    IdentPerFrame,
 }
 
 pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
@@ -67,16 +83,19 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
     fs::write(&script, LOOP)?;
     let mut depths = Vec::new();
     for depth in DEPTHS {
-        let mut figures: [Vec<f64>; 4] = Default::default();
+        // Wall and program time of each way.
+        let mut figures: [[Vec<f64>; 2]; 3] = Default::default();
         let mut frames = 0.0;
         for round in 0..rounds {
-            // The order alternates from round to round.
-            for stacked in [round % 2 == 0, round % 2 == 1] {
-                let (wall, program, walked) = one_run(env, &script, depth, stacked)?;
-                let at = usize::from(stacked);
-                figures[at].push(wall);
-                figures[2 + at].push(program);
-                if stacked {
+            // The order rotates from round to round.
+            let ways = [Way::Run, Way::Stacks, Way::IdentPerFrame];
+            for turn in 0..ways.len() {
+                let way = ways[(round + turn) % ways.len()];
+                let (wall, program, walked) = one_run(env, &script, depth, way)?;
+                let at = way as usize;
+                figures[at][0].push(wall);
+                figures[at][1].push(program);
+                if way == Way::Stacks {
                     frames = walked;
                 }
             }
@@ -84,16 +103,21 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
         depths.push(DepthResults {
             depth,
             frames_per_call: frames,
-            run_us: Stats::of(&figures[0]),
-            stacks_us: Stats::of(&figures[1]),
-            run_program_ns: Stats::of(&figures[2]),
-            stacks_program_ns: Stats::of(&figures[3]),
+            run_us: Stats::of(&figures[0][0]),
+            stacks_us: Stats::of(&figures[1][0]),
+            run_program_ns: Stats::of(&figures[0][1]),
+            stacks_program_ns: Stats::of(&figures[1][1]),
+            ident_us: Some(Stats::of(&figures[2][0])),
+            ident_program_ns: Some(Stats::of(&figures[2][1])),
         });
     }
     let added = |d: &DepthResults| Some(d.stacks_program_ns.median? - d.run_program_ns.median?);
-    let program_ns_per_frame = match (added(&depths[0]), added(&depths[1])) {
-        (Some(shallow), Some(deep)) if depths[1].frames_per_call > depths[0].frames_per_call => {
-            Some((deep - shallow) / (depths[1].frames_per_call - depths[0].frames_per_call))
+    let deepest = depths.len() - 1;
+    let program_ns_per_frame = match (added(&depths[0]), added(&depths[deepest])) {
+        (Some(shallow), Some(deep))
+            if depths[deepest].frames_per_call > depths[0].frames_per_call =>
+        {
+            Some((deep - shallow) / (depths[deepest].frames_per_call - depths[0].frames_per_call))
         }
         _ => None,
     };
@@ -107,8 +131,9 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
 
 /// One traced run: µs per call, the call-entry program's ns per call, frames walked per
 /// call.
-fn one_run(env: &Env, script: &Path, depth: u32, stacked: bool) -> Result<(f64, f64, f64)> {
+fn one_run(env: &Env, script: &Path, depth: u32, way: Way) -> Result<(f64, f64, f64)> {
     let trace = env.out.join("stacks.jsonl");
+    let stacked = way != Way::Run;
     let flags: &[&str] = if stacked { &["--stacks"] } else { &[] };
     let command = [
         PYTHON.to_owned(),
@@ -117,10 +142,12 @@ fn one_run(env: &Env, script: &Path, depth: u32, stacked: bool) -> Result<(f64, 
         CALLS.to_string(),
         depth.to_string(),
     ];
-    let output = cudatrace_run(env, &trace, flags, &command)
-        .env("CUDATRACE_BPF_STATS", "1")
-        .output()
-        .context("running cudatrace")?;
+    let mut cmd = cudatrace_run(env, &trace, flags, &command);
+    cmd.env("CUDATRACE_BPF_STATS", "1");
+    if way == Way::IdentPerFrame {
+        cmd.env("CUDATRACE_STACKS_IDENT_PER_FRAME", "1");
+    }
+    let output = cmd.output().context("running cudatrace")?;
     ensure!(output.status.success(), "cudatrace run failed: {output:?}");
     let wall: f64 = String::from_utf8_lossy(&output.stdout)
         .trim()
