@@ -424,6 +424,34 @@ fn a_stack_deeper_than_the_budget_keeps_its_innermost_frames_and_says_it_was_cut
     assert_eq!(traced.lines[0]["stacks"]["depth"], 8);
 }
 
+/// At the budget's edge: a stack of exactly `--stack-depth` frames is whole, one of a frame
+/// more is cut, on every interpreter; on 3.12+ whether the frames after the budget are only
+/// the interpreter's own entry frames (whole) or lead to a Python frame (cut).
+#[test]
+fn a_stack_of_exactly_the_budget_is_whole_and_one_frame_more_is_cut() {
+    let Some(_guard) = root() else { return };
+    for python in pythons() {
+        let traced = python.trace(
+            "stacks_depth.py",
+            &["--stacks", "--stack-depth", "8"],
+            &["8"],
+        );
+        let mut depths: Vec<usize> = traced.recorded().values().flatten().map(Vec::len).collect();
+        depths.sort_unstable();
+        assert_eq!(depths, [7, 7, 7, 8, 8, 8, 9, 9, 9], "{}", python.label);
+        // Direct, through `map` and in a thread, at 7, 8 and 9 frames: the three of 9 cut.
+        let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 8);
+        assert_eq!((compared, cut), (9, 3), "{}", python.label);
+        let cut_lengths: Vec<usize> = traced
+            .stacks()
+            .values()
+            .filter(|(_, cut)| *cut)
+            .map(|(frames, _)| frames.len())
+            .collect();
+        assert_eq!(cut_lengths, [8, 8, 8], "{}", python.label);
+    }
+}
+
 #[test]
 fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
     let Some(_guard) = root() else { return };

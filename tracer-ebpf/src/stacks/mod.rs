@@ -13,6 +13,7 @@
 //! Their state between tail calls is a per-CPU scratch value (`STACK_SCRATCH`). Nothing
 //! here runs unless the loader filled `STACK_PROGS`, which it does for `--stacks` only.
 
+mod budget;
 mod codes;
 mod read;
 mod walk;

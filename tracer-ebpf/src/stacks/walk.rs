@@ -19,7 +19,9 @@ use tracer_common::stacks::{
 };
 
 use super::{
-    PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen, bump, fsbase_offset,
+    PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
+    budget::kept_frame_beyond,
+    bump, fsbase_offset,
     read::{Buf, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
@@ -335,8 +337,7 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         }
         let kept = scratch.event.nframes;
         if kept >= depth || kept as usize >= MAX_STACK_FRAMES {
-            bump(stack_counter::FRAMES, walked);
-            return Walked::Done { cut: true };
+            break;
         }
         let buf = &mut scratch.buf;
         if !read_user(
@@ -392,8 +393,11 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
     if frame == 0 {
         return Walked::Done { cut: false };
     }
-    if scratch.event.nframes >= depth {
-        return Walked::Done { cut: true };
+    if scratch.event.nframes >= depth || scratch.event.nframes as usize >= MAX_STACK_FRAMES {
+        // The budget is spent: cut only if a frame to keep follows.
+        return Walked::Done {
+            cut: kept_frame_beyond(scratch, py, frame),
+        };
     }
     Walked::More
 }
