@@ -179,7 +179,8 @@ pub mod stack_status {
 pub mod stack_flags {
     /// The stack was seen before in this process image: the event carries its hash alone.
     pub const KNOWN: u32 = 1 << 0;
-    /// The walk stopped at the frame budget: the frames are the innermost ones.
+    /// A frame the walk would keep lies beyond the frame budget: the frames are the
+    /// innermost ones.
     pub const CUT: u32 = 1 << 1;
     /// A tail call failed (the kernel's limit per probe hit): frames were left unread
     /// (with `CUT`) or code objects unresolved.
@@ -222,7 +223,8 @@ pub struct RawPyFrame {
 }
 const _: () = assert!(size_of::<RawPyFrame>() == 32);
 
-/// Bits of [`CodeEvent::flags`]: why the code object cannot name a frame.
+/// Bits of [`CodeHead::flags`]: why the code object cannot name a frame (or, for
+/// [`code_flags::LINETABLE_TOO_LONG`] alone, why its line table is not in the record).
 pub mod code_flags {
     /// Its `ob_type` is not `PyCode_Type`.
     pub const NOT_CODE: u32 = 1 << 0;
@@ -231,7 +233,8 @@ pub mod code_flags {
     pub const READ_FAULT: u32 = 1 << 1;
     /// The file name or qualified name is not a compact string, or longer than kept.
     pub const BAD_NAME: u32 = 1 << 2;
-    /// The line table is longer than [`super::LINETABLE_CAP`].
+    /// The line table is longer than [`super::LINETABLE_CAP`]: not sent (its address is
+    /// in [`super::CodeHead::objects`]); the code object still names its frames.
     pub const LINETABLE_TOO_LONG: u32 = 1 << 3;
 }
 

@@ -452,6 +452,48 @@ fn a_stack_of_exactly_the_budget_is_whole_and_one_frame_more_is_cut() {
     }
 }
 
+/// A function whose line table is over the 16 KiB a code record holds (Inductor's
+/// generated `call`) keeps its frame, its line (the table read apart) and the rest of the
+/// stack, on every interpreter; the footer counts the table as read.
+#[test]
+fn a_function_with_a_line_table_over_16_kib_keeps_its_frame_and_line() {
+    let Some(_guard) = root() else { return };
+    for python in pythons() {
+        let traced = python.trace("stacks_long.py", &["--stacks"], &[]);
+        // Two calls from its middle and two from its end, under main and the module.
+        assert_eq!(
+            assert_stacks_are_cpythons(&python, &traced, 128),
+            (4, 0),
+            "{}",
+            python.label
+        );
+        let stacks = traced.stacks();
+        let inner: Vec<&Frame> = stacks.values().map(|(frames, _)| &frames[0]).collect();
+        assert_eq!(inner.len(), 2, "{}", python.label);
+        for frame in inner {
+            assert_eq!(
+                (frame.0.as_str(), frame.1.as_str(), frame.2.is_some()),
+                ("<generated inductor call>", "call", true),
+                "{}",
+                python.label
+            );
+        }
+        let footer = traced.footer_stacks();
+        assert_eq!(
+            footer["long_linetables"],
+            serde_json::json!({"read": 1, "unread": 0}),
+            "{}",
+            python.label
+        );
+        assert_eq!(
+            footer["code_objects_unusable"],
+            serde_json::json!({"not_code": 0, "read_fault": 0, "bad_name": 0}),
+            "{}",
+            python.label
+        );
+    }
+}
+
 #[test]
 fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
     let Some(_guard) = root() else { return };

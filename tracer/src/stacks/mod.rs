@@ -13,6 +13,7 @@
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
 //! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
+//! | `long_linetable.rs` | a line table over a code record's 16 KiB: read from the process, under the code object's identity |
 
 mod btf;
 mod debug_offsets;
@@ -21,6 +22,7 @@ mod fault_in;
 mod interpreters;
 mod layout;
 mod linetable;
+mod long_linetable;
 mod resolve;
 
 use std::path::Path;
@@ -127,7 +129,11 @@ impl Stacks {
         if head.flags & code_flags::READ_FAULT != 0 {
             fault_in::fault_in(head);
         }
-        self.resolver.code(head, data);
+        let long_table = (head.flags == code_flags::LINETABLE_TOO_LONG)
+            .then(|| self.interpreters.layout(head.header.pid))
+            .flatten()
+            .and_then(|py| long_linetable::read(head, &py));
+        self.resolver.code_with_table(head, data, long_table);
     }
 
     /// A call line whose probe has stacks: its `stack`, or its reason counted.
