@@ -300,6 +300,21 @@ pub fn start(
     0
 }
 
+/// The call starts now, after its walk: its entry time (in its pending frame, or in the
+/// entry-only call carried here) and its stack record's become this moment's, so that a
+/// walked call's duration leaves the walk out, as a call sampling skipped has none. The
+/// record and the call line still pair by the same time.
+#[inline(always)]
+fn after_walk(scratch: &mut Scratch) {
+    let now = unsafe { generated::bpf_ktime_get_ns() };
+    if scratch.has_call != 0 {
+        scratch.call.header.ts_ns = now;
+    } else {
+        crate::maps::restamp_entry(scratch.tid, scratch.ts_ns, now);
+    }
+    scratch.ts_ns = now;
+}
+
 /// Tail-calls the stack program `index` of this program's kind; returns if that failed.
 #[inline(always)]
 fn tail_call(ctx: &ProbeContext, index: u32) {
@@ -324,6 +339,7 @@ fn scratch_of_current() -> Option<&'static mut Scratch> {
 /// walk carried. Returns whether the stack record reached the ring.
 #[inline(always)]
 fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
+    after_walk(scratch);
     let event = &mut scratch.event;
     event.header.kind = tracer_common::kind::STACK;
     event.header.flags = 0;
