@@ -672,6 +672,71 @@ fn a_walked_calls_duration_leaves_its_walk_out() {
     );
 }
 
+/// `--stack-rate HZ`: at most HZ stacked calls a second per thread, from a bucket of HZ
+/// refilled at HZ a second (its arithmetic: tracer-common's unit tests). A burst of 1,000
+/// calls (some milliseconds) gets stacks for exactly its first 10 calls at 10 a second,
+/// whichever thread makes it and whatever the others do; after a pause of 0.55 s (some 0.6
+/// s between the calls) the main thread has what refilled, at least a call each 100 ms of
+/// the pause, and what its bucket run over the calls' times gives, to one call (a walked
+/// call's time is its walk's end, the bucket's its entry). The rest are counted
+/// as rate limited, and the header says the rate.
+#[test]
+fn with_stack_rate_each_thread_gets_at_most_hz_stacks_a_second() {
+    let Some(_guard) = root() else { return };
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_rate.py",
+        &["--stacks=sync", "--stack-rate", "10"],
+        &[],
+    );
+    assert_eq!(traced.lines[0]["stacks"]["rate"], 10);
+    let mut by_thread: BTreeMap<u64, Vec<(u64, bool)>> = BTreeMap::new();
+    for call in calls(&traced.lines) {
+        by_thread
+            .entry(call["tid"].as_u64().unwrap())
+            .or_default()
+            .push((call["ts_ns"].as_u64().unwrap(), call.get("stack").is_some()));
+    }
+    let main = traced.lines[0]["pids"][0].as_u64().unwrap();
+    assert_eq!(by_thread.len(), 3);
+    let mut first_10 = vec![true; 10];
+    first_10.extend([false; 990]);
+    let mut stacked = 0;
+    for (tid, calls) in &mut by_thread {
+        calls.sort_unstable();
+        assert_eq!(calls.len(), if *tid == main { 2000 } else { 1000 });
+        let first: Vec<bool> = calls[..1000].iter().map(|(_, s)| *s).collect();
+        let span_ms = (calls[999].0 - calls[0].0) / 1_000_000;
+        // Under 100 ms not one call refills: exactly the first 10.
+        assert!(span_ms < 90, "thread {tid}: a burst of {span_ms} ms");
+        assert_eq!(first, first_10, "thread {tid}");
+        stacked += calls.iter().filter(|(_, s)| *s).count();
+        if *tid != main {
+            continue;
+        }
+        let mut bucket = tracer_common::stacks::RateBucket::full(10, calls[0].0);
+        let expected = calls
+            .iter()
+            .map(|(ts, _)| bucket.take(10, *ts))
+            .skip(1000)
+            .filter(|s| *s)
+            .count();
+        let after_pause = calls[1000..].iter().filter(|(_, s)| *s).count();
+        let pause_ms = (calls[1000].0 - calls[999].0) / 1_000_000;
+        eprintln!(
+            "--stack-rate 10: after {pause_ms} ms, {after_pause} stacked, {expected} by the bucket"
+        );
+        assert!(
+            after_pause.abs_diff(expected) <= 1 && after_pause >= (pause_ms / 100) as usize,
+            "after {pause_ms} ms: {after_pause} stacked, the bucket's {expected}"
+        );
+    }
+    let footer = traced.footer_stacks();
+    assert_eq!(footer["calls"], stacked as u64);
+    assert_eq!(footer["without"]["rate_limited"], (4000 - stacked) as u64);
+    assert!(footer["without"].get("sampled_out").is_none());
+}
+
 #[test]
 fn stack_every_is_checked() {
     for (args, message) in [
@@ -685,6 +750,19 @@ fn stack_every_is_checked() {
         ),
         (&["--stacks", "--stack-every", "x"][..], "invalid digit"),
         (&["--stack-every", "4"][..], "--stacks"),
+        (
+            &["--stacks", "--stack-rate", "0"][..],
+            "must be 1 to 1000000",
+        ),
+        (
+            &["--stacks", "--stack-rate", "1000001"][..],
+            "must be 1 to 1000000",
+        ),
+        (&["--stack-rate", "10"][..], "--stacks"),
+        (
+            &["--stacks", "--stack-rate", "10", "--stack-every", "4"][..],
+            "cannot be used with",
+        ),
     ] {
         let output = Command::new(CUDATRACE)
             .arg("run")

@@ -15,6 +15,7 @@
 
 mod budget;
 mod codes;
+mod rate;
 mod read;
 mod walk;
 
@@ -27,7 +28,10 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CallEvent, SLOT_MASK, flags,
-    stacks::{MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, stack_counter, stack_prog},
+    stacks::{
+        MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, stack_counter, stack_prog,
+        stack_status,
+    },
 };
 
 use crate::maps::{EVENTS, SPECS, submit_flags};
@@ -111,8 +115,9 @@ pub struct Scratch {
     pub has_call: u32,
     /// The walk has found the thread's first frame (later runs continue at `frame`).
     pub started: u32,
-    /// 1: `--stack-every`'s draw left the call out; walked only to learn why it could have
-    /// no stack, it stops once the thread's state is found.
+    /// Not 0: `--stack-every`'s draw ([`stack_status::SAMPLED_OUT`]) or `--stack-rate`
+    /// ([`stack_status::RATE_LIMITED`]) left the call out, the status to send; walked only
+    /// to learn why it could have no stack, it stops once the thread's state is found.
     pub drawn_out: u32,
     pub _pad: u32,
     pub call: CallEvent,
@@ -259,10 +264,10 @@ pub fn forget(tgid: u32) {
 
 /// From a call program, at a call's entry: hands the call to the stack programs, which
 /// send its stack and then `call` (an entry-only call) themselves. Returns only when they
-/// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` skips
-/// this call): the caller sends `call`, with the flags returned
-/// ([`flags::STACK_SAMPLED_OUT`] for a call sampling skipped, so that userspace does not
-/// take its missing stack record for a lost one).
+/// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` or
+/// `--stack-rate` skips this call): the caller sends `call`, with the flags returned
+/// ([`flags::STACK_SAMPLED_OUT`] or [`flags::STACK_RATE_LIMITED`] for a call skipped, so
+/// that userspace does not take its missing stack record for a lost one).
 #[inline(always)]
 pub fn start(
     ctx: &ProbeContext,
@@ -271,9 +276,20 @@ pub fn start(
     probe_id: u32,
     call: Option<&CallEvent>,
 ) -> u32 {
-    let drawn_in = sampled_in();
-    if !drawn_in && has_thread_state(tgid, tid) {
-        return flags::STACK_SAMPLED_OUT;
+    // `--stack-every` and `--stack-rate` are not given together: one of them decides.
+    let left_out = if !sampled_in() {
+        stack_status::SAMPLED_OUT
+    } else if !rate::admitted(tid, ts_ns) {
+        stack_status::RATE_LIMITED
+    } else {
+        0
+    };
+    if left_out != 0 && has_thread_state(tgid, tid) {
+        return if left_out == stack_status::SAMPLED_OUT {
+            flags::STACK_SAMPLED_OUT
+        } else {
+            flags::STACK_RATE_LIMITED
+        };
     }
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 0;
@@ -284,7 +300,7 @@ pub fn start(
     scratch.tid = tid;
     scratch.ts_ns = ts_ns;
     scratch.started = 0;
-    scratch.drawn_out = u32::from(!drawn_in);
+    scratch.drawn_out = left_out;
     scratch.has_call = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;

@@ -48,7 +48,7 @@ fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
     if scratch.started == 0 {
         match first_frame(scratch, py) {
             // Drawn out, with a thread state: it could have had a stack.
-            Ok(true) if scratch.drawn_out != 0 => return (stack_status::SAMPLED_OUT, 0, false),
+            Ok(true) if scratch.drawn_out != 0 => return (scratch.drawn_out, 0, false),
             Ok(true) => scratch.started = 1,
             Ok(false) => {
                 // Not in the per-thread cache: look through the thread list, then again.

@@ -170,6 +170,10 @@ pub struct StacklessCounts {
     /// design, not a failure). Absent when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub sampled_out: u64,
+    /// `--stack-rate HZ`: calls past the thread's HZ a second, whose stack was not walked
+    /// (by design, not a failure). Absent when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rate_limited: u64,
 }
 
 /// Code records that could not name a frame, by why (a record may have more than one).
@@ -196,7 +200,7 @@ pub struct LongLinetableCounts {
 
 impl StacklessCounts {
     /// Each reason as `run` and `summary` name it, with its count.
-    pub fn reasons(&self) -> [(&'static str, u64); 10] {
+    pub fn reasons(&self) -> [(&'static str, u64); 11] {
         [
             ("not Python", self.not_python),
             ("unsupported Python", self.unsupported_python),
@@ -211,6 +215,7 @@ impl StacklessCounts {
             ("code object unresolved", self.code_unresolved),
             ("record lost", self.record_lost),
             ("sampled out (--stack-every)", self.sampled_out),
+            ("rate limited (--stack-rate)", self.rate_limited),
         ]
     }
 
@@ -235,6 +240,7 @@ impl StacklessCounts {
             + self.code_unresolved
             + self.record_lost
             + self.sampled_out
+            + self.rate_limited
     }
 }
 

@@ -25,10 +25,11 @@ pub enum Reason {
     CodeUnresolved,
     RecordLost,
     SampledOut,
+    RateLimited,
 }
 
 impl Reason {
-    fn count(self, counts: &mut StacklessCounts) {
+    pub fn count(self, counts: &mut StacklessCounts) {
         let slot = match self {
             Reason::NotPython => &mut counts.not_python,
             Reason::UnsupportedPython => &mut counts.unsupported_python,
@@ -40,6 +41,7 @@ impl Reason {
             Reason::CodeUnresolved => &mut counts.code_unresolved,
             Reason::RecordLost => &mut counts.record_lost,
             Reason::SampledOut => &mut counts.sampled_out,
+            Reason::RateLimited => &mut counts.rate_limited,
         };
         *slot += 1;
     }
@@ -148,6 +150,7 @@ impl Resolver {
             stack_status::AMBIGUOUS | stack_status::TOO_MANY_THREADS => Some(Reason::Ambiguous),
             stack_status::NO_FRAMES => Some(Reason::NoPythonFrames),
             stack_status::SAMPLED_OUT => Some(Reason::SampledOut),
+            stack_status::RATE_LIMITED => Some(Reason::RateLimited),
             _ => Some(Reason::ReadFault),
         };
         if let Some(reason) = reason {
