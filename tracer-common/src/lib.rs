@@ -56,6 +56,9 @@ pub mod flags {
     /// `--stacks --stack-every N`: the thread's Python stack was not walked at this call
     /// (a call walks it with a chance of 1 in N): the call has no stack record, by design.
     pub const STACK_SAMPLED_OUT: u32 = 1 << 4;
+    /// `--stacks --stack-rate HZ`: the thread had used its stacked calls of the moment (at
+    /// most HZ a second): the call has no stack record, by design.
+    pub const STACK_RATE_LIMITED: u32 = 1 << 5;
 }
 
 /// Registers plus stack slots captured per call: `cuLaunchKernel` needs ten.

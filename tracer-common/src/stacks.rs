@@ -19,6 +19,8 @@ pub const MAX_STACK_FRAMES: usize = 256;
 pub const DEFAULT_STACK_DEPTH: u32 = 128;
 /// `--stack-every`'s upper bound: one walk in a million calls is already no profile.
 pub const MAX_STACK_EVERY: u32 = 1_000_000;
+/// `--stack-rate`'s upper bound (stacked calls a second per thread).
+pub const MAX_STACK_RATE: u32 = 1_000_000;
 /// Frames one run of the walk program reads; a deeper stack continues in a tail call.
 pub const FRAMES_PER_WALK: usize = 32;
 /// Thread states the walk looks at, at most, to find the calling thread's.
@@ -182,13 +184,68 @@ pub mod stack_status {
     /// `--stack-every`: the draw left the call out, but whether its thread has a thread
     /// state was not known then; the walk found one, and stopped there.
     pub const SAMPLED_OUT: u32 = 9;
+    /// `--stack-rate`: the thread had used its stacked calls of the moment, but whether it
+    /// has a thread state was not known then; the walk found one, and stopped there.
+    pub const RATE_LIMITED: u32 = 10;
+}
+
+/// `--stack-rate HZ`: a thread's token bucket (the value of the probes' per-thread map).
+/// It holds up to HZ stacked calls and refills at HZ a second; a new thread's is full.
+/// Counted in units of 1/10^9 of a call, so that any rate is exact in integers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateBucket {
+    /// Calls available, times 10^9 (at most HZ times 10^9).
+    pub credit: u64,
+    /// When it was last refilled (`bpf_ktime_get_ns`).
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<RateBucket>() == 16);
+
+impl RateBucket {
+    /// One call's worth of credit.
+    const CALL: u64 = 1_000_000_000;
+
+    /// A new thread's bucket, at `now_ns`: full.
+    pub const fn full(rate: u32, now_ns: u64) -> Self {
+        RateBucket {
+            credit: rate as u64 * Self::CALL,
+            last_ns: now_ns,
+        }
+    }
+
+    /// Refills the bucket to `now_ns` and takes a call from it if it has one: whether this
+    /// call may walk its stack. A clock that goes back refills nothing.
+    pub fn take(&mut self, rate: u32, now_ns: u64) -> bool {
+        let capacity = rate as u64 * Self::CALL;
+        // A second refills a bucket from empty: longer refills no more (and cannot
+        // overflow: at most 10^9 ns times 10^6 a second).
+        let elapsed = now_ns.saturating_sub(self.last_ns);
+        let elapsed = if elapsed > Self::CALL {
+            Self::CALL
+        } else {
+            elapsed
+        };
+        let credit = self.credit + elapsed * rate as u64;
+        self.credit = if credit > capacity { capacity } else { credit };
+        if now_ns > self.last_ns {
+            self.last_ns = now_ns;
+        }
+        if self.credit >= Self::CALL {
+            self.credit -= Self::CALL;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Bits of [`StackEvent::flags`].
 pub mod stack_flags {
     /// The stack was seen before in this process image: the event carries its hash alone.
     pub const KNOWN: u32 = 1 << 0;
-    /// The walk stopped at the frame budget: the frames are the innermost ones.
+    /// A frame the walk would keep lies beyond the frame budget: the frames are the
+    /// innermost ones.
     pub const CUT: u32 = 1 << 1;
     /// A tail call failed (the kernel's limit per probe hit): frames were left unread
     /// (with `CUT`) or code objects unresolved.
@@ -231,7 +288,8 @@ pub struct RawPyFrame {
 }
 const _: () = assert!(size_of::<RawPyFrame>() == 32);
 
-/// Bits of [`CodeEvent::flags`]: why the code object cannot name a frame.
+/// Bits of [`CodeHead::flags`]: why the code object cannot name a frame (or, for
+/// [`code_flags::LINETABLE_TOO_LONG`] alone, why its line table is not in the record).
 pub mod code_flags {
     /// Its `ob_type` is not `PyCode_Type`.
     pub const NOT_CODE: u32 = 1 << 0;
@@ -240,7 +298,8 @@ pub mod code_flags {
     pub const READ_FAULT: u32 = 1 << 1;
     /// The file name or qualified name is not a compact string, or longer than kept.
     pub const BAD_NAME: u32 = 1 << 2;
-    /// The line table is longer than [`super::LINETABLE_CAP`].
+    /// The line table is longer than [`super::LINETABLE_CAP`]: not sent (its address is
+    /// in [`super::CodeHead::objects`]); the code object still names its frames.
     pub const LINETABLE_TOO_LONG: u32 = 1 << 3;
 }
 
@@ -296,4 +355,42 @@ pub mod stack_counter {
     /// Frames walked.
     pub const FRAMES: u32 = 4;
     pub const COUNT: u32 = 8;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateBucket;
+
+    /// Calls admitted of `calls` made `gap_ns` apart from `start_ns`, by a new bucket.
+    fn admitted(rate: u32, start_ns: u64, gap_ns: u64, calls: u64) -> u64 {
+        let mut bucket = RateBucket::full(rate, start_ns);
+        (0..calls)
+            .filter(|call| bucket.take(rate, start_ns + call * gap_ns))
+            .count() as u64
+    }
+
+    #[test]
+    fn a_burst_gets_the_bucket_and_what_refilled_meanwhile() {
+        // 1,000 calls 10 µs apart (10 ms): 10 at 10 a second, none refilled yet.
+        assert_eq!(admitted(10, 5_000, 10_000, 1_000), 10);
+        // 1,000 calls 1 ms apart (1 s): 10, then one each 100 ms: 9 more by 999 ms.
+        assert_eq!(admitted(10, 5_000, 1_000_000, 1_000), 19);
+        // A rate that does not divide a second: 3 a second, calls each 100 ms for 2 s:
+        // 3, then one each 333.3 ms (at 400, 700, 1000, 1400, 1700 ms).
+        assert_eq!(admitted(3, 0, 100_000_000, 20), 8);
+        // The top rate, calls each µs for 2 s: the million, then one per µs.
+        assert_eq!(admitted(1_000_000, 0, 1_000, 2_000_000), 2_000_000);
+    }
+
+    #[test]
+    fn a_long_pause_refills_the_bucket_and_no_more() {
+        let mut bucket = RateBucket::full(2, 0);
+        assert!(bucket.take(2, 0) && bucket.take(2, 0) && !bucket.take(2, 0));
+        // An hour later: full again (2), not 7,200.
+        let hour = 3_600 * 1_000_000_000;
+        assert_eq!((0..5).filter(|_| bucket.take(2, hour)).count(), 2);
+        // The clock going back refills nothing and keeps the latest time.
+        assert!(!bucket.take(2, hour - 1_000_000_000));
+        assert_eq!(bucket.last_ns, hour);
+    }
 }

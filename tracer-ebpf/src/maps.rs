@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{FrameStack, MAX_PROBES, ProbeSpec, counter};
+use tracer_common::{FrameStack, MAX_DEPTH, MAX_PROBES, ProbeSpec, counter};
 
 /// Events to userspace. The loader sets the real size (`--ring-size`).
 #[map]
@@ -211,5 +211,27 @@ pub fn atomic_add(target: *mut u64, delta: u64) {
             target = in(reg) target,
             delta = in(reg) delta,
         );
+    }
+}
+
+/// Moves the entry time of thread `tid`'s innermost pending call from `entered` to `now`:
+/// the stack programs' walk ran between them, and a call's duration is to be its own, not
+/// its walk's (else `--stack-every`'s walked calls would seem longer than the others).
+/// Nothing where that call is not pending (it was not given a frame).
+#[inline(always)]
+pub fn restamp_entry(tid: u32, entered: u64, now: u64) {
+    let Some(stack) = FRAMES.get_ptr_mut(&tid) else {
+        return;
+    };
+    // SAFETY: this thread's map value; only this thread's programs write it.
+    let stack = unsafe { &mut *stack };
+    let depth = stack.depth as usize;
+    if depth == 0 || depth > MAX_DEPTH {
+        return;
+    }
+    if let Some(frame) = stack.frames.get_mut((depth - 1) & (MAX_DEPTH - 1))
+        && frame.ts_ns == entered
+    {
+        frame.ts_ns = now;
     }
 }

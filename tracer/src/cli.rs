@@ -47,7 +47,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command (or attach to processes) and record its CUDA driver calls as JSONL.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Summarise a trace: time per function, kernels, copies, device memory and leaks,
     /// and the stages of the run.
     Summary(SummaryArgs),

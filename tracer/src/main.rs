@@ -59,7 +59,7 @@ fn main() {
     spawn::record_inherited_signals();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Summary(args) => summary::run(args),
         Command::Export(args) => export::run(args),
         Command::Plot(args) => plot::run(args),

@@ -466,6 +466,76 @@ fn a_stack_deeper_than_the_budget_keeps_its_innermost_frames_and_says_it_was_cut
     assert_eq!(traced.lines[0]["stacks"]["depth"], 8);
 }
 
+/// At the budget's edge: a stack of exactly `--stack-depth` frames is whole, one of a frame
+/// more is cut, on every interpreter; on 3.12+ whether the frames after the budget are only
+/// the interpreter's own entry frames (whole) or lead to a Python frame (cut).
+#[test]
+fn a_stack_of_exactly_the_budget_is_whole_and_one_frame_more_is_cut() {
+    let Some(_guard) = root() else { return };
+    for python in pythons() {
+        let traced = python.trace(
+            "stacks_depth.py",
+            &["--stacks", "--stack-depth", "8"],
+            &["8"],
+        );
+        let mut depths: Vec<usize> = traced.recorded().values().flatten().map(Vec::len).collect();
+        depths.sort_unstable();
+        assert_eq!(depths, [7, 7, 7, 8, 8, 8, 9, 9, 9], "{}", python.label);
+        // Direct, through `map` and in a thread, at 7, 8 and 9 frames: the three of 9 cut.
+        let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 8);
+        assert_eq!((compared, cut), (9, 3), "{}", python.label);
+        let cut_lengths: Vec<usize> = traced
+            .stacks()
+            .values()
+            .filter(|(_, cut)| *cut)
+            .map(|(frames, _)| frames.len())
+            .collect();
+        assert_eq!(cut_lengths, [8, 8, 8], "{}", python.label);
+    }
+}
+
+/// A function whose line table is over the 16 KiB a code record holds (Inductor's
+/// generated `call`) keeps its frame, its line (the table read apart) and the rest of the
+/// stack, on every interpreter; the footer counts the table as read.
+#[test]
+fn a_function_with_a_line_table_over_16_kib_keeps_its_frame_and_line() {
+    let Some(_guard) = root() else { return };
+    for python in pythons() {
+        let traced = python.trace("stacks_long.py", &["--stacks"], &[]);
+        // Two calls from its middle and two from its end, under main and the module.
+        assert_eq!(
+            assert_stacks_are_cpythons(&python, &traced, 128),
+            (4, 0),
+            "{}",
+            python.label
+        );
+        let stacks = traced.stacks();
+        let inner: Vec<&Frame> = stacks.values().map(|(frames, _)| &frames[0]).collect();
+        assert_eq!(inner.len(), 2, "{}", python.label);
+        for frame in inner {
+            assert_eq!(
+                (frame.0.as_str(), frame.1.as_str(), frame.2.is_some()),
+                ("<generated inductor call>", "call", true),
+                "{}",
+                python.label
+            );
+        }
+        let footer = traced.footer_stacks();
+        assert_eq!(
+            footer["long_linetables"],
+            serde_json::json!({"read": 1, "unread": 0}),
+            "{}",
+            python.label
+        );
+        assert_eq!(
+            footer["code_objects_unusable"],
+            serde_json::json!({"not_code": 0, "read_fault": 0, "bad_name": 0}),
+            "{}",
+            python.label
+        );
+    }
+}
+
 #[test]
 fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
     let Some(_guard) = root() else { return };
@@ -598,6 +668,117 @@ fn with_stack_every_calls_are_walked_at_random_one_in_n() {
     );
 }
 
+/// A walked call's duration is the call's alone: its entry is stamped after its walk, so
+/// that with `--stack-every` the walked calls and the skipped ones of one function measure
+/// the same thing. 600 calls of a 10 µs stand-in from 101 frames deep, 1 in 2 walked:
+/// stamped before the walk, the walked calls' median was 17-18 µs longer on this machine
+/// (27.5 µs against 9.8); now the two medians are within 3 µs.
+#[test]
+fn a_walked_calls_duration_leaves_its_walk_out() {
+    let Some(_guard) = root() else { return };
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_timing.py",
+        &["--stacks=sync", "--stack-every", "2"],
+        &[],
+    );
+    let (mut walked, mut skipped) = (Vec::new(), Vec::new());
+    for call in calls(&traced.lines) {
+        let dur = call["dur_ns"].as_u64().unwrap();
+        match call.get("stack") {
+            Some(_) => walked.push(dur),
+            None => skipped.push(dur),
+        }
+    }
+    assert_eq!(walked.len() + skipped.len(), 600);
+    // Binomial(600, 1/2): below 200 with a chance of about 1e-16.
+    assert!(
+        walked.len() >= 200 && skipped.len() >= 200,
+        "{} {}",
+        walked.len(),
+        skipped.len()
+    );
+    assert_eq!(
+        traced.footer_stacks()["without"]["sampled_out"],
+        skipped.len() as u64
+    );
+    let median = |durations: &mut Vec<u64>| {
+        durations.sort_unstable();
+        durations[durations.len() / 2]
+    };
+    let (walked, skipped) = (median(&mut walked), median(&mut skipped));
+    eprintln!("median duration: walked {walked} ns, skipped {skipped} ns");
+    assert!(
+        walked.abs_diff(skipped) <= 3_000,
+        "walked calls' median {walked} ns, skipped ones' {skipped} ns"
+    );
+}
+
+/// `--stack-rate HZ`: at most HZ stacked calls a second per thread, from a bucket of HZ
+/// refilled at HZ a second (its arithmetic: tracer-common's unit tests). A burst of 1,000
+/// calls (some milliseconds) gets stacks for exactly its first 10 calls at 10 a second,
+/// whichever thread makes it and whatever the others do; after a pause of 0.55 s (some 0.6
+/// s between the calls) the main thread has what refilled, at least a call each 100 ms of
+/// the pause, and what its bucket run over the calls' times gives, to one call (a walked
+/// call's time is its walk's end, the bucket's its entry). The rest are counted
+/// as rate limited, and the header says the rate.
+#[test]
+fn with_stack_rate_each_thread_gets_at_most_hz_stacks_a_second() {
+    let Some(_guard) = root() else { return };
+    let python = Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("python3.11");
+    let traced = python.trace(
+        "stacks_rate.py",
+        &["--stacks=sync", "--stack-rate", "10"],
+        &[],
+    );
+    assert_eq!(traced.lines[0]["stacks"]["rate"], 10);
+    let mut by_thread: BTreeMap<u64, Vec<(u64, bool)>> = BTreeMap::new();
+    for call in calls(&traced.lines) {
+        by_thread
+            .entry(call["tid"].as_u64().unwrap())
+            .or_default()
+            .push((call["ts_ns"].as_u64().unwrap(), call.get("stack").is_some()));
+    }
+    let main = traced.lines[0]["pids"][0].as_u64().unwrap();
+    assert_eq!(by_thread.len(), 3);
+    let mut first_10 = vec![true; 10];
+    first_10.extend([false; 990]);
+    let mut stacked = 0;
+    for (tid, calls) in &mut by_thread {
+        calls.sort_unstable();
+        assert_eq!(calls.len(), if *tid == main { 2000 } else { 1000 });
+        let first: Vec<bool> = calls[..1000].iter().map(|(_, s)| *s).collect();
+        let span_ms = (calls[999].0 - calls[0].0) / 1_000_000;
+        // Under 100 ms not one call refills: exactly the first 10.
+        assert!(span_ms < 90, "thread {tid}: a burst of {span_ms} ms");
+        assert_eq!(first, first_10, "thread {tid}");
+        stacked += calls.iter().filter(|(_, s)| *s).count();
+        if *tid != main {
+            continue;
+        }
+        let mut bucket = tracer_common::stacks::RateBucket::full(10, calls[0].0);
+        let expected = calls
+            .iter()
+            .map(|(ts, _)| bucket.take(10, *ts))
+            .skip(1000)
+            .filter(|s| *s)
+            .count();
+        let after_pause = calls[1000..].iter().filter(|(_, s)| *s).count();
+        let pause_ms = (calls[1000].0 - calls[999].0) / 1_000_000;
+        eprintln!(
+            "--stack-rate 10: after {pause_ms} ms, {after_pause} stacked, {expected} by the bucket"
+        );
+        assert!(
+            after_pause.abs_diff(expected) <= 1 && after_pause >= (pause_ms / 100) as usize,
+            "after {pause_ms} ms: {after_pause} stacked, the bucket's {expected}"
+        );
+    }
+    let footer = traced.footer_stacks();
+    assert_eq!(footer["calls"], stacked as u64);
+    assert_eq!(footer["without"]["rate_limited"], (4000 - stacked) as u64);
+    assert!(footer["without"].get("sampled_out").is_none());
+}
+
 #[test]
 fn stack_every_is_checked() {
     for (args, message) in [
@@ -611,6 +792,19 @@ fn stack_every_is_checked() {
         ),
         (&["--stacks", "--stack-every", "x"][..], "invalid digit"),
         (&["--stack-every", "4"][..], "--stacks"),
+        (
+            &["--stacks", "--stack-rate", "0"][..],
+            "must be 1 to 1000000",
+        ),
+        (
+            &["--stacks", "--stack-rate", "1000001"][..],
+            "must be 1 to 1000000",
+        ),
+        (&["--stack-rate", "10"][..], "--stacks"),
+        (
+            &["--stacks", "--stack-rate", "10", "--stack-every", "4"][..],
+            "cannot be used with",
+        ),
     ] {
         let output = Command::new(CUDATRACE)
             .arg("run")

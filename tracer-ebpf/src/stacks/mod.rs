@@ -13,7 +13,9 @@
 //! Their state between tail calls is a per-CPU scratch value (`STACK_SCRATCH`). Nothing
 //! here runs unless the loader filled `STACK_PROGS`, which it does for `--stacks` only.
 
+mod budget;
 mod codes;
+mod rate;
 mod read;
 mod walk;
 
@@ -28,6 +30,7 @@ use tracer_common::{
     CallEvent, SLOT_MASK, flags,
     stacks::{
         MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, py_flags, stack_counter, stack_prog,
+        stack_status,
     },
 };
 
@@ -112,8 +115,9 @@ pub struct Scratch {
     pub has_call: u32,
     /// The walk has found the thread's first frame (later runs continue at `frame`).
     pub started: u32,
-    /// 1: `--stack-every`'s draw left the call out; walked only to learn why it could have
-    /// no stack, it stops once the thread's state is found.
+    /// Not 0: `--stack-every`'s draw ([`stack_status::SAMPLED_OUT`]) or `--stack-rate`
+    /// ([`stack_status::RATE_LIMITED`]) left the call out, the status to send; walked only
+    /// to learn why it could have no stack, it stops once the thread's state is found.
     pub drawn_out: u32,
     pub _pad: u32,
     pub call: CallEvent,
@@ -296,10 +300,10 @@ pub fn forget(tgid: u32) {
 
 /// From a call program, at a call's entry: hands the call to the stack programs, which
 /// send its stack and then `call` (an entry-only call) themselves. Returns only when they
-/// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` skips
-/// this call): the caller sends `call`, with the flags returned
-/// ([`flags::STACK_SAMPLED_OUT`] for a call sampling skipped, so that userspace does not
-/// take its missing stack record for a lost one).
+/// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` or
+/// `--stack-rate` skips this call): the caller sends `call`, with the flags returned
+/// ([`flags::STACK_SAMPLED_OUT`] or [`flags::STACK_RATE_LIMITED`] for a call skipped, so
+/// that userspace does not take its missing stack record for a lost one).
 #[inline(always)]
 pub fn start(
     ctx: &ProbeContext,
@@ -308,9 +312,20 @@ pub fn start(
     probe_id: u32,
     call: Option<&CallEvent>,
 ) -> u32 {
-    let drawn_in = sampled_in();
-    if !drawn_in && has_thread_state(tgid, tid) {
-        return flags::STACK_SAMPLED_OUT;
+    // `--stack-every` and `--stack-rate` are not given together: one of them decides.
+    let left_out = if !sampled_in() {
+        stack_status::SAMPLED_OUT
+    } else if !rate::admitted(tid, ts_ns) {
+        stack_status::RATE_LIMITED
+    } else {
+        0
+    };
+    if left_out != 0 && has_thread_state(tgid, tid) {
+        return if left_out == stack_status::SAMPLED_OUT {
+            flags::STACK_SAMPLED_OUT
+        } else {
+            flags::STACK_RATE_LIMITED
+        };
     }
     let Some(scratch) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 0;
@@ -321,7 +336,7 @@ pub fn start(
     scratch.tid = tid;
     scratch.ts_ns = ts_ns;
     scratch.started = 0;
-    scratch.drawn_out = u32::from(!drawn_in);
+    scratch.drawn_out = left_out;
     scratch.has_call = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;
@@ -335,6 +350,21 @@ pub fn start(
     tail_call(ctx, stack_prog::WALK);
     scratch.has_call = 0;
     0
+}
+
+/// The call starts now, after its walk: its entry time (in its pending frame, or in the
+/// entry-only call carried here) and its stack record's become this moment's, so that a
+/// walked call's duration leaves the walk out, as a call sampling skipped has none. The
+/// record and the call line still pair by the same time.
+#[inline(always)]
+fn after_walk(scratch: &mut Scratch) {
+    let now = unsafe { generated::bpf_ktime_get_ns() };
+    if scratch.has_call != 0 {
+        scratch.call.header.ts_ns = now;
+    } else {
+        crate::maps::restamp_entry(scratch.tid, scratch.ts_ns, now);
+    }
+    scratch.ts_ns = now;
 }
 
 /// Tail-calls the stack program `index` of this program's kind; returns if that failed.
@@ -361,6 +391,7 @@ fn scratch_of_current() -> Option<&'static mut Scratch> {
 /// walk carried. Returns whether the stack record reached the ring.
 #[inline(always)]
 fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
+    after_walk(scratch);
     let event = &mut scratch.event;
     event.header.kind = tracer_common::kind::STACK;
     event.header.flags = 0;

@@ -19,7 +19,9 @@ use tracer_common::stacks::{
 };
 
 use super::{
-    PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen, bump, fsbase_offset,
+    PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
+    budget::kept_frame_beyond,
+    bump, fsbase_offset,
     read::{Buf, WINDOW, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
@@ -46,7 +48,7 @@ fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
     if scratch.started == 0 {
         match first_frame(scratch, py) {
             // Drawn out, with a thread state: it could have had a stack.
-            Ok(true) if scratch.drawn_out != 0 => return (stack_status::SAMPLED_OUT, 0, false),
+            Ok(true) if scratch.drawn_out != 0 => return (scratch.drawn_out, 0, false),
             Ok(true) => scratch.started = 1,
             Ok(false) => {
                 // Not in the per-thread cache: look through the thread list, then again.
@@ -339,8 +341,7 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         }
         let kept = scratch.event.nframes;
         if kept >= depth || kept as usize >= MAX_STACK_FRAMES {
-            bump(stack_counter::FRAMES, walked);
-            return Walked::Done { cut: true };
+            break;
         }
         if !read_frame(scratch, py, frame) {
             return Walked::Status(stack_status::READ_FAULT);
@@ -392,8 +393,11 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
     if frame == 0 {
         return Walked::Done { cut: false };
     }
-    if scratch.event.nframes >= depth {
-        return Walked::Done { cut: true };
+    if scratch.event.nframes >= depth || scratch.event.nframes as usize >= MAX_STACK_FRAMES {
+        // The budget is spent: cut only if a frame to keep follows.
+        return Walked::Done {
+            cut: kept_frame_beyond(scratch, py, frame),
+        };
     }
     Walked::More
 }

@@ -34,6 +34,8 @@ pub struct StackOptions {
     pub depth: u32,
     /// A stacked call walks its stack with a chance of 1 in `every` (`--stack-every`).
     pub every: u32,
+    /// At most `rate` stacked calls a second per thread (`--stack-rate`); 0: no limit.
+    pub rate: u32,
 }
 
 /// The inode of the kernel's root pid namespace (`PROC_PID_INIT_INO`).
@@ -126,7 +128,8 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         loader
             .override_global("FSBASE_OFF", &stacks.fsbase_offset, true)
             .override_global("STACK_DEPTH", &stacks.depth, true)
-            .override_global("STACK_EVERY", &stacks.every, true);
+            .override_global("STACK_EVERY", &stacks.every, true)
+            .override_global("STACK_RATE", &stacks.rate, true);
     }
     loader
         .override_global("PIDNS_DEV", &pidns_dev, true)

@@ -2,6 +2,7 @@
 
 use std::{
     ffi::OsString,
+    num::NonZeroU32,
     path::PathBuf,
     time::{Duration, UNIX_EPOCH},
 };
@@ -231,6 +232,22 @@ pub struct RunArgs {
     )]
     pub stack_every: u32,
 
+    /// Limit --stacks in time instead: at most HZ stacked calls a second per thread (1 to
+    /// 1000000), for programs whose call rate is not known beforehand (a server). Each
+    /// thread has HZ to spend at once, refilled at HZ a second: a burst gets its first HZ
+    /// calls' stacks, a steady stream one each 1/HZ second. The others have no `stack`,
+    /// counted in the footer as `rate_limited`; the rows of `summary` and `flame` are the
+    /// stacked calls' own figures, not estimates (which calls were left out depends on
+    /// timing, not chance). Not with --stack-every.
+    #[arg(
+        long,
+        value_name = "HZ",
+        value_parser = parse_stack_rate,
+        requires = "stacks",
+        conflicts_with = "stack_every"
+    )]
+    pub stack_rate: Option<NonZeroU32>,
+
     /// Also export the trace when tracing ends, beside it: TRACE.json (`chrome`),
     /// TRACE.pftrace (`perfetto`) or the folder TRACE.parquet (`parquet`); see `cudatrace
     /// export`. Not with `-o -`.
@@ -285,6 +302,16 @@ fn parse_stack_every(text: &str) -> Result<u32, String> {
         return Err(format!("must be 1 to {most}"));
     }
     Ok(every)
+}
+
+/// Non-zero by its type: the probes read 0 as no limit.
+fn parse_stack_rate(text: &str) -> Result<NonZeroU32, String> {
+    let rate: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    let most = tracer_common::stacks::MAX_STACK_RATE;
+    match NonZeroU32::new(rate) {
+        Some(rate) if rate.get() <= most => Ok(rate),
+        _ => Err(format!("must be 1 to {most}")),
+    }
 }
 
 fn parse_ring_kib(text: &str) -> Result<u32, String> {

@@ -58,7 +58,10 @@ mod window;
 
 pub use args::RunArgs;
 
-use std::path::{Path, PathBuf};
+use std::{
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
 
 use anyhow::anyhow;
 
@@ -152,6 +155,7 @@ impl Options {
             stacks,
             stack_depth,
             stack_every,
+            stack_rate,
             export,
             start_at: _,
             duration: _,
@@ -180,6 +184,7 @@ impl Options {
                     stacks: stacks.map(|_| StackSampling {
                         depth: stack_depth,
                         every: stack_every,
+                        rate: stack_rate.map_or(0, NonZeroU32::get),
                     }),
                     selection,
                     missing_probes,
@@ -264,6 +269,7 @@ fn header_flags(args: &RunArgs) -> HeaderFlags {
             families: selection.names(),
             depth: args.stack_depth,
             every: (args.stack_every > 1).then_some(args.stack_every),
+            rate: args.stack_rate.map(NonZeroU32::get),
         }),
         job_ids: header::job_ids(),
     }

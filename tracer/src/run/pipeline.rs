@@ -25,7 +25,7 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{
-    AttachEvent, flags, proc_event,
+    AttachEvent, proc_event,
     stacks::{RawPyFrame, StackEvent},
 };
 
@@ -46,7 +46,7 @@ use crate::{
     probes::maps::Counters,
     schema::{GpuLine, Line, LostLine, PowerLine, StacksFooter, WindowFooter},
     sinks::jsonl::TraceWriter,
-    stacks::{StackLines, Stacks},
+    stacks::{self, StackLines, Stacks},
 };
 
 /// How long a graph's work line waits for the rest of its graph launch at most.
@@ -247,8 +247,9 @@ impl<'a> Pipeline<'a> {
     /// stacks stage).
     fn record(&mut self, bytes: &[u8]) -> io::Result<()> {
         let raw = decode(bytes);
-        // Whether the call's probe has stacks, and whether `--stack-every` skipped it.
-        let (mut stacked, mut sampled_out) = (false, false);
+        // Whether the call's probe has stacks, and whether `--stack-every` or
+        // `--stack-rate` skipped it.
+        let (mut stacked, mut left_out) = (false, None);
         match &raw {
             Ok(RawEvent::Attach(event)) => return self.attach_event(event),
             Ok(RawEvent::Stack { event, frames }) => return self.stack_record(event, frames),
@@ -273,14 +274,14 @@ impl<'a> Pipeline<'a> {
                     .plans()
                     .probe(call.probe_id)
                     .is_some_and(|probe| probe.stacks);
-                sampled_out = call.header.flags & flags::STACK_SAMPLED_OUT != 0;
+                left_out = stacks::left_out(call.header.flags);
             }
             _ => {}
         }
         match self.decoder.decode_raw(raw, self.attaching.plans()) {
             Some(Event::Line(mut line)) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
-                    stacks.call(call, sampled_out);
+                    stacks.call(call, left_out);
                 }
                 self.line(line)
             }

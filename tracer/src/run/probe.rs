@@ -55,6 +55,8 @@ pub struct ProbeOptions {
 pub struct StackSampling {
     pub depth: u32,
     pub every: u32,
+    /// `--stack-rate`; 0: none.
+    pub rate: u32,
 }
 
 /// The probes attached before the command starts, and what the header says of them.
@@ -274,6 +276,7 @@ fn stack_options(sampling: Option<&StackSampling>) -> Result<Option<StackOptions
         fsbase_offset,
         depth: sampling.depth,
         every: sampling.every,
+        rate: sampling.rate,
     }))
 }
 

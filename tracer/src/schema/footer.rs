@@ -130,6 +130,9 @@ pub struct StacksFooter {
     pub code_objects: u64,
     /// Of those, the records that could not name a frame, by why.
     pub code_objects_unusable: UnusableCodeCounts,
+    /// Of those, code objects whose line table is longer than a code record holds (16 KiB),
+    /// read apart from the process's memory.
+    pub long_linetables: LongLinetableCounts,
     /// Frames the probes read (those kept and the interpreter's own entry frames they
     /// skip): with `calls`, the depth the cost per frame is measured at.
     pub frames_walked: u64,
@@ -167,6 +170,10 @@ pub struct StacklessCounts {
     /// design, not a failure). Absent when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub sampled_out: u64,
+    /// `--stack-rate HZ`: calls past the thread's HZ a second, whose stack was not walked
+    /// (by design, not a failure). Absent when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rate_limited: u64,
 }
 
 /// Code records that could not name a frame, by why (a record may have more than one).
@@ -179,13 +186,21 @@ pub struct UnusableCodeCounts {
     pub read_fault: u64,
     /// A name that is not a compact string, or longer than kept.
     pub bad_name: u64,
-    /// A line table longer than 16 KiB.
-    pub linetable_too_long: u64,
+}
+
+/// Code objects whose line table is longer than 16 KiB (`LINETABLE_CAP`): their frames are
+/// named all the same, and their line table read through `/proc/PID/mem`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LongLinetableCounts {
+    /// Read whole, under the code object's identity: their frames have their lines.
+    pub read: u64,
+    /// Not read (the code object or its process gone by then): their frames have no `line`.
+    pub unread: u64,
 }
 
 impl StacklessCounts {
     /// Each reason as `run` and `summary` name it, with its count.
-    pub fn reasons(&self) -> [(&'static str, u64); 10] {
+    pub fn reasons(&self) -> [(&'static str, u64); 11] {
         [
             ("not Python", self.not_python),
             ("unsupported Python", self.unsupported_python),
@@ -200,6 +215,7 @@ impl StacklessCounts {
             ("code object unresolved", self.code_unresolved),
             ("record lost", self.record_lost),
             ("sampled out (--stack-every)", self.sampled_out),
+            ("rate limited (--stack-rate)", self.rate_limited),
         ]
     }
 
@@ -224,6 +240,7 @@ impl StacklessCounts {
             + self.code_unresolved
             + self.record_lost
             + self.sampled_out
+            + self.rate_limited
     }
 }
 

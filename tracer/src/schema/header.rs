@@ -132,6 +132,10 @@ pub struct StacksInfo {
     /// random; the others have none (the footer's `sampled_out`). Absent: every call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub every: Option<u32>,
+    /// `--stack-rate HZ`: at most HZ calls a second per thread had their stack walked; the
+    /// others have none (the footer's `rate_limited`). Absent: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u32>,
 }
 
 impl StacksInfo {

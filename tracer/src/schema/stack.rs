@@ -25,8 +25,8 @@ pub struct StackLine {
     pub id: u64,
     /// Innermost first.
     pub frames: Vec<StackFrame>,
-    /// The walk stopped at the frame budget (`--stack-depth`): `frames` are the innermost
-    /// ones and the outer frames are missing. Absent when the stack is whole.
+    /// The stack is deeper than the frame budget (`--stack-depth`): `frames` are the
+    /// innermost ones and the outer frames are missing. Absent when the stack is whole.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cut: bool,
 }
@@ -200,7 +200,7 @@ mod tests {
         assert!(text.contains(r#""library":0,"stack":1}"#), "{text}");
         assert!(
             text.ends_with(
-                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0,"linetable_too_long":0},"frames_walked":40}}"#
+                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0},"long_linetables":{"read":0,"unread":0},"frames_walked":40}}"#
             ),
             "{text}"
         );

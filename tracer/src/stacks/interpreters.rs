@@ -83,6 +83,11 @@ impl Interpreters {
         }
     }
 
+    /// The layout the probes have for `pid`'s interpreter.
+    pub fn layout(&self, pid: u32) -> Option<PyProcess> {
+        self.map.get(&pid, 0).ok()
+    }
+
     /// What was found of `pid`'s interpreter, if it was looked at since its last exec.
     pub fn found(&self, pid: u32) -> Option<&Found> {
         self.processes.get(&pid)

@@ -13,6 +13,7 @@
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
 //! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
+//! | `long_linetable.rs` | a line table over a code record's 16 KiB: read from the process, under the code object's identity |
 
 mod btf;
 mod debug_offsets;
@@ -21,19 +22,21 @@ mod fault_in;
 mod interpreters;
 mod layout;
 mod linetable;
+mod long_linetable;
 mod resolve;
 
 use std::path::Path;
 
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
-    AttachEvent, attach_event,
+    AttachEvent, attach_event, flags,
     stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter},
 };
 
 pub use btf::fsbase_offset;
 use interpreters::{Found, Interpreters};
-use resolve::{Reason, Resolver};
+pub use resolve::Reason;
+use resolve::Resolver;
 
 use crate::{
     probes::{loaded::StackMaps, stack_programs::StackPrograms},
@@ -131,17 +134,23 @@ impl Stacks {
         if head.flags & code_flags::READ_FAULT != 0 {
             fault_in::fault_in(head);
         }
-        self.resolver.code(head, data);
+        let long_table = (head.flags == code_flags::LINETABLE_TOO_LONG)
+            .then(|| self.interpreters.layout(head.header.pid))
+            .flatten()
+            .and_then(|py| long_linetable::read(head, &py));
+        self.resolver.code_with_table(head, data, long_table);
     }
 
     /// A call line whose probe has stacks: its `stack`, or its reason counted.
-    /// `sampled_out`: `--stack-every` skipped its walk, so no record was sent for it.
-    pub fn call(&mut self, call: &mut CallLine, sampled_out: bool) {
-        call.stack = if sampled_out {
-            self.resolver.footer.without.sampled_out += 1;
-            None
-        } else {
-            self.resolver.take(call.tid, call.ts_ns)
+    /// `left_out`: `--stack-every` or `--stack-rate` skipped its walk (the call record's
+    /// flags say which), so no record was sent for it.
+    pub fn call(&mut self, call: &mut CallLine, left_out: Option<Reason>) {
+        call.stack = match left_out {
+            Some(reason) => {
+                reason.count(&mut self.resolver.footer.without);
+                None
+            }
+            None => self.resolver.take(call.tid, call.ts_ns),
         };
     }
 
@@ -153,6 +162,18 @@ impl Stacks {
             .get(&stack_counter::FRAMES, 0)
             .map_or(0, |per_cpu| per_cpu.iter().sum());
         footer
+    }
+}
+
+/// Why a call record's flags say it has no stack by design: `--stack-every`'s draw or
+/// `--stack-rate`'s limit skipped its walk.
+pub fn left_out(call_flags: u32) -> Option<Reason> {
+    if call_flags & flags::STACK_SAMPLED_OUT != 0 {
+        Some(Reason::SampledOut)
+    } else if call_flags & flags::STACK_RATE_LIMITED != 0 {
+        Some(Reason::RateLimited)
+    } else {
+        None
     }
 }
 

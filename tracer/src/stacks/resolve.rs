@@ -25,10 +25,11 @@ pub enum Reason {
     CodeUnresolved,
     RecordLost,
     SampledOut,
+    RateLimited,
 }
 
 impl Reason {
-    fn count(self, counts: &mut StacklessCounts) {
+    pub fn count(self, counts: &mut StacklessCounts) {
         let slot = match self {
             Reason::NotPython => &mut counts.not_python,
             Reason::UnsupportedPython => &mut counts.unsupported_python,
@@ -40,6 +41,7 @@ impl Reason {
             Reason::CodeUnresolved => &mut counts.code_unresolved,
             Reason::RecordLost => &mut counts.record_lost,
             Reason::SampledOut => &mut counts.sampled_out,
+            Reason::RateLimited => &mut counts.rate_limited,
         };
         *slot += 1;
     }
@@ -76,27 +78,44 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// A code record (`minor`: its interpreter's minor version).
+    /// A code record (its header's flags: its interpreter's minor version).
+    #[cfg(test)]
     pub fn code(&mut self, event: &CodeHead, data: &[u8]) {
+        self.code_with_table(event, data, None);
+    }
+
+    /// A code record; `long_table`: where the record's line table was too long to send
+    /// ([`code_flags::LINETABLE_TOO_LONG`]), the table read apart, if it could be. Such a
+    /// code object names its frames all the same, without their lines if it could not.
+    pub fn code_with_table(&mut self, event: &CodeHead, data: &[u8], long_table: Option<Vec<u8>>) {
         self.footer.code_objects += 1;
         let unusable = &mut self.footer.code_objects_unusable;
         for (flag, count) in [
             (code_flags::NOT_CODE, &mut unusable.not_code),
             (code_flags::READ_FAULT, &mut unusable.read_fault),
             (code_flags::BAD_NAME, &mut unusable.bad_name),
-            (
-                code_flags::LINETABLE_TOO_LONG,
-                &mut unusable.linetable_too_long,
-            ),
         ] {
             if event.flags & flag != 0 {
                 *count += 1;
             }
         }
+        let long = event.flags & code_flags::LINETABLE_TOO_LONG != 0;
+        let usable = event.flags & !code_flags::LINETABLE_TOO_LONG == 0;
+        if long && usable {
+            let counts = &mut self.footer.long_linetables;
+            match long_table {
+                Some(_) => counts.read += 1,
+                None => counts.unread += 1,
+            }
+        }
         let minor = event.header.flags;
-        let code = (event.flags == 0)
+        let code = usable
             .then(|| decode_code(event, data, minor))
-            .flatten();
+            .flatten()
+            .map(|code| match long_table {
+                Some(linetable) if long => Code { linetable, ..code },
+                _ => code,
+            });
         self.codes.insert(event.capture, code);
     }
 
@@ -131,6 +150,7 @@ impl Resolver {
             stack_status::AMBIGUOUS | stack_status::TOO_MANY_THREADS => Some(Reason::Ambiguous),
             stack_status::NO_FRAMES => Some(Reason::NoPythonFrames),
             stack_status::SAMPLED_OUT => Some(Reason::SampledOut),
+            stack_status::RATE_LIMITED => Some(Reason::RateLimited),
             _ => Some(Reason::ReadFault),
         };
         if let Some(reason) = reason {

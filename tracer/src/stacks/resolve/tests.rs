@@ -210,3 +210,50 @@ fn names_in_every_string_kind_are_read() {
     );
     assert_eq!(decode_str(&[0x00, 0xd8], 2), None);
 }
+
+/// A code object whose line table was too long for its record names its frames all the
+/// same: with its lines where the table was read apart, without them where it could not be,
+/// and the footer says which; the rest of the stack is whole either way.
+#[test]
+fn a_code_object_with_a_line_table_over_the_cap_keeps_its_frames() {
+    for (read_apart, line) in [(true, Some(13)), (false, None)] {
+        let mut resolver = resolver();
+        let (mut long, data) = code(3, "/w/inductor.py", "call", 10, 40);
+        let table = data[long.filename_len as usize + long.qualname_len as usize..].to_vec();
+        long.flags = code_flags::LINETABLE_TOO_LONG;
+        long.linetable_len = 0;
+        let names = &data[..data.len() - table.len()];
+        resolver.code_with_table(&long, names, read_apart.then_some(table));
+        let line_of = resolver
+            .stack(
+                &stack(5, 100, 9, 0, 2),
+                &[frame(3, 7), frame(2, 12)],
+                Reason::NotPython,
+            )
+            .unwrap();
+        assert_eq!(
+            line_of
+                .frames
+                .iter()
+                .map(|f| (f.qualname.as_str(), f.line))
+                .collect::<Vec<_>>(),
+            [("call", line), ("<module>", Some(7))]
+        );
+        assert_eq!(resolver.take(5, 100), Some(1));
+        assert_eq!(resolver.footer.without.code_unresolved, 0);
+        let counts = &resolver.footer.long_linetables;
+        assert_eq!(
+            (counts.read, counts.unread),
+            (u64::from(read_apart), u64::from(!read_apart))
+        );
+    }
+    // With another flag, still unusable.
+    let mut resolver = resolver();
+    let (mut bad, data) = code(3, "/w/x.py", "f", 1, 4);
+    bad.flags = code_flags::LINETABLE_TOO_LONG | code_flags::BAD_NAME;
+    resolver.code_with_table(&bad, &data, None);
+    resolver.stack(&stack(5, 100, 9, 0, 1), &[frame(3, 4)], Reason::NotPython);
+    assert_eq!(resolver.take(5, 100), None);
+    assert_eq!(resolver.footer.without.code_unresolved, 1);
+    assert_eq!(resolver.footer.long_linetables.unread, 0);
+}

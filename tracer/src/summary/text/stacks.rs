@@ -107,6 +107,17 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
             every = stacks.every
         );
     }
+    if stacks
+        .without
+        .is_some_and(|without| without.rate_limited > 0)
+    {
+        let _ = writeln!(
+            out,
+            "  Rate-limited (--stack-rate): the rows by layer and line are the stacked calls' \
+             own figures, not estimates (which calls were left out depends on timing), and \
+             {NO_STACK} holds the rate-limited calls; the totals are exact"
+        );
+    }
     if counts.unknown_stack > 0 {
         let _ = writeln!(
             out,
@@ -173,6 +184,33 @@ mod tests {
         let mut out = String::new();
         render_stacks(&mut out, &summary);
         (out, summary)
+    }
+
+    #[test]
+    fn a_rate_limited_trace_says_its_rows_are_the_stacked_calls_own() {
+        let (whole, whole_summary) = rendered(&stacks());
+        assert!(!whole.contains("Rate-limited"), "{whole}");
+        let limited = stacks()
+            .replace(r#""depth":64}"#, r#""depth":64,"rate":10}"#)
+            .replace(
+                r#"{"type":"footer"}"#,
+                r#"{"type":"footer","stacks":{"calls":12,"cut":1,"without":{"rate_limited":5}}}"#,
+            );
+        let (text, summary) = rendered(&limited);
+        assert!(
+            text.contains(
+                "  5 calls of the chosen families without a stack (the trace's footer): rate \
+                 limited (--stack-rate) 5\n  Rate-limited (--stack-rate): the rows by layer and \
+                 line are the stacked calls' own figures, not estimates (which calls were left \
+                 out depends on timing), and (no stack) holds the rate-limited calls; the \
+                 totals are exact\n"
+            ),
+            "{text}"
+        );
+        // Not scaled: the rows are those of the trace read whole.
+        assert_eq!(summary.layers, whole_summary.layers);
+        assert_eq!(summary.lines, whole_summary.lines);
+        assert_eq!(summary.total, whole_summary.total);
     }
 
     #[test]
