@@ -369,6 +369,16 @@ pub fn export_opened(
             stats.layer_launches_without_kernel
         );
     }
+    if stats.call_samples + stats.gpu_samples > 0 {
+        eprintln!(
+            "cudatrace: stack samples: {} calls, {} of GPU time (a sample per {} µs; {} ns of \
+             GPU time below a whole sample per thread and stack)",
+            stats.call_samples,
+            stats.gpu_samples,
+            timeline::GPU_SAMPLE_NS / 1_000,
+            stats.gpu_ns_unsampled
+        );
+    }
     let destination = Output::describe(output);
     eprintln!(
         "cudatrace: wrote {destination} ({}): {} slices, {} counter values, {} flows, {} markers{} in {:.2} s",

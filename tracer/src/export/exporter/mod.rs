@@ -12,7 +12,10 @@
 mod calls;
 mod gpu;
 mod lines;
+mod samples;
 mod stacks;
+
+pub use stacks::CUT_MARKER;
 
 use std::{
     borrow::Cow,
@@ -172,6 +175,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         if let Some(stacks) = &mut self.stacks {
             stacks.finish(&mut self.layers_ready);
+            if self.stats.gpu_samples > 0 {
+                self.stats.gpu_ns_unsampled = stacks.samples.unsampled_gpu_ns();
+            }
             self.draw_layers()?;
         }
         for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {
