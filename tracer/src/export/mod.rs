@@ -9,11 +9,11 @@
 //! | file | |
 //! |---|---|
 //! | `args.rs` | the flags and formats |
-//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`); `--stacks`: calls' stacks and the layer tracks (`stacks.rs`) |
+//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`); `--stacks`: calls' stacks and the layer tracks (`stacks.rs`), stacks as profile samples of calls and GPU time (`samples.rs`) |
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
 //! | `arguments/` | a slice's arguments, from any serialisable line (`collect.rs`), without a JSON map |
 //! | `call_args.rs` | a call's arguments, read straight from its line |
-//! | `chrome.rs`, `perfetto/` (`proto.rs`) | the two formats; Perfetto's writer and its interning (`mod.rs`), the timeline as packets (`sink.rs`), track events encoded by hand (`packet.rs`, `wire.rs`) |
+//! | `chrome.rs`, `perfetto/` (`proto.rs`) | the two formats; Perfetto's writer and its interning (`mod.rs`), the timeline as packets (`sink.rs`), track events encoded by hand (`packet.rs`, `wire.rs`), `--stacks`' interned callstacks and samples (`profile.rs`) |
 //! | `flows.rs` | launch → synchronisation arrows |
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |

@@ -7,7 +7,8 @@
 //!
 //! Here the exporter, its names, tracks and call labels; the lines are drawn in
 //! `calls.rs`, `gpu.rs` (`--gpu`), `lines.rs` (process, lost, driver and power lines) and
-//! `stacks.rs` (`--stacks`: the calls' Python stacks, the layer tracks).
+//! `stacks.rs` (`--stacks`: the calls' Python stacks, the layer tracks) and `samples.rs`
+//! (`--stacks`: the stacks as samples of calls and GPU time, for flame graphs).
 
 mod calls;
 mod gpu;

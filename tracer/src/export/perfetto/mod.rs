@@ -6,6 +6,9 @@
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 //!
+//! `--stacks`: stacks are also interned callstacks, sampled per call and per µs of GPU
+//! time (`profile.rs`).
+//!
 //! Here the writer, its tracks and interning; `sink.rs` turns the timeline's events into
 //! packets, `packet.rs` and `wire.rs` encode track events without building messages.
 
