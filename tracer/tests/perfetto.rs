@@ -1825,11 +1825,29 @@ fn stacks_profile_checks(every: Option<u32>) -> Vec<Check> {
             ),
             gpu_rows,
         )),
-        count(
-            "the GPU-time threads are in the traced process",
-            "select count(*) from thread t join process p using (upid) \
-             where t.tid >= 1073741824 and p.pid = 500",
-            2,
+        check(
+            "the GPU-time threads are in a process of their own beside the traced one",
+            // (A process's main thread, tid = pid, is the trace processor's own.)
+            "select t.tid, p.pid, p.name from thread t join process p using (upid) \
+             where t.tid >= 1073741824 and t.tid != p.pid",
+            vec![
+                json!([
+                    1_073_742_324,
+                    1_090_519_540,
+                    "GPU time of python3 run.py (pid 500)"
+                ]),
+                json!([
+                    1_073_742_325,
+                    1_090_519_540,
+                    "GPU time of python3 run.py (pid 500)"
+                ]),
+            ],
+        ),
+        check(
+            "processes with samples: the traced one (calls) and its GPU time's",
+            "select distinct p.pid from perf_sample s join thread using (utid) \
+             join process p using (upid)",
+            vec![json!([500]), json!([1_090_519_540])],
         ),
         check(
             "the samples' timebase track says how stacks were taken",

@@ -12,10 +12,12 @@
 //! - synthetic ids: every iid is the order of first use, from 1, the same in every export
 //!   of the trace.
 //!
-//! Calls are samples of their own thread. GPU time (`--gpu`) goes on a thread of its own
-//! beside it (tid `GPU_TIME_TID_BASE` + the tid: samples count, they carry no weight),
-//! named so. The samples' timebase counter track is named after how stacks were taken
-//! (every call, or 1 call in N at random).
+//! Calls are samples of their own thread. GPU time (`--gpu`) goes to a process of its own
+//! beside the caller's (pid [`GPU_TIME_PID_BASE`] + the pid), a thread per calling thread
+//! (tid [`GPU_TIME_TID_BASE`] + the tid), named so: samples count, they carry no weight, so
+//! each weight needs tracks of its own, and the UI's per-process flame graph would mix
+//! the two in one process. The samples' timebase counter track is named after how
+//! stacks were taken (every call, or 1 call in N at random).
 
 use std::io::{self, Write};
 
@@ -27,8 +29,8 @@ use crate::{
         exporter::CUT_MARKER,
         proto::{
             Callstack, Frame, InternedData, InternedString, Mapping, PerfSample,
-            PerfSampleDefaults, PerfTimebase, ThreadDescriptor, TracePacket, TracePacketDefaults,
-            TrackDescriptor,
+            PerfSampleDefaults, PerfTimebase, ProcessDescriptor, ThreadDescriptor, TracePacket,
+            TracePacketDefaults, TrackDescriptor,
         },
         timeline::{GPU_SAMPLE_NS, SampleWeight, StackFrame, StackSample},
     },
@@ -36,8 +38,21 @@ use crate::{
 };
 
 /// GPU-time samples of thread T are on thread this + T (tids are below 2^22, those of a
-/// merge below 2^30): a thread of its own, so that each weight has its own flame graph.
+/// merge below 2^30).
 pub const GPU_TIME_TID_BASE: u32 = 1 << 30;
+
+/// ... of process P, in process this + P: above the GPU groups' pids (2^30 + at most
+/// 2^17). A pid that would take it past what a descriptor holds (a merge of some 250
+/// traces) keeps its GPU-time threads in its own process.
+pub const GPU_TIME_PID_BASE: u32 = (1 << 30) + (1 << 24);
+
+/// The process of process `pid`'s GPU-time threads.
+pub fn gpu_time_pid(pid: u32) -> u32 {
+    match GPU_TIME_PID_BASE.checked_add(pid) {
+        Some(gpu) if gpu <= i32::MAX as u32 => gpu,
+        _ => pid,
+    }
+}
 
 #[derive(Default)]
 pub(super) struct Profile {
@@ -54,9 +69,17 @@ pub(super) struct Profile {
     /// From the header: 1 call in `every` had its stack read.
     every: Option<u32>,
     gpu_threads: HashSet<(u32, u32)>,
+    /// Processes' names as last given, for their GPU-time process's.
+    process_names: HashMap<u32, String>,
 }
 
 impl Profile {
+    pub fn process_name(&mut self, pid: u32, name: &str) {
+        if self.process_names.get(&pid).map(String::as_str) != Some(name) {
+            self.process_names.insert(pid, name.to_owned());
+        }
+    }
+
     pub fn header(&mut self, header: &Header) {
         self.every = header
             .stacks
@@ -179,26 +202,40 @@ impl<W: Write> PerfettoWriter<W> {
                 ..TracePacket::default()
             })?;
         }
-        let tid = match sample.weight {
-            SampleWeight::Call => sample.tid,
+        let (pid, tid) = match sample.weight {
+            SampleWeight::Call => (sample.pid, sample.tid),
             SampleWeight::GpuTime => {
-                let tid = GPU_TIME_TID_BASE + sample.tid;
+                let (pid, tid) = (gpu_time_pid(sample.pid), GPU_TIME_TID_BASE + sample.tid);
                 if self.profile.gpu_threads.insert((sample.pid, sample.tid)) {
+                    let (process, new) = self.uuid(TrackKey::Process(pid));
+                    if new {
+                        let caller = match self.profile.process_names.get(&sample.pid) {
+                            Some(name) => format!("{name} (pid {})", sample.pid),
+                            None => format!("pid {}", sample.pid),
+                        };
+                        self.describe(TrackDescriptor {
+                            uuid: Some(process),
+                            process: Some(ProcessDescriptor {
+                                pid: Some(pid as i32),
+                                process_name: Some(format!("GPU time of {caller}")),
+                            }),
+                            ..TrackDescriptor::default()
+                        })?;
+                    }
                     let name = self.profile.gpu_thread_name(sample.tid);
                     let (uuid, _) = self.uuid(TrackKey::GpuTime(sample.pid, sample.tid));
-                    let parent = self.uuid(TrackKey::Process(sample.pid)).0;
                     self.describe(TrackDescriptor {
                         uuid: Some(uuid),
-                        parent_uuid: Some(parent),
+                        parent_uuid: Some(process),
                         thread: Some(ThreadDescriptor {
-                            pid: Some(sample.pid as i32),
+                            pid: Some(pid as i32),
                             tid: Some(tid as i32),
                             thread_name: Some(name),
                         }),
                         ..TrackDescriptor::default()
                     })?;
                 }
-                tid
+                (pid, tid)
             }
         };
         let pending = std::mem::take(&mut self.profile.pending);
@@ -207,7 +244,7 @@ impl<W: Write> PerfettoWriter<W> {
         self.packet(TracePacket {
             timestamp: Some(sample.ts_ns),
             perf_sample: Some(PerfSample {
-                pid: Some(sample.pid),
+                pid: Some(pid),
                 tid: Some(tid),
                 callstack_iid: Some(sample.callstack),
             }),

@@ -27,6 +27,7 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
     }
 
     fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        self.profile.process_name(process.pid, process.name);
         let (uuid, new) = self.uuid(TrackKey::Process(process.pid));
         if new {
             return self.describe(TrackDescriptor {

@@ -161,6 +161,13 @@ fn stack_samples_are_interned_once_on_one_sequence() {
                 defined[4].contains(&callstack),
                 "callstack {callstack} not interned"
             );
+            let gpu_time = sample.tid.unwrap() >= 1 << 30;
+            let pid = if gpu_time {
+                (1 << 30) + (1 << 24) + 7
+            } else {
+                7
+            };
+            assert_eq!(sample.pid, Some(pid));
             samples.push((packet.timestamp.unwrap(), sample.tid.unwrap(), callstack));
         }
     }
