@@ -1901,3 +1901,63 @@ fn sampled_stacks_say_so_in_their_track_names() {
     let (file, _) = export(&trace, Format::Perfetto);
     assert_checks(&file, &stacks_profile_checks(Some(7)));
 }
+
+#[test]
+fn a_merge_of_two_stacks_traces_keeps_each_ones_samples_and_shares_their_stacks() {
+    let host = |name: &str| {
+        traces::stacks().replacen(
+            r#""start_monotonic_ns":1000000,"#,
+            &format!(r#""start_monotonic_ns":1000000,"start_wall_ns":1795400000000000000,"host":"{name}","#),
+            1,
+        )
+    };
+    let a = write_trace("stack-merge-a", &host("a"));
+    let b = write_trace("stack-merge-b", &host("b"));
+    let job = a.with_file_name("job.pftrace");
+    let output = Command::new(CUDATRACE)
+        .arg("merge")
+        .args([&a, &b])
+        .arg("-o")
+        .arg(&job)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Trace i's pids and tids are (i + 1) × 2^22 + the trace's; its GPU time's process
+    // and threads 2^30 + 2^24 and 2^30 more.
+    let mut rows = Vec::new();
+    for (index, host) in [(1u64, "a"), (2, "b")] {
+        let pid = index * (1 << 22) + 500;
+        let process = format!("{host}: python3 run.py (pid 500)");
+        let gpu_pid = (1 << 30) + (1 << 24) + pid;
+        let gpu_process = format!("GPU time of {process} (pid {pid})");
+        rows.push(json!([pid, process, pid, "main thread", 11]));
+        rows.push(json!([pid, process, pid + 1, "thread", 1]));
+        for (tid, samples) in [(pid, 42), (pid + 1, 3)] {
+            let thread = format!("GPU time of tid {tid}, a sample per 1 µs");
+            rows.push(json!([
+                gpu_pid,
+                gpu_process,
+                (1 << 30) + tid,
+                thread,
+                samples
+            ]));
+        }
+    }
+    assert_checks(
+        &job,
+        &[
+            check(
+                "samples per process and thread",
+                "select p.pid, p.name, t.tid, t.name, count(*) from perf_sample s \
+                 join thread t using (utid) join process p using (upid) group by p.pid, t.tid",
+                rows,
+            ),
+            count(
+                "the traces' stacks, interned once: callsites",
+                "select count(*) from stack_profile_callsite",
+                16,
+            ),
+            count("frames", "select count(*) from stack_profile_frame", 12),
+        ],
+    );
+}
