@@ -1961,3 +1961,48 @@ fn a_merge_of_two_stacks_traces_keeps_each_ones_samples_and_shares_their_stacks(
         ],
     );
 }
+
+#[test]
+fn gpu_sample_us_makes_gpu_time_samples_coarser_and_says_what_is_left() {
+    let trace = write_trace("stack-samples-coarse", &traces::stacks());
+    let file = trace.with_extension("pftrace");
+    let export = |flag: &str| {
+        Command::new(CUDATRACE)
+            .args([
+                "export",
+                "--format",
+                "perfetto",
+                "--gpu-sample-us",
+                flag,
+                "-o",
+            ])
+            .arg(&file)
+            .arg(&trace)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(export("0").status.code(), Some(2));
+    let output = export("10");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Stack 1's kernels (10,000 + 20,000 ns) pass 10, 20 and 30 µs at 22, 32 and 42 µs
+    // since tracing started; stacks 3 (5,000 ns), 2 (7,000) and 5 (3,000) stay below one.
+    assert!(
+        stderr(&output).contains(
+            "stack samples: 12 calls, 3 of GPU time (a sample per 10 µs; 15000 ns of GPU \
+             time below a whole sample per thread and stack)"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert_checks(
+        &file,
+        &[ordered(check(
+            "GPU-time samples: thread, time",
+            "select t.name, s.ts from perf_sample s join thread t using (utid) \
+             where t.tid >= 1073741824 order by s.ts",
+            [22_000, 32_000, 42_000]
+                .map(|ts| json!(["GPU time of tid 500, a sample per 10 µs", ts]))
+                .to_vec(),
+        ))],
+    );
+}

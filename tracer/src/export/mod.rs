@@ -195,6 +195,7 @@ pub fn run(args: ExportArgs) -> Result<i32, Failure> {
         names: args.names.clone(),
         start_ns: window_ns(args.start_ms, "--start-ms")?,
         end_ns: window_ns(args.end_ms, "--end-ms")?,
+        gpu_sample_us: args.gpu_sample_us,
     };
     if let (Some(start), Some(end)) = (filters.start_ns, filters.end_ns)
         && start > end
@@ -375,7 +376,7 @@ pub fn export_opened(
              GPU time below a whole sample per thread and stack)",
             stats.call_samples,
             stats.gpu_samples,
-            timeline::GPU_SAMPLE_NS / 1_000,
+            filters.gpu_sample_ns() / 1_000,
             stats.gpu_ns_unsampled
         );
     }

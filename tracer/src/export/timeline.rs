@@ -37,11 +37,11 @@ pub struct ExportStats {
     /// `--stacks`, Perfetto: a sample per call drawn with a stack (its thread's calls
     /// profile).
     pub call_samples: u64,
-    /// `--stacks --gpu`, Perfetto: GPU-time samples, one per [`GPU_SAMPLE_NS`] of its
+    /// `--stacks --gpu`, Perfetto: GPU-time samples, one per `--gpu-sample-us` of its
     /// stack's kernels on its thread.
     pub gpu_samples: u64,
     /// The GPU time of stacked kernels left below a whole sample, per thread and stack,
-    /// at the end (each less than [`GPU_SAMPLE_NS`]).
+    /// at the end (each less than a sample's).
     pub gpu_ns_unsampled: u64,
 }
 
@@ -170,8 +170,9 @@ pub struct Instant<'a> {
     pub args: &'a Arguments,
 }
 
-/// The GPU time one GPU-time sample stands for: a stack's kernels on a thread get one
-/// sample each time their summed time passes a multiple of it.
+/// The GPU time one GPU-time sample stands for by default (`--gpu-sample-us`): a
+/// stack's kernels on a thread get one sample each time their summed time passes a
+/// multiple of it.
 pub const GPU_SAMPLE_NS: u64 = 1_000;
 
 /// A frame of a Python stack drawn as a profile.
@@ -187,8 +188,8 @@ pub struct StackFrame<'a> {
 pub enum SampleWeight {
     /// One call made from the stack.
     Call,
-    /// [`GPU_SAMPLE_NS`] of GPU time of kernels launched from the stack.
-    GpuTime,
+    /// `sample_ns` of GPU time of kernels launched from the stack.
+    GpuTime { sample_ns: u64 },
 }
 
 /// One sample of a thread's stack, at `ts_ns` (since the base).

@@ -177,7 +177,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         if let Some(stacks) = &mut self.stacks {
             stacks.finish(&mut self.layers_ready);
             if self.stats.gpu_samples > 0 {
-                self.stats.gpu_ns_unsampled = stacks.samples.unsampled_gpu_ns();
+                self.stats.gpu_ns_unsampled = stacks
+                    .samples
+                    .unsampled_gpu_ns(self.filters.gpu_sample_ns());
             }
             self.draw_layers()?;
         }

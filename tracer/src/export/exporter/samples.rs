@@ -1,10 +1,10 @@
 //! `--stacks` traces as profiles: each call drawn with a stack is also a sample of its
 //! stack on its thread (weight: calls), and, in `--gpu` traces, each kernel's time goes to
 //! its launch's stack on the launching thread as GPU-time samples, one per
-//! [`GPU_SAMPLE_NS`] (a stack's kernels on a thread get one each time their summed time
-//! passes a multiple of it, at that point of the kernel that passes it). The sink interns
-//! each stack once (Perfetto: interned callstacks); a format that draws no samples gets
-//! none. Calls without a stack are not samples.
+//! `--gpu-sample-us` (1 µs by default): a stack's kernels on a thread get one each time
+//! their summed time passes a multiple of it, at that point of the kernel that passes it.
+//! The sink interns each stack once (Perfetto: interned callstacks); a format that draws
+//! no samples gets none. Calls without a stack are not samples.
 
 use std::io;
 
@@ -19,7 +19,7 @@ use crate::{
             gpu::{GpuStacks, KernelSite},
         },
     },
-    export::timeline::{GPU_SAMPLE_NS, SampleWeight, StackFrame, StackSample, TimelineSink, Track},
+    export::timeline::{SampleWeight, StackFrame, StackSample, TimelineSink, Track},
     schema::{CallLine, GpuKernelLine},
 };
 
@@ -72,16 +72,16 @@ impl StackSamples {
     }
 
     /// The thread's stack-`index` kernels had `before` ns and now `dur_ns` more: the
-    /// offsets into this kernel where a sample falls.
-    fn gpu_offsets(before: u64, dur_ns: u64) -> impl Iterator<Item = u64> {
-        let first = before / GPU_SAMPLE_NS + 1;
-        let last = (before + dur_ns) / GPU_SAMPLE_NS;
-        (first..=last).map(move |k| k * GPU_SAMPLE_NS - before)
+    /// offsets into this kernel where a sample (of `sample_ns`) falls.
+    fn gpu_offsets(before: u64, dur_ns: u64, sample_ns: u64) -> impl Iterator<Item = u64> {
+        let first = before / sample_ns + 1;
+        let last = (before + dur_ns) / sample_ns;
+        (first..=last).map(move |k| k * sample_ns - before)
     }
 
     /// The GPU time left below a whole sample, at the end.
-    pub fn unsampled_gpu_ns(&self) -> u64 {
-        self.gpu_ns.values().map(|ns| ns % GPU_SAMPLE_NS).sum()
+    pub fn unsampled_gpu_ns(&self, sample_ns: u64) -> u64 {
+        self.gpu_ns.values().map(|ns| ns % sample_ns).sum()
     }
 }
 
@@ -173,14 +173,15 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             pid: kernel.pid,
             tid,
         };
-        for offset in StackSamples::gpu_offsets(before, kernel.dur_ns) {
+        let sample_ns = self.filters.gpu_sample_ns();
+        for offset in StackSamples::gpu_offsets(before, kernel.dur_ns, sample_ns) {
             self.track(track)?;
             self.sink.stack_sample(&StackSample {
                 pid: kernel.pid,
                 tid,
                 ts_ns: start + offset,
                 callstack,
-                weight: SampleWeight::GpuTime,
+                weight: SampleWeight::GpuTime { sample_ns },
             })?;
             self.stats.gpu_samples += 1;
         }
@@ -194,12 +195,15 @@ mod tests {
 
     #[test]
     fn gpu_samples_fall_where_the_sum_passes_each_microsecond() {
-        let offsets = |before, dur| StackSamples::gpu_offsets(before, dur).collect::<Vec<_>>();
+        let offsets =
+            |before, dur| StackSamples::gpu_offsets(before, dur, 1_000).collect::<Vec<_>>();
         assert_eq!(offsets(0, 999), Vec::<u64>::new());
         assert_eq!(offsets(0, 1_000), vec![1_000]);
         assert_eq!(offsets(999, 1), vec![1]);
         assert_eq!(offsets(300, 2_500), vec![700, 1_700]);
         assert_eq!(offsets(300, 2_700), vec![700, 1_700, 2_700]);
         assert_eq!(offsets(2_000, 0), Vec::<u64>::new());
+        let coarse = StackSamples::gpu_offsets(9_000, 25_000, 10_000).collect::<Vec<_>>();
+        assert_eq!(coarse, vec![1_000, 11_000, 21_000]);
     }
 }

@@ -32,7 +32,7 @@ use crate::{
             PerfSampleDefaults, PerfTimebase, ProcessDescriptor, ThreadDescriptor, TracePacket,
             TracePacketDefaults, TrackDescriptor,
         },
-        timeline::{GPU_SAMPLE_NS, SampleWeight, StackFrame, StackSample},
+        timeline::{SampleWeight, StackFrame, StackSample},
     },
     schema::Header,
 };
@@ -167,10 +167,10 @@ impl Profile {
     }
 
     /// The GPU-time thread's name.
-    fn gpu_thread_name(&self, tid: u32) -> String {
+    fn gpu_thread_name(&self, tid: u32, sample_ns: u64) -> String {
         let mut name = format!(
             "GPU time of tid {tid}, a sample per {} µs",
-            GPU_SAMPLE_NS / 1_000
+            sample_ns / 1_000
         );
         if let Some(every) = self.every {
             name.push_str(&format!(", of 1 call in {every} sampled"));
@@ -204,7 +204,7 @@ impl<W: Write> PerfettoWriter<W> {
         }
         let (pid, tid) = match sample.weight {
             SampleWeight::Call => (sample.pid, sample.tid),
-            SampleWeight::GpuTime => {
+            SampleWeight::GpuTime { sample_ns } => {
                 let (pid, tid) = (gpu_time_pid(sample.pid), GPU_TIME_TID_BASE + sample.tid);
                 if self.profile.gpu_threads.insert((sample.pid, sample.tid)) {
                     let (process, new) = self.uuid(TrackKey::Process(pid));
@@ -222,7 +222,7 @@ impl<W: Write> PerfettoWriter<W> {
                             ..TrackDescriptor::default()
                         })?;
                     }
-                    let name = self.profile.gpu_thread_name(sample.tid);
+                    let name = self.profile.gpu_thread_name(sample.tid, sample_ns);
                     let (uuid, _) = self.uuid(TrackKey::GpuTime(sample.pid, sample.tid));
                     self.describe(TrackDescriptor {
                         uuid: Some(uuid),
