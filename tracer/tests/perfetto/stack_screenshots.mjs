@@ -123,7 +123,18 @@ for (const [label, thread] of [['calls', pick(false)], ['gpu-time', pick(true)]]
   await page.waitForTimeout(1500);
   const tab = page.getByText('Perf Sample Flamegraph', { exact: true }).first();
   if (await tab.count()) await tab.click();
-  await page.waitForTimeout(1500);
+  await page.waitForTimeout(1000);
+  // A deep flame graph (more than 12 frames) gets the lower two thirds: drag the
+  // panel's top edge up.
+  const [{ depth }] = await query(page, 'select max(depth) depth from stack_profile_callsite');
+  const panel = await page.getByText('Current Selection', { exact: true }).first().boundingBox();
+  if (panel && panel.y > 420 && depth >= 12) {
+    await page.mouse.move(panel.x + 400, panel.y + panel.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(panel.x + 400, 400, { steps: 8 });
+    await page.mouse.up();
+  }
+  await page.waitForTimeout(1000);
   await page.mouse.move(5, 5);
   await page.screenshot({ path: path.join(options.out, `${name}-${label}.png`) });
   process.stdout.write(`${JSON.stringify({ shot: `${name}-${label}.png`, thread })}\n`);
