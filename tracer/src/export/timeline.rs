@@ -176,10 +176,11 @@ pub struct Instant<'a> {
 pub const GPU_SAMPLE_NS: u64 = 1_000;
 
 /// A frame of a Python stack drawn as a profile.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct StackFrame<'a> {
+    /// `QUALNAME (FILE:LINE)`, as a slice's `stack` argument writes it.
+    pub name: String,
     pub file: &'a str,
-    pub qualname: &'a str,
     pub line: Option<u32>,
 }
 

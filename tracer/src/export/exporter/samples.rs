@@ -54,10 +54,11 @@ impl StackSamples {
             .iter()
             .map(|frame| {
                 let function = table.function_of(*frame);
+                let line = table.frame(*frame).line;
                 StackFrame {
+                    name: function.frame_text(line),
                     file: &function.file,
-                    qualname: &function.qualname,
-                    line: table.frame(*frame).line,
+                    line,
                 }
             })
             .collect();

@@ -138,11 +138,8 @@ impl Profile {
         }
         for frame in frames.iter().rev() {
             let mapping = self.mapping(frame.file);
-            let name = match frame.line {
-                Some(line) => format!("{} ({}:{line})", frame.qualname, frame.file),
-                None => format!("{} ({})", frame.qualname, frame.file),
-            };
-            ids.push(self.frame(mapping, name, frame.line.map_or(0, u64::from)));
+            let line = frame.line.map_or(0, u64::from);
+            ids.push(self.frame(mapping, frame.name.clone(), line));
         }
         if let Some(iid) = self.callstacks.get(&ids) {
             return *iid;
