@@ -48,8 +48,8 @@ fn nested_lengths_are_written_as_prost_writes_them() {
 }
 
 /// A `--stacks --gpu` trace, its stacks sampled (`every`), of two threads: two stacks
-/// sharing their outer frame, one cut, a call naming a stack the trace lacks, a call
-/// without a stack, kernels of each.
+/// sharing their outer frame, one cut, one without frames, a call naming a stack the
+/// trace lacks, a call without a stack, kernels of each.
 fn sampled_stacks_trace() -> String {
     let frame = |file: &str, qualname: &str, line: u32| {
         format!(r#"{{"file":"{file}","qualname":"{qualname}","line":{line},"first_line":1}}"#)
@@ -60,6 +60,8 @@ fn sampled_stacks_trace() -> String {
         format!(r#"{{"type":"stack","id":1,"frames":[{},{main}]}}"#, frame("/w/a.py", "f", 3)),
         format!(r#"{{"type":"stack","id":2,"frames":[{},{main}]}}"#, frame("/w/a.py", "g", 5)),
         format!(r#"{{"type":"stack","id":3,"frames":[{}],"cut":true}}"#, frame("/w/a.py", "h", 7)),
+        r#"{"type":"stack","id":4,"frames":[]}"#.to_owned(),
+        r#"{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":1005000,"dur_ns":100,"ret":0,"stream":"0x0","function":"0x1","stack":4}"#.to_owned(),
         r#"{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":1010000,"dur_ns":100,"ret":0,"stream":"0x0","function":"0x1","stack":1}"#.to_owned(),
         r#"{"type":"call","name":"cuLaunchKernel","pid":7,"tid":7,"ts_ns":1020000,"dur_ns":100,"ret":0,"stream":"0x0","function":"0x1","stack":2}"#.to_owned(),
         r#"{"type":"call","name":"cuLaunchKernel","pid":7,"tid":8,"ts_ns":1030000,"dur_ns":100,"ret":0,"stream":"0x0","function":"0x1","stack":3}"#.to_owned(),
@@ -99,7 +101,8 @@ fn stack_samples_are_interned_once_on_one_sequence() {
         false,
     )
     .unwrap();
-    // Calls with a stack: 4 (stack 99 is not in the trace, one call has none). GPU time:
+    // Calls with a stack: 4 (stack 4 has no frame, stack 99 is not in the trace, one call
+    // has none). GPU time:
     // stack 1 on tid 7, 2,500 + 600 ns: 3 samples (at 1,000, 2,000 and 3,000 ns of it), 100
     // ns left; stack 3 on tid 8, 1,500 ns: 1 sample, 500 left; the stackless call's kernel
     // none.
