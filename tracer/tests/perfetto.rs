@@ -463,6 +463,14 @@ fn common_checks(format: Format, written: Written, facts: &Facts) -> Vec<Check> 
         ),
         count("driver tracks", driver_track_sql, driver_tracks),
         count(
+            "a trace without stacks has no stack samples, frames, callsites or mappings",
+            "select (select count(*) from perf_sample) + (select count(*) from \
+             cpu_profile_stack_sample) + (select count(*) from stack_profile_frame) + \
+             (select count(*) from stack_profile_callsite) + \
+             (select count(*) from stack_profile_mapping)",
+            0,
+        ),
+        count(
             "processes and GPUs (pid 0 is the trace processor's own placeholder)",
             "select count(*) from process where pid != 0",
             facts.pids.len() as u64 + facts.gpus.len() as u64,
@@ -1631,4 +1639,370 @@ fn a_stacks_trace_loads_with_stacks_as_arguments_and_a_layer_track() {
             ],
         );
     });
+}
+
+// ---- --stacks: the stacks as interned callstacks, calls and GPU time as samples ----
+
+/// The frames of the stacks trace (`traces/stacks.rs`) as the export names them.
+fn frame_name(qualname: &str, file: &str, line: u32) -> String {
+    format!("{qualname} ({file}:{line})")
+}
+
+/// The samples of each thread's calls and GPU time in the stacks trace, as the trace
+/// processor reads the Perfetto export: frames, callsites, samples, their threads.
+fn stacks_profile_checks(every: Option<u32>) -> Vec<Check> {
+    let module = "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py";
+    let linear = "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py";
+    let threading = "/usr/lib/python3.12/threading.py";
+    let frames = [
+        ("<module>", "/w/run.py", 3),
+        ("<module>", "/w/run.py", 5),
+        ("Module._wrapped_call_impl", module, 1773),
+        ("Module._call_impl", module, 1784),
+        ("Net.forward", "/w/model.py", 22),
+        ("Block.forward", "/w/model.py", 12),
+        ("Linear.forward", linear, 125),
+        ("Block.forward", "/w/model.py", 13),
+        ("Scale.forward", "/w/model.py", 33),
+        ("Block.forward", "/w/model.py", 14),
+        ("Thread.run", threading, 1012),
+    ];
+    let mut frame_rows: Vec<Value> = frames
+        .iter()
+        .map(|(qualname, file, line)| json!([frame_name(qualname, file, *line), file, line]))
+        .collect();
+    frame_rows.push(json!(["(cut at the frame budget)", "", 0]));
+    let name = |(qualname, file, line): (&str, &str, u32)| frame_name(qualname, file, line);
+    // Each stack from its outermost frame: (depth, frame, parent frame).
+    let outer_block = [
+        ("<module>", "/w/run.py", 5),
+        ("Module._wrapped_call_impl", module, 1773),
+        ("Module._call_impl", module, 1784),
+        ("Net.forward", "/w/model.py", 22),
+        ("Module._wrapped_call_impl", module, 1773),
+        ("Module._call_impl", module, 1784),
+    ];
+    let chain = |inner: &[(&str, &str, u32)]| -> Vec<String> {
+        outer_block
+            .iter()
+            .chain(inner)
+            .map(|frame| name(*frame))
+            .collect()
+    };
+    let linear_stack = chain(&[
+        ("Block.forward", "/w/model.py", 12),
+        ("Module._wrapped_call_impl", module, 1773),
+        ("Module._call_impl", module, 1784),
+        ("Linear.forward", linear, 125),
+    ]);
+    let scale_stack = chain(&[
+        ("Block.forward", "/w/model.py", 13),
+        ("Scale.forward", "/w/model.py", 33),
+    ]);
+    let block_stack = chain(&[("Block.forward", "/w/model.py", 14)]);
+    let run_stack = vec![name(("<module>", "/w/run.py", 3))];
+    let thread_stack = vec![
+        "(cut at the frame budget)".to_owned(),
+        name(("Thread.run", threading, 1012)),
+    ];
+    // Callsites are shared where stacks share their outer frames.
+    let mut callsites = BTreeSet::new();
+    for stack in [
+        &linear_stack,
+        &scale_stack,
+        &block_stack,
+        &run_stack,
+        &thread_stack,
+    ] {
+        for (depth, frame) in stack.iter().enumerate() {
+            let parent = depth.checked_sub(1).map(|up| stack[up].clone());
+            callsites.insert((depth, frame.clone(), parent));
+        }
+    }
+    let callsite_rows: Vec<Value> = callsites
+        .into_iter()
+        .map(|(depth, frame, parent)| json!([depth, frame, parent]))
+        .collect();
+    let leaf = |stack: &[String]| stack.last().unwrap().clone();
+    // Call samples: each call with a stack, at its start (ns since tracing started).
+    let calls = [
+        (4_000, &run_stack),
+        (6_000, &run_stack),
+        (8_000, &run_stack),
+        (11_000, &linear_stack),
+        (13_000, &linear_stack),
+        (15_000, &scale_stack),
+        (17_000, &block_stack),
+        (19_000, &block_stack),
+        (21_000, &linear_stack),
+        (26_000, &linear_stack),
+        (30_000, &run_stack),
+    ];
+    let mut call_rows: Vec<Value> = calls
+        .iter()
+        .map(|(ts, stack)| json!([ts, 500, "main thread", leaf(stack)]))
+        .collect();
+    call_rows.insert(9, json!([22_000, 501, "thread", leaf(&thread_stack)]));
+    let sampled = every.map_or(String::new(), |n| format!(", of 1 call in {n} sampled"));
+    let gpu_thread = |tid: u32| format!("GPU time of tid {tid}, a sample per 1 µs{sampled}");
+    // GPU time: a sample per µs of each stack's kernels on the launching thread, where
+    // the sum passes each µs: kernels of 10,000 + 20,000 ns (stack 1), 5,000 (3), 7,000
+    // (2) from tid 500, 3,000 (5) from tid 501; tid 502's launch has no stack.
+    let gpu_rows = vec![
+        json!([
+            1_073_742_324,
+            gpu_thread(500),
+            leaf(&linear_stack),
+            30,
+            13_000,
+            42_000
+        ]),
+        json!([
+            1_073_742_324,
+            gpu_thread(500),
+            leaf(&scale_stack),
+            5,
+            43_000,
+            47_000
+        ]),
+        json!([
+            1_073_742_324,
+            gpu_thread(500),
+            leaf(&block_stack),
+            7,
+            48_000,
+            54_000
+        ]),
+        json!([
+            1_073_742_325,
+            gpu_thread(501),
+            leaf(&thread_stack),
+            3,
+            55_000,
+            57_000
+        ]),
+    ];
+    let timebase = match every {
+        Some(n) => format!("Python stacks: 1 call in {n} sampled at random (--stack-every {n})"),
+        None => "Python stacks: every call".to_owned(),
+    };
+    let sample_leaf = "from perf_sample s join thread t using (utid) \
+                       join stack_profile_callsite c on s.callsite_id = c.id \
+                       join stack_profile_frame f on c.frame_id = f.id";
+    vec![
+        check(
+            "frames: name, file (the mapping), line (rel_pc)",
+            "select f.name, m.name, f.rel_pc from stack_profile_frame f \
+             join stack_profile_mapping m on f.mapping = m.id",
+            frame_rows,
+        ),
+        count(
+            "mappings: one per file (5) and the cut marker's",
+            "select count(*) from stack_profile_mapping",
+            6,
+        ),
+        check(
+            "callsites: depth, frame, parent's frame",
+            "select c.depth, f.name, pf.name from stack_profile_callsite c \
+             join stack_profile_frame f on c.frame_id = f.id \
+             left join stack_profile_callsite p on c.parent_id = p.id \
+             left join stack_profile_frame pf on p.frame_id = pf.id",
+            callsite_rows,
+        ),
+        ordered(check(
+            "call samples: time, thread, innermost frame",
+            format!(
+                "select s.ts, t.tid, t.name, f.name {sample_leaf} \
+                 where t.tid < 1073741824 order by s.ts"
+            ),
+            call_rows,
+        )),
+        ordered(check(
+            "GPU-time samples per thread and stack: count, first and last time",
+            format!(
+                "select t.tid, t.name, f.name, count(*), min(s.ts), max(s.ts) {sample_leaf} \
+                 where t.tid >= 1073741824 group by t.tid, f.name order by t.tid, min(s.ts)"
+            ),
+            gpu_rows,
+        )),
+        check(
+            "the GPU-time threads are in a process of their own beside the traced one",
+            // (A process's main thread, tid = pid, is the trace processor's own.)
+            "select t.tid, p.pid, p.name from thread t join process p using (upid) \
+             where t.tid >= 1073741824 and t.tid != p.pid",
+            vec![
+                json!([
+                    1_073_742_324,
+                    1_090_519_540,
+                    "GPU time of python3 run.py (pid 500)"
+                ]),
+                json!([
+                    1_073_742_325,
+                    1_090_519_540,
+                    "GPU time of python3 run.py (pid 500)"
+                ]),
+            ],
+        ),
+        check(
+            "processes with samples: the traced one (calls) and its GPU time's",
+            "select distinct p.pid from perf_sample s join thread using (utid) \
+             join process p using (upid)",
+            vec![json!([500]), json!([1_090_519_540])],
+        ),
+        check(
+            "the samples' timebase track says how stacks were taken",
+            "select name from perf_counter_track",
+            vec![json!([timebase])],
+        ),
+        count(
+            "no CPU-profile samples (calls and GPU time are perf samples)",
+            "select count(*) from cpu_profile_stack_sample",
+            0,
+        ),
+    ]
+}
+
+#[test]
+fn a_stacks_trace_has_its_stacks_as_interned_callstacks_and_samples() {
+    let trace = write_trace("stack-samples", &traces::stacks());
+    let (file, _) = export(&trace, Format::Perfetto);
+    let output = Command::new(CUDATRACE)
+        .args(["export", "--format", "perfetto", "-o", "/dev/null"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&output).contains(
+            "cudatrace: stack samples: 12 calls, 45 of GPU time (a sample per 1 µs; 0 ns of \
+             GPU time below a whole sample per thread and stack)"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert_checks(&file, &stacks_profile_checks(None));
+    // The JSON has no samples.
+    let (json_file, _) = export(&trace, Format::Chrome);
+    assert_checks(
+        &json_file,
+        &[count(
+            "no samples or frames in the JSON",
+            "select (select count(*) from perf_sample) + (select count(*) from \
+             stack_profile_frame)",
+            0,
+        )],
+    );
+}
+
+#[test]
+fn sampled_stacks_say_so_in_their_track_names() {
+    let text = traces::stacks().replacen(r#""depth":64}"#, r#""depth":64,"every":7}"#, 1);
+    assert!(text.contains(r#""every":7"#));
+    let trace = write_trace("stack-samples-every", &text);
+    let (file, _) = export(&trace, Format::Perfetto);
+    assert_checks(&file, &stacks_profile_checks(Some(7)));
+}
+
+#[test]
+fn a_merge_of_two_stacks_traces_keeps_each_ones_samples_and_shares_their_stacks() {
+    let host = |name: &str| {
+        traces::stacks().replacen(
+            r#""start_monotonic_ns":1000000,"#,
+            &format!(r#""start_monotonic_ns":1000000,"start_wall_ns":1795400000000000000,"host":"{name}","#),
+            1,
+        )
+    };
+    let a = write_trace("stack-merge-a", &host("a"));
+    let b = write_trace("stack-merge-b", &host("b"));
+    let job = a.with_file_name("job.pftrace");
+    let output = Command::new(CUDATRACE)
+        .arg("merge")
+        .args([&a, &b])
+        .arg("-o")
+        .arg(&job)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Trace i's pids and tids are (i + 1) × 2^22 + the trace's; its GPU time's process
+    // and threads 2^30 + 2^24 and 2^30 more.
+    let mut rows = Vec::new();
+    for (index, host) in [(1u64, "a"), (2, "b")] {
+        let pid = index * (1 << 22) + 500;
+        let process = format!("{host}: python3 run.py (pid 500)");
+        let gpu_pid = (1 << 30) + (1 << 24) + pid;
+        let gpu_process = format!("GPU time of {process} (pid {pid})");
+        rows.push(json!([pid, process, pid, "main thread", 11]));
+        rows.push(json!([pid, process, pid + 1, "thread", 1]));
+        for (tid, samples) in [(pid, 42), (pid + 1, 3)] {
+            let thread = format!("GPU time of tid {tid}, a sample per 1 µs");
+            rows.push(json!([
+                gpu_pid,
+                gpu_process,
+                (1 << 30) + tid,
+                thread,
+                samples
+            ]));
+        }
+    }
+    assert_checks(
+        &job,
+        &[
+            check(
+                "samples per process and thread",
+                "select p.pid, p.name, t.tid, t.name, count(*) from perf_sample s \
+                 join thread t using (utid) join process p using (upid) group by p.pid, t.tid",
+                rows,
+            ),
+            count(
+                "the traces' stacks, interned once: callsites",
+                "select count(*) from stack_profile_callsite",
+                16,
+            ),
+            count("frames", "select count(*) from stack_profile_frame", 12),
+        ],
+    );
+}
+
+#[test]
+fn gpu_sample_us_makes_gpu_time_samples_coarser_and_says_what_is_left() {
+    let trace = write_trace("stack-samples-coarse", &traces::stacks());
+    let file = trace.with_extension("pftrace");
+    let export = |flag: &str| {
+        Command::new(CUDATRACE)
+            .args([
+                "export",
+                "--format",
+                "perfetto",
+                "--gpu-sample-us",
+                flag,
+                "-o",
+            ])
+            .arg(&file)
+            .arg(&trace)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(export("0").status.code(), Some(2));
+    let output = export("10");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Stack 1's kernels (10,000 + 20,000 ns) pass 10, 20 and 30 µs at 22, 32 and 42 µs
+    // since tracing started; stacks 3 (5,000 ns), 2 (7,000) and 5 (3,000) stay below one.
+    assert!(
+        stderr(&output).contains(
+            "stack samples: 12 calls, 3 of GPU time (a sample per 10 µs; 15000 ns of GPU \
+             time below a whole sample per thread and stack)"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert_checks(
+        &file,
+        &[ordered(check(
+            "GPU-time samples: thread, time",
+            "select t.name, s.ts from perf_sample s join thread t using (utid) \
+             where t.tid >= 1073741824 order by s.ts",
+            [22_000, 32_000, 42_000]
+                .map(|ts| json!(["GPU time of tid 500, a sample per 10 µs", ts]))
+                .to_vec(),
+        ))],
+    );
 }

@@ -61,6 +61,12 @@ pub struct ExportArgs {
     #[arg(long, value_name = "MS")]
     pub end_ms: Option<f64>,
 
+    /// `--format perfetto` of a `--stacks --gpu` trace: one GPU-time sample per US
+    /// microseconds of a stack's kernels on a thread (default 1). Each sample is some 30
+    /// bytes: coarser samples keep the file small when the GPU ran for minutes.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(1..))]
+    pub gpu_sample_us: Option<u64>,
+
     /// Skip malformed lines (counted and reported) instead of failing with exit code 65.
     #[arg(long)]
     pub skip_bad_lines: bool,

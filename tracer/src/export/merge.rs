@@ -20,7 +20,10 @@ use serde_json::json;
 use super::{
     arguments::Arguments,
     flows::FlowStart,
-    timeline::{ExportStats, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track},
+    timeline::{
+        ExportStats, GpuCounter, Instant, ProcessName, Slice, StackFrame, StackSample,
+        TimelineSink, Track,
+    },
 };
 use crate::schema::Header;
 
@@ -182,6 +185,20 @@ impl<S: TimelineSink> TimelineSink for MergeSink<'_, S> {
             ts_ns + self.place.shift_ns,
             value,
         )
+    }
+
+    fn intern_stack(&mut self, frames: &[StackFrame<'_>], cut: bool) -> io::Result<Option<u64>> {
+        // Interned by content: the traces' stacks share ids where their frames are one.
+        self.inner.intern_stack(frames, cut)
+    }
+
+    fn stack_sample(&mut self, sample: &StackSample) -> io::Result<()> {
+        self.inner.stack_sample(&StackSample {
+            pid: self.place.pid(sample.pid),
+            tid: self.place.pid(sample.tid),
+            ts_ns: sample.ts_ns + self.place.shift_ns,
+            ..*sample
+        })
     }
 
     /// The merge finishes `inner` once, after the last trace.

@@ -9,11 +9,11 @@
 //! | file | |
 //! |---|---|
 //! | `args.rs` | the flags and formats |
-//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`); `--stacks`: calls' stacks and the layer tracks (`stacks.rs`) |
+//! | `exporter/` | trace lines → timeline events: the exporter, its tracks and names (`mod.rs`); calls, flows and NCCL rank slices (`calls.rs`); `--gpu` work (`gpu.rs`); process, lost, driver and power lines (`lines.rs`); `--stacks`: calls' stacks and the layer tracks (`stacks.rs`), stacks as profile samples of calls and GPU time (`samples.rs`) |
 //! | `timeline.rs` | tracks, slices, instants; the [`TimelineSink`](timeline::TimelineSink) a format implements |
 //! | `arguments/` | a slice's arguments, from any serialisable line (`collect.rs`), without a JSON map |
 //! | `call_args.rs` | a call's arguments, read straight from its line |
-//! | `chrome.rs`, `perfetto/` (`proto.rs`) | the two formats; Perfetto's writer and its interning (`mod.rs`), the timeline as packets (`sink.rs`), track events encoded by hand (`packet.rs`, `wire.rs`) |
+//! | `chrome.rs`, `perfetto/` (`proto.rs`) | the two formats; Perfetto's writer and its interning (`mod.rs`), the timeline as packets (`sink.rs`), track events encoded by hand (`packet.rs`, `wire.rs`), `--stacks`' interned callstacks and samples (`profile.rs`) |
 //! | `flows.rs` | launch → synchronisation arrows |
 //! | `power.rs` | `--power` samples as each GPU's counter tracks |
 //! | `filters.rs` | `--pid`, `--name`, the time window |
@@ -195,6 +195,7 @@ pub fn run(args: ExportArgs) -> Result<i32, Failure> {
         names: args.names.clone(),
         start_ns: window_ns(args.start_ms, "--start-ms")?,
         end_ns: window_ns(args.end_ms, "--end-ms")?,
+        gpu_sample_us: args.gpu_sample_us,
     };
     if let (Some(start), Some(end)) = (filters.start_ns, filters.end_ns)
         && start > end
@@ -367,6 +368,16 @@ pub fn export_opened(
             "cudatrace: {} launches of Python layer entries had no kernel when their entry \
              was drawn: their layers' gpu_ns leaves those out",
             stats.layer_launches_without_kernel
+        );
+    }
+    if stats.call_samples + stats.gpu_samples > 0 {
+        eprintln!(
+            "cudatrace: stack samples: {} calls, {} of GPU time (a sample per {} µs; {} ns of \
+             GPU time below a whole sample per thread and stack)",
+            stats.call_samples,
+            stats.gpu_samples,
+            filters.gpu_sample_ns() / 1_000,
+            stats.gpu_ns_unsampled
         );
     }
     let destination = Output::describe(output);

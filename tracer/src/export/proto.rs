@@ -1,8 +1,10 @@
 //! The few messages of Perfetto's trace format that `--format perfetto` writes, with the
 //! field numbers of Perfetto's protos/perfetto/trace/{trace,trace_packet}.proto,
 //! track_event/{track_event,track_descriptor,process_descriptor,thread_descriptor,
-//! counter_descriptor,debug_annotation}.proto and ps/process_tree.proto. Fields not listed
-//! are never written.
+//! counter_descriptor,debug_annotation}.proto, ps/process_tree.proto,
+//! interned_data/interned_data.proto, trace_packet_defaults.proto and
+//! profiling/{profile_common,profile_packet}.proto (`--stacks`' samples), and
+//! common/perf_events.proto. Fields not listed are never written.
 //!
 //! Self-contained (only `prost`): the CLI tests include this file to decode exports.
 
@@ -75,8 +77,79 @@ pub struct TracePacket {
     pub interned_data: Option<InternedData>,
     #[prost(uint32, optional, tag = "13")]
     pub sequence_flags: Option<u32>,
+    /// `--stacks`: names the samples' timebase (see [`PerfSampleDefaults`]).
+    #[prost(message, optional, tag = "59")]
+    pub trace_packet_defaults: Option<TracePacketDefaults>,
     #[prost(message, optional, tag = "60")]
     pub track_descriptor: Option<TrackDescriptor>,
+    /// `--stacks`: one sample of a thread's Python stack.
+    #[prost(message, optional, tag = "66")]
+    pub perf_sample: Option<PerfSample>,
+}
+
+/// `PerfSample`: a thread's callstack (an interned [`Callstack`]) at the packet's time.
+/// The trace processor puts it in `perf_sample`, and its `timebase_count` (0 here) on its
+/// session's timebase counter track.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PerfSample {
+    #[prost(uint32, optional, tag = "2")]
+    pub pid: Option<u32>,
+    #[prost(uint32, optional, tag = "3")]
+    pub tid: Option<u32>,
+    #[prost(uint64, optional, tag = "4")]
+    pub callstack_iid: Option<u64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TracePacketDefaults {
+    #[prost(message, optional, tag = "12")]
+    pub perf_sample_defaults: Option<PerfSampleDefaults>,
+}
+
+/// Names the sequence's perf session: its timebase counter track takes `timebase.name`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PerfSampleDefaults {
+    #[prost(message, optional, tag = "1")]
+    pub timebase: Option<PerfTimebase>,
+}
+
+/// `PerfEvents.Timebase`: only its name.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PerfTimebase {
+    #[prost(string, optional, tag = "10")]
+    pub name: Option<String>,
+}
+
+/// `Mapping`: a Python file, named by one interned path (`mapping_paths`); no addresses.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(uint64, repeated, packed = "false", tag = "7")]
+    pub path_string_ids: Vec<u64>,
+}
+
+/// `Frame`: a Python frame, its function name interned (`function_names`), its line as
+/// `rel_pc`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Frame {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(uint64, optional, tag = "2")]
+    pub function_name_id: Option<u64>,
+    #[prost(uint64, optional, tag = "3")]
+    pub mapping_id: Option<u64>,
+    #[prost(uint64, optional, tag = "4")]
+    pub rel_pc: Option<u64>,
+}
+
+/// `Callstack`: frames, outermost ("bottom") first.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Callstack {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(uint64, repeated, packed = "false", tag = "2")]
+    pub frame_ids: Vec<u64>,
 }
 
 /// `TrackEvent.Type`.
@@ -96,9 +169,20 @@ pub struct InternedData {
     pub event_names: Vec<InternedString>,
     #[prost(message, repeated, tag = "3")]
     pub debug_annotation_names: Vec<InternedString>,
+    #[prost(message, repeated, tag = "5")]
+    pub function_names: Vec<InternedString>,
+    #[prost(message, repeated, tag = "6")]
+    pub frames: Vec<Frame>,
+    #[prost(message, repeated, tag = "7")]
+    pub callstacks: Vec<Callstack>,
+    #[prost(message, repeated, tag = "17")]
+    pub mapping_paths: Vec<InternedString>,
+    #[prost(message, repeated, tag = "19")]
+    pub mappings: Vec<Mapping>,
 }
 
-/// `EventCategory`, `EventName` and `DebugAnnotationName` share this shape.
+/// `EventCategory`, `EventName`, `DebugAnnotationName` and `InternedString` (function
+/// names, mapping paths: `bytes str = 2`) share this shape.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct InternedString {
     #[prost(uint64, optional, tag = "1")]

@@ -34,6 +34,15 @@ pub struct ExportStats {
     /// `--stacks --gpu`: launches of layer entries drawn without their kernel (it never
     /// came, or too many entries waited).
     pub layer_launches_without_kernel: u64,
+    /// `--stacks`, Perfetto: a sample per call drawn with a stack (its thread's calls
+    /// profile).
+    pub call_samples: u64,
+    /// `--stacks --gpu`, Perfetto: GPU-time samples, one per `--gpu-sample-us` of its
+    /// stack's kernels on its thread.
+    pub gpu_samples: u64,
+    /// The GPU time of stacked kernels left below a whole sample, per thread and stack,
+    /// at the end (each less than a sample's).
+    pub gpu_ns_unsampled: u64,
 }
 
 impl ExportStats {
@@ -51,6 +60,9 @@ impl ExportStats {
         self.flows_dropped += other.flows_dropped;
         self.gpu_slices += other.gpu_slices;
         self.nccl_slices += other.nccl_slices;
+        self.call_samples += other.call_samples;
+        self.gpu_samples += other.gpu_samples;
+        self.gpu_ns_unsampled += other.gpu_ns_unsampled;
     }
 }
 
@@ -158,6 +170,40 @@ pub struct Instant<'a> {
     pub args: &'a Arguments,
 }
 
+/// The GPU time one GPU-time sample stands for by default (`--gpu-sample-us`): a
+/// stack's kernels on a thread get one sample each time their summed time passes a
+/// multiple of it.
+pub const GPU_SAMPLE_NS: u64 = 1_000;
+
+/// A frame of a Python stack drawn as a profile.
+#[derive(Clone, Debug)]
+pub struct StackFrame<'a> {
+    /// `QUALNAME (FILE:LINE)`, as a slice's `stack` argument writes it.
+    pub name: String,
+    pub file: &'a str,
+    pub line: Option<u32>,
+}
+
+/// What a stack sample counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleWeight {
+    /// One call made from the stack.
+    Call,
+    /// `sample_ns` of GPU time of kernels launched from the stack.
+    GpuTime { sample_ns: u64 },
+}
+
+/// One sample of a thread's stack, at `ts_ns` (since the base).
+#[derive(Clone, Copy, Debug)]
+pub struct StackSample {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    /// What [`TimelineSink::intern_stack`] gave the stack.
+    pub callstack: u64,
+    pub weight: SampleWeight,
+}
+
 /// Where the timeline goes (Trace Event JSON or Perfetto protobuf). The exporter names
 /// a process and a thread before the first event on their tracks.
 pub trait TimelineSink {
@@ -183,4 +229,13 @@ pub trait TimelineSink {
         value: f64,
     ) -> io::Result<()>;
     fn finish(&mut self, stats: &ExportStats) -> io::Result<()>;
+    /// `--stacks`: a stack (innermost frame first; `cut`: its outer frames are missing)
+    /// for samples to name. `None`: the format draws no samples, and none are sent.
+    fn intern_stack(&mut self, _frames: &[StackFrame<'_>], _cut: bool) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
+    /// `--stacks`: a sample of a stack [`Self::intern_stack`] gave.
+    fn stack_sample(&mut self, _sample: &StackSample) -> io::Result<()> {
+        Ok(())
+    }
 }

@@ -131,6 +131,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         } else {
             self.stats.filtered += 1;
         }
+        if self.stacks.is_some() {
+            self.call_sample(record, role, ts, kept)?;
+        }
 
         if let (Some(bytes), true) = (record.live_bytes, pid_kept) {
             // The bytes are those after the call.

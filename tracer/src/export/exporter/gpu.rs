@@ -48,6 +48,9 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             self.stats.filtered += 1;
             return Ok(());
         }
+        if let (Some(_), GpuLine::Kernel(kernel)) = (&self.stacks, line) {
+            self.kernel_samples(kernel)?;
+        }
         // The first lane of the stream whose last slice ended by this one's start.
         let lanes = self
             .gpu_lanes

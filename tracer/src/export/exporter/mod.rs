@@ -7,12 +7,16 @@
 //!
 //! Here the exporter, its names, tracks and call labels; the lines are drawn in
 //! `calls.rs`, `gpu.rs` (`--gpu`), `lines.rs` (process, lost, driver and power lines) and
-//! `stacks.rs` (`--stacks`: the calls' Python stacks, the layer tracks).
+//! `stacks.rs` (`--stacks`: the calls' Python stacks, the layer tracks) and `samples.rs`
+//! (`--stacks`: the stacks as samples of calls and GPU time, for flame graphs).
 
 mod calls;
 mod gpu;
 mod lines;
+mod samples;
 mod stacks;
+
+pub use stacks::CUT_MARKER;
 
 use std::{
     borrow::Cow,
@@ -172,6 +176,11 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
         }
         if let Some(stacks) = &mut self.stacks {
             stacks.finish(&mut self.layers_ready);
+            if self.stats.gpu_samples > 0 {
+                self.stats.gpu_ns_unsampled = stacks
+                    .samples
+                    .unsampled_gpu_ns(self.filters.gpu_sample_ns());
+            }
             self.draw_layers()?;
         }
         for (pid, bytes) in std::mem::take(&mut self.counter_before_window) {

@@ -23,7 +23,7 @@ use std::{collections::BTreeMap, io};
 use foldhash::HashMap;
 use serde_json::Map;
 
-use super::Exporter;
+use super::{Exporter, samples::StackSamples};
 use crate::{
     analysis::{Role, stacks::frames::StackTable},
     export::{
@@ -37,6 +37,9 @@ use crate::{
 /// Between a frame and its caller's in a `stack` argument: one line, which viewers show
 /// whole (the trace processor keeps a JSON string's `\n` escaped).
 pub const CALLED_FROM: &str = " ← ";
+
+/// A stack cut at the frame budget ends with this where its outer frames would be.
+pub const CUT_MARKER: &str = "(cut at the frame budget)";
 
 /// Ended entries kept waiting for their kernels; beyond, the oldest is drawn as it is.
 pub const MAX_PENDING_ENTRIES: usize = 1 << 16;
@@ -66,7 +69,9 @@ pub struct LayerEntry {
 
 #[derive(Default)]
 pub struct ExportStacks {
-    table: StackTable,
+    pub(super) table: StackTable,
+    /// The stacks as profile samples (`samples.rs`).
+    pub(super) samples: StackSamples,
     /// Per stack (its index in the table): its frames as text, once written.
     text: Vec<Option<Box<str>>>,
     /// Per stack: its entry key (layer function and the frames outside it), if it has a
@@ -117,7 +122,7 @@ impl ExportStacks {
             }
             if stack.cut {
                 text.push_str(CALLED_FROM);
-                text.push_str("(cut at the frame budget)");
+                text.push_str(CUT_MARKER);
             }
             self.text[index] = Some(text.into_boxed_str());
         }

@@ -6,10 +6,14 @@
 //! since the time base, in the trace's default clock domain. Event names, categories and
 //! argument names are interned: sent once, then referred to by number.
 //!
+//! `--stacks`: stacks are also interned callstacks, sampled per call and per µs of GPU
+//! time (`profile.rs`).
+//!
 //! Here the writer, its tracks and interning; `sink.rs` turns the timeline's events into
 //! packets, `packet.rs` and `wire.rs` encode track events without building messages.
 
 mod packet;
+mod profile;
 mod sink;
 mod wire;
 
@@ -72,6 +76,8 @@ enum TrackKey {
     Gpu(u32, GpuCounter),
     /// `--gpu`: the track holding a GPU's stream tracks, in its GPU's group.
     GpuStreams(u32),
+    /// `--stacks --gpu`: the thread of a thread's GPU-time samples, by pid and tid.
+    GpuTime(u32, u32),
 }
 
 /// Output is gathered here and handed to the writer in blocks of this size.
@@ -94,6 +100,8 @@ pub struct PerfettoWriter<W: Write> {
     known_names: KnownNames,
     /// A call's argument names' iids, by index in [`CALL_ARG_KEYS`], once looked up.
     call_iids: [Option<Option<u64>>; CALL_ARG_KEYS.len()],
+    /// `--stacks`: interned frames and stacks, and how samples are drawn.
+    profile: profile::Profile,
 }
 
 /// A list of (static) argument names, by address and length, and their iids.
@@ -145,14 +153,15 @@ impl<W: Write> PerfettoWriter<W> {
             annotation_names: Interner::default(),
             known_names: KnownNames::new(),
             call_iids: [None; CALL_ARG_KEYS.len()],
+            profile: profile::Profile::default(),
         }
     }
 
     /// The sequence flags of the next packet: the first clears the incremental state, track
-    /// events depend on it (the interned names).
-    fn next_flags(&mut self, track_event: bool) -> Option<u32> {
+    /// events and samples depend on it (the interned names and stacks).
+    fn next_flags(&mut self, needs_state: bool) -> Option<u32> {
         self.packets += 1;
-        match (self.packets, track_event) {
+        match (self.packets, needs_state) {
             (1, _) => Some(SEQ_INCREMENTAL_STATE_CLEARED),
             (_, true) => Some(SEQ_NEEDS_INCREMENTAL_STATE),
             (_, false) => None,
@@ -171,7 +180,8 @@ impl<W: Write> PerfettoWriter<W> {
     /// A packet built as a message (descriptors, renames: a few per process).
     fn packet(&mut self, mut packet: TracePacket) -> io::Result<()> {
         packet.trusted_packet_sequence_id = Some(SEQUENCE_ID);
-        packet.sequence_flags = self.next_flags(packet.track_event.is_some());
+        packet.sequence_flags =
+            self.next_flags(packet.track_event.is_some() || packet.perf_sample.is_some());
         self.buf.push(TRACE_PACKET_TAG);
         packet
             .encode_length_delimited(&mut self.buf)

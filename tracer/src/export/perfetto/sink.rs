@@ -13,18 +13,21 @@ use crate::{
             event_type,
         },
         timeline::{
-            ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, TimelineSink, Track,
+            ExportStats, GPU_PID_BASE, GpuCounter, Instant, ProcessName, Slice, StackFrame,
+            StackSample, TimelineSink, Track,
         },
     },
     schema::Header,
 };
 
 impl<W: Write> TimelineSink for PerfettoWriter<W> {
-    fn header(&mut self, _header: &Header, _base_ns: u64) -> io::Result<()> {
+    fn header(&mut self, header: &Header, _base_ns: u64) -> io::Result<()> {
+        self.profile.header(header);
         Ok(())
     }
 
     fn process(&mut self, process: &ProcessName<'_>) -> io::Result<()> {
+        self.profile.process_name(process.pid, process.name);
         let (uuid, new) = self.uuid(TrackKey::Process(process.pid));
         if new {
             return self.describe(TrackDescriptor {
@@ -206,6 +209,14 @@ impl<W: Write> TimelineSink for PerfettoWriter<W> {
             }),
             ..TracePacket::default()
         })
+    }
+
+    fn intern_stack(&mut self, frames: &[StackFrame<'_>], cut: bool) -> io::Result<Option<u64>> {
+        self.intern_stack_frames(frames, cut)
+    }
+
+    fn stack_sample(&mut self, sample: &StackSample) -> io::Result<()> {
+        self.sample(sample)
     }
 
     fn finish(&mut self, _stats: &ExportStats) -> io::Result<()> {
