@@ -77,6 +77,8 @@ pub struct Pipeline<'a> {
     gpu_lines: Vec<GpuLine>,
     /// The front of the queue waits for the rest of its graph launch, since.
     node_wait: Option<Instant>,
+    /// `-p PID --gpu`: the processes whose library said its window ended (DETACHED).
+    detached: Vec<u32>,
 }
 
 /// The stages the pipeline runs beside enrich and the sinks: decode, and those the flags
@@ -144,7 +146,20 @@ impl<'a> Pipeline<'a> {
             control,
             gpu_lines: Vec::new(),
             node_wait: None,
+            detached: Vec::new(),
         }
+    }
+
+    /// `-p PID --gpu`: asks the library in `pid` to end its window (flush, every kind off).
+    pub fn ask_detach(&self, pid: u32) {
+        if let Some(control) = &self.control {
+            control.detach(pid);
+        }
+    }
+
+    /// `-p PID --gpu`: whether the library in `pid` said its window ended.
+    pub fn detached(&self, pid: u32) -> bool {
+        self.detached.contains(&pid)
     }
 
     /// `--gpu` was given.
@@ -379,6 +394,11 @@ impl<'a> Pipeline<'a> {
                 resumed,
                 ts_ns,
             } => linker.client(pid, resumed, ts_ns),
+            GpuEvent::Attached { pid, ts_ns } => linker.attached(pid, ts_ns),
+            GpuEvent::Detached { pid, ts_ns } => {
+                linker.detached(pid, ts_ns);
+                self.detached.push(pid);
+            }
             GpuEvent::Api(api) => linker.api(api, now, &mut self.gpu_lines),
             GpuEvent::Line(GpuLine::Error(error)) => {
                 if error.fatal {

@@ -1,0 +1,78 @@
+/*
+ * attach_loop.c -- a program for `cudatrace run -p PID --gpu` tests, linked against the
+ * STAND-IN libcuda (never NVIDIA's driver). It starts untraced and loops on the driver:
+ *
+ *   attach_loop ITERATIONS SLEEP_US
+ *
+ *   cuInit(0); cuDevicePrimaryCtxRetain(&ctx, 0); cuCtxSetCurrent(ctx);
+ *   cuModuleLoadData(&mod, image); cuModuleGetFunction(&f, mod, "_Z9attach_mev")
+ *   prints "ready" (flushed), then ITERATIONS times:
+ *       cuLaunchKernel(f, i % 5 + 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL); usleep(SLEEP_US)
+ *   then prints "done ITERATIONS launches, N failed" and how many CUPTI clients the
+ *   stand-in libcupti still records kernels and launches for ("recording N": 0 when
+ *   nothing of cudatrace's is left enabled, -1 when no libcupti is loaded), and exits 7.
+ *
+ * Each 100 iterations it also prints "at I: MEAN ns" (the mean time of the last 100
+ * launch calls), so a test can compare the speed before and after an attach.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../../standin/cuda_standin.h"
+
+static const unsigned char k_image[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0x33};
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: attach_loop ITERATIONS SLEEP_US\n");
+        return 2;
+    }
+    long iterations = atol(argv[1]);
+    long sleep_us = atol(argv[2]);
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx) ||
+        cuModuleLoadData(&mod, k_image) || cuModuleGetFunction(&f, mod, "_Z9attach_mev")) {
+        fprintf(stderr, "attach_loop: set-up failed\n");
+        return 3;
+    }
+    printf("ready\n");
+    fflush(stdout);
+    long failed = 0;
+    long long spent = 0;
+    for (long i = 0; i < iterations; i++) {
+        long long before = now_ns();
+        if (cuLaunchKernel(f, (unsigned)(i % 5 + 1), 1, 1, 32, 1, 1, 0, NULL, NULL, NULL))
+            failed++;
+        spent += now_ns() - before;
+        if ((i + 1) % 100 == 0) {
+            printf("at %ld: %lld ns\n", i + 1, spent / 100);
+            spent = 0;
+        }
+        if (sleep_us > 0)
+            usleep((useconds_t)sleep_us);
+    }
+    int recording = -1;
+    void *cupti = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
+    if (cupti) {
+        int (*count)(uint32_t) = (int (*)(uint32_t))dlsym(cupti, "cudatrace_standin_cupti_recording");
+        /* 307: cuLaunchKernel's CUPTI callback id. */
+        recording = count ? count(307) : -2;
+    }
+    printf("done %ld launches, %ld failed\nrecording %d\n", iterations, failed, recording);
+    return 7;
+}
