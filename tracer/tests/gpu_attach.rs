@@ -35,6 +35,26 @@ fn attach_loop() -> &'static Path {
             &format!("-L{}", dir.display()),
             "-l:libcuda.so.1",
             "-Wl,-rpath,$ORIGIN",
+            "-lpthread",
+        ]);
+        program
+    })
+}
+
+/// `tests/c/seccomp_exec.c`: runs a program under a seccomp filter.
+fn seccomp_exec() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let program = standin().dir.join("seccomp-exec");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/seccomp_exec.c"),
         ]);
         program
     })
@@ -321,5 +341,136 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
             "{phase}: {rest}"
         );
         assert_eq!(program_stderr, "", "{phase}");
+    }
+}
+
+/// `cudatrace doctor -p PID --libcuda STANDIN`: its exit code and the attach_gpu line.
+fn doctor(pid: u32) -> (Option<i32>, String) {
+    let output = Command::new(CUDATRACE)
+        .args(["doctor", "--libcuda"])
+        .arg(&standin().lib)
+        .args(["-p", &pid.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|line| line.contains("attach_gpu"))
+        .unwrap_or_default()
+        .to_owned();
+    (output.status.code(), line)
+}
+
+/// A process under a seccomp filter, and one another tracer holds: refused before
+/// anything is done to it (exit 83, one line saying why, no trace), and `doctor -p` says
+/// the same beforehand; each program then ends as it would have.
+#[test]
+fn refused_processes_are_left_untouched_and_doctor_says_why_beforehand() {
+    let Some(_root) = root() else { return };
+    let trace_path = scratch("attach-refused").join("trace.jsonl");
+    let refused = |pid: u32, why: &str| {
+        let output = attach(pid, &trace_path, &["--duration", "1s"]);
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(83), "{said}");
+        assert_eq!(
+            said,
+            format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+        );
+        assert!(!trace_path.exists(), "no trace when nothing started");
+    };
+
+    let mut filtered = Command::new(seccomp_exec());
+    filtered.arg(attach_loop()).args(["3000", "1000"]);
+    let target = Target::start(&mut filtered);
+    let pid = target.pid();
+    let why = format!(
+        "process {pid} runs under a seccomp filter: the calls the injection makes (its own \
+         dlopen, mmap of the library, a thread) may be refused or kill it; start it under \
+         `cudatrace run --gpu -- CMD` instead"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    refused(pid, &why);
+    let (code, rest, _) = target.finish();
+    assert_eq!(
+        (code, rest.ends_with("recording -1\n")),
+        (7, true),
+        "{rest}"
+    );
+
+    let mut command = Command::new(attach_loop());
+    command.args(["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(0), "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "ok   attach_gpu           process {pid} can be attached: libcuda "
+        )),
+        "{line}"
+    );
+    // Another tracer (this test, on a thread of its own: it lets go when the thread ends).
+    let (seized, release) = std::sync::mpsc::channel::<()>();
+    let (done, wait) = std::sync::mpsc::channel::<u32>();
+    let holder = std::thread::spawn(move || {
+        // SAFETY: seizes the target without stopping it.
+        let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid as i32, 0, 0) };
+        assert_eq!(rc, 0);
+        // SAFETY: gettid has no preconditions.
+        done.send(unsafe { libc::gettid() } as u32).unwrap();
+        let _ = release.recv();
+    });
+    // The kernel names the tracing thread.
+    let me = wait.recv().unwrap();
+    let comm = std::fs::read_to_string(format!("/proc/{me}/comm")).unwrap();
+    refused(
+        pid,
+        &format!(
+            "process {pid} is already traced by process {me} ({}): Linux allows one ptrace \
+             tracer at a time; detach that debugger or tracer first",
+            comm.trim()
+        ),
+    );
+    drop(seized);
+    holder.join().unwrap();
+    let (code, rest, _) = target.finish();
+    assert_eq!(
+        (code, rest.ends_with("recording -1\n")),
+        (7, true),
+        "{rest}"
+    );
+}
+
+/// A target whose other threads allocate and load libraries without pause at attach time
+/// (the classic deadlock of a `dlopen` injected at the wrong point): the attach ends in
+/// bounded time, attached or refused, and the program ends by itself.
+#[test]
+fn a_target_busy_in_malloc_and_dlopen_is_attached_in_bounded_time() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["1500", "1000", "busy"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-busy").join("trace.jsonl");
+    let start = std::time::Instant::now();
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}: {said}",
+        start.elapsed()
+    );
+    let code = output.status.code();
+    assert!(code == Some(0) || code == Some(83), "{said}");
+    let (exit, rest, program_stderr) = target.finish();
+    assert_eq!((exit, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(rest.contains("done 1500 launches, 0 failed\n"), "{rest}");
+    if code == Some(0) {
+        assert!(rest.ends_with("recording 0\n"), "{rest}");
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        assert_eq!(of_type(&trace, "gpu_info").len(), 1);
     }
 }

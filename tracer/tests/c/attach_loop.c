@@ -2,7 +2,11 @@
  * attach_loop.c -- a program for `cudatrace run -p PID --gpu` tests, linked against the
  * STAND-IN libcuda (never NVIDIA's driver). It starts untraced and loops on the driver:
  *
- *   attach_loop ITERATIONS SLEEP_US
+ *   attach_loop ITERATIONS SLEEP_US [busy]
+ *
+ * With `busy`, two more threads run until the end: one allocates and frees memory without
+ * pause, the other loads and unloads libm (dlopen, dlclose): the threads an injection that
+ * calls dlopen at the wrong point would deadlock with.
  *
  *   cuInit(0); cuDevicePrimaryCtxRetain(&ctx, 0); cuCtxSetCurrent(ctx);
  *   cuModuleLoadData(&mod, image); cuModuleGetFunction(&f, mod, "_Z9attach_mev")
@@ -17,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +32,29 @@
 
 static const unsigned char k_image[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0x33};
 
+static volatile int g_stop;
+
+static void *allocating(void *unused)
+{
+    (void)unused;
+    while (!g_stop) {
+        void *block = malloc(4096 + (size_t)(rand() % 65536));
+        free(block);
+    }
+    return NULL;
+}
+
+static void *loading(void *unused)
+{
+    (void)unused;
+    while (!g_stop) {
+        void *libm = dlopen("libm.so.6", RTLD_NOW | RTLD_LOCAL);
+        if (libm)
+            dlclose(libm);
+    }
+    return NULL;
+}
+
 static long long now_ns(void)
 {
     struct timespec t;
@@ -36,9 +64,15 @@ static long long now_ns(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: attach_loop ITERATIONS SLEEP_US\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: attach_loop ITERATIONS SLEEP_US [busy]\n");
         return 2;
+    }
+    pthread_t busy[2];
+    int busy_threads = argc == 4 ? 2 : 0;
+    if (busy_threads) {
+        pthread_create(&busy[0], NULL, allocating, NULL);
+        pthread_create(&busy[1], NULL, loading, NULL);
     }
     long iterations = atol(argv[1]);
     long sleep_us = atol(argv[2]);
@@ -66,6 +100,9 @@ int main(int argc, char **argv)
         if (sleep_us > 0)
             usleep((useconds_t)sleep_us);
     }
+    g_stop = 1;
+    for (int t = 0; t < busy_threads; t++)
+        pthread_join(busy[t], NULL);
     int recording = -1;
     void *cupti = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NOLOAD);
     if (cupti) {

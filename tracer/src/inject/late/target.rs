@@ -63,7 +63,7 @@ pub fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
 /// Why cudatrace will not attach to a process, each with what the user can do.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refusal {
-    #[error("process {0} is gone")]
+    #[error("process {0} is gone (it exited)")]
     Gone(u32),
     #[error(
         "process {pid} is already traced by process {tracer} ({name}): Linux allows one \
@@ -148,6 +148,9 @@ pub fn inspect(pid: u32, library: &Path) -> Result<Target, Refusal> {
         })
     };
     let status = read("status")?;
+    if status_field(&status, "State").is_some_and(|state| state.starts_with('Z')) {
+        return Err(Refusal::Gone(pid));
+    }
     if fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").is_ok_and(|v| v.trim() == "3") {
         return Err(Refusal::YamaForbidden);
     }
