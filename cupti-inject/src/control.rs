@@ -113,6 +113,12 @@ impl Control {
         true
     }
 
+    /// A late start found another client holding CUPTI: the library starts out of its way,
+    /// as if cudatrace had said so (cudatrace marks the slot held when it hears).
+    pub fn start_held(&self) {
+        self.yielded.store(true, Ordering::Release);
+    }
+
     /// Whether the library is out of CUPTI's way (yielded, or gave up).
     pub fn yielded(&self) -> bool {
         self.yielded.load(Ordering::Acquire)

@@ -140,6 +140,9 @@ impl Injection {
         };
         if self.control.start_yielded() {
             self.outbox.send_client(client::YIELDED);
+        } else if session.other_client_subscribed() {
+            self.control.start_held();
+            self.outbox.send_client(client::HELD_AT_ATTACH);
         } else {
             session.take(false, &self.outbox)?;
             self.outbox.send_client(client::ATTACHED);

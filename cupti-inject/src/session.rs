@@ -17,8 +17,9 @@ use tracer_common::{GpuRecord, client, gpu_flags, gpu_record, gpu_stage};
 
 use crate::clock::monotonic_ns;
 use crate::cupti::{
-    CUPTI_SUCCESS, CUptiResult, Cupti, LoadError, MULTI_SUBSCRIBER_VERSION, PerSubscriber,
-    SUBSCRIBER_PARAMS_SIZE, Subscriber, SubscriberParams, THREAD_ID_TYPE_SYSTEM, activity_kind,
+    CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, CUPTI_SUCCESS, CUptiResult, Cupti, LoadError,
+    MULTI_SUBSCRIBER_VERSION, PerSubscriber, SUBSCRIBER_PARAMS_SIZE, Subscriber, SubscriberParams,
+    THREAD_ID_TYPE_SYSTEM, activity_kind,
 };
 use crate::env::{self, verbose};
 use crate::outbox::{Failure, Outbox, Uprobe, client_record, report};
@@ -176,6 +177,25 @@ impl Session {
                 ),
             ));
         }
+    }
+
+    /// A late start, one client at a time: whether another client of the program holds a
+    /// CUPTI subscriber now (torch.profiler's Kineto, Nsight): the library's own
+    /// `cuptiSubscribe` is refused then. A subscriber it gets is given back at once.
+    pub fn other_client_subscribed(&self) -> bool {
+        let (Mode::Single, Some(subscribe), Some(unsubscribe)) =
+            (&self.mode, self.cupti.subscribe, self.cupti.unsubscribe)
+        else {
+            return false;
+        };
+        let mut handle: Subscriber = std::ptr::null_mut();
+        // SAFETY: CUPTI writes the handle; no callback function.
+        let rc = unsafe { subscribe(&mut handle, std::ptr::null(), std::ptr::null_mut()) };
+        if rc == CUPTI_SUCCESS {
+            // SAFETY: the handle CUPTI just gave.
+            unsafe { unsubscribe(handle) };
+        }
+        rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
     }
 
     /// The per-subscriber functions and this library's subscriber, where it has one.

@@ -64,6 +64,10 @@ pub mod client {
     /// A late start records from here (its kinds and driver functions are on): calls made
     /// before it have no GPU lines (`not_recorded`).
     pub const ATTACHED: u32 = 4;
+    /// A late start found another CUPTI client of the process subscribed (its
+    /// `cuptiSubscribe` refused): it took nothing, and records nothing while that client
+    /// holds CUPTI (`cupti_held`).
+    pub const HELD_AT_ATTACH: u32 = 5;
 }
 
 /// Bits of [`GpuRecord::flags`].

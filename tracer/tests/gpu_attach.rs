@@ -177,7 +177,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
         .filter(|c| c["name"] == "cuLaunchKernel")
         .collect();
     let kernels = of_type(&trace, "gpu_kernel");
-    assert!(launches.len() > 500, "{} launches", launches.len());
+    assert!(launches.len() > 100, "{} launches", launches.len());
     let gpu = &footer["gpu"];
     let issuing = &gpu["issuing"];
     // Each kernel is its launch's (the call it names is a launch line of the trace, with
@@ -290,8 +290,10 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
         ("pointed", "recording 0"),
         ("window", "recording 0"),
     ] {
+        // Long enough to outlive a killed cudatrace's exit (closing its probes takes a
+        // while on a loaded machine) by the library's flush period.
         let mut command = Command::new(attach_loop());
-        command.args(["1500", "1000"]);
+        command.args(["4000", "1000"]);
         let target = Target::start(&mut command);
         let pid = target.pid();
         let trace_path = scratch(&format!("attach-kill-{phase}")).join("trace.jsonl");
@@ -337,7 +339,7 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
         let (code, rest, program_stderr) = target.finish();
         assert_eq!(code, 7, "{phase}: {program_stderr}");
         assert!(
-            rest.ends_with(&format!("done 1500 launches, 0 failed\n{recording}\n")),
+            rest.ends_with(&format!("done 4000 launches, 0 failed\n{recording}\n")),
             "{phase}: {rest}"
         );
         assert_eq!(program_stderr, "", "{phase}");
@@ -468,9 +470,96 @@ fn a_target_busy_in_malloc_and_dlopen_is_attached_in_bounded_time() {
     assert_eq!((exit, program_stderr.as_str()), (7, ""), "{rest}");
     assert!(rest.contains("done 1500 launches, 0 failed\n"), "{rest}");
     if code == Some(0) {
-        assert!(rest.ends_with("recording 0\n"), "{rest}");
         let trace = read_trace(&trace_path);
         assert_complete(&trace);
-        assert_eq!(of_type(&trace, "gpu_info").len(), 1);
+        // The library may have waited for the loader's lock (the other thread's dlopen
+        // loop) past the window: then cudatrace said so, and it never recorded.
+        if of_type(&trace, "gpu_info").len() == 1 {
+            assert!(rest.ends_with("recording 0\n"), "{rest}");
+        } else {
+            assert!(said.contains("did not say its window ended"), "{said}");
+        }
     }
+}
+
+/// A program that is its own CUPTI client (as under torch.profiler) when cudatrace
+/// attaches: the library takes nothing, says so, and the launches are counted
+/// `cupti_held` in a gap; the program's profiler gets every kernel record, as without
+/// cudatrace.
+#[test]
+fn a_process_whose_cupti_another_client_holds_is_reported_and_its_profiler_unharmed() {
+    let Some(_root) = root() else { return };
+    let profile = format!("profile:{}", cupti_standin().lib.display());
+    let mut command = Command::new(attach_loop());
+    command.args(["3000", "1000", &profile]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-held").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {pid}: another CUPTI client (torch.profiler, Nsight, \
+             ...) holds CUPTI: its GPU work is not recorded while it does (gpu_gap, \
+             cupti_held); its own records are untouched\n"
+        )),
+        "{said}"
+    );
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with("done 3000 launches, 0 failed\nrecording 0\nprofiler kernels 3000\n"),
+        "{rest}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    let issuing = &footer["gpu"]["issuing"];
+    assert!(of_type(&trace, "gpu_kernel").is_empty());
+    let gaps = of_type(&trace, "gpu_gap");
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let held = u(&issuing["cupti_held"]);
+    assert!(held > 300, "{issuing}");
+    assert_eq!(
+        (
+            u(&issuing["with_work"]),
+            held + u(&issuing["not_recorded"]),
+            u(&issuing["missing"]),
+            u(&gaps[0]["calls"])
+        ),
+        (0, u(&issuing["calls"]), 0, held),
+        "{issuing}"
+    );
+}
+
+/// A process that makes no CUDA call in the window: said on stderr, nothing to link,
+/// and the library still leaves cleanly.
+#[test]
+fn a_window_without_a_cuda_call_is_said() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["2", "4000000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-idle").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {pid} made no CUDA driver call in the window: it gave \
+             the GPU no work to record\n"
+        )),
+        "{said}"
+    );
+    let (code, rest, _) = target.finish();
+    assert_eq!(code, 7);
+    assert!(
+        rest.ends_with("done 2 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(trace.last().unwrap()["gpu"]["issuing"]["calls"], 0);
 }

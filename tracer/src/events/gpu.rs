@@ -60,6 +60,8 @@ pub enum GpuEvent {
     Attached { pid: u32, ts_ns: u64 },
     /// A late start's window ended at `ts_ns`: the library records nothing more.
     Detached { pid: u32, ts_ns: u64 },
+    /// A late start found another CUPTI client holding CUPTI at `ts_ns`, and took nothing.
+    HeldAtAttach { pid: u32, ts_ns: u64 },
 }
 
 /// What a record gave.
@@ -227,6 +229,10 @@ impl GpuDecoder {
                     ts_ns: record.start,
                 },
                 client::DETACHED => GpuEvent::Detached {
+                    pid,
+                    ts_ns: record.start,
+                },
+                client::HELD_AT_ATTACH => GpuEvent::HeldAtAttach {
                     pid,
                     ts_ns: record.start,
                 },

@@ -278,6 +278,12 @@ impl Tracing {
         }
         for &pid in late {
             pipeline.ask_detach(pid);
+            if pipeline.driver_calls(pid) == 0 {
+                eprintln!(
+                    "cudatrace: --gpu: process {pid} made no CUDA driver call in the window: it \
+                     gave the GPU no work to record"
+                );
+            }
         }
         let deadline = Instant::now() + DETACH_WAIT;
         let waiting = |pipeline: &Pipeline| -> Vec<u32> {

@@ -2,7 +2,12 @@
  * attach_loop.c -- a program for `cudatrace run -p PID --gpu` tests, linked against the
  * STAND-IN libcuda (never NVIDIA's driver). It starts untraced and loops on the driver:
  *
- *   attach_loop ITERATIONS SLEEP_US [busy]
+ *   attach_loop ITERATIONS SLEEP_US [busy | profile:LIBCUPTI]
+ *
+ * With `profile:LIBCUPTI` the program is its own CUPTI client before it says "ready", as
+ * torch.profiler is: cuptiSubscribe, cuptiActivityRegisterCallbacks with its own buffers,
+ * cuptiActivityEnable(CONCURRENT_KERNEL); at the end cuptiActivityFlushAll(FORCED) and
+ * "profiler kernels N", the kernel records it got.
  *
  * With `busy`, two more threads run until the end: one allocates and frees memory without
  * pause, the other loads and unloads libm (dlopen, dlclose): the threads an injection that
@@ -25,6 +30,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +61,52 @@ static void *loading(void *unused)
     return NULL;
 }
 
+/* The program's own CUPTI client (profile:LIBCUPTI). */
+typedef struct {
+    uint32_t kind;
+} activity_record;
+static int (*g_next_record)(uint8_t *, size_t, activity_record **);
+static long g_profiler_kernels;
+
+static void profiler_buffer_requested(uint8_t **buffer, size_t *size, size_t *max)
+{
+    *size = 1 << 20;
+    *buffer = aligned_alloc(8, *size);
+    *max = 0;
+}
+
+static void profiler_buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                      size_t valid)
+{
+    (void)ctx;
+    (void)stream;
+    (void)size;
+    activity_record *record = NULL;
+    while (g_next_record(buffer, valid, &record) == 0)
+        if (record->kind == 10) /* CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL */
+            g_profiler_kernels++;
+    free(buffer);
+}
+
+static void *g_profiler;
+
+static int start_profiler(const char *path)
+{
+    g_profiler = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!g_profiler)
+        return 1;
+    int (*subscribe)(void **, void *, void *) = (int (*)(void **, void *, void *))dlsym(g_profiler, "cuptiSubscribe");
+    int (*register_callbacks)(void *, void *) = (int (*)(void *, void *))dlsym(g_profiler, "cuptiActivityRegisterCallbacks");
+    int (*enable)(uint32_t) = (int (*)(uint32_t))dlsym(g_profiler, "cuptiActivityEnable");
+    g_next_record = (int (*)(uint8_t *, size_t, activity_record **))dlsym(g_profiler, "cuptiActivityGetNextRecord");
+    void *subscriber = NULL;
+    if (!subscribe || !register_callbacks || !enable || !g_next_record)
+        return 1;
+    return subscribe(&subscriber, NULL, NULL) ||
+           register_callbacks((void *)profiler_buffer_requested, (void *)profiler_buffer_completed) ||
+           enable(10);
+}
+
 static long long now_ns(void)
 {
     struct timespec t;
@@ -69,7 +121,8 @@ int main(int argc, char **argv)
         return 2;
     }
     pthread_t busy[2];
-    int busy_threads = argc == 4 ? 2 : 0;
+    int profiling = argc == 4 && strncmp(argv[3], "profile:", 8) == 0;
+    int busy_threads = argc == 4 && !profiling ? 2 : 0;
     if (busy_threads) {
         pthread_create(&busy[0], NULL, allocating, NULL);
         pthread_create(&busy[1], NULL, loading, NULL);
@@ -82,6 +135,10 @@ int main(int argc, char **argv)
     if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx) ||
         cuModuleLoadData(&mod, k_image) || cuModuleGetFunction(&f, mod, "_Z9attach_mev")) {
         fprintf(stderr, "attach_loop: set-up failed\n");
+        return 3;
+    }
+    if (profiling && start_profiler(argv[3] + 8)) {
+        fprintf(stderr, "attach_loop: the program's own CUPTI client did not start\n");
         return 3;
     }
     printf("ready\n");
@@ -111,5 +168,10 @@ int main(int argc, char **argv)
         recording = count ? count(307) : -2;
     }
     printf("done %ld launches, %ld failed\nrecording %d\n", iterations, failed, recording);
+    if (profiling) {
+        int (*flush)(uint32_t) = (int (*)(uint32_t))dlsym(g_profiler, "cuptiActivityFlushAll");
+        flush(1);
+        printf("profiler kernels %ld\n", g_profiler_kernels);
+    }
     return 7;
 }

@@ -142,6 +142,14 @@ impl Recording {
             return Some(fate::EMPTY);
         }
         let ts = call.ts_ns;
+        // A late start: calls outside the library's window were not recorded, whoever held
+        // CUPTI then.
+        if self.late
+            && (self.attached_at.is_none_or(|at| ts < at)
+                || self.detached_at.is_some_and(|at| at <= ts))
+        {
+            return Some(fate::NOT_RECORDED);
+        }
         if let Some(gap) = self
             .gaps
             .iter_mut()
@@ -159,11 +167,7 @@ impl Recording {
             gap.handed_over += 1;
             return Some(fate::CUPTI_HELD);
         }
-        if !self.started
-            || self.failed_at.is_some_and(|at| at <= ts)
-            || self.attached_at.is_none_or(|at| ts < at) && self.late
-            || self.detached_at.is_some_and(|at| at <= ts)
-        {
+        if !self.started || self.failed_at.is_some_and(|at| at <= ts) {
             return Some(fate::NOT_RECORDED);
         }
         if state.api_result.is_none() && ts > self.last_recorded && ts < self.last_unlinked_work {

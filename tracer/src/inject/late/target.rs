@@ -368,6 +368,36 @@ mod tests {
         assert_eq!(status_field(status, "Missing"), None);
     }
 
+    /// A 32-bit x86 program and a 64-bit Arm one are told from a 64-bit x86 one by their
+    /// ELF header (no 32-bit toolchain here to build a real one).
+    #[test]
+    fn only_64_bit_x86_programs_are_taken() {
+        let dir = std::env::temp_dir().join(format!("cudatrace-elf-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let header = |class: u8, machine: u16| {
+            let mut bytes = vec![0u8; 64];
+            bytes[..4].copy_from_slice(b"\x7fELF");
+            bytes[4] = class;
+            bytes[5] = 1;
+            bytes[18..20].copy_from_slice(&machine.to_le_bytes());
+            bytes
+        };
+        for (name, class, machine, taken) in [
+            ("i386", 1, 3, false),
+            ("aarch64", 2, 183, false),
+            ("x86_64", 2, 62, true),
+        ] {
+            let path = dir.join(name);
+            fs::write(&path, header(class, machine)).unwrap();
+            assert_eq!(is_x86_64(path.to_str().unwrap()).unwrap(), taken, "{name}");
+        }
+        assert_eq!(
+            Refusal::NotX86_64(7).to_string(),
+            "process 7 is a 32-bit program: attaching supports 64-bit x86 programs only"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// This test process: its own libc's dlopen and dlsym are found where the dynamic
     /// loader put them.
     #[test]
