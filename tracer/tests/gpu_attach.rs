@@ -563,3 +563,61 @@ fn a_window_without_a_cuda_call_is_said() {
     assert_complete(&trace);
     assert_eq!(trace.last().unwrap()["gpu"]["issuing"]["calls"], 0);
 }
+
+/// Two attaches to one process: the second finds the library the first loaded (the
+/// program's `dlopen` returns it, no second copy), takes CUPTI again and records again;
+/// after both the program ends as it would have, nothing of cudatrace's recording.
+#[test]
+fn a_second_attach_reuses_the_library_already_loaded() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    // Long enough to outlive two runs of cudatrace on a loaded machine.
+    command.args(["15000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let mut correlation_ids = Vec::new();
+    for round in ["first", "second"] {
+        let trace_path = scratch(&format!("attach-again-{round}")).join("trace.jsonl");
+        let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{said}");
+        assert_eq!(
+            said.contains(&format!(
+                "attached to process {pid}, its library from an earlier attach:"
+            )),
+            round == "second",
+            "{said}"
+        );
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        let kernels = of_type(&trace, "gpu_kernel");
+        let issuing = &trace.last().unwrap()["gpu"]["issuing"];
+        assert!(!kernels.is_empty(), "{round}: {issuing}");
+        assert_eq!(
+            (&issuing["missing"], &issuing["not_flushed"]),
+            (&json!(0), &json!(0)),
+            "{round}: {issuing}"
+        );
+        assert_eq!(of_type(&trace, "gpu_info").len(), 1, "{round}");
+        correlation_ids.push(u(&kernels[0]["correlation_id"]));
+    }
+    // One library, one CUPTI: the second window's ids go on from the first's.
+    assert!(
+        correlation_ids[1] > correlation_ids[0],
+        "{correlation_ids:?}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains("libcuda.so.1"), "the program still runs");
+    let copies: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter(|line| line.contains("libcudatrace_inject"))
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with("done 15000 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+}
