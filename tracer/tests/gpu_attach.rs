@@ -621,3 +621,50 @@ fn a_second_attach_reuses_the_library_already_loaded() {
         "{rest}"
     );
 }
+
+/// `-p PID --gpu --stacks` on the Python program: the launches of the window carry the
+/// Python line that made them, and their kernels link to those launches (GPU time per
+/// Python line for the window).
+#[test]
+fn a_python_program_is_attached_with_its_stacks() {
+    let Some(_root) = root() else { return };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/attach_loop.py");
+    let mut command = Command::new("python3");
+    command.arg(script).arg(&standin().lib).arg("5000");
+    cupti_standin();
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-stacks").join("trace.jsonl");
+    let output =
+        assert_no_probe_outlives(|| attach(pid, &trace_path, &["--stacks", "--duration", "5s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let (code, rest, _) = target.finish();
+    assert_eq!((code, rest.as_str()), (5, "done 5000 launches, 0 failed\n"));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let stacks: std::collections::HashMap<u64, &Value> = of_type(&trace, "stack")
+        .into_iter()
+        .map(|s| (u(&s["id"]), s))
+        .collect();
+    let launch_at: std::collections::HashMap<u64, &Value> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["name"] == "cuLaunchKernel")
+        .map(|c| (u(&c["ts_ns"]), c))
+        .collect();
+    let kernels = of_type(&trace, "gpu_kernel");
+    assert!(!kernels.is_empty(), "{said}");
+    for kernel in &kernels {
+        let call = launch_at[&u(&kernel["call_ts_ns"])];
+        let stack = stacks[&u(&call["stack"])];
+        assert_eq!(
+            (
+                &stack["frames"][0]["file"],
+                &stack["frames"][0]["qualname"],
+                &stack["frames"][0]["line"]
+            ),
+            (&json!(script), &json!("main"), &json!(36)),
+            "{kernel}"
+        );
+    }
+}
