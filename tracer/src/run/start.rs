@@ -95,9 +95,17 @@ pub fn start(
         power: power.as_ref().map(|setup| setup.info.clone()),
         gpu: command.gpu.as_ref().map(GpuInjection::header),
     };
-    let window = window.map(|asked| {
-        WindowFilter::new(window::place(asked.start_at, asked.duration, &base.clocks))
-    });
+    // Started late (`-p PID --gpu`), the window is placed once the probes are attached (the
+    // library goes in right after): attaching probes to a running process takes its time,
+    // which the window is not for.
+    let late = command.gpu.as_ref().is_some_and(|gpu| gpu.late.is_some());
+    let place = |asked: &WindowAsked, clocks: &Clocks| {
+        WindowFilter::new(window::place(asked.start_at, asked.duration, clocks))
+    };
+    let mut window_filter = window
+        .as_ref()
+        .filter(|_| !late)
+        .map(|asked| place(asked, &base.clocks));
     // A start that fails before its header still writes one, from what was known.
     let mut probed = match probe::probe(&probes, &targets, quiet, libraries) {
         Ok(probed) => probed,
@@ -106,8 +114,11 @@ pub fn start(
             return Err(failure);
         }
     };
+    if late {
+        window_filter = window.as_ref().map(|asked| place(asked, &Clocks::now()));
+    }
+    let window = window_filter;
     // Started late, the libraries end their window when tracing stops: no grace after it.
-    let late = command.gpu.as_ref().is_some_and(|gpu| gpu.late.is_some());
     let close = window.as_ref().map(|window| (window, gpu && !late));
     let spawned = match spawn(&command_options, &targets, command, &mut probed, close) {
         Ok(spawned) => spawned,

@@ -76,6 +76,11 @@ fn test_pause(phase: &str) {
     }
 }
 
+/// Stack a thread must have below its stack pointer for the trampoline: its block, the
+/// vector state (up to about 11 KiB with AMX), `dlopen` and the library's constructors.
+/// The main thread's `[stack]` grows on demand and is not measured.
+const STACK_ROOM: u64 = 128 * 1024;
+
 /// How long a seized thread may take to stop.
 const STOP_WAIT: Duration = Duration::from_millis(200);
 
@@ -154,6 +159,12 @@ fn inject_here(
         .filter(|m| m.executable() && m.file_name().starts_with("ld-"))
         .map(|m| (m.start, m.end))
         .collect();
+    // Thread stacks that cannot grow: (start, end) of the mappings that are not `[stack]`.
+    let fixed: Vec<(u64, u64)> = maps
+        .iter()
+        .filter(|m| m.path != "[stack]")
+        .map(|m| (m.start, m.end))
+        .collect();
     let mut passed_over = 0;
     let mut rounds = 0;
     let mut last = String::from("none tried");
@@ -168,7 +179,9 @@ fn inject_here(
                 passed_over += 1;
                 continue;
             };
-            match safe_point(pid, &regs, &loader) {
+            match safe_point(pid, &regs, &loader)
+                .and_then(|syscall| room_below(regs.rsp, &fixed).map(|()| syscall))
+            {
                 Ok(syscall) => {
                     test_pause("stopped");
                     seized.run_trampoline(pid, regs, code_at, call)?;
@@ -239,6 +252,22 @@ fn safe_point(
         }
     }
     Ok(name)
+}
+
+/// Whether the stack below `rsp` has room for the trampoline ([`STACK_ROOM`]), where the
+/// mapping it is in cannot grow.
+fn room_below(rsp: u64, fixed: &[(u64, u64)]) -> Result<(), String> {
+    match fixed
+        .iter()
+        .find(|&&(start, end)| start <= rsp && rsp < end)
+    {
+        Some(&(start, _)) if rsp - start < STACK_ROOM => Err(format!(
+            "has {} KiB of stack left, less than the {} KiB the trampoline needs",
+            (rsp - start) / 1024,
+            STACK_ROOM / 1024
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Reads what it can of the process's memory at `at`; the bytes read.
@@ -415,6 +444,12 @@ mod tests {
             safe_point(std::process::id(), &regs, &[(0x6000, 0x7000)]),
             Ok("clock_nanosleep")
         );
+        assert_eq!(room_below(0x50000, &[(0x10000, 0x60000)]), Ok(()));
+        assert_eq!(
+            room_below(0x20000, &[(0x10000, 0x60000)]),
+            Err("has 64 KiB of stack left, less than the 128 KiB the trampoline needs".into())
+        );
+        assert_eq!(room_below(0x20000, &[]), Ok(()), "a [stack] that grows");
         let mut numbers: Vec<u64> = SAFE_SYSCALLS.iter().map(|(nr, _)| *nr).collect();
         numbers.dedup();
         assert_eq!(numbers.len(), SAFE_SYSCALLS.len());
