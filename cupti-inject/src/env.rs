@@ -77,3 +77,30 @@ pub fn verbose(what: std::fmt::Arguments) {
         eprintln!("cudatrace-inject: +{} ns: {what}", monotonic_ns());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A late start's settings take the place of the environment's, and are replaced whole
+    /// at the next attach.
+    #[test]
+    fn given_settings_come_before_the_environment() {
+        // SAFETY: this test alone reads or writes this variable.
+        unsafe { std::env::set_var("CUDATRACE_TEST_GIVEN", "from the environment") };
+        assert_eq!(
+            var("CUDATRACE_TEST_GIVEN"),
+            Some("from the environment".into())
+        );
+        set_given("CUDATRACE_TEST_GIVEN=given\nCUDATRACE_INJECT_FLUSH_MS= 50\nno equals sign\n");
+        assert_eq!(var("CUDATRACE_TEST_GIVEN"), Some("given".into()));
+        assert_eq!(number(FLUSH_MS), Some(50));
+        set_given("CUDATRACE_INJECT_FLUSH_MS=20\n");
+        assert_eq!(
+            var("CUDATRACE_TEST_GIVEN"),
+            Some("from the environment".into())
+        );
+        assert_eq!(number(FLUSH_MS), Some(20));
+        set_given("");
+    }
+}
