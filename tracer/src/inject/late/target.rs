@@ -294,38 +294,80 @@ fn loader_functions(pid: u32, maps: &[Mapping]) -> Option<(u64, u64)> {
     Some((dlopen?, dlsym?))
 }
 
+/// A loadable segment: (vaddr, memsz, executable, file offset).
+type Segment = (u64, u64, bool, u64);
+
+/// The `PT_LOAD` segments of a 64-bit little-endian ELF file, from its program headers
+/// alone (the first pages: a library of a gigabyte is not read whole).
+fn load_segments(path: &Path) -> Option<Vec<Segment>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = fs::File::open(path).ok()?;
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header).ok()?;
+    if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return None;
+    }
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (phoff, phentsize, phnum) = (
+        u64_at(&header, 32),
+        u16_at(&header, 54),
+        u16_at(&header, 56),
+    );
+    if phentsize < 56 || phnum > 256 {
+        return None;
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    file.seek(SeekFrom::Start(phoff)).ok()?;
+    file.read_exact(&mut table).ok()?;
+    Some(
+        table
+            .chunks_exact(phentsize)
+            .filter(|ph| u32_at(ph, 0) == object::elf::PT_LOAD)
+            .map(|ph| {
+                let executable = u32_at(ph, 4) & object::elf::PF_X != 0;
+                (u64_at(ph, 16), u64_at(ph, 40), executable, u64_at(ph, 8))
+            })
+            .collect(),
+    )
+}
+
 /// An address where `len` bytes fit between the end of an executable segment's contents
-/// and the end of its last page: mapped, executable, never run.
+/// and the end of its last page: mapped, executable, never run. libc is tried first.
 fn room_for_code(pid: u32, maps: &[Mapping], len: u64) -> Option<u64> {
-    let mut seen = Vec::new();
-    for mapping in maps
+    let mut candidates: Vec<&Mapping> = maps
         .iter()
         .filter(|m| m.executable() && m.path.starts_with('/'))
-    {
+        .collect();
+    candidates.sort_by_key(|m| !m.file_name().starts_with("libc.so"));
+    let mut seen = Vec::new();
+    for mapping in candidates {
         if seen.contains(&mapping.path) {
             continue;
         }
         seen.push(mapping.path.clone());
-        let Ok(bytes) = fs::read(mapped_file(pid, mapping)) else {
+        let Some(segments) = load_segments(&mapped_file(pid, mapping)) else {
             continue;
         };
-        let Ok(file) = object::File::parse(&*bytes) else {
+        let Some(first) = maps
+            .iter()
+            .find(|m| m.path == mapping.path && m.offset == 0)
+        else {
             continue;
         };
-        let Some(bias) = bias(maps, &mapping.path, &file) else {
-            continue;
-        };
-        let Ok(elf) = object::read::elf::ElfFile64::<object::Endianness>::parse(&*bytes) else {
-            continue;
-        };
-        use object::read::elf::ProgramHeader;
-        let endian = elf.endian();
-        for header in elf.elf_program_headers() {
-            let executable = header.p_flags(endian) & object::elf::PF_X != 0;
-            if header.p_type(endian) != object::elf::PT_LOAD || !executable {
+        let lowest = segments
+            .iter()
+            .filter(|s| s.3 == 0)
+            .map(|s| s.0)
+            .min()
+            .unwrap_or(0);
+        let bias = first.start.wrapping_sub(lowest & !0xfff);
+        for &(vaddr, memsz, executable, _) in &segments {
+            if !executable {
                 continue;
             }
-            let end = bias + header.p_vaddr(endian) + header.p_memsz(endian);
+            let end = bias.wrapping_add(vaddr).wrapping_add(memsz);
             let start = (end + 15) & !15;
             let page_end = (end + 0xfff) & !0xfff;
             let inside = maps
