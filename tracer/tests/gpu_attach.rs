@@ -668,3 +668,68 @@ fn a_python_program_is_attached_with_its_stacks() {
         );
     }
 }
+
+/// `-p A -p B --gpu`: both processes get the library, record their own window, and end as
+/// they would have.
+#[test]
+fn two_processes_are_attached_at_once() {
+    let Some(_root) = root() else { return };
+    let targets: Vec<Target> = (0..2)
+        .map(|_| {
+            let mut command = Command::new(attach_loop());
+            command.args(["4000", "1000"]);
+            Target::start(&mut command)
+        })
+        .collect();
+    let pids: Vec<u32> = targets.iter().map(Target::pid).collect();
+    let trace_path = scratch("attach-two").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| {
+        Command::new(CUDATRACE)
+            .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+            .arg(&cupti_standin().lib)
+            .arg("--libcuda")
+            .arg(&standin().lib)
+            .args(["-p", &pids[0].to_string(), "-p", &pids[1].to_string()])
+            .arg("-o")
+            .arg(&trace_path)
+            .args(["--duration", "2s"])
+            .output()
+            .unwrap()
+    });
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    for pid in &pids {
+        assert!(
+            said.contains(&format!("cudatrace: --gpu: attached to process {pid}:")),
+            "{said}"
+        );
+    }
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["gpu"]["processes"], 2);
+    for pid in &pids {
+        let kernels = of_type(&trace, "gpu_kernel")
+            .into_iter()
+            .filter(|k| k["pid"] == json!(pid))
+            .count();
+        assert!(kernels > 50, "process {pid}: {kernels} kernels");
+    }
+    let issuing = &footer["gpu"]["issuing"];
+    assert_eq!(
+        (
+            u(&issuing["with_work"]) + u(&issuing["not_recorded"]),
+            u(&issuing["missing"])
+        ),
+        (u(&issuing["calls"]), 0),
+        "{issuing}"
+    );
+    for target in targets {
+        let (code, rest, _) = target.finish();
+        assert_eq!(code, 7);
+        assert!(
+            rest.ends_with("done 4000 launches, 0 failed\nrecording 0\n"),
+            "{rest}"
+        );
+    }
+}
