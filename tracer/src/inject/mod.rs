@@ -165,18 +165,24 @@ pub fn prepare(
 pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuInjection, Failure> {
     let first = pids[0];
     let environ = process_env(first);
-    let loaded = std::fs::read_to_string(format!("/proc/{first}/maps"))
-        .ok()
-        .and_then(|maps| {
-            late::target::parse_maps(&maps)
-                .into_iter()
-                .find(|m| m.file_name().starts_with("libcupti.so"))
-        });
-    let cupti = match (explicit_cupti, loaded) {
-        (None, Some(mapping)) => cupti::Found {
+    let maps = std::fs::read_to_string(format!("/proc/{first}/maps"))
+        .map(|maps| late::target::parse_maps(&maps))
+        .unwrap_or_default();
+    let loaded = maps
+        .iter()
+        .find(|m| m.file_name().starts_with("libcupti.so"));
+    let mapped: Vec<PathBuf> = maps
+        .iter()
+        .filter(|m| m.path.starts_with('/'))
+        .map(|m| PathBuf::from(&m.path))
+        .collect();
+    let beside = cupti::beside_mapped(&mapped);
+    let cupti = match (explicit_cupti, loaded, beside) {
+        (None, Some(mapping), _) => cupti::Found {
             path: PathBuf::from(&mapping.path),
             from: format!("process {first}'s own"),
         },
+        (None, None, Some(found)) => found,
         _ => {
             let program = std::fs::read_link(format!("/proc/{first}/exe")).ok();
             let roots: Vec<&Path> = cupti::TOOLKIT_ROOTS.iter().map(Path::new).collect();
