@@ -390,6 +390,13 @@ static CUptiResult hook_libcuda(void)
 {
     standin_set_activity_hooks_fn set =
         (standin_set_activity_hooks_fn)dlsym(RTLD_DEFAULT, STANDIN_SET_ACTIVITY_HOOKS);
+    if (set == NULL) {
+        /* A libcuda loaded with RTLD_LOCAL (Python's ctypes.CDLL): found by its soname, as
+         * CUPTI finds the driver the process loaded. */
+        void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (libcuda != NULL)
+            set = (standin_set_activity_hooks_fn)dlsym(libcuda, STANDIN_SET_ACTIVITY_HOOKS);
+    }
     if (set == NULL)
         return CUPTI_ERROR_NOT_INITIALIZED; /* not the stand-in libcuda */
     set(&g_hooks);

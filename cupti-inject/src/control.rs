@@ -10,11 +10,13 @@
 //! are the other client's) or resumes (takes CUPTI back: callbacks, clock, kinds), and says
 //! so in a CLIENT record. Nothing in the program is changed or intercepted.
 //!
+//! After a late start (`cudatrace run -p PID --gpu`) the slot's [`DETACH`] bit asks the
+//! library to stop recording: the window ended.
+//!
 //! This file reads the slot and keeps what the library did about it; the owner
 //! (`injection.rs`) sends the records and takes CUPTI back.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::time::Duration;
 
 use tracer_common::gpu_stage;
@@ -22,10 +24,15 @@ use tracer_common::gpu_stage;
 use crate::env::{self, verbose};
 use crate::outbox::Failure;
 
+/// The slot's bit that asks a library started late to stop recording (cudatrace's window
+/// ended); the other bits count the other client's takes and releases.
+pub const DETACH: u32 = 1 << 31;
+
 /// This process's slot in cudatrace's control file, and where the library stands.
 pub struct Control {
-    /// The mapped slot; unset: the library never yields.
-    slot: OnceLock<&'static AtomicU32>,
+    /// The mapped slot; null: the library never yields. A late start maps the file of
+    /// its run, in place of an earlier run's.
+    slot: AtomicPtr<AtomicU32>,
     /// The slot's value the library last acted on.
     seen: AtomicU32,
     /// Another client holds the activity API: the library does not flush.
@@ -50,14 +57,21 @@ pub enum Change {
 impl Control {
     pub const fn new() -> Self {
         Control {
-            slot: OnceLock::new(),
+            slot: AtomicPtr::new(std::ptr::null_mut()),
             seen: AtomicU32::new(0),
             yielded: AtomicBool::new(false),
             gave_up: AtomicBool::new(false),
         }
     }
 
+    /// The mapped slot, if any.
+    fn slot(&self) -> Option<&'static AtomicU32> {
+        // SAFETY: null, or a slot in a mapping that is never unmapped.
+        unsafe { self.slot.load(Ordering::Acquire).as_ref() }
+    }
+
     /// Maps this process's slot of the control file, where cudatrace named one ([`env::CONTROL`]).
+    /// At a late start, again for each run: the library starts out of no one's way.
     pub fn open(&self) -> Result<(), Failure> {
         let Some(path) = env::path(env::CONTROL) else {
             return Ok(());
@@ -66,7 +80,10 @@ impl Control {
             Ok(slot) => {
                 self.seen
                     .store(slot.load(Ordering::Acquire), Ordering::Relaxed);
-                let _ = self.slot.set(slot);
+                self.yielded.store(false, Ordering::Release);
+                self.gave_up.store(false, Ordering::Relaxed);
+                self.slot
+                    .store(std::ptr::from_ref(slot).cast_mut(), Ordering::Release);
                 Ok(())
             }
             Err(e) => Err(Failure::plain(
@@ -84,16 +101,22 @@ impl Control {
     /// At start: whether another client holds CUPTI already (it took it before `cuInit`);
     /// then the library starts yielded (a CLIENT record is due).
     pub fn start_yielded(&self) -> bool {
-        let Some(slot) = self.slot.get() else {
+        let Some(slot) = self.slot() else {
             return false;
         };
-        let value = slot.load(Ordering::Acquire);
+        let value = slot.load(Ordering::Acquire) & !DETACH;
         if value & 1 == 0 {
             return false;
         }
         self.seen.store(value, Ordering::Relaxed);
         self.yielded.store(true, Ordering::Release);
         true
+    }
+
+    /// A late start found another client holding CUPTI: the library starts out of its way,
+    /// as if cudatrace had said so (cudatrace marks the slot held when it hears).
+    pub fn start_held(&self) {
+        self.yielded.store(true, Ordering::Release);
     }
 
     /// Whether the library is out of CUPTI's way (yielded, or gave up).
@@ -103,19 +126,30 @@ impl Control {
 
     /// Whether cudatrace says another client holds the activity API now.
     pub fn held_by_other(&self) -> bool {
-        self.slot
-            .get()
+        self.slot()
             .is_some_and(|slot| slot.load(Ordering::Acquire) & 1 == 1)
+    }
+
+    /// Whether cudatrace asks a library started late to stop recording.
+    pub fn detach_asked(&self) -> bool {
+        self.slot()
+            .is_some_and(|slot| slot.load(Ordering::Acquire) & DETACH != 0)
     }
 
     /// Waits up to `timeout`, waking early when cudatrace changes the slot.
     pub fn wait(&self, timeout: Duration) {
-        let Some(slot) = self.slot.get() else {
+        let Some(slot) = self.slot() else {
             std::thread::sleep(timeout);
             return;
         };
         let seen = self.seen.load(Ordering::Relaxed);
-        if slot.load(Ordering::Acquire) != seen {
+        let value = slot.load(Ordering::Acquire);
+        if value != seen {
+            if value & DETACH == 0 {
+                return;
+            }
+            // Asked to stop: the owner acts on it; never a busy loop here.
+            std::thread::sleep(timeout.min(Duration::from_millis(10)));
             return;
         }
         let time = libc::timespec {
@@ -140,14 +174,14 @@ impl Control {
     /// Reads the slot: yields when another client took the activity API, and says what
     /// is due. The flush thread's, under its lock.
     pub fn follow(&self) -> Change {
-        let Some(slot) = self.slot.get() else {
+        let Some(slot) = self.slot() else {
             return Change::None;
         };
         if self.gave_up.load(Ordering::Relaxed) {
             return Change::None;
         }
-        let value = slot.load(Ordering::Acquire);
-        if value == self.seen.swap(value, Ordering::Relaxed) {
+        let value = slot.load(Ordering::Acquire) & !DETACH;
+        if value == self.seen.swap(value, Ordering::Relaxed) & !DETACH {
             return Change::None;
         }
         let held = value & 1 == 1;

@@ -16,6 +16,8 @@ pub type CUcontext = *mut c_void;
 
 pub const CUPTI_SUCCESS: CUptiResult = 0;
 pub const CUPTI_ERROR_MAX_LIMIT_REACHED: CUptiResult = 12;
+/// `CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED`: another client subscribed already.
+pub const CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED: CUptiResult = 39;
 
 /// `CUPTI_API_VERSION` of CUDA 13.3, the first whose `cuptiSubscribe_v2` can let several
 /// clients subscribe (with driver r610 or newer).
@@ -274,6 +276,11 @@ pub struct Cupti {
     pub enable_driver_api: Option<unsafe extern "C" fn(u32, u8) -> CUptiResult>,
     /// CUPTI 13.2+'s per-subscriber functions, where every one is exported.
     pub per_subscriber: Option<PerSubscriber>,
+    /// The callback API's `cuptiSubscribe` and `cuptiUnsubscribe`: a late start asks
+    /// whether another client subscribed (one subscriber at a time before CUPTI 13.3).
+    pub subscribe:
+        Option<unsafe extern "C" fn(*mut Subscriber, *const c_void, *mut c_void) -> CUptiResult>,
+    pub unsubscribe: Option<unsafe extern "C" fn(Subscriber) -> CUptiResult>,
     /// Kept loaded for the life of the process: CUPTI calls back into us from its threads.
     _library: Library,
 }
@@ -354,6 +361,8 @@ impl Cupti {
             register_timestamp_callback: optional!("cuptiActivityRegisterTimestampCallback"),
             enable_driver_api: optional!("cuptiActivityEnableDriverApi"),
             per_subscriber,
+            subscribe: optional!("cuptiSubscribe"),
+            unsubscribe: optional!("cuptiUnsubscribe"),
             path,
             _library: library,
         })

@@ -1,5 +1,8 @@
 //! The environment variables the library reads (set by cudatrace; docs/gpu.md's table).
 
+use std::ffi::OsString;
+use std::sync::RwLock;
+
 use crate::clock::monotonic_ns;
 
 /// libcupti to load; unset: the loader's search for `libcupti.so.13`, then `libcupti.so`.
@@ -20,29 +23,84 @@ pub const BUFFER_KIB: &str = "CUDATRACE_INJECT_BUFFER_KIB";
 /// `1`: say on stderr what each buffer held and how CUPTI was taken back (diagnostics).
 pub const VERBOSE: &str = "CUDATRACE_INJECT_VERBOSE";
 
+/// Of a late start (`cudatrace run -p PID --gpu`): cudatrace's pid and its start time
+/// (`/proc/PID/stat`'s 22nd field): once that process is gone, the library stops recording.
+pub const TRACER: &str = "CUDATRACE_INJECT_TRACER";
+
+/// The variables a late start was given (`cudatrace_attach`): a running program's
+/// environment is its own, so cudatrace's settings come in its call instead, and take the
+/// place of the environment's of the same name. Replaced whole at each attach.
+static GIVEN: RwLock<Vec<(String, OsString)>> = RwLock::new(Vec::new());
+
+/// Takes `KEY=VALUE` lines as the settings of this attach.
+pub fn set_given(text: &str) {
+    let given = text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.to_owned(), OsString::from(value)))
+        .collect();
+    *GIVEN.write().unwrap_or_else(|e| e.into_inner()) = given;
+}
+
+/// A variable: as a late start gave it, else from the environment.
+pub fn var(name: &str) -> Option<OsString> {
+    let given = GIVEN.read().unwrap_or_else(|e| e.into_inner());
+    match given.iter().find(|(key, _)| key == name) {
+        Some((_, value)) => Some(value.clone()),
+        None => std::env::var_os(name),
+    }
+}
+
 /// A whole number from the environment, where set and valid.
 pub fn number(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
+    var(name)?.to_str()?.trim().parse().ok()
 }
 
 /// A path from the environment, where set and not empty.
-pub fn path(name: &str) -> Option<std::ffi::OsString> {
-    std::env::var_os(name).filter(|p| !p.is_empty())
+pub fn path(name: &str) -> Option<OsString> {
+    var(name).filter(|p| !p.is_empty())
 }
 
 /// Whether failures also go to the program's stderr ([`STDERR`] is not `0`).
 pub fn errors_on_stderr() -> bool {
-    std::env::var_os(STDERR).is_none_or(|v| v != "0")
+    var(STDERR).is_none_or(|v| v != "0")
 }
 
 /// Whether [`VERBOSE`] is `1`.
 pub fn is_verbose() -> bool {
-    std::env::var_os(VERBOSE).is_some_and(|v| v == "1")
+    var(VERBOSE).is_some_and(|v| v == "1")
 }
 
 /// A line on stderr where [`VERBOSE`] is `1`.
 pub fn verbose(what: std::fmt::Arguments) {
     if is_verbose() {
         eprintln!("cudatrace-inject: +{} ns: {what}", monotonic_ns());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A late start's settings take the place of the environment's, and are replaced whole
+    /// at the next attach.
+    #[test]
+    fn given_settings_come_before_the_environment() {
+        // SAFETY: this test alone reads or writes this variable.
+        unsafe { std::env::set_var("CUDATRACE_TEST_GIVEN", "from the environment") };
+        assert_eq!(
+            var("CUDATRACE_TEST_GIVEN"),
+            Some("from the environment".into())
+        );
+        set_given("CUDATRACE_TEST_GIVEN=given\nCUDATRACE_INJECT_FLUSH_MS= 50\nno equals sign\n");
+        assert_eq!(var("CUDATRACE_TEST_GIVEN"), Some("given".into()));
+        assert_eq!(number(FLUSH_MS), Some(50));
+        set_given("CUDATRACE_INJECT_FLUSH_MS=20\n");
+        assert_eq!(
+            var("CUDATRACE_TEST_GIVEN"),
+            Some("from the environment".into())
+        );
+        assert_eq!(number(FLUSH_MS), Some(20));
+        set_given("");
     }
 }

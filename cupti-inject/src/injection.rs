@@ -25,6 +25,12 @@ use crate::session::{Mode, Session};
 pub struct Injection {
     /// `InitializeInjection` ran: it starts the library once per process.
     started: AtomicBool,
+    /// Started late (`cudatrace_attach`), not by libcuda at `cuInit`.
+    late: AtomicBool,
+    /// A late start records now: its flush thread runs until cudatrace's window ends.
+    attached: AtomicBool,
+    /// The exit handler was registered (once per process).
+    exit_handler: AtomicBool,
     outbox: Outbox,
     /// CUPTI, once loaded and set up.
     session: OnceLock<Session>,
@@ -37,6 +43,9 @@ impl Injection {
     pub const fn new() -> Self {
         Injection {
             started: AtomicBool::new(false),
+            late: AtomicBool::new(false),
+            attached: AtomicBool::new(false),
+            exit_handler: AtomicBool::new(false),
             outbox: Outbox::new(),
             session: OnceLock::new(),
             buffers: Buffers::new(),
@@ -61,6 +70,108 @@ impl Injection {
         {
             eprintln!("cudatrace-inject: internal error: GPU activity is not recorded");
         }
+    }
+
+    /// A late start (`cudatrace run -p PID --gpu`): the program runs already, CUDA may be
+    /// in use. Sets CUPTI up the first time, takes it again at a later attach, and starts
+    /// the flush thread, which stops recording when cudatrace's window ends
+    /// ([`Injection::detach`]). Returns 0, or 1 when a library started by libcuda records
+    /// already, 2 while an earlier attach still records.
+    pub fn attach(&'static self, given: &str) -> i32 {
+        if self.started.load(Ordering::SeqCst) && !self.late.load(Ordering::SeqCst) {
+            return 1;
+        }
+        if self.attached.swap(true, Ordering::SeqCst) {
+            return 2;
+        }
+        env::set_given(given);
+        let first = !self.started.swap(true, Ordering::SeqCst);
+        self.late.store(true, Ordering::SeqCst);
+        if first {
+            self.outbox.open(Sender::new(Uprobe, debug_file()));
+        }
+        // CUPTI is set up on a thread of the library's own, which then flushes: the
+        // program's thread that called here goes back to its work at once.
+        let spawned = std::thread::Builder::new()
+            .name("cudatrace-flush".into())
+            .spawn(move || {
+                let recorded = catch_unwind(AssertUnwindSafe(|| {
+                    if let Err(failure) = self.attach_cupti() {
+                        self.outbox.report(failure);
+                        self.outbox.send_client(client::DETACHED);
+                        self.outbox.flush();
+                    }
+                }));
+                if recorded.is_err() {
+                    eprintln!("cudatrace-inject: internal error: GPU activity is not recorded");
+                }
+                self.attached.store(false, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            self.attached.store(false, Ordering::SeqCst);
+            self.outbox.report(Failure::plain(
+                gpu_stage::FLUSH,
+                true,
+                format!("cannot start the library's thread ({e}): GPU activity is not recorded"),
+            ));
+            self.outbox.send_client(client::DETACHED);
+            self.outbox.flush();
+        }
+        0
+    }
+
+    /// CUPTI for a late start, on the library's thread: loaded and announced (INFO) the
+    /// first time, announced again at a later one; taken unless another client holds it
+    /// (an ATTACHED record says from when it records); then this thread flushes until the
+    /// window ends.
+    fn attach_cupti(&'static self) -> Result<(), Failure> {
+        if let Err(failure) = self.control.open() {
+            self.outbox.report(failure);
+        }
+        let session = match self.session.get() {
+            Some(session) => {
+                session.announce_again(&self.outbox);
+                session
+            }
+            None => {
+                let session = Session::open(&self.outbox)?;
+                self.session.get_or_init(|| session)
+            }
+        };
+        if self.control.start_yielded() {
+            self.outbox.send_client(client::YIELDED);
+        } else if session.other_client_subscribed() {
+            self.control.start_held();
+            self.outbox.send_client(client::HELD_AT_ATTACH);
+        } else {
+            session.take(false, &self.outbox)?;
+            self.outbox.send_client(client::ATTACHED);
+        }
+        self.outbox.flush();
+        if !self.exit_handler.swap(true, Ordering::SeqCst) {
+            // SAFETY: a plain function, run once at normal exit.
+            unsafe { libc::atexit(crate::at_exit) };
+        }
+        self.flush_periodically(session);
+        Ok(())
+    }
+
+    /// The end of a late start's window: the last records out (incomplete ones included),
+    /// every kind and driver function off, this library's subscriber gone where it has one,
+    /// a CLIENT DETACHED record; the flush thread then ends. Nothing of the library runs in
+    /// the program after it; a later attach takes CUPTI again.
+    fn detach(&self, session: &Session) {
+        if !self.control.yielded() && !self.control.held_by_other() {
+            self.flush
+                .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
+            session.stop(&self.outbox);
+            self.flush
+                .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
+        } else {
+            self.buffers.read_completed(session, &self.outbox);
+        }
+        self.outbox.send_client(client::DETACHED);
+        self.outbox.flush();
     }
 
     /// Opens the outbox, sets up CUPTI, starts a chained injection library.
@@ -106,8 +217,10 @@ impl Injection {
 
     /// Registers the exit flush and starts the flush thread.
     fn start_flushing(&'static self, session: &'static Session) {
-        // SAFETY: a plain function, run once at normal exit.
-        unsafe { libc::atexit(crate::at_exit) };
+        if !self.exit_handler.swap(true, Ordering::SeqCst) {
+            // SAFETY: a plain function, run once at normal exit.
+            unsafe { libc::atexit(crate::at_exit) };
+        }
         if let Err(e) = std::thread::Builder::new()
             .name("cudatrace-flush".into())
             .spawn(move || self.flush_periodically(session))
@@ -126,11 +239,16 @@ impl Injection {
     /// client holds the activity API; wakes early when cudatrace changes the control slot.
     fn flush_periodically(&self, session: &Session) {
         let period = flush::period();
+        let late = self.late.load(Ordering::SeqCst);
         loop {
             self.control.wait(period);
             let Some(_running) = self.flush.running() else {
                 return;
             };
+            if late && (self.control.detach_asked() || !tracer_alive()) {
+                self.detach(session);
+                return;
+            }
             self.follow_control(session);
             if !self.control.yielded() {
                 self.flush.flush(0, session, &self.buffers, &self.outbox);
@@ -151,6 +269,10 @@ impl Injection {
         };
         if session.pid != std::process::id() {
             // A forked child: CUPTI is not set up here, and the lock may be held forever.
+            return;
+        }
+        if self.late.load(Ordering::SeqCst) && !self.attached.load(Ordering::SeqCst) {
+            // A late start whose window ended: nothing of ours is recording.
             return;
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -183,9 +305,30 @@ impl Injection {
     }
 }
 
+/// Whether the cudatrace that started this late start still runs ([`env::TRACER`]: its pid
+/// and start time, so a reused pid is not taken for it). Unknown: yes.
+fn tracer_alive() -> bool {
+    let Some(given) = env::var(env::TRACER) else {
+        return true;
+    };
+    let given = given.to_string_lossy();
+    let Some((pid, start)) = given.split_once(':') else {
+        return true;
+    };
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The fields after the command's name, which is in parentheses and may hold spaces:
+        // the state (a zombie is gone too), then, 19 further, the start time.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            !matches!(fields.first(), Some(&"Z") | Some(&"X")) && fields.get(19) == Some(&start)
+        }),
+        Err(_) => false,
+    }
+}
+
 /// The debug file ([`env::DEBUG_FILE`]), where named and opened.
 fn debug_file() -> Option<File> {
-    let path = std::env::var_os(env::DEBUG_FILE)?;
+    let path = env::path(env::DEBUG_FILE)?;
     open_append(&path)
         .map_err(|e| {
             eprintln!(

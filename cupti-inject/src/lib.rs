@@ -41,7 +41,7 @@ mod outbox;
 mod sender;
 mod session;
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 
 use tracer_common::GpuRecord;
 
@@ -68,6 +68,27 @@ pub extern "C" fn cudatrace_gpu_records(records: *const GpuRecord, count: u32) {
 pub extern "C" fn InitializeInjection() -> c_int {
     INJECTION.initialize();
     1
+}
+
+/// A late start: `cudatrace run -p PID --gpu` makes the running program load this library
+/// and call this function (its own `dlopen`, then `dlsym`, from a trampoline on one of its
+/// threads). `given` is cudatrace's settings as `KEY=VALUE` lines (docs/gpu.md's variables),
+/// in place of the environment the program started with. Returns 0 (started: what failed
+/// is reported as records), 1 when a library started by libcuda records already, 2 while an
+/// earlier attach still records, 3 when `given` is not text.
+///
+/// # Safety
+/// `given` is a NUL-terminated string, readable during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudatrace_attach(given: *const c_char) -> c_int {
+    if given.is_null() {
+        return 3;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let Ok(given) = unsafe { CStr::from_ptr(given) }.to_str() else {
+        return 3;
+    };
+    INJECTION.attach(given)
 }
 
 /// CUPTI asks for an empty buffer.

@@ -17,8 +17,9 @@ use tracer_common::{GpuRecord, client, gpu_flags, gpu_record, gpu_stage};
 
 use crate::clock::monotonic_ns;
 use crate::cupti::{
-    CUPTI_SUCCESS, CUptiResult, Cupti, LoadError, MULTI_SUBSCRIBER_VERSION, PerSubscriber,
-    SUBSCRIBER_PARAMS_SIZE, Subscriber, SubscriberParams, THREAD_ID_TYPE_SYSTEM, activity_kind,
+    CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, CUPTI_SUCCESS, CUptiResult, Cupti, LoadError,
+    MULTI_SUBSCRIBER_VERSION, PerSubscriber, SUBSCRIBER_PARAMS_SIZE, Subscriber, SubscriberParams,
+    THREAD_ID_TYPE_SYSTEM, activity_kind,
 };
 use crate::env::{self, verbose};
 use crate::outbox::{Failure, Outbox, Uprobe, client_record, report};
@@ -57,6 +58,8 @@ pub struct Session {
     /// The process that started the session: a forked child must not touch CUPTI.
     pub pid: u32,
     pub mode: Mode,
+    /// CUPTI's API version (the INFO record's `detail`).
+    version: u32,
 }
 
 // SAFETY: the subscriber handle is CUPTI's, valid from any thread.
@@ -85,6 +88,7 @@ impl Session {
             clock_flags: if callback { 0 } else { gpu_flags::CUPTI_CLOCK },
             pid: std::process::id(),
             mode,
+            version,
         };
         session.announce(version, callback, outbox);
         Ok(session)
@@ -120,6 +124,78 @@ impl Session {
         // Out before the registration that follows: cudatrace tells this library's
         // cuptiActivityRegisterCallbacks from another client's by the INFO's address.
         sender.flush();
+    }
+
+    /// A later late start in the same process (`cudatrace run -p PID --gpu` again): the
+    /// clock again (another client may have replaced it), then the INFO record for the new
+    /// run.
+    pub fn announce_again(&self, outbox: &Outbox) {
+        let callback = self.clock_flags == 0 && register_timestamp_callback(&self.cupti, outbox);
+        self.announce(self.version, callback, outbox);
+    }
+
+    /// A late start's window ended: every activity kind and driver function this library
+    /// enabled is off again, so CUPTI records nothing more for it.
+    pub fn stop(&self, outbox: &Outbox) {
+        let mut refused = Vec::new();
+        for (kind, what) in ACTIVITY_KINDS {
+            let rc = self.enable(kind, false);
+            if rc != CUPTI_SUCCESS {
+                refused.push(format!("{what}: {}", self.cupti.result_string(rc)));
+            }
+        }
+        let switch: Option<Box<dyn Fn(u32) -> CUptiResult>> = match self.per_subscriber() {
+            Some((subscriber, api)) => {
+                let function = api.enable_driver_api;
+                // SAFETY: a plain setting of this subscriber.
+                Some(Box::new(move |cbid| unsafe {
+                    function(subscriber, cbid, 0)
+                }))
+            }
+            // SAFETY: a plain setting.
+            None => self
+                .cupti
+                .enable_driver_api
+                .map(|function| Box::new(move |cbid| unsafe { function(cbid, 0) }) as Box<_>),
+        };
+        if let Some(switch) = switch {
+            let off = cbids::LINKED_DRIVER_FUNCTIONS
+                .iter()
+                .filter(|&&(_, cbid)| switch(cbid) != CUPTI_SUCCESS)
+                .count();
+            if off > 0 {
+                refused.push(format!("{off} driver functions"));
+            }
+        }
+        if !refused.is_empty() {
+            outbox.report(Failure::plain(
+                gpu_stage::DETACH,
+                false,
+                format!(
+                    "CUPTI refused to stop recording ({}): it may go on recording for no one",
+                    refused.join(", ")
+                ),
+            ));
+        }
+    }
+
+    /// A late start, one client at a time: whether another client of the program holds a
+    /// CUPTI subscriber now (torch.profiler's Kineto, Nsight): the library's own
+    /// `cuptiSubscribe` is refused then. A subscriber it gets is given back at once.
+    pub fn other_client_subscribed(&self) -> bool {
+        let (Mode::Single, Some(subscribe), Some(unsubscribe)) =
+            (&self.mode, self.cupti.subscribe, self.cupti.unsubscribe)
+        else {
+            return false;
+        };
+        let mut handle: Subscriber = std::ptr::null_mut();
+        // SAFETY: CUPTI writes the handle; no callback function.
+        let rc = unsafe { subscribe(&mut handle, std::ptr::null(), std::ptr::null_mut()) };
+        if rc == CUPTI_SUCCESS {
+            // SAFETY: the handle CUPTI just gave.
+            unsafe { unsubscribe(handle) };
+        }
+        rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
     }
 
     /// The per-subscriber functions and this library's subscriber, where it has one.
@@ -360,7 +436,7 @@ impl Session {
 
 /// Loads libcupti ([`env::CUPTI`], or the loader's search).
 fn load() -> Result<Cupti, Failure> {
-    let path = std::env::var(env::CUPTI).ok().filter(|p| !p.is_empty());
+    let path = env::path(env::CUPTI).map(|p| p.to_string_lossy().into_owned());
     Cupti::load(path.as_deref()).map_err(|error| match error {
         LoadError::NotLoadable(why) => Failure::plain(
             gpu_stage::LOAD_CUPTI,

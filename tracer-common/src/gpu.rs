@@ -58,6 +58,16 @@ pub mod client {
     pub const YIELDED: u32 = 1;
     /// It let go: the library registered its callbacks and enabled its kinds again.
     pub const RESUMED: u32 = 2;
+    /// A late start's window ended (`cudatrace run -p PID --gpu`): the last records are
+    /// out and every kind is off; the library records nothing more until the next attach.
+    pub const DETACHED: u32 = 3;
+    /// A late start records from here (its kinds and driver functions are on): calls made
+    /// before it have no GPU lines (`not_recorded`).
+    pub const ATTACHED: u32 = 4;
+    /// A late start found another CUPTI client of the process subscribed (its
+    /// `cuptiSubscribe` refused): it took nothing, and records nothing while that client
+    /// holds CUPTI (`cupti_held`).
+    pub const HELD_AT_ATTACH: u32 = 5;
 }
 
 /// Bits of [`GpuRecord::flags`].
@@ -112,6 +122,9 @@ pub mod gpu_stage {
     /// The control file (`CUDATRACE_INJECT_CONTROL`) could not be mapped: the library
     /// cannot yield to another CUPTI client of the program.
     pub const CONTROL: u32 = 14;
+    /// A late start's window ended and CUPTI refused to switch a kind or driver function
+    /// off (`cudatrace run -p PID --gpu`).
+    pub const DETACH: u32 = 15;
 }
 
 /// One GPU activity record, the same size whatever it describes. Which fields are

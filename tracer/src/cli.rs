@@ -36,7 +36,7 @@ use crate::{
         directory, a device, no permission, a pipe past its copy limit), 75 port 9001 in use\n\
         (view), 77 not privileged, 78 probes missing (--missing-probes error), 80 no libcupti\n\
         (--gpu), 81 CUDA_INJECTION64_PATH already set (--gpu), 82 GPU recording failed\n\
-        (--gpu), 126 command not executable, 127 command not found; stopped by a signal: 129\n\
+        (--gpu), 83 cannot attach (-p PID --gpu), 126 command not executable, 127 command not found; stopped by a signal: 129\n\
         SIGHUP, 130 SIGINT, 131 SIGQUIT, 143 SIGTERM."
 )]
 pub struct Cli {

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::{
     exit::Failure,
-    kernel_hooks, privileges,
+    inject, kernel_hooks, privileges,
     probes::{
         library::{self, Library},
         plan::Plan,
@@ -36,6 +36,10 @@ pub struct DoctorArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Also say whether `cudatrace run -p PID --gpu` can attach to this process, and why
+    /// not (nothing is done to it: its files under /proc are read).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -260,7 +264,33 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
             )
         });
     checks.push(check("libcuda", true, lib));
+    if let Some(pid) = args.pid {
+        checks.push(check("attach_gpu", true, attach_check(pid)));
+    }
     checks
+}
+
+/// `doctor -p PID`: what `run -p PID --gpu` would find (the same checks, the process
+/// untouched).
+fn attach_check(pid: u32) -> Result<String> {
+    let target = inject::late::check(pid)?;
+    let cupti = match &target.libcupti {
+        Some(path) => format!("its own libcupti {path} is used"),
+        None => "no libcupti loaded: cudatrace loads one (--cupti, or as --gpu finds it)".into(),
+    };
+    let earlier = match &target.injected {
+        Some(path) => format!("; cudatrace's library from an earlier attach is there ({path})"),
+        None => String::new(),
+    };
+    Ok(format!(
+        "process {pid} can be attached: libcuda {}; {cupti}; dlopen at {:#x}, the trampoline at \
+         {:#x}{earlier}; at attach, one of its threads must wait in a blocking system call \
+         (sleep, poll, read, futex) outside malloc and the loader within {:?}",
+        target.libcuda,
+        target.dlopen,
+        target.code_at,
+        inject::late::SAFE_POINT_BOUND
+    ))
 }
 
 /// Prints the checks; exits 0 when `run` can work here, 1 otherwise.

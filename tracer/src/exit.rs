@@ -37,6 +37,9 @@ pub enum ExitCode {
     InjectionPathSet = 81,
     /// `--gpu`: GPU recording failed in a process (CUPTI refused), and the command exited 0.
     GpuRecordingFailed = 82,
+    /// `-p PID --gpu`: the process cannot take the injection library (refused before it
+    /// was touched, or no thread reached a safe point).
+    AttachRefused = 83,
     /// The command exists but cannot be executed.
     NotExecutable = 126,
     /// The command was not found.
@@ -46,7 +49,7 @@ pub enum ExitCode {
 impl ExitCode {
     /// Every code, for the test that each is documented (a new code goes here too).
     #[cfg(test)]
-    pub const ALL: [ExitCode; 16] = [
+    pub const ALL: [ExitCode; 17] = [
         ExitCode::Usage,
         ExitCode::BadInput,
         ExitCode::NoSuchProcess,
@@ -61,6 +64,7 @@ impl ExitCode {
         ExitCode::NoCupti,
         ExitCode::InjectionPathSet,
         ExitCode::GpuRecordingFailed,
+        ExitCode::AttachRefused,
         ExitCode::NotExecutable,
         ExitCode::CommandNotFound,
     ];

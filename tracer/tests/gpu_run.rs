@@ -572,21 +572,30 @@ fn errors_before_the_command_starts_have_their_exit_codes() {
         assert!(!trace.exists(), "no trace file when nothing started");
     };
 
-    for (flag, name) in [("-p", "-p"), ("--all", "--all")] {
-        let mut command = Command::new(CUDATRACE);
-        command.args(["run", "--gpu", "-o"]).arg(&trace).arg(flag);
-        if flag == "-p" {
-            command.arg(std::process::id().to_string());
-        }
-        expect(
-            command.output().unwrap(),
-            2,
-            &format!(
-                "cudatrace: error: --gpu needs a command to start: {name} traces processes that \
-                 already run, and nothing can be injected into them (CUPTI starts at cuInit)"
-            ),
-        );
-    }
+    let mut all = Command::new(CUDATRACE);
+    all.args(["run", "--gpu", "-o"]).arg(&trace).arg("--all");
+    expect(
+        all.output().unwrap(),
+        2,
+        "cudatrace: error: --gpu with --all: cudatrace does not put its library into every \
+         process; name them with -p PID (attach) or start the command under it",
+    );
+    // Attaching to a process without libcuda (this test): refused, untouched (exit 83).
+    let me = std::process::id();
+    let mut attach = Command::new(CUDATRACE);
+    attach
+        .args(["run", "--gpu", "-o"])
+        .arg(&trace)
+        .args(["-p", &me.to_string()]);
+    expect(
+        attach.output().unwrap(),
+        83,
+        &format!(
+            "cudatrace: error: --gpu: cannot attach to process {me}: process {me} has not \
+             loaded libcuda: nothing to record; attach once it uses CUDA (or start it under \
+             `cudatrace run --gpu -- CMD`)"
+        ),
+    );
     // A user's own library is chained (gpu_clients.rs); cudatrace's own is refused.
     expect(
         run_gpu(

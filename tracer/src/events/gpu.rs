@@ -56,6 +56,12 @@ pub enum GpuEvent {
     /// The library yielded CUPTI to another client (`resumed` false) or took it back, at
     /// `ts_ns` (CLOCK_MONOTONIC).
     Client { pid: u32, resumed: bool, ts_ns: u64 },
+    /// A late start (`-p PID --gpu`) records from `ts_ns` on (CLOCK_MONOTONIC).
+    Attached { pid: u32, ts_ns: u64 },
+    /// A late start's window ended at `ts_ns`: the library records nothing more.
+    Detached { pid: u32, ts_ns: u64 },
+    /// A late start found another CUPTI client holding CUPTI at `ts_ns`, and took nothing.
+    HeldAtAttach { pid: u32, ts_ns: u64 },
 }
 
 /// What a record gave.
@@ -100,7 +106,7 @@ const MEMORY_KINDS: [&str; 7] = [
     "device_static",
     "managed_static",
 ];
-const STAGES: [&str; 14] = [
+const STAGES: [&str; 15] = [
     "load_cupti",
     "missing_function",
     "register_callbacks",
@@ -115,6 +121,7 @@ const STAGES: [&str; 14] = [
     "dropped_count",
     "resume",
     "control",
+    "detach",
 ];
 
 fn name_of(table: &'static [&'static str], value: u32) -> Cow<'static, str> {
@@ -126,7 +133,7 @@ fn name_of(table: &'static [&'static str], value: u32) -> Cow<'static, str> {
 
 /// The name of an ERROR record's stage (`gpu_stage`).
 pub fn stage_name(stage: u32) -> Cow<'static, str> {
-    debug_assert_eq!(STAGES.len() as u32, gpu_stage::CONTROL);
+    debug_assert_eq!(STAGES.len() as u32, gpu_stage::DETACH);
     match stage.checked_sub(1).and_then(|i| STAGES.get(i as usize)) {
         Some(name) => Cow::Borrowed(name),
         None => Cow::Owned(format!("stage {stage}")),
@@ -216,10 +223,24 @@ impl GpuDecoder {
                 };
                 GpuEvent::Started(line, session)
             }
-            gpu_record::CLIENT => GpuEvent::Client {
-                pid,
-                resumed: record.detail == client::RESUMED,
-                ts_ns: record.start,
+            gpu_record::CLIENT => match record.detail {
+                client::ATTACHED => GpuEvent::Attached {
+                    pid,
+                    ts_ns: record.start,
+                },
+                client::DETACHED => GpuEvent::Detached {
+                    pid,
+                    ts_ns: record.start,
+                },
+                client::HELD_AT_ATTACH => GpuEvent::HeldAtAttach {
+                    pid,
+                    ts_ns: record.start,
+                },
+                detail => GpuEvent::Client {
+                    pid,
+                    resumed: detail == client::RESUMED,
+                    ts_ns: record.start,
+                },
             },
             _ => return GpuDecoded::Unknown,
         };

@@ -18,6 +18,10 @@ use anyhow::{Context, Result};
 /// Its file name in the private directory.
 pub const FILE_NAME: &str = "control";
 
+/// The slot's bit that asks a library started late (`-p PID --gpu`) to end its window;
+/// the other bits count the other client's takes and releases (odd: held).
+pub const DETACH: u32 = 1 << 31;
+
 /// The file, mapped for writing.
 #[derive(Debug)]
 pub struct ControlFile {
@@ -73,21 +77,22 @@ impl ControlFile {
         if (value & 1 == 1) == held {
             return false;
         }
-        slot.store(value.wrapping_add(1), Ordering::Release);
-        // SAFETY: a shared futex wake on the mapped slot; waiters are the libraries'
-        // threads waiting on the same file page.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                slot.as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0,
-            )
-        };
+        slot.store(
+            (value & DETACH) | (value & !DETACH).wrapping_add(1) & !DETACH,
+            Ordering::Release,
+        );
+        wake(slot);
         true
+    }
+
+    /// `-p PID --gpu`: asks the library in process `pid` to end its window (the slot's
+    /// `DETACH` bit, which stays), and wakes its flush thread.
+    pub fn detach(&self, pid: u32) {
+        let Some(slot) = self.slot(pid) else {
+            return;
+        };
+        slot.fetch_or(DETACH, Ordering::AcqRel);
+        wake(slot);
     }
 
     /// Whether another client holds the activity API of `pid`, as last said.
@@ -96,6 +101,23 @@ impl ControlFile {
         self.slot(pid)
             .is_some_and(|slot| slot.load(Ordering::Acquire) & 1 == 1)
     }
+}
+
+/// Wakes the library's flush thread waiting on `slot`.
+fn wake(slot: &AtomicU32) {
+    // SAFETY: a shared futex wake on the mapped slot; waiters are the libraries' threads
+    // waiting on the same file page.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            slot.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0,
+        )
+    };
 }
 
 fn map(file: &File, len: usize) -> std::io::Result<*mut AtomicU32> {
@@ -156,6 +178,11 @@ mod tests {
         assert_eq!(read(7), 3);
         assert_eq!(read(8), 0);
         assert!(!control.set(64, true), "beyond the slots");
+        // The window's end: the bit stays across takes and releases.
+        control.detach(7);
+        assert_eq!(read(7), DETACH | 3);
+        assert!(control.set(7, false));
+        assert_eq!((read(7), control.held(7)), (DETACH | 4, false));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&control.path)
             .unwrap()

@@ -161,6 +161,30 @@ pub fn find(search: &Search<'_>) -> Result<Found, CuptiError> {
 }
 
 /// The first of [`FILE_NAMES`] in the first folder that has one, symlinks resolved.
+/// A running process's libcupti where it has none loaded: beside a library it mapped
+/// (libcudart, libcublas: a toolkit's `lib64`), or in the NVIDIA wheels of the
+/// `site-packages` a mapped library came from (PyTorch's `nvidia/cu13/lib`).
+pub fn beside_mapped(mapped: &[PathBuf]) -> Option<Found> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for path in mapped {
+        let Some(dir) = path.parent() else { continue };
+        let wheels = dir
+            .ancestors()
+            .find(|a| a.file_name().is_some_and(|n| n == "site-packages"))
+            .map(|site| WHEEL_DIRS.iter().map(|w| site.join(w)).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for candidate in std::iter::once(dir.to_owned()).chain(wheels) {
+            if !dirs.contains(&candidate) {
+                dirs.push(candidate);
+            }
+        }
+    }
+    first_in(&dirs).map(|path| Found {
+        path,
+        from: "beside the libraries the process mapped".into(),
+    })
+}
+
 fn first_in(dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter()
         .flat_map(|dir| FILE_NAMES.iter().map(move |name| dir.join(name)))
@@ -348,6 +372,32 @@ fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
         .collect();
     found.sort_by_key(|(rank, _)| *rank);
     found.into_iter().map(|(_, path)| path).collect()
+}
+
+#[cfg(test)]
+mod late_tests {
+    use super::*;
+
+    #[test]
+    fn a_running_processs_libcupti_is_found_beside_what_it_mapped() {
+        let base = std::env::temp_dir().join(format!("cudatrace-beside-{}", std::process::id()));
+        let torch = base.join("venv/lib/python3.12/site-packages/torch/lib");
+        let wheel = base.join("venv/lib/python3.12/site-packages/nvidia/cu13/lib");
+        fs::create_dir_all(&torch).unwrap();
+        fs::create_dir_all(&wheel).unwrap();
+        assert_eq!(beside_mapped(&[torch.join("libtorch_cuda.so")]), None);
+        fs::write(wheel.join("libcupti.so.13"), b"").unwrap();
+        let found = beside_mapped(&[
+            PathBuf::from("/usr/lib/libc.so.6"),
+            torch.join("libtorch_cuda.so"),
+        ])
+        .unwrap();
+        assert_eq!(
+            found.path,
+            fs::canonicalize(wheel.join("libcupti.so.13")).unwrap()
+        );
+        fs::remove_dir_all(&base).unwrap();
+    }
 }
 
 #[cfg(test)]

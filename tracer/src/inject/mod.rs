@@ -16,6 +16,7 @@
 
 pub mod control;
 pub mod cupti;
+pub mod late;
 pub mod private_dir;
 
 use std::{
@@ -44,6 +45,9 @@ pub struct GpuInjection {
     /// Dropped before the library: the directory goes with the library.
     pub control: std::sync::Arc<ControlFile>,
     pub library: PrivateLibrary,
+    /// `-p PID --gpu`: the library's file that running processes load (kept between runs,
+    /// `late::shared_library`), and the pids to attach to.
+    pub late: Option<LateAttach>,
     pub cupti: cupti::Found,
     /// The command's `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`: how its CUDA devices
     /// are numbered (the header keeps them to match `--power`'s GPUs).
@@ -51,17 +55,33 @@ pub struct GpuInjection {
     pub cuda_device_order: Option<String>,
 }
 
-/// `-p`/`--all` with `--gpu`: nothing can be injected into a process that already runs.
+/// `-p PID --gpu`: where the library is, and whom it goes into.
+#[derive(Debug)]
+pub struct LateAttach {
+    pub library: PathBuf,
+    pub pids: Vec<u32>,
+}
+
+/// `--all` with `--gpu`: nothing is injected into every process; `-p` with a command: one
+/// or the other.
 pub fn check_usage(has_command: bool, pids: &[u32], all: bool) -> Result<(), Failure> {
-    if !pids.is_empty() || all {
-        let what = if all { "--all" } else { "-p" };
+    if all {
         return Err(Failure::new(
             ExitCode::Usage,
             anyhow!(
-                "--gpu needs a command to start: {what} traces processes that already run, and \
-                 nothing can be injected into them (CUPTI starts at cuInit)"
+                "--gpu with --all: cudatrace does not put its library into every process; name \
+                 them with -p PID (attach) or start the command under it"
             ),
         ));
+    }
+    if !pids.is_empty() {
+        if has_command {
+            return Err(Failure::new(
+                ExitCode::Usage,
+                anyhow!("--gpu attaches to -p PID or starts a command, not both"),
+            ));
+        }
+        return Ok(());
     }
     if !has_command {
         return Err(Failure::new(
@@ -132,13 +152,107 @@ pub fn prepare(
         chain,
         control: std::sync::Arc::new(control),
         library,
+        late: None,
         cupti,
         cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
         cuda_device_order: var("CUDA_DEVICE_ORDER"),
     })
 }
 
+/// `-p PID --gpu`: libcupti as each process has it (its own, where loaded; else as `--gpu`
+/// would find it for the process's program and environment), the library kept where every
+/// attach finds it, the run's control file. Before any process is touched.
+pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuInjection, Failure> {
+    let first = pids[0];
+    let environ = process_env(first);
+    let maps = std::fs::read_to_string(format!("/proc/{first}/maps"))
+        .map(|maps| late::target::parse_maps(&maps))
+        .unwrap_or_default();
+    let loaded = maps
+        .iter()
+        .find(|m| m.file_name().starts_with("libcupti.so"));
+    let mapped: Vec<PathBuf> = maps
+        .iter()
+        .filter(|m| m.path.starts_with('/'))
+        .map(|m| PathBuf::from(&m.path))
+        .collect();
+    let beside = cupti::beside_mapped(&mapped);
+    let cupti = match (explicit_cupti, loaded, beside) {
+        (None, Some(mapping), _) => cupti::Found {
+            path: PathBuf::from(&mapping.path),
+            from: format!("process {first}'s own"),
+        },
+        (None, None, Some(found)) => found,
+        _ => {
+            let program = std::fs::read_link(format!("/proc/{first}/exe")).ok();
+            let roots: Vec<&Path> = cupti::TOOLKIT_ROOTS.iter().map(Path::new).collect();
+            cupti::find(&cupti::Search {
+                explicit: explicit_cupti,
+                program: program.as_deref(),
+                env: &environ,
+                user: None,
+                toolkit_roots: &roots,
+                ldconfig: true,
+            })
+            .map_err(|e| Failure::new(ExitCode::NoCupti, e))?
+        }
+    };
+    let shared = late::shared_library::ensure()
+        .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu -p")))?;
+    let library = private_dir::write(true)
+        .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
+    let control = ControlFile::create(library.path.parent().unwrap_or(Path::new("/")))
+        .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
+    let var = |name: &str| {
+        environ
+            .iter()
+            .rev()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.to_string_lossy().into_owned())
+    };
+    Ok(GpuInjection {
+        chain: None,
+        control: std::sync::Arc::new(control),
+        library,
+        late: Some(LateAttach {
+            library: shared,
+            pids: pids.to_vec(),
+        }),
+        cupti,
+        cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order: var("CUDA_DEVICE_ORDER"),
+    })
+}
+
+/// A running process's environment (`/proc/PID/environ`), as it started.
+fn process_env(pid: u32) -> Vec<(OsString, OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            let at = entry.iter().position(|b| *b == b'=')?;
+            Some((
+                std::ffi::OsStr::from_bytes(&entry[..at]).to_owned(),
+                std::ffi::OsStr::from_bytes(&entry[at + 1..]).to_owned(),
+            ))
+        })
+        .collect()
+}
+
 impl GpuInjection {
+    /// The settings a late start gets (`-p PID --gpu`): those `--gpu` puts into a
+    /// command's environment, and who cudatrace is.
+    pub fn late_settings(&self) -> Vec<u8> {
+        let mut vars = self.env();
+        vars.retain(|(key, _)| key != INJECTION_VAR);
+        vars.push((
+            "CUDATRACE_INJECT_TRACER".into(),
+            late::tracer_identity().into(),
+        ));
+        late::settings(&vars)
+    }
+
     /// The variables the command's environment gets (replacing any of the same name).
     pub fn env(&self) -> Vec<(OsString, OsString)> {
         let chain = self
@@ -161,7 +275,7 @@ impl GpuInjection {
 
     pub fn header(&self) -> GpuHeaderInfo {
         GpuHeaderInfo {
-            library: self.library.path.display().to_string(),
+            library: self.library_path().display().to_string(),
             libcupti: self.cupti.path.display().to_string(),
             libcupti_from: self.cupti.from.clone(),
             cuda_visible_devices: self.cuda_visible_devices.clone(),
@@ -174,8 +288,12 @@ impl GpuInjection {
         }
     }
 
+    /// The library the processes load: the command's, or the file kept for attaching.
     pub fn library_path(&self) -> &PathBuf {
-        &self.library.path
+        match &self.late {
+            Some(late) => &late.library,
+            None => &self.library.path,
+        }
     }
 }
 
@@ -219,6 +337,11 @@ mod tests {
         assert!(text.contains("(cudatrace's own"), "{text}");
         assert_eq!(
             check_usage(true, &[5], false).unwrap_err().code,
+            ExitCode::Usage
+        );
+        assert!(check_usage(false, &[5], false).is_ok());
+        assert_eq!(
+            check_usage(false, &[], true).unwrap_err().code,
             ExitCode::Usage
         );
         assert!(check_usage(true, &[], false).is_ok());

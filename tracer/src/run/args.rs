@@ -56,10 +56,16 @@ launch, copy and memset is accounted for: GPU work, or a counted reason. Without
 nothing is put into the command: no library, no environment variable. A
 CUDA_INJECTION64_PATH already set (another tool's library) is started after cudatrace's.
 
+With -p PID, --gpu attaches to a running process: one of its threads, stopped for about
+a hundred microseconds at a safe point, loads the library through the program's own
+dlopen; at the window's end (--duration, Ctrl-C, SIGTERM) the library flushes, switches
+CUPTI off and stops its thread, and the program runs on. `cudatrace doctor -p PID` says
+beforehand whether this can work.
+
 Exit codes of --gpu: 80 no libcupti found (before the command starts), 81
 CUDA_INJECTION64_PATH is cudatrace's own (a run --gpu inside another), 82 GPU recording failed in a process
-(CUPTI refused; only when the command itself exited 0); -p/--all with --gpu is a usage
-error (2).")]
+(CUPTI refused; only when the command itself exited 0), 83 cannot attach to the -p process
+(untouched); --all with --gpu is a usage error (2).")]
 pub struct RunArgs {
     /// Attach to a running process (and the children it starts from now on). Repeatable.
     #[arg(short = 'p', long = "pid", value_name = "PID")]
@@ -175,8 +181,9 @@ pub struct RunArgs {
     /// command (CUDA_INJECTION64_PATH, NVIDIA's documented hook: libcuda loads it at
     /// cuInit), which runs NVIDIA's CUPTI activity API there; nothing is injected without
     /// --gpu. Cost: CUPTI's own, in the program (per launch, plus a flush every 200 ms),
-    /// and one more trace line per kernel, copy and memset. Needs a command (not -p or
-    /// --all) and a libcupti (see --cupti).
+    /// and one more trace line per kernel, copy and memset. With -p PID (not --all) it
+    /// attaches to the running process instead, for the window. Needs a libcupti (see
+    /// --cupti; with -p, the process's own when it has one loaded).
     #[arg(long)]
     pub gpu: bool,
 
@@ -262,8 +269,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
     pub start_at: Option<u64>,
 
-    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now), then stop:
-    /// detach and write the footer. A command runs on; cudatrace waits for it (passing
+    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now; with -p PID
+    /// --gpu, from when the probes are attached), then stop: detach and write the footer. A command runs on; cudatrace waits for it (passing
     /// SIGTERM and SIGHUP on) and exits with its exit code.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,

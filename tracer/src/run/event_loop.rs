@@ -101,7 +101,14 @@ pub struct Sources {
     pub watches: Watches,
     /// The command, running: reaped for its exit status, passed SIGTERM and SIGHUP on.
     pub child: Option<u32>,
+    /// `-p PID --gpu`: the processes the injection library was put into, told to end
+    /// their window before the probes go.
+    pub late: Vec<u32>,
 }
+
+/// How long the libraries started late have to say their window ended (their last records
+/// flushed, every kind off) before the probes go.
+const DETACH_WAIT: Duration = Duration::from_secs(3);
 
 /// Runs until the watched processes exit or a signal stops tracing, then detaches, drains
 /// and settles: the pipeline's figures and `power`'s are complete after it.
@@ -116,6 +123,7 @@ pub async fn event_loop(
         counters,
         watches,
         child,
+        late,
     } = sources;
     let Watches {
         signals,
@@ -137,6 +145,7 @@ pub async fn event_loop(
     if !all_gone {
         tracing.trace(pipeline, power).await?;
     }
+    tracing.end_late_starts(pipeline, &late).await?;
     let not_drained = tracing.detach_and_drain(pipeline)?;
     tracing.settle(pipeline, power, not_drained).await?;
     let Tracing {
@@ -256,6 +265,51 @@ impl Tracing {
                 }
                 _ = ticker.tick() => tick(pipeline, ring.get_mut(), counters, progress)?,
             }
+        }
+    }
+
+    /// `-p PID --gpu`: tells each library started late to end its window, and reads the
+    /// ring until each said so (its DETACHED record, after its last records) or its process
+    /// is gone, within [`DETACH_WAIT`]. A library that does not answer stops on its own
+    /// once it finds this cudatrace gone.
+    async fn end_late_starts(&mut self, pipeline: &mut Pipeline<'_>, late: &[u32]) -> Result<()> {
+        if late.is_empty() {
+            return Ok(());
+        }
+        for &pid in late {
+            pipeline.ask_detach(pid);
+            if pipeline.driver_calls(pid) == 0 {
+                eprintln!(
+                    "cudatrace: --gpu: process {pid} made no CUDA driver call in the window: it \
+                     gave the GPU no work to record"
+                );
+            }
+        }
+        let deadline = Instant::now() + DETACH_WAIT;
+        let waiting = |pipeline: &Pipeline| -> Vec<u32> {
+            late.iter()
+                .copied()
+                .filter(|&pid| {
+                    !pipeline.detached(pid)
+                        && std::path::Path::new(&format!("/proc/{pid}")).exists()
+                })
+                .collect()
+        };
+        loop {
+            pipeline.drain(self.ring.get_mut(), DRAIN_RECORDS, DRAIN_TIME, &|| false)?;
+            let left = waiting(pipeline);
+            if left.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "cudatrace: warning: --gpu: the injection library of process(es) {left:?} did \
+                     not say its window ended within {DETACH_WAIT:?}; it stops recording on its \
+                     own when it finds cudatrace gone; records it sends later are not in the trace"
+                );
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

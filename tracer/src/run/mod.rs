@@ -173,6 +173,7 @@ impl Options {
                 program: command.first().cloned(),
                 gpu,
                 cupti,
+                pids: pids.clone(),
             },
             output,
             start: StartOptions {
@@ -240,8 +241,19 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?;
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
-        // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
-        inject::check_environment(&privileges::command_env(None))?;
+        if args.pids.is_empty() {
+            // The command's environment is ours (with HOME/USER/LOGNAME changed under sudo).
+            inject::check_environment(&privileges::command_env(None))?;
+        }
+        // Attaching: every refusal before anything is prepared, the processes untouched.
+        for &pid in &args.pids {
+            inject::late::check(pid).map_err(|refusal| {
+                Failure::new(
+                    ExitCode::AttachRefused,
+                    anyhow!("--gpu: cannot attach to process {pid}: {refusal}"),
+                )
+            })?;
+        }
     }
     Ok(())
 }

@@ -77,6 +77,10 @@ pub struct Pipeline<'a> {
     gpu_lines: Vec<GpuLine>,
     /// The front of the queue waits for the rest of its graph launch, since.
     node_wait: Option<Instant>,
+    /// `-p PID --gpu`: the processes whose library said its window ended (DETACHED).
+    detached: Vec<u32>,
+    /// CUDA driver calls seen per process (not CUPTI's), for a window with none.
+    driver_calls: std::collections::HashMap<u32, u64>,
 }
 
 /// The stages the pipeline runs beside enrich and the sinks: decode, and those the flags
@@ -144,7 +148,26 @@ impl<'a> Pipeline<'a> {
             control,
             gpu_lines: Vec::new(),
             node_wait: None,
+            detached: Vec::new(),
+            driver_calls: std::collections::HashMap::new(),
         }
+    }
+
+    /// CUDA driver calls of process `pid` seen so far (CUPTI's own calls left out).
+    pub fn driver_calls(&self, pid: u32) -> u64 {
+        self.driver_calls.get(&pid).copied().unwrap_or(0)
+    }
+
+    /// `-p PID --gpu`: asks the library in `pid` to end its window (flush, every kind off).
+    pub fn ask_detach(&self, pid: u32) {
+        if let Some(control) = &self.control {
+            control.detach(pid);
+        }
+    }
+
+    /// `-p PID --gpu`: whether the library in `pid` said its window ended.
+    pub fn detached(&self, pid: u32) -> bool {
+        self.detached.contains(&pid)
     }
 
     /// `--gpu` was given.
@@ -342,6 +365,9 @@ impl<'a> Pipeline<'a> {
     fn line_arrived(&mut self, line: Line) {
         match &line {
             Line::Call(call) => {
+                if !call.name.starts_with("cupti") {
+                    *self.driver_calls.entry(call.pid).or_default() += 1;
+                }
                 let (hold, change) = self.analysis.linker().call_arrived(call);
                 if let Some(change) = change {
                     self.tell(call.pid, change);
@@ -380,6 +406,21 @@ impl<'a> Pipeline<'a> {
                 resumed,
                 ts_ns,
             } => linker.client(pid, resumed, ts_ns),
+            GpuEvent::Attached { pid, ts_ns } => linker.attached(pid, ts_ns),
+            GpuEvent::HeldAtAttach { pid, ts_ns } => {
+                linker.held_at_attach(pid, ts_ns);
+                eprintln!(
+                    "cudatrace: --gpu: process {pid}: another CUPTI client (torch.profiler, \
+                     Nsight, ...) holds CUPTI: its GPU work is not recorded while it does \
+                     (gpu_gap, cupti_held); its own records are untouched"
+                );
+                // Marked held, so that its letting go (seen on libcupti) wakes the library.
+                self.tell(pid, ClientChange::Taken { ts_ns, tid: 0 });
+            }
+            GpuEvent::Detached { pid, ts_ns } => {
+                linker.detached(pid, ts_ns);
+                self.detached.push(pid);
+            }
             GpuEvent::Api(api) => linker.api(api, now, &mut self.gpu_lines),
             GpuEvent::Line(GpuLine::Error(error)) => {
                 if error.fatal {

@@ -40,6 +40,8 @@ pub struct PrepareOptions {
     /// `--gpu`, and `--cupti`.
     pub gpu: bool,
     pub cupti: Option<PathBuf>,
+    /// `-p`: with `--gpu`, the processes the library is put into.
+    pub pids: Vec<u32>,
 }
 
 /// What the run prepared.
@@ -97,6 +99,11 @@ pub fn prepare(options: &PrepareOptions) -> Result<Prepared, Failure> {
         None => None,
     };
     let gpu = match options.gpu {
+        true if !options.pids.is_empty() => {
+            let injection = inject::prepare_late(options.cupti.as_deref(), &options.pids)?;
+            libraries.push(injection_library(&injection)?);
+            Some(injection)
+        }
         true => {
             let env = privileges::command_env(user.as_ref());
             let injection = inject::prepare(

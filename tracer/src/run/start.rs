@@ -95,9 +95,17 @@ pub fn start(
         power: power.as_ref().map(|setup| setup.info.clone()),
         gpu: command.gpu.as_ref().map(GpuInjection::header),
     };
-    let window = window.map(|asked| {
-        WindowFilter::new(window::place(asked.start_at, asked.duration, &base.clocks))
-    });
+    // Started late (`-p PID --gpu`), the window is placed once the probes are attached (the
+    // library goes in right after): attaching probes to a running process takes its time,
+    // which the window is not for.
+    let late = command.gpu.as_ref().is_some_and(|gpu| gpu.late.is_some());
+    let place = |asked: &WindowAsked, clocks: &Clocks| {
+        WindowFilter::new(window::place(asked.start_at, asked.duration, clocks))
+    };
+    let mut window_filter = window
+        .as_ref()
+        .filter(|_| !late)
+        .map(|asked| place(asked, &base.clocks));
     // A start that fails before its header still writes one, from what was known.
     let mut probed = match probe::probe(&probes, &targets, quiet, libraries) {
         Ok(probed) => probed,
@@ -106,7 +114,12 @@ pub fn start(
             return Err(failure);
         }
     };
-    let close = window.as_ref().map(|window| (window, gpu));
+    if late {
+        window_filter = window.as_ref().map(|asked| place(asked, &Clocks::now()));
+    }
+    let window = window_filter;
+    // Started late, the libraries end their window when tracing stops: no grace after it.
+    let close = window.as_ref().map(|window| (window, gpu && !late));
     let spawned = match spawn(&command_options, &targets, command, &mut probed, close) {
         Ok(spawned) => spawned,
         Err(failure) => {
@@ -133,6 +146,8 @@ pub fn start(
         say_what_is_traced(&targets, &probed.attaching, &pids);
         say_gpu(command);
     }
+    // `-p PID --gpu`: the probes are attached, the header written: the library goes in.
+    let late = attach_late(command, quiet)?;
     let Probed {
         attaching,
         ring,
@@ -155,6 +170,7 @@ pub fn start(
             counters,
             watches,
             child,
+            late,
         },
         runtime,
         power,
@@ -210,14 +226,61 @@ fn start_power(power: Option<PowerSetup>, quiet: bool) -> Result<Option<PowerFee
     Ok(Some(PowerFeed::Sampling { sampler, receiver }))
 }
 
+/// `-p PID --gpu`: puts the injection library into each process (docs/gpu.md, "Attaching
+/// to a running process"); returns the pids it went into. A process that cannot take it
+/// ends the run (its refusal was checked before; this is what changed since, or a
+/// thread that never reached a safe point).
+fn attach_late(command: &Command, quiet: bool) -> Result<Vec<u32>, Failure> {
+    let Some(gpu) = &command.gpu else {
+        return Ok(Vec::new());
+    };
+    let Some(late) = &gpu.late else {
+        return Ok(Vec::new());
+    };
+    let settings = gpu.late_settings();
+    let mut attached = Vec::new();
+    for &pid in &late.pids {
+        let done = inject::late::attach(pid, &late.library, &settings).map_err(|e| {
+            Failure::new(
+                ExitCode::AttachRefused,
+                anyhow!("--gpu: cannot attach to process {pid}: {e}"),
+            )
+        })?;
+        if !quiet {
+            let reused = if done.target.injected.is_some() {
+                ", its library from an earlier attach"
+            } else {
+                ""
+            };
+            eprintln!(
+                "cudatrace: --gpu: attached to process {pid}{reused}: thread {} stopped {} µs \
+                 (in {}), {} µs in all, {} thread stops passed over in {} tries",
+                done.injected.tid,
+                done.injected.stopped.as_micros(),
+                done.injected.syscall,
+                done.took.as_micros(),
+                done.injected.passed_over,
+                done.injected.rounds
+            );
+        }
+        attached.push(pid);
+    }
+    Ok(attached)
+}
+
 /// `--gpu`: what goes into the command, and another tool's injection after it.
 fn say_gpu(command: &Command) {
     let Some(gpu) = &command.gpu else {
         return;
     };
+    let into = if gpu.late.is_some() {
+        "the processes, attached,"
+    } else {
+        "the command"
+    };
     eprintln!(
-        "cudatrace: --gpu: CUPTI activity in the command through {}, with {} (from {})",
-        gpu.library.path.display(),
+        "cudatrace: --gpu: CUPTI activity in {into} through {}, with {} (from {})",
+        gpu.library_path().display(),
         gpu.cupti.path.display(),
         gpu.cupti.from
     );

@@ -43,10 +43,16 @@ pub struct Recording {
     pub gaps: Vec<Gap>,
     /// The latest start of a call whose record came.
     pub last_recorded: u64,
+    /// Started late (`-p PID --gpu`): calls before [`Self::attached_at`] were not recorded.
+    pub late: bool,
     /// The latest GPU start of work written unlinked for want of its call's record.
     pub last_unlinked_work: u64,
     /// The process ended (exec or exit).
     pub ended: bool,
+    /// A late start (`-p PID --gpu`): CUPTI recorded from here (its ATTACHED record) ...
+    pub attached_at: Option<u64>,
+    /// ... until here (its DETACHED record: the window ended).
+    pub detached_at: Option<u64>,
     /// The other client let go, and the library is taking CUPTI back: calls from here on
     /// can get records again.
     pub releasing: bool,
@@ -136,6 +142,14 @@ impl Recording {
             return Some(fate::EMPTY);
         }
         let ts = call.ts_ns;
+        // A late start: calls outside the library's window were not recorded, whoever held
+        // CUPTI then.
+        if self.late
+            && (self.attached_at.is_none_or(|at| ts < at)
+                || self.detached_at.is_some_and(|at| at <= ts))
+        {
+            return Some(fate::NOT_RECORDED);
+        }
         if let Some(gap) = self
             .gaps
             .iter_mut()

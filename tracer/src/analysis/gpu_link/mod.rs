@@ -271,6 +271,31 @@ impl GpuLinker {
         }
     }
 
+    /// A late start in `pid` records from `ts_ns` (its ATTACHED record); calls before it
+    /// have no GPU lines (`not_recorded`).
+    pub fn attached(&mut self, pid: u32, ts_ns: u64) {
+        let process = self.processes.entry(pid).or_default();
+        process.recording.late = true;
+        process.recording.attached_at = Some(ts_ns);
+        process.recording.detached_at = None;
+    }
+
+    /// A late start in `pid` found another CUPTI client holding CUPTI at `ts_ns`: a gap
+    /// from then (calls in it are `cupti_held`).
+    pub fn held_at_attach(&mut self, pid: u32, ts_ns: u64) {
+        let process = self.processes.entry(pid).or_default();
+        process.recording.late = true;
+        process.recording.attached_at = Some(ts_ns);
+        self.client_change(pid, ClientChange::Taken { ts_ns, tid: 0 });
+    }
+
+    /// A late start's window ended in `pid` at `ts_ns`: the library records nothing more.
+    pub fn detached(&mut self, pid: u32, ts_ns: u64) {
+        let process = self.processes.entry(pid).or_default();
+        process.recording.late = true;
+        process.recording.detached_at = Some(ts_ns);
+    }
+
     /// The injection library of `pid` yielded (`resumed` false) or had CUPTI back at `ts_ns`.
     pub fn client(&mut self, pid: u32, resumed: bool, ts_ns: u64) {
         if resumed {

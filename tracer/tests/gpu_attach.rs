@@ -1,0 +1,735 @@
+//! Root: `cudatrace run -p PID --gpu` on programs that started untraced and loop on the
+//! stand-in libcuda (standin/README.md: kernel duration = gridX ns, GPU start = API end +
+//! 1000 ns). The library goes in through the program's own `dlopen`, records for the
+//! window, and leaves: exact counts in the window, and the program finishing by itself
+//! with its own output and exit code, nothing of cudatrace's left recording.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Output, Stdio},
+    sync::OnceLock,
+};
+
+use common::{gpu::cupti_standin, *};
+use serde_json::{Value, json};
+
+/// `tests/c/attach_loop.c`, built next to the stand-in libcuda.
+fn attach_loop() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let dir = &standin().dir;
+        cupti_standin();
+        let program = dir.join("attach-loop");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/attach_loop.c"),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN",
+            "-lpthread",
+        ]);
+        program
+    })
+}
+
+/// `tests/c/seccomp_exec.c`: runs a program under a seccomp filter.
+fn seccomp_exec() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let program = standin().dir.join("seccomp-exec");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/seccomp_exec.c"),
+        ]);
+        program
+    })
+}
+
+/// A program started untraced, once it said "ready".
+struct Target {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Target {
+    fn start(command: &mut Command) -> Target {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("CUDA_INJECTION64_PATH")
+            .spawn()
+            .expect("starting the target");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        Target { child, stdout }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the program to end by itself: its exit code and the rest of its output.
+    fn finish(mut self) -> (i32, String, String) {
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        let mut stderr = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        (status.code().unwrap_or(-1), rest, stderr)
+    }
+}
+
+/// `cudatrace run -p PID --gpu --cupti STANDIN --libcuda STANDIN -o TRACE [extra]`.
+fn attach(pid: u32, trace: &Path, extra: &[&str]) -> Output {
+    Command::new(CUDATRACE)
+        .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+        .arg(&cupti_standin().lib)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .arg("-p")
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(trace)
+        .args(extra)
+        .output()
+        .expect("running cudatrace")
+}
+
+fn of_type<'a>(trace: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    trace.iter().filter(|l| l["type"] == kind).collect()
+}
+
+/// The mean launch times the program printed ("at I: MEAN ns").
+fn means(output: &str) -> Vec<u64> {
+    output
+        .lines()
+        .filter_map(|line| line.strip_prefix("at "))
+        .filter_map(|rest| rest.split(": ").nth(1)?.strip_suffix(" ns")?.parse().ok())
+        .collect()
+}
+
+/// Every launch of the window: its kernel, linked by correlation id, or a counted reason;
+/// the program's own ending unchanged.
+#[test]
+fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["4000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-c").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!("cudatrace: --gpu: attached to process {pid}")),
+        "{said}"
+    );
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(code, 7, "{program_stderr}");
+    assert!(
+        rest.ends_with("done 4000 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+    assert_eq!(program_stderr, "");
+
+    assert_window(&trace_path, pid, "_Z9attach_mev");
+    // "ready" came before the first of them: the first is before the attach.
+    let means = means(&rest);
+    assert_eq!(means.len(), 40, "{rest}");
+    let before = means[0];
+    let after = means[means.len() - 5..].iter().min().copied().unwrap();
+    assert!(
+        after <= 2 * before + 200,
+        "launches took {before} ns before the attach, {after} ns after it: {means:?}"
+    );
+}
+
+/// Every launch of the window: its kernel, linked by correlation id, or a counted reason.
+fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
+    let trace = read_trace(trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    let launches: Vec<&Value> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["name"] == "cuLaunchKernel")
+        .collect();
+    let kernels = of_type(&trace, "gpu_kernel");
+    assert!(launches.len() > 100, "{} launches", launches.len());
+    let gpu = &footer["gpu"];
+    let issuing = &gpu["issuing"];
+    // Each kernel is its launch's (the call it names is a launch line of the trace, with
+    // the grid it asked for; its duration is grid X ns), correlation ids 1, 2, 3, ...
+    let launch_at: std::collections::HashMap<u64, &Value> =
+        launches.iter().map(|c| (u(&c["ts_ns"]), *c)).collect();
+    for (index, kernel) in kernels.iter().enumerate() {
+        let call = launch_at[&u(&kernel["call_ts_ns"])];
+        assert_eq!(kernel["grid"], call["grid"], "{kernel}");
+        assert_eq!(u(&kernel["dur_ns"]), u(&kernel["grid"][0]), "{kernel}");
+        assert_eq!(u(&kernel["correlation_id"]), index as u64 + 1);
+        assert_eq!(
+            (&kernel["pid"], &kernel["kernel_mangled"]),
+            (&json!(pid), &json!(mangled))
+        );
+    }
+    // The launches of the window, in order: those made before CUPTI recorded (between the
+    // probes and the library's start), then one per kernel line, then those whose kernel
+    // ran after the window's end (analysed, not written). Counted: with work, or
+    // `not_recorded` (with the launches after the window), none missing.
+    let before = launches
+        .iter()
+        .position(|call| call["ts_ns"] == kernels[0]["call_ts_ns"])
+        .unwrap();
+    assert!(
+        launches[before..]
+            .iter()
+            .zip(&kernels)
+            .all(|(call, kernel)| call["ts_ns"] == kernel["call_ts_ns"]),
+        "one kernel line for each launch from the first recorded one"
+    );
+    let beyond = launches.len() - before - kernels.len();
+    let after_window = u(&issuing["calls"]) - launches.len() as u64;
+    assert!(
+        beyond <= 5,
+        "{beyond} launches with their kernel after the window"
+    );
+    // The launches after the window were made while the library still recorded (until it
+    // heard the window ended) or after: with work, or not recorded.
+    let (with_work, not_recorded) = (u(&issuing["with_work"]), u(&issuing["not_recorded"]));
+    assert_eq!(
+        (
+            with_work + not_recorded,
+            u(&issuing["missing"]) + u(&issuing["not_flushed"]) + u(&issuing["no_api_record"])
+        ),
+        (u(&issuing["calls"]), 0),
+        "{issuing}"
+    );
+    let recorded_after = with_work - (kernels.len() + beyond) as u64;
+    assert_eq!(
+        recorded_after + (not_recorded - before as u64),
+        after_window,
+        "{issuing}"
+    );
+    assert_eq!(u(&gpu["linked"]), u(&issuing["with_work"]));
+    assert_eq!(
+        footer["lost"]["gpu_not_recorded"], issuing["not_recorded"],
+        "counted as lost, by reason"
+    );
+    assert_eq!(of_type(&trace, "gpu_info").len(), 1);
+    assert!(of_type(&trace, "gpu_error").is_empty());
+    // The speed after the window is the speed before it (within the noise of a shared
+    // machine: the program's own means of 100 launches).
+}
+
+fn u(value: &Value) -> u64 {
+    value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{value} is not a u64"))
+}
+
+/// The same through ctypes: a Python program's main thread sleeps in `clock_nanosleep`
+/// between launches, where the trampoline runs; its own output and exit code after.
+#[test]
+fn a_python_program_is_attached_the_same_way() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new("python3");
+    command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/attach_loop.py"
+        ))
+        .arg(&standin().lib)
+        .arg("3000");
+    cupti_standin();
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-python").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(said.contains("(in clock_nanosleep)"), "{said}");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (code, rest.as_str(), program_stderr.as_str()),
+        (5, "done 3000 launches, 0 failed\n", "")
+    );
+    assert_window(&trace_path, pid, "_Z9attach_pyv");
+}
+
+/// SIGKILL of cudatrace while a thread is stopped, once it points at the trampoline, and
+/// during the window: the program runs on to its own end each time (the kernel lets a
+/// dead tracer's threads go; the library stops recording once it finds cudatrace gone).
+#[test]
+fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
+    let Some(_root) = root() else { return };
+    // (phase, what the program says at its end of the stand-in libcupti)
+    for (phase, recording) in [
+        ("stopped", "recording -1"),
+        ("pointed", "recording 0"),
+        ("window", "recording 0"),
+    ] {
+        // Long enough to outlive a killed cudatrace's exit (closing its probes takes a
+        // while on a loaded machine) by the library's flush period.
+        let mut command = Command::new(attach_loop());
+        command.args(["4000", "1000"]);
+        let target = Target::start(&mut command);
+        let pid = target.pid();
+        let trace_path = scratch(&format!("attach-kill-{phase}")).join("trace.jsonl");
+        let mut cudatrace = Command::new(CUDATRACE);
+        cudatrace
+            .args([
+                "run",
+                "--gpu",
+                "-q",
+                "--missing-probes",
+                "ignore",
+                "--cupti",
+            ])
+            .arg(&cupti_standin().lib)
+            .arg("--libcuda")
+            .arg(&standin().lib)
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(&trace_path)
+            .stderr(Stdio::null());
+        if phase != "window" {
+            cudatrace.env("CUDATRACE_TEST_ATTACH_PAUSE", format!("{phase}:5000"));
+        }
+        let mut cudatrace = cudatrace.spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let reached = || {
+            if phase == "window" {
+                return std::fs::read_to_string(&trace_path)
+                    .is_ok_and(|text| text.contains(r#""type":"gpu_kernel""#));
+            }
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            !status.contains("TracerPid:\t0\n")
+        };
+        while !reached() {
+            assert!(std::time::Instant::now() < deadline, "{phase} never came");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        if phase == "pointed" {
+            // The registers are set at once after the stop; the pause follows.
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        cudatrace.kill().unwrap();
+        cudatrace.wait().unwrap();
+        let (code, rest, program_stderr) = target.finish();
+        assert_eq!(code, 7, "{phase}: {program_stderr}");
+        assert!(
+            rest.ends_with(&format!("done 4000 launches, 0 failed\n{recording}\n")),
+            "{phase}: {rest}"
+        );
+        assert_eq!(program_stderr, "", "{phase}");
+    }
+}
+
+/// `cudatrace doctor -p PID --libcuda STANDIN`: its exit code and the attach_gpu line.
+fn doctor(pid: u32) -> (Option<i32>, String) {
+    let output = Command::new(CUDATRACE)
+        .args(["doctor", "--libcuda"])
+        .arg(&standin().lib)
+        .args(["-p", &pid.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|line| line.contains("attach_gpu"))
+        .unwrap_or_default()
+        .to_owned();
+    (output.status.code(), line)
+}
+
+/// A process under a seccomp filter, and one another tracer holds: refused before
+/// anything is done to it (exit 83, one line saying why, no trace), and `doctor -p` says
+/// the same beforehand; each program then ends as it would have.
+#[test]
+fn refused_processes_are_left_untouched_and_doctor_says_why_beforehand() {
+    let Some(_root) = root() else { return };
+    let trace_path = scratch("attach-refused").join("trace.jsonl");
+    let refused = |pid: u32, why: &str| {
+        let output = attach(pid, &trace_path, &["--duration", "1s"]);
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(83), "{said}");
+        assert_eq!(
+            said,
+            format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+        );
+        assert!(!trace_path.exists(), "no trace when nothing started");
+    };
+
+    let mut filtered = Command::new(seccomp_exec());
+    filtered.arg(attach_loop()).args(["3000", "1000"]);
+    let target = Target::start(&mut filtered);
+    let pid = target.pid();
+    let why = format!(
+        "process {pid} runs under a seccomp filter: the calls the injection makes (its own \
+         dlopen, mmap of the library, a thread) may be refused or kill it; start it under \
+         `cudatrace run --gpu -- CMD` instead"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    refused(pid, &why);
+    let (code, rest, _) = target.finish();
+    assert_eq!(
+        (code, rest.ends_with("recording -1\n")),
+        (7, true),
+        "{rest}"
+    );
+
+    let mut command = Command::new(attach_loop());
+    command.args(["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(0), "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "ok   attach_gpu           process {pid} can be attached: libcuda "
+        )),
+        "{line}"
+    );
+    // Another tracer (this test, on a thread of its own: it lets go when the thread ends).
+    let (seized, release) = std::sync::mpsc::channel::<()>();
+    let (done, wait) = std::sync::mpsc::channel::<u32>();
+    let holder = std::thread::spawn(move || {
+        // SAFETY: seizes the target without stopping it.
+        let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid as i32, 0, 0) };
+        assert_eq!(rc, 0);
+        // SAFETY: gettid has no preconditions.
+        done.send(unsafe { libc::gettid() } as u32).unwrap();
+        let _ = release.recv();
+    });
+    // The kernel names the tracing thread.
+    let me = wait.recv().unwrap();
+    let comm = std::fs::read_to_string(format!("/proc/{me}/comm")).unwrap();
+    refused(
+        pid,
+        &format!(
+            "process {pid} is already traced by process {me} ({}): Linux allows one ptrace \
+             tracer at a time; detach that debugger or tracer first",
+            comm.trim()
+        ),
+    );
+    drop(seized);
+    holder.join().unwrap();
+    let (code, rest, _) = target.finish();
+    assert_eq!(
+        (code, rest.ends_with("recording -1\n")),
+        (7, true),
+        "{rest}"
+    );
+}
+
+/// A target whose other threads allocate and load libraries without pause at attach time
+/// (the classic deadlock of a `dlopen` injected at the wrong point): the attach ends in
+/// bounded time, attached or refused, and the program ends by itself.
+#[test]
+fn a_target_busy_in_malloc_and_dlopen_is_attached_in_bounded_time() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["1500", "1000", "busy"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-busy").join("trace.jsonl");
+    let start = std::time::Instant::now();
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}: {said}",
+        start.elapsed()
+    );
+    let code = output.status.code();
+    assert!(code == Some(0) || code == Some(83), "{said}");
+    let (exit, rest, program_stderr) = target.finish();
+    assert_eq!((exit, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(rest.contains("done 1500 launches, 0 failed\n"), "{rest}");
+    if code == Some(0) {
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        // The library may have waited for the loader's lock (the other thread's dlopen
+        // loop) past the window: then cudatrace said so, and it never recorded.
+        if of_type(&trace, "gpu_info").len() == 1 {
+            assert!(rest.ends_with("recording 0\n"), "{rest}");
+        } else {
+            assert!(said.contains("did not say its window ended"), "{said}");
+        }
+    }
+}
+
+/// A program that is its own CUPTI client (as under torch.profiler) when cudatrace
+/// attaches: the library takes nothing, says so, and the launches are counted
+/// `cupti_held` in a gap; the program's profiler gets every kernel record, as without
+/// cudatrace.
+#[test]
+fn a_process_whose_cupti_another_client_holds_is_reported_and_its_profiler_unharmed() {
+    let Some(_root) = root() else { return };
+    let profile = format!("profile:{}", cupti_standin().lib.display());
+    let mut command = Command::new(attach_loop());
+    command.args(["3000", "1000", &profile]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-held").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {pid}: another CUPTI client (torch.profiler, Nsight, \
+             ...) holds CUPTI: its GPU work is not recorded while it does (gpu_gap, \
+             cupti_held); its own records are untouched\n"
+        )),
+        "{said}"
+    );
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with("done 3000 launches, 0 failed\nrecording 0\nprofiler kernels 3000\n"),
+        "{rest}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    let issuing = &footer["gpu"]["issuing"];
+    assert!(of_type(&trace, "gpu_kernel").is_empty());
+    let gaps = of_type(&trace, "gpu_gap");
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let held = u(&issuing["cupti_held"]);
+    assert!(held > 300, "{issuing}");
+    assert_eq!(
+        (
+            u(&issuing["with_work"]),
+            held + u(&issuing["not_recorded"]),
+            u(&issuing["missing"]),
+            u(&gaps[0]["calls"])
+        ),
+        (0, u(&issuing["calls"]), 0, held),
+        "{issuing}"
+    );
+}
+
+/// A process that makes no CUDA call in the window: said on stderr, nothing to link,
+/// and the library still leaves cleanly.
+#[test]
+fn a_window_without_a_cuda_call_is_said() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["2", "4000000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-idle").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {pid} made no CUDA driver call in the window: it gave \
+             the GPU no work to record\n"
+        )),
+        "{said}"
+    );
+    let (code, rest, _) = target.finish();
+    assert_eq!(code, 7);
+    assert!(
+        rest.ends_with("done 2 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    assert_eq!(trace.last().unwrap()["gpu"]["issuing"]["calls"], 0);
+}
+
+/// Two attaches to one process: the second finds the library the first loaded (the
+/// program's `dlopen` returns it, no second copy), takes CUPTI again and records again;
+/// after both the program ends as it would have, nothing of cudatrace's recording.
+#[test]
+fn a_second_attach_reuses_the_library_already_loaded() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    // Long enough to outlive two runs of cudatrace on a loaded machine.
+    command.args(["15000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let mut correlation_ids = Vec::new();
+    for round in ["first", "second"] {
+        let trace_path = scratch(&format!("attach-again-{round}")).join("trace.jsonl");
+        let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{said}");
+        assert_eq!(
+            said.contains(&format!(
+                "attached to process {pid}, its library from an earlier attach:"
+            )),
+            round == "second",
+            "{said}"
+        );
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        let kernels = of_type(&trace, "gpu_kernel");
+        let issuing = &trace.last().unwrap()["gpu"]["issuing"];
+        assert!(!kernels.is_empty(), "{round}: {issuing}");
+        assert_eq!(
+            (&issuing["missing"], &issuing["not_flushed"]),
+            (&json!(0), &json!(0)),
+            "{round}: {issuing}"
+        );
+        assert_eq!(of_type(&trace, "gpu_info").len(), 1, "{round}");
+        correlation_ids.push(u(&kernels[0]["correlation_id"]));
+    }
+    // One library, one CUPTI: the second window's ids go on from the first's.
+    assert!(
+        correlation_ids[1] > correlation_ids[0],
+        "{correlation_ids:?}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains("libcuda.so.1"), "the program still runs");
+    let copies: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter(|line| line.contains("libcudatrace_inject"))
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with("done 15000 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+}
+
+/// `-p PID --gpu --stacks` on the Python program: the launches of the window carry the
+/// Python line that made them, and their kernels link to those launches (GPU time per
+/// Python line for the window).
+#[test]
+fn a_python_program_is_attached_with_its_stacks() {
+    let Some(_root) = root() else { return };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/attach_loop.py");
+    let mut command = Command::new("python3");
+    command.arg(script).arg(&standin().lib).arg("5000");
+    cupti_standin();
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-stacks").join("trace.jsonl");
+    let output =
+        assert_no_probe_outlives(|| attach(pid, &trace_path, &["--stacks", "--duration", "5s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let (code, rest, _) = target.finish();
+    assert_eq!((code, rest.as_str()), (5, "done 5000 launches, 0 failed\n"));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let stacks: std::collections::HashMap<u64, &Value> = of_type(&trace, "stack")
+        .into_iter()
+        .map(|s| (u(&s["id"]), s))
+        .collect();
+    let launch_at: std::collections::HashMap<u64, &Value> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["name"] == "cuLaunchKernel")
+        .map(|c| (u(&c["ts_ns"]), c))
+        .collect();
+    let kernels = of_type(&trace, "gpu_kernel");
+    assert!(!kernels.is_empty(), "{said}");
+    for kernel in &kernels {
+        let call = launch_at[&u(&kernel["call_ts_ns"])];
+        let stack = stacks[&u(&call["stack"])];
+        assert_eq!(
+            (
+                &stack["frames"][0]["file"],
+                &stack["frames"][0]["qualname"],
+                &stack["frames"][0]["line"]
+            ),
+            (&json!(script), &json!("main"), &json!(36)),
+            "{kernel}"
+        );
+    }
+}
+
+/// `-p A -p B --gpu`: both processes get the library, record their own window, and end as
+/// they would have.
+#[test]
+fn two_processes_are_attached_at_once() {
+    let Some(_root) = root() else { return };
+    let targets: Vec<Target> = (0..2)
+        .map(|_| {
+            let mut command = Command::new(attach_loop());
+            command.args(["4000", "1000"]);
+            Target::start(&mut command)
+        })
+        .collect();
+    let pids: Vec<u32> = targets.iter().map(Target::pid).collect();
+    let trace_path = scratch("attach-two").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| {
+        Command::new(CUDATRACE)
+            .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+            .arg(&cupti_standin().lib)
+            .arg("--libcuda")
+            .arg(&standin().lib)
+            .args(["-p", &pids[0].to_string(), "-p", &pids[1].to_string()])
+            .arg("-o")
+            .arg(&trace_path)
+            .args(["--duration", "2s"])
+            .output()
+            .unwrap()
+    });
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    for pid in &pids {
+        assert!(
+            said.contains(&format!("cudatrace: --gpu: attached to process {pid}:")),
+            "{said}"
+        );
+    }
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["gpu"]["processes"], 2);
+    for pid in &pids {
+        let kernels = of_type(&trace, "gpu_kernel")
+            .into_iter()
+            .filter(|k| k["pid"] == json!(pid))
+            .count();
+        assert!(kernels > 50, "process {pid}: {kernels} kernels");
+    }
+    let issuing = &footer["gpu"]["issuing"];
+    assert_eq!(
+        (
+            u(&issuing["with_work"]) + u(&issuing["not_recorded"]),
+            u(&issuing["missing"])
+        ),
+        (u(&issuing["calls"]), 0),
+        "{issuing}"
+    );
+    for target in targets {
+        let (code, rest, _) = target.finish();
+        assert_eq!(code, 7);
+        assert!(
+            rest.ends_with("done 4000 launches, 0 failed\nrecording 0\n"),
+            "{rest}"
+        );
+    }
+}
