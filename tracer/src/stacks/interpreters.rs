@@ -7,7 +7,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
-    os::unix::fs::{FileExt, MetadataExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
@@ -16,11 +16,12 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use tracer_common::stacks::{PyProcess, py_flags};
 
 use super::{
+    check::{self, Checked, Types},
     debug_offsets::DebugOffsets,
     elf::{self, InterpreterFile, NotInterpreter},
-    layout,
+    layout::{self, SHIFT_ENV, Shift},
 };
-use crate::schema::InterpreterLine;
+use crate::schema::{InterpreterLine, LayoutChecked};
 
 /// What was found of a process's interpreter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +53,8 @@ pub struct Interpreters {
     quiet: bool,
     /// This process's pid namespace inode: a process in it has the tids the probes see.
     own_pid_ns: Option<u64>,
+    /// The tests' wrong layout ([`SHIFT_ENV`]).
+    shift: Option<Shift>,
 }
 
 impl Interpreters {
@@ -64,6 +67,11 @@ impl Interpreters {
             said: HashSet::new(),
             quiet,
             own_pid_ns: fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino()),
+            shift: std::env::var(SHIFT_ENV).ok().and_then(|text| {
+                Shift::parse(&text)
+                    .inspect_err(|e| eprintln!("cudatrace: --stacks: {e}: ignored"))
+                    .ok()
+            }),
         }
     }
 
@@ -78,21 +86,57 @@ impl Interpreters {
         if self.processes.contains_key(&pid) {
             return None;
         }
-        let line = match self.evaluate(pid) {
+        if let Some(shift) = &self.shift {
+            let line = format!("{SHIFT_ENV} moves {shift} in the table (a test's wrong layout)");
+            self.say(&line, &line);
+        }
+        let context = Made {
+            own_pid_ns: self.own_pid_ns,
+            shift: self.shift.as_ref(),
+        };
+        let line = match evaluate(pid, &mut self.files, context) {
             Ok(Evaluated::Readable {
                 path,
                 version,
                 py,
                 minor,
+                debug_offsets,
+                table_differs,
+                checked,
             }) => match self.give(pid, *py) {
                 Ok(()) => {
                     self.processes.insert(pid, Found::Readable { minor });
+                    if !table_differs.is_empty() {
+                        let which = format!("Python {version} ({})", path.display());
+                        self.say(
+                            &format!(
+                                "pid {pid}: {which}: its _Py_DebugOffsets differ from \
+                                 cudatrace's table for 3.{minor} ({}): the file's are used",
+                                table_differs.join("; ")
+                            ),
+                            &format!("{which}: differs"),
+                        );
+                    }
                     InterpreterLine {
                         pid,
                         ts_ns,
                         path: Some(path.display().to_string()),
                         python: Some(version),
                         stacks: true,
+                        offsets: Some(
+                            if debug_offsets {
+                                "debug_offsets"
+                            } else {
+                                "table"
+                            }
+                            .into(),
+                        ),
+                        table_differs,
+                        checked: Some(LayoutChecked {
+                            thread_states: checked.thread_states,
+                            frames: checked.frames,
+                            code_objects: checked.code_objects,
+                        }),
                         ..InterpreterLine::default()
                     }
                 }
@@ -189,63 +233,68 @@ impl Interpreters {
             .insert(pid, py, 0)
             .context("giving the interpreter's layout to the probes (PYPROC)")
     }
+}
 
-    fn evaluate(&mut self, pid: u32) -> Result<Evaluated, Refused> {
-        let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| Refused {
-            path: None,
-            version: None,
-            reason: format!("its memory map is unreadable ({e})"),
-        })?;
-        let mappings = parse_maps(&maps);
-        let exe_path = fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-        // The executable first (a static python), then a libpython it maps.
-        let mut candidates: Vec<(File, PathBuf)> = Vec::new();
-        if let Ok(file) = File::open(format!("/proc/{pid}/exe")) {
-            candidates.push((file, exe_path.clone()));
-        }
-        for mapping in &mappings {
-            let name = mapping
-                .path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            if name.starts_with("libpython3")
-                && let Ok(file) = File::open(format!("/proc/{pid}/map_files/{}", mapping.range))
-                    .or_else(|_| File::open(format!("/proc/{pid}/root{}", mapping.path.display())))
-            {
-                candidates.push((file, mapping.path.clone()));
-            }
-        }
-        for (file, path) in candidates {
-            let Ok(metadata) = file.metadata() else {
-                continue;
-            };
-            let key = (metadata.dev(), metadata.ino());
-            let read = self.files.entry(key).or_insert_with(|| {
-                let result = fs::read(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&file)
-                ))
-                .map_err(|e| NotInterpreter::NotElf(e.to_string()))
-                .and_then(|bytes| elf::read(&bytes, &path));
-                ReadFile {
-                    path: path.clone(),
-                    result,
-                }
-            });
-            let interpreter = match &read.result {
-                Ok(interpreter) => interpreter,
-                Err(_) => continue,
-            };
-            let path = read.path.clone();
-            let mapped = mappings
-                .iter()
-                .filter(|m| (m.device, m.inode) == key || m.path == path)
-                .collect::<Vec<_>>();
-            return layout_of(pid, interpreter, &path, &mapped, self.own_pid_ns);
-        }
-        Ok(Evaluated::NotPython { exe: exe_path })
+/// What `pid`'s interpreter is, its file read once (`files`, by device and inode).
+fn evaluate(
+    pid: u32,
+    files: &mut HashMap<(u64, u64), ReadFile>,
+    context: Made,
+) -> Result<Evaluated, Refused> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| Refused {
+        path: None,
+        version: None,
+        reason: format!("its memory map is unreadable ({e})"),
+    })?;
+    let mappings = parse_maps(&maps);
+    let exe_path = fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    // The executable first (a static python), then a libpython it maps.
+    let mut candidates: Vec<(File, PathBuf)> = Vec::new();
+    if let Ok(file) = File::open(format!("/proc/{pid}/exe")) {
+        candidates.push((file, exe_path.clone()));
     }
+    for mapping in &mappings {
+        let name = mapping
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        if name.starts_with("libpython3")
+            && let Ok(file) = File::open(format!("/proc/{pid}/map_files/{}", mapping.range))
+                .or_else(|_| File::open(format!("/proc/{pid}/root{}", mapping.path.display())))
+        {
+            candidates.push((file, mapping.path.clone()));
+        }
+    }
+    for (file, path) in candidates {
+        let Ok(metadata) = file.metadata() else {
+            continue;
+        };
+        let key = (metadata.dev(), metadata.ino());
+        let read = files.entry(key).or_insert_with(|| {
+            let result = fs::read(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&file)
+            ))
+            .map_err(|e| NotInterpreter::NotElf(e.to_string()))
+            .and_then(|bytes| elf::read(&bytes, &path));
+            ReadFile {
+                path: path.clone(),
+                result,
+            }
+        });
+        let interpreter = match &read.result {
+            Ok(interpreter) => interpreter,
+            Err(_) => continue,
+        };
+        let path = read.path.clone();
+        let mapped = mappings
+            .iter()
+            .filter(|m| (m.device, m.inode) == key || m.path == path)
+            .collect::<Vec<_>>();
+        return layout_of(pid, interpreter, &path, &mapped, context);
+    }
+    Ok(Evaluated::NotPython { exe: exe_path })
 }
 
 enum Evaluated {
@@ -254,6 +303,10 @@ enum Evaluated {
         version: String,
         minor: u32,
         py: Box<PyProcess>,
+        /// Offsets from the file's `_Py_DebugOffsets` (3.13+).
+        debug_offsets: bool,
+        table_differs: Vec<String>,
+        checked: Checked,
     },
     NotPython {
         exe: PathBuf,
@@ -307,6 +360,14 @@ fn parse_maps(maps: &str) -> Vec<Mapping> {
         .collect()
 }
 
+/// What a layout is made with beyond the file.
+#[derive(Clone, Copy)]
+struct Made<'a> {
+    /// This process's pid namespace inode.
+    own_pid_ns: Option<u64>,
+    shift: Option<&'a Shift>,
+}
+
 /// The layout of `interpreter` (the file `path`, mapped by `pid` as `mapped`), checked on
 /// the live process.
 fn layout_of(
@@ -314,7 +375,7 @@ fn layout_of(
     interpreter: &InterpreterFile,
     path: &Path,
     mapped: &[&Mapping],
-    own_pid_ns: Option<u64>,
+    context: Made,
 ) -> Result<Evaluated, Refused> {
     let refuse = |version: Option<String>, reason: String| Refused {
         path: Some(path.to_owned()),
@@ -351,11 +412,15 @@ fn layout_of(
     if interpreter.version_hex.is_none() && minor != 10 {
         return Err(refuse("no Py_Version, which CPython 3.11+ has".into()));
     }
+    if let Some(shift) = context.shift {
+        shift.apply(&mut py);
+    }
     if interpreter.debug_build {
         return Err(refuse(
             "a debug build (Py_REF_DEBUG): another object layout".into(),
         ));
     }
+    let mut table_differs = Vec::new();
     if minor >= 13 {
         let offsets = DebugOffsets::read(&interpreter.runtime_bytes, minor)
             .map_err(|e| refuse(e.to_string()))?;
@@ -371,6 +436,7 @@ fn layout_of(
                 interpreter.version_hex.unwrap_or(0)
             )));
         }
+        table_differs = offsets.differences(&py);
         py = offsets.apply(py).ok_or_else(|| {
             refuse("its _Py_DebugOffsets give a layout the probes cannot read in one piece".into())
         })?;
@@ -394,57 +460,203 @@ fn layout_of(
     let pid_ns = fs::metadata(format!("/proc/{pid}/ns/pid"))
         .ok()
         .map(|m| m.ino());
-    if minor >= 11 && pid_ns.is_some() && pid_ns == own_pid_ns {
+    if minor >= 11 && pid_ns.is_some() && pid_ns == context.own_pid_ns {
         py.flags |= py_flags::NATIVE_TID;
     }
-    check_live(pid, &py).map_err(refuse)?;
+    let types = Types {
+        code: py.code_type,
+        str: interpreter.str_type.map(|at| at.wrapping_add(bias)),
+        bytes: interpreter.bytes_type.map(|at| at.wrapping_add(bias)),
+    };
+    let memory = File::open(format!("/proc/{pid}/mem"))
+        .map_err(|e| refuse(format!("its memory is unreadable ({e})")))?;
+    let checked = check::check(&memory, &py, &types).map_err(|why| {
+        refuse(format!(
+            "its layout fails the check on the live process: {why}"
+        ))
+    })?;
     Ok(Evaluated::Readable {
         path: path.to_owned(),
         version,
         minor,
         py: Box::new(py),
+        debug_offsets: minor >= 13,
+        table_differs,
+        checked,
     })
-}
-
-/// Checks the layout on the live (stopped) process: `PyCode_Type` is the type named
-/// `code`, and the interpreter's first thread state points back at its interpreter. An
-/// interpreter not initialised yet passes (the probes say so per call).
-fn check_live(pid: u32, py: &PyProcess) -> Result<(), String> {
-    let memory = File::open(format!("/proc/{pid}/mem"))
-        .map_err(|e| format!("its memory is unreadable ({e})"))?;
-    let word = |address: u64| -> Result<u64, String> {
-        let mut bytes = [0u8; 8];
-        memory
-            .read_exact_at(&mut bytes, address)
-            .map_err(|e| format!("reading its memory at {address:#x}: {e}"))?;
-        Ok(u64::from_le_bytes(bytes))
-    };
-    // PyTypeObject's `tp_name`, after the object header and `ob_size`.
-    let name = word(py.code_type + 24)?;
-    let mut text = [0u8; 5];
-    memory
-        .read_exact_at(&mut text, name)
-        .map_err(|e| format!("reading PyCode_Type's name: {e}"))?;
-    if &text != b"code\0" {
-        return Err("PyCode_Type is not the type named \"code\": not the layout expected".into());
-    }
-    let interp = word(py.runtime + u64::from(py.runtime_interpreters))?;
-    if interp == 0 {
-        return Ok(());
-    }
-    let tstate = word(interp + u64::from(py.interp_threads))?;
-    if tstate != 0 && word(tstate + u64::from(py.tstate_interp))? != interp {
-        return Err(
-            "its first thread state does not point back at its interpreter: not the layout expected"
-                .into(),
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        io::{BufRead, BufReader},
+        process::{Child, Command, Stdio},
+    };
+
     use super::*;
+
+    /// A Python waiting in `wait()` called from `<module>` (two frames, two code objects,
+    /// one thread state) until its stdin closes.
+    struct Waiting(Child);
+
+    impl Waiting {
+        fn start(command: &[&str]) -> Waiting {
+            let script = "import sys\n\
+                          def wait():\n    print('ready', flush=True)\n    sys.stdin.readline()\n\
+                          wait()\n";
+            let mut child = Command::new(command[0])
+                .args(&command[1..])
+                .args(["-c", script])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(child.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line, "ready\n", "{command:?}");
+            Waiting(child)
+        }
+    }
+
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            drop(self.0.stdin.take());
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The interpreters this machine has (pyenv's, Debian's, the `--stacks` root tests'
+    /// trixie root where this runs as root), by minor version.
+    fn interpreters() -> Vec<(Vec<String>, u32)> {
+        let mut found = Vec::new();
+        for (version, minor) in [
+            ("3.10.13", 10),
+            ("3.11.7", 11),
+            ("3.12.1", 12),
+            ("3.13.0", 13),
+        ] {
+            let binary = format!("/root/.pyenv/versions/{version}/bin/python3.{minor}");
+            if Path::new(&binary).exists() {
+                found.push((vec![binary], minor));
+            }
+        }
+        if Path::new("/usr/bin/python3.11").exists() {
+            found.push((vec!["/usr/bin/python3.11".into()], 11));
+        }
+        let trixie = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/pythons/trixie");
+        if unsafe { libc::geteuid() } == 0 && Path::new(trixie).join("usr/bin/python3").exists() {
+            found.push((
+                vec!["chroot".into(), trixie.into(), "/usr/bin/python3".into()],
+                13,
+            ));
+        }
+        found
+    }
+
+    fn evaluated(pid: u32, shift: Option<&str>) -> Result<Evaluated, Refused> {
+        let shift = shift.map(|text| Shift::parse(text).unwrap());
+        let own_pid_ns = fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino());
+        let context = Made {
+            own_pid_ns,
+            shift: shift.as_ref(),
+        };
+        evaluate(pid, &mut HashMap::new(), context)
+    }
+
+    /// The right layout passes the check on every interpreter here, having read exactly
+    /// what the process has; one field moved in the table is refused, naming the field,
+    /// unless the file's own `_Py_DebugOffsets` give it (3.13+), which win and are said to
+    /// differ.
+    #[test]
+    fn the_check_passes_the_right_layout_and_refuses_a_moved_field() {
+        let interpreters = interpreters();
+        assert!(!interpreters.is_empty());
+        for (command, minor) in interpreters {
+            let command: Vec<&str> = command.iter().map(String::as_str).collect();
+            let python = Waiting::start(&command);
+            let pid = python.0.id();
+            let Ok(Evaluated::Readable {
+                checked,
+                debug_offsets,
+                table_differs,
+                ..
+            }) = evaluated(pid, None)
+            else {
+                panic!("{command:?}: not readable");
+            };
+            let expected = Checked {
+                thread_states: 1,
+                frames: 2,
+                code_objects: 2,
+            };
+            assert_eq!(checked, expected, "{command:?}");
+            assert_eq!((debug_offsets, table_differs.len()), (minor >= 13, 0));
+
+            let py = layout::table(minor).unwrap();
+            let refused = |shift: &str| match evaluated(pid, Some(shift)) {
+                Err(refused) => Some(refused.reason),
+                Ok(_) => None,
+            };
+            let failing = "its layout fails the check on the live process: ";
+            assert_eq!(
+                refused("tstate_interp+8"),
+                Some(format!(
+                    "{failing}a thread state does not point back at its interpreter \
+                     (tstate_interp at {})",
+                    py.tstate_interp + 8
+                )),
+                "{command:?}"
+            );
+            for (shift, why) in [
+                (
+                    "frame_code+8",
+                    format!(
+                        "a frame's code object (frame_code at {}, code_ob_type at 8) is not of \
+                         type code",
+                        py.frame_code + 8
+                    ),
+                ),
+                (
+                    "code_qualname+8",
+                    format!(
+                        "a code object's co_qualname (code_qualname at {}) is not a str as laid \
+                         out: its type is not str",
+                        py.code_qualname + 8
+                    ),
+                ),
+            ] {
+                if minor >= 13 {
+                    let Ok(Evaluated::Readable {
+                        checked,
+                        table_differs,
+                        ..
+                    }) = evaluated(pid, Some(shift))
+                    else {
+                        panic!("{command:?} {shift}: refused");
+                    };
+                    assert_eq!(checked, expected, "{command:?} {shift}");
+                    let field = &shift[..shift.len() - 2];
+                    let value = layout::field(field).unwrap().get(&py);
+                    assert_eq!(
+                        table_differs,
+                        [format!(
+                            "{field}: {value} in the file, {} in the table",
+                            value + 8
+                        )],
+                        "{command:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        refused(shift),
+                        Some(format!("{failing}{why}")),
+                        "{command:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn maps_lines_are_read_with_their_files() {

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `interpreters.rs` | each process's interpreter: found, checked, given to the probes (`PYPROC`), said once |
 //! | `elf.rs` | an interpreter file: `_PyRuntime`, `PyCode_Type`, its version, its debug offsets |
+//! | `check.rs` | a layout checked against the process's own objects before the probes use it |
 //! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
 //! | `debug_offsets.rs` | CPython's own `_Py_DebugOffsets` (3.13+), laid over the table |
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
@@ -15,6 +16,7 @@
 //! | `fault_in.rs` | a code object the probe could not read whole: its pages faulted in for the next call |
 
 mod btf;
+mod check;
 mod debug_offsets;
 mod elf;
 mod fault_in;
