@@ -40,6 +40,9 @@ enum Command {
     /// Benchmarks against the stand-in libcuda (needs root): per-call overhead beside the
     /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
     Bench(bench::BenchOptions),
+    /// Make the interpreters the --stacks root tests trace beyond the machine's own (as
+    /// `test` does): Debian trixie's CPython 3.13 and sid's 3.14 (needs root).
+    Pythons,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
         Command::Bench(opts) => bench::bench(&opts),
+        Command::Pythons => pythons::ensure_python314().map(|_| ()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

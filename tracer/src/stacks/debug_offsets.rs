@@ -181,9 +181,17 @@ mod tests {
         for path in [
             "/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0".to_owned(),
             format!("{trixie}/usr/bin/python3.13"),
+            format!("{trixie}/usr/bin/python3.14"),
         ] {
             let path = std::path::Path::new(&path);
             let Ok(bytes) = std::fs::read(path) else {
+                // In CI (`CI=true`) every one must be there.
+                assert_ne!(
+                    std::env::var("CI").as_deref(),
+                    Ok("true"),
+                    "CI: {} is missing",
+                    path.display()
+                );
                 continue;
             };
             let file = elf::read(&bytes, path).unwrap();

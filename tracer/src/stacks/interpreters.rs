@@ -527,8 +527,20 @@ mod tests {
         }
     }
 
+    /// Whether `path` is there; in CI (`CI=true`) it must be.
+    fn present(path: &Path) -> bool {
+        let there = path.exists();
+        assert!(
+            there || std::env::var("CI").as_deref() != Ok("true"),
+            "CI: {} is missing",
+            path.display()
+        );
+        there
+    }
+
     /// The interpreters this machine has (pyenv's, Debian's, the `--stacks` root tests'
-    /// trixie root where this runs as root), by minor version.
+    /// Debian root with trixie's 3.13 and sid's 3.14, where this runs as root), with their
+    /// minor version and frames of `wait()` (3.14's `print` adds none).
     fn interpreters() -> Vec<(Vec<String>, u32)> {
         let mut found = Vec::new();
         for (version, minor) in [
@@ -538,19 +550,21 @@ mod tests {
             ("3.13.0", 13),
         ] {
             let binary = format!("/root/.pyenv/versions/{version}/bin/python3.{minor}");
-            if Path::new(&binary).exists() {
+            if present(Path::new(&binary)) {
                 found.push((vec![binary], minor));
             }
         }
-        if Path::new("/usr/bin/python3.11").exists() {
+        if present(Path::new("/usr/bin/python3.11")) {
             found.push((vec!["/usr/bin/python3.11".into()], 11));
         }
         let trixie = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/pythons/trixie");
-        if unsafe { libc::geteuid() } == 0 && Path::new(trixie).join("usr/bin/python3").exists() {
-            found.push((
-                vec!["chroot".into(), trixie.into(), "/usr/bin/python3".into()],
-                13,
-            ));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            for (python, minor) in [("/usr/bin/python3", 13), ("/usr/bin/python3.14", 14)] {
+                if present(&Path::new(trixie).join(&python[1..])) {
+                    found.push((vec!["chroot".into(), trixie.into(), python.into()], minor));
+                }
+            }
         }
         found
     }
@@ -592,7 +606,11 @@ mod tests {
                 code_objects: 2,
             };
             assert_eq!(checked, expected, "{command:?}");
-            assert_eq!((debug_offsets, table_differs.len()), (minor >= 13, 0));
+            assert_eq!(
+                (debug_offsets, table_differs.len()),
+                (minor >= 13, 0),
+                "{command:?}"
+            );
 
             let py = layout::table(minor).unwrap();
             let refused = |shift: &str| match evaluated(pid, Some(shift)) {
