@@ -104,6 +104,7 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
             })?;
         }
     }
+    check_type_sizes(&read, py, types)?;
     let mut checked = Checked::default();
     let interp = read.field(
         py.runtime,
@@ -113,14 +114,17 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
     if interp == 0 {
         return Ok(checked);
     }
-    let mut tstate = read.field(
+    check_next_interpreter(&read, py, interp)?;
+    let head = read.field(
         interp,
         py.interp_threads,
         "the interpreter's thread list (interp_threads)",
     )?;
+    let mut tstate = head;
+    let mut bound = 0;
     let mut codes = HashSet::new();
     while tstate != 0 && (checked.thread_states as usize) < MAX_THREAD_STATES {
-        check_thread_state(&read, py, interp, tstate)?;
+        bound += u32::from(check_thread_state(&read, py, interp, tstate)?);
         checked.thread_states += 1;
         let mut frame = read.field(
             tstate,
@@ -177,7 +181,110 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
             "a thread state's next (tstate_next)",
         )?;
     }
+    // A running interpreter has a thread state with a thread: the one that runs it.
+    if checked.thread_states == 0 {
+        return Err(format!(
+            "its interpreter has no thread state (interp_threads at {})",
+            py.interp_threads
+        ));
+    }
+    // `threads.next_unique_id`: one more than the thread states made, a count.
+    let epoch = read.field(
+        interp,
+        py.interp_thread_epoch,
+        "the interpreter's thread count (interp_thread_epoch)",
+    )?;
+    if epoch < u64::from(checked.thread_states) || epoch > u64::from(u32::MAX) {
+        return Err(format!(
+            "the interpreter's thread count (interp_thread_epoch at {}) is {epoch}, fewer than \
+             its {} thread states or no count",
+            py.interp_thread_epoch, checked.thread_states
+        ));
+    }
+    if bound == 0 {
+        return Err(format!(
+            "no thread state has a thread (tstate_thread_id at {})",
+            py.tstate_thread_id
+        ));
+    }
     Ok(checked)
+}
+
+/// The types' own sizes say where their objects' contents start: a code object's bytecode
+/// (3.11+: `tp_basicsize` is `offsetof(PyCodeObject, co_code_adaptive)`, units of 2 bytes),
+/// a `bytes`' data (`tp_basicsize` is its offset plus the NUL), a compact `str`'s
+/// characters (`PyUnicodeObject` is `PyCompactUnicodeObject` and a data pointer).
+fn check_type_sizes<M: Memory>(
+    read: &Reader<M>,
+    py: &PyProcess,
+    types: &Types,
+) -> Result<(), String> {
+    let sizes = |address: u64| -> Result<(u64, u64), String> {
+        match (read.u64(address + 32), read.u64(address + 40)) {
+            (Some(basic), Some(item)) => Ok((basic, item)),
+            _ => Err("a type's sizes cannot be read".into()),
+        }
+    };
+    if py.minor >= 11 {
+        let (basic, item) = sizes(types.code)?;
+        if (basic, item) != (u64::from(py.code_adaptive), 2) {
+            return Err(format!(
+                "PyCode_Type's sizes ({basic}, {item}) do not put its bytecode at code_adaptive \
+                 ({})",
+                py.code_adaptive
+            ));
+        }
+    }
+    if let Some(bytes_type) = types.bytes {
+        let (basic, item) = sizes(bytes_type)?;
+        if (basic, item) != (u64::from(py.bytes_data) + 1, 1) {
+            return Err(format!(
+                "PyBytes_Type's sizes ({basic}, {item}) do not put its data at bytes_data ({})",
+                py.bytes_data
+            ));
+        }
+    }
+    if let Some(str_type) = types.str {
+        let (basic, _) = sizes(str_type)?;
+        if basic != u64::from(py.str_compact_data) + 8 {
+            return Err(format!(
+                "PyUnicode_Type's size ({basic}) does not put a compact str's characters at \
+                 str_compact_data ({})",
+                py.str_compact_data
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The interpreter's `next` is none, or another interpreter (whose thread states point
+/// back at it).
+fn check_next_interpreter<M: Memory>(
+    read: &Reader<M>,
+    py: &PyProcess,
+    interp: u64,
+) -> Result<(), String> {
+    let wrong = || {
+        format!(
+            "the interpreter's next (interp_next at {}) is no interpreter",
+            py.interp_next
+        )
+    };
+    let next = read.field(
+        interp,
+        py.interp_next,
+        "the interpreter's next (interp_next)",
+    )?;
+    if next == 0 {
+        return Ok(());
+    }
+    let head = read
+        .u64(next.wrapping_add(u64::from(py.interp_threads)))
+        .ok_or_else(wrong)?;
+    if head != 0 && read.u64(head.wrapping_add(u64::from(py.tstate_interp))) != Some(next) {
+        return Err(wrong());
+    }
+    Ok(())
 }
 
 /// The type at `address` has `expected` as its `tp_name` (after the object header and
@@ -198,12 +305,13 @@ fn type_named<M: Memory>(read: &Reader<M>, address: u64, expected: &str) -> Resu
     }
 }
 
+/// Whether the thread state has its thread (`thread_id` set: bound), after checking it.
 fn check_thread_state<M: Memory>(
     read: &Reader<M>,
     py: &PyProcess,
     interp: u64,
     tstate: u64,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let back = read.field(
         tstate,
         py.tstate_interp,
@@ -218,7 +326,7 @@ fn check_thread_state<M: Memory>(
     // 0: a thread state made for a thread that has not started yet.
     let thread_id = read.field(tstate, py.tstate_thread_id, "a thread state's thread_id")?;
     if thread_id == 0 {
-        return Ok(());
+        return Ok(false);
     }
     if read.u64(thread_id) != Some(thread_id) {
         return Err(format!(
@@ -227,19 +335,20 @@ fn check_thread_state<M: Memory>(
         ));
     }
     if py.tstate_native_id != NO_FIELD {
+        // 0: a thread stopped between setting its `thread_id` and its tid.
         let tid = read.field(
             tstate,
             py.tstate_native_id,
             "a thread state's native_thread_id",
         )?;
-        if tid == 0 || tid > TID_MAX {
+        if tid > TID_MAX {
             return Err(format!(
                 "a thread state's native_thread_id (tstate_native_id at {}) is {tid}, no tid",
                 py.tstate_native_id
             ));
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The frame's instruction lies in its code object's bytecode (3.11+: a pointer into
@@ -290,14 +399,37 @@ fn check_code<M: Memory>(
     code: u64,
     units: Option<i64>,
 ) -> Result<(), String> {
+    let mut names = Vec::new();
     for (offset, what) in [
         (py.code_filename, "co_filename (code_filename"),
         (py.code_qualname, "co_qualname (code_qualname"),
     ] {
         let string = read.field(code, offset, &format!("a code object's {what})"))?;
-        check_str(read, py, types, string).map_err(|why| {
+        names.push(read_str(read, py, types, string).map_err(|why| {
             format!("a code object's {what} at {offset}) is not a str as laid out: {why}")
-        })?;
+        })?);
+    }
+    let (filename, qualname) = (&names[0], &names[1]);
+    // `<module>`, `<lambda>`, `<genexpr>`: names no file has.
+    if qualname.starts_with('<') && filename == qualname {
+        return Err(format!(
+            "a code object's co_filename (code_filename at {}) reads as its name {qualname}",
+            py.code_filename
+        ));
+    }
+    if py.minor >= 11 {
+        // `co_name` is the word before `co_qualname` (3.11 to 3.14), and a qualified name
+        // ends with its name.
+        let string = read.field(code, py.code_qualname - 8, "a code object's co_name")?;
+        let name = read_str(read, py, types, string)
+            .map_err(|why| format!("a code object's co_name is not a str as laid out: {why}"))?;
+        if !(qualname == &name || qualname.ends_with(&format!(".{name}"))) {
+            return Err(format!(
+                "a code object's co_qualname (code_qualname at {}) {qualname:?} does not end \
+                 with its co_name {name:?}",
+                py.code_qualname
+            ));
+        }
     }
     let linetable = read.field(code, py.code_linetable, "a code object's line table")?;
     check_bytes(read, py, types, linetable).map_err(|why| {
@@ -309,7 +441,8 @@ fn check_code<M: Memory>(
     let firstlineno = read
         .u32(code + u64::from(py.code_firstlineno))
         .ok_or("a code object's first line cannot be read")? as i32;
-    if !(0..100_000_000).contains(&firstlineno) {
+    // A module's code starts at line 1.
+    if !(0..100_000_000).contains(&firstlineno) || (qualname == "<module>" && firstlineno != 1) {
         return Err(format!(
             "a code object's first line (code_firstlineno at {}) is {firstlineno}",
             py.code_firstlineno
@@ -332,13 +465,13 @@ fn check_code<M: Memory>(
 }
 
 /// A compact `str` of at most [`NAME_MAX`] characters (`""` is a file name too), none of
-/// them NUL, followed by one.
-fn check_str<M: Memory>(
+/// them NUL, followed by one: its text.
+fn read_str<M: Memory>(
     read: &Reader<M>,
     py: &PyProcess,
     types: &Types,
     string: u64,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let ob_type = read.u64(string + 8).ok_or("its type cannot be read")?;
     if types.str.is_some_and(|str_type| str_type != ob_type) {
         return Err("its type is not str".into());
@@ -375,7 +508,15 @@ fn check_str<M: Memory>(
     if ascii == 1 && characters.iter().any(|b| *b >= 0x80) {
         return Err("an ASCII string with a byte above 127".into());
     }
-    Ok(())
+    units
+        .iter()
+        .map(|unit| {
+            let mut code = [0u8; 4];
+            code[..unit.len()].copy_from_slice(unit);
+            char::from_u32(u32::from_le_bytes(code))
+        })
+        .collect::<Option<String>>()
+        .ok_or_else(|| "its characters are no Unicode".into())
 }
 
 /// A `bytes` of at most [`LINETABLE_MAX`] bytes, followed by a NUL (CPython ends each).
