@@ -360,6 +360,9 @@ fn parse_maps(maps: &str) -> Vec<Mapping> {
         .collect()
 }
 
+/// Tries of the check on the live process before a layout is refused.
+const CHECK_TRIES: usize = 3;
+
 /// What a layout is made with beyond the file.
 #[derive(Clone, Copy)]
 struct Made<'a> {
@@ -475,7 +478,17 @@ fn layout_of(
     };
     let memory = File::open(format!("/proc/{pid}/mem"))
         .map_err(|e| refuse(format!("its memory is unreadable ({e})")))?;
-    let checked = check::check(&memory, &py, &types).map_err(|why| {
+    // A process looked at while it runs (`-p`, `--all`) can move a frame under the reads:
+    // a layout is refused when it fails every try (a stopped process fails each the same).
+    let mut result = check::check(&memory, &py, &types);
+    for _ in 1..CHECK_TRIES {
+        if result.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        result = check::check(&memory, &py, &types);
+    }
+    let checked = result.map_err(|why| {
         refuse(format!(
             "its layout fails the check on the live process: {why}"
         ))
