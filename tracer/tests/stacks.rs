@@ -523,6 +523,88 @@ fn a_wrong_layout_gives_no_stacks_and_says_why() {
     }
 }
 
+/// An interpreter looked at before it is initialised (libcuda preloaded: opened by the
+/// loader) has no frame to check then: it is checked at its first stack, while it runs. The
+/// right layout keeps its stacks; a wrong one is refused then, said in a second
+/// `interpreter` line, and the stacks walked with it are dropped, counted.
+#[test]
+fn a_layout_unchecked_at_first_is_checked_at_the_first_stack() {
+    let Some(_guard) = root() else { return };
+    let standin = standin();
+    let dir = scratch("stacks-preloaded");
+    let script = scripts().join("stacks_preloaded.py");
+    let trace = |name: &str, env: &[(&str, &str)]| {
+        let path = dir.join(name);
+        let output = Command::new(CUDATRACE)
+            .envs(env.iter().copied())
+            .args(["run", "--stacks", "--missing-probes", "ignore", "-o"])
+            .arg(&path)
+            .args(["--", "env"])
+            .arg(format!("LD_PRELOAD={}", standin.lib.display()))
+            .arg("/usr/bin/python3.11")
+            .arg(&script)
+            .arg(&standin.lib)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        (read_trace(&path), stderr(&output))
+    };
+    let of_type = |lines: &[Value], kind: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l["type"] == kind)
+            .cloned()
+            .collect()
+    };
+    let unchecked = serde_json::json!({"thread_states": 0, "frames": 0, "code_objects": 0});
+
+    let (lines, _) = trace("right.jsonl", &[]);
+    let interpreters = of_type(&lines, "interpreter");
+    assert_eq!(interpreters.len(), 1, "{interpreters:?}");
+    assert_eq!(interpreters[0]["stacks"], true);
+    assert_eq!(interpreters[0]["checked"], unchecked);
+    let stacks = of_type(&lines, "stack");
+    let file = script.display().to_string();
+    let frames: Vec<Value> = stacks
+        .iter()
+        .map(|stack| {
+            let frame = &stack["frames"][0];
+            serde_json::json!([frame["file"], frame["qualname"], frame["line"]])
+        })
+        .collect();
+    let line = |name| serde_json::json!([file, "<module>", marked("stacks_preloaded.py", name)]);
+    assert_eq!(frames, [line("first"), line("second")]);
+    assert_eq!(lines.last().unwrap()["stacks"]["calls"], 2);
+
+    let (lines, stderr) = trace(
+        "wrong.jsonl",
+        &[("CUDATRACE_TEST_LAYOUT_SHIFT", "code_qualname+8")],
+    );
+    let interpreters = of_type(&lines, "interpreter");
+    assert_eq!(interpreters.len(), 2, "{interpreters:?}");
+    assert_eq!(
+        (&interpreters[0]["stacks"], &interpreters[0]["checked"]),
+        (&Value::Bool(true), &unchecked)
+    );
+    let reason = "its layout fails the check on the live process: a code object's co_qualname \
+                  (code_qualname at 136) is not a str as laid out: its type is not str";
+    assert_eq!(
+        (
+            interpreters[1]["stacks"].as_bool(),
+            interpreters[1]["reason"].as_str()
+        ),
+        (Some(false), Some(reason))
+    );
+    assert_eq!(stderr.matches(reason).count(), 1, "{stderr}");
+    assert!(of_type(&lines, "stack").is_empty());
+    let footer = &lines.last().unwrap()["stacks"];
+    assert_eq!(footer["calls"], 0);
+    for (why, count) in footer["without"].as_object().unwrap() {
+        let expected = if why == "unsupported_python" { 2 } else { 0 };
+        assert_eq!(count, expected, "{why}");
+    }
+}
+
 /// No stack, the reason in the interpreter line and once on stderr, the 15 calls counted.
 fn assert_refused(traced: &Traced, label: &str, reason: &str, shift: &str) {
     let interpreter = traced.interpreter();
@@ -906,6 +988,57 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
             trace.last().unwrap()["stacks"]["without"]["unsupported_python"],
             2
         );
+    }
+
+    // A free-threaded build (`cargo xtask pythons` builds 3.13t from Debian's source):
+    // refused by name, its calls counted.
+    let free_threaded =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("../pythons/3.13t/bin/python3.13t");
+    if present(&free_threaded) {
+        let output = run(
+            &dir.join("free-threaded.jsonl"),
+            &["--stacks"],
+            &[
+                free_threaded.to_str().unwrap(),
+                script.to_str().unwrap(),
+                lib,
+            ],
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let trace = read_trace(&dir.join("free-threaded.jsonl"));
+        let interpreters: Vec<&Value> = trace
+            .iter()
+            .filter(|l| l["type"] == "interpreter")
+            .collect();
+        assert_eq!(interpreters.len(), 1);
+        let reason = "a free-threaded build (3.13t): cudatrace reads the default build only";
+        assert_eq!(
+            (
+                interpreters[0]["python"].as_str().map(|v| &v[..5]),
+                interpreters[0]["stacks"].as_bool(),
+                interpreters[0]["reason"].as_str()
+            ),
+            (Some("3.13."), Some(false), Some(reason))
+        );
+        assert_eq!(
+            stderr(&output)
+                .matches(&format!(
+                    "/3.13t/bin/python3.13t) cannot be read: {reason}: its calls have no \
+                     Python stacks"
+                ))
+                .count(),
+            1,
+            "{}",
+            stderr(&output)
+        );
+        assert_eq!(calls(&trace).len(), 2);
+        assert!(!trace.iter().any(|l| l["type"] == "stack"));
+        let stacks = &trace.last().unwrap()["stacks"];
+        assert_eq!(stacks["calls"], 0);
+        for (why, count) in stacks["without"].as_object().unwrap() {
+            let expected = if why == "unsupported_python" { 2 } else { 0 };
+            assert_eq!(count, expected, "{why}");
+        }
     }
 
     // A thread Python did not start: no thread state; the Python thread's call has its

@@ -55,6 +55,17 @@ pub struct Interpreters {
     own_pid_ns: Option<u64>,
     /// The tests' wrong layout ([`SHIFT_ENV`]).
     shift: Option<Shift>,
+    /// Processes whose check found no frame to read (an interpreter not initialised yet,
+    /// idle threads): checked again at their first stack.
+    unchecked: HashMap<u32, Unchecked>,
+}
+
+/// A process's layout to check again.
+struct Unchecked {
+    py: PyProcess,
+    types: Types,
+    path: PathBuf,
+    version: String,
 }
 
 impl Interpreters {
@@ -72,7 +83,36 @@ impl Interpreters {
                     .inspect_err(|e| eprintln!("cudatrace: --stacks: {e}: ignored"))
                     .ok()
             }),
+            unchecked: HashMap::new(),
         }
+    }
+
+    /// A stack arrived from `pid`: where its check found no frame to read, it is checked
+    /// again now, and a layout that fails is refused (the probes forget it; the stacks its
+    /// calls sent are dropped, counted `unsupported_python`). Its new `interpreter` line.
+    pub fn recheck(&mut self, pid: u32, ts_ns: u64) -> Option<InterpreterLine> {
+        let unchecked = self.unchecked.remove(&pid)?;
+        // A process gone by now cannot show its layout right: refused too, never trusted.
+        let why = match File::open(format!("/proc/{pid}/mem"))
+            .map_err(|e| format!("its layout could not be checked: its memory is unreadable ({e})"))
+            .and_then(|memory| check_with_tries(&memory, &unchecked.py, &unchecked.types))
+        {
+            Ok(checked) => {
+                if checked.frames == 0 {
+                    self.unchecked.insert(pid, unchecked);
+                }
+                return None;
+            }
+            Err(why) => why,
+        };
+        let _ = self.map.remove(&pid);
+        Some(self.refuse(
+            pid,
+            ts_ns,
+            Some(unchecked.path),
+            Some(unchecked.version),
+            &why,
+        ))
     }
 
     /// What was found of `pid`'s interpreter, if it was looked at since its last exec.
@@ -100,12 +140,24 @@ impl Interpreters {
                 version,
                 py,
                 minor,
+                types,
                 debug_offsets,
                 table_differs,
                 checked,
             }) => match self.give(pid, *py) {
                 Ok(()) => {
                     self.processes.insert(pid, Found::Readable { minor });
+                    if checked.frames == 0 {
+                        self.unchecked.insert(
+                            pid,
+                            Unchecked {
+                                py: *py,
+                                types,
+                                path: path.clone(),
+                                version: version.clone(),
+                            },
+                        );
+                    }
                     if !table_differs.is_empty() {
                         let which = format!("Python {version} ({})", path.display());
                         self.say(
@@ -213,6 +265,7 @@ impl Interpreters {
     /// A process exec'd or exited: the probes forgot its interpreter; so does this.
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        self.unchecked.remove(&pid);
     }
 
     /// Writes `py` for `pid`, keeping the process image the kernel gave a fork child when
@@ -303,6 +356,7 @@ enum Evaluated {
         version: String,
         minor: u32,
         py: Box<PyProcess>,
+        types: Types,
         /// Offsets from the file's `_Py_DebugOffsets` (3.13+).
         debug_offsets: bool,
         table_differs: Vec<String>,
@@ -478,30 +532,32 @@ fn layout_of(
     };
     let memory = File::open(format!("/proc/{pid}/mem"))
         .map_err(|e| refuse(format!("its memory is unreadable ({e})")))?;
-    // A process looked at while it runs (`-p`, `--all`) can move a frame under the reads:
-    // a layout is refused when it fails every try (a stopped process fails each the same).
-    let mut result = check::check(&memory, &py, &types);
-    for _ in 1..CHECK_TRIES {
-        if result.is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        result = check::check(&memory, &py, &types);
-    }
-    let checked = result.map_err(|why| {
-        refuse(format!(
-            "its layout fails the check on the live process: {why}"
-        ))
-    })?;
+    let checked = check_with_tries(&memory, &py, &types).map_err(refuse)?;
     Ok(Evaluated::Readable {
         path: path.to_owned(),
         version,
         minor,
         py: Box::new(py),
+        types,
         debug_offsets: minor >= 13,
         table_differs,
         checked,
     })
+}
+
+/// The check on the live process, tried again where it fails: a process looked at while it
+/// runs (`-p`, `--all`, a recheck) can move a frame under the reads; a stopped process fails
+/// each try the same. The reason, for the `interpreter` line, where every try failed.
+fn check_with_tries(memory: &File, py: &PyProcess, types: &Types) -> Result<Checked, String> {
+    let mut result = check::check(memory, py, types);
+    for _ in 1..CHECK_TRIES {
+        if result.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        result = check::check(memory, py, types);
+    }
+    result.map_err(|why| format!("its layout fails the check on the live process: {why}"))
 }
 
 #[cfg(test)]

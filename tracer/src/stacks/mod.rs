@@ -30,7 +30,7 @@ use std::path::Path;
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
     AttachEvent, attach_event,
-    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter},
+    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter, stack_status},
 };
 
 pub use btf::fsbase_offset;
@@ -107,9 +107,24 @@ impl Stacks {
             // A process no stop showed (a fork child under --all): looked at now.
             lines.push(StackLines::Interpreter(line));
         }
-        let no_interpreter = match self.interpreters.found(pid) {
-            Some(Found::Unsupported) => Reason::UnsupportedPython,
-            _ => Reason::NotPython,
+        if event.status == stack_status::OK
+            && let Some(line) = self.interpreters.recheck(pid, event.header.ts_ns)
+        {
+            // Its check had no frame to read at first; its layout fails now.
+            lines.push(StackLines::Interpreter(line));
+        }
+        let (no_interpreter, refused) = match self.interpreters.found(pid) {
+            Some(Found::Unsupported) => (Reason::UnsupportedPython, true),
+            _ => (Reason::NotPython, false),
+        };
+        // Walked with a layout refused since: no frame of it is used.
+        let event = &StackEvent {
+            status: if refused {
+                stack_status::NO_INTERPRETER
+            } else {
+                event.status
+            },
+            ..*event
         };
         if let Some(line) = self.resolver.stack(event, frames, no_interpreter) {
             lines.push(StackLines::Stack(line));
