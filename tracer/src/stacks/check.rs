@@ -123,6 +123,7 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
     let mut tstate = head;
     let mut bound = 0;
     let mut codes = HashSet::new();
+    let mut doubts = Doubts::default();
     while tstate != 0 && (checked.thread_states as usize) < MAX_THREAD_STATES {
         bound += u32::from(check_thread_state(&read, py, interp, tstate)?);
         checked.thread_states += 1;
@@ -169,7 +170,7 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
             }
             let units = check_instruction(&read, py, frame, code)?;
             if codes.insert(code) {
-                check_code(&read, py, types, code, units)?;
+                check_code(&read, py, types, code, units, &mut doubts)?;
                 checked.code_objects += 1;
             }
             checked.frames += 1;
@@ -207,7 +208,43 @@ pub fn check(memory: &impl Memory, py: &PyProcess, types: &Types) -> Result<Chec
             py.tstate_thread_id
         ));
     }
+    doubts.names.verdict()?;
+    doubts.modules.verdict()?;
     Ok(checked)
+}
+
+/// Rules a tool can break for one code object (`code.replace`): the layout is refused
+/// where every code object they apply to breaks them.
+#[derive(Default)]
+struct Doubts {
+    /// A qualified name ends with its name.
+    names: Doubt,
+    /// A module's first line is 1.
+    modules: Doubt,
+}
+
+#[derive(Default)]
+struct Doubt {
+    applied: u32,
+    broken: u32,
+    first: Option<String>,
+}
+
+impl Doubt {
+    fn count(&mut self, broken: bool, why: impl FnOnce() -> String) {
+        self.applied += 1;
+        if broken {
+            self.broken += 1;
+            self.first.get_or_insert_with(why);
+        }
+    }
+
+    fn verdict(&mut self) -> Result<(), String> {
+        match self.first.take() {
+            Some(why) if self.broken == self.applied => Err(why),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The types' own sizes say where their objects' contents start: a code object's bytecode
@@ -398,6 +435,7 @@ fn check_code<M: Memory>(
     types: &Types,
     code: u64,
     units: Option<i64>,
+    doubts: &mut Doubts,
 ) -> Result<(), String> {
     let mut names = Vec::new();
     for (offset, what) in [
@@ -419,17 +457,20 @@ fn check_code<M: Memory>(
     }
     if py.minor >= 11 {
         // `co_name` is the word before `co_qualname` (3.11 to 3.14), and a qualified name
-        // ends with its name.
+        // ends with its name (but where a tool replaced one: a doubt).
         let string = read.field(code, py.code_qualname - 8, "a code object's co_name")?;
         let name = read_str(read, py, types, string)
             .map_err(|why| format!("a code object's co_name is not a str as laid out: {why}"))?;
-        if !(qualname == &name || qualname.ends_with(&format!(".{name}"))) {
-            return Err(format!(
-                "a code object's co_qualname (code_qualname at {}) {qualname:?} does not end \
-                 with its co_name {name:?}",
-                py.code_qualname
-            ));
-        }
+        doubts.names.count(
+            !(qualname == &name || qualname.ends_with(&format!(".{name}"))),
+            || {
+                format!(
+                    "no code object's co_qualname (code_qualname at {}) ends with its co_name \
+                     ({qualname:?}, {name:?})",
+                    py.code_qualname
+                )
+            },
+        );
     }
     let linetable = read.field(code, py.code_linetable, "a code object's line table")?;
     check_bytes(read, py, types, linetable).map_err(|why| {
@@ -441,8 +482,16 @@ fn check_code<M: Memory>(
     let firstlineno = read
         .u32(code + u64::from(py.code_firstlineno))
         .ok_or("a code object's first line cannot be read")? as i32;
-    // A module's code starts at line 1.
-    if !(0..100_000_000).contains(&firstlineno) || (qualname == "<module>" && firstlineno != 1) {
+    if qualname == "<module>" {
+        // A module's code starts at line 1 (but where a tool replaced it: a doubt).
+        doubts.modules.count(firstlineno != 1, || {
+            format!(
+                "no module's first line (code_firstlineno at {}) is 1 ({firstlineno})",
+                py.code_firstlineno
+            )
+        });
+    }
+    if !(0..100_000_000).contains(&firstlineno) {
         return Err(format!(
             "a code object's first line (code_firstlineno at {}) is {firstlineno}",
             py.code_firstlineno
@@ -541,4 +590,24 @@ fn check_bytes<M: Memory>(
         return Err("no NUL after its size (bytes_data)".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rule one code object breaks (a tool's `code.replace`) leaves the layout; every
+    /// one breaking it refuses it, with the first reason.
+    #[test]
+    fn a_doubt_refuses_only_where_every_object_breaks_its_rule() {
+        let mut doubt = Doubt::default();
+        doubt.count(false, || "first".into());
+        doubt.count(true, || "second".into());
+        assert_eq!(doubt.verdict(), Ok(()));
+        let mut doubt = Doubt::default();
+        doubt.count(true, || "first".into());
+        doubt.count(true, || "second".into());
+        assert_eq!(doubt.verdict(), Err("first".into()));
+        assert_eq!(Doubt::default().verdict(), Ok(()));
+    }
 }
