@@ -1,12 +1,13 @@
 //! A layout checked against the process's own objects before the probes read a stack with
 //! it: userspace walks what the probes will walk (the interpreter, every thread state,
 //! each thread's frames, their code objects, names and line tables) through
-//! `/proc/PID/mem` while the process is stopped, and each object must be what the layout
-//! says it is. A wrong offset reads another field, whose value fails one of these: a
-//! thread state points back at its interpreter, its `thread_id` is a `pthread_t` (glibc's
-//! and musl's thread control block starts with a pointer to itself), a frame's code object
-//! has `PyCode_Type` as its type, its names are `str`s whose length ends at their NUL, its
-//! line table a `bytes` whose size does too, its instruction lies inside its bytecode.
+//! `/proc/PID/mem`, and each object must be what the layout says it is. A wrong offset
+//! reads another field, whose value fails one of these: the types' own sizes put the
+//! contents where the layout does, a thread state points back at its interpreter, its
+//! `thread_id` is a `pthread_t` (glibc's and musl's thread control block starts with a
+//! pointer to itself), a frame's code object has `PyCode_Type` as its type and its
+//! instruction lies inside its bytecode, its names are `str`s whose length ends at their
+//! NUL, its line table a `bytes` whose size does too. docs/python-stacks.md lists them all.
 
 use std::{collections::HashSet, fs::File, os::unix::fs::FileExt};
 
