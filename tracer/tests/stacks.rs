@@ -61,26 +61,38 @@ impl Python {
         })
     }
 
-    fn chroot(root: &Path) -> Python {
-        let seen = PathBuf::from(format!("/tmp/cudatrace-stacks-{}", std::process::id()));
+    /// `python` (`/usr/bin/python3`, `/usr/bin/python3.14`) in the root `root`.
+    fn chroot(root: &Path, label: &str, python: &str, minor: u32) -> Python {
+        let seen = PathBuf::from(format!(
+            "/tmp/cudatrace-stacks-{label}-{}",
+            std::process::id()
+        ));
         let host_dir = root.join(seen.strip_prefix("/").unwrap());
         std::fs::create_dir_all(&host_dir).unwrap();
         Python {
-            label: "trixie-3.13".into(),
-            command: vec![
-                "chroot".into(),
-                root.display().to_string(),
-                "/usr/bin/python3".into(),
-            ],
+            label: label.into(),
+            command: vec!["chroot".into(), root.display().to_string(), python.into()],
             host_dir,
             seen_dir: seen,
-            minor: 13,
+            minor,
         }
     }
 
     /// Copies `script` and the stand-in library where the interpreter sees them, and runs it
     /// under `cudatrace run ARGS`: the trace and what the script recorded.
     fn trace(&self, script: &str, cudatrace: &[&str], script_args: &[&str]) -> Traced {
+        let quiet: Vec<&str> = ["-q"].iter().chain(cudatrace).copied().collect();
+        self.trace_with(script, &quiet, script_args, &[])
+    }
+
+    /// [`Python::trace`] without `-q` in `cudatrace`'s own arguments, with `env` set.
+    fn trace_with(
+        &self,
+        script: &str,
+        cudatrace: &[&str],
+        script_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Traced {
         let standin = standin();
         std::fs::copy(scripts().join(script), self.host_dir.join(script)).unwrap();
         std::fs::copy(&standin.lib, self.host_dir.join("libcuda.so.1")).unwrap();
@@ -89,7 +101,8 @@ impl Python {
         let _ = std::fs::remove_file(&recorded);
         let seen = |name: &str| self.seen_dir.join(name).display().to_string();
         let output = Command::new(CUDATRACE)
-            .args(["run", "-q", "--missing-probes", "ignore", "-o"])
+            .envs(env.iter().copied())
+            .args(["run", "--missing-probes", "ignore", "-o"])
             .arg(&trace)
             .args(cudatrace)
             .arg("--")
@@ -114,7 +127,11 @@ impl Python {
         let recorded = std::fs::read_to_string(&recorded)
             .map(|text| serde_json::from_str(&text).unwrap())
             .unwrap_or(Value::Null);
-        Traced { lines, recorded }
+        Traced {
+            lines,
+            recorded,
+            stderr: stderr(&output),
+        }
     }
 
     /// The script's path as its frames name it.
@@ -126,6 +143,7 @@ impl Python {
 struct Traced {
     lines: Vec<Value>,
     recorded: Value,
+    stderr: String,
 }
 
 /// A frame as the trace and the script give it: file, qualified name, line.
@@ -313,8 +331,20 @@ fn marked(script: &str, name: &str) -> u64 {
         + 1
 }
 
-/// The interpreters this machine has; Debian's 3.11, pyenv's 3.11.7 and the trixie chroot
-/// are required.
+/// Whether `path` is there; in CI (`CI=true`) it must be: a test whose interpreter is
+/// missing there fails rather than passing without it.
+fn present(path: &Path) -> bool {
+    let there = path.exists();
+    assert!(
+        there || std::env::var("CI").as_deref() != Ok("true"),
+        "CI: {} is missing (pyenv's interpreters; `cargo xtask pythons` makes the Debian ones)",
+        path.display()
+    );
+    there
+}
+
+/// The interpreters this machine has; Debian's 3.11, pyenv's 3.11.7 and the trixie root's
+/// 3.13 and 3.14 are required, pyenv's others where the machine has them (and in CI).
 fn pythons() -> Vec<Python> {
     let pyenv = |version: &str| {
         format!(
@@ -327,19 +357,26 @@ fn pythons() -> Vec<Python> {
         Python::host("pyenv-3.11.7", &pyenv("3.11.7"), 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
     ];
     let root = trixie();
-    assert!(
-        root.join("usr/bin/python3").exists(),
-        "no Debian trixie root at {}: `cargo xtask test` makes it (debootstrap), or set \
-         CUDATRACE_TEST_TRIXIE",
-        root.display()
-    );
-    found.push(Python::chroot(&root));
+    for (python, label, minor) in [
+        ("usr/bin/python3", "trixie-3.13", 13),
+        ("usr/bin/python3.14", "sid-3.14", 14),
+    ] {
+        assert!(
+            root.join(python).exists(),
+            "no {python} in the Debian root at {}: `cargo xtask pythons` makes it \
+             (debootstrap, apt-get download), or set CUDATRACE_TEST_TRIXIE",
+            root.display()
+        );
+        found.push(Python::chroot(&root, label, &format!("/{python}"), minor));
+    }
     for (version, minor) in [("3.10.13", 10), ("3.12.1", 12), ("3.13.0", 13)] {
-        found.extend(Python::host(
-            &format!("pyenv-{version}"),
-            &pyenv(version),
-            minor,
-        ));
+        if present(Path::new(&pyenv(version))) {
+            found.extend(Python::host(
+                &format!("pyenv-{version}"),
+                &pyenv(version),
+                minor,
+            ));
+        }
     }
     found
 }
@@ -363,6 +400,23 @@ fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
                 .starts_with(&format!("3.{}", python.minor)),
             "{interpreter}"
         );
+        // Checked when the script opened the library: `<module>` calling `CDLL.__init__`
+        // (which calls `CDLL._load_library` from 3.14) on the one thread; CPython's own
+        // offsets from 3.13, the same as the table's.
+        let frames = if python.minor >= 14 { 3 } else { 2 };
+        assert_eq!(
+            interpreter["checked"],
+            serde_json::json!({"thread_states": 1, "frames": frames, "code_objects": frames}),
+            "{}",
+            python.label
+        );
+        let offsets = if python.minor >= 13 {
+            "debug_offsets"
+        } else {
+            "table"
+        };
+        assert_eq!(interpreter["offsets"], offsets, "{}", python.label);
+        assert!(interpreter.get("table_differs").is_none(), "{interpreter}");
 
         // Known lines through known classes, checked by number too.
         let file = python.script(script);
@@ -449,6 +503,210 @@ fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
             .collect();
         assert_eq!(names, expected, "{}", python.label);
     }
+}
+
+/// A wrong layout (one field of cudatrace's table moved by the tests' hook) gives no stack:
+/// the check on the live process refuses it before the probes read a frame, says why in
+/// the `interpreter` line and once on stderr, and every call is counted
+/// `unsupported_python`. A field the file's own `_Py_DebugOffsets` give (3.13+) is taken
+/// from them instead: the stacks stay exact and the difference is said.
+#[test]
+fn a_wrong_layout_gives_no_stacks_and_says_why() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_target.py";
+    let shift = "CUDATRACE_TEST_LAYOUT_SHIFT";
+    let failing = "its layout fails the check on the live process: ";
+    for python in pythons() {
+        let label = &python.label;
+        // No interpreter's debug offsets give `tstate_interp` (16 in every version).
+        let traced = python.trace_with(script, &["--stacks"], &[], &[(shift, "tstate_interp+8")]);
+        let reason = format!(
+            "{failing}a thread state does not point back at its interpreter (tstate_interp at 24)"
+        );
+        assert_refused(&traced, label, &reason, "tstate_interp+8");
+
+        let traced = python.trace_with(script, &["--stacks"], &[], &[(shift, "frame_code+8")]);
+        let frame_code = match python.minor {
+            10 | 11 => 32,
+            _ => 0,
+        };
+        if python.minor >= 13 {
+            assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+            let interpreter = traced.interpreter();
+            assert_eq!(interpreter["stacks"], true, "{label}");
+            assert_eq!(interpreter["offsets"], "debug_offsets", "{label}");
+            let differs = "frame_code: 0 in the file, 8 in the table";
+            assert_eq!(
+                interpreter["table_differs"],
+                serde_json::json!([differs]),
+                "{label}"
+            );
+            assert_eq!(
+                traced
+                    .stderr
+                    .matches(&format!(
+                        "its _Py_DebugOffsets differ from cudatrace's table for 3.{} ({differs}): \
+                         the file's are used",
+                        python.minor
+                    ))
+                    .count(),
+                1,
+                "{label}: {}",
+                traced.stderr
+            );
+        } else {
+            let reason = format!(
+                "{failing}a frame's code object (frame_code at {}, code_ob_type at 8) is not of \
+                 type code",
+                frame_code + 8
+            );
+            assert_refused(&traced, label, &reason, "frame_code+8");
+        }
+    }
+}
+
+/// An interpreter looked at before it is initialised (libcuda preloaded: opened by the
+/// loader) has no frame to check then: it is checked at its first stack, while it runs. The
+/// right layout keeps its stacks; a wrong one is refused then, said in a second
+/// `interpreter` line, and the stacks walked with it are dropped, counted.
+#[test]
+fn a_layout_unchecked_at_first_is_checked_at_the_first_stack() {
+    let Some(_guard) = root() else { return };
+    let standin = standin();
+    let dir = scratch("stacks-preloaded");
+    let script = scripts().join("stacks_preloaded.py");
+    let trace = |name: &str, env: &[(&str, &str)]| {
+        let path = dir.join(name);
+        let output = Command::new(CUDATRACE)
+            .envs(env.iter().copied())
+            .args(["run", "--stacks", "--missing-probes", "ignore", "-o"])
+            .arg(&path)
+            .args(["--", "env"])
+            .arg(format!("LD_PRELOAD={}", standin.lib.display()))
+            .arg("/usr/bin/python3.11")
+            .arg(&script)
+            .arg(&standin.lib)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        (read_trace(&path), stderr(&output))
+    };
+    let of_type = |lines: &[Value], kind: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter(|l| l["type"] == kind)
+            .cloned()
+            .collect()
+    };
+    let unchecked = serde_json::json!({"thread_states": 0, "frames": 0, "code_objects": 0});
+
+    let (lines, _) = trace("right.jsonl", &[]);
+    let interpreters = of_type(&lines, "interpreter");
+    assert_eq!(interpreters.len(), 1, "{interpreters:?}");
+    assert_eq!(interpreters[0]["stacks"], true);
+    assert_eq!(interpreters[0]["checked"], unchecked);
+    let stacks = of_type(&lines, "stack");
+    let file = script.display().to_string();
+    let frames: Vec<Value> = stacks
+        .iter()
+        .map(|stack| {
+            let frame = &stack["frames"][0];
+            serde_json::json!([frame["file"], frame["qualname"], frame["line"]])
+        })
+        .collect();
+    let line = |name| serde_json::json!([file, "<module>", marked("stacks_preloaded.py", name)]);
+    assert_eq!(frames, [line("first"), line("second")]);
+    assert_eq!(lines.last().unwrap()["stacks"]["calls"], 2);
+
+    let (lines, stderr) = trace(
+        "wrong.jsonl",
+        &[("CUDATRACE_TEST_LAYOUT_SHIFT", "code_qualname+8")],
+    );
+    let interpreters = of_type(&lines, "interpreter");
+    assert_eq!(interpreters.len(), 2, "{interpreters:?}");
+    assert_eq!(
+        (&interpreters[0]["stacks"], &interpreters[0]["checked"]),
+        (&Value::Bool(true), &unchecked)
+    );
+    let reason = "its layout fails the check on the live process: a code object's co_qualname \
+                  (code_qualname at 136) is not a str as laid out: its type is not str";
+    assert_eq!(
+        (
+            interpreters[1]["stacks"].as_bool(),
+            interpreters[1]["reason"].as_str()
+        ),
+        (Some(false), Some(reason))
+    );
+    assert_eq!(stderr.matches(reason).count(), 1, "{stderr}");
+    assert!(of_type(&lines, "stack").is_empty());
+    let footer = &lines.last().unwrap()["stacks"];
+    assert_eq!(footer["calls"], 0);
+    for (why, count) in footer["without"].as_object().unwrap() {
+        let expected = if why == "unsupported_python" { 2 } else { 0 };
+        assert_eq!(count, expected, "{why}");
+    }
+}
+
+/// No stack, the reason in the interpreter line and once on stderr, the 15 calls counted.
+fn assert_refused(traced: &Traced, label: &str, reason: &str, shift: &str) {
+    let interpreter = traced.interpreter();
+    assert_eq!(
+        (
+            interpreter["stacks"].as_bool(),
+            interpreter["reason"].as_str()
+        ),
+        (Some(false), Some(reason)),
+        "{label}"
+    );
+    assert_eq!(
+        traced
+            .lines
+            .iter()
+            .filter(|l| l["type"] == "interpreter")
+            .count(),
+        1,
+        "{label}"
+    );
+    assert!(
+        !traced.lines.iter().any(|l| l["type"] == "stack"),
+        "{label}"
+    );
+    let calls: Vec<&Value> = traced
+        .lines
+        .iter()
+        .filter(|l| l["type"] == "call")
+        .collect();
+    assert_eq!(calls.len(), 15, "{label}");
+    assert!(calls.iter().all(|c| c.get("stack").is_none()), "{label}");
+    let footer = traced.footer_stacks();
+    assert_eq!(footer["calls"], 0, "{label}");
+    let without = footer["without"].as_object().unwrap();
+    for (why, count) in without {
+        let expected = if why == "unsupported_python" { 15 } else { 0 };
+        assert_eq!(count, expected, "{label}: {why}");
+    }
+    assert_eq!(
+        traced
+            .stderr
+            .matches(&format!(
+                " cannot be read: {reason}: its calls have no Python stacks"
+            ))
+            .count(),
+        1,
+        "{label}: {}",
+        traced.stderr
+    );
+    assert_eq!(
+        traced
+            .stderr
+            .matches(&format!(
+                "cudatrace: --stacks: CUDATRACE_TEST_LAYOUT_SHIFT moves {shift} in the table"
+            ))
+            .count(),
+        1,
+        "{label}: {}",
+        traced.stderr
+    );
 }
 
 #[test]
@@ -570,6 +828,7 @@ fn launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks() {
             &std::fs::read_to_string(python.host_dir.join("stacks_target.py.json")).unwrap(),
         )
         .unwrap(),
+        stderr: stderr(&output),
     };
     assert_eq!(traced.lines[0]["attach"]["mechanism"], "perf_event");
     let perf = Python {
@@ -936,7 +1195,7 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     let script = scripts().join("stacks_native.py");
     let lib = standin.lib.to_str().unwrap();
     let old = "/root/.pyenv/versions/3.9.18/bin/python3.9";
-    if Path::new(old).exists() {
+    if present(Path::new(old)) {
         let output = run(
             &dir.join("old.jsonl"),
             &["--stacks"],
@@ -965,6 +1224,57 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
             trace.last().unwrap()["stacks"]["without"]["unsupported_python"],
             2
         );
+    }
+
+    // A free-threaded build (`cargo xtask pythons` builds 3.13t from Debian's source):
+    // refused by name, its calls counted.
+    let free_threaded =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("../pythons/3.13t/bin/python3.13t");
+    if present(&free_threaded) {
+        let output = run(
+            &dir.join("free-threaded.jsonl"),
+            &["--stacks"],
+            &[
+                free_threaded.to_str().unwrap(),
+                script.to_str().unwrap(),
+                lib,
+            ],
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let trace = read_trace(&dir.join("free-threaded.jsonl"));
+        let interpreters: Vec<&Value> = trace
+            .iter()
+            .filter(|l| l["type"] == "interpreter")
+            .collect();
+        assert_eq!(interpreters.len(), 1);
+        let reason = "a free-threaded build (3.13t): cudatrace reads the default build only";
+        assert_eq!(
+            (
+                interpreters[0]["python"].as_str().map(|v| &v[..5]),
+                interpreters[0]["stacks"].as_bool(),
+                interpreters[0]["reason"].as_str()
+            ),
+            (Some("3.13."), Some(false), Some(reason))
+        );
+        assert_eq!(
+            stderr(&output)
+                .matches(&format!(
+                    "/3.13t/bin/python3.13t) cannot be read: {reason}: its calls have no \
+                     Python stacks"
+                ))
+                .count(),
+            1,
+            "{}",
+            stderr(&output)
+        );
+        assert_eq!(calls(&trace).len(), 2);
+        assert!(!trace.iter().any(|l| l["type"] == "stack"));
+        let stacks = &trace.last().unwrap()["stacks"];
+        assert_eq!(stacks["calls"], 0);
+        for (why, count) in stacks["without"].as_object().unwrap() {
+            let expected = if why == "unsupported_python" { 2 } else { 0 };
+            assert_eq!(count, expected, "{why}");
+        }
     }
 
     // A thread Python did not start: no thread state; the Python thread's call has its

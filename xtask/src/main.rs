@@ -40,6 +40,10 @@ enum Command {
     /// Benchmarks against the stand-in libcuda (needs root): per-call overhead beside the
     /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
     Bench(bench::BenchOptions),
+    /// Make the interpreters the --stacks root tests trace beyond the machine's own (as
+    /// `test` does): Debian trixie's CPython 3.13, sid's 3.14 and a free-threaded 3.13t
+    /// built from Debian's source (needs root; the 3.13t build takes minutes, once).
+    Pythons,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
         Command::Bench(opts) => bench::bench(&opts),
+        Command::Pythons => pythons::ensure_all(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

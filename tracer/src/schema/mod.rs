@@ -75,7 +75,7 @@ pub use power::{
     ENERGY_FROM_COUNTER, ENERGY_FROM_POWER, NvmlInfo, PowerDevice, PowerInfo, PowerLine,
 };
 pub use process::{ProcessEvent, ProcessLine};
-pub use stack::{InterpreterLine, StackFrame, StackLine};
+pub use stack::{InterpreterLine, LayoutChecked, StackFrame, StackLine};
 
 use serde_json::Value;
 

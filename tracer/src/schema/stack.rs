@@ -92,6 +92,26 @@ pub struct InterpreterLine {
     /// Why not, when `stacks` is false.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Where its offsets came from: `debug_offsets` (3.13+: the file's own
+    /// `_Py_DebugOffsets`, the table for the fields it lacks) or `table`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offsets: Option<String>,
+    /// The fields whose `_Py_DebugOffsets` value differs from cudatrace's table (the
+    /// file's is used): `name: FILE in the file, TABLE in the table`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub table_differs: Vec<String>,
+    /// What the check of the layout on the live process read and found right.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked: Option<LayoutChecked>,
+}
+
+/// The objects of a process the check of its layout read: every thread state, each
+/// thread's Python frames, their distinct code objects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutChecked {
+    pub thread_states: u32,
+    pub frames: u32,
+    pub code_objects: u32,
 }
 
 impl LineType for InterpreterLine {

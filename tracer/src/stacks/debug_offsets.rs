@@ -55,6 +55,22 @@ impl DebugOffsets {
         })
     }
 
+    /// The fields whose value here differs from `table`'s: `name: FILE in the file, TABLE
+    /// in the table`.
+    pub fn differences(&self, table: &PyProcess) -> Vec<String> {
+        self.values
+            .iter()
+            .filter(|(field, value)| u64::from(field.get(table)) != *value)
+            .map(|(field, value)| {
+                format!(
+                    "{}: {value} in the file, {} in the table",
+                    field.name,
+                    field.get(table)
+                )
+            })
+            .collect()
+    }
+
     /// `py` (the table's layout) with every field the debug offsets give taken from them,
     /// and every field derived from one of those derived again. `None` when a value does
     /// not fit where the walk reads it (a layout the probes cannot read in one piece).
@@ -115,6 +131,27 @@ mod tests {
             }
             assert_ne!(unknown, expected);
             assert_eq!(offsets.apply(unknown), Some(expected), "3.{minor}");
+            assert_eq!(offsets.differences(&expected), Vec::<String>::new());
+            let mut moved = expected;
+            moved.tstate_frame += 8;
+            moved.code_qualname -= 8;
+            assert_eq!(
+                offsets.differences(&moved),
+                [
+                    format!(
+                        "tstate_frame: {0} in the file, {1} in the table",
+                        expected.tstate_frame,
+                        expected.tstate_frame + 8
+                    ),
+                    format!(
+                        "code_qualname: {0} in the file, {1} in the table",
+                        expected.code_qualname,
+                        expected.code_qualname - 8
+                    ),
+                ],
+                "3.{minor}"
+            );
+            assert_eq!(offsets.apply(moved), Some(expected), "3.{minor}");
         }
     }
 
@@ -144,9 +181,17 @@ mod tests {
         for path in [
             "/root/.pyenv/versions/3.13.0/lib/libpython3.13.so.1.0".to_owned(),
             format!("{trixie}/usr/bin/python3.13"),
+            format!("{trixie}/usr/bin/python3.14"),
         ] {
             let path = std::path::Path::new(&path);
             let Ok(bytes) = std::fs::read(path) else {
+                // In CI (`CI=true`) every one must be there.
+                assert_ne!(
+                    std::env::var("CI").as_deref(),
+                    Ok("true"),
+                    "CI: {} is missing",
+                    path.display()
+                );
                 continue;
             };
             let file = elf::read(&bytes, path).unwrap();

@@ -15,6 +15,9 @@ pub struct InterpreterFile {
     /// `&_PyRuntime` and `&PyCode_Type`, as link-time addresses.
     pub runtime: u64,
     pub code_type: Option<u64>,
+    /// `&PyUnicode_Type` and `&PyBytes_Type`, for the check on the live process.
+    pub str_type: Option<u64>,
+    pub bytes_type: Option<u64>,
     /// `PY_VERSION_HEX` from `Py_Version` (3.11+).
     pub version_hex: Option<u32>,
     /// The start of `_PyRuntime` as the file initialises it.
@@ -74,6 +77,8 @@ pub fn read(bytes: &[u8], path: &Path) -> Result<InterpreterFile, NotInterpreter
     Ok(InterpreterFile {
         runtime,
         code_type: symbol("PyCode_Type"),
+        str_type: symbol("PyUnicode_Type"),
+        bytes_type: symbol("PyBytes_Type"),
         version_hex,
         runtime_bytes: read_at(runtime, DEBUG_OFFSETS_READ).unwrap_or_default(),
         relocatable: file.kind() != object::ObjectKind::Executable,
@@ -135,6 +140,7 @@ mod tests {
         assert_eq!(file.version_hex.map(|v| v >> 16), Some(0x030b));
         assert!(!file.relocatable);
         assert!(file.code_type.is_some());
+        assert!(file.str_type.is_some() && file.bytes_type.is_some());
         assert!(!file.debug_build);
     }
 

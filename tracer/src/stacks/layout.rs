@@ -264,9 +264,54 @@ impl Field {
 }
 
 /// The row named `name`.
-#[cfg(test)]
 pub fn field(name: &str) -> Option<&'static Field> {
     FIELDS.iter().find(|field| field.name == name)
+}
+
+/// The environment variable of the test hook [`Shift`]. A test's, not a user's: every
+/// layout it moves is said on stderr, and docs/python-stacks.md names it.
+pub const SHIFT_ENV: &str = "CUDATRACE_TEST_LAYOUT_SHIFT";
+
+/// `FIELD+N` or `FIELD-N`: the table's value of one field moved by N bytes, as a table
+/// gone wrong would have it (the tests' wrong layout: the check on the live process must
+/// refuse it, or `_Py_DebugOffsets` correct it and say so).
+#[derive(Debug)]
+pub struct Shift {
+    field: &'static Field,
+    by: i64,
+}
+
+impl Shift {
+    pub fn parse(text: &str) -> Result<Shift, String> {
+        let at = text
+            .find(['+', '-'])
+            .ok_or_else(|| format!("{SHIFT_ENV}={text}: not FIELD+N or FIELD-N"))?;
+        let field = field(&text[..at])
+            .ok_or_else(|| format!("{SHIFT_ENV}={text}: no field {:?}", &text[..at]))?;
+        let by: i64 = text[at..]
+            .strip_prefix('+')
+            .unwrap_or(&text[at..])
+            .parse()
+            .map_err(|_| format!("{SHIFT_ENV}={text}: not FIELD+N or FIELD-N"))?;
+        Ok(Shift { field, by })
+    }
+
+    /// Moves the field in `py` (a field the minor lacks stays absent).
+    pub fn apply(&self, py: &mut PyProcess) {
+        let value = self.field.get(py);
+        if value != NO_FIELD {
+            self.field.set(
+                py,
+                (i64::from(value) + self.by).clamp(0, i64::from(u32::MAX - 1)) as u32,
+            );
+        }
+    }
+}
+
+impl std::fmt::Display for Shift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{:+}", self.field.name, self.by)
+    }
 }
 
 /// The layout of `3.minor` from the table (addresses and generation left 0).
@@ -320,6 +365,30 @@ mod tests {
         let mut lasti = table(10).unwrap();
         lasti.frame_instr = 100;
         assert!(fits(&lasti));
+    }
+
+    #[test]
+    fn a_shift_moves_one_field_of_the_table() {
+        let shift = Shift::parse("frame_code+8").unwrap();
+        assert_eq!(shift.to_string(), "frame_code+8");
+        let mut py = table(12).unwrap();
+        shift.apply(&mut py);
+        assert_eq!(
+            py,
+            PyProcess {
+                frame_code: 8,
+                ..table(12).unwrap()
+            }
+        );
+        Shift::parse("tstate_interp-8").unwrap().apply(&mut py);
+        assert_eq!(py.tstate_interp, 8);
+        // 3.10 has no owner: none is made.
+        let mut old = table(10).unwrap();
+        Shift::parse("frame_owner+1").unwrap().apply(&mut old);
+        assert_eq!(old, table(10).unwrap());
+        for wrong in ["frame_code", "frame_code+x", "no_field+8", "+8"] {
+            assert!(Shift::parse(wrong).is_err(), "{wrong}");
+        }
     }
 
     /// What a derived field follows from is a row `_Py_DebugOffsets` gives in every minor

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `interpreters.rs` | each process's interpreter: found, checked, given to the probes (`PYPROC`), said once |
 //! | `elf.rs` | an interpreter file: `_PyRuntime`, `PyCode_Type`, its version, its debug offsets |
+//! | `check.rs` | a layout checked against the process's own objects before the probes use it |
 //! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
 //! | `debug_offsets.rs` | CPython's own `_Py_DebugOffsets` (3.13+), laid over the table |
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
@@ -16,6 +17,7 @@
 //! | `long_linetable.rs` | a line table over a code record's 16 KiB: read from the process, under the code object's identity |
 
 mod btf;
+mod check;
 mod debug_offsets;
 mod elf;
 mod fault_in;
@@ -30,7 +32,7 @@ use std::path::Path;
 use aya::maps::{MapData, PerCpuArray};
 use tracer_common::{
     AttachEvent, attach_event, flags,
-    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter},
+    stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter, stack_status},
 };
 
 pub use btf::fsbase_offset;
@@ -112,9 +114,24 @@ impl Stacks {
             // A process no stop showed (a fork child under --all): looked at now.
             lines.push(StackLines::Interpreter(line));
         }
-        let no_interpreter = match self.interpreters.found(pid) {
-            Some(Found::Unsupported) => Reason::UnsupportedPython,
-            _ => Reason::NotPython,
+        if event.status == stack_status::OK
+            && let Some(line) = self.interpreters.recheck(pid, event.header.ts_ns)
+        {
+            // Its check had no frame to read at first; its layout fails now.
+            lines.push(StackLines::Interpreter(line));
+        }
+        let (no_interpreter, refused) = match self.interpreters.found(pid) {
+            Some(Found::Unsupported) => (Reason::UnsupportedPython, true),
+            _ => (Reason::NotPython, false),
+        };
+        // Walked with a layout refused since: no frame of it is used.
+        let event = &StackEvent {
+            status: if refused {
+                stack_status::NO_INTERPRETER
+            } else {
+                event.status
+            },
+            ..*event
         };
         if let Some(line) = self.resolver.stack(event, frames, no_interpreter) {
             lines.push(StackLines::Stack(line));
