@@ -68,6 +68,8 @@ pub struct Interpreters {
     /// Its link per process, at `PyCode_Type`'s deallocator, until the process execs or
     /// exits.
     free_probes: HashMap<u32, MultiLink>,
+    /// Processes to link it for at their first stack.
+    free_pending: HashSet<u32>,
 }
 
 /// A process's layout to check again.
@@ -87,6 +89,7 @@ impl Interpreters {
         Interpreters {
             code_freed,
             free_probes: HashMap::new(),
+            free_pending: HashSet::new(),
             map,
             files: HashMap::new(),
             processes: HashMap::new(),
@@ -128,6 +131,7 @@ impl Interpreters {
         };
         let _ = self.map.remove(&pid);
         self.free_probes.remove(&pid);
+        self.free_pending.remove(&pid);
         Some(self.refuse(
             pid,
             ts_ns,
@@ -292,28 +296,52 @@ impl Interpreters {
         self.processes.remove(&pid);
         self.unchecked.remove(&pid);
         self.free_probes.remove(&pid);
+        self.free_pending.remove(&pid);
     }
 
-    /// Where the interpreter counts its own code objects freed only from 3.14 on: links
-    /// `py_code_freed` to `PyCode_Type`'s deallocator in `pid` (its memory only), so that
-    /// the count stands for the code identities and a known stack costs one read a frame
-    /// less. Without the link (no uprobe_multi, the deallocator not found) the walk reads
-    /// each frame's identity, as exact and slower.
-    fn count_frees(&mut self, pid: u32, mut py: PyProcess) -> PyProcess {
+    /// Where the interpreter counts its own code objects freed only from 3.14 on, cudatrace
+    /// counts them (`py_code_freed`), so that the count stands for the code identities and
+    /// a known stack costs one read a frame less. Not from the start: an interpreter frees
+    /// a code object per module imported (64,225 traps in a GPT-2 run, most of them before
+    /// its first CUDA call), so the probe is linked at the process's first stack
+    /// ([`Self::first_stack`]); until then identities are read per frame.
+    fn count_frees(&mut self, pid: u32, py: PyProcess) -> PyProcess {
         self.free_probes.remove(&pid);
-        if py.flags & py_flags::IDENT_PER_FRAME == 0 {
-            return py;
+        self.free_pending.remove(&pid);
+        if py.flags & py_flags::IDENT_PER_FRAME != 0
+            && self.code_freed.is_some()
+            && std::env::var_os(IDENT_PER_FRAME_ENV).is_none()
+        {
+            self.free_pending.insert(pid);
         }
-        let Some(program) = &self.code_freed else {
-            return py;
+        py
+    }
+
+    /// `pid` sent its first stack: `py_code_freed` is linked to `PyCode_Type`'s deallocator
+    /// in its memory alone, and the probes get its layout again with the count on (a new
+    /// process image: what was cached under identities read per frame is not reused).
+    /// Without the link (no uprobe_multi, the deallocator not found) the walk goes on
+    /// reading each frame's identity, as exact and slower.
+    pub fn first_stack(&mut self, pid: u32) {
+        if !self.free_pending.remove(&pid) {
+            return;
+        }
+        let (Some(program), Ok(mut py)) = (&self.code_freed, self.map.get(&pid, 0)) else {
+            return;
         };
-        if std::env::var_os(IDENT_PER_FRAME_ENV).is_some() {
-            return py;
-        }
-        match free_probe(program.as_fd(), pid, &py) {
+        let linked = free_probe(program.as_fd(), pid, &py).and_then(|link| {
+            py.flags |= py_flags::FREE_PROBE;
+            py.code_frees = 0;
+            py.generation = self.next_generation;
+            self.next_generation += 1;
+            self.map
+                .insert(pid, py, 0)
+                .context("giving the layout to the probes again (PYPROC)")?;
+            Ok(link)
+        });
+        match linked {
             Ok(link) => {
                 self.free_probes.insert(pid, link);
-                py.flags |= py_flags::FREE_PROBE;
             }
             Err(error) => {
                 let reason = format!("{error:#}");
@@ -326,7 +354,6 @@ impl Interpreters {
                 );
             }
         }
-        py
     }
 
     /// Writes `py` for `pid`, keeping the process image the kernel gave a fork child when

@@ -120,6 +120,9 @@ impl Stacks {
             // Its check had no frame to read at first; its layout fails now.
             lines.push(StackLines::Interpreter(line));
         }
+        if event.status == stack_status::OK {
+            self.interpreters.first_stack(pid);
+        }
         let (no_interpreter, refused) = match self.interpreters.found(pid) {
             Some(Found::Unsupported) => (Reason::UnsupportedPython, true),
             _ => (Reason::NotPython, false),
