@@ -60,6 +60,8 @@ pub const CODE_READ: usize = 256;
 pub const STR_READ: usize = 48;
 /// Bytes of a code object a 3.10/3.11 identity fingerprint covers.
 pub const FINGERPRINT_LEN: usize = 128;
+/// Entries of the probes' `KNOWN_CODES` map: the code objects of stacks known by their hash.
+pub const KNOWN_CODES_MAX: u32 = 65536;
 
 /// Bits of [`PyProcess::flags`].
 pub mod py_flags {

@@ -8,12 +8,12 @@
 use aya_ebpf::{helpers::generated, macros::uprobe, programs::ProbeContext};
 use tracer_common::stacks::{
     CODE_READ, CodeEvent, CodeHead, FILENAME_CAP, LINETABLE_CAP, MAX_STACK_FRAMES, NO_FIELD,
-    PyProcess, QUALNAME_CAP, STR_READ, code_flags, stack_counter, stack_flags, stack_prog,
-    stack_status,
+    PyProcess, QUALNAME_CAP, STR_READ, code_flags, py_flags, stack_counter, stack_flags,
+    stack_prog, stack_status,
 };
 
 use super::{
-    CODES_SEEN, CodeKey, CodeSeen, PYPROC, STACKS_SEEN, Scratch, StackKey, bump,
+    CODES_SEEN, CodeKey, CodeSeen, KNOWN_CODES, PYPROC, STACKS_SEEN, Scratch, StackKey, bump,
     read::{Buf, mask, read_user},
     scratch_of_current, send, tail_call, unique_id,
     walk::identity,
@@ -88,10 +88,38 @@ fn finish(scratch: &mut Scratch, ended: Ended) -> u32 {
         generation: scratch.event.generation,
         hash: scratch.event.hash,
     };
-    if send(scratch, status, flags, false) && whole {
+    if send(scratch, status, flags, false) && whole && codes_known(scratch) {
         let _ = STACKS_SEEN.insert(&key, &1, 0);
     }
     0
+}
+
+/// Where the count of code objects freed stands for identities (`py_flags::FREE_PROBE`),
+/// each code object of a stack about to be known goes into `KNOWN_CODES`, so that freeing
+/// it moves the count. False where one could not: the stack stays unknown.
+#[inline(always)]
+fn codes_known(scratch: &mut Scratch) -> bool {
+    let Some(py) = PYPROC.get_ptr(scratch.tgid) else {
+        return false;
+    };
+    // SAFETY: a map value.
+    let py = unsafe { &*py };
+    if py.flags & py_flags::FREE_PROBE == 0 {
+        return true;
+    }
+    for index in 0..MAX_STACK_FRAMES {
+        if index as u32 >= scratch.event.nframes {
+            break;
+        }
+        let key = CodeKey {
+            generation: scratch.event.generation,
+            code: scratch.frame(index as u64).code,
+        };
+        if KNOWN_CODES.insert(&key, &1, 0).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Names each frame's code object by the record that read it, where it was seen before;

@@ -95,6 +95,16 @@ pub struct CodeSeen {
 #[map]
 static CODES_SEEN: LruHashMap<CodeKey, CodeSeen> = LruHashMap::with_max_entries(65536, 0);
 
+/// Where `py_code_freed` counts (`py_flags::FREE_PROBE`): the code objects of the stacks
+/// known by their hash, by address in a process image. Freeing one of them moves the
+/// process's count, so every stack known under the old count is read again; freeing any
+/// other code object (the many a program compiles, evaluates and drops) moves nothing. A
+/// stack is known only once each of its code objects is here (a full map leaves it
+/// unknown); the loader removes a process image's entries when it exits.
+#[map]
+pub static KNOWN_CODES: HashMap<CodeKey, u32> =
+    HashMap::with_max_entries(tracer_common::stacks::KNOWN_CODES_MAX, 0);
+
 /// What `stack_threads` looks for: the calling thread's state in the list from `head`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -281,13 +291,26 @@ pub fn ident_per_frame(py: &PyProcess) -> bool {
 /// object from now on. Counted before the memory is freed, so a walk that finds a new code
 /// object at an old address always reads the new count.
 #[uprobe]
-pub fn py_code_freed(_ctx: ProbeContext) -> u32 {
+pub fn py_code_freed(ctx: ProbeContext) -> u32 {
     let Some((tgid, _)) = crate::maps::current_ids() else {
         return 0;
     };
-    if let Some(py) = PYPROC.get_ptr_mut(tgid) {
+    let Some(py) = PYPROC.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    // `tp_dealloc(PyObject *self)`: the code object.
+    let Some(code) = ctx.arg::<u64>(0) else {
+        return 0;
+    };
+    // SAFETY: a map value.
+    let key = CodeKey {
+        generation: unsafe { (*py).generation },
+        code,
+    };
+    if unsafe { KNOWN_CODES.get(&key) }.is_some() {
         // Other CPUs may count at once.
         crate::maps::atomic_add(unsafe { &raw mut (*py).code_frees }, 1);
+        let _ = KNOWN_CODES.remove(&key);
     }
     0
 }

@@ -50,6 +50,8 @@ pub struct StackMaps {
     pub interpreters: BpfHashMap<MapData, u32, PyProcess>,
     /// The stack programs' counters.
     pub counters: PerCpuArray<MapData, u64>,
+    /// The code objects of known stacks, by (process image, address): `KNOWN_CODES`.
+    pub known_codes: BpfHashMap<MapData, [u64; 2], u32>,
 }
 
 impl LoadedObject {
@@ -67,6 +69,7 @@ impl LoadedObject {
                     .context("loading the stack programs (--stacks)")?,
                 interpreters: maps::take_map(&mut bpf, "PYPROC")?,
                 counters: maps::take_map(&mut bpf, "STACK_COUNTERS")?,
+                known_codes: maps::take_map(&mut bpf, "KNOWN_CODES")?,
             }),
             None => None,
         };

@@ -63,8 +63,12 @@ pub struct Interpreters {
     /// Processes whose check found no frame to read (an interpreter not initialised yet,
     /// idle threads): checked again at their first stack.
     unchecked: HashMap<u32, Unchecked>,
-    /// `py_code_freed`, when the kernel can link it to one process (uprobe_multi).
-    code_freed: Option<OwnedFd>,
+    /// `py_code_freed`, when the kernel can link it to one process (uprobe_multi), and the
+    /// map of the code objects it counts (`KNOWN_CODES`).
+    code_freed: Option<(OwnedFd, BpfHashMap<MapData, [u64; 2], u32>)>,
+    /// The process image each process got with the count on: its `KNOWN_CODES` entries
+    /// are removed when it execs or exits.
+    counted: HashMap<u32, u64>,
     /// Its link per process, at `PyCode_Type`'s deallocator, until the process execs or
     /// exits.
     free_probes: HashMap<u32, MultiLink>,
@@ -83,11 +87,12 @@ struct Unchecked {
 impl Interpreters {
     pub fn new(
         map: BpfHashMap<MapData, u32, PyProcess>,
-        code_freed: Option<OwnedFd>,
+        code_freed: Option<(OwnedFd, BpfHashMap<MapData, [u64; 2], u32>)>,
         quiet: bool,
     ) -> Self {
         Interpreters {
             code_freed,
+            counted: HashMap::new(),
             free_probes: HashMap::new(),
             free_pending: HashSet::new(),
             map,
@@ -132,6 +137,7 @@ impl Interpreters {
         let _ = self.map.remove(&pid);
         self.free_probes.remove(&pid);
         self.free_pending.remove(&pid);
+        self.forget_known_codes(pid);
         Some(self.refuse(
             pid,
             ts_ns,
@@ -297,6 +303,25 @@ impl Interpreters {
         self.unchecked.remove(&pid);
         self.free_probes.remove(&pid);
         self.free_pending.remove(&pid);
+        self.forget_known_codes(pid);
+    }
+
+    /// Removes the `KNOWN_CODES` entries of `pid`'s process image with the count on (the
+    /// kernel keeps them until then: a full map leaves later stacks unknown).
+    fn forget_known_codes(&mut self, pid: u32) {
+        let (Some(generation), Some((_, known))) =
+            (self.counted.remove(&pid), &mut self.code_freed)
+        else {
+            return;
+        };
+        let keys: Vec<[u64; 2]> = known
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| key[0] == generation)
+            .collect();
+        for key in keys {
+            let _ = known.remove(&key);
+        }
     }
 
     /// Where the interpreter counts its own code objects freed only from 3.14 on, cudatrace
@@ -308,6 +333,7 @@ impl Interpreters {
     fn count_frees(&mut self, pid: u32, py: PyProcess) -> PyProcess {
         self.free_probes.remove(&pid);
         self.free_pending.remove(&pid);
+        self.forget_known_codes(pid);
         if py.flags & py_flags::IDENT_PER_FRAME != 0
             && self.code_freed.is_some()
             && std::env::var_os(IDENT_PER_FRAME_ENV).is_none()
@@ -326,7 +352,7 @@ impl Interpreters {
         if !self.free_pending.remove(&pid) {
             return;
         }
-        let (Some(program), Ok(mut py)) = (&self.code_freed, self.map.get(&pid, 0)) else {
+        let (Some((program, _)), Ok(mut py)) = (&self.code_freed, self.map.get(&pid, 0)) else {
             return;
         };
         let linked = free_probe(program.as_fd(), pid, &py).and_then(|link| {
@@ -342,6 +368,7 @@ impl Interpreters {
         match linked {
             Ok(link) => {
                 self.free_probes.insert(pid, link);
+                self.counted.insert(pid, py.generation);
             }
             Err(error) => {
                 let reason = format!("{error:#}");

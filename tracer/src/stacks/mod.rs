@@ -73,7 +73,10 @@ impl Stacks {
         Stacks {
             interpreters: Interpreters::new(
                 maps.interpreters,
-                maps.programs.code_freed.take(),
+                maps.programs
+                    .code_freed
+                    .take()
+                    .map(|program| (program, maps.known_codes)),
                 quiet,
             ),
             resolver: Resolver::default(),
