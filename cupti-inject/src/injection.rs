@@ -144,7 +144,7 @@ impl Injection {
             self.control.start_held();
             self.outbox.send_client(client::HELD_AT_ATTACH);
         } else {
-            session.take(false, &self.outbox)?;
+            session.take_late(&self.outbox)?;
             self.outbox.send_client(client::ATTACHED);
         }
         self.outbox.flush();
