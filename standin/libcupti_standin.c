@@ -63,6 +63,11 @@
  *  CUPTI_STANDIN_ENABLE_ERROR=RC  cuptiActivityEnable fails with RC for every kind
  *                                 (35 = CUPTI_ERROR_INSUFFICIENT_PRIVILEGES)
  *  CUPTI_STANDIN_MULTI=1          several subscribers (CUPTI 13.3 with driver r610+)
+ *  CUPTI_STANDIN_SWITCHES_NEED_DRIVER_KIND=1
+ *                                 cuptiActivityEnableDriverApi does nothing for a client
+ *                                 that never enabled the DRIVER kind: what a late attach
+ *                                 saw on CUPTI 13.0 set up in a running PyTorch or JAX
+ *                                 process (kernels, no API record), as a hypothesis of why
  *  CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE=1
  *                                 once a client disabled the DRIVER kind, no API record
  *                                 comes again for that client (kernels, copies and memsets
@@ -131,6 +136,8 @@ struct client {
     /* CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE: the DRIVER kind was disabled, and no API
      * record comes again for this client. */
     int driver_gone;
+    /* The DRIVER kind was enabled at least once (CUPTI_STANDIN_SWITCHES_NEED_DRIVER_KIND). */
+    int driver_kind_seen;
     uint8_t *buffer;
     size_t buffer_size, buffer_used;
     size_t dropped;

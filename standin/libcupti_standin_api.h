@@ -135,6 +135,8 @@ static CUptiResult set_kind(struct client *c, uint32_t kind, int on)
     if (kind == CUPTI_ACTIVITY_KIND_DRIVER) {
         memset(c->driver_cbid, on ? 1 : 0, sizeof(c->driver_cbid));
         c->driver_locked = !on;
+        if (on)
+            c->driver_kind_seen = 1;
         if (!on && env_long("CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE", 0) == 1)
             c->driver_gone = 1;
         return CUPTI_SUCCESS;
@@ -172,7 +174,8 @@ static CUptiResult set_driver_api(struct client *c, uint32_t cbid, uint8_t enabl
     CUptiResult rc = hook_libcuda();
     if (rc != CUPTI_SUCCESS)
         return rc;
-    if (!c->driver_locked)
+    if (!c->driver_locked &&
+        (c->driver_kind_seen || env_long("CUPTI_STANDIN_SWITCHES_NEED_DRIVER_KIND", 0) != 1))
         c->driver_cbid[cbid] = enable ? 1 : 0;
     return CUPTI_SUCCESS;
 }

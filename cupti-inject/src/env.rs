@@ -23,6 +23,12 @@ pub const BUFFER_KIB: &str = "CUDATRACE_INJECT_BUFFER_KIB";
 /// `1`: say on stderr what each buffer held and how CUPTI was taken back (diagnostics).
 pub const VERBOSE: &str = "CUDATRACE_INJECT_VERBOSE";
 
+/// Of a late start: how the driver calls' API records are switched on (`session.rs`,
+/// [`crate::session::Session::take_late`]): `kind` (default: the DRIVER kind, then every
+/// other function off), `functions` (the functions alone, as at `cuInit`), `all` (the
+/// DRIVER kind alone: every driver call). Passed by cudatrace from its own environment.
+pub const DRIVER_API: &str = "CUDATRACE_INJECT_DRIVER_API";
+
 /// Of a late start (`cudatrace run -p PID --gpu`): cudatrace's pid and its start time
 /// (`/proc/PID/stat`'s 22nd field): once that process is gone, the library stops recording.
 pub const TRACER: &str = "CUDATRACE_INJECT_TRACER";

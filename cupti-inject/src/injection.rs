@@ -18,7 +18,7 @@ use crate::control::{Change, Control};
 use crate::cupti::FLUSH_FORCED;
 use crate::env;
 use crate::flush::{self, Flush};
-use crate::outbox::{Failure, Outbox, Uprobe};
+use crate::outbox::{Failure, Outbox, Uprobe, client_record};
 use crate::sender::Sender;
 use crate::session::{Mode, Session};
 
@@ -144,7 +144,7 @@ impl Injection {
             self.control.start_held();
             self.outbox.send_client(client::HELD_AT_ATTACH);
         } else {
-            session.take(false, &self.outbox)?;
+            session.take_late(&self.outbox)?;
             self.outbox.send_client(client::ATTACHED);
         }
         self.outbox.flush();
@@ -160,18 +160,28 @@ impl Injection {
     /// every kind and driver function off, this library's subscriber gone where it has one,
     /// a CLIENT DETACHED record; the flush thread then ends. Nothing of the library runs in
     /// the program after it; a later attach takes CUPTI again.
+    ///
+    /// The DETACHED record is stamped just before anything is turned off: a call that begins
+    /// from then on may find CUPTI off, and cudatrace counts it `not_recorded` by that
+    /// time (stamped after the last flush, such a call fell between the two and was
+    /// counted by no reason).
     fn detach(&self, session: &Session) {
-        if !self.control.yielded() && !self.control.held_by_other() {
+        let detached = if !self.control.yielded() && !self.control.held_by_other() {
             self.flush
                 .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
+            let detached = client_record(client::DETACHED);
             session.stop(&self.outbox);
             self.flush
                 .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
+            detached
         } else {
             self.buffers.read_completed(session, &self.outbox);
+            client_record(client::DETACHED)
+        };
+        if let Some(sender) = self.outbox.lock().as_mut() {
+            sender.push(detached);
+            sender.flush();
         }
-        self.outbox.send_client(client::DETACHED);
-        self.outbox.flush();
     }
 
     /// Opens the outbox, sets up CUPTI, starts a chained injection library.

@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracer_common::{GpuRecord, client, gpu_flags, gpu_record, gpu_stage};
 
@@ -60,11 +61,14 @@ pub struct Session {
     pub mode: Mode,
     /// CUPTI's API version (the INFO record's `detail`).
     version: u32,
+    /// The library enabled the DRIVER kind (a late start's way, or taking CUPTI back):
+    /// a late start's end disables it again.
+    driver_kind: AtomicBool,
 }
 
 // SAFETY: the subscriber handle is CUPTI's, valid from any thread.
 unsafe impl Send for Session {}
-// SAFETY: as above; the session is never changed after it is set.
+// SAFETY: as above; the session is never changed after it is set, but for an atomic.
 unsafe impl Sync for Session {}
 
 impl Session {
@@ -89,6 +93,7 @@ impl Session {
             pid: std::process::id(),
             mode,
             version,
+            driver_kind: AtomicBool::new(false),
         };
         session.announce(version, callback, outbox);
         Ok(session)
@@ -142,6 +147,12 @@ impl Session {
             let rc = self.enable(kind, false);
             if rc != CUPTI_SUCCESS {
                 refused.push(format!("{what}: {}", self.cupti.result_string(rc)));
+            }
+        }
+        if self.driver_kind.swap(false, Ordering::SeqCst) {
+            let rc = self.enable(activity_kind::DRIVER, false);
+            if rc != CUPTI_SUCCESS {
+                refused.push(format!("driver: {}", self.cupti.result_string(rc)));
             }
         }
         let switch: Option<Box<dyn Fn(u32) -> CUptiResult>> = match self.per_subscriber() {
@@ -218,6 +229,38 @@ impl Session {
         }
         self.enable_driver_api(outbox);
         Ok(())
+    }
+
+    /// A late start takes CUPTI (`cudatrace run -p PID --gpu`): as [`Session::take`], but
+    /// the driver calls' API records are switched on as [`env::DRIVER_API`] says. Per-
+    /// function switches alone, which work from `cuInit`, gave kernels but no API record
+    /// when CUPTI was set up in a running PyTorch or JAX process (CUPTI 13.0, driver 580):
+    /// CUPTI's documentation has the DRIVER kind override the switches set before it, and
+    /// for a set of functions enable the kind, then switch the others off: the default.
+    pub fn take_late(&self, outbox: &Outbox) -> Result<(), Failure> {
+        let way = env::var(env::DRIVER_API).map(|way| way.to_string_lossy().into_owned());
+        match way.as_deref() {
+            Some("functions") => self.take(false, outbox),
+            Some("all") => {
+                self.register_callbacks(false)?;
+                self.enable_activity()?;
+                let rc = self.enable(activity_kind::DRIVER, true);
+                verbose(format_args!("attach: cuptiActivityEnable(DRIVER) {rc}"));
+                if rc == CUPTI_SUCCESS {
+                    self.driver_kind.store(true, Ordering::SeqCst);
+                } else {
+                    self.enable_driver_api(outbox);
+                }
+                Ok(())
+            }
+            _ => {
+                self.register_callbacks(false)?;
+                self.enable_activity()?;
+                self.only_our_driver_api();
+                self.enable_driver_api(outbox);
+                Ok(())
+            }
+        }
     }
 
     /// Takes CUPTI back after another client let go: the clock first (the other client may
@@ -309,6 +352,7 @@ impl Session {
         if rc != CUPTI_SUCCESS {
             return;
         }
+        self.driver_kind.store(true, Ordering::SeqCst);
         let ours: HashSet<u32> = cbids::LINKED_DRIVER_FUNCTIONS
             .iter()
             .map(|&(_, cbid)| cbid)

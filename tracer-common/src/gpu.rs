@@ -60,6 +60,7 @@ pub mod client {
     pub const RESUMED: u32 = 2;
     /// A late start's window ended (`cudatrace run -p PID --gpu`): the last records are
     /// out and every kind is off; the library records nothing more until the next attach.
+    /// `start` is when it began turning CUPTI off.
     pub const DETACHED: u32 = 3;
     /// A late start records from here (its kinds and driver functions are on): calls made
     /// before it have no GPU lines (`not_recorded`).

@@ -622,6 +622,119 @@ fn a_second_attach_reuses_the_library_already_loaded() {
     );
 }
 
+/// The window's edges under a fast loop (a launch every few tens of microseconds, short
+/// windows, several of them): launches made while the library turns CUPTI on or off, or
+/// whose kernel had not run when it stopped, are `not_recorded`; none falls through the
+/// account (`missing` was 1 to 3 in an attach before the DETACHED record was stamped
+/// before CUPTI was turned off).
+#[test]
+fn launches_at_the_windows_edges_are_counted_not_recorded() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command.args(["100000000", "1"]);
+    let Target {
+        mut child,
+        mut stdout,
+    } = Target::start(&mut command);
+    let pid = child.id();
+    // Its "at I" lines, read so that it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    for round in 0..4 {
+        let trace_path = scratch(&format!("attach-edges-{round}")).join("trace.jsonl");
+        let output =
+            assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "300ms"]));
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{said}");
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        let footer = trace.last().unwrap();
+        let issuing = &footer["gpu"]["issuing"];
+        let launches = of_type(&trace, "call")
+            .into_iter()
+            .filter(|c| c["name"] == "cuLaunchKernel")
+            .count() as u64;
+        let kernels = of_type(&trace, "gpu_kernel").len() as u64;
+        assert!(kernels > 100, "round {round}: {kernels} kernels: {issuing}");
+        assert_eq!(
+            (
+                u(&issuing["with_work"]) + u(&issuing["not_recorded"]),
+                u(&issuing["missing"]),
+                u(&issuing["not_flushed"]),
+                u(&issuing["no_api_record"]),
+            ),
+            (u(&issuing["calls"]), 0, 0, 0),
+            "round {round}: {issuing}"
+        );
+        assert!(u(&issuing["calls"]) >= launches, "round {round}: {issuing}");
+        assert_eq!(u(&footer["gpu"]["linked"]), u(&issuing["with_work"]));
+        assert_eq!(footer["lost"]["gpu_not_recorded"], issuing["not_recorded"]);
+    }
+    // The program would loop for hours: it still runs, nothing of ours records in it.
+    assert_eq!(child.try_wait().unwrap(), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A CUPTI whose per-function switches do nothing until the DRIVER kind was enabled (the
+/// stand-in's `CUPTI_STANDIN_SWITCHES_NEED_DRIVER_KIND`, what CUPTI 13.0 did when set up in a
+/// running PyTorch or JAX process): the functions alone (`CUDATRACE_INJECT_DRIVER_API=
+/// functions`, passed in the attach's settings) give kernels without their calls' records;
+/// the default way (the DRIVER kind, then the other functions off) links every kernel.
+#[test]
+fn a_late_start_switches_the_driver_kind_on_for_its_calls_records() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command
+        .args(["100000000", "200"])
+        .env("CUPTI_STANDIN_SWITCHES_NEED_DRIVER_KIND", "1");
+    let Target {
+        mut child,
+        mut stdout,
+    } = Target::start(&mut command);
+    let pid = child.id();
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    for way in ["functions", "default"] {
+        let trace_path = scratch(&format!("attach-driver-{way}")).join("trace.jsonl");
+        let mut cudatrace = Command::new(CUDATRACE);
+        cudatrace
+            .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+            .arg(&cupti_standin().lib)
+            .arg("--libcuda")
+            .arg(&standin().lib)
+            .args(["-p", &pid.to_string(), "--duration", "500ms", "-o"])
+            .arg(&trace_path);
+        if way == "functions" {
+            cudatrace.env("CUDATRACE_INJECT_DRIVER_API", "functions");
+        }
+        let output = assert_no_probe_outlives(|| cudatrace.output().unwrap());
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let trace = read_trace(&trace_path);
+        assert_complete(&trace);
+        let gpu = &trace.last().unwrap()["gpu"];
+        let kernels = of_type(&trace, "gpu_kernel").len() as u64;
+        assert!(kernels > 100, "{way}: {kernels} kernels: {gpu}");
+        // Work of launches just after the window is counted, not written: at least one
+        // linked (default) or unlinked (functions) per kernel line.
+        let (linked, unlinked) = (u(&gpu["linked"]), u(&gpu["unlinked"]["no_api_record"]));
+        let functions = way == "functions";
+        assert_eq!(
+            (
+                u(&gpu["api_records"]) > 0,
+                linked == u(&gpu["issuing"]["with_work"]),
+                linked >= kernels,
+                unlinked >= kernels,
+                unlinked == 0,
+                u(&gpu["issuing"]["missing"]),
+            ),
+            (!functions, true, !functions, functions, !functions, 0),
+            "{way}: {gpu}"
+        );
+    }
+    assert_eq!(child.try_wait().unwrap(), None);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// `-p PID --gpu --stacks` on the Python program: the launches of the window carry the
 /// Python line that made them, and their kernels link to those launches (GPU time per
 /// Python line for the window).

@@ -250,6 +250,13 @@ impl GpuInjection {
             "CUDATRACE_INJECT_TRACER".into(),
             late::tracer_identity().into(),
         ));
+        // Ways to compare on a GPU, from cudatrace's own environment (the program's is
+        // its own).
+        for name in ["CUDATRACE_INJECT_DRIVER_API", "CUDATRACE_INJECT_VERBOSE"] {
+            if let Some(value) = std::env::var_os(name) {
+                vars.push((name.into(), value));
+            }
+        }
         late::settings(&vars)
     }
 

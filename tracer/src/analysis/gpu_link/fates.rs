@@ -10,7 +10,9 @@
 //! 3. `cupti_held`: another CUPTI client of the process held the activity API (in a
 //!    `gpu_gap`), or took it while CUPTI still held the call's records (made after the last
 //!    call CUPTI's records came for, before the gap: `handed_over`);
-//! 4. `not_recorded`: CUPTI was not recording in the process then;
+//! 4. `not_recorded`: CUPTI was not recording in the process then (a late start: before
+//!    its ATTACHED record, from its DETACHED record on, or at the window's end: not
+//!    returned when the library began turning CUPTI off, or its work not run by then);
 //! 5. `no_api_record`: no record came for the call or a later one, but work of the
 //!    process that started after the call came without its call's record (written
 //!    unlinked): CUPTI recorded work again, not the calls (CUPTI 13.0 after torch.profiler);
@@ -45,6 +47,8 @@ pub struct Recording {
     pub last_recorded: u64,
     /// Started late (`-p PID --gpu`): calls before [`Self::attached_at`] were not recorded.
     pub late: bool,
+    /// The latest start of a call whose work came (linked to it).
+    pub last_with_work: Option<u64>,
     /// The latest GPU start of work written unlinked for want of its call's record.
     pub last_unlinked_work: u64,
     /// The process ended (exec or exit).
@@ -170,6 +174,14 @@ impl Recording {
         if !self.started || self.failed_at.is_some_and(|at| at <= ts) {
             return Some(fate::NOT_RECORDED);
         }
+        // Nor those at its end, while the library held CUPTI (`at_window_end`).
+        if self.late
+            && self
+                .detached_at
+                .is_some_and(|at| self.at_window_end(call, at))
+        {
+            return Some(fate::NOT_RECORDED);
+        }
         if state.api_result.is_none() && ts > self.last_recorded && ts < self.last_unlinked_work {
             return Some(fate::NO_API_RECORD);
         }
@@ -177,6 +189,23 @@ impl Recording {
             return Some(fate::NOT_FLUSHED);
         }
         Some(fate::MISSING)
+    }
+
+    /// A call made before the library began turning CUPTI off at `detached_at` whose
+    /// records could still not come: it had not returned by then (CUPTI records a call as
+    /// it returns: its return, or its thread's next call, came after), or its work had not
+    /// run (no call of the process made after it got work, and no work written unlinked
+    /// started after it: work runs in order, and the last work before the stop may find
+    /// the kinds off).
+    fn at_window_end(&self, call: &RecentCall, detached_at: u64) -> bool {
+        let work_ran_after = self.last_with_work.is_some_and(|last| call.ts_ns < last)
+            || call.ts_ns < self.last_unlinked_work;
+        call.end_ns >= detached_at || !work_ran_after
+    }
+
+    /// Work of the call made at `ts_ns` came.
+    pub fn worked(&mut self, ts_ns: u64) {
+        self.last_with_work = Some(self.last_with_work.map_or(ts_ns, |last| last.max(ts_ns)));
     }
 
     /// The gap lines of process `pid`.
@@ -331,6 +360,56 @@ mod tests {
                 ..IssuingCalls::default()
             }
         );
+    }
+
+    #[test]
+    fn a_late_starts_edges_are_not_recorded_and_nothing_else_is() {
+        let mut recording = Recording {
+            started: true,
+            late: true,
+            attached_at: Some(100),
+            detached_at: Some(1000),
+            ..Recording::default()
+        };
+        // Work came for calls up to 800 (the kernels of calls after it had not run when
+        // the library turned CUPTI off at 1000).
+        recording.recorded(800);
+        recording.worked(800);
+        let mut counts = IssuingCalls::default();
+        let open = |ts_ns, end_ns| RecentCall {
+            end_ns,
+            ..call(ts_ns, CallState::default())
+        };
+        let mut calls = [
+            // Before ATTACHED.
+            open(90, 95),
+            // In the window, returned long before the stop, later work came: missing.
+            open(500, 510),
+            // Returned after the stop began (its thread's next call came after it).
+            open(700, 1200),
+            // After the last call that got work: its work had not run.
+            open(900, 950),
+            // From the stop on.
+            open(1000, 1001),
+            open(1500, u64::MAX),
+        ];
+        for call in &mut calls {
+            recording.count(call, &mut counts);
+        }
+        assert_eq!(
+            counts,
+            IssuingCalls {
+                calls: 6,
+                not_recorded: 5,
+                missing: 1,
+                ..IssuingCalls::default()
+            }
+        );
+        // Work written unlinked that started after a call: that call's work ran.
+        recording.unlinked_work(950);
+        let mut counts = IssuingCalls::default();
+        recording.count(&mut open(900, 950), &mut counts);
+        assert_eq!((counts.not_recorded, counts.no_api_record), (0, 1));
     }
 
     #[test]

@@ -653,6 +653,7 @@ fn apply(counts: &mut GpuFooter, process: &mut Process, line: &mut GpuLine, api:
             {
                 call.state.work += 1;
             }
+            process.recording.worked(ts_ns);
         }
         Err(reason) => {
             link.unlinked = Some(reason.into());
