@@ -78,6 +78,7 @@ use self::{
 use crate::{
     exit::{ExitCode, Failure},
     inject, kernel_hooks, privileges,
+    probes::helpers,
     schema::{StacksInfo, WindowFooter},
 };
 
@@ -207,6 +208,15 @@ const MIN_STACKS_RING_KIB: u32 = 64;
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
+    if !helpers::supported(helpers::ATTACH_COOKIE) {
+        return Err(Failure::new(
+            ExitCode::Internal,
+            anyhow!(helpers::refusal(
+                helpers::ATTACH_COOKIE,
+                &helpers::kernel_release()
+            )),
+        ));
+    }
     bpf_stats::enable();
     if args.command.is_empty() && args.pids.is_empty() && !args.all {
         return Err(Failure::new(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use super::{EXIT_MARK, KERNEL_ARGS, Kernel, QEMU, ROOT_TAG, VIRTIOFSD, VmTestOptions};
+use super::{Accel, EXIT_MARK, KERNEL_ARGS, Kernel, QEMU, ROOT_TAG, VIRTIOFSD, VmTestOptions};
 
 /// A child process killed (and reaped) when dropped, and by the kernel if xtask dies.
 struct Reaped(Child);
@@ -51,12 +51,13 @@ pub(super) fn boot(
     vm_dir: &Path,
     kernel: &Kernel,
     initramfs: &Path,
+    console: &Path,
+    accel: Accel,
     opts: &VmTestOptions,
 ) -> Result<Outcome> {
     let socket = vm_dir.join("virtiofsd.sock");
     let results_path = vm_dir.join("results.log");
-    let console = vm_dir.join("console.log");
-    for stale in [&socket, &results_path, &console] {
+    for stale in [&socket, &results_path, console] {
         let _ = fs::remove_file(stale);
     }
     let log = |name: &str| -> Result<(Stdio, Stdio)> {
@@ -95,14 +96,8 @@ pub(super) fn boot(
     let started = Instant::now();
     let mut qemu = Reaped::spawn(
         Command::new(QEMU)
-            .args([
-                "-accel",
-                "tcg",
-                "-cpu",
-                "max",
-                "-smp",
-                &opts.cpus.to_string(),
-            ])
+            .args(accel.qemu_args())
+            .args(["-smp", &opts.cpus.to_string()])
             .args([
                 "-m",
                 &memory,

@@ -10,9 +10,10 @@ use anyhow::{Context, Result, ensure};
 
 use crate::cmd::{self};
 
-use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TEST_TARGETS, TestBinary, VmTestOptions};
+use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TestBinary, VmTestOptions};
 
-pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
+/// Builds the test targets and returns the executables of `names`, in that order.
+pub(super) fn build_tests(root: &Path, names: &[&str]) -> Result<Vec<TestBinary>> {
     eprintln!("xtask: vm-test: cargo test -p cudatrace --no-run");
     let mut child = cmd::cargo()
         .args([
@@ -45,7 +46,7 @@ pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
         let is_test = target["kind"]
             .as_array()
             .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if is_test && TEST_TARGETS.contains(&name) {
+        if is_test && names.contains(&name) {
             found.insert(
                 name.to_owned(),
                 TestBinary {
@@ -62,7 +63,7 @@ pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
     let status = child.wait()?;
     ensure!(status.success(), "cargo test --no-run failed ({status})");
     let mut tests = Vec::new();
-    for name in TEST_TARGETS {
+    for name in names {
         match found.remove(*name) {
             Some(test) => tests.push(test),
             None => eprintln!("xtask: vm-test: no test target {name} in cudatrace: skipped"),
