@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use super::{Accel, EXIT_MARK, KERNEL_ARGS, Kernel, QEMU, ROOT_TAG, VIRTIOFSD, VmTestOptions};
+use super::{
+    Accel, EXIT_MARK, KERNEL_ARGS, Kernel, ROOT_TAG, VIRTIOFSD, VmTestOptions, qemu::Qemu,
+};
 
 /// A child process killed (and reaped) when dropped, and by the kernel if xtask dies.
 struct Reaped(Child);
@@ -47,12 +49,17 @@ pub(super) struct Outcome {
     pub(super) first_output: Option<Duration>,
 }
 
+pub(super) struct Machine<'a> {
+    pub(super) qemu: &'a Qemu,
+    pub(super) accel: Accel,
+}
+
 pub(super) fn boot(
+    machine: &Machine<'_>,
     vm_dir: &Path,
     kernel: &Kernel,
     initramfs: &Path,
     console: &Path,
-    accel: Accel,
     opts: &VmTestOptions,
 ) -> Result<Outcome> {
     let socket = vm_dir.join("virtiofsd.sock");
@@ -95,8 +102,15 @@ pub(super) fn boot(
     }
     let started = Instant::now();
     let mut qemu = Reaped::spawn(
-        Command::new(QEMU)
-            .args(accel.qemu_args())
+        Command::new(&machine.qemu.binary)
+            .args(
+                machine
+                    .qemu
+                    .firmware
+                    .iter()
+                    .flat_map(|dir| [std::ffi::OsStr::new("-L"), dir.as_os_str()]),
+            )
+            .args(machine.accel.qemu_args())
             .args(["-smp", &opts.cpus.to_string()])
             .args([
                 "-m",
@@ -130,7 +144,7 @@ pub(super) fn boot(
             .stdin(Stdio::null())
             .stdout(qemu_out)
             .stderr(qemu_err),
-        QEMU,
+        "qemu-system-x86_64",
     )?;
 
     // Follow the results port, printing whole lines as they come.

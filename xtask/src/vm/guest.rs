@@ -56,6 +56,7 @@ pub(super) fn build_tests(root: &Path, names: &[&str]) -> Result<Vec<TestBinary>
                         .parent()
                         .context("manifest path")?
                         .into(),
+                    filters: Vec::new(),
                 },
             );
         }
@@ -96,11 +97,21 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
             quote(command)
         );
     }
-    let mut filter = opts.filter.as_deref().map(quote).unwrap_or_default();
+    let mut skip = String::new();
     for (name, _) in SKIPPED.iter().filter(|_| !opts.no_skip) {
-        let _ = write!(filter, " --skip {}", quote(name));
+        let _ = write!(skip, " --skip {}", quote(name));
     }
     for test in tests.iter().filter(|_| opts.exec.is_none()) {
+        // --filter replaces the kernel's subset of the binary's tests.
+        let filter = match &opts.filter {
+            Some(filter) => quote(filter),
+            None => test
+                .filters
+                .iter()
+                .map(|f| quote(f))
+                .collect::<Vec<_>>()
+                .join(" "),
+        } + &skip;
         let _ = write!(
             s,
             "echo \"vm-test: === {name}\"\n\
@@ -162,6 +173,34 @@ poweroff -f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binarys_subset_becomes_its_filters_unless_filter_replaces_it() {
+        let test = TestBinary {
+            name: "stacks".into(),
+            exe: "/t/stacks-1".into(),
+            cwd: "/w/tracer".into(),
+            filters: vec!["every_stack", "launches_probed"],
+        };
+        let script = guest_script(
+            Path::new("/w"),
+            std::slice::from_ref(&test),
+            &VmTestOptions::default(),
+        );
+        assert!(
+            script.contains(
+                "'/t/stacks-1' --test-threads=1 --color never -Z unstable-options \
+                             --report-time 'every_stack' 'launches_probed')"
+            ),
+            "{script}"
+        );
+        let opts = VmTestOptions {
+            filter: Some("dash_p".into()),
+            ..VmTestOptions::default()
+        };
+        let script = guest_script(Path::new("/w"), &[test], &opts);
+        assert!(script.contains("--report-time 'dash_p')"), "{script}");
+    }
 
     #[test]
     fn quote_survives_single_quotes() {

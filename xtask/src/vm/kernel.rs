@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd::run;
 
-use super::{Kernel, PACKAGES, VIRTIOFSD};
+use super::{Kernel, PACKAGES, VIRTIOFSD, apt::Apt};
 
 /// The kernels vm-test boots, by `major.minor`, and the Debian suite each comes from: bullseye's
 /// 5.10, bookworm's 6.1 (security updates included), bookworm-backports' 6.12.
@@ -23,17 +23,6 @@ pub const KERNELS: &[(&str, &str)] = &[
 /// The cloud image's meta package: each suite's version depends on that suite's newest image.
 const META_PACKAGE: &str = "linux-image-cloud-amd64";
 const KERNEL_SUFFIX: &str = "-cloud-amd64";
-
-/// vm-test's own apt sources, apart from the machine's (whose suites may lack bullseye and
-/// backports): read with `Dir::Etc::SourceList`, lists and downloads under target/vm/apt.
-const SOURCES: &str = "\
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
-";
-/// The keyring the sources are signed with (package debian-archive-keyring).
-const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);
 
@@ -102,16 +91,13 @@ pub(super) fn kernel(vm_dir: &Path, version: &str) -> Result<Kernel> {
         return Ok(kernel);
     }
     let apt = Apt::new(vm_dir)?;
-    if !apt.has_lists() {
-        apt.update()?;
-    }
     // Stale package lists name packages the mirror no longer has: update and try again.
     for attempt in 0..2 {
         if attempt == 1 {
             apt.update()?;
         }
-        for package in apt.kernel_packages(version)? {
-            if apt.download_kernel(vm_dir, &package)? {
+        for package in kernel_packages(&apt, version)? {
+            if apt.fetch(vm_dir, &[&package], &cache.join(&package))? {
                 return cached_kernel(&cache, version)?
                     .context("the unpacked kernel package has no vmlinuz");
             }
@@ -124,133 +110,37 @@ pub(super) fn kernel(vm_dir: &Path, version: &str) -> Result<Kernel> {
     )
 }
 
-/// apt-get and apt-cache on vm-test's own source list and state (target/vm/apt).
-struct Apt {
-    sources: PathBuf,
-    options: Vec<String>,
-}
-
-impl Apt {
-    /// Writes the source list (the same bytes each time) and the state folders.
-    fn new(vm_dir: &Path) -> Result<Self> {
-        ensure!(
-            Path::new(KEYRING).is_file(),
-            "{KEYRING} not found: apt-get install debian-archive-keyring"
-        );
-        let dir = vm_dir.join("apt");
-        for sub in ["lists/partial", "cache/archives/partial"] {
-            fs::create_dir_all(dir.join(sub))
-                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
-        }
-        let sources = dir.join("sources.list");
-        if fs::read_to_string(&sources).ok().as_deref() != Some(SOURCES) {
-            fs::write(&sources, SOURCES)
-                .with_context(|| format!("writing {}", sources.display()))?;
-        }
-        let options = [
-            format!("Dir::Etc::SourceList={}", sources.display()),
-            "Dir::Etc::SourceParts=/dev/null".to_owned(),
-            format!("Dir::State::Lists={}", dir.join("lists").display()),
-            format!("Dir::Cache={}", dir.join("cache").display()),
-        ]
+/// The image packages of kernel `version`, newest first: what the meta package depends on
+/// in each of its versions.
+fn kernel_packages(apt: &Apt, version: &str) -> Result<Vec<String>> {
+    let output = apt
+        .command("apt-cache")
+        .args(["madison", META_PACKAGE])
+        .output()
+        .context("running apt-cache madison")?;
+    ensure!(
+        output.status.success(),
+        "apt-cache madison {META_PACKAGE} failed"
+    );
+    let mut versions: Vec<String> = madison_versions(&String::from_utf8_lossy(&output.stdout))
         .into_iter()
-        .flat_map(|o| ["-o".to_owned(), o])
+        .filter(|v| of_version(v, version))
         .collect();
-        Ok(Apt { sources, options })
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut command = Command::new(program);
-        command.args(&self.options);
-        command
-    }
-
-    fn has_lists(&self) -> bool {
-        let lists = self.sources.with_file_name("lists");
-        fs::read_dir(lists).is_ok_and(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"))
-        })
-    }
-
-    fn update(&self) -> Result<()> {
-        eprintln!(
-            "xtask: vm-test: apt-get update ({})",
-            self.sources.display()
-        );
-        run(
-            self.command("apt-get").args(["update", "-q"]),
-            "apt-get update (vm-test's sources)",
-        )
-    }
-
-    /// The image packages of kernel `version`, newest first: what the meta package depends on
-    /// in each of its versions.
-    fn kernel_packages(&self, version: &str) -> Result<Vec<String>> {
-        let output = self
+    versions.sort_by_key(|v| std::cmp::Reverse(numbers(v)));
+    let mut packages = Vec::new();
+    for meta in versions {
+        let output = apt
             .command("apt-cache")
-            .args(["madison", META_PACKAGE])
+            .args(["show", &format!("{META_PACKAGE}={meta}")])
             .output()
-            .context("running apt-cache madison")?;
-        ensure!(
-            output.status.success(),
-            "apt-cache madison {META_PACKAGE} failed"
-        );
-        let mut versions: Vec<String> = madison_versions(&String::from_utf8_lossy(&output.stdout))
-            .into_iter()
-            .filter(|v| of_version(v, version))
-            .collect();
-        versions.sort_by_key(|v| std::cmp::Reverse(numbers(v)));
-        let mut packages = Vec::new();
-        for meta in versions {
-            let output = self
-                .command("apt-cache")
-                .args(["show", &format!("{META_PACKAGE}={meta}")])
-                .output()
-                .context("running apt-cache show")?;
-            if let Some(package) = image_dependency(&String::from_utf8_lossy(&output.stdout))
-                && !packages.contains(&package)
-            {
-                packages.push(package);
-            }
+            .context("running apt-cache show")?;
+        if let Some(package) = image_dependency(&String::from_utf8_lossy(&output.stdout))
+            && !packages.contains(&package)
+        {
+            packages.push(package);
         }
-        Ok(packages)
     }
-
-    /// `apt-get download`s `package` and unpacks it into target/vm/kernel/PACKAGE; false when
-    /// it cannot be downloaded.
-    fn download_kernel(&self, vm_dir: &Path, package: &str) -> Result<bool> {
-        let download = vm_dir.join("download");
-        let _ = fs::remove_dir_all(&download);
-        fs::create_dir_all(&download)?;
-        eprintln!("xtask: vm-test: apt-get download {package}");
-        let status = self
-            .command("apt-get")
-            .args(["download", "-q", package])
-            .current_dir(&download)
-            .status()
-            .context("running apt-get download")?;
-        if !status.success() {
-            eprintln!("xtask: vm-test: {package} could not be downloaded");
-            return Ok(false);
-        }
-        let deb = fs::read_dir(&download)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "deb"))
-            .with_context(|| format!("apt-get download left no .deb for {package}"))?;
-        let cache = vm_dir.join("kernel");
-        let partial = cache.join(format!("{package}.partial"));
-        let _ = fs::remove_dir_all(&partial);
-        fs::create_dir_all(&partial)?;
-        run(
-            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial),
-            &format!("dpkg-deb -x {}", deb.display()),
-        )?;
-        fs::rename(&partial, cache.join(package))?;
-        fs::remove_dir_all(&download)?;
-        Ok(true)
-    }
+    Ok(packages)
 }
 
 /// The versions in `apt-cache madison` lines (`name | version | source`).

@@ -11,14 +11,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod accel;
+mod apt;
 mod boot;
 mod guest;
 mod initramfs;
 mod kernel;
 mod modules;
+mod qemu;
 
 use accel::Accel;
-use boot::{Summary, boot, print_tail};
+use boot::{Machine, Summary, boot, print_tail};
 use guest::{build_tests, guest_script};
 use initramfs::write_initramfs;
 use kernel::ensure_packages;
@@ -37,15 +39,25 @@ use crate::{
 pub const TEST_TARGETS: &[(&str, &[&str])] = &[
     ("selftest", ALL),
     ("doctor", ALL),
-    ("gpu_transport", ALL),
-    ("kernel_hooks", &["6.1", "6.12"]),
+    ("kernel_hooks", &["6.12"]),
     ("stacks", &["6.1", "6.12"]),
+    ("limits", &["6.12"]),
+    ("gpu_transport", &["6.1"]),
     ("run", &["6.1"]),
     ("run_modes", &["6.1"]),
     ("functions", &["6.1"]),
-    ("discovery", &["6.12"]),
-    ("limits", &["6.12"]),
+    ("discovery", &["6.1"]),
 ];
+
+/// Suites that run only some of their tests on a kernel: (suite, kernel, test name filters).
+pub const SUBSETS: &[(&str, &str, &[&str])] = &[(
+    "stacks",
+    "6.1",
+    &[
+        "every_stack_is_the_one_cpython_gives_on_each_interpreter",
+        "launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks",
+    ],
+)];
 const ALL: &[&str] = &["5.10", "6.1", "6.12"];
 
 /// Test targets run on the host only, with the reason: they exercise what no kernel changes,
@@ -84,7 +96,6 @@ const PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static"];
 /// dependencies are added from each module's `depends=`.
 const GUEST_MODULES: &[&str] = &["virtio_pci", "virtiofs", "overlay"];
 
-const QEMU: &str = "qemu-system-x86_64";
 /// QEMU 7.2's virtiofsd (package qemu-system-common).
 const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
 /// busybox-static's binary.
@@ -172,6 +183,17 @@ struct TestBinary {
     name: String,
     exe: PathBuf,
     cwd: PathBuf,
+    /// libtest name filters on this kernel ([`SUBSETS`]); none runs every test.
+    filters: Vec<&'static str>,
+}
+
+/// The test name filters of `suite` on kernel `version` ([`SUBSETS`]).
+fn subset(suite: &str, version: &str) -> Vec<&'static str> {
+    SUBSETS
+        .iter()
+        .filter(|(name, kernel, _)| *name == suite && *kernel == version)
+        .flat_map(|(_, _, tests)| tests.iter().copied())
+        .collect()
 }
 
 /// The test targets that run on kernel `version`, in [`TEST_TARGETS`]' order.
@@ -214,6 +236,9 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
         .map(|v| kernel::kernel(&vm_dir, v))
         .collect::<Result<Vec<_>>>()?;
     let accel = accel::choose(opts.accel)?;
+    let qemu = qemu::qemu(&vm_dir)?;
+    eprintln!("xtask: vm-test: {}", qemu.version);
+    let machine = Machine { qemu: &qemu, accel };
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
     let wanted: Vec<&str> = TEST_TARGETS
         .iter()
@@ -246,9 +271,14 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
         let on_this: Vec<TestBinary> = tests
             .iter()
             .filter(|t| names.contains(&t.name.as_str()))
-            .cloned()
+            .map(|t| TestBinary {
+                filters: subset(&t.name, &kernel.version),
+                ..t.clone()
+            })
             .collect();
-        runs.push(run_kernel(&root, &vm_dir, kernel, &on_this, accel, opts)?);
+        runs.push(run_kernel(
+            &machine, &root, &vm_dir, kernel, &on_this, opts,
+        )?);
     }
 
     for run in &runs {
@@ -290,11 +320,11 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
 /// Boots `kernel` and runs `tests` there (or `--exec`'s command), once more for the binaries
 /// a guest kernel lockup left unfinished.
 fn run_kernel(
+    machine: &Machine<'_>,
     root: &Path,
     vm_dir: &Path,
     kernel: &Kernel,
     tests: &[TestBinary],
-    accel: Accel,
     opts: &VmTestOptions,
 ) -> Result<KernelRun> {
     let start = Instant::now();
@@ -302,15 +332,18 @@ fn run_kernel(
     let initramfs = vm_dir.join("initramfs.cpio");
     write_initramfs(&initramfs, &modules, &guest_script(root, tests, opts))?;
     eprintln!(
-        "xtask: vm-test: booting {} ({}) with {} test binaries",
+        "xtask: vm-test: booting {} ({}) {}",
         kernel.package,
-        accel.name(),
-        tests.len(),
+        machine.accel.name(),
+        match &opts.exec {
+            Some(command) => format!("to run {command:?}"),
+            None => format!("with {} test binaries", tests.len()),
+        }
     );
     let console = vm_dir.join(format!("console-{}.log", kernel.version));
-    let mut outcome = boot(vm_dir, kernel, &initramfs, &console, accel, opts)?;
-    // 6.12 under QEMU 7.2's TCG oopses at boot in about half the boots (slab and scheduler
-    // state corrupted before any test runs; 5.10 and 6.1 never did): boot again, a few times.
+    let mut outcome = boot(machine, vm_dir, kernel, &initramfs, &console, opts)?;
+    // A guest kernel that crashes before the test script starts is booted once more (QEMU
+    // 7.2's TCG crashed 6.12 at boot in 9 of 15 boots; 10.0, used now, in none of 5 tried).
     for attempt in 2..=BOOT_TRIES {
         if started(&outcome.results) || !crashed(&console) {
             break;
@@ -327,7 +360,7 @@ fn run_kernel(
             first_crash_line(&kept).unwrap_or_default(),
             kept.display()
         );
-        outcome = boot(vm_dir, kernel, &initramfs, &console, accel, opts)?;
+        outcome = boot(machine, vm_dir, kernel, &initramfs, &console, opts)?;
     }
     let mut results = outcome.results.clone();
     // A guest kernel that locks up (seen once on 6.1 under TCG, cause unknown) panics at
@@ -349,7 +382,7 @@ fn run_kernel(
             unfinished.len()
         );
         write_initramfs(&initramfs, &modules, &guest_script(root, &unfinished, opts))?;
-        outcome = boot(vm_dir, kernel, &initramfs, &console, accel, opts)?;
+        outcome = boot(machine, vm_dir, kernel, &initramfs, &console, opts)?;
         results.push_str(&outcome.results);
     }
 
@@ -391,7 +424,7 @@ fn run_kernel(
 }
 
 /// How often a guest kernel that crashes before the tests start is booted.
-const BOOT_TRIES: u32 = 4;
+const BOOT_TRIES: u32 = 2;
 
 /// Whether the guest's test script started (its first line is printed before any test).
 fn started(results: &str) -> bool {
@@ -509,20 +542,15 @@ mod tests {
 
     #[test]
     fn each_kernel_runs_the_suites_its_differences_touch() {
-        assert_eq!(targets_on("5.10"), ["selftest", "doctor", "gpu_transport"]);
+        assert_eq!(targets_on("5.10"), ["selftest", "doctor"]);
         assert_eq!(
             targets_on("6.12"),
-            [
-                "selftest",
-                "doctor",
-                "gpu_transport",
-                "kernel_hooks",
-                "stacks",
-                "discovery",
-                "limits"
-            ]
+            ["selftest", "doctor", "kernel_hooks", "stacks", "limits"]
         );
         assert!(targets_on("6.6").is_empty());
+        assert_eq!(subset("stacks", "6.1").len(), 2);
+        assert!(subset("stacks", "6.12").is_empty());
+        assert!(subset("run", "6.1").is_empty());
     }
 
     #[test]
