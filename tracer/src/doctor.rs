@@ -151,10 +151,10 @@ fn tracepoint_check(bpf: &mut Ebpf) -> Result<String> {
 }
 
 fn helper_check(helper: helpers::Helper, release: &str) -> Result<String> {
-    if helpers::supported(helper) {
-        Ok(format!("{}, for {}", helper.name, helper.needed_by))
-    } else {
-        Err(anyhow!(helpers::refusal(helper, release)))
+    match helpers::supported(helper) {
+        Ok(true) => Ok(format!("{}, for {}", helper.name, helper.needed_by)),
+        Ok(false) => Err(anyhow!(helpers::refusal(helper, release))),
+        Err(unknown) => Err(anyhow!(unknown)),
     }
 }
 

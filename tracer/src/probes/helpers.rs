@@ -44,14 +44,23 @@ pub const FUNC_IP: Helper = Helper {
 
 pub const HELPERS: [Helper; 2] = [ATTACH_COOKIE, FUNC_IP];
 
-/// Whether this kernel lets a kprobe-type program call `helper` (probed once, then cached).
-pub fn supported(helper: Helper) -> bool {
-    static ANSWERS: OnceLock<[bool; 2]> = OnceLock::new();
-    let answers = ANSWERS.get_or_init(|| HELPERS.map(|h| probe(h.id).is_ok()));
-    HELPERS
+/// Whether this kernel lets a kprobe-type program call `helper` (probed once, then cached):
+/// the verifier refuses an unknown helper with EINVAL; another error (EPERM without
+/// privileges) leaves the answer unknown.
+pub fn supported(helper: Helper) -> Result<bool, String> {
+    static ANSWERS: OnceLock<[Result<bool, String>; 2]> = OnceLock::new();
+    let answers = ANSWERS.get_or_init(|| {
+        HELPERS.map(|h| match probe(h.id) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(format!("{} could not be probed: {e}", h.name)),
+        })
+    });
+    let index = HELPERS
         .iter()
         .position(|h| *h == helper)
-        .is_some_and(|i| answers[i])
+        .expect("every helper is in HELPERS");
+    answers[index].clone()
 }
 
 /// The refusal for a feature whose helper kernel `release` lacks.

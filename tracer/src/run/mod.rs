@@ -208,7 +208,8 @@ const MIN_STACKS_RING_KIB: u32 = 64;
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
-    if !helpers::supported(helpers::ATTACH_COOKIE) {
+    // Unknown (not probed) is left to the loader, whose own error then says why.
+    if helpers::supported(helpers::ATTACH_COOKIE) == Ok(false) {
         return Err(Failure::new(
             ExitCode::Internal,
             anyhow!(helpers::refusal(

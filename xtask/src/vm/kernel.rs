@@ -103,9 +103,13 @@ pub(super) fn kernel(vm_dir: &Path, version: &str) -> Result<Kernel> {
             }
         }
     }
+    let suite = KERNELS
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map_or("?", |(_, suite)| suite);
     bail!(
-        "no linux-image-{version}.*{KERNEL_SUFFIX} package could be found and downloaded \
-         (apt sources in {})",
+        "no linux-image-{version}.*{KERNEL_SUFFIX} package could be found in Debian {suite} \
+         and downloaded (apt sources in {})",
         apt.sources.display()
     )
 }
