@@ -1,5 +1,6 @@
 //! Developer tasks for cudatrace, run as `cargo xtask <command>`.
 
+mod arm64;
 mod bench;
 mod cmd;
 mod ebpf;
@@ -37,6 +38,9 @@ enum Command {
     Demo,
     /// Run root tests in QEMU guests on Debian's 5.10, 6.1 and 6.12 kernels (needs root).
     VmTest(vm::VmTestOptions),
+    /// Build `cudatrace` for aarch64-unknown-linux-gnu (installs the Rust target and
+    /// gcc-aarch64-linux-gnu where missing).
+    BuildArm64,
     /// Benchmarks against the stand-in libcuda (needs root): per-call overhead beside the
     /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
     Bench(bench::BenchOptions),
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::CheckImports => imports::check_imports(),
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
+        Command::BuildArm64 => arm64::build_arm64(),
         Command::Bench(opts) => bench::bench(&opts),
     };
     match result {

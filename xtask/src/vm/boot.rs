@@ -71,8 +71,8 @@ pub(super) fn boot(
         let file = fs::File::create(vm_dir.join(name))?;
         Ok((file.try_clone()?.into(), file.into()))
     };
-    let (virtiofsd_out, virtiofsd_err) = log("virtiofsd.log")?;
-    let (qemu_out, qemu_err) = log("qemu.log")?;
+    let (virtiofsd_out, virtiofsd_err) = log(&format!("virtiofsd-{}.log", kernel.version))?;
+    let (qemu_out, qemu_err) = log(&format!("qemu-{}.log", kernel.version))?;
 
     // The guest mounts this read-only and puts an overlay on it; it has no write path back.
     // The default sandbox pivot_roots into the source, which fails (EBUSY) for "/".
@@ -89,7 +89,8 @@ pub(super) fn boot(
     while !socket.exists() {
         ensure!(
             Instant::now() < deadline,
-            "virtiofsd made no socket: see target/vm/virtiofsd.log"
+            "virtiofsd made no socket: see target/vm/virtiofsd-{}.log",
+            kernel.version
         );
         std::thread::sleep(Duration::from_millis(20));
     }
