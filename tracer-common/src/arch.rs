@@ -4,8 +4,9 @@
 //! thread's thread pointer (its `pthread_self()`, where the stack walk finds the Python
 //! thread state).
 //!
-//! The eBPF programs read x86-64's registers today (`tracer-ebpf/src/calls.rs`); this table
-//! is what an arm64 build reads instead (not wired yet: docs/vm-test.md).
+//! The eBPF programs read x86-64's registers today (`tracer-ebpf/src/calls.rs`), so an
+//! arm64 `cudatrace run` refuses; this table is what they would read instead (not wired
+//! yet: README, "Kernels").
 
 /// Where the return address is at a function's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,8 @@
-//! `cargo xtask build-arm64`: `cudatrace` for aarch64-unknown-linux-gnu (GH200, GB200 hosts).
-//! The eBPF object is the same bytes on both (BPF is its own target); what differs is the
-//! userspace binary and the injection library it embeds, cross-compiled with Debian's
-//! gcc-aarch64-linux-gnu as linker.
+//! `cargo xtask build-arm64`: `cudatrace` for aarch64-unknown-linux-gnu (GH200, GB200 hosts),
+//! the userspace binary and the injection library it embeds, cross-compiled with Debian's
+//! gcc-aarch64-linux-gnu as linker. It embeds the same eBPF object as the x86-64 build,
+//! whose probes still read x86-64's `pt_regs` (tracer-common's `arch` table is not wired
+//! into them yet), so `cudatrace run` refuses on arm64; the other commands work.
 
 use std::{fs, path::PathBuf, process::Command};
 
