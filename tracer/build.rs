@@ -77,6 +77,13 @@ fn injection_library(manifest: &Path) -> PathBuf {
     ] {
         command.env_remove(var);
     }
+    // A cross build (`cargo xtask build-arm64`) embeds a library of its own target; the
+    // host's is in release/, another target's in TARGET/release/.
+    let target = env::var("TARGET").unwrap_or_default();
+    let cross = !target.is_empty() && env::var("HOST").ok().as_deref() != Some(target.as_str());
+    if cross {
+        command.args(["--target", &target]);
+    }
     match command.status() {
         Ok(status) if status.success() => {}
         Ok(status) => {
@@ -88,5 +95,11 @@ fn injection_library(manifest: &Path) -> PathBuf {
             exit(1);
         }
     }
-    target_dir.join("release/libcudatrace_inject.so")
+    if cross {
+        target_dir
+            .join(&target)
+            .join("release/libcudatrace_inject.so")
+    } else {
+        target_dir.join("release/libcudatrace_inject.so")
+    }
 }

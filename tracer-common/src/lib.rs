@@ -6,6 +6,7 @@
 
 use core::mem::size_of;
 
+pub mod arch;
 mod attach;
 pub mod cbids;
 mod gpu;

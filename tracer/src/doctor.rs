@@ -18,6 +18,7 @@ use crate::{
     exit::Failure,
     inject, kernel_hooks, privileges,
     probes::{
+        helpers,
         library::{self, Library},
         plan::Plan,
         probe_set::LIBCUDA,
@@ -153,6 +154,14 @@ fn tracepoint_check(bpf: &mut Ebpf) -> Result<String> {
     Ok("attached to syscalls:sys_enter_ioctl".into())
 }
 
+fn helper_check(helper: helpers::Helper, release: &str) -> Result<String> {
+    match helpers::supported(helper) {
+        Ok(true) => Ok(format!("{}, for {}", helper.name, helper.needed_by)),
+        Ok(false) => Err(anyhow!(helpers::refusal(helper, release))),
+        Err(unknown) => Err(anyhow!(unknown)),
+    }
+}
+
 fn exists(path: &str) -> Result<String> {
     if Path::new(path).exists() {
         Ok(path.into())
@@ -169,22 +178,11 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
             .map(|()| "root, or CAP_BPF and CAP_PERFMON".into())
             .map_err(Into::into),
     )];
-    let uname = {
-        let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-        // SAFETY: uname fills the struct.
-        unsafe { libc::uname(&mut uts) };
-        let release: Vec<u8> = uts
-            .release
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
-            .collect();
-        String::from_utf8_lossy(&release).into_owned()
-    };
+    let uname = helpers::kernel_release();
     checks.push(Check {
         name: "kernel",
         ok: true,
-        detail: uname,
+        detail: uname.clone(),
         required: false,
     });
     checks.push(check("btf", false, exists("/sys/kernel/btf/vmlinux")));
@@ -210,7 +208,17 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
                     ))
                 },
             ));
+            checks.push(check(
+                "attach_cookie",
+                true,
+                helper_check(helpers::ATTACH_COOKIE, &uname),
+            ));
             checks.push(check("kprobes", false, kprobe_check(bpf)));
+            checks.push(check(
+                "func_ip",
+                false,
+                helper_check(helpers::FUNC_IP, &uname),
+            ));
             checks.push(check("fentry", false, fentry_check(bpf)));
             checks.push(check("syscall_tracepoints", false, tracepoint_check(bpf)));
         }

@@ -15,9 +15,16 @@ fn doctor_reports_what_this_kernel_allows() {
         .arg(&standin().lib)
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Debian's 5.10 lacks the attach cookie helper (Linux 5.15) every `run` uprobe reads.
+    let cookies = kernel_at_least(5, 15);
+    assert_eq!(
+        output.status.code(),
+        Some(if cookies { 0 } else { 1 }),
+        "{}",
+        stderr(&output)
+    );
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(report["ready"], true);
+    assert_eq!(report["ready"], cookies);
     let check = |name: &str| -> &Value {
         report["checks"]
             .as_array()
@@ -29,6 +36,25 @@ fn doctor_reports_what_this_kernel_allows() {
     assert_eq!(check("privileges")["ok"], true);
     assert_eq!(check("uprobes")["ok"], true, "{}", check("uprobes"));
     assert_eq!(check("syscall_tracepoints")["ok"], true);
+    assert_eq!(
+        check("attach_cookie")["ok"],
+        cookies,
+        "{}",
+        check("attach_cookie")
+    );
+    assert_eq!(check("func_ip")["ok"], cookies, "{}", check("func_ip"));
+    if !cookies {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        assert_eq!(
+            check("attach_cookie")["detail"],
+            format!(
+                "kernel {} lacks the BPF helper bpf_get_attach_cookie (Linux 5.15), needed by \
+                 cudatrace run, whose uprobes are told apart by their attach cookies: use a \
+                 5.15 or newer kernel",
+                release.trim()
+            )
+        );
+    }
     assert_eq!(
         check("kprobes")["ok"],
         Path::new("/sys/bus/event_source/devices/kprobe").exists(),
@@ -59,6 +85,42 @@ fn doctor_reports_what_this_kernel_allows() {
     assert!(text.contains("cannot trace here"), "{text}");
 }
 
+/// Whether this kernel's release is `major.minor` or newer.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
+}
+
+#[test]
+fn run_refuses_a_kernel_without_attach_cookies_naming_both() {
+    let Some(_guard) = root() else { return };
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-o", "-", "--libcuda"])
+        .arg(&standin().lib)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let refusal = format!(
+        "kernel {} lacks the BPF helper bpf_get_attach_cookie (Linux 5.15)",
+        release.trim()
+    );
+    if kernel_at_least(5, 15) {
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        assert!(!stderr(&output).contains("lacks the BPF helper"));
+    } else {
+        assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
+        assert!(stderr(&output).contains(&refusal), "{}", stderr(&output));
+        assert!(
+            output.stdout.is_empty(),
+            "no trace where nothing was traced"
+        );
+    }
+}
+
 #[test]
 fn doctor_finds_its_uprobe_target_in_a_stripped_binary() {
     let Some(_guard) = root() else { return };
@@ -77,9 +139,16 @@ fn doctor_finds_its_uprobe_target_in_a_stripped_binary() {
         .arg(&standin().lib)
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Debian's 5.10 lacks the attach cookie helper (Linux 5.15) every `run` uprobe reads.
+    let cookies = kernel_at_least(5, 15);
+    assert_eq!(
+        output.status.code(),
+        Some(if cookies { 0 } else { 1 }),
+        "{}",
+        stderr(&output)
+    );
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(report["ready"], true);
+    assert_eq!(report["ready"], cookies);
     let uprobes = report["checks"]
         .as_array()
         .unwrap()

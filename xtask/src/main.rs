@@ -1,5 +1,6 @@
 //! Developer tasks for cudatrace, run as `cargo xtask <command>`.
 
+mod arm64;
 mod bench;
 mod cmd;
 mod ebpf;
@@ -29,14 +30,17 @@ struct Cli {
 enum Command {
     /// Build the eBPF programs (tracer-ebpf) for bpfel-unknown-none.
     BuildEbpf(ebpf::BuildEbpfOptions),
-    /// Run every test: unit, root (real probes), and root again on a 6.1 kernel in QEMU.
+    /// Run every test: unit, root (real probes), and root again on 5.10, 6.1 and 6.12 in QEMU.
     Test(tasks::TestOptions),
     /// Check that no crate has an import circle among sibling modules (files or folders).
     CheckImports,
     /// Build everything and record a demo trace into traces/demo.jsonl.
     Demo,
-    /// Run the root tests in a QEMU guest on Debian's 6.1 kernel (needs root).
+    /// Run root tests in QEMU guests on Debian's 5.10, 6.1 and 6.12 kernels (needs root).
     VmTest(vm::VmTestOptions),
+    /// Build `cudatrace` for aarch64-unknown-linux-gnu (installs the Rust target and
+    /// gcc-aarch64-linux-gnu where missing).
+    BuildArm64,
     /// Benchmarks against the stand-in libcuda (needs root): per-call overhead beside the
     /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
     Bench(bench::BenchOptions),
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::CheckImports => imports::check_imports(),
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
+        Command::BuildArm64 => arm64::build_arm64(),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Pythons => pythons::ensure_all(),
     };

@@ -14,13 +14,13 @@ use crate::{
 
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct TestOptions {
-    /// Skip `vm-test` (the root tests again on Debian's 6.1 kernel under QEMU, 3-5 min).
+    /// Skip `vm-test` (root suites again on Debian's 5.10, 6.1 and 6.12 kernels under QEMU).
     #[arg(long)]
     pub no_vm: bool,
 }
 
 /// Runs every test: unit tests, the root tests that load and attach real probes, and the
-/// root tests again on a second kernel under QEMU (`vm-test`).
+/// root tests again on Debian's 5.10, 6.1 and 6.12 kernels under QEMU (`vm-test`).
 pub fn test(opts: &TestOptions) -> Result<()> {
     imports::check_imports()?;
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
@@ -38,7 +38,7 @@ pub fn test(opts: &TestOptions) -> Result<()> {
         "cargo test --workspace",
     )?;
     if opts.no_vm {
-        eprintln!("xtask: --no-vm: not running the tests on the 6.1 kernel");
+        eprintln!("xtask: --no-vm: not running the tests on the QEMU guests");
         return Ok(());
     }
     vm::vm_test(&vm::VmTestOptions::default())

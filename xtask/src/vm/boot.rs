@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use super::{EXIT_MARK, KERNEL_ARGS, Kernel, QEMU, ROOT_TAG, VIRTIOFSD, VmTestOptions};
+use super::{
+    Accel, EXIT_MARK, KERNEL_ARGS, Kernel, ROOT_TAG, VIRTIOFSD, VmTestOptions, qemu::Qemu,
+};
 
 /// A child process killed (and reaped) when dropped, and by the kernel if xtask dies.
 struct Reaped(Child);
@@ -47,24 +49,30 @@ pub(super) struct Outcome {
     pub(super) first_output: Option<Duration>,
 }
 
+pub(super) struct Machine<'a> {
+    pub(super) qemu: &'a Qemu,
+    pub(super) accel: Accel,
+}
+
 pub(super) fn boot(
+    machine: &Machine<'_>,
     vm_dir: &Path,
     kernel: &Kernel,
     initramfs: &Path,
+    console: &Path,
     opts: &VmTestOptions,
 ) -> Result<Outcome> {
     let socket = vm_dir.join("virtiofsd.sock");
     let results_path = vm_dir.join("results.log");
-    let console = vm_dir.join("console.log");
-    for stale in [&socket, &results_path, &console] {
+    for stale in [&socket, &results_path, console] {
         let _ = fs::remove_file(stale);
     }
     let log = |name: &str| -> Result<(Stdio, Stdio)> {
         let file = fs::File::create(vm_dir.join(name))?;
         Ok((file.try_clone()?.into(), file.into()))
     };
-    let (virtiofsd_out, virtiofsd_err) = log("virtiofsd.log")?;
-    let (qemu_out, qemu_err) = log("qemu.log")?;
+    let (virtiofsd_out, virtiofsd_err) = log(&format!("virtiofsd-{}.log", kernel.version))?;
+    let (qemu_out, qemu_err) = log(&format!("qemu-{}.log", kernel.version))?;
 
     // The guest mounts this read-only and puts an overlay on it; it has no write path back.
     // The default sandbox pivot_roots into the source, which fails (EBUSY) for "/".
@@ -81,7 +89,8 @@ pub(super) fn boot(
     while !socket.exists() {
         ensure!(
             Instant::now() < deadline,
-            "virtiofsd made no socket: see target/vm/virtiofsd.log"
+            "virtiofsd made no socket: see target/vm/virtiofsd-{}.log",
+            kernel.version
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -94,15 +103,16 @@ pub(super) fn boot(
     }
     let started = Instant::now();
     let mut qemu = Reaped::spawn(
-        Command::new(QEMU)
-            .args([
-                "-accel",
-                "tcg",
-                "-cpu",
-                "max",
-                "-smp",
-                &opts.cpus.to_string(),
-            ])
+        Command::new(&machine.qemu.binary)
+            .args(
+                machine
+                    .qemu
+                    .firmware
+                    .iter()
+                    .flat_map(|dir| [std::ffi::OsStr::new("-L"), dir.as_os_str()]),
+            )
+            .args(machine.accel.qemu_args())
+            .args(["-smp", &opts.cpus.to_string()])
             .args([
                 "-m",
                 &memory,
@@ -135,7 +145,7 @@ pub(super) fn boot(
             .stdin(Stdio::null())
             .stdout(qemu_out)
             .stderr(qemu_err),
-        QEMU,
+        "qemu-system-x86_64",
     )?;
 
     // Follow the results port, printing whole lines as they come.

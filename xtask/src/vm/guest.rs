@@ -10,9 +10,10 @@ use anyhow::{Context, Result, ensure};
 
 use crate::cmd::{self};
 
-use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TEST_TARGETS, TestBinary, VmTestOptions};
+use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TestBinary, VmTestOptions};
 
-pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
+/// Builds the test targets and returns the executables of `names`, in that order.
+pub(super) fn build_tests(root: &Path, names: &[&str]) -> Result<Vec<TestBinary>> {
     eprintln!("xtask: vm-test: cargo test -p cudatrace --no-run");
     let mut child = cmd::cargo()
         .args([
@@ -45,7 +46,7 @@ pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
         let is_test = target["kind"]
             .as_array()
             .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if is_test && TEST_TARGETS.contains(&name) {
+        if is_test && names.contains(&name) {
             found.insert(
                 name.to_owned(),
                 TestBinary {
@@ -55,6 +56,7 @@ pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
                         .parent()
                         .context("manifest path")?
                         .into(),
+                    filters: Vec::new(),
                 },
             );
         }
@@ -62,7 +64,7 @@ pub(super) fn build_tests(root: &Path) -> Result<Vec<TestBinary>> {
     let status = child.wait()?;
     ensure!(status.success(), "cargo test --no-run failed ({status})");
     let mut tests = Vec::new();
-    for name in TEST_TARGETS {
+    for name in names {
         match found.remove(*name) {
             Some(test) => tests.push(test),
             None => eprintln!("xtask: vm-test: no test target {name} in cudatrace: skipped"),
@@ -95,11 +97,21 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
             quote(command)
         );
     }
-    let mut filter = opts.filter.as_deref().map(quote).unwrap_or_default();
+    let mut skip = String::new();
     for (name, _) in SKIPPED.iter().filter(|_| !opts.no_skip) {
-        let _ = write!(filter, " --skip {}", quote(name));
+        let _ = write!(skip, " --skip {}", quote(name));
     }
     for test in tests.iter().filter(|_| opts.exec.is_none()) {
+        // --filter replaces the kernel's subset of the binary's tests.
+        let filter = match &opts.filter {
+            Some(filter) => quote(filter),
+            None => test
+                .filters
+                .iter()
+                .map(|f| quote(f))
+                .collect::<Vec<_>>()
+                .join(" "),
+        } + &skip;
         let _ = write!(
             s,
             "echo \"vm-test: === {name}\"\n\
@@ -161,6 +173,34 @@ poweroff -f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binarys_subset_becomes_its_filters_unless_filter_replaces_it() {
+        let test = TestBinary {
+            name: "stacks".into(),
+            exe: "/t/stacks-1".into(),
+            cwd: "/w/tracer".into(),
+            filters: vec!["every_stack", "launches_probed"],
+        };
+        let script = guest_script(
+            Path::new("/w"),
+            std::slice::from_ref(&test),
+            &VmTestOptions::default(),
+        );
+        assert!(
+            script.contains(
+                "'/t/stacks-1' --test-threads=1 --color never -Z unstable-options \
+                             --report-time 'every_stack' 'launches_probed')"
+            ),
+            "{script}"
+        );
+        let opts = VmTestOptions {
+            filter: Some("dash_p".into()),
+            ..VmTestOptions::default()
+        };
+        let script = guest_script(Path::new("/w"), &[test], &opts);
+        assert!(script.contains("--report-time 'dash_p')"), "{script}");
+    }
 
     #[test]
     fn quote_survives_single_quotes() {

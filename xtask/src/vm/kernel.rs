@@ -1,5 +1,5 @@
-//! Debian's 6.1 cloud kernel for the guest: the packages vm-test needs, and the kernel image
-//! downloaded with apt and cached under target/vm.
+//! Debian's cloud kernels for the guest (5.10, 6.1, 6.12): the packages vm-test needs, and
+//! the kernel images, found through a private apt source list and cached under target/vm.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,19 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd::run;
 
-use super::{KERNEL_PREFIX, KERNEL_SUFFIX, Kernel, PACKAGES, VIRTIOFSD};
+use super::{Kernel, PACKAGES, VIRTIOFSD, apt::Apt};
+
+/// The kernels vm-test boots, by `major.minor`, and the Debian suite each comes from: bullseye's
+/// 5.10, bookworm's 6.1 (security updates included), bookworm-backports' 6.12.
+pub const KERNELS: &[(&str, &str)] = &[
+    ("5.10", "bullseye"),
+    ("6.1", "bookworm-security"),
+    ("6.12", "bookworm-backports"),
+];
+
+/// The cloud image's meta package: each suite's version depends on that suite's newest image.
+const META_PACKAGE: &str = "linux-image-cloud-amd64";
+const KERNEL_SUFFIX: &str = "-cloud-amd64";
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);
 
@@ -52,117 +64,134 @@ pub(super) fn ensure_packages() -> Result<()> {
     Ok(())
 }
 
-/// The ABI number of a kernel package name, e.g. 56 for linux-image-6.1.0-56-cloud-amd64.
-fn kernel_abi(package: &str) -> Option<u32> {
-    package
-        .strip_prefix(KERNEL_PREFIX)?
-        .strip_suffix(KERNEL_SUFFIX)?
-        .parse()
-        .ok()
+/// Whether `version` (`5.10`, `6.1`, `6.12`) is one vm-test knows.
+pub fn known(version: &str) -> bool {
+    KERNELS.iter().any(|(v, _)| *v == version)
 }
 
-/// The unpacked kernel under target/vm/kernel/, downloaded and unpacked first if absent.
-pub(super) fn kernel(vm_dir: &Path) -> Result<Kernel> {
+/// Whether a package or release name (`linux-image-6.1.0-56-cloud-amd64`, `6.12.95+deb12-...`)
+/// is of kernel `version`: `6.1` takes `6.1.x`, not `6.12.x`.
+fn of_version(name: &str, version: &str) -> bool {
+    let name = name.strip_prefix("linux-image-").unwrap_or(name);
+    name.strip_prefix(version)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// The numbers in a name, in order, for picking the newest: `6.12.95+deb12` is [6, 12, 95, 12].
+fn numbers(name: &str) -> Vec<u32> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// The unpacked kernel `version` under target/vm/kernel/, downloaded and unpacked first if absent.
+pub(super) fn kernel(vm_dir: &Path, version: &str) -> Result<Kernel> {
     let cache = vm_dir.join("kernel");
-    if let Some(kernel) = cached_kernel(&cache)? {
+    if let Some(kernel) = cached_kernel(&cache, version)? {
         return Ok(kernel);
     }
+    let apt = Apt::new(vm_dir)?;
     // Stale package lists name packages the mirror no longer has: update and try again.
-    for _ in 0..2 {
-        for package in kernel_packages()? {
-            if download_kernel(vm_dir, &package)? {
-                return cached_kernel(&cache)?
+    for attempt in 0..2 {
+        if attempt == 1 {
+            apt.update()?;
+        }
+        for package in kernel_packages(&apt, version)? {
+            if apt.fetch(vm_dir, &[&package], &cache.join(&package))? {
+                return cached_kernel(&cache, version)?
                     .context("the unpacked kernel package has no vmlinuz");
             }
         }
-        if APT_UPDATED.load(Ordering::SeqCst) {
-            break;
-        }
-        apt_update()?;
     }
-    bail!("no {KERNEL_PREFIX}*{KERNEL_SUFFIX} package could be found and downloaded")
+    let suite = KERNELS
+        .iter()
+        .find(|(v, _)| *v == version)
+        .map_or("?", |(_, suite)| suite);
+    bail!(
+        "no linux-image-{version}.*{KERNEL_SUFFIX} package could be found in Debian {suite} \
+         and downloaded (apt sources in {})",
+        apt.sources.display()
+    )
 }
 
-/// `apt-get download`s `package` and unpacks it into target/vm/kernel/PACKAGE; false when
-/// it cannot be downloaded.
-fn download_kernel(vm_dir: &Path, package: &str) -> Result<bool> {
-    let download = vm_dir.join("download");
-    let _ = fs::remove_dir_all(&download);
-    fs::create_dir_all(&download)?;
-    eprintln!("xtask: vm-test: apt-get download {package}");
-    let status = Command::new("apt-get")
-        .args(["download", "-q", package])
-        .current_dir(&download)
-        .status()
-        .context("running apt-get download")?;
-    if !status.success() {
-        eprintln!("xtask: vm-test: {package} could not be downloaded");
-        return Ok(false);
-    }
-    let deb = fs::read_dir(&download)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .with_context(|| format!("apt-get download left no .deb for {package}"))?;
-    let cache = vm_dir.join("kernel");
-    let partial = cache.join(format!("{package}.partial"));
-    let _ = fs::remove_dir_all(&partial);
-    fs::create_dir_all(&partial)?;
-    run(
-        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial),
-        &format!("dpkg-deb -x {}", deb.display()),
-    )?;
-    fs::rename(&partial, cache.join(package))?;
-    fs::remove_dir_all(&download)?;
-    Ok(true)
-}
-
-/// Matching package names known to apt, highest ABI first.
-fn kernel_packages() -> Result<Vec<String>> {
-    let output = Command::new("apt-cache")
-        .args(["search", "--names-only", "^linux-image-6\\.1\\.0-"])
+/// The image packages of kernel `version`, newest first: what the meta package depends on
+/// in each of its versions.
+fn kernel_packages(apt: &Apt, version: &str) -> Result<Vec<String>> {
+    let output = apt
+        .command("apt-cache")
+        .args(["madison", META_PACKAGE])
         .output()
-        .context("running apt-cache search")?;
-    ensure!(output.status.success(), "apt-cache search failed");
-    let mut names: Vec<(u32, String)> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .filter_map(|name| Some((kernel_abi(name)?, name.to_owned())))
+        .context("running apt-cache madison")?;
+    ensure!(
+        output.status.success(),
+        "apt-cache madison {META_PACKAGE} failed"
+    );
+    let mut versions: Vec<String> = madison_versions(&String::from_utf8_lossy(&output.stdout))
+        .into_iter()
+        .filter(|v| of_version(v, version))
         .collect();
-    names.sort_unstable_by(|a, b| b.cmp(a));
-    names.dedup();
-    Ok(names.into_iter().map(|(_, name)| name).collect())
+    versions.sort_by_key(|v| std::cmp::Reverse(numbers(v)));
+    let mut packages = Vec::new();
+    for meta in versions {
+        let output = apt
+            .command("apt-cache")
+            .args(["show", &format!("{META_PACKAGE}={meta}")])
+            .output()
+            .context("running apt-cache show")?;
+        if let Some(package) = image_dependency(&String::from_utf8_lossy(&output.stdout))
+            && !packages.contains(&package)
+        {
+            packages.push(package);
+        }
+    }
+    Ok(packages)
 }
 
-/// The highest-ABI kernel already unpacked in `cache`.
-fn cached_kernel(cache: &Path) -> Result<Option<Kernel>> {
+/// The versions in `apt-cache madison` lines (`name | version | source`).
+fn madison_versions(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| line.split('|').nth(1))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// The `linux-image-*-cloud-amd64` package in an `apt-cache show` record's `Depends:`.
+fn image_dependency(record: &str) -> Option<String> {
+    record
+        .lines()
+        .find_map(|line| line.strip_prefix("Depends:"))?
+        .split([',', '|'])
+        .map(|dep| dep.split_whitespace().next().unwrap_or(""))
+        .find(|name| name.starts_with("linux-image-") && name.ends_with(KERNEL_SUFFIX))
+        .map(str::to_owned)
+}
+
+/// The newest kernel of `version` already unpacked in `cache`.
+fn cached_kernel(cache: &Path, version: &str) -> Result<Option<Kernel>> {
     let Ok(entries) = fs::read_dir(cache) else {
         return Ok(None);
     };
     let best = entries
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            Some((kernel_abi(&name)?, name))
-        })
-        .max();
-    let Some((_, package)) = best else {
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| of_version(name, version) && name.ends_with(KERNEL_SUFFIX))
+        .max_by_key(|name| numbers(name));
+    let Some(package) = best else {
         return Ok(None);
     };
     let dir = cache.join(&package);
-    let single = |sub: &str, prefix: &str| -> Result<PathBuf> {
+    let single = |sub: &str, pick: &dyn Fn(&str) -> bool| -> Result<PathBuf> {
         fs::read_dir(dir.join(sub))
             .with_context(|| format!("reading {}", dir.join(sub).display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .with_context(|| format!("no {sub}/{prefix}* in {}", dir.display()))
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(pick))
+            .with_context(|| format!("no kernel {version} in {}/{sub}", dir.display()))
     };
     Ok(Some(Kernel {
-        vmlinuz: single("boot", "vmlinuz-")?,
-        modules: single("lib/modules", "6.1.")?,
+        vmlinuz: single("boot", &|n| n.starts_with("vmlinuz-"))?,
+        modules: single("lib/modules", &|n| of_version(n, version))?,
+        version: version.to_owned(),
         package,
     }))
 }
@@ -172,10 +201,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernel_abi_reads_only_cloud_6_1_images() {
-        assert_eq!(kernel_abi("linux-image-6.1.0-56-cloud-amd64"), Some(56));
-        assert_eq!(kernel_abi("linux-image-6.1.0-56-amd64"), None);
-        assert_eq!(kernel_abi("linux-image-6.1.0-56-cloud-amd64-dbg"), None);
-        assert_eq!(kernel_abi("linux-image-6.12.0-1-cloud-amd64"), None);
+    fn a_version_takes_its_own_releases_only() {
+        assert!(of_version("linux-image-6.1.0-56-cloud-amd64", "6.1"));
+        assert!(!of_version("linux-image-6.12.95+deb12-cloud-amd64", "6.1"));
+        assert!(of_version("linux-image-6.12.95+deb12-cloud-amd64", "6.12"));
+        assert!(of_version("5.10.0-32-cloud-amd64", "5.10"));
+        assert!(of_version("5.10.223-1", "5.10"));
+        assert!(!of_version("6.1.192-2", "5.10"));
+        assert!(!of_version("linux-image-6.1", "6.1"));
+    }
+
+    #[test]
+    fn the_newest_release_sorts_first_by_its_numbers() {
+        assert_eq!(numbers("6.12.95+deb12"), [6, 12, 95, 12]);
+        assert!(numbers("6.12.100+deb12") > numbers("6.12.95+deb12"));
+        assert!(
+            numbers("linux-image-6.1.0-56-cloud-amd64")
+                > numbers("linux-image-6.1.0-9-cloud-amd64")
+        );
+    }
+
+    #[test]
+    fn the_image_package_comes_from_the_meta_packages_records() {
+        let madison = " linux-image-cloud-amd64 | 6.12.95-1~bpo12+1 | http://deb.debian.org/debian \
+                       bookworm-backports/main amd64 Packages\n linux-image-cloud-amd64 | 5.10.223-1 | \
+                       http://deb.debian.org/debian bullseye/main amd64 Packages\n";
+        assert_eq!(
+            madison_versions(madison),
+            ["6.12.95-1~bpo12+1", "5.10.223-1"]
+        );
+        let record = "Package: linux-image-cloud-amd64\nVersion: 5.10.223-1\n\
+                      Depends: linux-image-5.10.0-32-cloud-amd64 (= 5.10.223-1)\nDescription: x\n";
+        assert_eq!(
+            image_dependency(record).as_deref(),
+            Some("linux-image-5.10.0-32-cloud-amd64")
+        );
+        assert_eq!(image_dependency("Package: x\nDepends: libc6\n"), None);
+    }
+
+    #[test]
+    fn every_kernel_is_known_and_others_are_not() {
+        assert!(known("5.10") && known("6.1") && known("6.12"));
+        assert!(!known("6.6") && !known("6"));
     }
 }
