@@ -45,9 +45,13 @@ enum Command {
     /// tracefs floor and bpftrace, sustained rate, tracer RSS and CPU, summary/export speed.
     Bench(bench::BenchOptions),
     /// Make the interpreters the --stacks root tests trace beyond the machine's own (as
-    /// `test` does): Debian trixie's CPython 3.13, sid's 3.14 and a free-threaded 3.13t
-    /// built from Debian's source (needs root; the 3.13t build takes minutes, once).
-    Pythons,
+    /// `test` does): Debian trixie's CPython 3.13 and sid's 3.14; with `--free-threaded`
+    /// also a free-threaded 3.13t built from Debian's source (needs root; 5 to 16 minutes
+    /// on 2 cores, once; not in CI for its time: docs/python-stacks.md).
+    Pythons {
+        #[arg(long)]
+        free_threaded: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -60,7 +64,7 @@ fn main() -> ExitCode {
         Command::VmTest(opts) => vm::vm_test(&opts),
         Command::BuildArm64 => arm64::build_arm64(),
         Command::Bench(opts) => bench::bench(&opts),
-        Command::Pythons => pythons::ensure_all(),
+        Command::Pythons { free_threaded } => pythons::ensure_all(free_threaded),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

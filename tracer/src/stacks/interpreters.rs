@@ -46,6 +46,9 @@ struct ReadFile {
     result: Result<InterpreterFile, NotInterpreter>,
 }
 
+/// The probes' `KNOWN_CODES`: the code objects of known stacks, by (process image, address).
+pub type KnownCodes = BpfHashMap<MapData, [u64; 2], u32>;
+
 /// The processes' interpreters.
 pub struct Interpreters {
     map: BpfHashMap<MapData, u32, PyProcess>,
@@ -65,7 +68,7 @@ pub struct Interpreters {
     unchecked: HashMap<u32, Unchecked>,
     /// `py_code_freed`, when the kernel can link it to one process (uprobe_multi), and the
     /// map of the code objects it counts (`KNOWN_CODES`).
-    code_freed: Option<(OwnedFd, BpfHashMap<MapData, [u64; 2], u32>)>,
+    code_freed: Option<(OwnedFd, KnownCodes)>,
     /// The process image each process got with the count on: its `KNOWN_CODES` entries
     /// are removed when it execs or exits.
     counted: HashMap<u32, u64>,
@@ -87,7 +90,7 @@ struct Unchecked {
 impl Interpreters {
     pub fn new(
         map: BpfHashMap<MapData, u32, PyProcess>,
-        code_freed: Option<(OwnedFd, BpfHashMap<MapData, [u64; 2], u32>)>,
+        code_freed: Option<(OwnedFd, KnownCodes)>,
         quiet: bool,
     ) -> Self {
         Interpreters {
@@ -176,10 +179,7 @@ impl Interpreters {
                 debug_offsets,
                 table_differs,
                 checked,
-            }) => match {
-                let py = self.count_frees(pid, *py);
-                self.give(pid, py)
-            } {
+            }) => match self.count_and_give(pid, *py) {
                 Ok(()) => {
                     self.processes.insert(pid, Found::Readable { minor });
                     if checked.frames == 0 {
@@ -381,6 +381,12 @@ impl Interpreters {
                 );
             }
         }
+    }
+
+    /// [`Self::count_frees`], then [`Self::give`].
+    fn count_and_give(&mut self, pid: u32, py: PyProcess) -> Result<()> {
+        let py = self.count_frees(pid, py);
+        self.give(pid, py)
     }
 
     /// Writes `py` for `pid`, keeping the process image the kernel gave a fork child when
