@@ -150,6 +150,11 @@ pub struct Scratch {
     pub window_start: u64,
     pub window_len: u64,
     pub window: read::Window,
+    /// 3.12+: the process's memory at `up_start`, `up_len` bytes (0: none yet), read above
+    /// an entry frame on the C stack in one piece: outer calls' entry frames lie there.
+    pub up_start: u64,
+    pub up_len: u64,
+    pub up_window: read::Window,
     /// Indexes in `frames` of the frames whose code object was not seen.
     pub todo_frames: [u16; MAX_STACK_FRAMES],
     /// Sent as one record: the event, then its frames.

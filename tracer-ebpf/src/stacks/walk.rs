@@ -22,7 +22,7 @@ use super::{
     PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
     budget::kept_frame_beyond,
     bump, fsbase_offset,
-    read::{Buf, WINDOW, mask, read_user, user_u32, user_u64},
+    read::{Buf, WINDOW, Window, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
 
@@ -235,6 +235,7 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
     }
     scratch.frame = frame;
     scratch.window_len = 0;
+    scratch.up_len = 0;
     scratch.walked = 0;
     scratch.event.nframes = 0;
     scratch.event.flags = 0;
@@ -403,11 +404,13 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
 }
 
 /// Reads the frame at `frame` ([`FRAME_READ`] bytes from `frame_read`) into the scratch's
-/// `buf`. From 3.11 frames live in the thread's data stack, each caller just below its
-/// callee: a frame below the window and within [`WINDOW`] of it, or the first, is read
-/// with the bytes below it in its page (at most [`WINDOW`]) in one piece, and the frames
-/// found there later cost no read. Others (an entry
-/// frame on the C stack, a generator's) are read alone.
+/// `buf`. From 3.11 most frames need no read of their own: frames live in the thread's data
+/// stack, each caller just below its callee, so a frame below the data-stack window and
+/// within [`WINDOW`] of it (or the first) is read with the bytes below it in its page (at
+/// most [`WINDOW`]) in one piece. 3.12+'s entry frames live on the C stack, which grows
+/// down: the entry frames of outer calls lie above an inner one, so a frame above the data
+/// stack window is read with the [`WINDOW`] bytes above it (only to its page's end where
+/// they are not all mapped). Frames found in either copy later cost no read.
 #[inline(always)]
 fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
     let at = frame + u64::from(py.frame_read);
@@ -416,32 +419,57 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
         // 3.10: frame objects, each where the allocator put it.
         return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
     }
-    let start = scratch.window_start;
-    let len = scratch.window_len;
-    let inside = len != 0 && at >= start && end <= start + len;
-    if !inside {
-        let below = len == 0 || (at < start && start - at <= WINDOW as u64);
-        if !below {
-            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
-        }
+    let (start, len) = (scratch.window_start, scratch.window_len);
+    if len != 0 && at >= start && end <= start + len {
+        copy_frame(&mut scratch.buf, &scratch.window, at - start);
+        return true;
+    }
+    let (up_start, up_len) = (scratch.up_start, scratch.up_len);
+    if up_len != 0 && at >= up_start && end <= up_start + up_len {
+        copy_frame(&mut scratch.buf, &scratch.up_window, at - up_start);
+        return true;
+    }
+    if len == 0 || (at < start && start - at <= WINDOW as u64) {
         // From the frame's own page only: a read that faults (the page below not mapped,
         // as below the data stack's first chunk) costs more than several reads.
-        let window = scratch.window.0.as_mut_ptr();
         let from = core::cmp::max(end.saturating_sub(WINDOW as u64), at & !0xfff);
         let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
-        if bytes > (WINDOW + FRAME_READ) as u64 || !read_user(window, bytes as u32, from) {
+        if bytes > (WINDOW + FRAME_READ) as u64
+            || !read_user(scratch.window.0.as_mut_ptr(), bytes as u32, from)
+        {
             scratch.window_len = 0;
             return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
         }
         scratch.window_start = from;
         scratch.window_len = bytes;
+        copy_frame(&mut scratch.buf, &scratch.window, at - from);
+        return true;
     }
-    let offset = at - scratch.window_start;
-    for word in 0..FRAME_READ / 8 {
-        let value = scratch.window.u64_at(offset + (word * 8) as u64);
-        scratch.buf.set_u64((word * 8) as u32, value);
+    // Above: [`WINDOW`] bytes up (a thread's stack is mapped above its frames), else to
+    // the end of the frame's page (never a fault but the first).
+    let mut bytes = WINDOW as u64;
+    if !read_user(scratch.up_window.0.as_mut_ptr(), WINDOW as u32, at) {
+        let page_end = (at | 0xfff) + 1;
+        bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(core::cmp::max(page_end, end) - at);
+        if bytes > (WINDOW + FRAME_READ) as u64
+            || !read_user(scratch.up_window.0.as_mut_ptr(), bytes as u32, at)
+        {
+            scratch.up_len = 0;
+            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+        }
     }
+    scratch.up_start = at;
+    scratch.up_len = bytes;
+    copy_frame(&mut scratch.buf, &scratch.up_window, 0);
     true
+}
+
+/// [`FRAME_READ`] bytes of `window` from `offset` into `buf`.
+#[inline(always)]
+fn copy_frame(buf: &mut Buf, window: &Window, offset: u64) {
+    for word in 0..FRAME_READ / 8 {
+        buf.set_u64((word * 8) as u32, window.u64_at(offset + (word * 8) as u64));
+    }
 }
 
 /// A code object's identity: `co_version` (3.12+), or on 3.10 and 3.11 a fingerprint of
