@@ -1,8 +1,7 @@
 //! `cargo xtask build-arm64`: `cudatrace` for aarch64-unknown-linux-gnu (GH200, GB200 hosts),
 //! the userspace binary and the injection library it embeds, cross-compiled with Debian's
-//! gcc-aarch64-linux-gnu as linker. It embeds the same eBPF object as the x86-64 build,
-//! whose probes still read x86-64's `pt_regs` (tracer-common's `arch` table is not wired
-//! into them yet), so `cudatrace run` refuses on arm64; the other commands work.
+//! gcc-aarch64-linux-gnu as linker. It embeds the eBPF objects built for arm64's `pt_regs`
+//! (`cargo xtask build-ebpf --arch aarch64`, into target/ebpf-aarch64).
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -25,7 +24,10 @@ const EM_AARCH64: u16 = 183;
 pub fn build_arm64() -> Result<()> {
     ensure_target()?;
     ensure_linker()?;
-    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions {
+        arch: ebpf::Arch::Aarch64,
+        ..Default::default()
+    })?;
     let env_target = TARGET.to_uppercase().replace('-', "_");
     run(
         cargo()

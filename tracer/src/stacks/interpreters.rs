@@ -705,6 +705,23 @@ fn layout_of(
     if minor >= 11 && pid_ns.is_some() && pid_ns == context.own_pid_ns {
         py.flags |= py_flags::NATIVE_TID;
     }
+    let arch = tracer_common::arch::TARGET;
+    if !arch.pthread_self_is_thread_pointer && py.flags & py_flags::NATIVE_TID == 0 {
+        // See `Arch::pthread_self_is_thread_pointer`.
+        return Err(refuse(if minor < 11 {
+            format!(
+                "on {} a thread's state is told by its native_thread_id, which Python 3.{minor} \
+                 does not have (3.11+ does)",
+                arch.name
+            )
+        } else {
+            format!(
+                "on {} a thread's state is told by its native_thread_id, which is a tid of \
+                 another pid namespace here",
+                arch.name
+            )
+        }));
+    }
     let types = Types {
         code: py.code_type,
         str: interpreter.str_type.map(|at| at.wrapping_add(bias)),

@@ -35,7 +35,7 @@ use tracer_common::{
     stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter, stack_status},
 };
 
-pub use btf::fsbase_offset;
+pub use btf::thread_pointer_offset;
 use interpreters::{Found, Interpreters};
 pub use resolve::Reason;
 use resolve::Resolver;
@@ -200,13 +200,14 @@ pub fn left_out(call_flags: u32) -> Option<Reason> {
     }
 }
 
-/// Whether `--stacks` can work on this kernel: the offset of a thread's `fs` base in its
-/// task, from the kernel's BTF.
+/// Whether `--stacks` can work on this kernel: the offset of a thread's thread pointer
+/// (x86-64's `fs` base, arm64's `tpidr_el0`) in its task, from the kernel's BTF.
 pub fn kernel_fsbase() -> Result<u32, String> {
-    fsbase_offset(Path::new(KERNEL_BTF)).ok_or_else(|| {
+    thread_pointer_offset(Path::new(KERNEL_BTF)).ok_or_else(|| {
         format!(
-            "{KERNEL_BTF} is missing or has no task_struct.thread.fsbase: cudatrace cannot find \
-             a thread's Python thread state without it"
+            "{KERNEL_BTF} is missing or has no task_struct.{}: cudatrace cannot find a \
+             thread's Python thread state without it",
+            tracer_common::arch::TARGET.thread_pointer.join(".")
         )
     })
 }
