@@ -477,7 +477,13 @@ fn evaluate(
                     let result = elf::read(&bytes, &path);
                     // A debug file where the process's own root has it (a chroot's, a
                     // container's `-dbg` package), or cudatrace's.
-                    let roots = [PathBuf::from(format!("/proc/{pid}/root")), "/".into()];
+                    let own_root = fs::read_link(format!("/proc/{pid}/root"))
+                        .is_ok_and(|root| root == Path::new("/"));
+                    let roots: Vec<PathBuf> = if own_root {
+                        vec!["/".into()]
+                    } else {
+                        vec![format!("/proc/{pid}/root").into(), "/".into()]
+                    };
                     let dwarf = result
                         .as_ref()
                         .ok()
