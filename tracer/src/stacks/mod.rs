@@ -10,6 +10,7 @@
 //! | `check.rs` | a layout checked against the process's own objects before the probes use it |
 //! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
 //! | `debug_offsets.rs` | CPython's own `_Py_DebugOffsets` (3.13+), laid over the table |
+//! | `dwarf.rs` | an interpreter's DWARF (its file's or its debug file's): the structs' member offsets, preferred to the table |
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
@@ -19,6 +20,7 @@
 mod btf;
 mod check;
 mod debug_offsets;
+mod dwarf;
 mod elf;
 mod fault_in;
 mod interpreters;
