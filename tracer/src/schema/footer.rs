@@ -133,6 +133,9 @@ pub struct StacksFooter {
     /// Of those, code objects whose line table is longer than a code record holds (16 KiB),
     /// read apart from the process's memory.
     pub long_linetables: LongLinetableCounts,
+    /// Processes whose frees of code objects the `py_code_freed` probe counts (a known
+    /// stack then reads no identity per frame), and those where it could not be linked.
+    pub code_free_probes: CodeFreeProbeCounts,
     /// Frames the probes read (those kept and the interpreter's own entry frames they
     /// skip): with `calls`, the depth the cost per frame is measured at.
     pub frames_walked: u64,
@@ -196,6 +199,17 @@ pub struct LongLinetableCounts {
     pub read: u64,
     /// Not read (the code object or its process gone by then): their frames have no `line`.
     pub unread: u64,
+}
+
+/// Processes whose interpreter does not count its own code objects freed (3.10 to 3.13),
+/// by whether `py_code_freed` was linked in them at their first stack, on a kernel with
+/// uprobe_multi (6.6+; elsewhere it is not tried and neither counts): `not_linked` ones are
+/// read with each frame's identity, as exactly and more slowly (stderr says why). A process
+/// that ended before its first stack was read is in neither.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CodeFreeProbeCounts {
+    pub linked: u64,
+    pub not_linked: u64,
 }
 
 impl StacklessCounts {

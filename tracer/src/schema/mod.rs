@@ -58,8 +58,9 @@ pub(crate) use call::call_fields;
 pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
-    EventLine, Footer, FooterFigures, GpuFooter, IssuingCalls, Leak, LostCounts, MemoryFooter,
-    PowerFooter, ProcessMemory, StacklessCounts, StacksFooter, StopFigures, WindowFooter,
+    CodeFreeProbeCounts, EventLine, Footer, FooterFigures, GpuFooter, IssuingCalls, Leak,
+    LostCounts, MemoryFooter, PowerFooter, ProcessMemory, StacklessCounts, StacksFooter,
+    StopFigures, WindowFooter,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuGapLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink,

@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     probes::uprobe_multi::{self, MultiLink},
-    schema::{InterpreterLine, LayoutChecked},
+    schema::{CodeFreeProbeCounts, InterpreterLine, LayoutChecked},
 };
 
 /// What was found of a process's interpreter.
@@ -80,6 +80,8 @@ pub struct Interpreters {
     free_probes: HashMap<u32, MultiLink>,
     /// Processes to link it for at their first stack.
     free_pending: HashSet<u32>,
+    /// Processes `py_code_freed` was linked in, or could not be (the footer's counts).
+    free_counts: CodeFreeProbeCounts,
 }
 
 /// A process's layout to check again.
@@ -101,6 +103,7 @@ impl Interpreters {
             counted: HashMap::new(),
             free_probes: HashMap::new(),
             free_pending: HashSet::new(),
+            free_counts: CodeFreeProbeCounts::default(),
             map,
             files: HashMap::new(),
             processes: HashMap::new(),
@@ -364,6 +367,11 @@ impl Interpreters {
         py
     }
 
+    /// Processes `py_code_freed` was linked in, and those where it could not be.
+    pub fn free_counts(&self) -> CodeFreeProbeCounts {
+        self.free_counts.clone()
+    }
+
     /// `pid` sent its first stack: `py_code_freed` is linked to `PyCode_Type`'s deallocator
     /// in its memory alone, and the probes get its layout again with the count on (a new
     /// process image: what was cached under identities read per frame is not reused).
@@ -373,6 +381,7 @@ impl Interpreters {
         if !self.free_pending.remove(&pid) {
             return;
         }
+        // No layout: the process exited (or exec'd) before its first stack was read here.
         let (Some((program, _)), Ok(mut py)) = (&self.code_freed, self.map.get(&pid, 0)) else {
             return;
         };
@@ -390,8 +399,10 @@ impl Interpreters {
             Ok(link) => {
                 self.free_probes.insert(pid, link);
                 self.counted.insert(pid, py.generation);
+                self.free_counts.linked += 1;
             }
             Err(error) => {
+                self.free_counts.not_linked += 1;
                 let reason = format!("{error:#}");
                 self.say(
                     &format!(

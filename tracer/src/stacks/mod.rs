@@ -186,6 +186,7 @@ impl Stacks {
             .counters
             .get(&stack_counter::FRAMES, 0)
             .map_or(0, |per_cpu| per_cpu.iter().sum());
+        footer.code_free_probes = self.interpreters.free_counts();
         footer
     }
 }

@@ -282,7 +282,17 @@ pub fn names(calls: &[&Value]) -> Vec<String> {
 }
 
 /// Asserts the header is first, the footer last, and the footer's counts match the lines.
+/// The trace is whole (header first, footer last, the footer's counts those of its lines)
+/// and nothing was lost: the footer's `lost.total` is 0. A test that loses on purpose
+/// uses [`assert_complete_with_losses`].
 pub fn assert_complete(trace: &[Value]) {
+    assert_complete_with_losses(trace);
+    let footer = trace.last().unwrap();
+    assert_eq!(footer["lost"]["total"], 0, "lost: {}", footer["lost"]);
+}
+
+/// [`assert_complete`] where losses are expected (and checked by the test).
+pub fn assert_complete_with_losses(trace: &[Value]) {
     assert_eq!(
         trace.first().unwrap()["type"],
         "header",

@@ -3,7 +3,12 @@ one was: each step compiles a function of its own name (and line), calls the sta
 libcuda from it, and drops it. The stacks cudatrace reads must name each step's own
 function, however the addresses repeat (tests/stacks.rs compares them with CPython's).
 
-usage: stacks_reuse.py LIBCUDA OUT.json
+usage: stacks_reuse.py LIBCUDA OUT.json [wait]
+
+wait: after the first step's call, wait (up to 30 s) until a breakpoint is in code objects'
+deallocator (the first bytes of `PyCode_Type.tp_dealloc` change: cudatrace links
+`py_code_freed` there at the process's first stack, and a uprobe writes its breakpoint into
+the process's own copy of the page), so that the frees that follow are the probe's to count.
 
 OUT.json: per thread id, the stacks CPython gives at each call (as stacks_target.py);
 OUT.json.codes: the address of each step's code object, in step order.
@@ -13,9 +18,21 @@ import ctypes
 import json
 import sys
 import threading
+import time
 
 lib = ctypes.CDLL(sys.argv[1])
 recorded = {}
+wait = sys.argv[3:] == ["wait"]
+# PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, tp_itemsize, tp_dealloc.
+code_type = type((lambda: 0).__code__)
+dealloc = ctypes.c_void_p.from_address(id(code_type) + 48).value
+unlinked = ctypes.string_at(dealloc, 4)
+
+
+def wait_for_the_free_probe():
+    deadline = time.monotonic() + 30
+    while ctypes.string_at(dealloc, 4) == unlinked and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def seen():
@@ -38,6 +55,8 @@ def steps(count):
         function = namespace.pop(f"step_{step}")
         codes.append(id(function.__code__))
         function()
+        if step == 0 and wait:
+            wait_for_the_free_probe()
         del function, namespace
     return codes
 
