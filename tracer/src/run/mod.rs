@@ -81,7 +81,6 @@ use self::{
 use crate::{
     exit::{ExitCode, Failure},
     inject, kernel_hooks, privileges,
-    probes::helpers,
     schema::{StacksInfo, WindowFooter},
 };
 
@@ -223,16 +222,6 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
                 "cudatrace run is not supported on {} yet: its probes read x86-64's registers",
                 std::env::consts::ARCH
             ),
-        ));
-    }
-    // Unknown (not probed) is left to the loader, whose own error then says why.
-    if helpers::supported(helpers::ATTACH_COOKIE) == Ok(false) {
-        return Err(Failure::new(
-            ExitCode::Internal,
-            anyhow!(helpers::refusal(
-                helpers::ATTACH_COOKIE,
-                &helpers::kernel_release()
-            )),
         ));
     }
     bpf_stats::enable();
