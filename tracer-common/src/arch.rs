@@ -31,6 +31,12 @@ pub struct Arch {
     pub stack_pointer: u16,
     /// Byte offset of the integer return value in `pt_regs` (rax, x0).
     pub return_value: u16,
+    /// Byte offset of the instruction pointer in `pt_regs` (rip, pc): at a uprobe, the
+    /// probed address (the kernel sets it before the handlers run).
+    pub instruction_pointer: u16,
+    /// Bytes the return takes off the stack: at a return probe the stack pointer is the
+    /// entry's plus this (x86-64's `ret` pops the return address; arm64's takes nothing).
+    pub return_pops: u16,
     pub return_address: ReturnAddress,
     /// Bytes from the stack pointer at entry to the first argument passed on the stack.
     pub first_stack_arg: u16,
@@ -56,6 +62,8 @@ pub const X86_64: Arch = Arch {
     arg_regs: &[112, 104, 96, 88, 72, 64],
     stack_pointer: 152,
     return_value: 80,
+    instruction_pointer: 128,
+    return_pops: 8,
     return_address: ReturnAddress::AtStackPointer,
     first_stack_arg: 8,
     thread_pointer: &["thread", "fsbase"],
@@ -70,6 +78,8 @@ pub const AARCH64: Arch = Arch {
     arg_regs: &[0, 8, 16, 24, 32, 40, 48, 56],
     stack_pointer: 31 * 8,
     return_value: 0,
+    instruction_pointer: 32 * 8,
+    return_pops: 0,
     return_address: ReturnAddress::InRegister(30 * 8),
     first_stack_arg: 0,
     thread_pointer: &["thread", "uw", "tp_value"],
@@ -158,6 +168,7 @@ mod tests {
         }
         assert_eq!(AARCH64.return_address, ReturnAddress::InRegister(240));
         assert_eq!(AARCH64.stack_pointer, 248);
+        assert_eq!(AARCH64.instruction_pointer, 256);
     }
 
     /// The kernel's `pt_regs` begins with the layout ptrace gives user space
@@ -180,6 +191,7 @@ mod tests {
         assert_eq!(table, offsets);
         assert_eq!(usize::from(X86_64.stack_pointer), offset_of!(R, rsp));
         assert_eq!(usize::from(X86_64.return_value), offset_of!(R, rax));
+        assert_eq!(usize::from(X86_64.instruction_pointer), offset_of!(R, rip));
         assert_eq!(by_name(std::env::consts::ARCH), Some(X86_64));
     }
 
@@ -189,6 +201,7 @@ mod tests {
         use core::mem::offset_of;
         use libc::user_regs_struct as R;
         assert_eq!(usize::from(AARCH64.stack_pointer), offset_of!(R, sp));
+        assert_eq!(usize::from(AARCH64.instruction_pointer), offset_of!(R, pc));
         assert_eq!(offset_of!(R, regs), 0);
         assert_eq!(by_name(std::env::consts::ARCH), Some(AARCH64));
     }

@@ -161,8 +161,12 @@ pub mod counter {
     /// Ring-buffer reserve failed for an attach event: a library opened or a fork that
     /// the loader never heard of (its calls may be missed).
     pub const ATTACH_RING_FULL: u32 = 15;
+    /// Kernels without attach cookies (before 5.15): a probe fired in a traced process at
+    /// an address no recorded mapping of a planned library explains (mapped before tracing
+    /// and not found, or the mapping table was full): its call is lost.
+    pub const UNIDENTIFIED_PROBE: u32 = 16;
     /// Number of counters.
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 17;
 }
 
 /// Which memory a probe captures (at return): into [`CallStringEvent::data`] for strings,
@@ -401,11 +405,54 @@ pub struct FrameStack {
 }
 const _: () = assert!(size_of::<FrameStack>() == 8 + MAX_DEPTH * size_of::<Frame>());
 
+/// Kernels without attach cookies: a probe is told by the file offset it fired at, within
+/// the library file mapped there (`PROBES_AT`'s key).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeAt {
+    /// The library's id (its plan's), as in the probe id's high bits.
+    pub library: u32,
+    pub _pad: u32,
+    pub file_offset: u64,
+}
+const _: () = assert!(size_of::<ProbeAt>() == 16);
+
+/// One mapping of a planned library file in a process: `[start, end)` maps the file from
+/// `file_offset`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LibraryMapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub library: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<LibraryMapping>() == 32);
+
+/// Mappings of planned libraries kept per process (a ring: the newest replace the oldest).
+/// The loader maps a library in about four pieces (its span, then each segment).
+pub const MAX_MAPPINGS: usize = 16;
+
+/// A process's mappings of planned library files (kernels without attach cookies), the
+/// value of `MAPPINGS`: entry `(next - 1) % MAX_MAPPINGS` is the newest.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    pub next: u32,
+    pub _pad: u32,
+    pub mappings: [LibraryMapping; MAX_MAPPINGS],
+}
+const _: () = assert!(size_of::<ProcessMappings>() == 8 + MAX_MAPPINGS * 32);
+const _: () = assert!(MAX_MAPPINGS.is_power_of_two());
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
     // SAFETY: all are repr(C), Copy, with explicit padding and no invalid bit patterns.
     unsafe impl aya::Pod for ProbeSpec {}
+    unsafe impl aya::Pod for ProbeAt {}
+    unsafe impl aya::Pod for ProcessMappings {}
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for NamePattern {}
@@ -451,8 +498,9 @@ mod tests {
             counter::KFUNCS_FULL,
             counter::ABANDONED_FRAMES,
             counter::ATTACH_RING_FULL,
+            counter::UNIDENTIFIED_PROBE,
         ];
-        assert_eq!(counters, core::array::from_fn::<u32, 16, _>(|i| i as u32));
+        assert_eq!(counters, core::array::from_fn::<u32, 17, _>(|i| i as u32));
         assert_eq!(counter::COUNT as usize, counters.len());
     }
 }

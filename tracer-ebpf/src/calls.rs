@@ -23,6 +23,7 @@ const _: () = assert!(MAX_DEPTH.is_power_of_two());
 
 use crate::{
     call_event::emit,
+    identity,
     maps::{FRAMES, SPECS, ZERO_STACK, add, bump, current_ids, is_traced, stopped},
 };
 
@@ -54,16 +55,26 @@ fn thread_stack(tid: u32) -> Option<*mut FrameStack> {
 fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     let ts_ns = unsafe { bpf_ktime_get_ns() };
     let (tgid, tid) = current_ids()?;
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    // A per-process link fires for its traced process only: no lookup needed.
-    let traced = if cookie & cookie_bits::PER_PROCESS != 0 {
-        tgid != 0 && !stopped()
+    let cookie = if identity::no_cookies() {
+        // Per-symbol links only, in every process: the traced ones, then the probe at the
+        // address it fired at (the verifier drops the other branch, and its helper).
+        if !is_traced(tgid) {
+            return None;
+        }
+        identity::cookie_at(tgid, crate::regs::instruction_pointer(ctx))?
     } else {
-        is_traced(tgid)
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+        // A per-process link fires for its traced process only: no lookup needed.
+        let traced = if cookie & cookie_bits::PER_PROCESS != 0 {
+            tgid != 0 && !stopped()
+        } else {
+            is_traced(tgid)
+        };
+        if !traced {
+            return None;
+        }
+        cookie
     };
-    if !traced {
-        return None;
-    }
     bump(counter::ENTRIES);
     let probe_id = (cookie & cookie_bits::PROBE_ID) as u32;
     let entry = crate::regs::entry(
@@ -168,7 +179,6 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let (tgid, tid) = current_ids()?;
     // Only traced threads ever get a frame stack, so no filter is needed here.
     let stack = unsafe { &mut *FRAMES.get_ptr_mut(&tid)? };
-    let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     if stack.depth == 0 {
         bump(counter::UNMATCHED_RETURN);
         return None;
@@ -179,7 +189,14 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         stack.depth = depth;
         return None;
     }
-    let Some(level) = find_frame(stack, depth, probe_id) else {
+    let found = if identity::no_cookies() {
+        // No cookie: the frame is the one whose return this is, by its stack pointer.
+        find_frame_by_sp(stack, depth, crate::regs::entry_sp_at_return(ctx))
+    } else {
+        let probe_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+        find_frame(stack, depth, probe_id).map(|level| (level, probe_id))
+    };
+    let Some((level, probe_id)) = found else {
         // A return without its entry (entry probe not yet attached): leave the stack alone.
         bump(counter::UNMATCHED_RETURN);
         return None;
@@ -226,6 +243,24 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     }
 
     emit(call, spec)
+}
+
+/// The level and probe of the innermost pending frame entered with stack pointer `sp`
+/// (the entry's, as `regs::entry_sp_at_return` gives it at the return), at or below `top`. Frames of a tail call share it; the kernel runs their returns innermost first.
+#[inline(always)]
+fn find_frame_by_sp(stack: &FrameStack, top: u32, sp: u64) -> Option<(u32, u32)> {
+    let mut level = top as i32;
+    for _ in 0..MAX_DEPTH {
+        if level < 0 {
+            return None;
+        }
+        let frame = stack.frames.get(level as usize)?;
+        if frame.sp == sp {
+            return Some((level as u32, frame.probe_id));
+        }
+        level -= 1;
+    }
+    None
 }
 
 /// The level of the innermost pending frame for `probe_id`, at or below `top`.

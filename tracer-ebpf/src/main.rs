@@ -1,6 +1,6 @@
 //! cudatrace's eBPF side: one generic uprobe/uretprobe pair that every libcuda symbol is
-//! attached to (the attach cookie says which one, and the `SPECS` map how to read its
-//! arguments), plus process-tree tracking from scheduler tracepoints, library discovery and
+//! attached to (the attach cookie says which one, or before 5.15 the address it fired at:
+//! `identity.rs`; the `SPECS` map says how to read its arguments), plus process-tree tracking from scheduler tracepoints, library discovery and
 //! race-free stops for attaching (`discovery.rs`), the GPU activity records the
 //! injection library hands over (`gpu.rs`), and the calls' Python stacks (`stacks/`).
 //!
@@ -16,6 +16,7 @@ mod calls;
 mod discovery;
 mod driver;
 mod gpu;
+mod identity;
 mod maps;
 mod process;
 mod regs;

@@ -73,6 +73,7 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
     let child: i32 = unsafe { ctx.read_at(newtask_pid_off() as usize) }.ok()?;
     if !in_pid_namespace() {
         crate::stacks::inherit(parent, child as u32);
+        crate::identity::inherit(parent, child as u32);
     }
     // A vfork child only runs until its exec (its calls before it are not traced); any
     // other child inherits the parent's breakpoints and needs its own probes first.
@@ -128,6 +129,7 @@ fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
         // Only now can the child be named in the loader's pid namespace.
         let registered = TRACED.insert(&tgid, &1, 0).is_ok();
         crate::stacks::inherit(pending.parent_pid, tgid);
+        crate::identity::inherit(pending.parent_pid, tgid);
         emit_fork(&pending, tgid);
         if !registered {
             // Untraced, and counted: no probes of its own (see `task_newtask`).
@@ -152,6 +154,7 @@ fn inherit_python(ctx: &TracePointContext, parent: u32) {
     }
     if let Ok(child) = unsafe { ctx.read_at::<i32>(newtask_pid_off() as usize) } {
         crate::stacks::inherit(parent, child as u32);
+        crate::identity::inherit(parent, child as u32);
     }
 }
 
@@ -188,6 +191,7 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
     );
     // Nor does it run the interpreter of the old one.
     crate::stacks::forget(ids.0);
+    crate::identity::forget(ids.0);
     // The new image maps nothing yet: its forks need no stop until it maps a library.
     if unsafe { LINKED.get(&ids.0) }.is_some() {
         let _ = LINKED.remove(&ids.0);
@@ -225,6 +229,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     }
     process_exited(tgid);
     crate::stacks::forget(tgid);
+    crate::identity::forget(tgid);
     emit(
         (tgid, tid),
         unsafe { bpf_ktime_get_ns() },

@@ -85,3 +85,15 @@ pub fn entry(ctx: &ProbeContext, stack_args: bool, want_ret_addr: bool) -> Entry
 pub fn return_value(ctx: &RetProbeContext) -> u64 {
     word(ctx.regs as *const u8, TARGET.return_value)
 }
+
+/// The probed address, at a uprobe.
+#[inline(always)]
+pub fn instruction_pointer(ctx: &ProbeContext) -> u64 {
+    word(ctx.regs as *const u8, TARGET.instruction_pointer)
+}
+
+/// The stack pointer the call had at its entry, read at its return probe.
+#[inline(always)]
+pub fn entry_sp_at_return(ctx: &RetProbeContext) -> u64 {
+    word(ctx.regs as *const u8, TARGET.stack_pointer).wrapping_sub(u64::from(TARGET.return_pops))
+}

@@ -57,6 +57,53 @@ fn a_child_the_traced_set_cannot_hold_is_counted_not_dropped() {
     );
 }
 
+/// Kernels without attach cookies (5.10) tell a probe by the library mapping it fired in:
+/// a fork child the mapping table has no room for makes calls nobody can name, and each
+/// is counted. Elsewhere the table is not used and every call is seen.
+#[test]
+fn calls_in_a_process_the_mapping_table_cannot_hold_are_counted() {
+    let Some(_guard) = root() else { return };
+    let trace_path = scratch("limit-mappings").join("trace.jsonl");
+    let output = trace_driver(&trace_path, &["--map-entries", "MAPPINGS=1"], &["fork"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let (lost, lines) = losses(&trace);
+    if kernel_at_least(5, 15) {
+        assert_eq!(
+            names(&calls(&trace)),
+            ["cuInit", "cuMemAlloc_v2", "cuMemAlloc_v2"]
+        );
+        assert_eq!(lost, json!({}));
+        return;
+    }
+    // The parent's entry takes the one slot: the child's cuMemAlloc_v2 of 12345 bytes is
+    // lost, and said to be.
+    let calls = calls(&trace);
+    assert_eq!(names(&calls), ["cuInit", "cuMemAlloc_v2"]);
+    assert_eq!(calls[1]["bytes"], 54321);
+    assert_eq!(
+        lost,
+        json!({"unidentified_probe": 1, "calls": 1, "total": 1})
+    );
+    assert_eq!(lines, [("unidentified_probe".to_owned(), 1)]);
+    assert!(
+        stderr(&output).contains("WARNING: 1 events lost (unidentified_probe 1)"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(trace.last().unwrap()["entries_seen"], 2);
+}
+
+/// Whether this kernel's release is `major.minor` or newer.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
+}
+
 #[test]
 fn threads_the_frame_map_cannot_hold_are_counted() {
     let Some(_guard) = root() else { return };

@@ -1,6 +1,8 @@
 //! Attaching plans: the programs of each plan's probe set (libcuda's entry and return pair,
 //! the injection library's `gpu_records`) on every planned symbol, each with its probe id
-//! and flags as the attach cookie ([`PlannedProbe::cookie`]).
+//! and flags as the attach cookie ([`PlannedProbe::cookie`]); on kernels without cookies
+//! (before 5.15) the same value goes into `PROBES_AT` by file offset, and the entry program
+//! finds it from the address it fired at.
 //!
 //! Two scopes. **Per process** (kernels with uprobe_multi, 6.6+, unless `--all`): each
 //! traced process gets its own uprobe_multi links per library file, filtered by the kernel
@@ -47,6 +49,7 @@ use aya::{
 };
 
 use super::{
+    helpers, maps,
     object::PROBES_OBJECT,
     plan::{Plan, PlannedProbe},
     probe_set::{PROBE_SETS, Programs},
@@ -511,6 +514,13 @@ fn attach_per_symbol(
 ) -> Result<Vec<AttachFailure>> {
     let mut failures = Vec::new();
     let mut failed: HashSet<u32> = HashSet::new();
+    let no_cookies = helpers::cookies_missing();
+    if no_cookies {
+        // Named before their breakpoints exist, so that no call finds its probe unnamed.
+        for probe in probes {
+            maps::identity::add_probe(bpf, probe.library, probe.file_offset, probe.cookie(false))?;
+        }
+    }
     for (program_name, retprobe) in plan.set.programs.names() {
         let program: &mut UProbe = program(bpf, program_name)?;
         // A second plan finds the programs loaded already.
@@ -523,9 +533,11 @@ fn attach_per_symbol(
             if failed.contains(&probe.id) || (retprobe && probe.entry_only) {
                 continue;
             }
+            // Without cookies (before 5.15) the entry program finds the probe by address.
+            let cookie = (!no_cookies).then(|| probe.cookie(false));
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(probe.file_offset),
-                cookie: Some(probe.cookie(false)),
+                cookie,
             };
             match program.attach(point, lib_path, UProbeScope::AllProcesses) {
                 Ok(link) => attached.push((program_name, link)),

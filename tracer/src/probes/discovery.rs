@@ -23,10 +23,11 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
-use tracer_common::{AttachEvent, SET_UNKNOWN, attach_event};
+use tracer_common::{AttachEvent, LibraryMapping, SET_UNKNOWN, attach_event};
 
 use super::{
     attach::{self, AttachOutcome, Attacher, Scope},
+    helpers,
     library::Library,
     maps::{self, LinkedSet, ProbeTable},
     plan::{FunctionSelection, Plans},
@@ -394,6 +395,10 @@ impl Discovery {
             }
         };
         handled.attached.push(Attached::Loaded);
+        if helpers::cookies_missing() {
+            // The process is stopped at the open: its mmaps of this fd come after.
+            maps::identity::add_library_fd(bpf, pid, event.fd, id)?;
+        }
         self.link(id, pid, &mut handled.attached)?;
         Ok(())
     }
@@ -451,7 +456,48 @@ impl Discovery {
                 self.link(id, pid, attached)?;
             }
         }
+        if helpers::cookies_missing() {
+            let mappings = self.planned_mappings(pid);
+            maps::identity::add_mappings(bpf, pid, &mappings)?;
+        }
         Ok(())
+    }
+
+    /// Process `pid`'s mappings of planned library files, from its `/proc/PID/maps`, each
+    /// file known by its `/proc/PID/map_files` entry (as [`mapped_files`] knows it).
+    fn planned_mappings(&self, pid: u32) -> Vec<LibraryMapping> {
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for line in maps.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [range, _perms, offset, ..] = fields[..] else {
+                continue;
+            };
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let parse = |hex: &str| u64::from_str_radix(hex, 16).ok();
+            let (Some(start), Some(end), Some(file_offset)) =
+                (parse(start), parse(end), parse(offset))
+            else {
+                continue;
+            };
+            let Ok(metadata) = fs::metadata(format!("/proc/{pid}/map_files/{range}")) else {
+                continue;
+            };
+            if let Some(plan) = self.plans.of_file(metadata.dev(), metadata.ino()) {
+                found.push(LibraryMapping {
+                    start,
+                    end,
+                    file_offset,
+                    library: plan.id,
+                    _pad: 0,
+                });
+            }
+        }
+        found
     }
 
     /// Whether process `pid` maps a file planned here.

@@ -2,8 +2,9 @@
 //! two-instruction program that calls each one. Distribution kernels backport helpers, so
 //! the kernel's own verifier is asked rather than its version number.
 //!
-//! Debian bullseye's 5.10 has neither helper below: every uprobe program of `run` reads its
-//! attach cookie, so `run` refuses there with the kernel and helper named (doctor says so too).
+//! Debian bullseye's 5.10 has neither helper below: there `run`'s uprobe programs tell their
+//! probe by the address it fired at instead of the attach cookie (`cookies_missing`), and
+//! `--kernel`'s kprobes are refused with the kernel and helper named (doctor says so too).
 
 use std::{
     io,
@@ -26,12 +27,12 @@ pub struct Helper {
     pub needed_by: &'static str,
 }
 
-/// Every uprobe program of `run` (entry, return, stacks) tells its probe by the cookie.
+/// `run`'s uprobe programs tell their probe by the cookie where the kernel has it.
 pub const ATTACH_COOKIE: Helper = Helper {
     name: "bpf_get_attach_cookie",
     id: bpf_func_id::BPF_FUNC_get_attach_cookie,
     since: "5.15",
-    needed_by: "cudatrace run, whose uprobes are told apart by their attach cookies",
+    needed_by: "telling uprobes apart by their attach cookies",
 };
 
 /// `--kernel`'s kprobes name their kernel function by its address.
@@ -61,6 +62,12 @@ pub fn supported(helper: Helper) -> Result<bool, String> {
         .position(|h| *h == helper)
         .expect("every helper is in HELPERS");
     answers[index].clone()
+}
+
+/// Whether this kernel surely lacks attach cookies: `run` then tells probes apart by the
+/// address they fired at (unknown is taken as having them: the loader's error says why).
+pub fn cookies_missing() -> bool {
+    supported(ATTACH_COOKIE) == Ok(false)
 }
 
 /// The refusal for a feature whose helper kernel `release` lacks.
@@ -129,10 +136,10 @@ mod tests {
     #[test]
     fn a_refusal_names_the_kernel_the_helper_and_the_feature() {
         assert_eq!(
-            refusal(ATTACH_COOKIE, "5.10.0-32-cloud-amd64"),
-            "kernel 5.10.0-32-cloud-amd64 lacks the BPF helper bpf_get_attach_cookie (Linux \
-             5.15), needed by cudatrace run, whose uprobes are told apart by their attach \
-             cookies: use a 5.15 or newer kernel"
+            refusal(FUNC_IP, "5.10.0-32-cloud-amd64"),
+            "kernel 5.10.0-32-cloud-amd64 lacks the BPF helper bpf_get_func_ip (Linux 5.15), \
+             needed by --kernel kprobes, which name their function by address: use a 5.15 or \
+             newer kernel"
         );
     }
 

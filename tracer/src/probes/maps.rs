@@ -29,6 +29,7 @@ pub const SIZED_MAPS: &[&str] = &[
     "KFUNCS",
     "OPENING",
     "PENDING_CHILD",
+    "MAPPINGS",
 ];
 
 /// Takes map `name` out of the object, as its type (for the maps a part of the run owns
@@ -281,12 +282,13 @@ pub struct Counters {
     pub kfuncs_full: u64,
     pub abandoned_frames: u64,
     pub attach_ring_full: u64,
+    pub unidentified_probe: u64,
 }
 
 impl Counters {
     /// Call events the kernel had to drop.
     pub fn calls_lost(&self) -> u64 {
-        self.ring_full + self.too_deep + self.frames_full
+        self.ring_full + self.too_deep + self.frames_full + self.unidentified_probe
     }
 
     /// GPU records lost on their way (in the ring, reading them, or in CUPTI), and GPU
@@ -358,6 +360,64 @@ impl CounterReader {
             kfuncs_full: sum(counter::KFUNCS_FULL)?,
             abandoned_frames: sum(counter::ABANDONED_FRAMES)?,
             attach_ring_full: sum(counter::ATTACH_RING_FULL)?,
+            unidentified_probe: sum(counter::UNIDENTIFIED_PROBE)?,
         })
+    }
+}
+
+/// Kernels without attach cookies: the entry program tells a probe by the file offset it
+/// fired at (`tracer-ebpf/src/identity.rs`). These maps stay in the object: attaching and
+/// discovery write them while they hold it.
+pub mod identity {
+    use super::*;
+    use tracer_common::{LibraryMapping, MAX_MAPPINGS, ProbeAt, ProcessMappings};
+
+    /// Names probe `cookie` by where it is: `file_offset` in library `library`.
+    pub fn add_probe(bpf: &mut Ebpf, library: u32, file_offset: u64, cookie: u64) -> Result<()> {
+        let mut map: BpfHashMap<_, ProbeAt, u64> = borrow(bpf, "PROBES_AT")?;
+        let key = ProbeAt {
+            library,
+            _pad: 0,
+            file_offset,
+        };
+        map.insert(key, cookie, 0)
+            .context("adding a probe to PROBES_AT")
+    }
+
+    /// Process `pid`'s fd `fd` is library `library`'s file: its mmaps are recorded.
+    pub fn add_library_fd(bpf: &mut Ebpf, pid: u32, fd: i32, library: u32) -> Result<()> {
+        let mut map: BpfHashMap<_, u64, u32> = borrow(bpf, "LIBRARY_FDS")?;
+        let key = (u64::from(pid) << 32) | u64::from(fd as u32);
+        map.insert(key, library, 0)
+            .context("adding a library fd to LIBRARY_FDS")
+    }
+
+    /// Records mappings that process `pid` made before tracing saw them (`-p`, `--all`).
+    pub fn add_mappings(bpf: &mut Ebpf, pid: u32, mappings: &[LibraryMapping]) -> Result<()> {
+        if mappings.is_empty() {
+            return Ok(());
+        }
+        let mut map: BpfHashMap<_, u32, ProcessMappings> = borrow(bpf, "MAPPINGS")?;
+        let mut process = map.get(&pid, 0).unwrap_or(ProcessMappings {
+            next: 0,
+            _pad: 0,
+            mappings: [LibraryMapping::default(); MAX_MAPPINGS],
+        });
+        for mapping in mappings {
+            process.mappings[process.next as usize % MAX_MAPPINGS] = *mapping;
+            process.next = process.next.wrapping_add(1);
+        }
+        map.insert(pid, process, 0)
+            .context("adding a process's mappings to MAPPINGS")
+    }
+
+    fn borrow<'a, V: aya::Pod, K: aya::Pod>(
+        bpf: &'a mut Ebpf,
+        name: &str,
+    ) -> Result<BpfHashMap<&'a mut MapData, K, V>> {
+        let map = bpf
+            .map_mut(name)
+            .with_context(|| format!("map {name} missing"))?;
+        Ok(BpfHashMap::try_from(map)?)
     }
 }

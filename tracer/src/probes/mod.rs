@@ -21,7 +21,7 @@
 //! | `attach.rs` | attaching and detaching the entry/return programs, per process or for the host; what each attach left out |
 //! | `discovery.rs` | the attach layer while tracing: libraries found where traced processes load them, planned, attached, linked per process; what it did, as data |
 //! | `stops.rs` | the processes stopped until their probes are attached, continued on every way out |
-//! | `helpers.rs` | BPF helpers older kernels lack (attach cookie, func ip), probed |
+//! | `helpers.rs` | BPF helpers older kernels lack (attach cookie, func ip), probed; without cookies the probes are named by address (`maps::identity`) |
 //! | `uprobe_multi.rs` | uprobe_multi links, by hand (aya 0.14 lacks them) |
 //! | `object.rs` | the embedded eBPF object, loaded with this run's globals |
 //! | `loaded.rs` | the loaded object taken apart: programs, ring, counters, maps |

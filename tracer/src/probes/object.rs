@@ -120,6 +120,7 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let (prefix, prefix_used) = prefix_bytes(&options.device_prefix)?;
     let (xid_code, xid_dev, xid_msg) = xid_offsets(&tracefs).unwrap_or((0, 0, 0));
     let (pidns_dev, pidns_ino) = own_pid_namespace()?.unwrap_or((0, 0));
+    let no_cookies = u32::from(super::helpers::cookies_missing());
     let mut loader = EbpfLoader::new();
     for (map, entries) in &options.map_entries {
         loader.map_max_entries(map, *entries);
@@ -142,6 +143,7 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         .override_global("XID_DEV_OFF", &xid_dev, true)
         .override_global("XID_MSG_OFF", &xid_msg, true)
         .override_global("TRACE_ALL", &trace_all, true)
+        .override_global("NO_COOKIES", &no_cookies, true)
         .override_global("WAKEUP_BYTES", &(options.ring_bytes / 16), true)
         .override_global("NEWTASK_PID_OFF", &offsets.newtask_pid, true)
         .override_global("NEWTASK_FLAGS_OFF", &offsets.newtask_flags, true)

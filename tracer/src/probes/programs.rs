@@ -45,7 +45,8 @@ pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
 /// Attaches library discovery and the child stops: the exits of `open`, `openat` and
 /// `openat2` (libraries opened by traced processes) and of `clone`, `clone3`, `fork` and
 /// `vfork` in the child (its own probes before it runs). `openat` and `clone` are needed;
-/// the others are attached where the kernel has them.
+/// the others are attached where the kernel has them. Where the kernel lacks attach
+/// cookies, `mmap` and `close` too (the probes are told apart by address).
 pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path) -> Result<()> {
     let exists = |event: &str| tracefs.join("events/syscalls").join(event).is_dir();
     for (program_name, events) in [
@@ -67,7 +68,14 @@ pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path) -> Result<()>
                 "sys_exit_vfork",
             ][..],
         ),
+        // Kernels without attach cookies: where planned libraries are mapped.
+        ("map_enter_mmap", &["sys_enter_mmap"][..]),
+        ("map_exit_mmap", &["sys_exit_mmap"][..]),
+        ("map_enter_close", &["sys_enter_close"][..]),
     ] {
+        if program_name.starts_with("map_") && !super::helpers::cookies_missing() {
+            continue;
+        }
         let program: &mut TracePoint = program(bpf, program_name)?;
         program
             .load()
@@ -75,7 +83,12 @@ pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path) -> Result<()>
         for event in events {
             let needed = matches!(
                 *event,
-                "sys_enter_openat" | "sys_exit_openat" | "sys_exit_clone"
+                "sys_enter_openat"
+                    | "sys_exit_openat"
+                    | "sys_exit_clone"
+                    | "sys_enter_mmap"
+                    | "sys_exit_mmap"
+                    | "sys_enter_close"
             );
             if !needed && !exists(event) {
                 continue;

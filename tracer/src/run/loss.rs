@@ -62,6 +62,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         syscalls_full: now.syscalls_full,
         kfuncs_full: now.kfuncs_full,
         attach_ring_full: now.attach_ring_full,
+        unidentified_probe: now.unidentified_probe,
         library_not_attached: now.library_not_attached,
         not_drained: not_drained_total,
         // Known only at the end, from the trace file (`TraceWriter::finish`).
@@ -72,7 +73,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
 }
 
 /// Each reason with its figure, in the order `lost` lines are written.
-fn reasons(counts: &LostCounts) -> [(&'static str, u64); 20] {
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 21] {
     [
         ("ring_full", counts.ring_full),
         ("too_deep", counts.too_deep),
@@ -93,6 +94,7 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 20] {
         ("syscalls_full", counts.syscalls_full),
         ("kfuncs_full", counts.kfuncs_full),
         ("attach_ring_full", counts.attach_ring_full),
+        ("unidentified_probe", counts.unidentified_probe),
         ("not_drained", counts.not_drained),
     ]
 }
@@ -184,6 +186,7 @@ mod tests {
             syscalls_full: 256,
             kfuncs_full: 512,
             attach_ring_full: 4096,
+            unidentified_probe: 16384,
             // Not a loss: calls that can no longer return (the footer's abandoned_calls).
             abandoned_frames: 8192,
             ..Counters::default()
@@ -196,8 +199,9 @@ mod tests {
             },
             false,
         );
-        assert_eq!(counts.calls, 1 + 2 + 4 + 1024);
-        assert_eq!(counts.total, 4095 + 4096);
+        assert_eq!(counts.calls, 1 + 2 + 4 + 16384 + 1024);
+        assert_eq!(counts.total, 4095 + 4096 + 16384);
+        assert_eq!(counts.unidentified_probe, 16384);
         assert_eq!(counts.attach_ring_full, 4096);
         assert_eq!(counts.not_drained, 3072);
         assert_eq!(

@@ -81,7 +81,6 @@ use self::{
 use crate::{
     exit::{ExitCode, Failure},
     inject, kernel_hooks, privileges,
-    probes::helpers,
     schema::{StacksInfo, WindowFooter},
 };
 
@@ -214,16 +213,6 @@ const MIN_STACKS_RING_KIB: u32 = 64;
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
-    // Unknown (not probed) is left to the loader, whose own error then says why.
-    if helpers::supported(helpers::ATTACH_COOKIE) == Ok(false) {
-        return Err(Failure::new(
-            ExitCode::Internal,
-            anyhow!(helpers::refusal(
-                helpers::ATTACH_COOKIE,
-                &helpers::kernel_release()
-            )),
-        ));
-    }
     bpf_stats::enable();
     if args.command.is_empty() && args.pids.is_empty() && !args.all {
         return Err(Failure::new(

@@ -14,6 +14,7 @@ use crate::{
     probes::{
         attach::Attacher,
         discovery::{Discovery, FoundLibrary, library_names},
+        helpers,
         loaded::LoadedObject,
         maps::{CounterReader, NamePatterns},
         object::{LoadOptions, StackOptions},
@@ -290,6 +291,11 @@ fn attach_kernel_hooks(
 ) -> Result<KernelHooksInfo> {
     let support = kernel_hooks::KernelSupport::probe(&tracefs::tracefs()?);
     let plan = kernel_hooks::plan(choice, &support)?;
+    // Unknown (not probed) is left to the loader, whose own error then says why.
+    let func_ip = helpers::FUNC_IP;
+    if plan.mechanism == "kprobe" && helpers::supported(func_ip) == Ok(false) {
+        anyhow::bail!(helpers::refusal(func_ip, &helpers::kernel_release()));
+    }
     let bpf = attaching.bpf();
     let functions = kernel_hooks::attach(bpf, &plan)?;
     for pid in pids {

@@ -367,6 +367,10 @@ pub struct LostCounts {
     /// Library opens and forks the loader never heard of because the ring buffer was full
     /// (their processes were not stopped; their first calls may be missed).
     pub attach_ring_full: u64,
+    /// Kernels without attach cookies (before 5.15): calls whose probe could not be told
+    /// from the address it fired at (no recorded mapping of a planned library there).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unidentified_probe: u64,
     /// Libraries a process could not be given its probes on (the probe table full, a file
     /// that cannot be read, an attach the kernel refused): its calls into them are
     /// missing. Each has a `lost` line naming the library, the process and why.
@@ -376,8 +380,8 @@ pub struct LostCounts {
     /// from there on are missing (the footer's `error` says why).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unwritten: Option<u64>,
-    /// Call events lost: `ring_full + too_deep + frames_full` and the calls among
-    /// `not_drained`.
+    /// Call events lost: `ring_full + too_deep + frames_full + unidentified_probe` and the
+    /// calls among `not_drained`.
     pub calls: u64,
     /// Everything lost.
     pub total: u64,
