@@ -38,6 +38,10 @@ enum Command {
     Demo,
     /// Run root tests in QEMU guests on Debian's 5.10, 6.1 and 6.12 kernels (needs root).
     VmTest(vm::VmTestOptions),
+    /// Writes the README's kernel table from the last runs' records (target/vm/support/:
+    /// `cargo xtask test` keeps the host's, `vm-test` each guest's). CI fails where the
+    /// README's table is not the one its run makes.
+    KernelTable,
     /// Build `cudatrace` for aarch64-unknown-linux-gnu (installs the Rust target and
     /// gcc-aarch64-linux-gnu where missing).
     BuildArm64,
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::CheckImports => imports::check_imports(),
         Command::Demo => tasks::demo(),
         Command::VmTest(opts) => vm::vm_test(&opts),
+        Command::KernelTable => vm::support::write(&cmd::workspace_root()),
         Command::BuildArm64 => arm64::build_arm64(),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Pythons { free_threaded } => pythons::ensure_all(free_threaded),

@@ -5,7 +5,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use crate::{
     cmd::{self, cargo, run},
@@ -37,11 +37,37 @@ pub fn test(opts: &TestOptions) -> Result<()> {
         cargo().args(["test", "--workspace", "--locked"]),
         "cargo test --workspace",
     )?;
+    keep_host_record()?;
     if opts.no_vm {
         eprintln!("xtask: --no-vm: not running the tests on the QEMU guests");
         return Ok(());
     }
-    vm::vm_test(&vm::VmTestOptions::default())
+    vm::vm_test(&vm::VmTestOptions::default())?;
+    // The README's kernel table must be what this run found.
+    vm::support::check(&cmd::workspace_root())
+}
+
+/// Every suite passed here: the host's row of the kernel table, with its doctor (which
+/// exits 1 where `run` cannot trace; its JSON says why either way).
+fn keep_host_record() -> Result<()> {
+    let root = cmd::workspace_root();
+    let output = std::process::Command::new(root.join("target/debug/cudatrace"))
+        .args(["doctor", "--json"])
+        .output()
+        .context("running cudatrace doctor --json")?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let kernel: Vec<&str> = release.trim().split(['.', '-']).take(2).collect();
+    vm::support::keep(
+        &root,
+        &vm::support::Record {
+            kernel: kernel.join("."),
+            arch: std::env::consts::ARCH.to_owned(),
+            place: "host".to_owned(),
+            doctor: vm::support::doctor_checks(&String::from_utf8_lossy(&output.stdout)),
+            suites: None,
+            every_stack: true,
+        },
+    )
 }
 
 /// Builds everything and records a demo trace: the real GPU workload where there is one,

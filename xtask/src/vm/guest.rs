@@ -97,6 +97,15 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
             quote(command)
         );
     }
+    if opts.exec.is_none() {
+        // What this kernel allows, for the README's table (`support.rs`).
+        let _ = writeln!(
+            s,
+            "echo \"{}$({} doctor --json 2>/dev/null | tr -d '\\n')\"",
+            super::support::DOCTOR_MARK,
+            quote(&root.join("target/debug/cudatrace").to_string_lossy())
+        );
+    }
     let mut skip = String::new();
     for (name, _) in SKIPPED.iter().filter(|_| !opts.no_skip) {
         let _ = write!(skip, " --skip {}", quote(name));

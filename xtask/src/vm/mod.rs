@@ -19,6 +19,7 @@ mod initramfs;
 mod kernel;
 mod modules;
 mod qemu;
+pub mod support;
 
 use accel::Accel;
 use boot::{Machine, Summary, boot, print_tail};
@@ -436,6 +437,12 @@ fn run_kernel(
     }
 
     let summary = Summary::of(&results);
+    if opts.exec.is_none() && opts.filter.is_none() {
+        support::keep(
+            root,
+            &support::guest_record(&kernel.version, std::env::consts::ARCH, &results),
+        )?;
+    }
     eprintln!(
         "xtask: vm-test: {} in {:.1} s (guest {:.1} s, first output after {:.1} s)",
         kernel.package,
