@@ -246,7 +246,8 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
 }
 
 /// The level and probe of the innermost pending frame entered with stack pointer `sp`
-/// (the entry's, as `regs::entry_sp_at_return` gives it at the return), at or below `top`. Frames of a tail call share it; the kernel runs their returns innermost first.
+/// (the entry's, as `regs::entry_sp_at_return` gives it at the return), at or below `top`.
+/// Frames of a tail call share it; the kernel runs their returns innermost first.
 #[inline(always)]
 fn find_frame_by_sp(stack: &FrameStack, top: u32, sp: u64) -> Option<(u32, u32)> {
     let mut level = top as i32;
@@ -254,13 +255,22 @@ fn find_frame_by_sp(stack: &FrameStack, top: u32, sp: u64) -> Option<(u32, u32)>
         if level < 0 {
             return None;
         }
-        let frame = stack.frames.get(level as usize)?;
+        let frame = frame_at(stack, level);
         if frame.sp == sp {
             return Some((level as u32, frame.probe_id));
         }
         level -= 1;
     }
     None
+}
+
+/// The frame at `level` (0 to MAX_DEPTH - 1). Read back and masked: LLVM knows the bound
+/// from the caller's check and would drop a plain one, while the verifier may have lost it
+/// on a copy of the register (it did once the return probe gained its no-cookie branch).
+#[inline(always)]
+fn frame_at(stack: &FrameStack, level: i32) -> &Frame {
+    let index = unsafe { core::ptr::read_volatile(&level) } as usize & (MAX_DEPTH - 1);
+    &stack.frames[index]
 }
 
 /// The level of the innermost pending frame for `probe_id`, at or below `top`.
@@ -272,7 +282,7 @@ fn find_frame(stack: &FrameStack, top: u32, probe_id: u32) -> Option<u32> {
         if level < 0 {
             return None;
         }
-        if stack.frames.get(level as usize)?.probe_id == probe_id {
+        if frame_at(stack, level).probe_id == probe_id {
             return Some(level as u32);
         }
         level -= 1;
