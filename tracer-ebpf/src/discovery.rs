@@ -56,12 +56,24 @@ const PATH_MASK: usize = PATH_LEN - 1;
 
 const _: () = assert!(PATH_LEN.is_power_of_two());
 
+/// `O_ACCMODE`: the access bits of `open`'s flags (0: `O_RDONLY`).
+const O_ACCMODE: u64 = 3;
+
+/// Remembers the name `open` was given, by thread, for its exit. `flags_arg`: where its
+/// flags are; an open for writing (a copy being made of a library, say) loads nothing and
+/// is let be. `openat2` keeps its flags in a struct: every one is checked.
 #[inline(always)]
-fn remember_name(ctx: &TracePointContext, arg: usize) {
+fn remember_name(ctx: &TracePointContext, arg: usize, flags_arg: Option<usize>) {
     let Some((tgid, _)) = current_ids() else {
         return;
     };
     if !is_traced(tgid) {
+        return;
+    }
+    if let Some(flags_arg) = flags_arg
+        && let Ok(flags) = unsafe { ctx.read_at::<u64>(ARG0 + 8 * flags_arg) }
+        && flags & O_ACCMODE != 0
+    {
         return;
     }
     let Ok(filename) = (unsafe { ctx.read_at::<u64>(ARG0 + 8 * arg) }) else {
@@ -73,17 +85,24 @@ fn remember_name(ctx: &TracePointContext, arg: usize) {
     }
 }
 
-/// `openat(dirfd, filename, ...)` and `openat2(dirfd, filename, ...)`.
+/// `openat(dirfd, filename, flags, mode)`.
 #[tracepoint]
 pub fn lib_enter_openat(ctx: TracePointContext) -> u32 {
-    remember_name(&ctx, 1);
+    remember_name(&ctx, 1, Some(2));
+    0
+}
+
+/// `openat2(dirfd, filename, how, size)`.
+#[tracepoint]
+pub fn lib_enter_openat2(ctx: TracePointContext) -> u32 {
+    remember_name(&ctx, 1, None);
     0
 }
 
 /// `open(filename, ...)`.
 #[tracepoint]
 pub fn lib_enter_open(ctx: TracePointContext) -> u32 {
-    remember_name(&ctx, 0);
+    remember_name(&ctx, 0, Some(1));
     0
 }
 

@@ -170,7 +170,7 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
 /// Every launch of the window: its kernel, linked by correlation id, or a counted reason.
 fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     let trace = read_trace(trace_path);
-    assert_complete(&trace);
+    assert_complete_with_losses(&trace);
     let footer = trace.last().unwrap();
     let launches: Vec<&Value> = of_type(&trace, "call")
         .into_iter()
@@ -476,7 +476,7 @@ fn a_target_busy_in_malloc_and_dlopen_is_attached_in_bounded_time() {
     assert!(rest.contains("done 4000 launches, 0 failed\n"), "{rest}");
     if code == Some(0) {
         let trace = read_trace(&trace_path);
-        assert_complete(&trace);
+        assert_complete_with_losses(&trace);
         // The library may have waited for the loader's lock (the other thread's dlopen
         // loop) past the window: then cudatrace said so, and it never recorded.
         if of_type(&trace, "gpu_info").len() == 1 {
@@ -518,7 +518,7 @@ fn a_process_whose_cupti_another_client_holds_is_reported_and_its_profiler_unhar
         "{rest}"
     );
     let trace = read_trace(&trace_path);
-    assert_complete(&trace);
+    assert_complete_with_losses(&trace);
     let footer = trace.last().unwrap();
     let issuing = &footer["gpu"]["issuing"];
     assert!(of_type(&trace, "gpu_kernel").is_empty());
@@ -594,7 +594,7 @@ fn a_second_attach_reuses_the_library_already_loaded() {
             "{said}"
         );
         let trace = read_trace(&trace_path);
-        assert_complete(&trace);
+        assert_complete_with_losses(&trace);
         let kernels = of_type(&trace, "gpu_kernel");
         let issuing = &trace.last().unwrap()["gpu"]["issuing"];
         assert!(!kernels.is_empty(), "{round}: {issuing}");
@@ -651,7 +651,7 @@ fn launches_at_the_windows_edges_are_counted_not_recorded() {
         let said = stderr(&output);
         assert_eq!(output.status.code(), Some(0), "{said}");
         let trace = read_trace(&trace_path);
-        assert_complete(&trace);
+        assert_complete_with_losses(&trace);
         let footer = trace.last().unwrap();
         let issuing = &footer["gpu"]["issuing"];
         let launches = of_type(&trace, "call")
@@ -714,7 +714,7 @@ fn a_late_start_switches_the_driver_kind_on_for_its_calls_records() {
         let output = assert_no_probe_outlives(|| cudatrace.output().unwrap());
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
         let trace = read_trace(&trace_path);
-        assert_complete(&trace);
+        assert_complete_with_losses(&trace);
         let gpu = &trace.last().unwrap()["gpu"];
         let kernels = of_type(&trace, "gpu_kernel").len() as u64;
         assert!(kernels > 100, "{way}: {kernels} kernels: {gpu}");
@@ -760,7 +760,7 @@ fn a_python_program_is_attached_with_its_stacks() {
     let (code, rest, _) = target.finish();
     assert_eq!((code, rest.as_str()), (5, "done 5000 launches, 0 failed\n"));
     let trace = read_trace(&trace_path);
-    assert_complete(&trace);
+    assert_complete_with_losses(&trace);
     let stacks: std::collections::HashMap<u64, &Value> = of_type(&trace, "stack")
         .into_iter()
         .map(|s| (u(&s["id"]), s))
@@ -823,7 +823,7 @@ fn two_processes_are_attached_at_once() {
         );
     }
     let trace = read_trace(&trace_path);
-    assert_complete(&trace);
+    assert_complete_with_losses(&trace);
     let footer = trace.last().unwrap();
     assert_eq!(footer["gpu"]["processes"], 2);
     for pid in &pids {

@@ -146,7 +146,7 @@ fn a_library_that_cannot_be_attached_is_a_counted_and_named_loss() {
         "{said}"
     );
     let trace = read_trace(&trace_path);
-    assert_complete(&trace);
+    assert_complete_with_losses(&trace);
     // The loss: one line naming the library, the process and why; in the footer too.
     let lost = lines_of(&trace, "lost");
     assert_eq!(lost.len(), 1, "{lost:?}");

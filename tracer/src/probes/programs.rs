@@ -44,16 +44,14 @@ pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
 
 /// Attaches library discovery and the child stops: the exits of `open`, `openat` and
 /// `openat2` (libraries opened by traced processes) and of `clone`, `clone3`, `fork` and
-/// `vfork` in the child (its own probes before it runs). `openat` and `clone` are needed;
+/// `vfork` in the child (its own probes before it runs). An open for writing is let be. `openat` and `clone` are needed;
 /// the others are attached where the kernel has them. Where the kernel lacks attach
 /// cookies, `mmap` and `close` too (the probes are told apart by address).
 pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path) -> Result<()> {
     let exists = |event: &str| tracefs.join("events/syscalls").join(event).is_dir();
     for (program_name, events) in [
-        (
-            "lib_enter_openat",
-            &["sys_enter_openat", "sys_enter_openat2"][..],
-        ),
+        ("lib_enter_openat", &["sys_enter_openat"][..]),
+        ("lib_enter_openat2", &["sys_enter_openat2"][..]),
         ("lib_enter_open", &["sys_enter_open"][..]),
         (
             "lib_exit_open",

@@ -1,4 +1,6 @@
-//! Where CPython keeps what the walk reads, per minor version (x86-64, default GIL builds),
+//! Where CPython keeps what the walk reads, per minor version (default GIL builds; x86-64
+//! and arm64 alike: both are LP64 with natural alignment, and no struct the walk reads
+//! holds a type whose size or alignment differs between them, such as `long double`),
 //! in one table, [`FIELDS`]: a row per offset of [`PyProcess`] with its value in each minor
 //! (checked against each version's own headers: `offsetof` compiled against 3.10.13,
 //! 3.11.2, 3.11.7, 3.12.1, 3.13.0, 3.13.5, 3.13.18 and 3.14.10, the same for every patch
