@@ -352,8 +352,15 @@ fn pythons() -> Vec<Python> {
             &version[..version.rfind('.').unwrap()]
         )
     };
+    let debian =
+        Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("/usr/bin/python3.11");
+    if cfg!(not(target_arch = "x86_64")) {
+        // pyenv's builds and the Debian roots of `cargo xtask pythons` are x86-64 programs;
+        // an arm64 machine (vm-test's arm64 guest) traces its own Debian 3.11.
+        return vec![debian];
+    }
     let mut found = vec![
-        Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("/usr/bin/python3.11"),
+        debian,
         Python::host("pyenv-3.11.7", &pyenv("3.11.7"), 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
     ];
     let root = trixie();

@@ -10,10 +10,22 @@
 //!
 //! Who uses whom: `mod` → `ptrace` → `trampoline`, `target`; `mod` → `shared_library`.
 
+#[cfg(target_arch = "x86_64")]
+pub mod ptrace;
+/// Elsewhere (arm64) the trampoline, x86-64 code, is not built: `target::inspect` refuses
+/// every process there (`NotX86_64`) before anything would be injected.
+#[cfg(not(target_arch = "x86_64"))]
+#[path = "no_ptrace.rs"]
 pub mod ptrace;
 pub mod shared_library;
 pub mod target;
+#[cfg(target_arch = "x86_64")]
 pub mod trampoline;
+#[cfg(not(target_arch = "x86_64"))]
+pub mod trampoline {
+    /// The x86-64 trampoline's length: the room `target::inspect` looks for.
+    pub const CODE_LEN: usize = 0x118;
+}
 
 use std::{
     ffi::OsString,

@@ -118,8 +118,16 @@ pub enum Refusal {
 #[derive(Debug)]
 pub struct Target {
     pub pid: u32,
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the x86-64 trampoline only")
+    )]
     pub maps: Vec<Mapping>,
     pub dlopen: u64,
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the x86-64 trampoline only")
+    )]
     pub dlsym: u64,
     /// Where the trampoline's code goes: the unused tail of an executable mapping.
     pub code_at: u64,
