@@ -143,21 +143,27 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
     s
 }
 
-/// The guest's /init: modules, the read-only shared root under an overlay (and any other
-/// share, under an overlay too, at its host path), the kernel's filesystems, then the test
-/// script chrooted into it.
+/// The guest's /init: modules, the read-only shared root under an overlay (and the other
+/// shares at their places in it: under an overlay too, or written through), the kernel's
+/// filesystems, then the test script chrooted into it.
 pub(super) fn init_script(arch: Arch, modules: &[String], shares: &[Share]) -> String {
     let mut more_mounts = String::new();
     for (index, share) in shares.iter().filter(|s| s.tag != ROOT_TAG).enumerate() {
-        let _ = write!(
-            more_mounts,
-            "mkdir -p /lower{index} /rw/upper{index} /rw/work{index} {at}\n\
-             mount -t virtiofs -o ro {tag} /lower{index} || die \"mount virtiofs {tag}\"\n\
-             mount -t overlay overlay -o lowerdir=/lower{index},upperdir=/rw/upper{index},\
-             workdir=/rw/work{index} {at} || die \"mount overlay at {at}\"\n",
-            tag = share.tag,
-            at = quote(&format!("/newroot{}", share.source.display())),
-        );
+        let (tag, at) = (share.tag, quote(&format!("/newroot{}", share.at.display())));
+        if share.writable {
+            let _ = writeln!(
+                more_mounts,
+                "mkdir -p {at} && mount -t virtiofs {tag} {at} || die \"mount virtiofs {tag}\""
+            );
+        } else {
+            let _ = write!(
+                more_mounts,
+                "mkdir -p /lower{index} /rw/upper{index} /rw/work{index} {at}\n\
+                 mount -t virtiofs -o ro {tag} /lower{index} || die \"mount virtiofs {tag}\"\n\
+                 mount -t overlay overlay -o lowerdir=/lower{index},upperdir=/rw/upper{index},\
+                 workdir=/rw/work{index} {at} || die \"mount overlay at {at}\"\n",
+            );
+        }
     }
     let results = format!("/dev/{}1", arch.serial());
     format!(

@@ -148,11 +148,27 @@ const ROOT_TAG: &str = "hostroot";
 /// The virtiofs tag of the workspace in the arm64 guest.
 const WORKSPACE_TAG: &str = "workspace";
 
+/// The virtiofs tag of the arm64 guest's gcc cache, the one folder it writes back to.
+const GCC_CACHE_TAG: &str = "gcccache";
+
 /// A host folder the guest mounts over virtiofs: [`ROOT_TAG`]'s as its root, any other at
-/// the same path inside that root.
+/// `at` inside that root, read-only under an overlay unless `writable`.
 pub(super) struct Share {
     tag: &'static str,
     source: PathBuf,
+    at: PathBuf,
+    writable: bool,
+}
+
+impl Share {
+    fn read_only(tag: &'static str, source: PathBuf) -> Self {
+        Share {
+            tag,
+            at: source.clone(),
+            source,
+            writable: false,
+        }
+    }
 }
 /// The line the guest ends its results with.
 const EXIT_MARK: &str = "VMTEST-EXIT";
@@ -323,24 +339,30 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
     eprintln!("xtask: vm-test: {}", qemu.version);
     let (shares, busybox) = match arch {
         Arch::X86_64 => (
-            vec![Share {
-                tag: ROOT_TAG,
-                source: "/".into(),
-            }],
+            vec![Share::read_only(ROOT_TAG, "/".into())],
             Path::new("/").join(BUSYBOX),
         ),
         Arch::Arm64 => {
             let guest_root = arm64_root::arm64_root(&vm_dir)?;
             crate::arm64::ensure_toolchain()?;
+            // What the tests compile with the guest's gcc (about 17 s a file under TCG) is
+            // kept between runs: the tests' gcc cache, written through to the host.
+            let gcc_cache = vm_dir.join("arm64/gcc-cache");
+            fs::create_dir_all(&gcc_cache)
+                .with_context(|| format!("creating {}", gcc_cache.display()))?;
             (
                 vec![
+                    Share::read_only(ROOT_TAG, guest_root.clone()),
+                    Share::read_only(WORKSPACE_TAG, root.clone()),
                     Share {
-                        tag: ROOT_TAG,
-                        source: guest_root.clone(),
-                    },
-                    Share {
-                        tag: WORKSPACE_TAG,
-                        source: root.clone(),
+                        tag: GCC_CACHE_TAG,
+                        source: gcc_cache,
+                        // CARGO_TARGET_TMPDIR of a cross build is target/<triple>/tmp.
+                        at: root
+                            .join("target")
+                            .join(crate::arm64::TARGET)
+                            .join("tmp/gcc-cache"),
+                        writable: true,
                     },
                 ],
                 guest_root.join(BUSYBOX),
