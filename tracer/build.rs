@@ -10,9 +10,27 @@ use std::{
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    // The probes read the registers of the architecture they were built for
+    // (`cargo xtask build-ebpf --arch`): embed those of this build's target.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
+    let (default_dir, build) = match arch.as_str() {
+        "x86_64" => ("../target/ebpf", "cargo xtask build-ebpf"),
+        "aarch64" => (
+            "../target/ebpf-aarch64",
+            "cargo xtask build-ebpf --arch aarch64",
+        ),
+        other => {
+            eprintln!("error: cudatrace's probes know x86_64 and aarch64, not {other}");
+            exit(1);
+        }
+    };
     let dir = env::var_os("CUDATRACE_EBPF_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../target/ebpf/bpfel-unknown-none/release"));
+        .unwrap_or_else(|| {
+            manifest
+                .join(default_dir)
+                .join("bpfel-unknown-none/release")
+        });
     println!("cargo:rerun-if-env-changed=CUDATRACE_EBPF_DIR");
     for (object, var) in [
         ("cudatrace-probes", "CUDATRACE_PROBES_OBJ"),
@@ -21,7 +39,7 @@ fn main() {
         let path = dir.join(object);
         if !path.is_file() {
             eprintln!(
-                "error: eBPF object {} not found: run `cargo xtask build-ebpf` first",
+                "error: eBPF object {} not found: run `{build}` first",
                 path.display()
             );
             exit(1);

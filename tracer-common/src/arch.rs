@@ -4,9 +4,12 @@
 //! thread's thread pointer (its `pthread_self()`, where the stack walk finds the Python
 //! thread state).
 //!
-//! The eBPF programs read x86-64's registers today (`tracer-ebpf/src/calls.rs`), so an
-//! arm64 `cudatrace run` refuses; this table is what they would read instead (not wired
-//! yet: README, "Kernels").
+//! [`TARGET`] is the row of the architecture this crate is built for: the host's for
+//! `cudatrace`, the one named by `--cfg bpf_target_arch` for the eBPF object (built once per
+//! architecture by `cargo xtask build-ebpf --arch`, since `struct pt_regs` differs). The
+//! eBPF call probes read their arguments, stack pointer, return address and return value at
+//! the offsets of that row (`tracer-ebpf/src/regs.rs`), and the loader finds the thread
+//! pointer's `task_struct` member by its path in the kernel's BTF.
 
 /// Where the return address is at a function's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +37,16 @@ pub struct Arch {
     /// The `task_struct` member path holding the user thread pointer: x86-64's `fs` base,
     /// arm64's `tpidr_el0` as the kernel saves it.
     pub thread_pointer: &'static [&'static str],
+    /// Whether glibc's `pthread_self()` (what CPython stores as a thread state's
+    /// `thread_id`) is the thread pointer itself. x86-64 (TLS variant II) puts the thread
+    /// descriptor at the thread pointer; AArch64 (variant I) puts it below, by the size of
+    /// glibc's `struct pthread`, which differs between glibc releases. Where it is not, the
+    /// stack walk tells a thread's state by its `native_thread_id` alone (CPython 3.11+).
+    pub pthread_self_is_thread_pointer: bool,
+    /// The ABI `ldconfig -p` names for this architecture's libraries (`(libc6,x86-64)`).
+    pub ldconfig_abi: &'static str,
+    /// Debian's multiarch tuple: libraries in `/usr/lib/<tuple>`.
+    pub multiarch: &'static str,
 }
 
 pub const X86_64: Arch = Arch {
@@ -46,6 +59,9 @@ pub const X86_64: Arch = Arch {
     return_address: ReturnAddress::AtStackPointer,
     first_stack_arg: 8,
     thread_pointer: &["thread", "fsbase"],
+    pthread_self_is_thread_pointer: true,
+    ldconfig_abi: "x86-64",
+    multiarch: "x86_64-linux-gnu",
 };
 
 pub const AARCH64: Arch = Arch {
@@ -57,9 +73,24 @@ pub const AARCH64: Arch = Arch {
     return_address: ReturnAddress::InRegister(30 * 8),
     first_stack_arg: 0,
     thread_pointer: &["thread", "uw", "tp_value"],
+    pthread_self_is_thread_pointer: false,
+    ldconfig_abi: "AArch64",
+    multiarch: "aarch64-linux-gnu",
 };
 
 pub const ARCHES: [Arch; 2] = [X86_64, AARCH64];
+
+/// The architecture this crate is built for: `cudatrace`'s host, or the eBPF object's
+/// `bpf_target_arch`.
+#[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+pub const TARGET: Arch = AARCH64;
+/// The architecture this crate is built for: `cudatrace`'s host, or the eBPF object's
+/// `bpf_target_arch`.
+#[cfg(not(any(target_arch = "aarch64", bpf_target_arch = "aarch64")))]
+pub const TARGET: Arch = X86_64;
+
+/// The most argument registers of any architecture in the table (AArch64's eight).
+pub const MAX_ARG_REGS: usize = 8;
 
 /// The table of `target_arch` `name`, if cudatrace knows it.
 pub fn by_name(name: &str) -> Option<Arch> {
@@ -67,6 +98,21 @@ pub fn by_name(name: &str) -> Option<Arch> {
 }
 
 impl Arch {
+    /// How many integer arguments it passes in registers.
+    pub const fn register_args(&self) -> usize {
+        self.arg_regs.len()
+    }
+
+    /// The `pt_regs` offset of argument register `index`, for a constant `index`
+    /// below [`Arch::register_args`] (0 beyond: callers bound it).
+    pub const fn arg_reg(&self, index: usize) -> u16 {
+        if index < self.arg_regs.len() {
+            self.arg_regs[index]
+        } else {
+            0
+        }
+    }
+
     /// Where argument `index` (0-based) is: a `pt_regs` offset, or an offset from the
     /// stack pointer at entry.
     pub fn arg(&self, index: usize) -> ArgPlace {
@@ -145,6 +191,18 @@ mod tests {
         assert_eq!(usize::from(AARCH64.stack_pointer), offset_of!(R, sp));
         assert_eq!(offset_of!(R, regs), 0);
         assert_eq!(by_name(std::env::consts::ARCH), Some(AARCH64));
+    }
+
+    #[test]
+    fn target_is_the_arch_this_is_built_for() {
+        assert_eq!(by_name(std::env::consts::ARCH), Some(TARGET));
+        assert!(TARGET.register_args() <= MAX_ARG_REGS);
+        assert_eq!(AARCH64.register_args(), MAX_ARG_REGS);
+        assert_eq!(X86_64.register_args(), 6);
+        assert_eq!(X86_64.arg_reg(5), 64);
+        assert_eq!(AARCH64.arg_reg(7), 56);
+        let tells = |arch: Arch| arch.pthread_self_is_thread_pointer;
+        assert_eq!((tells(X86_64), tells(AARCH64)), (true, false));
     }
 
     #[test]

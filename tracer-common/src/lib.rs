@@ -64,8 +64,9 @@ pub mod flags {
 
 /// Registers plus stack slots captured per call: `cuLaunchKernel` needs ten.
 pub const MAX_ARGS: usize = 10;
-/// How many of [`MAX_ARGS`] live in registers under the x86-64 SysV ABI.
-pub const REGISTER_ARGS: usize = 6;
+/// How many of [`MAX_ARGS`] live in registers on the architecture this is built for (x86-64
+/// SysV: 6; AAPCS64: 8).
+pub const REGISTER_ARGS: usize = arch::TARGET.register_args();
 /// Stack words read at entry when a function has more than [`REGISTER_ARGS`] arguments.
 pub const STACK_ARGS: usize = MAX_ARGS - REGISTER_ARGS;
 /// Output parameters read back at return (e.g. `*dptr`, `*pitch`).

@@ -15,7 +15,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
-    CallEvent, EventHeader, Frame, FrameStack, MAX_DEPTH, MAX_OUTS, SLOT_MASK, STACK_ARGS,
+    CallEvent, EventHeader, Frame, FrameStack, MAX_DEPTH, MAX_OUTS, SLOT_MASK,
     cookie as cookie_bits, counter, flags, kind,
 };
 
@@ -66,39 +66,14 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     }
     bump(counter::ENTRIES);
     let probe_id = (cookie & cookie_bits::PROBE_ID) as u32;
-    let regs = unsafe { &*ctx.regs };
-
-    // At entry [rsp] is the return address and the seventh argument is at rsp+8: one read.
-    let mut ret_addr = 0;
-    let mut stack_words = [0u64; STACK_ARGS];
-    let mut read_failed = false;
-    if cookie & cookie_bits::STACK_ARGS != 0 {
-        match unsafe { bpf_probe_read_user(regs.rsp as *const [u64; 1 + STACK_ARGS]) } {
-            Ok(words) => {
-                ret_addr = words[0];
-                stack_words = [words[1], words[2], words[3], words[4]];
-            }
-            Err(_) => read_failed = true,
-        }
-    } else if cookie & cookie_bits::ENTRY_ONLY == 0
-        && let Ok(word) = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }
-    {
+    let entry = crate::regs::entry(
+        ctx,
+        cookie & cookie_bits::STACK_ARGS != 0,
         // The return address tells an abandoned frame (`drop_abandoned`); without a frame
         // it is not needed.
-        ret_addr = word;
-    }
-    let args = [
-        regs.rdi,
-        regs.rsi,
-        regs.rdx,
-        regs.rcx,
-        regs.r8,
-        regs.r9,
-        stack_words[0],
-        stack_words[1],
-        stack_words[2],
-        stack_words[3],
-    ];
+        cookie & cookie_bits::ENTRY_ONLY == 0,
+    );
+    let (args, read_failed) = (entry.args, entry.read_failed);
     let entry_flags = if read_failed {
         flags::ENTRY_READ_FAILED
     } else {
@@ -128,7 +103,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
         return emit(call, SPECS.get(probe_id & SLOT_MASK)?);
     }
     let stack = unsafe { &mut *thread_stack(tid)? };
-    drop_abandoned(stack, regs.rsp, ret_addr);
+    drop_abandoned(stack, entry.sp, entry.ret_addr);
 
     let depth = stack.depth;
     stack.depth = depth + 1;
@@ -140,8 +115,8 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     frame.probe_id = probe_id;
     frame.flags = entry_flags;
     frame.ts_ns = ts_ns;
-    frame.sp = regs.rsp;
-    frame.ret_addr = ret_addr;
+    frame.sp = entry.sp;
+    frame.ret_addr = entry.ret_addr;
     frame.args = args;
     if cookie & cookie_bits::STACKS != 0 {
         // The call's stack, now: its record precedes the call's.
@@ -219,8 +194,6 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
     let index = unsafe { core::ptr::read_volatile(&stack.depth) } as usize & (MAX_DEPTH - 1);
     let frame = stack.frames.get(index)?;
     let spec = SPECS.get(probe_id & SLOT_MASK)?;
-    let regs = unsafe { &*ctx.regs };
-
     let mut call = CallEvent {
         header: EventHeader {
             kind: kind::CALL,
@@ -230,7 +203,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             tid,
         },
         probe_id,
-        ret: regs.rax as u32,
+        ret: crate::regs::return_value(ctx) as u32,
         dur_ns: now - frame.ts_ns,
         args: frame.args,
         outs: [0; MAX_OUTS],

@@ -18,6 +18,7 @@ mod driver;
 mod gpu;
 mod maps;
 mod process;
+mod regs;
 mod stacks;
 
 #[cfg(not(test))]

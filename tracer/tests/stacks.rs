@@ -45,6 +45,9 @@ struct Python {
     seen_dir: PathBuf,
     /// The minor version: 3.10 has no qualified names.
     minor: u32,
+    /// The file whose DWARF gives its layout (pyenv's libpython: CPython's configure
+    /// builds with `-g`); none for Debian's, which are stripped.
+    dwarf: Option<PathBuf>,
 }
 
 impl Python {
@@ -57,6 +60,7 @@ impl Python {
                 host_dir: dir.clone(),
                 seen_dir: dir,
                 minor,
+                dwarf: None,
             }
         })
     }
@@ -75,6 +79,30 @@ impl Python {
             host_dir,
             seen_dir: seen,
             minor,
+            dwarf: None,
+        }
+    }
+
+    /// pyenv's interpreter `version`: its libpython has DWARF.
+    fn pyenv(version: &str, minor: u32) -> Option<Python> {
+        let pyenv = Path::new("/root/.pyenv/versions").join(version);
+        Python::host(
+            &format!("pyenv-{version}"),
+            pyenv.join(format!("bin/python3.{minor}")).to_str().unwrap(),
+            minor,
+        )
+        .map(|python| Python {
+            dwarf: Some(pyenv.join(format!("lib/libpython3.{minor}.so.1.0"))),
+            ..python
+        })
+    }
+
+    /// The `interpreter` line's `offsets` for it, and the file they came from.
+    fn offsets(&self) -> (&'static str, Option<String>) {
+        match &self.dwarf {
+            Some(file) => ("dwarf", Some(file.display().to_string())),
+            None if self.minor >= 13 => ("debug_offsets", None),
+            None => ("table", None),
         }
     }
 
@@ -361,7 +389,7 @@ fn pythons() -> Vec<Python> {
     }
     let mut found = vec![
         debian,
-        Python::host("pyenv-3.11.7", &pyenv("3.11.7"), 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
+        Python::pyenv("3.11.7", 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
     ];
     let root = trixie();
     for (python, label, minor) in [
@@ -378,11 +406,7 @@ fn pythons() -> Vec<Python> {
     }
     for (version, minor) in [("3.10.13", 10), ("3.12.1", 12), ("3.13.0", 13)] {
         if present(Path::new(&pyenv(version))) {
-            found.extend(Python::host(
-                &format!("pyenv-{version}"),
-                &pyenv(version),
-                minor,
-            ));
+            found.extend(Python::pyenv(version, minor));
         }
     }
     found
@@ -408,8 +432,8 @@ fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
             "{interpreter}"
         );
         // Checked when the script opened the library: `<module>` calling `CDLL.__init__`
-        // (which calls `CDLL._load_library` from 3.14) on the one thread; CPython's own
-        // offsets from 3.13, the same as the table's.
+        // (which calls `CDLL._load_library` from 3.14) on the one thread; the offsets of
+        // pyenv's DWARF, or CPython's own from 3.13, the same as the table's.
         let frames = if python.minor >= 14 { 3 } else { 2 };
         assert_eq!(
             interpreter["checked"],
@@ -417,13 +441,18 @@ fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
             "{}",
             python.label
         );
-        let offsets = if python.minor >= 13 {
-            "debug_offsets"
-        } else {
-            "table"
-        };
-        assert_eq!(interpreter["offsets"], offsets, "{}", python.label);
+        let (offsets, file) = python.offsets();
+        assert_eq!(
+            (
+                interpreter["offsets"].as_str(),
+                interpreter["offsets_file"].as_str()
+            ),
+            (Some(offsets), file.as_deref()),
+            "{}",
+            python.label
+        );
         assert!(interpreter.get("table_differs").is_none(), "{interpreter}");
+        assert!(interpreter.get("dwarf_unused").is_none(), "{interpreter}");
 
         // Known lines through known classes, checked by number too.
         let file = python.script(script);
@@ -515,8 +544,9 @@ fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
 /// A wrong layout (one field of cudatrace's table moved by the tests' hook) gives no stack:
 /// the check on the live process refuses it before the probes read a frame, says why in
 /// the `interpreter` line and once on stderr, and every call is counted
-/// `unsupported_python`. A field the file's own `_Py_DebugOffsets` give (3.13+) is taken
-/// from them instead: the stacks stay exact and the difference is said.
+/// `unsupported_python`. A field the interpreter's DWARF (pyenv's) or its own
+/// `_Py_DebugOffsets` (3.13+) give is taken from them instead: the stacks stay exact and
+/// the difference is said.
 #[test]
 fn a_wrong_layout_gives_no_stacks_and_says_why() {
     let Some(_guard) = root() else { return };
@@ -525,35 +555,67 @@ fn a_wrong_layout_gives_no_stacks_and_says_why() {
     let failing = "its layout fails the check on the live process: ";
     for python in pythons() {
         let label = &python.label;
-        // No interpreter's debug offsets give `tstate_interp` (16 in every version).
-        let traced = python.trace_with(script, &["--stacks"], &[], &[(shift, "tstate_interp+8")]);
-        let reason = format!(
-            "{failing}a thread state does not point back at its interpreter (tstate_interp at 24)"
-        );
-        assert_refused(&traced, label, &reason, "tstate_interp+8");
-
-        let traced = python.trace_with(script, &["--stacks"], &[], &[(shift, "frame_code+8")]);
         let frame_code = match python.minor {
             10 | 11 => 32,
             _ => 0,
         };
-        if python.minor >= 13 {
-            assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+        for (moved, differs, reason) in [
+            // No interpreter's debug offsets give `tstate_interp` (16 in every version).
+            (
+                "tstate_interp+8",
+                "tstate_interp: 16 in the file, 24 in the table".to_owned(),
+                "a thread state does not point back at its interpreter (tstate_interp at 24)"
+                    .to_owned(),
+            ),
+            (
+                "frame_code+8",
+                format!(
+                    "frame_code: {frame_code} in the file, {} in the table",
+                    frame_code + 8
+                ),
+                format!(
+                    "a frame's code object (frame_code at {}, code_ob_type at 8) is not of \
+                     type code",
+                    frame_code + 8
+                ),
+            ),
+        ] {
+            let traced = python.trace_with(script, &["--stacks"], &[], &[(shift, moved)]);
+            let (offsets, file) = python.offsets();
+            if offsets == "table" || (offsets == "debug_offsets" && moved == "tstate_interp+8") {
+                assert_refused(&traced, label, &format!("{failing}{reason}"), moved);
+                continue;
+            }
+            assert_eq!(
+                assert_stacks_are_cpythons(&python, &traced, 128),
+                (15, 0),
+                "{label} {moved}"
+            );
             let interpreter = traced.interpreter();
             assert_eq!(interpreter["stacks"], true, "{label}");
-            assert_eq!(interpreter["offsets"], "debug_offsets", "{label}");
-            let differs = "frame_code: 0 in the file, 8 in the table";
+            assert_eq!(
+                (
+                    interpreter["offsets"].as_str(),
+                    interpreter["offsets_file"].as_str()
+                ),
+                (Some(offsets), file.as_deref()),
+                "{label} {moved}"
+            );
             assert_eq!(
                 interpreter["table_differs"],
                 serde_json::json!([differs]),
                 "{label}"
             );
+            let theirs = match &file {
+                Some(file) => format!("its DWARF ({file}) differs"),
+                None => "its _Py_DebugOffsets differ".into(),
+            };
             assert_eq!(
                 traced
                     .stderr
                     .matches(&format!(
-                        "its _Py_DebugOffsets differ from cudatrace's table for 3.{} ({differs}): \
-                         the file's are used",
+                        "{theirs} from cudatrace's table for 3.{} ({differs}): the file's are \
+                         used",
                         python.minor
                     ))
                     .count(),
@@ -561,15 +623,84 @@ fn a_wrong_layout_gives_no_stacks_and_says_why() {
                 "{label}: {}",
                 traced.stderr
             );
-        } else {
-            let reason = format!(
-                "{failing}a frame's code object (frame_code at {}, code_ob_type at 8) is not of \
-                 type code",
-                frame_code + 8
-            );
-            assert_refused(&traced, label, &reason, "frame_code+8");
         }
     }
+}
+
+/// pyenv's libpython split as a `-dbg` package splits it (`objcopy --only-keep-debug`, the
+/// library stripped of its DWARF and linked to the debug file by `.gnu_debuglink`): with
+/// the table wrong, the layout comes from the debug file and the stacks are exact; the same
+/// library without its debug file is refused as the table is.
+#[test]
+fn a_separate_debug_file_gives_the_layout_over_a_wrong_table() {
+    let Some(_guard) = root() else { return };
+    let pyenv = Path::new("/root/.pyenv/versions/3.11.7");
+    let dir = scratch("stacks-debuglink");
+    let library = dir.join("libpython3.11.so.1.0");
+    let debug = dir.join("libpython3.11.so.1.0.debug");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let status = Command::new(args[0])
+            .args(&args[1..])
+            .current_dir(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{args:?}");
+    };
+    let original = pyenv.join("lib/libpython3.11.so.1.0");
+    run(&[
+        "objcopy".as_ref(),
+        "--only-keep-debug".as_ref(),
+        original.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    run(&[
+        "strip".as_ref(),
+        "--strip-debug".as_ref(),
+        "-o".as_ref(),
+        library.as_os_str(),
+        original.as_os_str(),
+    ]);
+    run(&[
+        "objcopy".as_ref(),
+        "--add-gnu-debuglink=libpython3.11.so.1.0.debug".as_ref(),
+        library.as_os_str(),
+    ]);
+    let python = Python::host(
+        "debuglink-3.11.7",
+        pyenv.join("bin/python3.11").to_str().unwrap(),
+        11,
+    )
+    .expect("pyenv's 3.11.7");
+    let shift = [("CUDATRACE_TEST_LAYOUT_SHIFT", "tstate_interp+8")];
+    // SAFETY: the tests of this binary run one at a time (the root lock).
+    unsafe { std::env::set_var("LD_LIBRARY_PATH", &dir) };
+    let traced = python.trace_with("stacks_target.py", &["--stacks"], &[], &shift);
+    std::fs::remove_file(&debug).unwrap();
+    let without = python.trace_with("stacks_target.py", &["--stacks"], &[], &shift);
+    unsafe { std::env::remove_var("LD_LIBRARY_PATH") };
+
+    let interpreter = traced.interpreter();
+    assert_eq!(
+        (
+            interpreter["path"].as_str(),
+            interpreter["offsets"].as_str(),
+            interpreter["offsets_file"].as_str()
+        ),
+        (library.to_str(), Some("dwarf"), debug.to_str())
+    );
+    assert_eq!(
+        interpreter["table_differs"],
+        serde_json::json!(["tstate_interp: 16 in the file, 24 in the table"])
+    );
+    assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
+    assert_eq!(without.interpreter()["path"].as_str(), library.to_str());
+    assert_refused(
+        &without,
+        &python.label,
+        "its layout fails the check on the live process: a thread state does not point back \
+         at its interpreter (tstate_interp at 24)",
+        "tstate_interp+8",
+    );
 }
 
 /// An interpreter looked at before it is initialised (libcuda preloaded: opened by the
@@ -1117,6 +1248,8 @@ fn a_stripped_interpreter_is_read_from_its_dynamic_symbols() {
         traced.interpreter()["path"].as_str(),
         Some(library.to_str().unwrap())
     );
+    // Stripped of its DWARF too: the table's offsets.
+    assert_eq!(traced.interpreter()["offsets"], "table");
     assert_eq!(assert_stacks_are_cpythons(&python, &traced, 128), (15, 0));
 }
 

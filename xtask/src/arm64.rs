@@ -1,8 +1,7 @@
 //! `cargo xtask build-arm64`: `cudatrace` for aarch64-unknown-linux-gnu (GH200, GB200 hosts),
 //! the userspace binary and the injection library it embeds, cross-compiled with Debian's
-//! gcc-aarch64-linux-gnu as linker. It embeds the same eBPF object as the x86-64 build,
-//! whose probes still read x86-64's `pt_regs` (tracer-common's `arch` table is not wired
-//! into them yet), so `cudatrace run` refuses on arm64; the other commands work.
+//! gcc-aarch64-linux-gnu as linker. It embeds the eBPF objects built for arm64's `pt_regs`
+//! (`cargo xtask build-ebpf --arch aarch64`, into target/ebpf-aarch64).
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -24,7 +23,10 @@ const EM_AARCH64: u16 = 183;
 /// binary is an AArch64 ELF.
 pub fn build_arm64() -> Result<()> {
     ensure_toolchain()?;
-    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions {
+        arch: ebpf::Arch::Aarch64,
+        ..Default::default()
+    })?;
     run(
         cargo()
             .args(["build", "--release", "--locked", "-p", "cudatrace"])

@@ -14,8 +14,35 @@ use crate::{
     toolchain::{self, BPF_TARGET, CoreSource, PrepareOptions},
 };
 
-/// The probes read x86-64 SysV arguments; aya-ebpf picks its `pt_regs` layout from this cfg.
-const BPF_TARGET_ARCH: &str = "x86_64";
+/// The CPU architecture whose `struct pt_regs` and calling convention the probes read
+/// (`--cfg bpf_target_arch`, which aya-ebpf and tracer-common's `arch::TARGET` follow). The
+/// bytecode runs anywhere; the offsets it reads are the architecture's.
+#[derive(clap::ValueEnum, Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    #[default]
+    #[value(name = "x86_64")]
+    X86_64,
+    #[value(name = "aarch64")]
+    Aarch64,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// Cargo's target directory for this architecture's objects: x86-64's where it always
+    /// was, each other beside it.
+    fn target_dir(self, root: &Path) -> PathBuf {
+        match self {
+            Arch::X86_64 => root.join("target/ebpf"),
+            other => root.join(format!("target/ebpf-{}", other.name())),
+        }
+    }
+}
 
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct BuildEbpfOptions {
@@ -25,14 +52,18 @@ pub struct BuildEbpfOptions {
     /// Pass -v to cargo.
     #[arg(long, short)]
     pub verbose: bool,
+    /// The architecture the probes are for (its `pt_regs`): x86_64 (default) or aarch64.
+    #[arg(long, value_enum, default_value_t)]
+    pub arch: Arch,
     /// Build this eBPF crate instead of tracer-ebpf (to test the build itself).
     #[arg(long, hide = true)]
     pub crate_dir: Option<PathBuf>,
 }
 
-/// Where the objects of [`build_ebpf`] land: `<dir>/<bin name>`.
-pub fn object_dir(root: &Path) -> PathBuf {
-    root.join("target/ebpf").join(BPF_TARGET).join("release")
+/// Where the objects of [`build_ebpf`] for `arch` land: `<dir>/<bin name>`. `tracer/build.rs`
+/// embeds the ones of the architecture it is built for from here.
+pub fn object_dir(root: &Path, arch: Arch) -> PathBuf {
+    arch.target_dir(root).join(BPF_TARGET).join("release")
 }
 
 /// Prepares the toolchain, then builds the eBPF crate's binaries into [`object_dir`].
@@ -56,7 +87,7 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
         },
     )?;
 
-    let target_dir = root.join("target/ebpf");
+    let target_dir = opts.arch.target_dir(&root);
     let mut rustflags: Vec<OsString> = Vec::new();
     if let CoreSource::Sysroot { path, rebuilt } = &toolchain.core {
         rustflags.push(flag("--sysroot=", path));
@@ -67,7 +98,7 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
         }
     }
     rustflags.push(flag("-Clinker=", &toolchain.linker));
-    rustflags.push(format!("--cfg=bpf_target_arch=\"{BPF_TARGET_ARCH}\"").into());
+    rustflags.push(format!("--cfg=bpf_target_arch=\"{}\"", opts.arch.name()).into());
     rustflags.push("-Cdebuginfo=2".into());
     // bpf-linker emits BTF only when asked; aya needs it for maps and aya-log.
     rustflags.push("-Clink-arg=--btf".into());
@@ -95,7 +126,11 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
         )
         .stdout(Stdio::piped());
 
-    eprintln!("building {} for {BPF_TARGET}...", crate_dir.display());
+    eprintln!(
+        "building {} for {BPF_TARGET} ({} probes)...",
+        crate_dir.display(),
+        opts.arch.name()
+    );
     if opts.verbose {
         eprintln!("  {cargo:?}");
     }
@@ -116,7 +151,7 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
     );
     ensure!(!objects.is_empty(), "cargo built no eBPF binaries");
 
-    let shown_dir = object_dir(&root);
+    let shown_dir = object_dir(&root, opts.arch);
     println!(
         "eBPF objects in {} ({:.1} s):",
         shown_dir

@@ -1,6 +1,7 @@
 //! `stack_walk`: the calling thread's `PyThreadState`, found in the interpreter's thread
-//! list by the thread's `fs` base (its `pthread_self()`, which CPython stores as
-//! `thread_id`) and from 3.11 its tid (`native_thread_id`); then its frames, one read each,
+//! list by the thread's `fs` base (x86-64: its `pthread_self()`, which CPython stores as
+//! `thread_id`) and from 3.11 its tid (`native_thread_id`; on arm64 the tid alone, see
+//! `is_thread`); then its frames, one read each,
 //! [`FRAMES_PER_WALK`] per run, continued by a tail call to itself.
 //!
 //! CPython's own "current thread state" is not used: at a driver call the thread has
@@ -12,6 +13,7 @@ use aya_ebpf::{
     macros::uprobe,
     programs::ProbeContext,
 };
+use tracer_common::arch::TARGET;
 use tracer_common::stacks::{
     FINGERPRINT_LEN, FRAME_READ, FRAMES_PER_WALK, INTERP_READ, MAX_STACK_FRAMES, MAX_THREAD_STATES,
     NO_FIELD, PyProcess, TSTATE_READ, py_flags, stack_counter, stack_flags, stack_prog,
@@ -248,9 +250,17 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
 #[inline(always)]
 fn is_thread(buf: &Buf, py: &PyProcess, fsbase: u64, tid: u32, interp: u64) -> bool {
     let base = py.tstate_read;
-    if buf.u64_at(py.tstate_thread_id.wrapping_sub(base)) != fsbase
-        || buf.u64_at(py.tstate_interp.wrapping_sub(base)) != interp
-    {
+    if buf.u64_at(py.tstate_interp.wrapping_sub(base)) != interp {
+        return false;
+    }
+    if !TARGET.pthread_self_is_thread_pointer {
+        // arm64: `thread_id` (pthread_self) is below the thread pointer by a size that
+        // differs between glibc releases; the loader takes only interpreters with a
+        // `native_thread_id` here (3.11+), and that alone tells the thread.
+        return py.flags & py_flags::NATIVE_TID != 0
+            && buf.u64_at(py.tstate_native_id.wrapping_sub(base)) == u64::from(tid);
+    }
+    if buf.u64_at(py.tstate_thread_id.wrapping_sub(base)) != fsbase {
         return false;
     }
     py.flags & py_flags::NATIVE_TID == 0

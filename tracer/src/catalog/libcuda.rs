@@ -3,7 +3,9 @@
 //!
 //! Signatures follow cuda.h, in x86-64 SysV order: six register words, then stack words
 //! (a struct of more than 16 bytes passed by value goes on the stack and takes no
-//! register). Every 32-bit parameter (`unsigned int`, `int`, an enum) is read with `U32`
+//! register). arm64 (AAPCS64) reads the same list, eight register words then stack words,
+//! except where such a struct is passed: there it is a pointer in its own register, and the
+//! row gives both lists (`by_abi`). Every 32-bit parameter (`unsigned int`, `int`, an enum) is read with `U32`
 //! or `Int`, never `Num`: the ABI leaves the upper half of its register or stack slot
 //! undefined, and callers do leave garbage there.
 
@@ -13,9 +15,24 @@ use super::{
         Arg::{self, *},
         CopyKind, Family,
         Field::*,
-        FnSpec, StrField,
+        FnSpec, StrField, by_abi,
     },
 };
+
+/// `cuIpcOpenMemHandle`'s arguments: see its row.
+const IPC_OPEN_ARGS: &[Arg] = by_abi(
+    &[
+        OutPtr(Dptr),
+        U32(Flags),
+        Skip,
+        Skip,
+        Skip,
+        Skip,
+        IpcHandleOnStack,
+    ],
+    IPC_OPEN_AAPCS64,
+);
+const IPC_OPEN_AAPCS64: &[Arg] = &[OutPtr(Dptr), IpcHandleByRef, U32(Flags)];
 
 const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg]) -> FnSpec {
     FnSpec {
@@ -239,19 +256,12 @@ pub static CATALOG: &[FnSpec] = &[
         &[IpcHandleOut, Ptr(Dptr)],
     ),
     // cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags):
-    // the handle goes on the stack, so Flags takes the second register.
+    // x86-64 puts the handle on the stack, so Flags takes the second register; arm64
+    // passes a pointer to a copy in the second (see `by_abi`).
     f(
         &["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"],
         Family::Memory,
-        &[
-            OutPtr(Dptr),
-            U32(Flags),
-            Skip,
-            Skip,
-            Skip,
-            Skip,
-            IpcHandleOnStack,
-        ],
+        IPC_OPEN_ARGS,
     )
     .role(Role::IpcOpen),
     f(&["cuIpcCloseMemHandle"], Family::Memory, &[Ptr(Dptr)]).role(Role::IpcClose),

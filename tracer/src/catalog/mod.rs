@@ -24,6 +24,6 @@ pub use role::{Role, SyncOn};
 #[cfg(test)]
 pub use spec::ENTRY_ONLY_LAUNCHES;
 pub use spec::{
-    Arg, BATCH_SIZES_READ, CopyKind, Family, Field, FnSpec, GENERIC, IPC_HANDLE_LEN, StrField,
-    UNIQUE_ID_READ,
+    Arg, BATCH_SIZES_READ, CopyKind, Family, Field, FnSpec, GENERIC, IPC_HANDLE_BY_VALUE_READ,
+    IPC_HANDLE_LEN, StrField, UNIQUE_ID_READ,
 };

@@ -20,7 +20,7 @@ use super::spec::{
     Arg::{self, *},
     Family,
     Field::*,
-    FnSpec,
+    FnSpec, by_abi,
 };
 
 const fn f(symbols: &'static [&'static str], family: Family, args: &'static [Arg]) -> FnSpec {
@@ -41,32 +41,31 @@ const fn communicator(symbols: &'static [&'static str], args: &'static [Arg]) ->
     f(symbols, Family::Communicator, args)
 }
 
+/// `ncclCommInitRank(comm*, nranks, ncclUniqueId id, rank, ...)`'s arguments, by ABI: the
+/// 128-byte id by value goes on the stack and takes no register on x86-64; arm64 passes a
+/// pointer to a copy in its register.
+const INIT_RANK_ARGS: &[Arg] = by_abi(
+    &[
+        OutPtr(Comm),
+        Int(Nranks),
+        Int(Rank),
+        Skip,
+        Skip,
+        Skip,
+        UniqueIdOnStack,
+    ],
+    INIT_RANK_AAPCS64,
+);
+const INIT_RANK_AAPCS64: &[Arg] = &[OutPtr(Comm), Int(Nranks), UniqueIdRef, Int(Rank)];
+
 pub static NCCL_CATALOG: &[FnSpec] = &[
-    // ncclCommInitRank(comm*, nranks, ncclUniqueId id, rank): id on the stack.
-    communicator(
-        &["ncclCommInitRank", "pncclCommInitRank"],
-        &[
-            OutPtr(Comm),
-            Int(Nranks),
-            Int(Rank),
-            Skip,
-            Skip,
-            Skip,
-            UniqueIdOnStack,
-        ],
-    ),
+    // ncclCommInitRank(comm*, nranks, ncclUniqueId id, rank): id on the stack (x86-64),
+    // a pointer to a copy in the third register (arm64).
+    communicator(&["ncclCommInitRank", "pncclCommInitRank"], INIT_RANK_ARGS),
     // ncclCommInitRankConfig(comm*, nranks, ncclUniqueId id, rank, config*).
     communicator(
         &["ncclCommInitRankConfig", "pncclCommInitRankConfig"],
-        &[
-            OutPtr(Comm),
-            Int(Nranks),
-            Int(Rank),
-            Skip,
-            Skip,
-            Skip,
-            UniqueIdOnStack,
-        ],
+        INIT_RANK_ARGS,
     ),
     // ncclCommInitRankScalable(comm*, nranks, myrank, nId, ncclUniqueId *ids, config*).
     communicator(
@@ -344,6 +343,28 @@ pub fn collective_op(name: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
     use tracer_common::{ProbeSpec, capture};
+
+    /// arm64 passes the 128-byte id as a pointer to a copy in the third register: read as
+    /// a `ncclUniqueId *` is, and the rank moves to the fourth.
+    #[test]
+    fn init_rank_reads_its_id_through_a_pointer_on_arm64() {
+        let arm64 = communicator(&["ncclCommInitRank"], INIT_RANK_AAPCS64).probe_spec();
+        assert_eq!(
+            (
+                arm64.nargs,
+                arm64.capture,
+                arm64.capture_arg,
+                arm64.capture_len
+            ),
+            (4, capture::STRUCT, 2, 32)
+        );
+        let x86 = lookup("ncclCommInitRank").unwrap();
+        if cfg!(target_arch = "aarch64") {
+            assert!(std::ptr::eq(x86.args, INIT_RANK_AAPCS64));
+        } else {
+            assert_eq!((x86.args[2], x86.args[6]), (Int(Rank), UniqueIdOnStack));
+        }
+    }
 
     #[test]
     fn every_function_pairs_its_alias() {

@@ -163,6 +163,10 @@ pub enum Arg {
     /// arguments after it move up into the registers. Stands at index 6, where the stack
     /// words start; the probes read 4 stack words, the handle's first 32 bytes.
     IpcHandleOnStack,
+    /// A `CUipcMemHandle` passed by value on arm64: AAPCS64 passes a struct over 16 bytes
+    /// as a pointer to a copy, in the argument's own register. Its first 32 bytes are read
+    /// at return, as x86-64 reads them from the stack.
+    IpcHandleByRef,
     /// A `CUmemLocation` passed by value: 8 bytes in one register, `type` in the low half
     /// and `id` in the high half.
     Location,
@@ -183,7 +187,8 @@ pub enum Arg {
     /// register). Stands at index 6; the probes read its first 32 bytes, which hold the
     /// id's random magic and the root's address: the same on every rank of a communicator.
     UniqueIdOnStack,
-    /// `ncclUniqueId *`: the first 32 bytes of the (first) id it points to.
+    /// `ncclUniqueId *`: the first 32 bytes of the (first) id it points to. Also an
+    /// `ncclUniqueId` passed by value on arm64, where AAPCS64 passes a pointer to a copy.
     UniqueIdRef,
     /// `ncclComm_t *comms` of `ncclCommInitAll`, an output array whose length is the
     /// argument at the given index: read at return (the first 32).
@@ -208,6 +213,9 @@ pub const LAUNCH_CONFIG_LEN: u32 = 56;
 pub const MEMCPY2D_LEN: u32 = 128;
 pub const MEMCPY3D_LEN: u32 = 200;
 pub const IPC_HANDLE_LEN: u32 = 64;
+/// Bytes of a `CUipcMemHandle` passed by value that are recorded: the 32 that x86-64's
+/// four stack words hold, read through the copy's pointer on arm64.
+pub const IPC_HANDLE_BY_VALUE_READ: u32 = 32;
 pub const GRAPH_INSTANTIATE_PARAMS_LEN: u32 = 32;
 /// Bytes of an `ncclUniqueId` read (of its 128).
 pub const UNIQUE_ID_READ: u32 = 32;
@@ -250,6 +258,18 @@ pub static GENERIC: FnSpec = FnSpec {
     copy: None,
     role: Role::Other,
 };
+
+/// The argument list of the ABI this is built for: `x86_64`'s (System V, the catalog's
+/// order) or `aarch64`'s (AAPCS64), for the few functions where they differ, those taking a
+/// struct over 16 bytes by value (x86-64 puts it on the stack and gives its register to the
+/// next argument; AAPCS64 passes a pointer to a copy in its own register).
+pub const fn by_abi(x86_64: &'static [Arg], aarch64: &'static [Arg]) -> &'static [Arg] {
+    if cfg!(target_arch = "aarch64") {
+        aarch64
+    } else {
+        x86_64
+    }
+}
 
 impl FnSpec {
     /// The row with its own role, where the family's is not what its calls do.
@@ -302,6 +322,7 @@ impl FnSpec {
                 | Memcpy2D
                 | Memcpy3D
                 | IpcHandleOut
+                | IpcHandleByRef
                 | GraphInstantiateParams
                 | UniqueIdRef => {
                     spec.capture = capture::STRUCT;
@@ -311,6 +332,7 @@ impl FnSpec {
                         Memcpy2D => MEMCPY2D_LEN,
                         Memcpy3D => MEMCPY3D_LEN,
                         IpcHandleOut => IPC_HANDLE_LEN,
+                        IpcHandleByRef => IPC_HANDLE_BY_VALUE_READ,
                         UniqueIdRef => UNIQUE_ID_READ,
                         _ => GRAPH_INSTANTIATE_PARAMS_LEN,
                     };
@@ -351,6 +373,7 @@ impl Arg {
                 | Memcpy2D
                 | Memcpy3D
                 | IpcHandleOut
+                | IpcHandleByRef
                 | BatchSizes(_)
                 | GraphInstantiateParams
                 | UniqueIdRef

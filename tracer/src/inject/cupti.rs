@@ -365,8 +365,7 @@ fn parse_ldconfig(text: &str) -> Vec<PathBuf> {
             let (library, path) = line.trim().split_once(" => ")?;
             let name = library.split_whitespace().next()?;
             let rank = FILE_NAMES.iter().position(|n| *n == name)?;
-            library
-                .contains("x86-64")
+            crate::probes::library::ldconfig_is_ours(library, &tracer_common::arch::TARGET)
                 .then(|| (rank, PathBuf::from(path.trim())))
         })
         .collect();

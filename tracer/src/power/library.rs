@@ -20,14 +20,17 @@ use nvml_wrapper::{Nvml, error::NvmlError};
 /// The library's name, as the loader looks it up.
 pub const SONAME: &str = "libnvidia-ml.so.1";
 
-/// Where to look when the loader's search finds nothing usable.
-pub const DIRECTORIES: [&str; 5] = [
-    "/usr/local/nvidia/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/usr/lib/wsl/lib",
-];
+/// Where to look when the loader's search finds nothing usable (this architecture's
+/// multiarch folder among them).
+pub fn directories() -> [String; 5] {
+    [
+        "/usr/local/nvidia/lib64".into(),
+        format!("/usr/lib/{}", tracer_common::arch::TARGET.multiarch),
+        "/usr/lib64".into(),
+        "/usr/lib".into(),
+        "/usr/lib/wsl/lib".into(),
+    ]
+}
 
 /// The marker cudatrace's stand-in library exports.
 const STANDIN_MARKER: &CStr = c"cudatrace_standin_nvml";
@@ -79,7 +82,8 @@ pub fn load(requested: Option<&Path>) -> Result<Loaded, NotFound> {
         }
         Err(why) => attempts.push(format!("the loader's search: {why}")),
     }
-    for directory in DIRECTORIES {
+    let directories = directories();
+    for directory in &directories {
         let path = Path::new(directory).join(SONAME);
         let Ok(resolved) = path.canonicalize() else {
             continue;
@@ -94,7 +98,7 @@ pub fn load(requested: Option<&Path>) -> Result<Loaded, NotFound> {
         }
     }
     if attempts.len() == 1 {
-        attempts.push(format!("not in {}", DIRECTORIES.join(", ")));
+        attempts.push(format!("not in {}", directories.join(", ")));
     }
     Err(NotFound { attempts })
 }

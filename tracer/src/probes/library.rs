@@ -12,22 +12,31 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::probe_set::{PROBE_SETS, ProbeSet};
 
-/// Directories searched after the ldconfig cache and `LD_LIBRARY_PATH`.
-pub const USUAL_DIRS: &[&str] = &[
-    "/usr/local/nvidia/lib64",
-    "/usr/local/nvidia/lib",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/wsl/lib",
-];
+/// Directories searched after the ldconfig cache and `LD_LIBRARY_PATH`, with this
+/// architecture's multiarch folders.
+pub fn usual_dirs() -> Vec<String> {
+    let multiarch = tracer_common::arch::TARGET.multiarch;
+    vec![
+        "/usr/local/nvidia/lib64".into(),
+        "/usr/local/nvidia/lib".into(),
+        format!("/usr/lib/{multiarch}"),
+        "/usr/lib64".into(),
+        "/usr/lib".into(),
+        format!("/lib/{multiarch}"),
+        "/usr/lib/wsl/lib".into(),
+    ]
+}
+
+/// Whether an `ldconfig -p` entry's `(libc6,ABI)` is this architecture's.
+pub fn ldconfig_is_ours(entry: &str, arch: &tracer_common::arch::Arch) -> bool {
+    entry.contains(&format!(",{})", arch.ldconfig_abi))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LibraryError {
     #[error(
         "no {} found (searched the ldconfig cache, LD_LIBRARY_PATH and {}): {} or pass {} PATH",
-        .0.library, USUAL_DIRS.join(", "), .0.install_hint, .0.path_flag
+        .0.library, usual_dirs().join(", "), .0.install_hint, .0.path_flag
     )]
     NotFound(&'static ProbeSet),
     #[error("{} {}: {}", .0.path_flag, .1.display(), .2)]
@@ -99,7 +108,7 @@ fn candidates(set: &ProbeSet) -> Vec<PathBuf> {
     let ld_path = env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
     let dirs = env::split_paths(&ld_path)
         .filter(|d| !d.as_os_str().is_empty())
-        .chain(USUAL_DIRS.iter().map(PathBuf::from));
+        .chain(usual_dirs().into_iter().map(PathBuf::from));
     for dir in dirs {
         found.extend(set.file_names.iter().map(|name| dir.join(name)));
     }
@@ -115,17 +124,21 @@ fn ldconfig_cache(set: &ProbeSet) -> Vec<PathBuf> {
     let Some(output) = output else {
         return Vec::new();
     };
-    parse_ldconfig(set, &String::from_utf8_lossy(&output.stdout))
+    parse_ldconfig(
+        set,
+        &String::from_utf8_lossy(&output.stdout),
+        &tracer_common::arch::TARGET,
+    )
 }
 
-fn parse_ldconfig(set: &ProbeSet, text: &str) -> Vec<PathBuf> {
+fn parse_ldconfig(set: &ProbeSet, text: &str, arch: &tracer_common::arch::Arch) -> Vec<PathBuf> {
     let mut paths: Vec<(usize, PathBuf)> = text
         .lines()
         .filter_map(|line| {
             let (lib, path) = line.trim().split_once(" => ")?;
             let name = lib.split_whitespace().next()?;
             let rank = set.file_names.iter().position(|n| *n == name)?;
-            if !lib.contains("x86-64") {
+            if !ldconfig_is_ours(lib, arch) {
                 return None;
             }
             Some((rank, PathBuf::from(path.trim())))
@@ -285,11 +298,26 @@ mod tests {
             \tlibcuda.so.1 (libc6) => /usr/lib32/libcuda.so.1\n\
             \tlibcudart.so.12 (libc6,x86-64) => /usr/lib/libcudart.so.12\n";
         assert_eq!(
-            parse_ldconfig(&LIBCUDA, text),
+            parse_ldconfig(&LIBCUDA, text, &tracer_common::arch::X86_64),
             vec![
                 PathBuf::from("/usr/local/nvidia/lib64/libcuda.so.1"),
                 PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so"),
             ]
+        );
+    }
+
+    /// A GH200's cache names AArch64 libraries; an arm64 cudatrace takes those alone.
+    #[test]
+    fn arm64_takes_the_aarch64_entries() {
+        let text = "\tlibcuda.so.1 (libc6,AArch64) => /usr/lib/aarch64-linux-gnu/libcuda.so.1\n\
+            \tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n";
+        assert_eq!(
+            parse_ldconfig(&LIBCUDA, text, &tracer_common::arch::AARCH64),
+            vec![PathBuf::from("/usr/lib/aarch64-linux-gnu/libcuda.so.1")]
+        );
+        assert_eq!(
+            parse_ldconfig(&LIBCUDA, text, &tracer_common::arch::X86_64),
+            vec![PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.1")]
         );
     }
 

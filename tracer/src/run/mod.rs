@@ -214,17 +214,6 @@ const MIN_STACKS_RING_KIB: u32 = 64;
 /// `-p` targets, `--gpu`'s usage and environment.
 fn check(args: &RunArgs) -> Result<(), Failure> {
     privileges::check().map_err(|e| Failure::new(ExitCode::NotPrivileged, e))?;
-    // The eBPF programs read x86-64's pt_regs (tracer-common's arch table for arm64 is not
-    // wired into them yet): an arm64 build refuses rather than record wrong arguments.
-    if std::env::consts::ARCH != "x86_64" {
-        return Err(Failure::new(
-            ExitCode::Internal,
-            anyhow!(
-                "cudatrace run is not supported on {} yet: its probes read x86-64's registers",
-                std::env::consts::ARCH
-            ),
-        ));
-    }
     // Unknown (not probed) is left to the loader, whose own error then says why.
     if helpers::supported(helpers::ATTACH_COOKIE) == Ok(false) {
         return Err(Failure::new(

@@ -92,14 +92,22 @@ pub struct InterpreterLine {
     /// Why not, when `stacks` is false.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Where its offsets came from: `debug_offsets` (3.13+: the file's own
-    /// `_Py_DebugOffsets`, the table for the fields it lacks) or `table`.
+    /// Where its offsets came from: `dwarf` (the DWARF of the interpreter file or of its
+    /// debug file), `debug_offsets` (3.13+: the file's own `_Py_DebugOffsets`, the table for
+    /// the fields it lacks) or `table`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offsets: Option<String>,
-    /// The fields whose `_Py_DebugOffsets` value differs from cudatrace's table (the
-    /// file's is used): `name: FILE in the file, TABLE in the table`.
+    /// The file the DWARF was read from, where `offsets` is `dwarf`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offsets_file: Option<String>,
+    /// The fields whose DWARF or `_Py_DebugOffsets` value differs from cudatrace's table
+    /// (the file's is used): `name: FILE in the file, TABLE in the table`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub table_differs: Vec<String>,
+    /// Why DWARF found for the interpreter was not used (`FILE: WHY`): its offsets came from
+    /// the next source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dwarf_unused: Option<String>,
     /// What the check of the layout on the live process read and found right.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checked: Option<LayoutChecked>,

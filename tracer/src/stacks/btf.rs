@@ -1,6 +1,7 @@
-//! The offset of `thread.fsbase` in the kernel's `task_struct`, from its BTF
-//! (`/sys/kernel/btf/vmlinux`): the stack walk reads the calling thread's `fs` base there
-//! (its `pthread_self()`), which is how it finds the thread's Python thread state.
+//! The offset of the user thread pointer in the kernel's `task_struct`, from its BTF
+//! (`/sys/kernel/btf/vmlinux`): x86-64's `thread.fsbase`, arm64's `thread.uw.tp_value`
+//! (`tracer_common::arch`). The stack walk reads the calling thread's there, which is how
+//! it finds the thread's Python thread state.
 //!
 //! A small reader of the BTF format (types and strings, by `linux/btf.h`), enough to follow
 //! one struct member into another.
@@ -137,24 +138,37 @@ impl Btf {
     }
 }
 
-/// `offsetof(struct task_struct, thread.fsbase)` in the BTF at `path`.
-pub fn fsbase_offset(path: &Path) -> Option<u32> {
+/// `offsetof(struct task_struct, <member path>)` in the BTF at `path`, e.g. `thread.fsbase`
+/// for `["thread", "fsbase"]`.
+pub fn task_member_offset(path: &Path, members: &[&str]) -> Option<u32> {
     let bytes = std::fs::read(path).ok()?;
     let btf = Btf::parse(&bytes)?;
-    let task = btf.resolve(btf.struct_named("task_struct")?)?;
-    let (thread_at, thread_type) = btf.member(task, "thread")?;
-    let thread = btf.resolve(thread_type)?;
-    let (fsbase_at, _) = btf.member(thread, "fsbase")?;
-    u32::try_from(thread_at + fsbase_at).ok()
+    let mut ty = btf.resolve(btf.struct_named("task_struct")?)?;
+    let mut offset = 0;
+    for (i, name) in members.iter().enumerate() {
+        let (at, member_type) = btf.member(ty, name)?;
+        offset += at;
+        if i + 1 < members.len() {
+            ty = btf.resolve(member_type)?;
+        }
+    }
+    u32::try_from(offset).ok()
+}
+
+/// The offset of this architecture's user thread pointer in `task_struct`.
+pub fn thread_pointer_offset(path: &Path) -> Option<u32> {
+    task_member_offset(path, tracer_common::arch::TARGET.thread_pointer)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Builds BTF bytes with `task_struct { int pad[..]; struct thread_struct thread; }`.
+    /// Builds BTF bytes with `task_struct { long pid; struct thread_struct thread; }`, where
+    /// `thread_struct { long pid; long fsbase; struct { long tp_value; } uw; }`.
     fn sample() -> Vec<u8> {
-        let strings = b"\0task_struct\0thread\0thread_struct\0fsbase\0pid\0long\0".to_vec();
+        let strings =
+            b"\0task_struct\0thread\0thread_struct\0fsbase\0pid\0long\0uw\0tp_value\0".to_vec();
         let name = |s: &str| {
             let needle = format!("\0{s}\0");
             (strings
@@ -171,12 +185,15 @@ mod tests {
         };
         // 1: long (INT, 8 bytes)
         push(&[name("long"), 1 << 24, 8, 0x40]);
-        // 2: struct thread_struct { long pid @0; long fsbase @64 bits }
-        push(&[name("thread_struct"), (4 << 24) | 2, 16]);
-        push(&[name("pid"), 1, 0, name("fsbase"), 1, 64]);
+        // 2: struct thread_struct { long pid @0; long fsbase @64 bits; uw @128 bits }
+        push(&[name("thread_struct"), (4 << 24) | 3, 32]);
+        push(&[name("pid"), 1, 0, name("fsbase"), 1, 64, name("uw"), 4, 128]);
         // 3: typedef-free struct task_struct { long pid @0; thread_struct thread @ 2400 bytes }
         push(&[name("task_struct"), (4 << 24) | 2, 4096]);
         push(&[name("pid"), 1, 0, name("thread"), 2, 2400 * 8]);
+        // 4: an anonymous struct { long pad @0; long tp_value @64 bits } (arm64's `uw`)
+        push(&[0, (4 << 24) | 2, 16]);
+        push(&[name("pid"), 1, 0, name("tp_value"), 1, 64]);
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&MAGIC.to_le_bytes());
         bytes.extend_from_slice(&[1, 0]);
@@ -198,7 +215,16 @@ mod tests {
     fn the_member_path_adds_up() {
         let dir = std::env::temp_dir().join(format!("cudatrace-btf-{}", std::process::id()));
         std::fs::write(&dir, sample()).unwrap();
-        assert_eq!(fsbase_offset(&dir), Some(2408));
+        assert_eq!(
+            task_member_offset(&dir, tracer_common::arch::X86_64.thread_pointer),
+            Some(2408)
+        );
+        // 2400 + 16 (uw) + 8 (tp_value).
+        assert_eq!(
+            task_member_offset(&dir, tracer_common::arch::AARCH64.thread_pointer),
+            Some(2424)
+        );
+        assert_eq!(task_member_offset(&dir, &["thread", "gsbase"]), None);
         std::fs::remove_file(&dir).unwrap();
     }
 
@@ -208,7 +234,7 @@ mod tests {
     fn the_running_kernel_has_one() {
         let path = Path::new("/sys/kernel/btf/vmlinux");
         if path.exists() {
-            let offset = fsbase_offset(path).unwrap();
+            let offset = thread_pointer_offset(path).unwrap();
             assert!((1000..20000).contains(&offset), "{offset}");
         }
     }

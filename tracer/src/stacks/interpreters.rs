@@ -20,6 +20,7 @@ use tracer_common::stacks::{PyProcess, py_flags};
 use super::{
     check::{self, Checked, Types},
     debug_offsets::DebugOffsets,
+    dwarf::{self, Dwarf},
     elf::{self, InterpreterFile, NotInterpreter},
     layout::{self, SHIFT_ENV, Shift},
 };
@@ -44,6 +45,8 @@ pub enum Found {
 struct ReadFile {
     path: PathBuf,
     result: Result<InterpreterFile, NotInterpreter>,
+    /// Its DWARF, read once too.
+    dwarf: Dwarf,
 }
 
 /// The probes' `KNOWN_CODES`: the code objects of known stacks, by (process image, address).
@@ -176,8 +179,9 @@ impl Interpreters {
                 py,
                 minor,
                 types,
-                debug_offsets,
+                source,
                 table_differs,
+                dwarf_unused,
                 checked,
             }) => match self.count_and_give(pid, *py) {
                 Ok(()) => {
@@ -193,12 +197,31 @@ impl Interpreters {
                             },
                         );
                     }
-                    if !table_differs.is_empty() {
-                        let which = format!("Python {version} ({})", path.display());
+                    let which = format!("Python {version} ({})", path.display());
+                    if let Some(unused) = &dwarf_unused {
                         self.say(
                             &format!(
-                                "pid {pid}: {which}: its _Py_DebugOffsets differ from \
-                                 cudatrace's table for 3.{minor} ({}): the file's are used",
+                                "pid {pid}: {which}: its DWARF is not used ({unused}): offsets \
+                                 from {}",
+                                match source {
+                                    Source::DebugOffsets => "its _Py_DebugOffsets and the table",
+                                    _ => "the table",
+                                }
+                            ),
+                            &format!("{which}: DWARF unused"),
+                        );
+                    }
+                    if !table_differs.is_empty() {
+                        let theirs = match &source {
+                            Source::Dwarf(file) => {
+                                format!("its DWARF ({}) differs", file.display())
+                            }
+                            _ => "its _Py_DebugOffsets differ".into(),
+                        };
+                        self.say(
+                            &format!(
+                                "pid {pid}: {which}: {theirs} from cudatrace's table for \
+                                 3.{minor} ({}): the file's are used",
                                 table_differs.join("; ")
                             ),
                             &format!("{which}: differs"),
@@ -210,15 +233,13 @@ impl Interpreters {
                         path: Some(path.display().to_string()),
                         python: Some(version),
                         stacks: true,
-                        offsets: Some(
-                            if debug_offsets {
-                                "debug_offsets"
-                            } else {
-                                "table"
-                            }
-                            .into(),
-                        ),
+                        offsets: Some(source.name().into()),
+                        offsets_file: match &source {
+                            Source::Dwarf(file) => Some(file.display().to_string()),
+                            _ => None,
+                        },
                         table_differs,
+                        dwarf_unused,
                         checked: Some(LayoutChecked {
                             thread_states: checked.thread_states,
                             frames: checked.frames,
@@ -447,15 +468,43 @@ fn evaluate(
         };
         let key = (metadata.dev(), metadata.ino());
         let read = files.entry(key).or_insert_with(|| {
-            let result = fs::read(format!(
+            let bytes = fs::read(format!(
                 "/proc/self/fd/{}",
                 std::os::fd::AsRawFd::as_raw_fd(&file)
-            ))
-            .map_err(|e| NotInterpreter::NotElf(e.to_string()))
-            .and_then(|bytes| elf::read(&bytes, &path));
+            ));
+            let (result, dwarf) = match bytes {
+                Ok(bytes) => {
+                    let result = elf::read(&bytes, &path);
+                    // A debug file where the process's own root has it (a chroot's, a
+                    // container's `-dbg` package), or cudatrace's.
+                    let own_root = fs::read_link(format!("/proc/{pid}/root"))
+                        .is_ok_and(|root| root == Path::new("/"));
+                    let roots: Vec<PathBuf> = if own_root {
+                        vec!["/".into()]
+                    } else {
+                        vec![format!("/proc/{pid}/root").into(), "/".into()]
+                    };
+                    let dwarf = result
+                        .as_ref()
+                        .ok()
+                        .and_then(|interpreter| {
+                            interpreter
+                                .version_hex
+                                .map(|hex| (hex >> 16) & 0xff)
+                                .or_else(|| elf::minor_from_name(&path))
+                        })
+                        .filter(|minor| layout::MINORS.contains(minor))
+                        .map_or(Dwarf::Absent, |minor| {
+                            dwarf::find(&bytes, &path, &roots, minor)
+                        });
+                    (result, dwarf)
+                }
+                Err(e) => (Err(NotInterpreter::NotElf(e.to_string())), Dwarf::Absent),
+            };
             ReadFile {
                 path: path.clone(),
                 result,
+                dwarf,
             }
         });
         let interpreter = match &read.result {
@@ -467,7 +516,7 @@ fn evaluate(
             .iter()
             .filter(|m| (m.device, m.inode) == key || m.path == path)
             .collect::<Vec<_>>();
-        return layout_of(pid, interpreter, &path, &mapped, context);
+        return layout_of(pid, interpreter, &read.dwarf, &path, &mapped, context);
     }
     Ok(Evaluated::NotPython { exe: exe_path })
 }
@@ -479,14 +528,36 @@ enum Evaluated {
         minor: u32,
         py: Box<PyProcess>,
         types: Types,
-        /// Offsets from the file's `_Py_DebugOffsets` (3.13+).
-        debug_offsets: bool,
+        source: Source,
         table_differs: Vec<String>,
+        /// Why DWARF found for it was not used: `FILE: WHY`.
+        dwarf_unused: Option<String>,
         checked: Checked,
     },
     NotPython {
         exe: PathBuf,
     },
+}
+
+/// Where a layout's offsets came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Source {
+    Table,
+    /// The file's `_Py_DebugOffsets` (3.13+), the table for the fields they lack.
+    DebugOffsets,
+    /// The DWARF of the file named (the interpreter file or its debug file).
+    Dwarf(PathBuf),
+}
+
+impl Source {
+    /// Its name in the `interpreter` line's `offsets`.
+    fn name(&self) -> &'static str {
+        match self {
+            Source::Table => "table",
+            Source::DebugOffsets => "debug_offsets",
+            Source::Dwarf(_) => "dwarf",
+        }
+    }
 }
 
 struct Refused {
@@ -610,6 +681,7 @@ struct Made<'a> {
 fn layout_of(
     pid: u32,
     interpreter: &InterpreterFile,
+    dwarf: &Dwarf,
     path: &Path,
     mapped: &[&Mapping],
     context: Made,
@@ -651,17 +723,29 @@ fn layout_of(
     }
     if let Some(shift) = context.shift {
         shift.apply(&mut py);
-        if !layout::fits(&py) {
-            return Err(refuse(
-                "its layout cannot be read by the probes in one piece".into(),
-            ));
-        }
     }
+    let table = py;
     if interpreter.debug_build {
         return Err(refuse(
             "a debug build (Py_REF_DEBUG): another object layout".into(),
         ));
     }
+    // DWARF first (it gives every field), then `_Py_DebugOffsets`, which must agree with it
+    // where both give a field, then the table (docs/python-stacks.md says why).
+    let mut source = Source::Table;
+    let mut dwarf_unused = None;
+    let dwarf_offsets = match dwarf {
+        Dwarf::Read(offsets) => {
+            py = offsets.apply(py);
+            source = Source::Dwarf(offsets.file.clone());
+            Some(offsets)
+        }
+        Dwarf::Failed { file, error } => {
+            dwarf_unused = Some(format!("{}: {error}", file.display()));
+            None
+        }
+        Dwarf::Absent => None,
+    };
     let mut table_differs = Vec::new();
     if minor >= 13 {
         let offsets = DebugOffsets::read(&interpreter.runtime_bytes, minor)
@@ -678,10 +762,35 @@ fn layout_of(
                 interpreter.version_hex.unwrap_or(0)
             )));
         }
-        table_differs = offsets.differences(&py);
-        py = offsets.apply(py).ok_or_else(|| {
-            refuse("its _Py_DebugOffsets give a layout the probes cannot read in one piece".into())
-        })?;
+        if let Some(dwarf_offsets) = dwarf_offsets
+            && let Some(error) = dwarf_offsets.disagreement(&offsets, &py)
+        {
+            dwarf_unused = Some(format!("{}: {error}", dwarf_offsets.file.display()));
+            (py, source) = (table, Source::Table);
+        }
+        if source == Source::Table {
+            table_differs = offsets.differences(&py);
+            py = offsets.apply(py).ok_or_else(|| {
+                refuse(
+                    "its _Py_DebugOffsets give a layout the probes cannot read in one piece".into(),
+                )
+            })?;
+            source = Source::DebugOffsets;
+        }
+    }
+    if let (Source::Dwarf(file), Some(dwarf_offsets)) = (&source, dwarf_offsets) {
+        table_differs = dwarf_offsets.differences(&table);
+        if !layout::fits(&py) {
+            return Err(refuse(format!(
+                "its DWARF ({}) gives a layout the probes cannot read in one piece",
+                file.display()
+            )));
+        }
+    }
+    if !layout::fits(&py) {
+        return Err(refuse(
+            "its layout cannot be read by the probes in one piece".into(),
+        ));
     }
     let Some(code_type) = interpreter.code_type else {
         return Err(refuse("it does not export PyCode_Type".into()));
@@ -705,6 +814,23 @@ fn layout_of(
     if minor >= 11 && pid_ns.is_some() && pid_ns == context.own_pid_ns {
         py.flags |= py_flags::NATIVE_TID;
     }
+    let arch = tracer_common::arch::TARGET;
+    if !arch.pthread_self_is_thread_pointer && py.flags & py_flags::NATIVE_TID == 0 {
+        // See `Arch::pthread_self_is_thread_pointer`.
+        return Err(refuse(if minor < 11 {
+            format!(
+                "on {} a thread's state is told by its native_thread_id, which Python 3.{minor} \
+                 does not have (3.11+ does)",
+                arch.name
+            )
+        } else {
+            format!(
+                "on {} a thread's state is told by its native_thread_id, which is a tid of \
+                 another pid namespace here",
+                arch.name
+            )
+        }));
+    }
     let types = Types {
         code: py.code_type,
         str: interpreter.str_type.map(|at| at.wrapping_add(bias)),
@@ -719,8 +845,9 @@ fn layout_of(
         minor,
         py: Box::new(py),
         types,
-        debug_offsets: minor >= 13,
+        source,
         table_differs,
+        dwarf_unused,
         checked,
     })
 }
@@ -942,10 +1069,20 @@ mod tests {
         }
     }
 
+    /// pyenv's libpython for a pyenv `python3.X` (`-g` builds: it has DWARF), none for
+    /// another interpreter (Debian's are stripped).
+    fn dwarf_file(command: &[&str]) -> Option<PathBuf> {
+        let version = command[0].strip_prefix("/root/.pyenv/versions/")?;
+        let (version, binary) = version.split_once("/bin/")?;
+        Some(PathBuf::from(format!(
+            "/root/.pyenv/versions/{version}/lib/lib{binary}.so.1.0"
+        )))
+    }
+
     /// The right layout passes the check on every interpreter here, having read exactly
     /// what the process has; one field moved in the table is refused, naming the field,
-    /// unless the file's own `_Py_DebugOffsets` give it (3.13+), which win and are said to
-    /// differ.
+    /// unless the file's DWARF (pyenv's) or its own `_Py_DebugOffsets` (3.13+) give it,
+    /// which win and are said to differ.
     #[test]
     fn the_check_passes_the_right_layout_and_refuses_a_moved_field() {
         let interpreters = interpreters();
@@ -954,10 +1091,12 @@ mod tests {
             let command: Vec<&str> = command.iter().map(String::as_str).collect();
             let python = Waiting::start(&command);
             let pid = python.0.id();
+            let dwarf = dwarf_file(&command);
             let Ok(Evaluated::Readable {
                 checked,
-                debug_offsets,
+                source,
                 table_differs,
+                dwarf_unused,
                 ..
             }) = evaluated(pid, None)
             else {
@@ -969,28 +1108,28 @@ mod tests {
                 code_objects: 2,
             };
             assert_eq!(checked, expected, "{command:?}");
+            let expected_source = match &dwarf {
+                Some(file) => Source::Dwarf(file.clone()),
+                None if minor >= 13 => Source::DebugOffsets,
+                None => Source::Table,
+            };
             assert_eq!(
-                (debug_offsets, table_differs.len()),
-                (minor >= 13, 0),
+                (&source, table_differs.len(), dwarf_unused),
+                (&expected_source, 0, None),
                 "{command:?}"
             );
 
             let py = layout::table(minor).unwrap();
-            let refused = |shift: &str| match evaluated(pid, Some(shift)) {
-                Err(refused) => Some(refused.reason),
-                Ok(_) => None,
-            };
             let failing = "its layout fails the check on the live process: ";
-            assert_eq!(
-                refused("tstate_interp+8"),
-                Some(format!(
-                    "{failing}a thread state does not point back at its interpreter \
-                     (tstate_interp at {})",
-                    py.tstate_interp + 8
-                )),
-                "{command:?}"
-            );
             for (shift, why) in [
+                (
+                    "tstate_interp+8",
+                    format!(
+                        "a thread state does not point back at its interpreter (tstate_interp \
+                         at {})",
+                        py.tstate_interp + 8
+                    ),
+                ),
                 (
                     "frame_code+8",
                     format!(
@@ -1008,32 +1147,31 @@ mod tests {
                     ),
                 ),
             ] {
-                if minor >= 13 {
-                    let Ok(Evaluated::Readable {
+                // No interpreter's `_Py_DebugOffsets` give `tstate_interp`; DWARF does.
+                let corrected = dwarf.is_some() || (minor >= 13 && shift != "tstate_interp+8");
+                match evaluated(pid, Some(shift)) {
+                    Ok(Evaluated::Readable {
                         checked,
+                        source,
                         table_differs,
                         ..
-                    }) = evaluated(pid, Some(shift))
-                    else {
-                        panic!("{command:?} {shift}: refused");
-                    };
-                    assert_eq!(checked, expected, "{command:?} {shift}");
-                    let field = &shift[..shift.len() - 2];
-                    let value = layout::field(field).unwrap().get(&py);
-                    assert_eq!(
-                        table_differs,
-                        [format!(
-                            "{field}: {value} in the file, {} in the table",
-                            value + 8
-                        )],
-                        "{command:?}"
-                    );
-                } else {
-                    assert_eq!(
-                        refused(shift),
-                        Some(format!("{failing}{why}")),
-                        "{command:?}"
-                    );
+                    }) if corrected => {
+                        assert_eq!((checked, &source), (expected, &expected_source));
+                        let field = &shift[..shift.len() - 2];
+                        let value = layout::field(field).unwrap().get(&py);
+                        assert_eq!(
+                            table_differs,
+                            [format!(
+                                "{field}: {value} in the file, {} in the table",
+                                value + 8
+                            )],
+                            "{command:?}"
+                        );
+                    }
+                    Err(refused) if !corrected => {
+                        assert_eq!(refused.reason, format!("{failing}{why}"), "{command:?}");
+                    }
+                    _ => panic!("{command:?} {shift}: corrected {corrected}"),
                 }
             }
         }

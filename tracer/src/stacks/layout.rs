@@ -48,7 +48,7 @@ pub enum Given {
 }
 
 /// A read of the probes: where it starts and how many bytes it takes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Read {
     Interp,
     Tstate,
@@ -324,6 +324,27 @@ pub fn table(minor: u32) -> Option<PyProcess> {
     Some(py)
 }
 
+/// `py` with each read (the interpreter's, the thread state's, the frame's) starting at its
+/// lowest field, as every minor's table has them: a layout read from DWARF puts its reads
+/// where its own fields are rather than where the table's would be.
+pub fn start_reads_at_first_fields(py: &mut PyProcess) {
+    for (read, start) in [
+        (Read::Interp, "interp_read"),
+        (Read::Tstate, "tstate_read"),
+        (Read::Frame, "frame_read"),
+    ] {
+        let first = FIELDS
+            .iter()
+            .filter(|field| matches!(field.read, Some((r, _)) if r == read))
+            .map(|field| field.get(py))
+            .filter(|offset| *offset != NO_FIELD)
+            .min();
+        if let (Some(first), Some(start)) = (first, field(start)) {
+            start.set(py, first);
+        }
+    }
+}
+
 /// Whether every field lies where the probes read it: inside the one read of its object,
 /// aligned for the probes' masked loads.
 pub fn fits(py: &PyProcess) -> bool {
@@ -344,6 +365,21 @@ mod tests {
         }
         assert_eq!(table(9), None);
         assert_eq!(table(15), None);
+    }
+
+    /// Every minor's reads start at their lowest field: [`start_reads_at_first_fields`]
+    /// leaves each table as it is, and follows a field moved below its read's start.
+    #[test]
+    fn each_tables_reads_start_at_their_first_field() {
+        for minor in MINORS {
+            let mut py = table(minor).unwrap();
+            start_reads_at_first_fields(&mut py);
+            assert_eq!(py, table(minor).unwrap(), "3.{minor}");
+        }
+        let mut moved = table(13).unwrap();
+        moved.interp_next -= 16;
+        start_reads_at_first_fields(&mut moved);
+        assert_eq!(moved.interp_read, table(13).unwrap().interp_read - 16);
     }
 
     /// A field moved out of its read, or off its alignment, does not fit.

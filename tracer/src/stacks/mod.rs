@@ -10,6 +10,7 @@
 //! | `check.rs` | a layout checked against the process's own objects before the probes use it |
 //! | `layout.rs` | where each version keeps what the probes read: one table, a row per field |
 //! | `debug_offsets.rs` | CPython's own `_Py_DebugOffsets` (3.13+), laid over the table |
+//! | `dwarf.rs` | an interpreter's DWARF (its file's or its debug file's): the structs' member offsets, preferred to the table |
 //! | `btf.rs` | the kernel's `task_struct.thread.fsbase` offset, from its BTF |
 //! | `resolve.rs` | stack and code records into `stack` lines and the calls' `stack` |
 //! | `linetable.rs` | a code object's line table: the line of an instruction |
@@ -19,6 +20,7 @@
 mod btf;
 mod check;
 mod debug_offsets;
+mod dwarf;
 mod elf;
 mod fault_in;
 mod interpreters;
@@ -35,7 +37,7 @@ use tracer_common::{
     stacks::{CodeHead, RawPyFrame, StackEvent, code_flags, stack_counter, stack_status},
 };
 
-pub use btf::fsbase_offset;
+pub use btf::thread_pointer_offset;
 use interpreters::{Found, Interpreters};
 pub use resolve::Reason;
 use resolve::Resolver;
@@ -200,13 +202,14 @@ pub fn left_out(call_flags: u32) -> Option<Reason> {
     }
 }
 
-/// Whether `--stacks` can work on this kernel: the offset of a thread's `fs` base in its
-/// task, from the kernel's BTF.
+/// Whether `--stacks` can work on this kernel: the offset of a thread's thread pointer
+/// (x86-64's `fs` base, arm64's `tpidr_el0`) in its task, from the kernel's BTF.
 pub fn kernel_fsbase() -> Result<u32, String> {
-    fsbase_offset(Path::new(KERNEL_BTF)).ok_or_else(|| {
+    thread_pointer_offset(Path::new(KERNEL_BTF)).ok_or_else(|| {
         format!(
-            "{KERNEL_BTF} is missing or has no task_struct.thread.fsbase: cudatrace cannot find \
-             a thread's Python thread state without it"
+            "{KERNEL_BTF} is missing or has no task_struct.{}: cudatrace cannot find a \
+             thread's Python thread state without it",
+            tracer_common::arch::TARGET.thread_pointer.join(".")
         )
     })
 }

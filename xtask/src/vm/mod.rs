@@ -376,7 +376,13 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
         shares,
         busybox,
     };
-    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions {
+        arch: match arch {
+            Arch::X86_64 => ebpf::Arch::X86_64,
+            Arch::Arm64 => ebpf::Arch::Aarch64,
+        },
+        ..Default::default()
+    })?;
     let labels: Vec<String> = versions.iter().map(|v| arch.label(v)).collect();
     let wanted: Vec<&str> = TEST_TARGETS
         .iter()

@@ -103,3 +103,27 @@ fn stream_variants_resolve_to_their_function() {
     );
     assert!(lookup("cuNotAFunction").is_none());
 }
+
+/// arm64 passes the 64-byte handle as a pointer to a copy in the second register (AAPCS64
+/// B.4): the row reads 32 bytes through it, and Flags moves to the third register.
+#[test]
+fn ipc_open_reads_its_handle_through_a_pointer_on_arm64() {
+    let arm64 = FnSpec {
+        args: IPC_OPEN_AAPCS64,
+        ..f(&["cuIpcOpenMemHandle"], Family::Memory, &[])
+    };
+    let spec = arm64.probe_spec();
+    assert_eq!(
+        (spec.nargs, spec.capture, spec.capture_arg, spec.capture_len),
+        (3, capture::STRUCT, 1, 32)
+    );
+    assert_eq!(spec.out_args, [1, 0]);
+    assert!(spec.nargs as usize <= tracer_common::arch::AARCH64.register_args());
+    let ours = lookup("cuIpcOpenMemHandle").unwrap();
+    if cfg!(target_arch = "aarch64") {
+        assert!(std::ptr::eq(ours.args, IPC_OPEN_AAPCS64));
+    } else {
+        assert_eq!(ours.args[6], IpcHandleOnStack);
+        assert_eq!(ours.args[1], U32(Flags));
+    }
+}

@@ -22,7 +22,10 @@ use super::raw::c_string;
 #[cfg(test)]
 use crate::catalog::cuda_result;
 use crate::{
-    catalog::{Arg, BATCH_SIZES_READ, FnSpec, IPC_HANDLE_LEN, StrField, UNIQUE_ID_READ, nccl},
+    catalog::{
+        Arg, BATCH_SIZES_READ, FnSpec, IPC_HANDLE_BY_VALUE_READ, IPC_HANDLE_LEN, StrField,
+        UNIQUE_ID_READ, nccl,
+    },
     schema::{CallLine, Hex},
 };
 
@@ -118,6 +121,13 @@ pub fn decode_call_of(
             }
             Arg::IpcHandleOut => {
                 if data.len() == IPC_HANDLE_LEN as usize {
+                    record.ipc_handle = Some(hex_bytes(data));
+                } else {
+                    record.warnings.push(Cow::Borrowed("ipc_handle_unread"));
+                }
+            }
+            Arg::IpcHandleByRef => {
+                if data.len() == IPC_HANDLE_BY_VALUE_READ as usize {
                     record.ipc_handle = Some(hex_bytes(data));
                 } else {
                     record.warnings.push(Cow::Borrowed("ipc_handle_unread"));

@@ -7,25 +7,21 @@
 //! | `ptrace.rs` | one thread seized at a safe point, pointed at the trampoline, let go |
 //! | `trampoline.rs` (+ `trampoline.S`) | the code the thread runs: `dlopen`, `dlsym`, `cudatrace_attach`, then back |
 //! | `shared_library.rs` | the library's file, kept where every attach finds the same one |
+//! | `injected.rs` | what an inject did, or why not |
 //!
 //! Who uses whom: `mod` → `ptrace` → `trampoline`, `target`; `mod` → `shared_library`.
+//!
+//! The trampoline and the registers it is started with are x86-64's: elsewhere (arm64)
+//! `target` refuses every process first (it is not a 64-bit x86 program), and `ptrace` and
+//! `trampoline` are not built.
 
+mod injected;
 #[cfg(target_arch = "x86_64")]
-pub mod ptrace;
-/// Elsewhere (arm64) the trampoline, x86-64 code, is not built: `target::inspect` refuses
-/// every process there (`NotX86_64`) before anything would be injected.
-#[cfg(not(target_arch = "x86_64"))]
-#[path = "no_ptrace.rs"]
 pub mod ptrace;
 pub mod shared_library;
 pub mod target;
 #[cfg(target_arch = "x86_64")]
 pub mod trampoline;
-#[cfg(not(target_arch = "x86_64"))]
-pub mod trampoline {
-    /// The x86-64 trampoline's length: the room `target::inspect` looks for.
-    pub const CODE_LEN: usize = 0x118;
-}
 
 use std::{
     ffi::OsString,
@@ -34,7 +30,7 @@ use std::{
 };
 
 pub use self::{
-    ptrace::{InjectError, Injected},
+    injected::{InjectError, Injected},
     target::{Refusal, Target},
 };
 
@@ -96,16 +92,30 @@ pub fn check(pid: u32) -> Result<Target, Refusal> {
 pub fn attach(pid: u32, library: &Path, settings: &[u8]) -> Result<Attached, AttachError> {
     let start = Instant::now();
     let target = target::inspect(pid, library)?;
-    use std::os::unix::ffi::OsStrExt;
-    let injected = ptrace::inject(
-        &target,
-        library.as_os_str().as_bytes(),
-        settings,
-        SAFE_POINT_BOUND,
-    )?;
+    let injected = inject(&target, library, settings)?;
     Ok(Attached {
         target,
         injected,
         took: start.elapsed(),
     })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn inject(target: &Target, library: &Path, settings: &[u8]) -> Result<Injected, InjectError> {
+    use std::os::unix::ffi::OsStrExt;
+    ptrace::inject(
+        target,
+        library.as_os_str().as_bytes(),
+        settings,
+        SAFE_POINT_BOUND,
+    )
+}
+
+/// Not reached: `target::inspect` refuses every process that is not a 64-bit x86 program.
+#[cfg(not(target_arch = "x86_64"))]
+fn inject(_: &Target, _: &Path, _: &[u8]) -> Result<Injected, InjectError> {
+    Err(InjectError::Trampoline(format!(
+        "attaching injects x86-64 code: not on {}",
+        std::env::consts::ARCH
+    )))
 }

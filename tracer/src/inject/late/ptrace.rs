@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use super::injected::{InjectError, Injected};
 use super::{
     target::{Mapping, Target},
     trampoline::{self, Call},
@@ -83,41 +84,6 @@ const STACK_ROOM: u64 = 128 * 1024;
 
 /// How long a seized thread may take to stop.
 const STOP_WAIT: Duration = Duration::from_millis(200);
-
-/// How the trampoline was started, and what it cost the thread.
-#[derive(Debug)]
-pub struct Injected {
-    pub tid: u32,
-    /// The system call the thread was in (its name).
-    pub syscall: &'static str,
-    /// From the seize to the release of the thread that runs the trampoline.
-    pub stopped: Duration,
-    /// Threads seized and let go unchanged (not at a safe point), over all tries.
-    pub passed_over: u32,
-    /// Tries over all threads.
-    pub rounds: u32,
-}
-
-/// Why the trampoline could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum InjectError {
-    #[error("ptrace refused to seize thread {tid}: {error}")]
-    Seize { tid: u32, error: std::io::Error },
-    #[error(
-        "no thread of process {pid} stopped at a safe point (a blocking system call outside \
-         malloc and the loader) within {waited:?} ({threads} threads, {tries} tries: {last}); \
-         the process is untouched"
-    )]
-    NoSafePoint {
-        pid: u32,
-        waited: Duration,
-        threads: usize,
-        tries: u32,
-        last: String,
-    },
-    #[error("{0}")]
-    Trampoline(String),
-}
 
 /// Starts the trampoline on a thread of `target`, within `bound`; runs on a thread of its
 /// own, so that whatever happens no thread of the target stays seized.

@@ -11,6 +11,12 @@ use std::{
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 /// One line of `/proc/PID/maps`.
+#[cfg(target_arch = "x86_64")]
+use super::trampoline::CODE_LEN;
+/// Not used: elsewhere than x86-64 every process is refused before room is sought.
+#[cfg(not(target_arch = "x86_64"))]
+const CODE_LEN: usize = 0;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
     pub start: u64,
@@ -81,7 +87,11 @@ pub enum Refusal {
          reboot lifts): start the program under `cudatrace run --gpu -- CMD` instead"
     )]
     YamaForbidden,
-    #[error("process {0} is a 32-bit program: attaching supports 64-bit x86 programs only")]
+    #[error(
+        "process {0} is not a 64-bit x86 program: attaching injects x86-64 code, so it \
+         supports those only (arm64 and 32-bit programs: start them under `cudatrace run \
+         --gpu -- CMD`)"
+    )]
     NotX86_64(u32),
     #[error(
         "process {0} has not loaded libcuda: nothing to record; attach once it uses CUDA \
@@ -116,18 +126,11 @@ pub enum Refusal {
 
 /// What attaching needs to know of a process, read before it is touched.
 #[derive(Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86-64 inject
 pub struct Target {
     pub pid: u32,
-    #[cfg_attr(
-        not(target_arch = "x86_64"),
-        expect(dead_code, reason = "read by the x86-64 trampoline only")
-    )]
     pub maps: Vec<Mapping>,
     pub dlopen: u64,
-    #[cfg_attr(
-        not(target_arch = "x86_64"),
-        expect(dead_code, reason = "read by the x86-64 trampoline only")
-    )]
     pub dlsym: u64,
     /// Where the trampoline's code goes: the unused tail of an executable mapping.
     pub code_at: u64,
@@ -214,8 +217,7 @@ pub fn inspect(pid: u32, library: &Path) -> Result<Target, Refusal> {
         .find(|m| m.file_name().starts_with("libcupti.so"))
         .map(|m| m.path.clone());
     let (dlopen, dlsym) = loader_functions(pid, &maps).ok_or(Refusal::NoDlopen(pid))?;
-    let code_at = room_for_code(pid, &maps, super::trampoline::CODE_LEN as u64)
-        .ok_or(Refusal::NoRoom(pid))?;
+    let code_at = room_for_code(pid, &maps, CODE_LEN as u64).ok_or(Refusal::NoRoom(pid))?;
     Ok(Target {
         pid,
         maps,
@@ -443,7 +445,9 @@ mod tests {
         }
         assert_eq!(
             Refusal::NotX86_64(7).to_string(),
-            "process 7 is a 32-bit program: attaching supports 64-bit x86 programs only"
+            "process 7 is not a 64-bit x86 program: attaching injects x86-64 code, so it \
+             supports those only (arm64 and 32-bit programs: start them under `cudatrace run \
+             --gpu -- CMD`)"
         );
         fs::remove_dir_all(&dir).unwrap();
     }
