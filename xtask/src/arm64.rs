@@ -22,19 +22,16 @@ const EM_AARCH64: u16 = 183;
 /// Installs the Rust target and the cross linker where missing, builds, and checks that the
 /// binary is an AArch64 ELF.
 pub fn build_arm64() -> Result<()> {
-    ensure_target()?;
-    ensure_linker()?;
+    ensure_toolchain()?;
     ebpf::build_ebpf(&ebpf::BuildEbpfOptions {
         arch: ebpf::Arch::Aarch64,
         ..Default::default()
     })?;
-    let env_target = TARGET.to_uppercase().replace('-', "_");
     run(
         cargo()
             .args(["build", "--release", "--locked", "-p", "cudatrace"])
             .args(["--target", TARGET])
-            .env(format!("CARGO_TARGET_{env_target}_LINKER"), LINKER)
-            .env(format!("CC_{}", TARGET.replace('-', "_")), LINKER)
+            .envs(cross_env())
             .current_dir(cmd::workspace_root()),
         &format!("cargo build --release -p cudatrace --target {TARGET}"),
     )?;
@@ -47,6 +44,21 @@ pub fn build_arm64() -> Result<()> {
     );
     eprintln!("xtask: build-arm64: {} (AArch64 ELF)", binary.display());
     Ok(())
+}
+
+/// The Rust target and the cross linker, installed where missing.
+pub fn ensure_toolchain() -> Result<()> {
+    ensure_target()?;
+    ensure_linker()
+}
+
+/// What cargo needs to link (and the `cc` crate to compile) for [`TARGET`].
+pub fn cross_env() -> [(String, &'static str); 2] {
+    let env_target = TARGET.to_uppercase().replace('-', "_");
+    [
+        (format!("CARGO_TARGET_{env_target}_LINKER"), LINKER),
+        (format!("CC_{}", TARGET.replace('-', "_")), LINKER),
+    ]
 }
 
 /// `rustup target add`, with what to do where it cannot download.

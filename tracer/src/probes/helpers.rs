@@ -89,7 +89,7 @@ pub fn kernel_release() -> String {
         .release
         .iter()
         .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
+        .map(|c| u8::from_ne_bytes(c.to_ne_bytes()))
         .collect();
     String::from_utf8_lossy(&release).into_owned()
 }

@@ -204,7 +204,7 @@ fn uname() -> (String, String) {
         let bytes: Vec<u8> = f
             .iter()
             .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
+            .map(|c| u8::from_ne_bytes(c.to_ne_bytes()))
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     };

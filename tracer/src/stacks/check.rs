@@ -4,8 +4,8 @@
 //! `/proc/PID/mem`, and each object must be what the layout says it is. A wrong offset
 //! reads another field, whose value fails one of these: the types' own sizes put the
 //! contents where the layout does, a thread state points back at its interpreter, its
-//! `thread_id` is a `pthread_t` (glibc's and musl's thread control block starts with a
-//! pointer to itself), a frame's code object has `PyCode_Type` as its type and its
+//! `thread_id` is a `pthread_t` (on x86-64 glibc's and musl's thread control block starts
+//! with a pointer to itself), a frame's code object has `PyCode_Type` as its type and its
 //! instruction lies inside its bytecode, its names are `str`s whose length ends at their
 //! NUL, its line table a `bytes` whose size does too. docs/python-stacks.md lists them all.
 
@@ -366,7 +366,10 @@ fn check_thread_state<M: Memory>(
     if thread_id == 0 {
         return Ok(false);
     }
-    if read.u64(thread_id) != Some(thread_id) {
+    // Only where the thread pointer is the pthread_t (x86-64's TLS variant II): arm64's
+    // struct pthread does not start with a pointer to itself; its native_thread_id below
+    // is checked all the same.
+    if cfg!(target_arch = "x86_64") && read.u64(thread_id) != Some(thread_id) {
         return Err(format!(
             "a thread state's thread_id (tstate_thread_id at {}) is no thread's pthread_t",
             py.tstate_thread_id

@@ -1,6 +1,7 @@
 //! apt on vm-test's own source list: Debian's kernels for the guests and a newer QEMU come
-//! from suites the machine's own sources may lack (bullseye, bookworm-backports). The list
-//! and apt's state live under target/vm/apt; the machine's apt configuration is not touched.
+//! from suites the machine's own sources may lack (bullseye, bookworm-backports); the arm64
+//! guest's kernel and busybox from arm64's package lists. Each list and apt's state live
+//! under target/vm (apt, apt-arm64); the machine's apt configuration is not touched.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,11 +11,18 @@ use anyhow::{Context, Result, ensure};
 
 use crate::cmd::run;
 
+use super::Arch;
+
 /// The suites vm-test downloads from, signed with Debian's archive keyring.
 const SOURCES: &str = "\
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
+";
+/// The arm64 guest's suites: its kernel (bookworm-security) and initramfs busybox (bookworm).
+const ARM64_SOURCES: &str = "\
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
 /// The keyring the sources are signed with (package debian-archive-keyring).
@@ -27,34 +35,46 @@ pub(super) struct Apt {
 }
 
 impl Apt {
-    /// Writes the source list (the same bytes each time) and the state folders, and fetches
-    /// the package lists if there are none yet.
+    /// The host's packages (QEMU) and the x86-64 guests' kernels.
     pub(super) fn new(vm_dir: &Path) -> Result<Self> {
+        Self::of(vm_dir, Arch::X86_64)
+    }
+
+    /// Packages of `arch` (kernels, busybox): for arm64 a list and state of its own, which
+    /// apt reads as arm64's (its `Packages` files, `apt-get download` of arm64 debs).
+    pub(super) fn of(vm_dir: &Path, arch: Arch) -> Result<Self> {
         ensure!(
             Path::new(KEYRING).is_file(),
             "{KEYRING} not found: apt-get install debian-archive-keyring"
         );
-        let dir = vm_dir.join("apt");
+        let (dir, list, architecture) = match arch {
+            Arch::X86_64 => (vm_dir.join("apt"), SOURCES, None),
+            Arch::Arm64 => (vm_dir.join("apt-arm64"), ARM64_SOURCES, Some("arm64")),
+        };
         for sub in ["lists/partial", "cache/archives/partial"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
         let sources = dir.join("sources.list");
-        if fs::read_to_string(&sources).ok().as_deref() != Some(SOURCES) {
-            fs::write(&sources, SOURCES)
-                .with_context(|| format!("writing {}", sources.display()))?;
+        if fs::read_to_string(&sources).ok().as_deref() != Some(list) {
+            fs::write(&sources, list).with_context(|| format!("writing {}", sources.display()))?;
         }
-        let options = [
+        let mut options = vec![
             format!("Dir::Etc::SourceList={}", sources.display()),
             "Dir::Etc::SourceParts=/dev/null".to_owned(),
             // Downloads land in target/vm, which apt's own _apt user may not enter.
             "APT::Sandbox::User=root".to_owned(),
             format!("Dir::State::Lists={}", dir.join("lists").display()),
             format!("Dir::Cache={}", dir.join("cache").display()),
-        ]
-        .into_iter()
-        .flat_map(|o| ["-o".to_owned(), o])
-        .collect();
+        ];
+        if let Some(architecture) = architecture {
+            options.push(format!("APT::Architecture={architecture}"));
+            options.push(format!("APT::Architectures::={architecture}"));
+        }
+        let options = options
+            .into_iter()
+            .flat_map(|o| ["-o".to_owned(), o])
+            .collect();
         let apt = Apt { sources, options };
         if !apt.has_lists() {
             apt.update()?;

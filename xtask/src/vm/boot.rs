@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 
 use super::{
-    Accel, EXIT_MARK, KERNEL_ARGS, Kernel, ROOT_TAG, VIRTIOFSD, VmTestOptions, qemu::Qemu,
+    Accel, Arch, EXIT_MARK, KERNEL_ARGS, Kernel, Share, VIRTIOFSD, VmTestOptions, qemu::Qemu,
 };
 
 /// A child process killed (and reaped) when dropped, and by the kernel if xtask dies.
@@ -52,6 +52,21 @@ pub(super) struct Outcome {
 pub(super) struct Machine<'a> {
     pub(super) qemu: &'a Qemu,
     pub(super) accel: Accel,
+    pub(super) arch: Arch,
+    /// The folders the guest mounts over virtiofs, each served by a virtiofsd of its own.
+    pub(super) shares: Vec<Share>,
+    /// The statically linked busybox of the guest's architecture, its initramfs's shell.
+    pub(super) busybox: std::path::PathBuf,
+}
+
+impl Machine<'_> {
+    /// QEMU's board, accelerator and CPU arguments.
+    fn cpu_args(&self) -> Vec<&'static str> {
+        match (self.arch, self.accel) {
+            (Arch::X86_64, accel) => accel.qemu_args().to_vec(),
+            (Arch::Arm64, _) => self.arch.tcg_machine().to_vec(),
+        }
+    }
 }
 
 pub(super) fn boot(
@@ -62,41 +77,62 @@ pub(super) fn boot(
     console: &Path,
     opts: &VmTestOptions,
 ) -> Result<Outcome> {
-    let socket = vm_dir.join("virtiofsd.sock");
+    let label = &kernel.label;
     let results_path = vm_dir.join("results.log");
-    for stale in [&socket, &results_path, console] {
+    for stale in [&results_path, console] {
         let _ = fs::remove_file(stale);
     }
     let log = |name: &str| -> Result<(Stdio, Stdio)> {
         let file = fs::File::create(vm_dir.join(name))?;
         Ok((file.try_clone()?.into(), file.into()))
     };
-    let (virtiofsd_out, virtiofsd_err) = log(&format!("virtiofsd-{}.log", kernel.version))?;
-    let (qemu_out, qemu_err) = log(&format!("qemu-{}.log", kernel.version))?;
+    let (qemu_out, qemu_err) = log(&format!("qemu-{label}.log"))?;
 
-    // The guest mounts this read-only and puts an overlay on it; it has no write path back.
-    // The default sandbox pivot_roots into the source, which fails (EBUSY) for "/".
-    let _virtiofsd = Reaped::spawn(
-        Command::new(VIRTIOFSD)
-            .arg(format!("--socket-path={}", socket.display()))
-            .args(["-o", "source=/,sandbox=chroot,cache=always"])
-            .stdin(Stdio::null())
-            .stdout(virtiofsd_out)
-            .stderr(virtiofsd_err),
-        VIRTIOFSD,
-    )?;
+    // The guest mounts each share read-only and puts an overlay on it; it has no write path
+    // back. The default sandbox pivot_roots into the source, which fails (EBUSY) for "/".
+    let mut virtiofsds = Vec::new();
+    let mut sockets = Vec::new();
+    for share in &machine.shares {
+        let socket = vm_dir.join(format!("virtiofsd-{}.sock", share.tag));
+        let _ = fs::remove_file(&socket);
+        let (out, err) = log(&format!("virtiofsd-{label}-{}.log", share.tag))?;
+        virtiofsds.push(Reaped::spawn(
+            Command::new(VIRTIOFSD)
+                .arg(format!("--socket-path={}", socket.display()))
+                .arg("-o")
+                .arg(format!(
+                    "source={},sandbox=chroot,cache=always",
+                    share.source.display()
+                ))
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err),
+            VIRTIOFSD,
+        )?);
+        sockets.push((share.tag, socket));
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        ensure!(
-            Instant::now() < deadline,
-            "virtiofsd made no socket: see target/vm/virtiofsd-{}.log",
-            kernel.version
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    for (tag, socket) in &sockets {
+        while !socket.exists() {
+            ensure!(
+                Instant::now() < deadline,
+                "virtiofsd made no socket: see target/vm/virtiofsd-{label}-{tag}.log"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut share_args: Vec<String> = Vec::new();
+    for (index, (tag, socket)) in sockets.iter().enumerate() {
+        share_args.extend([
+            "-chardev".to_owned(),
+            format!("socket,id=vfs{index},path={}", socket.display()),
+            "-device".to_owned(),
+            format!("vhost-user-fs-pci,chardev=vfs{index},tag={tag},queue-size=1024"),
+        ]);
     }
 
     let memory = format!("{}M", opts.memory);
-    let mut append = String::from(KERNEL_ARGS);
+    let mut append = format!("console={}0 {KERNEL_ARGS}", machine.arch.serial());
     if !opts.append.is_empty() {
         append.push(' ');
         append.push_str(&opts.append);
@@ -111,7 +147,7 @@ pub(super) fn boot(
                     .iter()
                     .flat_map(|dir| [std::ffi::OsStr::new("-L"), dir.as_os_str()]),
             )
-            .args(machine.accel.qemu_args())
+            .args(machine.cpu_args())
             .args(["-smp", &opts.cpus.to_string()])
             .args([
                 "-m",
@@ -127,12 +163,7 @@ pub(super) fn boot(
                 "memory-backend-memfd,id=mem,size={memory},share=on"
             ))
             .args(["-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=vfs,path={}", socket.display()))
-            .arg("-device")
-            .arg(format!(
-                "vhost-user-fs-pci,chardev=vfs,tag={ROOT_TAG},queue-size=1024"
-            ))
+            .args(&share_args)
             .arg("-serial")
             .arg(format!("file:{}", console.display()))
             .arg("-serial")
@@ -145,7 +176,7 @@ pub(super) fn boot(
             .stdin(Stdio::null())
             .stdout(qemu_out)
             .stderr(qemu_err),
-        "qemu-system-x86_64",
+        &machine.qemu.binary.display().to_string(),
     )?;
 
     // Follow the results port, printing whole lines as they come.

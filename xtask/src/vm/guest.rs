@@ -10,21 +10,36 @@ use anyhow::{Context, Result, ensure};
 
 use crate::cmd::{self};
 
-use super::{EXIT_MARK, ROOT_TAG, SKIPPED, TestBinary, VmTestOptions};
+use super::{Arch, EXIT_MARK, ROOT_TAG, SKIPPED, Share, TestBinary, VmTestOptions};
 
-/// Builds the test targets and returns the executables of `names`, in that order.
-pub(super) fn build_tests(root: &Path, names: &[&str]) -> Result<Vec<TestBinary>> {
-    eprintln!("xtask: vm-test: cargo test -p cudatrace --no-run");
-    let mut child = cmd::cargo()
-        .args([
-            "test",
-            "-p",
-            "cudatrace",
-            "--tests",
-            "--no-run",
-            "--locked",
-            "--message-format=json-render-diagnostics",
-        ])
+/// Builds the test targets for `arch` and returns the executables of `names`, in that order.
+/// For arm64 only `names` are built, cross-compiled with Debian's aarch64-linux-gnu-gcc as
+/// linker (the C the tests build, they build in the guest with its own gcc).
+pub(super) fn build_tests(root: &Path, arch: Arch, names: &[&str]) -> Result<Vec<TestBinary>> {
+    let mut command = cmd::cargo();
+    command.args(["test", "-p", "cudatrace", "--no-run", "--locked"]);
+    match arch.rust_target() {
+        None => {
+            command.arg("--tests");
+        }
+        Some(target) => {
+            command.args(["--target", target]);
+            for name in names {
+                command.args(["--test", name]);
+            }
+            for (var, value) in crate::arm64::cross_env() {
+                command.env(var, value);
+            }
+        }
+    }
+    eprintln!(
+        "xtask: vm-test: cargo test -p cudatrace --no-run{}",
+        arch.rust_target()
+            .map(|t| format!(" --target {t}"))
+            .unwrap_or_default()
+    );
+    let mut child = command
+        .arg("--message-format=json-render-diagnostics")
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()
@@ -97,13 +112,20 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
             quote(command)
         );
     }
-    if opts.exec.is_none() {
-        // What this kernel allows, for the README's table (`support.rs`).
+    // What this kernel allows, for the README's table (`support.rs`): the cudatrace built
+    // beside the test binaries (`<target>/[<triple>/]debug/cudatrace`), of the guest's arch.
+    let cudatrace = tests.first().and_then(|t| {
+        t.exe
+            .parent()?
+            .parent()
+            .map(|debug| debug.join("cudatrace"))
+    });
+    if let (None, Some(cudatrace)) = (&opts.exec, cudatrace) {
         let _ = writeln!(
             s,
             "echo \"{}$({} doctor --json 2>/dev/null | tr -d '\\n')\"",
             super::support::DOCTOR_MARK,
-            quote(&root.join("target/debug/cudatrace").to_string_lossy())
+            quote(&cudatrace.to_string_lossy())
         );
     }
     let mut skip = String::new();
@@ -137,9 +159,29 @@ pub(super) fn guest_script(root: &Path, tests: &[TestBinary], opts: &VmTestOptio
     s
 }
 
-/// The guest's /init: modules, the read-only host root under an overlay, the kernel's
+/// The guest's /init: modules, the read-only shared root under an overlay (and the other
+/// shares at their places in it: under an overlay too, or written through), the kernel's
 /// filesystems, then the test script chrooted into it.
-pub(super) fn init_script(modules: &[String]) -> String {
+pub(super) fn init_script(arch: Arch, modules: &[String], shares: &[Share]) -> String {
+    let mut more_mounts = String::new();
+    for (index, share) in shares.iter().filter(|s| s.tag != ROOT_TAG).enumerate() {
+        let (tag, at) = (share.tag, quote(&format!("/newroot{}", share.at.display())));
+        if share.writable {
+            let _ = writeln!(
+                more_mounts,
+                "mkdir -p {at} && mount -t virtiofs {tag} {at} || die \"mount virtiofs {tag}\""
+            );
+        } else {
+            let _ = write!(
+                more_mounts,
+                "mkdir -p /lower{index} /rw/upper{index} /rw/work{index} {at}\n\
+                 mount -t virtiofs -o ro {tag} /lower{index} || die \"mount virtiofs {tag}\"\n\
+                 mount -t overlay overlay -o lowerdir=/lower{index},upperdir=/rw/upper{index},\
+                 workdir=/rw/work{index} {at} || die \"mount overlay at {at}\"\n",
+            );
+        }
+    }
+    let results = format!("/dev/{}1", arch.serial());
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -148,8 +190,8 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 # The results port: raw, so the output arrives as written.
-stty -F /dev/ttyS1 raw -echo 2>/dev/null
-exec 3>/dev/ttyS1
+stty -F {results} raw -echo 2>/dev/null
+exec 3>{results}
 die() {{ echo "vm-test: guest setup failed: $*" >&3; echo "{mark} 125" >&3; poweroff -f; }}
 for m in {modules}; do insmod /lib/modules/$m.ko || die "insmod $m"; done
 mkdir -p /lower /rw /newroot
@@ -158,7 +200,7 @@ mount -t tmpfs -o mode=0755 tmpfs /rw
 mkdir -p /rw/upper /rw/work
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \
     || die "mount overlay"
-mount -t proc proc /newroot/proc
+{more_mounts}mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm

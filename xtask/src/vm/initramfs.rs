@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::BUSYBOX;
+use super::boot::Machine;
 use super::guest::init_script;
 
 struct Cpio<W: Write> {
@@ -45,10 +45,12 @@ impl<W: Write> Cpio<W> {
 
 pub(super) fn write_initramfs(
     path: &Path,
+    machine: &Machine<'_>,
     modules: &[(String, Vec<u8>)],
     script: &str,
 ) -> Result<()> {
-    let busybox = fs::read(BUSYBOX).with_context(|| format!("reading {BUSYBOX}"))?;
+    let busybox = fs::read(&machine.busybox)
+        .with_context(|| format!("reading {}", machine.busybox.display()))?;
     let file = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut cpio = Cpio {
         out: std::io::BufWriter::new(file),
@@ -64,7 +66,8 @@ pub(super) fn write_initramfs(
         cpio.file(&format!("lib/modules/{name}.ko"), 0o644, ko)?;
     }
     let names: Vec<String> = modules.iter().map(|(n, _)| n.clone()).collect();
-    cpio.file("init", 0o755, init_script(&names).as_bytes())?;
+    let init = init_script(machine.arch, &names, &machine.shares);
+    cpio.file("init", 0o755, init.as_bytes())?;
     cpio.file("vm-test.sh", 0o644, script.as_bytes())?;
     cpio.finish()?.flush()?;
     Ok(())

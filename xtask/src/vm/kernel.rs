@@ -1,5 +1,6 @@
-//! Debian's cloud kernels for the guest (5.10, 6.1, 6.12): the packages vm-test needs, and
-//! the kernel images, found through a private apt source list and cached under target/vm.
+//! Debian's cloud kernels for the guest (amd64's 5.10, 6.1, 6.12; arm64's 6.1): the packages
+//! vm-test needs, and the kernel images, found through a private apt source list and cached
+//! under target/vm.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,19 +11,18 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::cmd::run;
 
-use super::{Kernel, PACKAGES, VIRTIOFSD, apt::Apt};
+use super::{Arch, Kernel, PACKAGES, VIRTIOFSD, apt::Apt};
 
-/// The kernels vm-test boots, by `major.minor`, and the Debian suite each comes from: bullseye's
-/// 5.10, bookworm's 6.1 (security updates included), bookworm-backports' 6.12.
-pub const KERNELS: &[(&str, &str)] = &[
-    ("5.10", "bullseye"),
-    ("6.1", "bookworm-security"),
-    ("6.12", "bookworm-backports"),
-];
+/// The cloud image's meta package of `arch`: each suite's version depends on that suite's
+/// newest image.
+fn meta_package(arch: Arch) -> String {
+    format!("linux-image-cloud-{}", arch.debian())
+}
 
-/// The cloud image's meta package: each suite's version depends on that suite's newest image.
-const META_PACKAGE: &str = "linux-image-cloud-amd64";
-const KERNEL_SUFFIX: &str = "-cloud-amd64";
+/// How the image packages of `arch` end.
+fn kernel_suffix(arch: Arch) -> String {
+    format!("-cloud-{}", arch.debian())
+}
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);
 
@@ -44,9 +44,14 @@ fn installed(package: &str) -> bool {
         .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b" installed"))
 }
 
-/// Installs qemu and busybox-static with apt-get where they are missing.
-pub(super) fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+/// Installs qemu and busybox-static, and `more`, with apt-get where they are missing.
+pub(super) fn ensure_packages(more: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .chain(more)
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
     if !missing.is_empty() {
         apt_update()?;
         run(
@@ -64,9 +69,9 @@ pub(super) fn ensure_packages() -> Result<()> {
     Ok(())
 }
 
-/// Whether `version` (`5.10`, `6.1`, `6.12`) is one vm-test knows.
-pub fn known(version: &str) -> bool {
-    KERNELS.iter().any(|(v, _)| *v == version)
+/// Whether `version` (`5.10`, `6.1`, `6.12`) is one vm-test boots for `arch`.
+pub fn known(arch: Arch, version: &str) -> bool {
+    arch.kernels().iter().any(|(v, _)| *v == version)
 }
 
 /// Whether a package or release name (`linux-image-6.1.0-56-cloud-amd64`, `6.12.95+deb12-...`)
@@ -85,46 +90,49 @@ fn numbers(name: &str) -> Vec<u32> {
 }
 
 /// The unpacked kernel `version` under target/vm/kernel/, downloaded and unpacked first if absent.
-pub(super) fn kernel(vm_dir: &Path, version: &str) -> Result<Kernel> {
+pub(super) fn kernel(vm_dir: &Path, arch: Arch, version: &str) -> Result<Kernel> {
     let cache = vm_dir.join("kernel");
-    if let Some(kernel) = cached_kernel(&cache, version)? {
+    if let Some(kernel) = cached_kernel(&cache, arch, version)? {
         return Ok(kernel);
     }
-    let apt = Apt::new(vm_dir)?;
+    let apt = Apt::of(vm_dir, arch)?;
     // Stale package lists name packages the mirror no longer has: update and try again.
     for attempt in 0..2 {
         if attempt == 1 {
             apt.update()?;
         }
-        for package in kernel_packages(&apt, version)? {
+        for package in kernel_packages(&apt, arch, version)? {
             if apt.fetch(vm_dir, &[&package], &cache.join(&package))? {
-                return cached_kernel(&cache, version)?
+                return cached_kernel(&cache, arch, version)?
                     .context("the unpacked kernel package has no vmlinuz");
             }
         }
     }
-    let suite = KERNELS
+    let suite = arch
+        .kernels()
         .iter()
         .find(|(v, _)| *v == version)
         .map_or("?", |(_, suite)| suite);
     bail!(
-        "no linux-image-{version}.*{KERNEL_SUFFIX} package could be found in Debian {suite} \
-         and downloaded (apt sources in {})",
+        "no linux-image-{version}.*{} package could be found in Debian {suite} and downloaded \
+         (apt sources in {})",
+        kernel_suffix(arch),
         apt.sources.display()
     )
 }
 
 /// The image packages of kernel `version`, newest first: what the meta package depends on
 /// in each of its versions.
-fn kernel_packages(apt: &Apt, version: &str) -> Result<Vec<String>> {
+fn kernel_packages(apt: &Apt, arch: Arch, version: &str) -> Result<Vec<String>> {
+    let meta_package = meta_package(arch);
     let output = apt
         .command("apt-cache")
-        .args(["madison", META_PACKAGE])
+        .args(["madison", &meta_package])
         .output()
         .context("running apt-cache madison")?;
     ensure!(
         output.status.success(),
-        "apt-cache madison {META_PACKAGE} failed"
+        "apt-cache madison {meta_package} failed"
     );
     let mut versions: Vec<String> = madison_versions(&String::from_utf8_lossy(&output.stdout))
         .into_iter()
@@ -135,10 +143,10 @@ fn kernel_packages(apt: &Apt, version: &str) -> Result<Vec<String>> {
     for meta in versions {
         let output = apt
             .command("apt-cache")
-            .args(["show", &format!("{META_PACKAGE}={meta}")])
+            .args(["show", &format!("{meta_package}={meta}")])
             .output()
             .context("running apt-cache show")?;
-        if let Some(package) = image_dependency(&String::from_utf8_lossy(&output.stdout))
+        if let Some(package) = image_dependency(&String::from_utf8_lossy(&output.stdout), arch)
             && !packages.contains(&package)
         {
             packages.push(package);
@@ -156,26 +164,28 @@ fn madison_versions(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `linux-image-*-cloud-amd64` package in an `apt-cache show` record's `Depends:`.
-fn image_dependency(record: &str) -> Option<String> {
+/// The `linux-image-*-cloud-<arch>` package in an `apt-cache show` record's `Depends:`.
+fn image_dependency(record: &str, arch: Arch) -> Option<String> {
+    let suffix = kernel_suffix(arch);
     record
         .lines()
         .find_map(|line| line.strip_prefix("Depends:"))?
         .split([',', '|'])
         .map(|dep| dep.split_whitespace().next().unwrap_or(""))
-        .find(|name| name.starts_with("linux-image-") && name.ends_with(KERNEL_SUFFIX))
+        .find(|name| name.starts_with("linux-image-") && name.ends_with(&suffix))
         .map(str::to_owned)
 }
 
-/// The newest kernel of `version` already unpacked in `cache`.
-fn cached_kernel(cache: &Path, version: &str) -> Result<Option<Kernel>> {
+/// The newest kernel of `version` for `arch` already unpacked in `cache`.
+fn cached_kernel(cache: &Path, arch: Arch, version: &str) -> Result<Option<Kernel>> {
+    let suffix = kernel_suffix(arch);
     let Ok(entries) = fs::read_dir(cache) else {
         return Ok(None);
     };
     let best = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|name| of_version(name, version) && name.ends_with(KERNEL_SUFFIX))
+        .filter(|name| of_version(name, version) && name.ends_with(&suffix))
         .max_by_key(|name| numbers(name));
     let Some(package) = best else {
         return Ok(None);
@@ -191,7 +201,7 @@ fn cached_kernel(cache: &Path, version: &str) -> Result<Option<Kernel>> {
     Ok(Some(Kernel {
         vmlinuz: single("boot", &|n| n.starts_with("vmlinuz-"))?,
         modules: single("lib/modules", &|n| of_version(n, version))?,
-        version: version.to_owned(),
+        label: arch.label(version),
         package,
     }))
 }
@@ -233,15 +243,21 @@ mod tests {
         let record = "Package: linux-image-cloud-amd64\nVersion: 5.10.223-1\n\
                       Depends: linux-image-5.10.0-32-cloud-amd64 (= 5.10.223-1)\nDescription: x\n";
         assert_eq!(
-            image_dependency(record).as_deref(),
+            image_dependency(record, Arch::X86_64).as_deref(),
             Some("linux-image-5.10.0-32-cloud-amd64")
         );
-        assert_eq!(image_dependency("Package: x\nDepends: libc6\n"), None);
+        assert_eq!(image_dependency(record, Arch::Arm64), None);
+        assert_eq!(
+            image_dependency("Package: x\nDepends: libc6\n", Arch::X86_64),
+            None
+        );
     }
 
     #[test]
     fn every_kernel_is_known_and_others_are_not() {
-        assert!(known("5.10") && known("6.1") && known("6.12"));
-        assert!(!known("6.6") && !known("6"));
+        let known64 = |v| known(Arch::X86_64, v);
+        assert!(known64("5.10") && known64("6.1") && known64("6.12"));
+        assert!(!known64("6.6") && !known64("6"));
+        assert!(known(Arch::Arm64, "6.1") && !known(Arch::Arm64, "5.10"));
     }
 }

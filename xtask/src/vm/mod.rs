@@ -6,6 +6,10 @@
 //! binaries, cudatrace, gcc and the sources sit at the same absolute paths as on the host; an
 //! overlay with a tmpfs upper layer takes the guest's writes, which never reach the host. The
 //! guest's test output comes back on a second serial port. docs/vm-test.md has the details.
+//!
+//! `--arch arm64` boots Debian's arm64 6.1 on QEMU's emulated `virt` board instead: its root
+//! is a debootstrapped Debian arm64 root (read-only, overlaid), with the host's workspace
+//! mounted at its own path over it, and the suites cross-compiled for aarch64.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,6 +17,8 @@ use std::time::Instant;
 
 mod accel;
 mod apt;
+mod arch;
+mod arm64_root;
 mod boot;
 mod guest;
 mod initramfs;
@@ -22,6 +28,7 @@ mod qemu;
 pub mod support;
 
 use accel::Accel;
+pub use arch::Arch;
 use boot::{Machine, Summary, boot, print_tail};
 use guest::{build_tests, guest_script};
 use initramfs::write_initramfs;
@@ -39,23 +46,29 @@ use crate::{
 /// each runs on (docs/vm-test.md says why each runs where it does). A name whose test target
 /// does not exist (yet) is skipped with a note. [`HOST_ONLY`] are not run there.
 pub const TEST_TARGETS: &[(&str, &[&str])] = &[
-    ("selftest", ALL),
-    ("doctor", ALL),
+    ("selftest", ALL_AND_ARM64),
+    ("doctor", ALL_AND_ARM64),
     ("kernel_hooks", &["6.12"]),
     ("stacks", ALL),
     ("limits", &["5.10", "6.12"]),
     ("gpu_transport", &["6.1"]),
-    ("run", &["5.10", "6.1"]),
+    ("run", &["5.10", "6.1", ARM64]),
     ("run_modes", &["5.10", "6.1"]),
     ("functions", &["5.10", "6.1"]),
-    ("discovery", &["5.10", "6.1"]),
+    ("discovery", &["5.10", "6.1", ARM64]),
+    // Last on arm64: a stacks test that waits for a trace hangs where cudatrace fails, and
+    // would take run's and discovery's time with it.
+    ("stacks", &[ARM64]),
 ];
+/// The arm64 guest's kernel, as the tables name it ([`Arch::label`]).
+const ARM64: &str = "6.1-arm64";
 
 /// Suites that run only some of their tests on a kernel: (suite, kernel, test name filters).
 pub const SUBSETS: &[(&str, &str, &[&str])] = &[
     ("doctor", "5.10", &[DOCTOR_REPORTS, RUN_WITHOUT_COOKIES]),
     ("doctor", "6.1", &[DOCTOR_REPORTS]),
     ("doctor", "6.12", &[DOCTOR_REPORTS]),
+    ("doctor", ARM64, &[DOCTOR_REPORTS]),
     ("discovery", "6.1", DISCOVERY_PER_SYMBOL),
     ("discovery", "5.10", DISCOVERY_PER_SYMBOL),
     ("stacks", "6.1", STACKS_PER_SYMBOL),
@@ -99,6 +112,7 @@ const DOCTOR_REPORTS: &str = "doctor_reports_what_this_kernel_allows";
 const RUN_WITHOUT_COOKIES: &str =
     "run_works_without_attach_cookies_and_kprobes_name_the_helper_they_lack";
 const ALL: &[&str] = &["5.10", "6.1", "6.12"];
+const ALL_AND_ARM64: &[&str] = &["5.10", "6.1", "6.12", ARM64];
 
 /// Test targets run on the host only, with the reason: they exercise what no kernel changes,
 /// and the guests' time (CI's 25 minutes) is spent on those that do.
@@ -125,28 +139,59 @@ pub const SKIPPED: &[(&str, &str)] = &[];
 /// `softlockup_panic=1`: a kernel that locks up panics with the stuck task's stack (the
 /// lockup report's own registers are below `quiet`'s log level) and the guest powers off at
 /// once, instead of idling to the timeout.
-const KERNEL_ARGS: &str =
-    "console=ttyS0 quiet panic=-1 rcupdate.rcu_expedited=1 softlockup_panic=1";
+/// The console (the architecture's first serial port) goes before these.
+const KERNEL_ARGS: &str = "quiet panic=-1 rcupdate.rcu_expedited=1 softlockup_panic=1";
 /// What the console says of a soft lockup.
 const LOCKUP_MARK: &str = "BUG: soft lockup";
 
 /// Debian packages installed when missing.
 const PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static"];
+/// What the arm64 guest adds: debootstrap and qemu-user-static make its root.
+const ARM64_PACKAGES: &[&str] = &["debootstrap", "qemu-user-static"];
 /// The guest's modules for virtiofs and overlayfs (the cloud kernel has no 9p); their
 /// dependencies are added from each module's `depends=`.
 const GUEST_MODULES: &[&str] = &["virtio_pci", "virtiofs", "overlay"];
 
 /// QEMU 7.2's virtiofsd (package qemu-system-common).
 const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";
-/// busybox-static's binary.
-const BUSYBOX: &str = "/bin/busybox";
-/// The virtiofs tag of the host root.
+/// busybox-static's binary (the arm64 root's own too).
+const BUSYBOX: &str = "bin/busybox";
+/// The virtiofs tag of the guest's root: the host's (x86-64) or the arm64 root.
 const ROOT_TAG: &str = "hostroot";
+/// The virtiofs tag of the workspace in the arm64 guest.
+const WORKSPACE_TAG: &str = "workspace";
+
+/// The virtiofs tag of the arm64 guest's gcc cache, the one folder it writes back to.
+const GCC_CACHE_TAG: &str = "gcccache";
+
+/// A host folder the guest mounts over virtiofs: [`ROOT_TAG`]'s as its root, any other at
+/// `at` inside that root, read-only under an overlay unless `writable`.
+pub(super) struct Share {
+    tag: &'static str,
+    source: PathBuf,
+    at: PathBuf,
+    writable: bool,
+}
+
+impl Share {
+    fn read_only(tag: &'static str, source: PathBuf) -> Self {
+        Share {
+            tag,
+            at: source.clone(),
+            source,
+            writable: false,
+        }
+    }
+}
 /// The line the guest ends its results with.
 const EXIT_MARK: &str = "VMTEST-EXIT";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct VmTestOptions {
+    /// The guests' architecture: x86-64 (the host's), or arm64 (emulated, its 6.1 kernel
+    /// only: docs/vm-test.md).
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    pub arch: Arch,
     /// The kernels to boot, one guest after another: 5.10, 6.1, 6.12 (repeatable, or a
     /// comma-separated list; default all three).
     #[arg(long = "kernel", value_delimiter = ',', value_parser = parse_kernel)]
@@ -182,6 +227,7 @@ impl Default for VmTestOptions {
     /// The same values as the command line's defaults.
     fn default() -> Self {
         VmTestOptions {
+            arch: Arch::X86_64,
             kernels: Vec::new(),
             filter: None,
             timeout: 900,
@@ -196,21 +242,26 @@ impl Default for VmTestOptions {
 }
 
 fn parse_kernel(version: &str) -> Result<String, String> {
-    if kernel::known(version) {
+    if kernel::known(Arch::X86_64, version) {
         Ok(version.to_owned())
     } else {
-        let known: Vec<&str> = kernel::KERNELS.iter().map(|(v, _)| *v).collect();
         Err(format!(
             "no kernel {version}: vm-test boots {}",
-            known.join(", ")
+            kernel_versions(Arch::X86_64).join(", ")
         ))
     }
 }
 
+/// The kernel versions vm-test boots for `arch`.
+fn kernel_versions(arch: Arch) -> Vec<&'static str> {
+    arch.kernels().iter().map(|(v, _)| *v).collect()
+}
+
 /// An unpacked kernel package.
 struct Kernel {
-    /// `5.10`, `6.1` or `6.12`.
-    version: String,
+    /// `5.10`, `6.1` or `6.12` for x86-64, `6.1-arm64` for arm64: the tables' and the logs'
+    /// name.
+    label: String,
     package: String,
     vmlinuz: PathBuf,
     /// `lib/modules/<release>`.
@@ -265,29 +316,100 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
     fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     let _lock = lock(&vm_dir.join("lock"))?;
 
+    let arch = opts.arch;
     let versions: Vec<&str> = if opts.kernels.is_empty() {
-        kernel::KERNELS.iter().map(|(v, _)| *v).collect()
+        kernel_versions(arch)
     } else {
         opts.kernels.iter().map(String::as_str).collect()
     };
-    ensure_packages()?;
+    for version in &versions {
+        ensure!(
+            kernel::known(arch, version),
+            "no {version} kernel for {arch:?}: vm-test --arch {} boots {}",
+            arch.debian(),
+            kernel_versions(arch).join(", ")
+        );
+    }
+    ensure_packages(match arch {
+        Arch::X86_64 => &[],
+        Arch::Arm64 => ARM64_PACKAGES,
+    })?;
     let kernels = versions
         .iter()
-        .map(|v| kernel::kernel(&vm_dir, v))
+        .map(|v| kernel::kernel(&vm_dir, arch, v))
         .collect::<Result<Vec<_>>>()?;
-    let accel = accel::choose(opts.accel)?;
-    let qemu = qemu::qemu(&vm_dir)?;
+    let accel = match arch {
+        Arch::X86_64 => accel::choose(opts.accel)?,
+        Arch::Arm64 => {
+            ensure!(
+                opts.accel != Accel::Kvm,
+                "--accel kvm: an arm64 guest on this x86-64 host is emulated (TCG) only"
+            );
+            Accel::Tcg
+        }
+    };
+    let qemu = qemu::qemu(&vm_dir, arch)?;
     eprintln!("xtask: vm-test: {}", qemu.version);
-    let machine = Machine { qemu: &qemu, accel };
-    ebpf::build_ebpf(&ebpf::BuildEbpfOptions::default())?;
+    let (shares, busybox) = match arch {
+        Arch::X86_64 => (
+            vec![Share::read_only(ROOT_TAG, "/".into())],
+            Path::new("/").join(BUSYBOX),
+        ),
+        Arch::Arm64 => {
+            let guest_root = arm64_root::arm64_root(&vm_dir)?;
+            crate::arm64::ensure_toolchain()?;
+            // What the tests compile with the guest's gcc (about 17 s a file under TCG) is
+            // kept between runs: the tests' gcc cache, written through to the host.
+            let gcc_cache = vm_dir.join("arm64/gcc-cache");
+            fs::create_dir_all(&gcc_cache)
+                .with_context(|| format!("creating {}", gcc_cache.display()))?;
+            (
+                vec![
+                    Share::read_only(ROOT_TAG, guest_root.clone()),
+                    Share::read_only(WORKSPACE_TAG, root.clone()),
+                    Share {
+                        tag: GCC_CACHE_TAG,
+                        source: gcc_cache,
+                        // CARGO_TARGET_TMPDIR of a cross build is target/<triple>/tmp.
+                        at: root
+                            .join("target")
+                            .join(crate::arm64::TARGET)
+                            .join("tmp/gcc-cache"),
+                        writable: true,
+                    },
+                ],
+                guest_root.join(BUSYBOX),
+            )
+        }
+    };
+    let machine = Machine {
+        qemu: &qemu,
+        accel,
+        arch,
+        shares,
+        busybox,
+    };
+    ebpf::build_ebpf(&ebpf::BuildEbpfOptions {
+        arch: match arch {
+            Arch::X86_64 => ebpf::Arch::X86_64,
+            Arch::Arm64 => ebpf::Arch::Aarch64,
+        },
+        ..Default::default()
+    })?;
+    let labels: Vec<String> = versions.iter().map(|v| arch.label(v)).collect();
     let wanted: Vec<&str> = TEST_TARGETS
         .iter()
         .map(|(name, _)| *name)
-        .filter(|name| versions.iter().any(|v| targets_on(v).contains(name)))
-        .collect();
-    let tests = build_tests(&root, &wanted)?;
+        .filter(|name| labels.iter().any(|l| targets_on(l).contains(name)))
+        .fold(Vec::new(), |mut unique, name| {
+            if !unique.contains(&name) {
+                unique.push(name);
+            }
+            unique
+        });
+    let tests = build_tests(&root, arch, &wanted)?;
     if opts.exec.is_none() {
-        if wanted.contains(&"stacks") {
+        if wanted.contains(&"stacks") && arch == Arch::X86_64 {
             // The --stacks tests trace Debian trixie's CPython 3.13 too, in the guest as here.
             pythons::ensure_trixie()?;
         }
@@ -307,12 +429,12 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
 
     let mut runs = Vec::new();
     for kernel in &kernels {
-        let names = targets_on(&kernel.version);
-        let on_this: Vec<TestBinary> = tests
+        // In the order of TEST_TARGETS' entries for this kernel.
+        let on_this: Vec<TestBinary> = targets_on(&kernel.label)
             .iter()
-            .filter(|t| names.contains(&t.name.as_str()))
+            .filter_map(|name| tests.iter().find(|t| t.name == *name))
             .map(|t| TestBinary {
-                filters: subset(&t.name, &kernel.version),
+                filters: subset(&t.name, &kernel.label),
                 ..t.clone()
             })
             .collect();
@@ -351,7 +473,7 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
         .collect();
     ensure!(
         broken.is_empty(),
-        "the guest failed on {} (consoles: target/vm/console-<version>.log)",
+        "the guest failed on {} (consoles: target/vm/console-<kernel>.log)",
         broken.join(", ")
     );
     Ok(())
@@ -370,7 +492,12 @@ fn run_kernel(
     let start = Instant::now();
     let modules = guest_modules(&kernel.modules, GUEST_MODULES)?;
     let initramfs = vm_dir.join("initramfs.cpio");
-    write_initramfs(&initramfs, &modules, &guest_script(root, tests, opts))?;
+    write_initramfs(
+        &initramfs,
+        machine,
+        &modules,
+        &guest_script(root, tests, opts),
+    )?;
     eprintln!(
         "xtask: vm-test: booting {} ({}) {}",
         kernel.package,
@@ -380,7 +507,7 @@ fn run_kernel(
             None => format!("with {} test binaries", tests.len()),
         }
     );
-    let console = vm_dir.join(format!("console-{}.log", kernel.version));
+    let console = vm_dir.join(format!("console-{}.log", kernel.label));
     let mut outcome = boot(machine, vm_dir, kernel, &initramfs, &console, opts)?;
     // A guest that ends before its test script starts (its kernel crashed while booting, or
     // QEMU quit) is booted once more, its console and QEMU's log kept. QEMU 7.2's TCG
@@ -391,14 +518,10 @@ fn run_kernel(
         if started(&outcome.results) || outcome.timed_out {
             break;
         }
-        let kept = vm_dir.join(format!(
-            "console-{}-boot{}.log",
-            kernel.version,
-            attempt - 1
-        ));
+        let kept = vm_dir.join(format!("console-{}-boot{}.log", kernel.label, attempt - 1));
         fs::rename(&console, &kept).with_context(|| format!("keeping {}", kept.display()))?;
-        let qemu_log = vm_dir.join(format!("qemu-{}.log", kernel.version));
-        let qemu_kept = vm_dir.join(format!("qemu-{}-boot{}.log", kernel.version, attempt - 1));
+        let qemu_log = vm_dir.join(format!("qemu-{}.log", kernel.label));
+        let qemu_kept = vm_dir.join(format!("qemu-{}-boot{}.log", kernel.label, attempt - 1));
         let _ = fs::rename(&qemu_log, &qemu_kept);
         let why = first_crash_line(&kept).unwrap_or_else(|| {
             let said = fs::read_to_string(&qemu_kept).unwrap_or_default();
@@ -422,7 +545,7 @@ fn run_kernel(
             .filter(|t| !finished(&outcome.results, &t.name))
             .cloned()
             .collect();
-        let kept = vm_dir.join(format!("console-{}-lockup.log", kernel.version));
+        let kept = vm_dir.join(format!("console-{}-lockup.log", kernel.label));
         fs::rename(&console, &kept).with_context(|| format!("keeping {}", kept.display()))?;
         print_lockup(&kept);
         eprintln!(
@@ -431,7 +554,12 @@ fn run_kernel(
             kept.display(),
             unfinished.len()
         );
-        write_initramfs(&initramfs, &modules, &guest_script(root, &unfinished, opts))?;
+        write_initramfs(
+            &initramfs,
+            machine,
+            &modules,
+            &guest_script(root, &unfinished, opts),
+        )?;
         outcome = boot(machine, vm_dir, kernel, &initramfs, &console, opts)?;
         results.push_str(&outcome.results);
     }
@@ -440,7 +568,10 @@ fn run_kernel(
     if opts.exec.is_none() && opts.filter.is_none() {
         support::keep(
             root,
-            &support::guest_record(&kernel.version, std::env::consts::ARCH, &results),
+            &match kernel.label.strip_suffix("-arm64") {
+                Some(version) => support::guest_record(version, "aarch64", &results),
+                None => support::guest_record(&kernel.label, "x86_64", &results),
+            },
         )?;
     }
     eprintln!(
@@ -461,7 +592,7 @@ fn run_kernel(
         }
         None => {
             print_tail(&console, 60);
-            print_tail(&vm_dir.join(format!("qemu-{}.log", kernel.version)), 10);
+            print_tail(&vm_dir.join(format!("qemu-{}.log", kernel.label)), 10);
             Some(format!(
                 "the guest did not report an exit status ({})",
                 if outcome.timed_out {
@@ -616,6 +747,10 @@ mod tests {
             ["selftest", "doctor", "kernel_hooks", "stacks", "limits"]
         );
         assert!(targets_on("6.6").is_empty());
+        assert_eq!(
+            targets_on(&Arch::Arm64.label("6.1")),
+            ["selftest", "doctor", "run", "discovery", "stacks"]
+        );
         assert_eq!(
             subset("stacks", "6.1"),
             ["launches_probed_at_entry_alone_and_per_symbol_links_get_their_stacks"]

@@ -6,16 +6,19 @@
 //! `text_poke_early`, `do_sync_core`, the scheduler; with `-cpu max`, `EPYC`, `Skylake-Server`,
 //! `qemu64`, one CPU or two). bookworm-backports' 10.0 booted it 5 times of 5.
 //! virtiofsd stays 7.2's C daemon (QEMU 10 ships none); vhost-user is the same protocol.
+//! The arm64 guest's emulator (`qemu-system-aarch64`) is in bookworm-backports'
+//! qemu-system-arm, unpacked apart from the x86-64 one; 10.0's `virt` board has the second
+//! PL011 the results come back on (7.2's has one).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
-use super::apt::Apt;
+use super::{Arch, apt::Apt};
 
-/// The packages, from bookworm-backports: the emulator, its helpers, its option ROMs.
-const PACKAGES: &[&str] = &[
-    "qemu-system-x86/bookworm-backports",
+/// The packages beside the emulator's own, from bookworm-backports: its helpers, its option
+/// ROMs.
+const HELPERS: &[&str] = &[
     "qemu-system-common/bookworm-backports",
     "qemu-system-data/bookworm-backports",
 ];
@@ -29,14 +32,23 @@ pub(super) struct Qemu {
     pub(super) version: String,
 }
 
-/// bookworm-backports' QEMU, downloaded and unpacked into target/vm/qemu first if absent.
-pub(super) fn qemu(vm_dir: &Path) -> Result<Qemu> {
-    let dir = vm_dir.join("qemu/bookworm-backports");
-    if !dir.join("usr/bin/qemu-system-x86_64").exists() {
+/// bookworm-backports' QEMU for `arch`, downloaded and unpacked into target/vm/qemu first
+/// if absent.
+pub(super) fn qemu(vm_dir: &Path, arch: Arch) -> Result<Qemu> {
+    let (package, emulator) = arch.qemu();
+    let dir = match arch {
+        Arch::X86_64 => vm_dir.join("qemu/bookworm-backports"),
+        Arch::Arm64 => vm_dir.join("qemu/bookworm-backports-arm64"),
+    };
+    if !dir.join("usr/bin").join(emulator).exists() {
         let apt = Apt::new(vm_dir)?;
-        if !apt.fetch(vm_dir, PACKAGES, &dir)? {
+        let emulator_package = format!("{package}/bookworm-backports");
+        let packages: Vec<&str> = std::iter::once(emulator_package.as_str())
+            .chain(HELPERS.iter().copied())
+            .collect();
+        if !apt.fetch(vm_dir, &packages, &dir)? {
             apt.update()?;
-            if !apt.fetch(vm_dir, PACKAGES, &dir)? {
+            if !apt.fetch(vm_dir, &packages, &dir)? {
                 bail!(
                     "bookworm-backports' QEMU could not be downloaded (apt sources in {})",
                     apt.sources.display()
@@ -44,7 +56,7 @@ pub(super) fn qemu(vm_dir: &Path) -> Result<Qemu> {
             }
         }
     }
-    let binary = dir.join("usr/bin/qemu-system-x86_64");
+    let binary = dir.join("usr/bin").join(emulator);
     let output = std::process::Command::new(&binary)
         .arg("--version")
         .output()?;
@@ -60,9 +72,14 @@ pub(super) fn qemu(vm_dir: &Path) -> Result<Qemu> {
         .next()
         .unwrap_or_default()
         .to_owned();
+    let mut firmware = vec![dir.join("usr/share/qemu")];
+    // The arm64 guest boots its kernel straight from `virt`'s loader: no BIOS.
+    if arch == Arch::X86_64 {
+        firmware.push(SEABIOS.into());
+    }
     Ok(Qemu {
         binary,
-        firmware: vec![dir.join("usr/share/qemu"), SEABIOS.into()],
+        firmware,
         version,
     })
 }
