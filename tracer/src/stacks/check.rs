@@ -366,10 +366,12 @@ fn check_thread_state<M: Memory>(
     if thread_id == 0 {
         return Ok(false);
     }
-    // Only where the thread pointer is the pthread_t (x86-64's TLS variant II): arm64's
-    // struct pthread does not start with a pointer to itself; its native_thread_id below
-    // is checked all the same.
-    if cfg!(target_arch = "x86_64") && read.u64(thread_id) != Some(thread_id) {
+    // Only where the thread pointer is the pthread_t (`Arch::pthread_self_is_thread_pointer`,
+    // x86-64's TLS variant II): arm64's struct pthread does not start with a pointer to
+    // itself; its native_thread_id below is checked all the same.
+    if tracer_common::arch::TARGET.pthread_self_is_thread_pointer
+        && read.u64(thread_id) != Some(thread_id)
+    {
         return Err(format!(
             "a thread state's thread_id (tstate_thread_id at {}) is no thread's pthread_t",
             py.tstate_thread_id
