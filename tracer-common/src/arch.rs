@@ -53,6 +53,12 @@ pub struct Arch {
     pub ldconfig_abi: &'static str,
     /// Debian's multiarch tuple: libraries in `/usr/lib/<tuple>`.
     pub multiarch: &'static str,
+    /// Whether a fork child's first return to user space passes the `sys_exit` tracepoints
+    /// (its `clone` returning 0). x86-64's `ret_from_fork` ends through the syscall exit
+    /// path; arm64's goes to `ret_to_user` directly, so there the child is caught on its
+    /// first `rseq:rseq_update` instead (the kernel marks a new task's restartable
+    /// sequence for update when it is first woken, if its parent had registered one).
+    pub fork_child_passes_syscall_exit: bool,
 }
 
 pub const X86_64: Arch = Arch {
@@ -70,6 +76,7 @@ pub const X86_64: Arch = Arch {
     pthread_self_is_thread_pointer: true,
     ldconfig_abi: "x86-64",
     multiarch: "x86_64-linux-gnu",
+    fork_child_passes_syscall_exit: true,
 };
 
 pub const AARCH64: Arch = Arch {
@@ -86,6 +93,7 @@ pub const AARCH64: Arch = Arch {
     pthread_self_is_thread_pointer: false,
     ldconfig_abi: "AArch64",
     multiarch: "aarch64-linux-gnu",
+    fork_child_passes_syscall_exit: false,
 };
 
 pub const ARCHES: [Arch; 2] = [X86_64, AARCH64];
@@ -216,6 +224,8 @@ mod tests {
         assert_eq!(AARCH64.arg_reg(7), 56);
         let tells = |arch: Arch| arch.pthread_self_is_thread_pointer;
         assert_eq!((tells(X86_64), tells(AARCH64)), (true, false));
+        let exits = |arch: Arch| arch.fork_child_passes_syscall_exit;
+        assert_eq!((exits(X86_64), exits(AARCH64)), (true, false));
     }
 
     #[test]

@@ -165,8 +165,12 @@ pub mod counter {
     /// an address no recorded mapping of a planned library explains (mapped before tracing
     /// and not found, or the mapping table was full): its call is lost.
     pub const UNIDENTIFIED_PROBE: u32 = 16;
+    /// A child of a traced process that needed to be seen in its own context before its
+    /// first user instruction (to be stopped for its own probes, or named in the loader's
+    /// pid namespace) and ended without having been seen there: its calls may be missing.
+    pub const CHILD_UNSEEN: u32 = 17;
     /// Number of counters.
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
 }
 
 /// Which memory a probe captures (at return): into [`CallStringEvent::data`] for strings,
@@ -499,8 +503,9 @@ mod tests {
             counter::ABANDONED_FRAMES,
             counter::ATTACH_RING_FULL,
             counter::UNIDENTIFIED_PROBE,
+            counter::CHILD_UNSEEN,
         ];
-        assert_eq!(counters, core::array::from_fn::<u32, 17, _>(|i| i as u32));
+        assert_eq!(counters, core::array::from_fn::<u32, 18, _>(|i| i as u32));
         assert_eq!(counter::COUNT as usize, counters.len());
     }
 }

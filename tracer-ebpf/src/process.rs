@@ -108,19 +108,36 @@ fn try_task_newtask(ctx: &TracePointContext) -> Option<()> {
 }
 
 /// A traced process's child returning from `clone` (or `clone3`, `fork`, `vfork`) in its
-/// own context, before its first user instruction.
+/// own context, before its first user instruction (x86-64: `ret_from_fork` ends through the
+/// syscall exit path).
 #[tracepoint]
 pub fn child_exit_clone(ctx: TracePointContext) -> u32 {
-    let _ = try_child_exit_clone(&ctx);
+    let ret: i64 = match unsafe { ctx.read_at(RET) } {
+        Ok(ret) => ret,
+        Err(_) => return 0,
+    };
+    if ret == 0 {
+        let _ = child_first_seen();
+    }
     0
 }
 
+/// The same child on its first return to user space where that return passes no syscall
+/// exit (arm64: `ret_from_fork` goes to `ret_to_user`): the kernel marks a new task's
+/// restartable sequence for update when it first wakes it, so a child whose parent
+/// registered one (glibc 2.35 and later do, for every thread) updates it before its first
+/// user instruction. Fires for every task with a restartable sequence after a preemption or
+/// a migration: one lookup that misses.
+#[tracepoint]
+pub fn child_rseq_update(_ctx: TracePointContext) -> u32 {
+    let _ = child_first_seen();
+    0
+}
+
+/// A child with a pending entry (`task_newtask`), in its own context for the first time:
+/// registered in the loader's pid namespace where needed, and stopped for its own probes.
 #[inline(always)]
-fn try_child_exit_clone(ctx: &TracePointContext) -> Option<()> {
-    let ret: i64 = unsafe { ctx.read_at(RET) }.ok()?;
-    if ret != 0 {
-        return None;
-    }
+fn child_first_seen() -> Option<()> {
     let key = kernel_tid();
     let pending = *unsafe { PENDING_CHILD.get(&key) }?;
     let _ = PENDING_CHILD.remove(&key);
@@ -172,6 +189,9 @@ fn emit_fork(pending: &PendingChild, child: u32) {
 }
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
+    // A child not seen yet (a `vfork` child on arm64: it shares its parent's memory, so no
+    // restartable sequence of its own) is registered before its exec is reported.
+    let _ = child_first_seen();
     let ids = current_ids()?;
     // Under --all too, nothing once tracing has stopped.
     if !is_traced(ids.0) {
@@ -210,13 +230,17 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
 }
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
+    // A child that ran and ends without having been seen in its own context got neither
+    // its registration nor its stop: its calls may be missing, and that is counted.
+    if PENDING_CHILD.remove(&kernel_tid()).is_ok() {
+        bump(counter::CHILD_UNSEEN);
+    }
     let (tgid, tid) = current_ids()?;
     if !is_traced(tgid) {
         return None;
     }
     // A thread that dies mid-call never returns: drop its pending frames.
     let _ = FRAMES.remove(&tid);
-    let _ = PENDING_CHILD.remove(&kernel_tid());
     let group_dead = match exit_group_dead_off() {
         0 => tid == tgid,
         off => unsafe { ctx.read_at::<u8>(off as usize) }.ok()? != 0,

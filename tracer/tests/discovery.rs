@@ -22,7 +22,7 @@ use std::{
 
 use common::*;
 use object::{Object, ObjectSegment, ObjectSymbol};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// `tests/c/loader.c`, built once.
 fn loader() -> &'static Path {
@@ -327,15 +327,36 @@ fn copies_of_libcuda_are_each_attached_once_and_named_on_their_calls() {
 
 #[test]
 fn a_fork_child_calling_at_once_is_traced() {
+    fork_child_calling_at_once(None);
+}
+
+/// arm64's way on this machine: the child is caught on its first `rseq:rseq_update`
+/// (arm64's fork children return to user space without the syscall exit tracepoint).
+#[test]
+fn a_fork_child_caught_at_its_first_rseq_update_is_traced() {
+    fork_child_calling_at_once(Some("rseq"));
+}
+
+/// The child's own calls: `loader fork` calls cuInit and cuMemAlloc_v2(54321), forks, and
+/// the child calls cuMemAlloc_v2(12345) at once; with `hook`, cudatrace catches the child
+/// that way (`CUDATRACE_CHILD_HOOK`).
+fn fork_child_calling_at_once(hook: Option<&str>) {
     let Some(_guard) = root() else { return };
     let dir = scratch("fork-at-once");
     let lib = copy_standin(&dir, "lib/libcuda.so.1");
     let trace_path = dir.join("trace.jsonl");
-    let output = cudatrace(
-        &trace_path,
-        &[],
-        &[loader().to_str().unwrap(), lib.to_str().unwrap(), "fork"],
-    );
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args([
+            "--",
+            loader().to_str().unwrap(),
+            lib.to_str().unwrap(),
+            "fork",
+        ])
+        .envs(hook.map(|h| (CHILD_HOOK, h)))
+        .output()
+        .expect("running cudatrace");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let trace = read_trace(&trace_path);
     assert_complete(&trace);
@@ -368,12 +389,42 @@ fn a_fork_child_calling_at_once_is_traced() {
     }
 }
 
+/// Which hook catches a fork child (`tracer/src/probes/programs.rs`, `ChildHook`).
+const CHILD_HOOK: &str = "CUDATRACE_CHILD_HOOK";
+
 fn per_process(trace: &[Value]) -> bool {
     trace[0]["attach"]["scope"] == "process"
 }
 
 #[test]
 fn in_a_pid_namespace_pids_are_cudatraces_own_and_the_command_is_traced() {
+    in_a_pid_namespace(None);
+}
+
+/// As above, the child named at its first `rseq:rseq_update` (arm64's way).
+#[test]
+fn in_a_pid_namespace_a_child_caught_at_its_first_rseq_update_is_traced() {
+    in_a_pid_namespace(Some("rseq"));
+}
+
+/// A child that must be named in cudatrace's pid namespace and is never caught in its own
+/// context (a kernel without the hook): its call is missing, and counted.
+#[test]
+fn a_child_never_caught_in_its_own_context_is_counted_child_unseen() {
+    in_a_pid_namespace(Some("none"));
+}
+
+/// arm64's way where the parent registered no restartable sequence (glibc's tunable off,
+/// as glibc before 2.35): the child has none to update, is never caught, and is counted.
+#[test]
+fn a_child_without_a_restartable_sequence_is_counted_child_unseen() {
+    in_a_pid_namespace(Some("rseq-off"));
+}
+
+/// `loader fork` under `unshare --pid`, cudatrace the namespace's pid 1; `hook` as in
+/// [`fork_child_calling_at_once`]; `none`: the child is not caught; `rseq-off`: `rseq`
+/// with the processes' restartable sequences off.
+fn in_a_pid_namespace(hook: Option<&str>) {
     let Some(_guard) = root() else { return };
     let dir = scratch("pidns");
     let lib = copy_standin(&dir, "lib/libcuda.so.1");
@@ -395,12 +446,43 @@ fn in_a_pid_namespace_pids_are_cudatraces_own_and_the_command_is_traced() {
             lib.to_str().unwrap(),
             "fork",
         ])
+        .envs(hook.map(|h| (CHILD_HOOK, h.trim_end_matches("-off"))))
+        .envs((hook == Some("rseq-off")).then_some(("GLIBC_TUNABLES", "glibc.pthread.rseq=0")))
         .output()
         .expect("running unshare");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let trace = read_trace(&trace_path);
-    assert_complete(&trace);
     let parent = command_pid(&trace);
+    let id = library_id(&trace, &lib);
+    if matches!(hook, Some("none" | "rseq-off")) {
+        assert_complete_with_losses(&trace);
+        // Never named here: no fork line, no call, its exit not traced.
+        assert!(!trace.iter().any(|l| l["event"] == "fork"));
+        assert_eq!(
+            call_counts(&trace),
+            BTreeMap::from([
+                (key("cuInit", parent, id), 1),
+                (key("cuMemAlloc_v2", parent, id), 1),
+            ])
+        );
+        assert_eq!(
+            footer(&trace)["lost"],
+            json!({
+                "attach_ring_full": 0, "calls": 0, "child_unseen": 1, "driver_ring_full": 0,
+                "fds_full": 0, "frames_full": 0, "kfuncs_full": 0, "not_drained": 0,
+                "opens_full": 0, "process_ring_full": 0, "ring_full": 0, "syscalls_full": 0,
+                "too_deep": 0, "total": 1, "traced_full": 0
+            })
+        );
+        let lost: Vec<_> = trace.iter().filter(|l| l["type"] == "lost").collect();
+        assert_eq!(lost.len(), 1);
+        assert_eq!(
+            (&lost[0]["reason"], &lost[0]["count"]),
+            (&json!("child_unseen"), &json!(1))
+        );
+        return;
+    }
+    assert_complete(&trace);
     let fork = trace
         .iter()
         .find(|l| l["event"] == "fork")
@@ -409,7 +491,6 @@ fn in_a_pid_namespace_pids_are_cudatraces_own_and_the_command_is_traced() {
     let child = fork["child_pid"].as_u64().unwrap();
     // cudatrace is the namespace's pid 1: its command and children come right after.
     assert!(parent < 100 && child < 100, "{parent} {child}");
-    let id = library_id(&trace, &lib);
     assert_eq!(
         call_counts(&trace),
         BTreeMap::from([

@@ -283,6 +283,7 @@ pub struct Counters {
     pub abandoned_frames: u64,
     pub attach_ring_full: u64,
     pub unidentified_probe: u64,
+    pub child_unseen: u64,
 }
 
 impl Counters {
@@ -317,6 +318,7 @@ impl Counters {
             + self.syscalls_full
             + self.kfuncs_full
             + self.attach_ring_full
+            + self.child_unseen
     }
 }
 
@@ -361,6 +363,7 @@ impl CounterReader {
             abandoned_frames: sum(counter::ABANDONED_FRAMES)?,
             attach_ring_full: sum(counter::ATTACH_RING_FULL)?,
             unidentified_probe: sum(counter::UNIDENTIFIED_PROBE)?,
+            child_unseen: sum(counter::CHILD_UNSEEN)?,
         })
     }
 }

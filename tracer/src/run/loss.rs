@@ -63,6 +63,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
         kfuncs_full: now.kfuncs_full,
         attach_ring_full: now.attach_ring_full,
         unidentified_probe: now.unidentified_probe,
+        child_unseen: now.child_unseen,
         library_not_attached: now.library_not_attached,
         not_drained: not_drained_total,
         // Known only at the end, from the trace file (`TraceWriter::finish`).
@@ -73,7 +74,7 @@ fn lost_counts(now: &Counters, not_drained: NotDrained, gpu: bool) -> LostCounts
 }
 
 /// Each reason with its figure, in the order `lost` lines are written.
-fn reasons(counts: &LostCounts) -> [(&'static str, u64); 21] {
+fn reasons(counts: &LostCounts) -> [(&'static str, u64); 22] {
     [
         ("ring_full", counts.ring_full),
         ("too_deep", counts.too_deep),
@@ -95,6 +96,7 @@ fn reasons(counts: &LostCounts) -> [(&'static str, u64); 21] {
         ("kfuncs_full", counts.kfuncs_full),
         ("attach_ring_full", counts.attach_ring_full),
         ("unidentified_probe", counts.unidentified_probe),
+        ("child_unseen", counts.child_unseen),
         ("not_drained", counts.not_drained),
     ]
 }
@@ -187,6 +189,7 @@ mod tests {
             kfuncs_full: 512,
             attach_ring_full: 4096,
             unidentified_probe: 16384,
+            child_unseen: 32768,
             // Not a loss: calls that can no longer return (the footer's abandoned_calls).
             abandoned_frames: 8192,
             ..Counters::default()
@@ -200,8 +203,9 @@ mod tests {
             false,
         );
         assert_eq!(counts.calls, 1 + 2 + 4 + 16384 + 1024);
-        assert_eq!(counts.total, 4095 + 4096 + 16384);
+        assert_eq!(counts.total, 4095 + 4096 + 16384 + 32768);
         assert_eq!(counts.unidentified_probe, 16384);
+        assert_eq!(counts.child_unseen, 32768);
         assert_eq!(counts.attach_ring_full, 4096);
         assert_eq!(counts.not_drained, 3072);
         assert_eq!(

@@ -237,7 +237,7 @@ fn attach_tracking(
 ) -> Result<Option<KernelHooksInfo>, Failure> {
     programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
     let tracefs = tracefs::tracefs().map_err(internal)?;
-    programs::attach_discovery(attaching.bpf(), &tracefs).map_err(internal)?;
+    programs::attach_discovery(attaching.bpf(), &tracefs, quiet).map_err(internal)?;
     for pid in &targets.pids {
         attaching.trace_pid(*pid).map_err(internal)?;
     }

@@ -371,6 +371,11 @@ pub struct LostCounts {
     /// from the address it fired at (no recorded mapping of a planned library there).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unidentified_probe: u64,
+    /// Children that had to be seen in their own context before their first user
+    /// instruction (stopped for their own probes, or named in cudatrace's pid namespace)
+    /// and ended unseen: their calls may be missing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub child_unseen: u64,
     /// Libraries a process could not be given its probes on (the probe table full, a file
     /// that cannot be read, an attach the kernel refused): its calls into them are
     /// missing. Each has a `lost` line naming the library, the process and why.

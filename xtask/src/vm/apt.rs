@@ -20,9 +20,11 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
-/// The arm64 guest's suites: its kernel (bookworm-security) and initramfs busybox (bookworm).
+/// The arm64 guests' suites: their kernels (bookworm-security, bookworm-backports) and
+/// initramfs busybox (bookworm).
 const ARM64_SOURCES: &str = "\
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
 /// The keyring the sources are signed with (package debian-archive-keyring).

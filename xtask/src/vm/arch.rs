@@ -30,9 +30,10 @@ impl Arch {
                 ("6.1", "bookworm-security"),
                 ("6.12", "bookworm-backports"),
             ],
-            // The arm64 hosts the issue names (GH200, GB200) run 6.x; one kernel keeps the
-            // emulated guest's time down.
-            Arch::Arm64 => &[("6.1", "bookworm-security")],
+            // The arm64 hosts the issue names (GH200, GB200) run 6.x: 6.1 takes the
+            // per-symbol path, 6.12 uprobe_multi's (per-process probes, fork children
+            // stopped for theirs).
+            Arch::Arm64 => &[("6.1", "bookworm-security"), ("6.12", "bookworm-backports")],
         }
     }
 

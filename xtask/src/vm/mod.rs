@@ -52,16 +52,18 @@ pub const TEST_TARGETS: &[(&str, &[&str])] = &[
     ("stacks", ALL),
     ("limits", &["5.10", "6.12"]),
     ("gpu_transport", &["6.1"]),
-    ("run", &["5.10", "6.1", ARM64]),
+    ("run", &["5.10", "6.1", ARM64, ARM64_NEW]),
     ("run_modes", &["5.10", "6.1"]),
     ("functions", &["5.10", "6.1"]),
-    ("discovery", &["5.10", "6.1", ARM64]),
+    ("discovery", &["5.10", "6.1", ARM64, ARM64_NEW]),
     // Last on arm64: a stacks test that waits for a trace hangs where cudatrace fails, and
     // would take run's and discovery's time with it.
-    ("stacks", &[ARM64]),
+    ("stacks", &[ARM64, ARM64_NEW]),
 ];
-/// The arm64 guest's kernel, as the tables name it ([`Arch::label`]).
+/// The arm64 guests' kernels, as the tables name them ([`Arch::label`]): 6.1 (per-symbol
+/// links) and 6.12 (`uprobe_multi`, where a fork child gets its own probes at its stop).
 const ARM64: &str = "6.1-arm64";
+const ARM64_NEW: &str = "6.12-arm64";
 
 /// Suites that run only some of their tests on a kernel: (suite, kernel, test name filters).
 pub const SUBSETS: &[(&str, &str, &[&str])] = &[
@@ -69,6 +71,7 @@ pub const SUBSETS: &[(&str, &str, &[&str])] = &[
     ("doctor", "6.1", &[DOCTOR_REPORTS]),
     ("doctor", "6.12", &[DOCTOR_REPORTS]),
     ("doctor", ARM64, &[DOCTOR_REPORTS]),
+    ("doctor", ARM64_NEW, &[DOCTOR_REPORTS]),
     ("discovery", "6.1", DISCOVERY_PER_SYMBOL),
     ("discovery", "5.10", DISCOVERY_PER_SYMBOL),
     ("stacks", "6.1", STACKS_PER_SYMBOL),
@@ -112,7 +115,7 @@ const DOCTOR_REPORTS: &str = "doctor_reports_what_this_kernel_allows";
 const RUN_WITHOUT_COOKIES: &str =
     "run_works_without_attach_cookies_and_kprobes_name_the_helper_they_lack";
 const ALL: &[&str] = &["5.10", "6.1", "6.12"];
-const ALL_AND_ARM64: &[&str] = &["5.10", "6.1", "6.12", ARM64];
+const ALL_AND_ARM64: &[&str] = &["5.10", "6.1", "6.12", ARM64, ARM64_NEW];
 
 /// Test targets run on the host only, with the reason: they exercise what no kernel changes,
 /// and the guests' time (CI's 25 minutes) is spent on those that do.
