@@ -22,7 +22,7 @@ use crate::{
         library::{self, Library},
         plan::Plan,
         probe_set::LIBCUDA,
-        programs::program,
+        programs::{CHILD_HOOK_ENV, ChildHook, program},
         tracefs::tracefs,
         uprobe_multi,
     },
@@ -177,6 +177,31 @@ fn cookie_check(release: &str) -> Result<String> {
     }
 }
 
+/// How a traced process's fork child is caught before its first instruction, where it
+/// gets its own probes (`probes::programs::ChildHook`).
+fn fork_child_check() -> Result<String> {
+    let tracefs = tracefs()?;
+    let event = |path: &str| tracefs.join("events").join(path).is_dir();
+    match ChildHook::chosen()? {
+        ChildHook::SyscallExit if event("syscalls/sys_exit_clone") => {
+            Ok("caught at its clone's return (syscalls:sys_exit_clone)".into())
+        }
+        ChildHook::Rseq if event("rseq/rseq_update") => Ok(
+            "caught at its first rseq:rseq_update (arm64's way: a fork child there returns \
+             without the syscall exit); a child whose parent registered no restartable \
+             sequence (glibc before 2.35) is not, and is counted as lost child_unseen"
+                .into(),
+        ),
+        ChildHook::None => Err(anyhow!(
+            "not caught ({CHILD_HOOK_ENV}=none): children are counted as lost child_unseen"
+        )),
+        hook => Err(anyhow!(
+            "this kernel lacks the tracepoint of {hook:?}: a fork child that calls the \
+             driver without an exec may miss calls, counted as lost child_unseen"
+        )),
+    }
+}
+
 fn exists(path: &str) -> Result<String> {
     if Path::new(path).exists() {
         Ok(path.into())
@@ -232,6 +257,7 @@ pub fn checks(args: &DoctorArgs) -> Vec<Check> {
             ));
             checks.push(check("fentry", false, fentry_check(bpf)));
             checks.push(check("syscall_tracepoints", false, tracepoint_check(bpf)));
+            checks.push(check("fork_children", false, fork_child_check()));
         }
         Err(error) => checks.push(Check {
             name: "ebpf",

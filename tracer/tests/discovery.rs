@@ -507,9 +507,24 @@ fn in_a_pid_namespace(hook: Option<&str>) {
     assert_eq!(exits, [child, parent]);
 }
 
-/// The first byte of `symbol` in process `pid`'s mapping of `lib` (as the process named it
-/// in its maps).
-fn first_byte_in(pid: u32, lib: &Path, symbol: &str) -> u8 {
+/// Whether `symbol` starts with a uprobe's breakpoint in process `pid`'s mapping of `lib`
+/// (as the process named it in its maps).
+fn breakpoint_in(pid: u32, lib: &Path, symbol: &str) -> bool {
+    is_breakpoint(first_word_in(pid, lib, symbol))
+}
+
+/// The uprobe breakpoint: x86-64's `int3` (one byte, the word's first), arm64's `brk #0x5`
+/// (the kernel's `UPROBE_SWBP_INSN`, one whole instruction).
+fn is_breakpoint(word: u32) -> bool {
+    if cfg!(target_arch = "aarch64") {
+        word == 0xd420_00a0
+    } else {
+        word & 0xff == 0xcc
+    }
+}
+
+/// The first four bytes of `symbol` in process `pid`'s mapping of `lib`, little-endian.
+fn first_word_in(pid: u32, lib: &Path, symbol: &str) -> u32 {
     let data = std::fs::read(lib).unwrap();
     let elf = object::File::parse(&*data).unwrap();
     let address = elf
@@ -539,12 +554,10 @@ fn first_byte_in(pid: u32, lib: &Path, symbol: &str) -> u8 {
         })
         .unwrap_or_else(|| panic!("{symbol} not mapped in {pid}"));
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut byte = [0u8];
-    mem.read_exact_at(&mut byte, mapped).unwrap();
-    byte[0]
+    let mut word = [0u8; 4];
+    mem.read_exact_at(&mut word, mapped).unwrap();
+    u32::from_le_bytes(word)
 }
-
-const INT3: u8 = 0xcc;
 
 /// A `loader stop-here` process, waiting before its dlopen ("ready" read).
 fn start_stop_here(lib: &Path) -> (Child, BufReader<std::process::ChildStdout>) {
@@ -601,13 +614,12 @@ fn bystanders_get_no_breakpoints_and_their_calls_are_not_seen() {
             break;
         }
         let traced = header["pids"][0].as_u64().unwrap() as u32;
-        assert_eq!(first_byte_in(traced, &lib, "cuMemAlloc_v2"), INT3);
-        let expected = if scope == "process" { 0x00 } else { INT3 };
-        let bystander_byte = first_byte_in(bystander.id(), &lib, "cuMemAlloc_v2");
+        assert!(breakpoint_in(traced, &lib, "cuMemAlloc_v2"));
+        let bystander_word = first_word_in(bystander.id(), &lib, "cuMemAlloc_v2");
         assert_eq!(
-            bystander_byte == INT3,
-            expected == INT3,
-            "{scope}: the bystander's first byte of cuMemAlloc_v2 is {bystander_byte:#x}"
+            is_breakpoint(bystander_word),
+            scope == "host",
+            "{scope}: the bystander's cuMemAlloc_v2 starts with {bystander_word:#010x}"
         );
         assert!(tracer.wait().unwrap().success());
         let trace = read_trace(&trace_path);
@@ -634,7 +646,7 @@ fn bystanders_get_no_breakpoints_and_their_calls_are_not_seen() {
         }
     }
     // The bystander goes on, untraced, and its breakpoints are gone.
-    assert_ne!(first_byte_in(bystander.id(), &lib, "cuMemAlloc_v2"), INT3);
+    assert!(!breakpoint_in(bystander.id(), &lib, "cuMemAlloc_v2"));
     signal(bystander.id(), libc::SIGUSR1);
     assert!(bystander.wait().unwrap().success());
 }

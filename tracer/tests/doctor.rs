@@ -31,6 +31,17 @@ fn doctor_reports_what_this_kernel_allows() {
     assert_eq!(check("privileges")["ok"], true);
     assert_eq!(check("uprobes")["ok"], true, "{}", check("uprobes"));
     assert_eq!(check("syscall_tracepoints")["ok"], true);
+    let fork_children = check("fork_children");
+    assert_eq!(fork_children["ok"], true, "{fork_children}");
+    let hook = if cfg!(target_arch = "aarch64") {
+        "caught at its first rseq:rseq_update (arm64's way"
+    } else {
+        "caught at its clone's return (syscalls:sys_exit_clone)"
+    };
+    assert!(
+        fork_children["detail"].as_str().unwrap().starts_with(hook),
+        "{fork_children}"
+    );
     assert_eq!(
         check("attach_cookie")["ok"],
         cookies,

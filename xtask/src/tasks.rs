@@ -66,6 +66,8 @@ fn keep_host_record() -> Result<()> {
             doctor: vm::support::doctor_checks(&String::from_utf8_lossy(&output.stdout)),
             suites: None,
             every_stack: true,
+            failed: 0,
+            ran: None,
         },
     )
 }

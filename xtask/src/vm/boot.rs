@@ -243,6 +243,8 @@ pub(super) struct Summary {
     pub(super) passed: u64,
     pub(super) failed: u64,
     pub(super) failed_names: Vec<String>,
+    /// Each suite the guest started (`vm-test: === NAME`), in order, with its tests passed.
+    pub(super) suites: Vec<(String, u64)>,
 }
 
 impl Summary {
@@ -251,6 +253,7 @@ impl Summary {
             passed: 0,
             failed: 0,
             failed_names: Vec::new(),
+            suites: Vec::new(),
         };
         let mut binary = "";
         // The names after the last `failures:` line: libtest lists the failed tests there,
@@ -260,6 +263,7 @@ impl Summary {
             if let Some(name) = line.strip_prefix("vm-test: === ") {
                 if !name.contains(" took ") {
                     binary = name;
+                    summary.suites.push((name.trim().to_owned(), 0));
                 }
             } else if line == "failures:" {
                 listed.clear();
@@ -279,7 +283,11 @@ impl Summary {
                         .find_map(|n| n.trim().parse().ok())
                         .unwrap_or(0)
                 };
-                summary.passed += count("passed");
+                let passed = count("passed");
+                summary.passed += passed;
+                if let Some(suite) = summary.suites.last_mut() {
+                    suite.1 += passed;
+                }
                 let failed = count("failed");
                 summary.failed += failed;
                 if failed > 0 {

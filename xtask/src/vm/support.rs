@@ -4,6 +4,10 @@
 //! `target/vm/support/`; `cargo xtask kernel-table` writes the table into the README between
 //! its markers, and `cargo xtask test` (CI) fails where the README's table is not the one
 //! its own run makes, so the table says what CI ran.
+//!
+//! The arm64 guests are not in CI (docs/vm-test.md says why): their records are kept in
+//! the repository instead (`docs/kernel-support/`, written by `vm-test --arch arm64`), with
+//! the day they ran, and their rows say they come from that command, not from CI.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -39,22 +43,50 @@ pub struct Record {
     pub suites: Option<Vec<(String, u64)>>,
     /// Whether [`EVERY_STACK`] passed there.
     pub every_stack: bool,
+    /// Tests that failed there.
+    #[serde(default)]
+    pub failed: u64,
+    /// Records kept in the repository (not made by CI): the command and the day it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran: Option<String>,
 }
 
 fn dir(root: &Path) -> PathBuf {
     root.join("target/vm/support")
 }
 
-/// Keeps `record` for the table, replacing the one of the same machine.
+/// Where the records of runs CI does not make are kept, in the repository.
+fn kept_dir(root: &Path) -> PathBuf {
+    root.join("docs/kernel-support")
+}
+
+/// Keeps `record` for the table, replacing the one of the same machine: under target/ for
+/// CI's runs, in the repository (with the day) for the arm64 guests.
 pub fn keep(root: &Path, record: &Record) -> Result<()> {
-    let dir = dir(root);
+    let mut record = record.clone();
+    let dir = if record.arch == "aarch64" {
+        record.ran = Some(format!("`vm-test --arch arm64`, {}", today()?));
+        kept_dir(root)
+    } else {
+        dir(root)
+    };
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!(
         "{}-{}-{}.json",
         record.place, record.arch, record.kernel
     ));
-    fs::write(&path, serde_json::to_vec_pretty(record)?)
-        .with_context(|| format!("writing {}", path.display()))
+    let mut text = serde_json::to_vec_pretty(&record)?;
+    text.push(b'\n');
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Today's date (UTC), as `date -u +%F` gives it.
+fn today() -> Result<String> {
+    let output = std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .context("running date")?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// The records kept, host first, then by kernel, newest first.
@@ -68,7 +100,8 @@ fn records(root: &Path) -> Result<Vec<Record>> {
             dir.display()
         ),
     };
-    for entry in entries {
+    let kept = fs::read_dir(kept_dir(root)).into_iter().flatten();
+    for entry in entries.chain(kept) {
         let path = entry?.path();
         let text =
             fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -95,27 +128,11 @@ pub fn guest_record(kernel: &str, arch: &str, results: &str) -> Record {
         .find_map(|line| line.strip_prefix(DOCTOR_MARK))
         .map(doctor_checks)
         .unwrap_or_default();
-    let mut suites: Vec<(String, u64)> = Vec::new();
-    let mut every_stack = false;
-    for line in results.lines() {
-        if let Some(name) = line.strip_prefix("vm-test: === ") {
-            if !name.contains(" took ") {
-                suites.push((name.trim().to_owned(), 0));
-            }
-        } else if let Some(rest) = line.strip_prefix("test result: ") {
-            let passed = rest
-                .split(';')
-                .find_map(|part| part.trim().strip_suffix(" passed"))
-                .and_then(|n| n.rsplit(' ').next())
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-            if let Some(last) = suites.last_mut() {
-                last.1 += passed;
-            }
-        } else if line.starts_with(&format!("test {EVERY_STACK} ... ok")) {
-            every_stack = true;
-        }
-    }
+    let summary = super::boot::Summary::of(results);
+    let suites = summary.suites;
+    let every_stack = results
+        .lines()
+        .any(|line| line.starts_with(&format!("test {EVERY_STACK} ... ok")));
     Record {
         kernel: kernel.to_owned(),
         arch: arch.to_owned(),
@@ -123,6 +140,8 @@ pub fn guest_record(kernel: &str, arch: &str, results: &str) -> Record {
         doctor,
         suites: Some(suites),
         every_stack,
+        failed: summary.failed,
+        ran: None,
     }
 }
 
@@ -146,9 +165,10 @@ pub fn render(records: &[Record]) -> String {
     for r in records {
         let ok = |name: &str| r.doctor.get(name).copied().unwrap_or(false);
         let yes = |b: bool| if b { "yes" } else { "no" };
-        let kernel = match r.place.as_str() {
-            "host" => format!("{} (host)", r.kernel),
-            _ => format!("{} (QEMU guest)", r.kernel),
+        let kernel = match (r.place.as_str(), &r.ran) {
+            ("host", _) => format!("{} (host)", r.kernel),
+            (_, None) => format!("{} (QEMU guest)", r.kernel),
+            (_, Some(ran)) => format!("{} (QEMU guest; not in CI: {ran})", r.kernel),
         };
         let kernel_hooks = match (ok("kprobes"), ok("func_ip")) {
             (true, true) => "kprobes and tracepoints",
@@ -174,7 +194,7 @@ pub fn render(records: &[Record]) -> String {
         } else {
             "not run".to_owned()
         };
-        let suites = match &r.suites {
+        let mut suites = match &r.suites {
             None => "every suite".to_owned(),
             Some(suites) => suites
                 .iter()
@@ -182,6 +202,9 @@ pub fn render(records: &[Record]) -> String {
                 .collect::<Vec<_>>()
                 .join(", "),
         };
+        if r.failed > 0 {
+            suites.push_str(&format!("; **{} failed**", r.failed));
+        }
         out.push_str(&format!(
             "| {kernel} | {} | {} | {told} | {} | {kernel_hooks} | {stacks} | {suites} |\n",
             r.arch,
@@ -257,6 +280,24 @@ mod tests {
             "| 5.10 (QEMU guest) | x86_64 | yes | the address it fired at | no | \
              tracepoints (kprobes refused: no `bpf_get_func_ip`) | exact on Debian 3.11, \
              pyenv 3.11.7, Debian 3.13, 3.14 | selftest 1, stacks 2 |"
+        );
+    }
+
+    #[test]
+    fn a_record_kept_in_the_repository_says_where_it_ran_and_what_failed() {
+        let mut record = guest_record("6.12", "aarch64", RESULTS);
+        record.ran = Some("`vm-test --arch arm64`, 2026-11-27".into());
+        record.failed = 1;
+        let row = render(&[record]).lines().nth(2).unwrap().to_owned();
+        assert!(
+            row.starts_with(
+                "| 6.12 (QEMU guest; not in CI: `vm-test --arch arm64`, 2026-11-27) | aarch64 |"
+            ),
+            "{row}"
+        );
+        assert!(
+            row.ends_with("| selftest 1, stacks 2; **1 failed** |"),
+            "{row}"
         );
     }
 
