@@ -99,15 +99,6 @@ fn doctor_reports_what_this_kernel_allows() {
     assert!(text.contains("cannot trace here"), "{text}");
 }
 
-/// Whether this kernel's release is `major.minor` or newer.
-fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse::<u32>().unwrap());
-    (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
-}
-
 /// Without attach cookies (5.10) `run` traces by address; `--kernel`'s kprobes, which need
 /// `bpf_get_func_ip`, are refused naming the kernel and the helper.
 #[test]

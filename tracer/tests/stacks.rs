@@ -507,10 +507,15 @@ fn every_stack_is_the_one_cpython_gives_on_each_interpreter() {
 fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
     let Some(_guard) = root() else { return };
     let script = "stacks_reuse.py";
+    // The probe on PyCode_Type's deallocator is linked to the process's memory alone, with
+    // uprobe_multi (6.6); without it every frame's identity is read (`run`'s per-symbol
+    // links), and the stacks must be as exact.
+    let per_process = kernel_at_least(6, 6);
     for python in pythons() {
-        // Before 3.14 the count is the probe's on PyCode_Type's deallocator: the script
-        // waits for its link after its first call.
-        let wait: &[&str] = if python.minor < 14 { &["wait"] } else { &[] };
+        // Before 3.14 the count is the probe's: the script waits for its link after its
+        // first call.
+        let linked = u64::from(python.minor < 14 && per_process);
+        let wait: &[&str] = if linked == 1 { &["wait"] } else { &[] };
         let traced = python.trace(script, &["--stacks"], wait);
         let codes: Vec<u64> = serde_json::from_str(
             &std::fs::read_to_string(python.host_dir.join(format!("{script}.json.codes"))).unwrap(),
@@ -529,10 +534,9 @@ fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
         );
         let (compared, cut) = assert_stacks_are_cpythons(&python, &traced, 128);
         assert_eq!((compared, cut), (60, 0), "{}", python.label);
-        // Linked here (this kernel has uprobe_multi), or the test would pass by reading
+        // Linked where the kernel has uprobe_multi, or the test would pass by reading
         // identities per frame.
         let footer = traced.lines.last().unwrap();
-        let linked = u64::from(python.minor < 14);
         assert_eq!(
             footer["stacks"]["code_free_probes"],
             serde_json::json!({"linked": linked, "not_linked": 0}),
@@ -1183,7 +1187,9 @@ fn with_stack_rate_each_thread_gets_at_most_hz_stacks_a_second() {
             "--stack-rate 10: after {pause_ms} ms, {after_pause} stacked, {expected} by the bucket"
         );
         assert!(
-            after_pause.abs_diff(expected) <= 1 && after_pause >= (pause_ms / 100) as usize,
+            // The bucket holds 10: a pause over a second refills it, no more.
+            after_pause.abs_diff(expected) <= 1
+                && after_pause >= ((pause_ms / 100) as usize).min(10),
             "after {pause_ms} ms: {after_pause} stacked, the bucket's {expected}"
         );
     }

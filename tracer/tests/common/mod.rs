@@ -381,3 +381,12 @@ pub fn assert_no_probe_outlives<T>(f: impl FnOnce() -> T) -> T {
     assert!(left.is_empty(), "programs {left:?} outlived cudatrace");
     result
 }
+
+/// Whether this kernel's release is `major.minor` or newer.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
+}
