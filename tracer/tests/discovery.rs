@@ -345,15 +345,7 @@ fn fork_child_calling_at_once(hook: Option<&str>) {
     let dir = scratch("fork-at-once");
     let lib = copy_standin(&dir, "lib/libcuda.so.1");
     let trace_path = dir.join("trace.jsonl");
-    let output = Command::new(CUDATRACE)
-        .args(["run", "-q", "-o"])
-        .arg(&trace_path)
-        .args([
-            "--",
-            loader().to_str().unwrap(),
-            lib.to_str().unwrap(),
-            "fork",
-        ])
+    let output = run_loader_fork(&mut Command::new(CUDATRACE), &trace_path, &lib)
         .envs(hook.map(|h| (CHILD_HOOK, h)))
         .output()
         .expect("running cudatrace");
@@ -387,6 +379,16 @@ fn fork_child_calling_at_once(hook: Option<&str>) {
         // The library's open, then the fork.
         assert_eq!(footer(&trace)["stops"]["count"], 2);
     }
+}
+
+/// `cmd` given `run -q -o TRACE -- loader LIB fork` (cudatrace's arguments).
+fn run_loader_fork<'a>(cmd: &'a mut Command, trace: &Path, lib: &Path) -> &'a mut Command {
+    cmd.args(["run", "-q", "-o"])
+        .arg(trace)
+        .arg("--")
+        .arg(loader())
+        .arg(lib)
+        .arg("fork")
 }
 
 /// Which hook catches a fork child (`tracer/src/probes/programs.rs`, `ChildHook`).
@@ -429,23 +431,9 @@ fn in_a_pid_namespace(hook: Option<&str>) {
     let dir = scratch("pidns");
     let lib = copy_standin(&dir, "lib/libcuda.so.1");
     let trace_path = dir.join("trace.jsonl");
-    let output = Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            CUDATRACE,
-            "run",
-            "-q",
-            "-o",
-        ])
-        .arg(&trace_path)
-        .args([
-            "--",
-            loader().to_str().unwrap(),
-            lib.to_str().unwrap(),
-            "fork",
-        ])
+    let mut unshare = Command::new("unshare");
+    unshare.args(["--pid", "--fork", "--mount-proc", CUDATRACE]);
+    let output = run_loader_fork(&mut unshare, &trace_path, &lib)
         .envs(hook.map(|h| (CHILD_HOOK, h.trim_end_matches("-off"))))
         .envs((hook == Some("rseq-off")).then_some(("GLIBC_TUNABLES", "glibc.pthread.rseq=0")))
         .output()
