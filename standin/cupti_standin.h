@@ -32,6 +32,8 @@ struct standin_api_call {
     uint32_t cbid;
     uint32_t correlation_id; /* 0: no libcupti listening */
     uint64_t start;
+    /* The callback API's per-call slot (CUpti_CallbackData.correlationData). */
+    uint64_t callback_data;
 };
 
 /* The GPU work a call issued. */

@@ -336,6 +336,7 @@ static void activity_enter(uint32_t cbid, struct standin_api_call *call)
     call->cbid = cbid;
     call->correlation_id = 0;
     call->start = 0;
+    call->callback_data = 0;
     if (hooks != NULL)
         hooks->api_enter(cbid, call);
 }

@@ -68,15 +68,30 @@
  *                                 that never enabled the DRIVER kind: what a late attach
  *                                 saw on CUPTI 13.0 set up in a running PyTorch or JAX
  *                                 process (kernels, no API record), as a hypothesis of why
+ *  CUPTI_STANDIN_DRIVER_RECORD_EVERY=N
+ *                                 a DRIVER activity record comes for one hooked call in N
+ *                                 (correlation ids 1, N+1, 2N+1, ...); the others' GPU
+ *                                 records keep their correlation ids, and the callback API
+ *                                 still sees every call: what CUPTI 13.0 did when set up in
+ *                                 a running PyTorch process (run T: a kernel launched
+ *                                 through libcudart got the runtime call's correlation id,
+ *                                 and no driver record; the driver callback carried that id)
  *  CUPTI_STANDIN_NO_DRIVER_AFTER_DISABLE=1
  *                                 once a client disabled the DRIVER kind, no API record
  *                                 comes again for that client (kernels, copies and memsets
  *                                 still do): what run J saw on CUPTI 13.0 after
  *                                 torch.profiler let go
  *
+ * The callback API: cuptiSubscribe keeps its callback and userdata; cuptiEnableCallback and
+ * cuptiEnableDomain switch the driver domain's (1) callback ids; each hooked call whose id is
+ * on is called back at entry (site 0) and exit (site 1), on the calling thread, with a
+ * CUpti_CallbackData whose correlationId is the call's, correlationData a slot kept from
+ * entry to exit, and functionReturnValue the CUresult (at exit).
+ *
  * For test programs: cudatrace_standin_cupti_recording(cbid) says how many clients have
- * callbacks, kernel activity and the API records of `cbid` enabled (what CUPTI itself
- * would not tell).
+ * callbacks, kernel activity and the API records of `cbid` enabled, the callback
+ * subscriber counting as one when `cbid`'s callback is on (what CUPTI itself would not
+ * tell).
  */
 
 #define _GNU_SOURCE
@@ -166,6 +181,45 @@ static uint32_t g_thread_id_type;
 static uint32_t g_correlation;
 static int g_dropped_reported;
 static int g_callback_subscribed;
+
+/* The callback API's subscriber: its function, its userdata, its driver callback ids. */
+typedef void (*api_callback_fn)(void *userdata, uint32_t domain, uint32_t cbid,
+                                const void *data);
+static api_callback_fn g_cb_fn;
+static void *g_cb_user;
+static unsigned char g_cb_driver[1024];
+
+/* CUpti_CallbackData. */
+typedef struct {
+    uint32_t callbackSite;
+    const char *functionName;
+    const void *functionParams;
+    void *functionReturnValue;
+    const char *symbolName;
+    CUcontext context;
+    uint32_t contextUid;
+    uint64_t *correlationData;
+    uint32_t correlationId;
+} callback_data;
+
+/* Calls the subscriber's callback for a driver call, if its id is on (outside the lock). */
+static void call_back(uint32_t site, struct standin_api_call *call, uint32_t *result)
+{
+    pthread_mutex_lock(&g_lock);
+    api_callback_fn fn = g_cb_fn;
+    void *user = g_cb_user;
+    int on = fn != NULL && call->cbid < sizeof(g_cb_driver) && g_cb_driver[call->cbid];
+    pthread_mutex_unlock(&g_lock);
+    if (!on)
+        return;
+    callback_data data;
+    memset(&data, 0, sizeof(data));
+    data.callbackSite = site;
+    data.functionReturnValue = result;
+    data.correlationData = &call->callback_data;
+    data.correlationId = call->correlation_id;
+    fn(user, 1, call->cbid, &data);
+}
 
 static uint64_t ts(void)
 {
@@ -262,6 +316,7 @@ static void api_enter(uint32_t cbid, struct standin_api_call *call)
     call->cbid = cbid;
     call->correlation_id = __atomic_add_fetch(&g_correlation, 1, __ATOMIC_RELAXED);
     call->start = ts();
+    call_back(0, call, NULL);
 }
 
 static uint32_t stream_id(uint64_t stream)
@@ -353,6 +408,10 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
                      const struct standin_gpu_work *work)
 {
     uint64_t end = ts();
+    /* The call is the libcuda's own (not const there): the slot is written at entry. */
+    call_back(1, (struct standin_api_call *)call, &result);
+    long every = env_long("CUPTI_STANDIN_DRIVER_RECORD_EVERY", 1);
+    int driver_record = every <= 1 || (call->correlation_id - 1) % (uint32_t)every == 0;
     struct orphan full[MAX_CLIENTS];
     memset(full, 0, sizeof(full));
     pthread_mutex_lock(&g_lock);
@@ -360,7 +419,8 @@ static void api_exit(const struct standin_api_call *call, uint32_t result,
         struct client *c = &g_clients[i];
         if (!has_callbacks(c))
             continue;
-        if (!c->driver_gone && call->cbid < sizeof(c->driver_cbid) && c->driver_cbid[call->cbid]) {
+        if (driver_record && !c->driver_gone && call->cbid < sizeof(c->driver_cbid) &&
+            c->driver_cbid[call->cbid]) {
             standin_activity_api api;
             memset(&api, 0, sizeof(api));
             api.kind = CUPTI_ACTIVITY_KIND_DRIVER;

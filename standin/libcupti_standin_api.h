@@ -280,17 +280,51 @@ EXPORT CUptiResult cuptiActivityGetNumDroppedRecords_v2(void *handle, CUcontext 
 
 EXPORT CUptiResult cuptiSubscribe(void **handle, void *callback, void *userdata)
 {
-    (void)callback;
-    (void)userdata;
     if (handle == NULL)
         return CUPTI_ERROR_INVALID_PARAMETER;
     pthread_mutex_lock(&g_lock);
     int taken = g_callback_subscribed;
-    g_callback_subscribed = 1;
+    if (!taken) {
+        g_callback_subscribed = 1;
+        g_cb_fn = (api_callback_fn)callback;
+        g_cb_user = userdata;
+        memset(g_cb_driver, 0, sizeof(g_cb_driver));
+    }
     pthread_mutex_unlock(&g_lock);
     if (taken)
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     *handle = (void *)(uintptr_t)0x5ab;
+    return CUPTI_SUCCESS;
+}
+
+EXPORT CUptiResult cuptiEnableCallback(uint32_t enable, void *handle, uint32_t domain,
+                                       uint32_t cbid)
+{
+    if (handle != (void *)(uintptr_t)0x5ab || domain != 1 || cbid >= sizeof(g_cb_driver))
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    pthread_mutex_lock(&g_lock);
+    int subscribed = g_callback_subscribed;
+    if (subscribed)
+        g_cb_driver[cbid] = enable ? 1 : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (!subscribed)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    hook_libcuda();
+    return CUPTI_SUCCESS;
+}
+
+EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, void *handle, uint32_t domain)
+{
+    if (handle != (void *)(uintptr_t)0x5ab || domain != 1)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    pthread_mutex_lock(&g_lock);
+    int subscribed = g_callback_subscribed;
+    if (subscribed)
+        memset(g_cb_driver, enable ? 1 : 0, sizeof(g_cb_driver));
+    pthread_mutex_unlock(&g_lock);
+    if (!subscribed)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    hook_libcuda();
     return CUPTI_SUCCESS;
 }
 
@@ -329,6 +363,9 @@ EXPORT CUptiResult cuptiUnsubscribe(void *handle)
         c->completed2 = NULL;
     } else {
         g_callback_subscribed = 0;
+        g_cb_fn = NULL;
+        g_cb_user = NULL;
+        memset(g_cb_driver, 0, sizeof(g_cb_driver));
     }
     pthread_mutex_unlock(&g_lock);
     return CUPTI_SUCCESS;
@@ -340,6 +377,9 @@ EXPORT CUptiResult cuptiFinalize(void)
     pthread_mutex_lock(&g_lock);
     memset(&g_clients[0], 0, sizeof(g_clients[0]));
     g_callback_subscribed = 0;
+    g_cb_fn = NULL;
+    g_cb_user = NULL;
+    memset(g_cb_driver, 0, sizeof(g_cb_driver));
     __atomic_store_n(&g_timestamp, NULL, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_lock);
     return CUPTI_SUCCESS;
@@ -355,6 +395,8 @@ EXPORT int cudatrace_standin_cupti_recording(uint32_t cbid)
             c->driver_cbid[cbid])
             count++;
     }
+    if (g_cb_fn != NULL && cbid < sizeof(g_cb_driver) && g_cb_driver[cbid])
+        count++;
     pthread_mutex_unlock(&g_lock);
     return count;
 }

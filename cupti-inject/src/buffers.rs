@@ -221,6 +221,14 @@ impl Completed {
                 Converted::Record(record) => sender.push(record),
                 // SAFETY: CUPTI's name is null or NUL-terminated.
                 Converted::Kernel { record, name } => unsafe { sender.push_kernel(record, name) },
+                // Enabled for diagnostics alone (`CUDATRACE_INJECT_LATE_RUNTIME`): written to
+                // the debug file, marked `detail` 5, never sent.
+                Converted::Other(crate::cupti::activity_kind::RUNTIME) => {
+                    // SAFETY: a RUNTIME record has the API record's layout.
+                    let mut record = unsafe { convert::api_record(activity.cast(), 0) };
+                    record.detail = crate::cupti::activity_kind::RUNTIME;
+                    sender.debug_only(&record);
+                }
                 Converted::Other(_) => {}
             }
         }

@@ -158,6 +158,15 @@ unsafe fn memset(m: *const ActivityMemset4, clock_flags: u32) -> GpuRecord {
     }
 }
 
+/// An API record (DRIVER or RUNTIME kind) as a [`GpuRecord`].
+///
+/// # Safety
+/// `a` points at a complete `CUpti_ActivityAPI`.
+pub unsafe fn api_record(a: *const u8, clock_flags: u32) -> GpuRecord {
+    // SAFETY: the caller's promise.
+    unsafe { api(a.cast(), clock_flags) }
+}
+
 unsafe fn api(a: *const ActivityApi, clock_flags: u32) -> GpuRecord {
     // SAFETY: the API record has been the same since CUPTI 4.
     unsafe {

@@ -27,6 +27,7 @@ pub const MULTI_SUBSCRIBER_VERSION: u32 = 130300;
 pub mod activity_kind {
     pub const MEMCPY: u32 = 1;
     pub const MEMSET: u32 = 2;
+    pub const RUNTIME: u32 = 5;
     pub const DRIVER: u32 = 4;
     pub const CONCURRENT_KERNEL: u32 = 10;
 }
@@ -281,6 +282,8 @@ pub struct Cupti {
     pub subscribe:
         Option<unsafe extern "C" fn(*mut Subscriber, *const c_void, *mut c_void) -> CUptiResult>,
     pub unsubscribe: Option<unsafe extern "C" fn(Subscriber) -> CUptiResult>,
+    /// The callback API's `cuptiEnableCallback(enable, subscriber, domain, cbid)`.
+    pub enable_callback: Option<unsafe extern "C" fn(u32, Subscriber, u32, u32) -> CUptiResult>,
     /// Kept loaded for the life of the process: CUPTI calls back into us from its threads.
     _library: Library,
 }
@@ -363,6 +366,7 @@ impl Cupti {
             per_subscriber,
             subscribe: optional!("cuptiSubscribe"),
             unsubscribe: optional!("cuptiUnsubscribe"),
+            enable_callback: optional!("cuptiEnableCallback"),
             path,
             _library: library,
         })

@@ -23,11 +23,20 @@ pub const BUFFER_KIB: &str = "CUDATRACE_INJECT_BUFFER_KIB";
 /// `1`: say on stderr what each buffer held and how CUPTI was taken back (diagnostics).
 pub const VERBOSE: &str = "CUDATRACE_INJECT_VERBOSE";
 
-/// Of a late start: how the driver calls' API records are switched on (`session.rs`,
-/// [`crate::session::Session::take_late`]): `kind` (default: the DRIVER kind, then every
-/// other function off), `functions` (the functions alone, as at `cuInit`), `all` (the
+/// Of a late start with [`LATE_CALLS`] `off`: how the driver calls' API records are
+/// switched on (`session.rs`, [`crate::session::Session::take_late`]): `kind` (default: the
+/// DRIVER kind, then every other function off), `functions` (the functions alone, as at `cuInit`), `all` (the
 /// DRIVER kind alone: every driver call). Passed by cudatrace from its own environment.
 pub const DRIVER_API: &str = "CUDATRACE_INJECT_DRIVER_API";
+
+/// Of a late start: where the driver calls' API records come from. Unset (the default):
+/// CUPTI's callback API (`calls.rs`), no DRIVER activity records; `off`: CUPTI's DRIVER
+/// activity records, as [`DRIVER_API`] says; `debug`: those, and the callbacks' records
+/// written to the debug file only (`detail` 1000), for diagnostics.
+pub const LATE_CALLS: &str = "CUDATRACE_INJECT_LATE_CALLS";
+/// Of a late start, diagnostics: `1` also enables CUPTI's RUNTIME kind; its records go to
+/// the debug file only (`detail` 5).
+pub const LATE_RUNTIME: &str = "CUDATRACE_INJECT_LATE_RUNTIME";
 
 /// Of a late start (`cudatrace run -p PID --gpu`): cudatrace's pid and its start time
 /// (`/proc/PID/stat`'s 22nd field): once that process is gone, the library stops recording.

@@ -171,6 +171,7 @@ impl Injection {
                 .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
             let detached = client_record(client::DETACHED);
             session.stop(&self.outbox);
+            send_calls(&self.outbox);
             self.flush
                 .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
             detached
@@ -260,6 +261,8 @@ impl Injection {
                 return;
             }
             self.follow_control(session);
+            // Before the buffers: a kernel's API record is there when it comes.
+            send_calls(&self.outbox);
             if !self.control.yielded() {
                 self.flush.flush(0, session, &self.buffers, &self.outbox);
             } else {
@@ -288,6 +291,7 @@ impl Injection {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _stopped = self.flush.stop();
             self.follow_control(session);
+            send_calls(&self.outbox);
             if !self.control.yielded() && !self.control.held_by_other() {
                 self.flush
                     .flush(FLUSH_FORCED, session, &self.buffers, &self.outbox);
@@ -311,6 +315,31 @@ impl Injection {
                     self.outbox.report(failure);
                 }
             },
+        }
+    }
+}
+
+/// Sends the API records made by the driver callbacks (`calls.rs`), or writes them to the
+/// debug file only (`detail` 1000) where [`env::LATE_CALLS`] is `debug`.
+fn send_calls(outbox: &Outbox) {
+    let records = crate::calls::drain();
+    if records.is_empty() {
+        return;
+    }
+    let debug = env::var(env::LATE_CALLS).is_some_and(|v| v == "debug");
+    env::verbose(format_args!(
+        "calls: {} driver callback records{}",
+        records.len(),
+        if debug { " (debug only)" } else { "" }
+    ));
+    if let Some(sender) = outbox.lock().as_mut() {
+        for mut record in records {
+            if debug {
+                record.detail = 1000;
+                sender.debug_only(&record);
+            } else {
+                sender.push(record);
+            }
         }
     }
 }

@@ -15,6 +15,7 @@
 //! | `injection.rs` | the owner: starting, the flush thread, the exit flush |
 //! | `session.rs` | loading CUPTI, the single- or multi-subscriber set-up, taking CUPTI (again) |
 //! | `buffers.rs` | CUPTI's buffers: handed out, read back, converted, sent |
+//! | `calls.rs` | a late start's API records, made from CUPTI's driver callbacks |
 //! | `flush.rs` | one flush of CUPTI's buffers, and the flush period |
 //! | `control.rs` | living beside another CUPTI client: cudatrace's control slot |
 //! | `outbox.rs` | the one sender every thread sends through; failures |
@@ -24,10 +25,12 @@
 //!
 //! Who uses whom (no circles among them): `injection` → `flush` → `buffers` → `session` →
 //! `outbox` → `sender`; `injection` → `control`, `chain` → `outbox`; any of them → `env`,
-//! `clock`, `cupti`. `session` registers this file's callbacks with CUPTI, `injection`
-//! its exit handler with libc.
+//! `clock`, `cupti`; `injection` → `calls` and `session` → `calls` (its callback, subscribed
+//! by `session`, queues records that `injection` sends). `session` registers this file's
+//! callbacks with CUPTI, `injection` its exit handler with libc.
 
 mod buffers;
+mod calls;
 mod cbids;
 mod chain;
 mod clock;

@@ -90,6 +90,11 @@ impl<S: Sink> Sender<S> {
         id
     }
 
+    /// Writes `record` to the debug file only (diagnostics: records cudatrace does not read).
+    pub fn debug_only(&mut self, record: &GpuRecord) {
+        self.debug_line(record, None);
+    }
+
     /// Sends what is queued.
     pub fn flush(&mut self) {
         if !self.batch.is_empty() {

@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::ffi::c_void;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracer_common::{GpuRecord, client, gpu_flags, gpu_record, gpu_stage};
@@ -64,6 +65,13 @@ pub struct Session {
     /// The library enabled the DRIVER kind (a late start's way, or taking CUPTI back):
     /// a late start's end disables it again.
     driver_kind: AtomicBool,
+    /// The RUNTIME kind is on (a late start's diagnostics, [`env::LATE_RUNTIME`]).
+    runtime_kind: AtomicBool,
+    /// The callback API's subscriber of a late start that makes the API records itself
+    /// (`calls.rs`), as an address; 0 when none.
+    calls: Mutex<usize>,
+    /// The records' clock, for the driver callbacks (their `userdata`).
+    calls_clock: crate::calls::Clock,
 }
 
 // SAFETY: the subscriber handle is CUPTI's, valid from any thread.
@@ -87,13 +95,21 @@ impl Session {
         // The timestamp callback is process-wide: with other subscribers it would change
         // their clock too, so then clock pairs only.
         let callback = matches!(mode, Mode::Single) && register_timestamp_callback(&cupti, outbox);
+        let clock_flags = if callback { 0 } else { gpu_flags::CUPTI_CLOCK };
+        let calls_clock = crate::calls::Clock {
+            flags: clock_flags,
+            cupti_timestamp: cupti.get_timestamp,
+        };
         let session = Session {
             cupti,
-            clock_flags: if callback { 0 } else { gpu_flags::CUPTI_CLOCK },
+            clock_flags,
             pid: std::process::id(),
             mode,
             version,
             driver_kind: AtomicBool::new(false),
+            runtime_kind: AtomicBool::new(false),
+            calls: Mutex::new(0),
+            calls_clock,
         };
         session.announce(version, callback, outbox);
         Ok(session)
@@ -148,6 +164,17 @@ impl Session {
             if rc != CUPTI_SUCCESS {
                 refused.push(format!("{what}: {}", self.cupti.result_string(rc)));
             }
+        }
+        if self.runtime_kind.swap(false, Ordering::SeqCst) {
+            let rc = self.enable(activity_kind::RUNTIME, false);
+            if rc != CUPTI_SUCCESS {
+                refused.push(format!("runtime: {}", self.cupti.result_string(rc)));
+            }
+        }
+        if let Some(off) = self.unsubscribe_calls()
+            && off > 0
+        {
+            refused.push(format!("{off} driver callbacks"));
         }
         if self.driver_kind.swap(false, Ordering::SeqCst) {
             let rc = self.enable(activity_kind::DRIVER, false);
@@ -231,19 +258,44 @@ impl Session {
         Ok(())
     }
 
-    /// A late start takes CUPTI (`cudatrace run -p PID --gpu`): as [`Session::take`], but
-    /// the driver calls' API records are switched on as [`env::DRIVER_API`] says. Per-
-    /// function switches alone, which work from `cuInit`, gave kernels but no API record
-    /// when CUPTI was set up in a running PyTorch or JAX process (CUPTI 13.0, driver 580):
+    /// A late start takes CUPTI (`cudatrace run -p PID --gpu`): the activity kinds, and the
+    /// driver calls' API records from CUPTI's callbacks (`calls.rs`, the default): CUPTI's
+    /// own DRIVER records, set up in a running PyTorch process (CUPTI 13.0, driver 580),
+    /// came for about one launch in seven (runs S and T). With [`env::LATE_CALLS`] `off`
+    /// (or where the callbacks cannot be had), the DRIVER records as [`env::DRIVER_API`]
+    /// says: per-function switches alone, which work from `cuInit`, gave none at all late;
     /// CUPTI's documentation has the DRIVER kind override the switches set before it, and
-    /// for a set of functions enable the kind, then switch the others off: the default.
-    pub fn take_late(&self, outbox: &Outbox) -> Result<(), Failure> {
+    /// for a set of functions enable the kind, then switch the others off (its default).
+    pub fn take_late(&'static self, outbox: &Outbox) -> Result<(), Failure> {
+        let calls = env::var(env::LATE_CALLS).map(|way| way.to_string_lossy().into_owned());
+        if env::var(env::LATE_RUNTIME).is_some_and(|v| v == "1") {
+            let rc = self.enable(activity_kind::RUNTIME, true);
+            verbose(format_args!("attach: cuptiActivityEnable(RUNTIME) {rc}"));
+            self.runtime_kind
+                .store(rc == CUPTI_SUCCESS, Ordering::SeqCst);
+        }
+        // The calls' records are switched on before the work's: a call that returns in
+        // between has a record and no work (counted as before the window), never work
+        // without a record.
+        if !matches!(calls.as_deref(), Some("off") | Some("debug")) {
+            self.register_callbacks(false)?;
+            if let Err(why) = self.subscribe_calls() {
+                verbose(format_args!("attach: driver callbacks: {why}"));
+                self.only_our_driver_api();
+                self.enable_driver_api(outbox);
+            }
+            return self.enable_activity().inspect_err(|_| self.stop_calls());
+        }
+        if calls.as_deref() == Some("debug")
+            && let Err(why) = self.subscribe_calls()
+        {
+            verbose(format_args!("attach: driver callbacks: {why}"));
+        }
         let way = env::var(env::DRIVER_API).map(|way| way.to_string_lossy().into_owned());
         match way.as_deref() {
             Some("functions") => self.take(false, outbox),
             Some("all") => {
                 self.register_callbacks(false)?;
-                self.enable_activity()?;
                 let rc = self.enable(activity_kind::DRIVER, true);
                 verbose(format_args!("attach: cuptiActivityEnable(DRIVER) {rc}"));
                 if rc == CUPTI_SUCCESS {
@@ -251,16 +303,85 @@ impl Session {
                 } else {
                     self.enable_driver_api(outbox);
                 }
-                Ok(())
+                self.enable_activity().inspect_err(|_| self.stop_calls())
             }
             _ => {
                 self.register_callbacks(false)?;
-                self.enable_activity()?;
                 self.only_our_driver_api();
                 self.enable_driver_api(outbox);
-                Ok(())
+                self.enable_activity().inspect_err(|_| self.stop_calls())
             }
         }
+    }
+
+    /// Subscribes [`crate::calls::on_driver_call`] to the driver functions that issue GPU
+    /// work ([`cbids::LINKED_DRIVER_FUNCTIONS`]).
+    fn subscribe_calls(&'static self) -> Result<(), String> {
+        let (Some(subscribe), Some(enable)) = (self.cupti.subscribe, self.cupti.enable_callback)
+        else {
+            return Err("no cuptiSubscribe or cuptiEnableCallback".into());
+        };
+        let mut handle: Subscriber = std::ptr::null_mut();
+        let user = &self.calls_clock as *const crate::calls::Clock as *mut c_void;
+        // SAFETY: a plain function valid for the life of the process; the session's clock too.
+        let rc = unsafe {
+            subscribe(
+                &mut handle,
+                crate::calls::on_driver_call as *const c_void,
+                user,
+            )
+        };
+        if rc != CUPTI_SUCCESS {
+            return Err(format!("cuptiSubscribe: {}", self.cupti.result_string(rc)));
+        }
+        *self.calls.lock().unwrap_or_else(|e| e.into_inner()) = handle as usize;
+        let refused = cbids::LINKED_DRIVER_FUNCTIONS
+            .iter()
+            // SAFETY: a plain setting of this subscriber.
+            .filter(|&&(_, cbid)| unsafe {
+                enable(1, handle, crate::calls::DOMAIN_DRIVER_API, cbid)
+            } != CUPTI_SUCCESS)
+            .count();
+        verbose(format_args!(
+            "attach: driver callbacks on, {refused} refused"
+        ));
+        Ok(())
+    }
+
+    /// After a failed start: the callbacks and the driver calls' records off again.
+    fn stop_calls(&self) {
+        self.unsubscribe_calls();
+        if self.driver_kind.swap(false, Ordering::SeqCst) {
+            self.enable(activity_kind::DRIVER, false);
+        }
+    }
+
+    /// Switches the driver callbacks off and unsubscribes; how many switches CUPTI
+    /// refused, `None` where there was no subscriber.
+    fn unsubscribe_calls(&self) -> Option<usize> {
+        let handle = std::mem::take(&mut *self.calls.lock().unwrap_or_else(|e| e.into_inner()));
+        if handle == 0 {
+            return None;
+        }
+        let handle = handle as Subscriber;
+        let mut refused = 0;
+        if let Some(enable) = self.cupti.enable_callback {
+            for &(_, cbid) in cbids::LINKED_DRIVER_FUNCTIONS {
+                // SAFETY: a plain setting of this subscriber.
+                if unsafe { enable(0, handle, crate::calls::DOMAIN_DRIVER_API, cbid) }
+                    != CUPTI_SUCCESS
+                {
+                    refused += 1;
+                }
+            }
+        }
+        if let Some(unsubscribe) = self.cupti.unsubscribe {
+            // SAFETY: the handle CUPTI gave.
+            if unsafe { unsubscribe(handle) } != CUPTI_SUCCESS {
+                refused += 1;
+            }
+        }
+        Some(refused)
     }
 
     /// Takes CUPTI back after another client let go: the clock first (the other client may

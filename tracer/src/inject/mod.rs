@@ -252,7 +252,13 @@ impl GpuInjection {
         ));
         // Ways to compare on a GPU, from cudatrace's own environment (the program's is
         // its own).
-        for name in ["CUDATRACE_INJECT_DRIVER_API", "CUDATRACE_INJECT_VERBOSE"] {
+        for name in [
+            "CUDATRACE_INJECT_DRIVER_API",
+            "CUDATRACE_INJECT_VERBOSE",
+            "CUDATRACE_INJECT_LATE_CALLS",
+            "CUDATRACE_INJECT_LATE_RUNTIME",
+            "CUDATRACE_INJECT_DEBUG_FILE",
+        ] {
             if let Some(value) = std::env::var_os(name) {
                 vars.push((name.into(), value));
             }
