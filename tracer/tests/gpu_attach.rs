@@ -167,6 +167,136 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
     );
 }
 
+/// `sh -c SCRIPT PROGRAM ARGS...` in a mount namespace of its own (`unshare --mount
+/// --propagation private`): SCRIPT mounts what the test wants, then `exec "$0" "$@"`.
+fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{script} && exec \"$0\" \"$@\""))
+        .arg(program)
+        .args(args);
+    command
+}
+
+/// A namespace link of a process (`/proc/PID/ns/KIND`).
+fn namespace(pid: &str, kind: &str) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
+}
+
+/// A process in a mount namespace of its own where nothing cudatrace writes can be seen (a
+/// fresh tmpfs over /tmp and /run: a container's view of them): the library goes in as an
+/// anonymous file, the control file too, and the window is as exact as in cudatrace's own
+/// namespace; the program ends by itself with its own code.
+#[test]
+fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
+    let Some(_root) = root() else { return };
+    let mut command = in_own_mount_namespace(
+        "mount -t tmpfs none /tmp && mount -t tmpfs none /run",
+        attach_loop(),
+        &["4000", "1000"],
+    );
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    assert_ne!(namespace(&pid.to_string(), "mnt"), namespace("self", "mnt"));
+    let trace_path = scratch("attach-mount-ns").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!("cudatrace: --gpu: attached to process {pid}:")),
+        "{said}"
+    );
+    // Nothing of cudatrace's in its /tmp and /run (where the run's own folder is, here).
+    for folder in ["tmp", "run"] {
+        let entries = std::fs::read_dir(format!("/proc/{pid}/root/{folder}"))
+            .unwrap()
+            .count();
+        assert_eq!(entries, 0, "/{folder}");
+    }
+    let name = |line: &str| {
+        line.split_whitespace()
+            .skip(5)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let library: std::collections::BTreeSet<String> = maps
+        .lines()
+        .filter(|line| line.contains("libcudatrace_inject"))
+        .map(name)
+        .collect();
+    assert_eq!(library.len(), 1, "{library:?}");
+    let library = library.into_iter().next().unwrap();
+    assert!(
+        library.starts_with("/memfd:libcudatrace_inject-") && library.ends_with(".so (deleted)"),
+        "{library}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_eq!(
+        trace[0]["gpu"]["library"],
+        json!(library.trim_end_matches(" (deleted)"))
+    );
+    let lines: Vec<&Value> = of_type(&trace, "library")
+        .into_iter()
+        .filter(|l| l["path"] == json!(library))
+        .collect();
+    assert_eq!(lines.len(), 1, "its probes' library line");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(code, 7, "{program_stderr}");
+    assert!(
+        rest.ends_with("done 4000 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+    assert_eq!(program_stderr, "");
+    assert_window(&trace_path, pid, "_Z9attach_mev");
+}
+
+/// A process whose root has no /proc (a tmpfs over it): it could not load the library
+/// from its anonymous file, so it is refused before anything is done to it, and `doctor
+/// -p` says so beforehand; the program ends as it would have.
+#[test]
+fn a_process_without_proc_in_its_root_is_refused_and_doctor_says_why() {
+    let Some(_root) = root() else { return };
+    let mut command = in_own_mount_namespace(
+        "mount -t tmpfs none /proc",
+        attach_loop(),
+        &["3000", "1000"],
+    );
+    // Without /proc the loader cannot find `$ORIGIN` (/proc/self/exe): the folder by name.
+    command.env("LD_LIBRARY_PATH", attach_loop().parent().unwrap());
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let why = format!(
+        "process {pid} has no /proc in its root (a container without one): the injection \
+         library goes in as an anonymous file, which the process loads through \
+         /proc/self/fd; mount /proc in its root, or start it under `cudatrace run --gpu`"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    let trace_path = scratch("attach-no-proc").join("trace.jsonl");
+    let output = attach(pid, &trace_path, &["--duration", "1s"]);
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("TracerPid:\t0\n"), "never seized");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
+}
+
 /// Every launch of the window: its kernel, linked by correlation id, or a counted reason.
 fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     let trace = read_trace(trace_path);
@@ -280,14 +410,16 @@ fn a_python_program_is_attached_the_same_way() {
 
 /// SIGKILL of cudatrace while a thread is stopped, once it points at the trampoline, and
 /// during the window: the program runs on to its own end each time (the kernel lets a
-/// dead tracer's threads go; the library stops recording once it finds cudatrace gone).
+/// dead tracer's threads go; a trampoline no one says go to closes its anonymous files
+/// and goes on without the library; the library stops recording once it finds cudatrace
+/// gone).
 #[test]
 fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
     let Some(_root) = root() else { return };
     // (phase, what the program says at its end of the stand-in libcupti)
     for (phase, recording) in [
         ("stopped", "recording -1"),
-        ("pointed", "recording 0"),
+        ("pointed", "recording -1"),
         ("window", "recording 0"),
     ] {
         // Long enough to outlive a killed cudatrace's exit (closing its probes takes a
