@@ -167,6 +167,108 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
     );
 }
 
+/// `tests/c/attach_fork.c`, built next to the stand-in libcuda.
+fn attach_fork() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let dir = &standin().dir;
+        cupti_standin();
+        let program = dir.join("attach-fork");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/attach_fork.c"),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN",
+        ]);
+        program
+    })
+}
+
+/// A child the attached process starts after the attach: its calls are traced (-p follows
+/// children), before and after its exec; the library does not follow it (a fork child's
+/// copy leaves CUPTI alone, the exec'd program has none), so it has no GPU lines, its 50
+/// launches are counted `not_recorded`, and stderr says so; the parent's window is exact.
+#[test]
+fn a_child_started_after_the_attach_is_traced_and_its_gpu_side_counted_not_recorded() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_fork());
+    command.args(["4000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-fork").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "3s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(code, 7, "{program_stderr}");
+    assert!(
+        rest.starts_with("child exited 5\ndone 4000 launches, 0 failed\nforked at "),
+        "{rest:?}"
+    );
+
+    let trace = read_trace(&trace_path);
+    let events = of_type(&trace, "process");
+    let forks: Vec<&&Value> = events.iter().filter(|e| e["event"] == "fork").collect();
+    assert_eq!(forks.len(), 1, "{events:?}");
+    assert_eq!(forks[0]["pid"], json!(pid));
+    let child = u(&forks[0]["child_pid"]) as u32;
+    let of_child: Vec<(&Value, &Value)> = events
+        .iter()
+        .filter(|e| e["pid"] == child)
+        .map(|e| (&e["event"], &e["filename"]))
+        .collect();
+    assert_eq!(
+        of_child,
+        [
+            (&json!("exec"), &json!("/proc/self/exe")),
+            (&json!("exit"), &Value::Null)
+        ]
+    );
+    // Its calls: 30 launches in the forked image, then the exec'd program's set-up and its
+    // 20 launches.
+    let calls: Vec<(&str, Option<u64>)> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["pid"] == child)
+        .map(|c| (c["name"].as_str().unwrap(), c["grid"][0].as_u64()))
+        .collect();
+    let set_up = [
+        "cuInit",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxSetCurrent",
+        "cuModuleLoadData",
+        "cuModuleGetFunction",
+    ];
+    let expected: Vec<(&str, Option<u64>)> = std::iter::repeat_n(("cuLaunchKernel", Some(7)), 30)
+        .chain(set_up.iter().map(|name| (*name, None)))
+        .chain(std::iter::repeat_n(("cuLaunchKernel", Some(9)), 20))
+        .collect();
+    assert_eq!(calls, expected);
+    assert!(
+        of_type(&trace, "gpu_kernel")
+            .iter()
+            .all(|k| k["pid"] == pid),
+        "no GPU line of the child"
+    );
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {child}, started after the attach, made 55 CUDA driver \
+             calls in the window: the injection library does not follow new processes (a fork \
+             child's copy leaves CUPTI alone, an exec'd program has none), so its launches, \
+             copies and memsets are counted not_recorded\n"
+        )),
+        "{said}"
+    );
+    // The parent's window as in the other tests, beside the child's 50 launches.
+    assert_window_beside(&trace_path, pid, "_Z9attach_mev", 50);
+}
+
 /// `sh -c SCRIPT PROGRAM ARGS...` in a mount namespace of its own (`unshare --mount
 /// --propagation private`): SCRIPT mounts what the test wants, then `exec "$0" "$@"`.
 fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Command {
@@ -299,12 +401,19 @@ fn a_process_without_proc_in_its_root_is_refused_and_doctor_says_why() {
 
 /// Every launch of the window: its kernel, linked by correlation id, or a counted reason.
 fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
+    assert_window_beside(trace_path, pid, mangled, 0);
+}
+
+/// [`assert_window`] for process `pid`'s launches, beside `others` launches of other
+/// processes (children started after the attach), every one of them counted
+/// `not_recorded`.
+fn assert_window_beside(trace_path: &Path, pid: u32, mangled: &str, others: u64) {
     let trace = read_trace(trace_path);
     assert_complete_with_losses(&trace);
     let footer = trace.last().unwrap();
     let launches: Vec<&Value> = of_type(&trace, "call")
         .into_iter()
-        .filter(|c| c["name"] == "cuLaunchKernel")
+        .filter(|c| c["name"] == "cuLaunchKernel" && c["pid"] == pid)
         .collect();
     let kernels = of_type(&trace, "gpu_kernel");
     assert!(launches.len() > 100, "{} launches", launches.len());
@@ -340,7 +449,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
         "one kernel line for each launch from the first recorded one"
     );
     let beyond = launches.len() - before - kernels.len();
-    let after_window = u(&issuing["calls"]) - launches.len() as u64;
+    let after_window = u(&issuing["calls"]) - launches.len() as u64 - others;
     assert!(
         beyond <= 5,
         "{beyond} launches with their kernel after the window"
@@ -348,6 +457,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     // The launches after the window were made while the library still recorded (until it
     // heard the window ended) or after: with work, or not recorded.
     let (with_work, not_recorded) = (u(&issuing["with_work"]), u(&issuing["not_recorded"]));
+    assert!(not_recorded >= others, "{issuing}");
     assert_eq!(
         (
             with_work + not_recorded,
@@ -358,7 +468,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     );
     let recorded_after = with_work - (kernels.len() + beyond) as u64;
     assert_eq!(
-        recorded_after + (not_recorded - before as u64),
+        recorded_after + (not_recorded - others - before as u64),
         after_window,
         "{issuing}"
     );
