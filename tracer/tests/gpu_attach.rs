@@ -269,6 +269,20 @@ fn a_child_started_after_the_attach_is_traced_and_its_gpu_side_counted_not_recor
     assert_window_beside(&trace_path, pid, "_Z9attach_mev", 50);
 }
 
+/// The anonymous files process `pid` holds open (their links in `/proc/PID/fd`), sorted.
+fn memfds(pid: u32) -> Vec<String> {
+    let mut links: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .map(|link| link.display().to_string())
+                .filter(|link| link.starts_with("/memfd:"))
+                .collect()
+        })
+        .unwrap_or_default();
+    links.sort();
+    links
+}
+
 /// `sh -c SCRIPT PROGRAM ARGS...` in a mount namespace of its own (`unshare --mount
 /// --propagation private`): SCRIPT mounts what the test wants, then `exec "$0" "$@"`.
 fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Command {
@@ -344,6 +358,8 @@ fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
         .filter(|l| l["path"] == json!(library))
         .collect();
     assert_eq!(lines.len(), 1, "its probes' library line");
+    // The trampoline closed both descriptors: nothing of cudatrace's in its file table.
+    assert_eq!(memfds(pid), Vec::<String>::new());
     let (code, rest, program_stderr) = target.finish();
     assert_eq!(code, 7, "{program_stderr}");
     assert!(
@@ -352,6 +368,52 @@ fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
     );
     assert_eq!(program_stderr, "");
     assert_window(&trace_path, pid, "_Z9attach_mev");
+}
+
+/// A process in a PID namespace of its own (`unshare --pid --fork --mount-proc`, as a
+/// container's): the library would find neither cudatrace nor its window's end by pid, so
+/// it is refused, saying what would work; `doctor -p` says so beforehand; the program ends
+/// as it would have.
+#[test]
+fn a_process_in_another_pid_namespace_is_refused_and_doctor_says_why() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new("unshare");
+    command
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(attach_loop())
+        .args(["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let unshare = target.pid();
+    let children =
+        std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+    let pid: u32 = children.trim().parse().unwrap();
+    assert_ne!(namespace(&pid.to_string(), "pid"), namespace("self", "pid"));
+    let why = format!(
+        "process {pid} runs in another PID namespace (a container): the injection library \
+         finds cudatrace, and its window's end, by pids the process cannot see; run it with \
+         the host's PID namespace (docker --pid=host) or start it under `cudatrace run --gpu`"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    let trace_path = scratch("attach-pid-ns").join("trace.jsonl");
+    let output = attach(pid, &trace_path, &["--duration", "1s"]);
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
 }
 
 /// A process whose root has no /proc (a tmpfs over it): it could not load the library
@@ -530,6 +592,7 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
     for (phase, recording) in [
         ("stopped", "recording -1"),
         ("pointed", "recording -1"),
+        ("handover", "recording -1"),
         ("window", "recording 0"),
     ] {
         // Long enough to outlive a killed cudatrace's exit (closing its probes takes a
@@ -567,6 +630,9 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
                 return std::fs::read_to_string(&trace_path)
                     .is_ok_and(|text| text.contains(r#""type":"gpu_kernel""#));
             }
+            if phase == "handover" {
+                return !memfds(pid).is_empty();
+            }
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
             !status.contains("TracerPid:\t0\n")
         };
@@ -580,6 +646,21 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
         }
         cudatrace.kill().unwrap();
         cudatrace.wait().unwrap();
+        if phase == "handover" {
+            // The trampoline, told nothing, closes its files after its wait and goes on.
+            let files = memfds(pid);
+            assert_eq!(files.len(), 2, "{files:?}");
+            assert_eq!(files[0], "/memfd:cudatrace_control (deleted)");
+            assert!(
+                files[1].starts_with("/memfd:libcudatrace_inject-")
+                    && files[1].ends_with(".so (deleted)"),
+                "{files:?}"
+            );
+            while !memfds(pid).is_empty() {
+                assert!(std::time::Instant::now() < deadline, "its files stay open");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         let (code, rest, program_stderr) = target.finish();
         assert_eq!(code, 7, "{phase}: {program_stderr}");
         assert!(

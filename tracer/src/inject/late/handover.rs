@@ -28,7 +28,7 @@ use std::{
 
 use super::{
     injected::InjectError,
-    ptrace::read_memory,
+    ptrace::{read_memory, test_pause},
     trampoline::{data, go_strings},
 };
 
@@ -96,6 +96,7 @@ pub fn hand_over(
             )));
         }
     }
+    test_pause("handover");
     let taken = take_copies(pid, library_fd as i32, control_fd as i32).map_err(&give_up)?;
     let (library_copy, control) = taken;
     let (library, path) = match library {

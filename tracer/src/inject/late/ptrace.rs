@@ -61,11 +61,12 @@ const STACK_SCAN: usize = 4096;
 
 /// Tests only: `PHASE:MS` makes the injection wait MS milliseconds at PHASE (`stopped`: a
 /// thread is stopped, not yet changed; `pointed`: its registers point at the trampoline,
-/// not yet let go), so a test can kill cudatrace there.
+/// not yet let go; `handover`: the trampoline made its files, nothing written into them),
+/// so a test can kill cudatrace there.
 const PAUSE_VAR: &str = "CUDATRACE_TEST_ATTACH_PAUSE";
 
 /// Waits where [`PAUSE_VAR`] asks to.
-fn test_pause(phase: &str) {
+pub(super) fn test_pause(phase: &str) {
     let Ok(value) = std::env::var(PAUSE_VAR) else {
         return;
     };
