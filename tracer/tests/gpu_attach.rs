@@ -416,6 +416,57 @@ fn a_process_in_another_pid_namespace_is_refused_and_doctor_says_why() {
     );
 }
 
+/// A process in a mount namespace of its own where the libcupti cudatrace would have the
+/// library load is not at its path (under a /tmp of cudatrace's own, hidden there by a
+/// tmpfs): refused before anything is done to it, saying what is needed; the program ends
+/// as it would have.
+#[test]
+fn a_process_whose_root_lacks_the_libcupti_is_refused() {
+    let Some(_root) = root() else { return };
+    let hidden = std::env::temp_dir().join(format!("cudatrace-cupti-{}", std::process::id()));
+    std::fs::create_dir_all(&hidden).unwrap();
+    let cupti = hidden.join("libcupti.so.13");
+    std::fs::copy(&cupti_standin().lib, &cupti).unwrap();
+    let mut command =
+        in_own_mount_namespace("mount -t tmpfs none /tmp", attach_loop(), &["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-no-cupti").join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+        .arg(&cupti)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .args(["-p", &pid.to_string(), "-o"])
+        .arg(&trace_path)
+        .args(["--duration", "1s"])
+        .output()
+        .unwrap();
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!(
+            "cudatrace: error: --gpu: cannot attach to process {pid}: libcupti {} is not at \
+             that path in its root (it runs in another mount namespace, a container), where \
+             the injection library would load it; pass --cupti with a libcupti at the same \
+             path in both roots, or let the program load its own first\n",
+            cupti.display()
+        )
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
+    std::fs::remove_dir_all(&hidden).unwrap();
+}
+
 /// A process whose root has no /proc (a tmpfs over it): it could not load the library
 /// from its anonymous file, so it is refused before anything is done to it, and `doctor
 /// -p` says so beforehand; the program ends as it would have.

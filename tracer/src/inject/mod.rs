@@ -198,6 +198,9 @@ pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuIn
             .map_err(|e| Failure::new(ExitCode::NoCupti, e))?
         }
     };
+    for &pid in pids {
+        reachable_from(pid, &cupti.path)?;
+    }
     let library = private_dir::write(true)
         .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
     let control = ControlFile::create(library.path.parent().unwrap_or(Path::new("/")))
@@ -221,6 +224,27 @@ pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuIn
         cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
         cuda_device_order: var("CUDA_DEVICE_ORDER"),
     })
+}
+
+/// `-p PID --gpu`: whether process `pid` can open `cupti` by that path from its own root
+/// (the library loads it there; a process in a container has a root of its own).
+fn reachable_from(pid: u32, cupti: &Path) -> Result<(), Failure> {
+    let relative = cupti.strip_prefix("/").unwrap_or(cupti);
+    let there = PathBuf::from(format!("/proc/{pid}/root")).join(relative);
+    // A process that is gone is refused later, with the other checks.
+    if there.is_file() || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        ExitCode::AttachRefused,
+        anyhow!(
+            "--gpu: cannot attach to process {pid}: libcupti {} is not at that path in its \
+             root (it runs in another mount namespace, a container), where the injection \
+             library would load it; pass --cupti with a libcupti at the same path in both \
+             roots, or let the program load its own first",
+            cupti.display()
+        ),
+    ))
 }
 
 /// A running process's environment (`/proc/PID/environ`), as it started.
