@@ -7,9 +7,11 @@
 //! Nothing is written into any filesystem: a process in another mount namespace (a
 //! container) gets the library the same way, provided its root has `/proc` mounted.
 //!
-//! After go, the trampoline says what `cudatrace_attach` returned; cudatrace waits for the
-//! library's thread to map the control file (by its `/proc/self/fd` path), then tells the
-//! trampoline to close both descriptors.
+//! After go, the trampoline says what `cudatrace_attach` returned; a thread of cudatrace's
+//! waits for the library's thread to map the control file (by its `/proc/self/fd` path),
+//! then tells the trampoline to close both descriptors. It is a thread, not the run's
+//! own: the library loads libcupti meanwhile, and cudatrace's discovery stops the process
+//! for that until the run serves the stop.
 //!
 //! The trampoline waits [`data::WAIT_TICKS`] time-stamp-counter ticks (2 s or more) for go,
 //! and as long for close; cudatrace writes into the block only within [`HANDOVER_BOUND`]
@@ -137,9 +139,39 @@ pub fn hand_over(
         .and_then(|()| memory.write_all_at(&settings, block_at + data::SETTINGS as u64))
         .and_then(|()| word(data::GO))
         .map_err(|e| give_up(format!("writing into the trampoline's block: {e}")))?;
+    // The rest waits on the process, whose library may be stopped meanwhile by this
+    // cudatrace's discovery (it opens libcupti): a thread of its own, while the run goes on
+    // and serves the stops.
+    let dlopened = String::from_utf8_lossy(&path[..path.len() - 1]).into_owned();
+    let closing = std::thread::Builder::new()
+        .name("cudatrace-close".into())
+        .spawn(move || {
+            if let Err(why) = close_after_start(pid, block_at, &memory, control_inode, &dlopened) {
+                eprintln!("cudatrace: warning: --gpu: process {pid}: {why}");
+            }
+        });
+    if let Err(e) = closing {
+        // The trampoline closes its files after its wait all the same.
+        eprintln!(
+            "cudatrace: warning: --gpu: process {pid}: cannot start the thread that waits \
+             for its library ({e}); the trampoline closes its files after its own wait"
+        );
+    }
+    Ok(())
+}
+
+/// After go: waits for the trampoline to say what `cudatrace_attach` returned and for the
+/// library's thread to map the control file (by its inode in the maps), then lets the
+/// trampoline close both files. Writes into the block only within [`HANDOVER_BOUND`] of
+/// go, the trampoline waiting longer.
+fn close_after_start(
+    pid: u32,
+    block_at: u64,
+    memory: &File,
+    control_inode: u64,
+    dlopened: &str,
+) -> Result<(), String> {
     let go_at = Instant::now();
-    // From here the trampoline waits at most CLOSE_WAITS ms for the word to close its
-    // files; it is written within half of that, or not at all.
     let in_time = || go_at.elapsed() < HANDOVER_BOUND;
     let status = loop {
         let mut status = [0u8; 8];
@@ -150,11 +182,12 @@ pub fn hand_over(
             }
         }
         if !in_time() {
-            return Err(InjectError::Handover(format!(
-                "the library did not start within {HANDOVER_BOUND:?}; the trampoline goes on \
-                 by itself ({} time-stamp-counter ticks after the call)",
+            return Err(format!(
+                "its library did not return from its start within {HANDOVER_BOUND:?}; the \
+                 trampoline closes its files by itself ({} time-stamp-counter ticks after \
+                 the call)",
                 data::WAIT_TICKS
-            )));
+            ));
         }
         std::thread::sleep(Duration::from_micros(100));
     };
@@ -165,18 +198,15 @@ pub fn hand_over(
         }
     }
     if in_time() {
-        let _ = word(data::CLOSE);
+        let _ = memory.write_all_at(&data::CLOSE.to_le_bytes(), block_at + data::WORD as u64);
     }
     match status {
         0 => Ok(()),
-        data::NO_LIBRARY => Err(InjectError::Handover(format!(
-            "the process's dlopen of {} returned NULL",
-            String::from_utf8_lossy(&path[..path.len() - 1])
-        ))),
-        data::NO_SYMBOL => Err(InjectError::Handover(
-            "the library loaded has no cudatrace_attach".into(),
+        data::NO_LIBRARY => Err(format!(
+            "its dlopen of {dlopened} returned NULL: no GPU recording there"
         )),
-        other => Err(InjectError::Handover(format!(
+        data::NO_SYMBOL => Err("the library it loaded has no cudatrace_attach".into()),
+        other => Err(format!(
             "cudatrace_attach returned {}: {}",
             other as i64,
             match other {
@@ -184,7 +214,7 @@ pub fn hand_over(
                 2 => "another attach is starting it",
                 _ => "not started",
             }
-        ))),
+        )),
     }
 }
 
