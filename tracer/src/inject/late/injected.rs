@@ -6,6 +6,8 @@ use std::time::Duration;
 /// How the trampoline was started, and what it cost the thread.
 #[derive(Debug)]
 pub struct Injected {
+    /// Where the trampoline's data block is (on that thread's stack).
+    pub block_at: u64,
     pub tid: u32,
     /// The system call the thread was in (its name).
     pub syscall: &'static str,
@@ -37,4 +39,6 @@ pub enum InjectError {
     },
     #[error("{0}")]
     Trampoline(String),
+    #[error("handing the library over: {0}")]
+    Handover(String),
 }
