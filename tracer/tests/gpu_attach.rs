@@ -161,8 +161,11 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
     assert_eq!(means.len(), 40, "{rest}");
     let before = means[0];
     let after = means[means.len() - 5..].iter().min().copied().unwrap();
+    // A probe left behind costs its trap on every launch (11 to 20 µs a uprobe on this
+    // VM, against a few hundred ns a launch): the bound leaves room for a loaded machine
+    // (this suite's other attaches run beside it) and none for a trap.
     assert!(
-        after <= 2 * before + 200,
+        after <= 4 * before + 2_000,
         "launches took {before} ns before the attach, {after} ns after it: {means:?}"
     );
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// How the trampoline was started, and what it cost the thread.
 #[derive(Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Injected {
     /// Where the trampoline's data block is (on that thread's stack).
     pub block_at: u64,
