@@ -89,7 +89,8 @@ fn today() -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// The records kept, host first, then by kernel, newest first.
+/// The records kept: the host first, then CI's guests, then those kept in the repository,
+/// by kernel, newest first.
 fn records(root: &Path) -> Result<Vec<Record>> {
     let mut records = Vec::new();
     let dir = dir(root);
@@ -114,6 +115,7 @@ fn records(root: &Path) -> Result<Vec<Record>> {
         let version: Vec<u32> = r.kernel.split('.').filter_map(|p| p.parse().ok()).collect();
         (
             r.place != "host",
+            r.ran.is_some(),
             r.arch.clone(),
             std::cmp::Reverse(version),
         )
