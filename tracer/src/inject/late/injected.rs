@@ -7,8 +7,6 @@ use std::time::Duration;
 #[derive(Debug)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Injected {
-    /// Where the trampoline's data block is (on that thread's stack).
-    pub block_at: u64,
     pub tid: u32,
     /// The system call the thread was in (its name).
     pub syscall: &'static str,
@@ -40,6 +38,4 @@ pub enum InjectError {
     },
     #[error("{0}")]
     Trampoline(String),
-    #[error("handing the library over: {0}")]
-    Handover(String),
 }
