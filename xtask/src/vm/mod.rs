@@ -53,8 +53,8 @@ pub const TEST_TARGETS: &[(&str, &[&str])] = &[
     ("limits", &["5.10", "6.12"]),
     ("gpu_transport", &["5.10", "6.1"]),
     ("run", &["5.10", "6.1", ARM64, ARM64_NEW]),
-    ("run_modes", &["5.10", "6.1"]),
-    ("functions", &["5.10", "6.1"]),
+    ("run_modes", &["5.10"]),
+    ("functions", &["5.10"]),
     ("discovery", &["5.10", "6.1", ARM64, ARM64_NEW]),
     // Last on arm64: a stacks test that waits for a trace hangs where cudatrace fails, and
     // would take run's and discovery's time with it.
