@@ -461,6 +461,7 @@ mod pod {
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for NamePattern {}
     unsafe impl aya::Pod for stacks::PyProcess {}
+    unsafe impl aya::Pod for attach::PendingChild {}
 }
 
 #[cfg(test)]

@@ -9,7 +9,10 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes,
+    },
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -231,8 +234,12 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Option<()> {
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     // A child that ran and ends without having been seen in its own context got neither
-    // its registration nor its stop: its calls may be missing, and that is counted.
-    if PENDING_CHILD.remove(&kernel_tid()).is_ok() {
+    // its registration nor its stop: its calls may be missing, and that is counted. A
+    // pending child is a process's first thread: other threads' exits skip the map.
+    let kernel_ids = bpf_get_current_pid_tgid();
+    if kernel_ids as u32 == (kernel_ids >> 32) as u32
+        && PENDING_CHILD.remove(&(kernel_ids as u32)).is_ok()
+    {
         bump(counter::CHILD_UNSEEN);
     }
     let (tgid, tid) = current_ids()?;

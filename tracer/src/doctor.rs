@@ -181,12 +181,13 @@ fn cookie_check(release: &str) -> Result<String> {
 /// gets its own probes (`probes::programs::ChildHook`).
 fn fork_child_check() -> Result<String> {
     let tracefs = tracefs()?;
-    let event = |path: &str| tracefs.join("events").join(path).is_dir();
-    match ChildHook::chosen()? {
-        ChildHook::SyscallExit if event("syscalls/sys_exit_clone") => {
+    let hook = ChildHook::chosen()?;
+    let available = hook.available(&tracefs);
+    match hook {
+        ChildHook::SyscallExit if available => {
             Ok("caught at its clone's return (syscalls:sys_exit_clone)".into())
         }
-        ChildHook::Rseq if event("rseq/rseq_update") => Ok(
+        ChildHook::Rseq if available => Ok(
             "caught at its first rseq:rseq_update (arm64's way: a fork child there returns \
              without the syscall exit); a child whose parent registered no restartable \
              sequence (glibc before 2.35) is not, and is counted as lost child_unseen"

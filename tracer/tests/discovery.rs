@@ -423,6 +423,79 @@ fn a_child_without_a_restartable_sequence_is_counted_child_unseen() {
     in_a_pid_namespace(Some("rseq-off"));
 }
 
+/// A child still running when tracing ends, never caught in its own context, is counted
+/// at the end (the kernel counts only those that end while traced). It must be named in
+/// cudatrace's pid namespace, and never execs (an exec catches it); `--duration` ends the
+/// trace while it sleeps.
+#[test]
+fn a_child_running_at_the_end_and_never_caught_is_counted_child_unseen() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("pidns-alive");
+    for (hook, unseen) in [("none", 1), ("syscall_exit", 0)] {
+        let trace_path = dir.join(format!("{hook}.jsonl"));
+        let output = Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", CUDATRACE, "run", "-q"])
+            .args(["--duration", "2s", "-o"])
+            .arg(&trace_path)
+            // Perl (Debian's essential perl-base): a fork without an exec, no wrapper.
+            .args(["--", "perl", "-e"])
+            .arg("if (fork() == 0) { sleep 6; exit 0 } sleep 6")
+            .env(CHILD_HOOK, hook)
+            .output()
+            .expect("running unshare");
+        assert_eq!(output.status.code(), Some(0), "{hook}: {}", stderr(&output));
+        let trace = read_trace(&trace_path);
+        // The field is written when not 0 (docs/trace-format.md).
+        let written = (unseen > 0).then_some(unseen);
+        assert_eq!(
+            footer(&trace)["lost"]["child_unseen"],
+            json!(written),
+            "{hook}"
+        );
+        assert_eq!(footer(&trace)["lost"]["total"], unseen, "{hook}");
+        let lost: Vec<_> = trace
+            .iter()
+            .filter(|l| l["type"] == "lost")
+            .map(|l| (l["reason"].clone(), l["count"].clone()))
+            .collect();
+        let expected = if unseen == 0 {
+            vec![]
+        } else {
+            vec![(json!("child_unseen"), json!(unseen))]
+        };
+        assert_eq!(lost, expected, "{hook}");
+        // Caught: named here, its fork reported.
+        assert_eq!(
+            trace.iter().filter(|l| l["event"] == "fork").count(),
+            1 - unseen as usize,
+            "{hook}"
+        );
+    }
+}
+
+/// `CUDATRACE_CHILD_HOOK` is a test switch, but a bad value is a usage error (exit 2) said
+/// before anything is traced.
+#[test]
+fn a_bad_child_hook_is_a_usage_error() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("bad-hook");
+    let trace_path = dir.join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "-o"])
+        .arg(&trace_path)
+        .args(["--", "true"])
+        .env(CHILD_HOOK, "clone")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("CUDATRACE_CHILD_HOOK=clone: expected syscall_exit, rseq or none"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!trace_path.exists());
+}
+
 /// `loader fork` under `unshare --pid`, cudatrace the namespace's pid 1; `hook` as in
 /// [`fork_child_calling_at_once`]; `none`: the child is not caught; `rseq-off`: `rseq`
 /// with the processes' restartable sequences off.

@@ -15,7 +15,9 @@ use aya::{
         Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, RingBuf,
     },
 };
-use tracer_common::{MAX_PATTERNS, NamePattern, PATTERN_LEN, ProbeSpec, SLOT_MASK, counter};
+use tracer_common::{
+    MAX_PATTERNS, NamePattern, PATTERN_LEN, PendingChild, ProbeSpec, SLOT_MASK, counter,
+};
 
 use super::plan::Plan;
 
@@ -325,13 +327,33 @@ impl Counters {
 /// Reads the per-CPU counters.
 pub struct CounterReader {
     map: PerCpuArray<MapData, u64>,
+    /// Fork children not yet caught in their own context (`tracer-ebpf/src/process.rs`).
+    pending_children: BpfHashMap<MapData, u32, PendingChild>,
 }
+
+/// A fork child still waiting to be caught this long after its creation has run without
+/// its hook (a new task runs within milliseconds): [`CounterReader::children_unseen`].
+const CHILD_UNSEEN_AFTER_NS: u64 = 1_000_000_000;
 
 impl CounterReader {
     pub fn take(bpf: &mut Ebpf) -> Result<Self> {
         Ok(Self {
             map: take(bpf, "COUNTERS")?,
+            pending_children: take(bpf, "PENDING_CHILD")?,
         })
+    }
+
+    /// The fork children that are still running at the end of tracing and were never
+    /// caught in their own context: those that end while traced are counted by the kernel
+    /// (`child_unseen`), these only here. A child created in the last second may not have
+    /// run yet, and is not counted.
+    pub fn children_unseen(&self) -> u64 {
+        let now = crate::clock::monotonic_ns();
+        self.pending_children
+            .iter()
+            .filter_map(|entry| entry.ok())
+            .filter(|(_, child)| now.saturating_sub(child.ts_ns) >= CHILD_UNSEEN_AFTER_NS)
+            .count() as u64
     }
 
     pub fn read(&self) -> Result<Counters> {

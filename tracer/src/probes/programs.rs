@@ -78,6 +78,21 @@ impl ChildHook {
             }
         }
     }
+
+    /// The tracepoint (`group/event`) this hook attaches to, if any.
+    pub fn event(self) -> Option<&'static str> {
+        match self {
+            ChildHook::SyscallExit => Some("syscalls/sys_exit_clone"),
+            ChildHook::Rseq => Some("rseq/rseq_update"),
+            ChildHook::None => None,
+        }
+    }
+
+    /// Whether this kernel has the hook's tracepoint (under `tracefs`).
+    pub fn available(self, tracefs: &std::path::Path) -> bool {
+        self.event()
+            .is_some_and(|event| tracefs.join("events").join(event).is_dir())
+    }
 }
 
 /// Attaches library discovery and the child stops: the exits of `open`, `openat` and
@@ -151,7 +166,7 @@ pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path, quiet: bool) 
 /// such children are not stopped for their own probes: said once, and each one that ends
 /// so is counted (`child_unseen`).
 fn attach_child_rseq(bpf: &mut Ebpf, tracefs: &std::path::Path, quiet: bool) -> Result<()> {
-    if !tracefs.join("events/rseq/rseq_update").is_dir() {
+    if !ChildHook::Rseq.available(tracefs) {
         if !quiet {
             eprintln!(
                 "cudatrace: WARNING: this kernel has no rseq:rseq_update tracepoint: on {} a \

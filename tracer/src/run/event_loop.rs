@@ -351,7 +351,9 @@ impl Tracing {
         not_drained: NotDrained,
     ) -> Result<()> {
         pipeline.finish()?;
-        pipeline.account_losses(self.counters.read()?, not_drained)?;
+        let mut kernel = self.counters.read()?;
+        kernel.child_unseen += self.counters.children_unseen();
+        pipeline.account_losses(kernel, not_drained)?;
         if let Some(feed) = power.take() {
             *power = Some(feed.finish(|lines| pipeline.power(lines)).await?);
         }

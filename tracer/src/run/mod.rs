@@ -239,6 +239,8 @@ fn check(args: &RunArgs) -> Result<(), Failure> {
     }
     window::check(args.start_at, args.duration)
         .map_err(|e| Failure::new(ExitCode::Usage, anyhow!(e)))?;
+    // A test switch, but a bad value is still the caller's mistake.
+    crate::probes::programs::ChildHook::chosen().map_err(|e| Failure::new(ExitCode::Usage, e))?;
     if args.gpu {
         inject::check_usage(!args.command.is_empty(), &args.pids, args.all)?;
         if args.pids.is_empty() {
