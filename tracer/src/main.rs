@@ -25,6 +25,7 @@ mod keeper;
 mod kernel_hooks;
 mod merge;
 mod output_file;
+mod phases;
 mod plot;
 mod power;
 mod privileges;

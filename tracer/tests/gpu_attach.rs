@@ -113,8 +113,17 @@ fn attach(pid: u32, trace: &Path, extra: &[&str]) -> Output {
         .arg("-o")
         .arg(trace)
         .args(extra)
+        // Each phase's time on stderr (`cudatrace-phase NAME ...`): checked below.
+        .env("CUDATRACE_PHASES", "1")
         .output()
         .expect("running cudatrace")
+}
+
+/// The phases `CUDATRACE_PHASES=1` said, in order (`tracer/src/phases.rs`).
+fn phases(said: &str) -> Vec<&str> {
+    said.lines()
+        .filter_map(|line| line.strip_prefix("cudatrace-phase ")?.split(' ').next())
+        .collect()
 }
 
 fn of_type<'a>(trace: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -791,6 +800,27 @@ fn a_python_program_is_attached_with_its_stacks() {
         assert_no_probe_outlives(|| attach(pid, &trace_path, &["--stacks", "--duration", "5s"]));
     let said = stderr(&output);
     assert_eq!(output.status.code(), Some(0), "{said}");
+    // Where attach and detach take their time (workloads/attach_gpu.sh reads these).
+    assert_eq!(
+        phases(&said),
+        [
+            "prepared",
+            "object_loaded",
+            "uprobe_multi_copies_loaded",
+            "loaded",
+            "libraries_attached",
+            "tracking_attached",
+            "probes_attached",
+            "spawned",
+            "tracing_stopped",
+            "late_starts_ended",
+            "probes_detached",
+            "settled",
+            "links_closed",
+            "finished"
+        ],
+        "{said}"
+    );
     let (code, rest, _) = target.finish();
     assert_eq!((code, rest.as_str()), (5, "done 5000 launches, 0 failed\n"));
     let trace = read_trace(&trace_path);

@@ -59,9 +59,11 @@ impl LoadedObject {
     /// apart.
     pub fn load(options: &LoadOptions) -> Result<Self> {
         let mut bpf = object::load(options)?;
+        crate::phases::reached("object_loaded");
         // The uprobe_multi copies of the programs are relocated against the object's maps:
         // loaded before any map is taken out.
         let uprobe_multi = MultiPrograms::load(&bpf);
+        crate::phases::reached("uprobe_multi_copies_loaded");
         let stacks = match options.stacks {
             Some(_) => Some(StackMaps {
                 // Tail-called by the call programs of the same kind only.

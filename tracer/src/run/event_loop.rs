@@ -145,9 +145,13 @@ pub async fn event_loop(
     if !all_gone {
         tracing.trace(pipeline, power).await?;
     }
+    crate::phases::reached("tracing_stopped");
     tracing.end_late_starts(pipeline, &late).await?;
+    crate::phases::reached("late_starts_ended");
     let not_drained = tracing.detach_and_drain(pipeline)?;
+    crate::phases::reached("probes_detached");
     tracing.settle(pipeline, power, not_drained).await?;
+    crate::phases::reached("settled");
     let Tracing {
         signals,
         exits,

@@ -86,6 +86,7 @@ use crate::{
 
 /// Runs `cudatrace run` and returns the process exit code.
 pub fn run(args: RunArgs) -> Result<i32, Failure> {
+    crate::phases::begin();
     check(&args)?;
     let Options {
         prepare,
@@ -98,6 +99,7 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         power,
         command,
     } = prepare::prepare(&prepare)?;
+    crate::phases::reached("prepared");
     let inputs = output::inputs(&libraries, &command, power.as_ref());
     let user = command.user.as_ref();
     let mut trace = Trace::open(output.as_deref(), start.gpu, user, power.as_ref(), &inputs)?;
@@ -107,7 +109,9 @@ pub fn run(args: RunArgs) -> Result<i32, Failure> {
         Ok(started) => trace_until_end(started, &mut trace, quiet),
         Err(failure) => (Err(failure), Figures::default()),
     };
-    finish::finish(&finish, command, trace, traced, figures)
+    let code = finish::finish(&finish, command, trace, traced, figures);
+    crate::phases::reached("finished");
+    code
 }
 
 /// The flags, read once into what each phase needs.
@@ -323,6 +327,7 @@ fn trace_until_end(
     let ended = runtime.block_on(event_loop(&mut pipeline, sources, &mut power, quiet));
     let stages = pipeline.figures();
     let attached = attaching.close();
+    crate::phases::reached("links_closed");
     let power = power.and_then(PowerFeed::figures);
     let outcome = match ended {
         Ok(outcome) => outcome,

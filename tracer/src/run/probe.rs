@@ -19,7 +19,7 @@ use crate::{
         maps::{CounterReader, NamePatterns},
         object::{LoadOptions, StackOptions},
         plan::{FunctionSelection, MissingProbes},
-        programs,
+        programs::{self, TracepointLinks},
         stops::Stops,
         tracefs,
     },
@@ -88,6 +88,7 @@ pub fn probe(
     libraries: Vec<FoundLibrary>,
 ) -> Result<Probed, (Failure, Option<AttachInfo>)> {
     let loaded = load(options, targets).map_err(|e| (e, None))?;
+    crate::phases::reached("loaded");
     let LoadedObject {
         bpf,
         uprobe_multi,
@@ -117,6 +118,7 @@ pub fn probe(
     let before = attaching.attach_info();
     let (start_ids, mut lines) = attach_start(options, &mut attaching, &mut names, libraries)
         .map_err(|failure| (failure, Some(before)))?;
+    crate::phases::reached("libraries_attached");
     // What the start libraries' attaching decided (some symbols may have gone to
     // per-symbol links, some functions been refused).
     let attach = attaching.attach_info();
@@ -129,6 +131,7 @@ pub fn probe(
         &mut lines,
     )
     .map_err(|failure| (failure, Some(attach.clone())))?;
+    crate::phases::reached("tracking_attached");
     let interpreter_lines = match &mut stacks {
         Some(stacks) => interpreters_at_start(stacks, &attaching, targets),
         None => Vec::new(),
@@ -235,9 +238,11 @@ fn attach_tracking(
     start_ids: &[u32],
     lines: &mut Vec<LibraryLine>,
 ) -> Result<Option<KernelHooksInfo>, Failure> {
-    programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
+    let links = programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
+    attaching.keep_tracepoint_links(links);
     let tracefs = tracefs::tracefs().map_err(internal)?;
-    programs::attach_discovery(attaching.bpf(), &tracefs, quiet).map_err(internal)?;
+    let links = programs::attach_discovery(attaching.bpf(), &tracefs, quiet).map_err(internal)?;
+    attaching.keep_tracepoint_links(links);
     for pid in &targets.pids {
         attaching.trace_pid(*pid).map_err(internal)?;
     }
@@ -296,8 +301,10 @@ fn attach_kernel_hooks(
     if plan.mechanism == "kprobe" && helpers::supported(func_ip) == Ok(false) {
         anyhow::bail!(helpers::refusal(func_ip, &helpers::kernel_release()));
     }
+    let mut links = TracepointLinks::default();
+    let functions = kernel_hooks::attach(attaching.bpf(), &plan, &mut links)?;
+    attaching.keep_tracepoint_links(links);
     let bpf = attaching.bpf();
-    let functions = kernel_hooks::attach(bpf, &plan)?;
     for pid in pids {
         kernel_hooks::seed_open_fds(bpf, *pid, device_prefix)?;
     }

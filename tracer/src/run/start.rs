@@ -114,6 +114,7 @@ pub fn start(
             return Err(failure);
         }
     };
+    crate::phases::reached("probes_attached");
     if late {
         window_filter = window.as_ref().map(|asked| place(asked, &Clocks::now()));
     }
@@ -134,6 +135,7 @@ pub fn start(
         runtime,
         watches,
     } = spawned;
+    crate::phases::reached("spawned");
     write_header(writer, &base, &probed, &pids, window.as_ref())?;
     // The sampler starts before the command does: its first samples are the GPUs' power
     // before the command touched them.
