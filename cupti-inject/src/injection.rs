@@ -89,6 +89,9 @@ impl Injection {
         self.late.store(true, Ordering::SeqCst);
         if first {
             self.outbox.open(Sender::new(Uprobe, debug_file()));
+        } else if let Some(sender) = self.outbox.lock().as_mut() {
+            // This attach's cudatrace has seen none of the names the last one was sent.
+            sender.forget_names();
         }
         // CUPTI is set up on a thread of the library's own, which then flushes: the
         // program's thread that called here goes back to its work at once.

@@ -90,6 +90,13 @@ impl<S: Sink> Sender<S> {
         id
     }
 
+    /// A new reader (a later attach's cudatrace) knows no name yet: each is sent again, with
+    /// its NAME record, the next time a kernel carries it. What is queued goes out first.
+    pub fn forget_names(&mut self) {
+        self.flush();
+        self.names.clear();
+    }
+
     /// Writes `record` to the debug file only (diagnostics: records cudatrace does not read).
     pub fn debug_only(&mut self, record: &GpuRecord) {
         self.debug_line(record, None);
@@ -200,6 +207,37 @@ mod tests {
             correlation_id,
             ..GpuRecord::default()
         }
+    }
+
+    /// A later attach's reader knows no name: after `forget_names` each goes again before
+    /// its first kernel, ids from 1.
+    #[test]
+    fn names_go_again_to_a_new_reader() {
+        let mut sender = Sender::new(Recorder::default(), None);
+        let (a, b) = (c"kernel_a", c"kernel_b");
+        unsafe {
+            sender.push_kernel(kernel(1), a.as_ptr());
+            sender.push_kernel(kernel(2), b.as_ptr());
+            sender.forget_names();
+            sender.push_kernel(kernel(3), b.as_ptr());
+            sender.push_kernel(kernel(4), a.as_ptr());
+        }
+        sender.flush();
+        let batches = &sender.sink().batches;
+        assert_eq!(batches.len(), 2);
+        let second: Vec<(u32, u32, u32, Option<&[u8]>)> = batches[1]
+            .iter()
+            .map(|(r, t)| (r.what, r.name_id, r.correlation_id, t.as_deref()))
+            .collect();
+        assert_eq!(
+            second,
+            vec![
+                (gpu_record::NAME, 1, 0, Some(&b"kernel_b"[..])),
+                (gpu_record::KERNEL, 1, 3, None),
+                (gpu_record::NAME, 2, 0, Some(&b"kernel_a"[..])),
+                (gpu_record::KERNEL, 2, 4, None),
+            ]
+        );
     }
 
     #[test]

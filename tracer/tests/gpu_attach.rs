@@ -616,6 +616,15 @@ fn a_second_attach_reuses_the_library_already_loaded() {
             "{round}: {issuing}"
         );
         assert_eq!(of_type(&trace, "gpu_info").len(), 1, "{round}");
+        // Each window's kernels are named: the second cudatrace is sent the names again
+        // (it knows none the first was sent).
+        for kernel in &kernels {
+            assert_eq!(
+                kernel["kernel_mangled"],
+                json!("_Z9attach_mev"),
+                "{round}: {kernel}"
+            );
+        }
         correlation_ids.push(u(&kernels[0]["correlation_id"]));
     }
     // One library, one CUPTI: the second window's ids go on from the first's.
