@@ -9,9 +9,13 @@ Modes:
           iteration, synchronised at its end;
   gpt2    GPT-2 decode (4 layers, random weights, no hub), one token per iteration with the
           KV cache, synchronised at its end; cuDNN's SDPA off (FACTS: it rebuilds a plan per
-          KV length), the context reset every 200 tokens.
+          KV length), the context reset every 200 tokens;
+  launch  the launch loop: 200 `x.add_(1)` on a small tensor per iteration, synchronised at
+          its end (launch-bound: an iteration's time is 200 launches).
 
-Usage: python3 attach_target.py train|gpt2 --seconds 30 --out FILE
+Usage: python3 attach_target.py train|gpt2|launch --seconds 30 --out FILE [--device N]
+
+--device N: the CUDA device to run on (default 0).
 """
 
 import argparse
@@ -72,13 +76,26 @@ def gpt2_step_factory():
     return step
 
 
+def launch_step_factory():
+    x = torch.zeros(16, device="cuda")
+
+    def step():
+        for _ in range(200):
+            x.add_(1)
+
+    return step
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["train", "gpt2"])
+    parser.add_argument("mode", choices=["train", "gpt2", "launch"])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args()
-    step = train_step_factory() if args.mode == "train" else gpt2_step_factory()
+    torch.cuda.set_device(args.device)
+    factories = {"train": train_step_factory, "gpt2": gpt2_step_factory, "launch": launch_step_factory}
+    step = factories[args.mode]()
     for _ in range(20):
         step()
     torch.cuda.synchronize()

@@ -676,8 +676,11 @@ pub const IDENT_PER_FRAME_ENV: &str = "CUDATRACE_STACKS_IDENT_PER_FRAME";
 /// `tp_dealloc`'s offset in `PyTypeObject` (64-bit, 3.10 to 3.14).
 const TP_DEALLOC: u64 = 48;
 
-/// Tries of the check on the live process before a layout is refused.
-const CHECK_TRIES: usize = 3;
+/// Tries of the check on the live process before a layout is refused. A busy program's
+/// stacks move under the check's reads (it walks every thread's frames): a PyTorch training
+/// loop on the H200 failed 3 tries in a row in 2 of 3 attaches (run p1, 2026-11-27), while
+/// a wrong layout fails every try. A try takes about a millisecond.
+const CHECK_TRIES: usize = 16;
 
 /// What a layout is made with beyond the file.
 #[derive(Clone, Copy)]
@@ -872,7 +875,7 @@ fn check_with_tries(memory: &File, py: &PyProcess, types: &Types) -> Result<Chec
         if result.is_ok() {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(std::time::Duration::from_millis(2));
         result = check::check(memory, py, types);
     }
     result.map_err(|why| format!("its layout fails the check on the live process: {why}"))
