@@ -286,6 +286,84 @@ fn memfds(pid: u32) -> Vec<String> {
     links
 }
 
+/// The descriptors of process `pid` open on anonymous files, with their links, by number.
+fn memfd_descriptors(pid: u32) -> Vec<(u32, String)> {
+    let mut found: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let link = std::fs::read_link(entry.path()).ok()?.display().to_string();
+            let number = entry.file_name().to_str()?.parse().ok()?;
+            link.starts_with("/memfd:").then_some((number, link))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Where the library's descriptor goes in process `pid`: 1000, or three quarters of its
+/// soft limit of open files where that is lower (`target::library_fd_floor`).
+fn library_fd_floor(pid: u32) -> u32 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: u32 = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    1000.min(soft * 3 / 4)
+}
+
+/// After an attach and its window, the dynamic loader's name for the library (what
+/// `dladdr` answers, `/proc/self/fd/N`) still opens to the library: N is the one anonymous
+/// file cudatrace leaves open, at the floor (1000, or 3/4 of the soft limit of open
+/// files), close-on-exec; the control file's descriptor is closed; the program's own
+/// `open` afterwards gets its low number (3), not the library's. Before, the trampoline
+/// closed N as well, and the loader's name then named whatever the program opened next
+/// (here /dev/null).
+#[test]
+fn the_loaders_name_for_the_library_still_names_it_after_the_window() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command
+        .args(["3000", "1000"])
+        .env("ATTACH_LOOP_LOADER", "1");
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let floor = library_fd_floor(pid);
+    let trace_path = scratch("attach-loader-name").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let library = read_trace(&trace_path)[0]["gpu"]["library"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        library.starts_with("/memfd:libcudatrace_inject-"),
+        "{library}"
+    );
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(floor, format!("{library} (deleted)"))]
+    );
+    let flags = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{floor}")).unwrap();
+    let flags = flags
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .map(|octal| u32::from_str_radix(octal.trim(), 8).unwrap())
+        .unwrap();
+    assert_eq!(flags & libc::O_CLOEXEC as u32, libc::O_CLOEXEC as u32);
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with(&format!(
+            "done 3000 launches, 0 failed\nrecording 0\nown file 3\n\
+             library known as /proc/self/fd/{floor}: the library\n"
+        )),
+        "{rest}"
+    );
+}
+
 /// `sh -c SCRIPT PROGRAM ARGS...` in a mount namespace of its own (`unshare --mount
 /// --propagation private`): SCRIPT mounts what the test wants, then `exec "$0" "$@"`.
 fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Command {
@@ -361,8 +439,12 @@ fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
         .filter(|l| l["path"] == json!(library))
         .collect();
     assert_eq!(lines.len(), 1, "its probes' library line");
-    // The trampoline closed both descriptors: nothing of cudatrace's in its file table.
-    assert_eq!(memfds(pid), Vec::<String>::new());
+    // The trampoline closed the control file's descriptor; the library's stays, high, for
+    // the loader's name of it (`/proc/self/fd/N`).
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(library_fd_floor(pid), library.clone())]
+    );
     let (code, rest, program_stderr) = target.finish();
     assert_eq!(code, 7, "{program_stderr}");
     assert!(
@@ -996,6 +1078,13 @@ fn a_second_attach_reuses_the_library_already_loaded() {
         .filter_map(|line| line.split_whitespace().nth(5))
         .collect();
     assert_eq!(copies.len(), 1, "{copies:?}");
+    // One descriptor of cudatrace's: the first attach's library file (the second one's
+    // anonymous file went unused and was closed).
+    let library = copies.into_iter().next().unwrap();
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(library_fd_floor(pid), library.to_owned() + " (deleted)")]
+    );
     let (code, rest, program_stderr) = target.finish();
     assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
     assert!(

@@ -9,9 +9,15 @@
 //!
 //! After go, the trampoline says what `cudatrace_attach` returned; a thread of cudatrace's
 //! waits for the library's thread to map the control file (by its `/proc/self/fd` path),
-//! then tells the trampoline to close both descriptors. It is a thread, not the run's
+//! then tells the trampoline to close its descriptor. It is a thread, not the run's
 //! own: the library loads libcupti meanwhile, and cudatrace's discovery stops the process
 //! for that until the run serves the stop.
+//!
+//! The library's descriptor stays open once `dlopen` loaded it: the loader knows the
+//! library as `/proc/self/fd/N` (its `link_map` name, what `dladdr` answers), and a closed
+//! N would soon be the program's next file. The trampoline moved it out of the program's
+//! way first (at or above the floor in the block, `target::library_fd_floor`,
+//! close-on-exec).
 //!
 //! The trampoline waits [`data::WAIT_TICKS`] time-stamp-counter ticks (2 s or more) for go,
 //! and as long for close; cudatrace writes into the block only within [`HANDOVER_BOUND`]
@@ -162,7 +168,8 @@ pub fn hand_over(
 
 /// After go: waits for the trampoline to say what `cudatrace_attach` returned and for the
 /// library's thread to map the control file (by its inode in the maps), then lets the
-/// trampoline close both files. Writes into the block only within [`HANDOVER_BOUND`] of
+/// trampoline close the control file's descriptor (and the library's, where it was not
+/// loaded). Writes into the block only within [`HANDOVER_BOUND`] of
 /// go, the trampoline waiting longer.
 fn close_after_start(
     pid: u32,

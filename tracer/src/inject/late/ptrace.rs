@@ -96,6 +96,7 @@ pub fn inject(
     let (pid, maps, code_at) = (target.pid, target.maps.clone(), target.code_at);
     let (dlopen, dlsym) = (target.dlopen, target.dlsym);
     let attach = target.injected.as_ref().map_or(0, |loaded| loaded.attach);
+    let library_fd_floor = target.library_fd_floor;
     let library_name = library_name.to_vec();
     std::thread::scope(|scope| {
         scope
@@ -105,6 +106,7 @@ pub fn inject(
                     dlsym,
                     attach,
                     library_name: &library_name,
+                    library_fd_floor,
                 };
                 inject_here(pid, &maps, code_at, &call, bound)
             })

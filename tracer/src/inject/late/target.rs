@@ -147,7 +147,29 @@ pub struct Target {
     pub libcupti: Option<String>,
     /// cudatrace's injection library, if an earlier attach loaded it.
     pub injected: Option<Loaded>,
+    /// The lowest descriptor the library's file is moved to in the process
+    /// ([`library_fd_floor`]).
+    pub library_fd_floor: u64,
 }
+
+/// Where the library's descriptor goes: at or above [`LIBRARY_FD_FLOOR`], or three
+/// quarters of the process's soft `RLIMIT_NOFILE` where that is lower. The descriptor
+/// stays open for as long as the library is loaded (the loader knows the library by its
+/// `/proc/self/fd` path), so it is put out of the way of the low numbers a program's own
+/// files take, without growing its descriptor table much (the kernel sizes it by the
+/// highest descriptor, so not near a limit of a million).
+pub fn library_fd_floor(limits: &str) -> u64 {
+    let soft = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| soft.parse::<u64>().ok())
+        .unwrap_or(1024);
+    LIBRARY_FD_FLOOR.min(soft * 3 / 4)
+}
+
+/// The usual floor for the library's descriptor.
+pub const LIBRARY_FD_FLOOR: u64 = 1000;
 
 /// cudatrace's injection library as an earlier attach left it in the process.
 #[derive(Debug)]
@@ -253,6 +275,7 @@ pub fn inspect(pid: u32, library: &str) -> Result<Target, Refusal> {
         .map(|m| m.path.clone());
     let (dlopen, dlsym) = loader_functions(pid, &maps).ok_or(Refusal::NoDlopen(pid))?;
     let code_at = room_for_code(pid, &maps, CODE_LEN as u64).ok_or(Refusal::NoRoom(pid))?;
+    let library_fd_floor = library_fd_floor(&read("limits")?);
     Ok(Target {
         pid,
         maps,
@@ -262,6 +285,7 @@ pub fn inspect(pid: u32, library: &str) -> Result<Target, Refusal> {
         libcuda,
         libcupti,
         injected,
+        library_fd_floor,
     })
 }
 
@@ -501,6 +525,22 @@ mod tests {
         ] {
             assert_eq!(library_name(path), name);
         }
+    }
+
+    #[test]
+    fn the_librarys_descriptor_goes_high_but_below_the_limit() {
+        let limits = |soft: &str| {
+            format!(
+                "Limit                     Soft Limit           Hard Limit           Units     \n\
+                 Max processes             63432                63432                processes \n\
+                 Max open files            {soft:<20} 1048576              files     \n"
+            )
+        };
+        assert_eq!(library_fd_floor(&limits("1024")), 768);
+        assert_eq!(library_fd_floor(&limits("1048576")), 1000);
+        assert_eq!(library_fd_floor(&limits("4096")), 1000);
+        assert_eq!(library_fd_floor(&limits("64")), 48);
+        assert_eq!(library_fd_floor(&limits("unlimited")), 768);
     }
 
     /// A 32-bit x86 program and a 64-bit Arm one are told from a 64-bit x86 one by their

@@ -4,17 +4,22 @@
 # thread's stack: the saved registers, dlopen, dlsym, the names; the settings and the
 # library's path come later, with the word that says go.
 #
-# It makes two anonymous files (memfd_create: the library's, the control file's), whose
-# numbers cudatrace reads from the block and takes copies of (pidfd_getfd), then waits for
-# cudatrace to say go (1: the library is written, load it from /proc/self/fd/N and start
-# it; or call cudatrace_attach where it is loaded already) or give up (2). After the call
+# It makes two anonymous files (memfd_create: the library's, the control file's), moves
+# the library's to the lowest free descriptor at or above the floor cudatrace gave
+# (fcntl F_DUPFD_CLOEXEC; where that fails it stays where it is), and puts their numbers
+# in the block; cudatrace takes copies of them (pidfd_getfd), then says go (1: the library
+# is written, load it from /proc/self/fd/N and start it; or call cudatrace_attach where it
+# is loaded already) or give up (2). Once dlopen returned the library, its descriptor is
+# never closed: the loader knows the library by that path (link_map's l_name, what dladdr
+# answers), and the path must go on naming it for as long as it is loaded. After the call
 # it puts the result in the block and waits for cudatrace to see the library's thread map
 # the control file (3). Each wait yields (sched_yield) until 8e9 time-stamp-counter ticks
 # went by (2 s or more below 4 GHz): no sleeping system call, which an interruption (a
 # stop of the whole process by cudatrace's discovery, a signal) would leave with a
 # restart of its own, in place of the restart of the call the thread was stopped in. A
-# dead cudatrace never says: the thread goes on after the wait. Either way both
-# descriptors are closed (the library's mappings keep the files).
+# dead cudatrace never says: the thread goes on after the wait. Either way the control
+# file's descriptor is closed (the library's mapping keeps the file), and the library's
+# where it was not loaded.
         .intel_syntax noprefix
         .text
         .globl tramp
@@ -43,6 +48,20 @@ tramp:
         mov esi, 3
         syscall
         mov [r15+0x98], rax
+        test rax, rax
+        js 7f
+        mov rdi, rax
+        mov eax, 72
+        mov esi, 1030
+        mov rdx, [r15+0xb0]
+        syscall
+        test rax, rax
+        js 7f
+        xchg rax, [r15+0x98]
+        mov rdi, rax
+        mov eax, 3
+        syscall
+7:
         mov eax, 319
         lea rdi, [r15+0x1c0]
         mov esi, 3
@@ -77,6 +96,7 @@ tramp:
         mov rcx, -1
         test rax, rax
         jz 9f
+        mov qword ptr [r15+0x98], -1
         mov rdi, rax
         lea rsi, [r15+0xc0]
         call [r15+0xe8]
