@@ -157,10 +157,10 @@ pub fn hand_over(
             }
         });
     if let Err(e) = closing {
-        // The trampoline closes its files after its wait all the same.
+        // The trampoline closes the control file after its wait all the same.
         eprintln!(
             "cudatrace: warning: --gpu: process {pid}: cannot start the thread that waits \
-             for its library ({e}); the trampoline closes its files after its own wait"
+             for its library ({e}); the trampoline closes the control file after its own wait"
         );
     }
     Ok(())
@@ -191,7 +191,7 @@ fn close_after_start(
         if !in_time() {
             return Err(format!(
                 "its library did not return from its start within {HANDOVER_BOUND:?}; the \
-                 trampoline closes its files by itself ({} time-stamp-counter ticks after \
+                 trampoline closes the control file by itself ({} time-stamp-counter ticks after \
                  the call)",
                 data::WAIT_TICKS
             ));
