@@ -325,12 +325,16 @@ fn attach_check(pid: u32) -> Result<String> {
         None => "no libcupti loaded: cudatrace loads one (--cupti, or as --gpu finds it)".into(),
     };
     let earlier = match &target.injected {
-        Some(path) => format!("; cudatrace's library from an earlier attach is there ({path})"),
+        Some(loaded) => format!(
+            "; cudatrace's library from an earlier attach is there ({})",
+            loaded.path
+        ),
         None => String::new(),
     };
     Ok(format!(
         "process {pid} can be attached: libcuda {}; {cupti}; dlopen at {:#x}, the trampoline at \
-         {:#x}{earlier}; at attach, one of its threads must wait in a blocking system call \
+         {:#x}{earlier}; the library goes in as an anonymous file, loaded through its \
+         /proc/self/fd; at attach, one of its threads must wait in a blocking system call \
          (sleep, poll, read, futex) outside malloc and the loader within {:?}",
         target.libcuda,
         target.dlopen,

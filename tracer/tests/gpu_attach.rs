@@ -179,14 +179,448 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
     );
 }
 
+/// `tests/c/attach_fork.c`, built next to the stand-in libcuda.
+fn attach_fork() -> &'static Path {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let dir = &standin().dir;
+        cupti_standin();
+        let program = dir.join("attach-fork");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            program.to_str().unwrap(),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/attach_fork.c"),
+            &format!("-L{}", dir.display()),
+            "-l:libcuda.so.1",
+            "-Wl,-rpath,$ORIGIN",
+        ]);
+        program
+    })
+}
+
+/// A child the attached process starts after the attach: its calls are traced (-p follows
+/// children), before and after its exec; the library does not follow it (a fork child's
+/// copy leaves CUPTI alone, the exec'd program has none), so it has no GPU lines, its 50
+/// launches are counted `not_recorded`, and stderr says so; the parent's window is exact.
+#[test]
+fn a_child_started_after_the_attach_is_traced_and_its_gpu_side_counted_not_recorded() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_fork());
+    command.args(["4000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-fork").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "3s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(code, 7, "{program_stderr}");
+    assert!(
+        rest.starts_with("child exited 5\ndone 4000 launches, 0 failed\nforked at "),
+        "{rest:?}"
+    );
+
+    let trace = read_trace(&trace_path);
+    let events = of_type(&trace, "process");
+    let forks: Vec<&&Value> = events.iter().filter(|e| e["event"] == "fork").collect();
+    assert_eq!(forks.len(), 1, "{events:?}");
+    assert_eq!(forks[0]["pid"], json!(pid));
+    let child = u(&forks[0]["child_pid"]) as u32;
+    let of_child: Vec<(&Value, &Value)> = events
+        .iter()
+        .filter(|e| e["pid"] == child)
+        .map(|e| (&e["event"], &e["filename"]))
+        .collect();
+    assert_eq!(
+        of_child,
+        [
+            (&json!("exec"), &json!("/proc/self/exe")),
+            (&json!("exit"), &Value::Null)
+        ]
+    );
+    // Its calls: 30 launches in the forked image, then the exec'd program's set-up and its
+    // 20 launches.
+    let calls: Vec<(&str, Option<u64>)> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["pid"] == child)
+        .map(|c| (c["name"].as_str().unwrap(), c["grid"][0].as_u64()))
+        .collect();
+    let set_up = [
+        "cuInit",
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxSetCurrent",
+        "cuModuleLoadData",
+        "cuModuleGetFunction",
+    ];
+    let expected: Vec<(&str, Option<u64>)> = std::iter::repeat_n(("cuLaunchKernel", Some(7)), 30)
+        .chain(set_up.iter().map(|name| (*name, None)))
+        .chain(std::iter::repeat_n(("cuLaunchKernel", Some(9)), 20))
+        .collect();
+    assert_eq!(calls, expected);
+    assert!(
+        of_type(&trace, "gpu_kernel")
+            .iter()
+            .all(|k| k["pid"] == pid),
+        "no GPU line of the child"
+    );
+    assert!(
+        said.contains(&format!(
+            "cudatrace: --gpu: process {child}, started after the attach, made 55 CUDA driver \
+             calls in the window: the injection library does not follow new processes (a fork \
+             child's copy leaves CUPTI alone, an exec'd program has none), so its launches, \
+             copies and memsets are counted not_recorded\n"
+        )),
+        "{said}"
+    );
+    // The parent's window as in the other tests, beside the child's 50 launches.
+    assert_window_beside(&trace_path, pid, "_Z9attach_mev", 50);
+}
+
+/// The anonymous files process `pid` holds open (their links in `/proc/PID/fd`), sorted.
+fn memfds(pid: u32) -> Vec<String> {
+    let mut links: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .map(|link| link.display().to_string())
+                .filter(|link| link.starts_with("/memfd:"))
+                .collect()
+        })
+        .unwrap_or_default();
+    links.sort();
+    links
+}
+
+/// The descriptors of process `pid` open on anonymous files, with their links, by number.
+fn memfd_descriptors(pid: u32) -> Vec<(u32, String)> {
+    let mut found: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let link = std::fs::read_link(entry.path()).ok()?.display().to_string();
+            let number = entry.file_name().to_str()?.parse().ok()?;
+            link.starts_with("/memfd:").then_some((number, link))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Where the library's descriptor goes in process `pid`: 1000, or three quarters of its
+/// soft limit of open files where that is lower (`target::library_fd_floor`).
+fn library_fd_floor(pid: u32) -> u32 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft: u32 = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    1000.min(soft * 3 / 4)
+}
+
+/// After an attach and its window, the dynamic loader's name for the library (what
+/// `dladdr` answers, `/proc/self/fd/N`) still opens to the library: N is the one anonymous
+/// file cudatrace leaves open, at the floor (1000, or 3/4 of the soft limit of open
+/// files), close-on-exec; the control file's descriptor is closed; the program's own
+/// `open` afterwards gets its low number (3), not the library's. Before, the trampoline
+/// closed N as well, and the loader's name then named whatever the program opened next
+/// (here /dev/null).
+#[test]
+fn the_loaders_name_for_the_library_still_names_it_after_the_window() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new(attach_loop());
+    command
+        .args(["3000", "1000"])
+        .env("ATTACH_LOOP_LOADER", "1");
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let floor = library_fd_floor(pid);
+    let trace_path = scratch("attach-loader-name").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "1s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    let library = read_trace(&trace_path)[0]["gpu"]["library"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        library.starts_with("/memfd:libcudatrace_inject-"),
+        "{library}"
+    );
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(floor, format!("{library} (deleted)"))]
+    );
+    let flags = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{floor}")).unwrap();
+    let flags = flags
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .map(|octal| u32::from_str_radix(octal.trim(), 8).unwrap())
+        .unwrap();
+    assert_eq!(flags & libc::O_CLOEXEC as u32, libc::O_CLOEXEC as u32);
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
+    assert!(
+        rest.ends_with(&format!(
+            "done 3000 launches, 0 failed\nrecording 0\nown file 3\n\
+             library known as /proc/self/fd/{floor}: the library\n"
+        )),
+        "{rest}"
+    );
+}
+
+/// `sh -c SCRIPT PROGRAM ARGS...` in a mount namespace of its own (`unshare --mount
+/// --propagation private`): SCRIPT mounts what the test wants, then `exec "$0" "$@"`.
+fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{script} && exec \"$0\" \"$@\""))
+        .arg(program)
+        .args(args);
+    command
+}
+
+/// A namespace link of a process (`/proc/PID/ns/KIND`).
+fn namespace(pid: &str, kind: &str) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
+}
+
+/// A process in a mount namespace of its own where nothing cudatrace writes can be seen (a
+/// fresh tmpfs over /tmp and /run: a container's view of them): the library goes in as an
+/// anonymous file, the control file too, and the window is as exact as in cudatrace's own
+/// namespace; the program ends by itself with its own code.
+#[test]
+fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
+    let Some(_root) = root() else { return };
+    let mut command = in_own_mount_namespace(
+        "mount -t tmpfs none /tmp && mount -t tmpfs none /run",
+        attach_loop(),
+        &["4000", "1000"],
+    );
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    assert_ne!(namespace(&pid.to_string(), "mnt"), namespace("self", "mnt"));
+    let trace_path = scratch("attach-mount-ns").join("trace.jsonl");
+    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!("cudatrace: --gpu: attached to process {pid}:")),
+        "{said}"
+    );
+    // Nothing of cudatrace's in its /tmp and /run (where the run's own folder is, here).
+    for folder in ["tmp", "run"] {
+        let entries = std::fs::read_dir(format!("/proc/{pid}/root/{folder}"))
+            .unwrap()
+            .count();
+        assert_eq!(entries, 0, "/{folder}");
+    }
+    let name = |line: &str| {
+        line.split_whitespace()
+            .skip(5)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let library: std::collections::BTreeSet<String> = maps
+        .lines()
+        .filter(|line| line.contains("libcudatrace_inject"))
+        .map(name)
+        .collect();
+    assert_eq!(library.len(), 1, "{library:?}");
+    let library = library.into_iter().next().unwrap();
+    assert!(
+        library.starts_with("/memfd:libcudatrace_inject-") && library.ends_with(".so (deleted)"),
+        "{library}"
+    );
+    let trace = read_trace(&trace_path);
+    assert_eq!(
+        trace[0]["gpu"]["library"],
+        json!(library.trim_end_matches(" (deleted)"))
+    );
+    let lines: Vec<&Value> = of_type(&trace, "library")
+        .into_iter()
+        .filter(|l| l["path"] == json!(library))
+        .collect();
+    assert_eq!(lines.len(), 1, "its probes' library line");
+    // The trampoline closed the control file's descriptor; the library's stays, high, for
+    // the loader's name of it (`/proc/self/fd/N`).
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(library_fd_floor(pid), library.clone())]
+    );
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(code, 7, "{program_stderr}");
+    assert!(
+        rest.ends_with("done 4000 launches, 0 failed\nrecording 0\n"),
+        "{rest}"
+    );
+    assert_eq!(program_stderr, "");
+    assert_window(&trace_path, pid, "_Z9attach_mev");
+}
+
+/// A process in a PID namespace of its own (`unshare --pid --fork --mount-proc`, as a
+/// container's): the library would find neither cudatrace nor its window's end by pid, so
+/// it is refused, saying what would work; `doctor -p` says so beforehand; the program ends
+/// as it would have.
+#[test]
+fn a_process_in_another_pid_namespace_is_refused_and_doctor_says_why() {
+    let Some(_root) = root() else { return };
+    let mut command = Command::new("unshare");
+    command
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(attach_loop())
+        .args(["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let unshare = target.pid();
+    let children =
+        std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+    let pid: u32 = children.trim().parse().unwrap();
+    assert_ne!(namespace(&pid.to_string(), "pid"), namespace("self", "pid"));
+    let why = format!(
+        "process {pid} runs in another PID namespace (a container): the injection library \
+         finds cudatrace, and its window's end, by pids the process cannot see; run it with \
+         the host's PID namespace (docker --pid=host) or start it under `cudatrace run --gpu`"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    let trace_path = scratch("attach-pid-ns").join("trace.jsonl");
+    let output = attach(pid, &trace_path, &["--duration", "1s"]);
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
+}
+
+/// A process in a mount namespace of its own where the libcupti cudatrace would have the
+/// library load is not at its path (under a /tmp of cudatrace's own, hidden there by a
+/// tmpfs): refused before anything is done to it, saying what is needed; the program ends
+/// as it would have.
+#[test]
+fn a_process_whose_root_lacks_the_libcupti_is_refused() {
+    let Some(_root) = root() else { return };
+    let hidden = std::env::temp_dir().join(format!("cudatrace-cupti-{}", std::process::id()));
+    std::fs::create_dir_all(&hidden).unwrap();
+    let cupti = hidden.join("libcupti.so.13");
+    std::fs::copy(&cupti_standin().lib, &cupti).unwrap();
+    let mut command =
+        in_own_mount_namespace("mount -t tmpfs none /tmp", attach_loop(), &["3000", "1000"]);
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let trace_path = scratch("attach-no-cupti").join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
+        .arg(&cupti)
+        .arg("--libcuda")
+        .arg(&standin().lib)
+        .args(["-p", &pid.to_string(), "-o"])
+        .arg(&trace_path)
+        .args(["--duration", "1s"])
+        .output()
+        .unwrap();
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!(
+            "cudatrace: error: --gpu: cannot attach to process {pid}: libcupti {} is not at \
+             that path in its root (it runs in another mount namespace, a container), where \
+             the injection library would load it; pass --cupti with a libcupti at the same \
+             path in both roots, or let the program load its own first\n",
+            cupti.display()
+        )
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
+    std::fs::remove_dir_all(&hidden).unwrap();
+}
+
+/// A process whose root has no /proc (a tmpfs over it): it could not load the library
+/// from its anonymous file, so it is refused before anything is done to it, and `doctor
+/// -p` says so beforehand; the program ends as it would have.
+#[test]
+fn a_process_without_proc_in_its_root_is_refused_and_doctor_says_why() {
+    let Some(_root) = root() else { return };
+    let mut command = in_own_mount_namespace(
+        "mount -t tmpfs none /proc",
+        attach_loop(),
+        &["3000", "1000"],
+    );
+    // Without /proc the loader cannot find `$ORIGIN` (/proc/self/exe): the folder by name.
+    command.env("LD_LIBRARY_PATH", attach_loop().parent().unwrap());
+    let target = Target::start(&mut command);
+    let pid = target.pid();
+    let why = format!(
+        "process {pid} has no /proc in its root (a container without one): the injection \
+         library goes in as an anonymous file, which the process loads through \
+         /proc/self/fd; mount /proc in its root, or start it under `cudatrace run --gpu`"
+    );
+    let (code, line) = doctor(pid);
+    assert_eq!(code, Some(1), "{line}");
+    assert_eq!(line, format!("FAIL attach_gpu           {why}"));
+    let trace_path = scratch("attach-no-proc").join("trace.jsonl");
+    let output = attach(pid, &trace_path, &["--duration", "1s"]);
+    let said = stderr(&output);
+    assert_eq!(output.status.code(), Some(83), "{said}");
+    assert_eq!(
+        said,
+        format!("cudatrace: error: --gpu: cannot attach to process {pid}: {why}\n")
+    );
+    assert!(!trace_path.exists(), "no trace when nothing started");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.contains("TracerPid:\t0\n"), "never seized");
+    let (code, rest, program_stderr) = target.finish();
+    assert_eq!(
+        (
+            code,
+            rest.ends_with("done 3000 launches, 0 failed\nrecording -1\n")
+        ),
+        (7, true),
+        "{rest}{program_stderr}"
+    );
+}
+
 /// Every launch of the window: its kernel, linked by correlation id, or a counted reason.
 fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
+    assert_window_beside(trace_path, pid, mangled, 0);
+}
+
+/// [`assert_window`] for process `pid`'s launches, beside `others` launches of other
+/// processes (children started after the attach), every one of them counted
+/// `not_recorded`.
+fn assert_window_beside(trace_path: &Path, pid: u32, mangled: &str, others: u64) {
     let trace = read_trace(trace_path);
     assert_complete_with_losses(&trace);
     let footer = trace.last().unwrap();
     let launches: Vec<&Value> = of_type(&trace, "call")
         .into_iter()
-        .filter(|c| c["name"] == "cuLaunchKernel")
+        .filter(|c| c["name"] == "cuLaunchKernel" && c["pid"] == pid)
         .collect();
     let kernels = of_type(&trace, "gpu_kernel");
     assert!(launches.len() > 100, "{} launches", launches.len());
@@ -222,7 +656,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
         "one kernel line for each launch from the first recorded one"
     );
     let beyond = launches.len() - before - kernels.len();
-    let after_window = u(&issuing["calls"]) - launches.len() as u64;
+    let after_window = u(&issuing["calls"]) - launches.len() as u64 - others;
     assert!(
         beyond <= 5,
         "{beyond} launches with their kernel after the window"
@@ -230,6 +664,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     // The launches after the window were made while the library still recorded (until it
     // heard the window ended) or after: with work, or not recorded.
     let (with_work, not_recorded) = (u(&issuing["with_work"]), u(&issuing["not_recorded"]));
+    assert!(not_recorded >= others, "{issuing}");
     assert_eq!(
         (
             with_work + not_recorded,
@@ -240,7 +675,7 @@ fn assert_window(trace_path: &Path, pid: u32, mangled: &str) {
     );
     let recorded_after = with_work - (kernels.len() + beyond) as u64;
     assert_eq!(
-        recorded_after + (not_recorded - before as u64),
+        recorded_after + (not_recorded - others - before as u64),
         after_window,
         "{issuing}"
     );
@@ -292,14 +727,17 @@ fn a_python_program_is_attached_the_same_way() {
 
 /// SIGKILL of cudatrace while a thread is stopped, once it points at the trampoline, and
 /// during the window: the program runs on to its own end each time (the kernel lets a
-/// dead tracer's threads go; the library stops recording once it finds cudatrace gone).
+/// dead tracer's threads go; a trampoline no one says go to closes its anonymous files
+/// and goes on without the library; the library stops recording once it finds cudatrace
+/// gone).
 #[test]
 fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
     let Some(_root) = root() else { return };
     // (phase, what the program says at its end of the stand-in libcupti)
     for (phase, recording) in [
         ("stopped", "recording -1"),
-        ("pointed", "recording 0"),
+        ("pointed", "recording -1"),
+        ("handover", "recording -1"),
         ("window", "recording 0"),
     ] {
         // Long enough to outlive a killed cudatrace's exit (closing its probes takes a
@@ -337,6 +775,9 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
                 return std::fs::read_to_string(&trace_path)
                     .is_ok_and(|text| text.contains(r#""type":"gpu_kernel""#));
             }
+            if phase == "handover" {
+                return !memfds(pid).is_empty();
+            }
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
             !status.contains("TracerPid:\t0\n")
         };
@@ -350,6 +791,21 @@ fn killing_cudatrace_at_any_phase_leaves_the_program_to_end_normally() {
         }
         cudatrace.kill().unwrap();
         cudatrace.wait().unwrap();
+        if phase == "handover" {
+            // The trampoline, told nothing, closes its files after its wait and goes on.
+            let files = memfds(pid);
+            assert_eq!(files.len(), 2, "{files:?}");
+            assert_eq!(files[0], "/memfd:cudatrace_control (deleted)");
+            assert!(
+                files[1].starts_with("/memfd:libcudatrace_inject-")
+                    && files[1].ends_with(".so (deleted)"),
+                "{files:?}"
+            );
+            while !memfds(pid).is_empty() {
+                assert!(std::time::Instant::now() < deadline, "its files stay open");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         let (code, rest, program_stderr) = target.finish();
         assert_eq!(code, 7, "{phase}: {program_stderr}");
         assert!(
@@ -640,6 +1096,13 @@ fn a_second_attach_reuses_the_library_already_loaded() {
         .filter_map(|line| line.split_whitespace().nth(5))
         .collect();
     assert_eq!(copies.len(), 1, "{copies:?}");
+    // One descriptor of cudatrace's: the first attach's library file (the second one's
+    // anonymous file went unused and was closed).
+    let library = copies.into_iter().next().unwrap();
+    assert_eq!(
+        memfd_descriptors(pid),
+        vec![(library_fd_floor(pid), library.to_owned() + " (deleted)")]
+    );
     let (code, rest, program_stderr) = target.finish();
     assert_eq!((code, program_stderr.as_str()), (7, ""), "{rest}");
     assert!(

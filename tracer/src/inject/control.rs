@@ -28,6 +28,10 @@ pub struct ControlFile {
     pub path: PathBuf,
     base: *mut AtomicU32,
     slots: usize,
+    /// `-p PID --gpu`: the control file each attached process made for itself (an
+    /// anonymous file, so that one in another mount namespace maps it too), mapped here:
+    /// pid, address, length. Unmapped when this is dropped.
+    late: std::sync::Mutex<Vec<(u32, usize, usize)>>,
 }
 
 // SAFETY: the mapping is shared memory written only through atomics.
@@ -59,10 +63,37 @@ impl ControlFile {
         file.set_len(len as u64)
             .with_context(|| format!("sizing {}", path.display()))?;
         let base = map(&file, len).with_context(|| format!("mapping {}", path.display()))?;
-        Ok(ControlFile { path, base, slots })
+        Ok(ControlFile {
+            path,
+            base,
+            slots,
+            late: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `-p PID --gpu`: process `pid`'s own control file (sized to its slot), which stands
+    /// for this file's slot of that pid from now on.
+    pub fn add_late(&self, pid: u32, file: &File) -> Result<()> {
+        let len = file
+            .metadata()
+            .context("reading the control file's size")?
+            .len() as usize;
+        if len < (pid as usize + 1) * size_of::<u32>() {
+            anyhow::bail!("the control file of process {pid} has no slot for it ({len} bytes)");
+        }
+        let base = map(file, len).context("mapping the control file")?;
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        late.push((pid, base as usize, len));
+        Ok(())
     }
 
     fn slot(&self, pid: u32) -> Option<&AtomicU32> {
+        let late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, base, _)) = late.iter().rev().find(|(of, _, _)| *of == pid) {
+            // SAFETY: the pid's slot is inside its mapping (checked when added), which
+            // lives as long as self.
+            return Some(unsafe { &*(base as *mut AtomicU32).add(pid as usize) });
+        }
         // SAFETY: inside the mapping, which lives as long as self.
         ((pid as usize) < self.slots).then(|| unsafe { &*self.base.add(pid as usize) })
     }
@@ -142,6 +173,11 @@ impl Drop for ControlFile {
     fn drop(&mut self) {
         // SAFETY: unmaps what `map` mapped.
         unsafe { libc::munmap(self.base.cast(), self.slots * size_of::<u32>()) };
+        let late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        for &(_, base, len) in late.iter() {
+            // SAFETY: as above, for each process's own file.
+            unsafe { libc::munmap(base as *mut libc::c_void, len) };
+        }
     }
 }
 
@@ -190,7 +226,30 @@ mod tests {
             .mode()
             & 0o777;
         assert_eq!(mode, 0o644);
+        // A process's own file (`-p PID --gpu`) stands for its slot from then on.
+        let own = tempfile_in(&dir, "own", 10 * 4);
+        assert!(control.add_late(12, &own).is_err(), "no slot for 12");
+        control.add_late(9, &own).unwrap();
+        assert!(control.set(9, true));
+        control.detach(9);
+        let mut word = [0u8; 4];
+        use std::os::unix::fs::FileExt;
+        own.read_exact_at(&mut word, 9 * 4).unwrap();
+        assert_eq!(u32::from_le_bytes(word), DETACH | 1);
+        assert_eq!(read(9), 0, "the run's file is left alone");
         drop(control);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempfile_in(dir: &Path, name: &str, len: u64) -> File {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join(name))
+            .unwrap();
+        file.set_len(len).unwrap();
+        file
     }
 }

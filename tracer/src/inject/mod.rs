@@ -45,8 +45,8 @@ pub struct GpuInjection {
     /// Dropped before the library: the directory goes with the library.
     pub control: std::sync::Arc<ControlFile>,
     pub library: PrivateLibrary,
-    /// `-p PID --gpu`: the library's file that running processes load (kept between runs,
-    /// `late::shared_library`), and the pids to attach to.
+    /// `-p PID --gpu`: the name the library has in the running processes (an anonymous
+    /// file each, `late::handover`), and the pids to attach to.
     pub late: Option<LateAttach>,
     pub cupti: cupti::Found,
     /// The command's `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`: how its CUDA devices
@@ -55,9 +55,10 @@ pub struct GpuInjection {
     pub cuda_device_order: Option<String>,
 }
 
-/// `-p PID --gpu`: where the library is, and whom it goes into.
+/// `-p PID --gpu`: the library as the processes show it, and whom it goes into.
 #[derive(Debug)]
 pub struct LateAttach {
+    /// `/memfd:libcudatrace_inject-HASH.so`.
     pub library: PathBuf,
     pub pids: Vec<u32>,
 }
@@ -160,8 +161,8 @@ pub fn prepare(
 }
 
 /// `-p PID --gpu`: libcupti as each process has it (its own, where loaded; else as `--gpu`
-/// would find it for the process's program and environment), the library kept where every
-/// attach finds it, the run's control file. Before any process is touched.
+/// would find it for the process's program and environment), the library's name, the
+/// run's control file. Before any process is touched.
 pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuInjection, Failure> {
     let first = pids[0];
     let environ = process_env(first);
@@ -197,8 +198,9 @@ pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuIn
             .map_err(|e| Failure::new(ExitCode::NoCupti, e))?
         }
     };
-    let shared = late::shared_library::ensure()
-        .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu -p")))?;
+    for &pid in pids {
+        reachable_from(pid, &cupti.path)?;
+    }
     let library = private_dir::write(true)
         .map_err(|e| Failure::new(ExitCode::Internal, e.context("--gpu")))?;
     let control = ControlFile::create(library.path.parent().unwrap_or(Path::new("/")))
@@ -215,13 +217,34 @@ pub fn prepare_late(explicit_cupti: Option<&Path>, pids: &[u32]) -> Result<GpuIn
         control: std::sync::Arc::new(control),
         library,
         late: Some(LateAttach {
-            library: shared,
+            library: PathBuf::from(format!("/memfd:{}", late::library_name())),
             pids: pids.to_vec(),
         }),
         cupti,
         cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
         cuda_device_order: var("CUDA_DEVICE_ORDER"),
     })
+}
+
+/// `-p PID --gpu`: whether process `pid` can open `cupti` by that path from its own root
+/// (the library loads it there; a process in a container has a root of its own).
+fn reachable_from(pid: u32, cupti: &Path) -> Result<(), Failure> {
+    let relative = cupti.strip_prefix("/").unwrap_or(cupti);
+    let there = PathBuf::from(format!("/proc/{pid}/root")).join(relative);
+    // A process that is gone is refused later, with the other checks.
+    if there.is_file() || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        ExitCode::AttachRefused,
+        anyhow!(
+            "--gpu: cannot attach to process {pid}: libcupti {} is not at that path in its \
+             root (it runs in another mount namespace, a container), where the injection \
+             library would load it; pass --cupti with a libcupti at the same path in both \
+             roots, or let the program load its own first",
+            cupti.display()
+        ),
+    ))
 }
 
 /// A running process's environment (`/proc/PID/environ`), as it started.
@@ -242,10 +265,12 @@ fn process_env(pid: u32) -> Vec<(OsString, OsString)> {
 
 impl GpuInjection {
     /// The settings a late start gets (`-p PID --gpu`): those `--gpu` puts into a
-    /// command's environment, and who cudatrace is.
-    pub fn late_settings(&self) -> Vec<u8> {
+    /// command's environment, with the process's own control file (`control`, its path
+    /// there), and who cudatrace is.
+    pub fn late_settings(&self, control: &str) -> Vec<u8> {
         let mut vars = self.env();
-        vars.retain(|(key, _)| key != INJECTION_VAR);
+        vars.retain(|(key, _)| key != INJECTION_VAR && key != "CUDATRACE_INJECT_CONTROL");
+        vars.push(("CUDATRACE_INJECT_CONTROL".into(), control.into()));
         vars.push((
             "CUDATRACE_INJECT_TRACER".into(),
             late::tracer_identity().into(),
@@ -301,7 +326,7 @@ impl GpuInjection {
         }
     }
 
-    /// The library the processes load: the command's, or the file kept for attaching.
+    /// The library the processes load: the command's, or the anonymous file's name.
     pub fn library_path(&self) -> &PathBuf {
         match &self.late {
             Some(late) => &late.library,

@@ -272,10 +272,11 @@ impl Tracing {
         }
     }
 
-    /// `-p PID --gpu`: tells each library started late to end its window, and reads the
-    /// ring until each said so (its DETACHED record, after its last records) or its process
-    /// is gone, within [`DETACH_WAIT`]. A library that does not answer stops on its own
-    /// once it finds this cudatrace gone.
+    /// `-p PID --gpu`: tells each library started late to end its window (and says which
+    /// processes started since made CUDA calls without it), and reads the ring until each
+    /// said so (its DETACHED record, after its last records) or its process is gone, within
+    /// [`DETACH_WAIT`]. A library that does not answer stops on its own once it finds this
+    /// cudatrace gone.
     async fn end_late_starts(&mut self, pipeline: &mut Pipeline<'_>, late: &[u32]) -> Result<()> {
         if late.is_empty() {
             return Ok(());
@@ -286,6 +287,18 @@ impl Tracing {
                 eprintln!(
                     "cudatrace: --gpu: process {pid} made no CUDA driver call in the window: it \
                      gave the GPU no work to record"
+                );
+            }
+        }
+        // The attached processes' children started since: traced on the call side, but the
+        // library does not follow them.
+        for (pid, calls) in pipeline.driver_calls_by_process() {
+            if !late.contains(&pid) {
+                eprintln!(
+                    "cudatrace: --gpu: process {pid}, started after the attach, made {calls} CUDA \
+                     driver calls in the window: the injection library does not follow new \
+                     processes (a fork child's copy leaves CUPTI alone, an exec'd program has \
+                     none), so its launches, copies and memsets are counted not_recorded"
                 );
             }
         }

@@ -158,6 +158,17 @@ impl<'a> Pipeline<'a> {
         self.driver_calls.get(&pid).copied().unwrap_or(0)
     }
 
+    /// Every process with CUDA driver calls seen so far, and how many, by pid.
+    pub fn driver_calls_by_process(&self) -> Vec<(u32, u64)> {
+        let mut calls: Vec<(u32, u64)> = self
+            .driver_calls
+            .iter()
+            .map(|(&pid, &calls)| (pid, calls))
+            .collect();
+        calls.sort_unstable();
+        calls
+    }
+
     /// `-p PID --gpu`: asks the library in `pid` to end its window (flush, every kind off).
     pub fn ask_detach(&self, pid: u32) {
         if let Some(control) = &self.control {

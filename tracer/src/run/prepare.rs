@@ -100,9 +100,11 @@ pub fn prepare(options: &PrepareOptions) -> Result<Prepared, Failure> {
     };
     let gpu = match options.gpu {
         true if !options.pids.is_empty() => {
-            let injection = inject::prepare_late(options.cupti.as_deref(), &options.pids)?;
-            libraries.push(injection_library(&injection)?);
-            Some(injection)
+            // The library's probes are attached as it goes into each process (`start.rs`).
+            Some(inject::prepare_late(
+                options.cupti.as_deref(),
+                &options.pids,
+            )?)
         }
         true => {
             let env = privileges::command_env(user.as_ref());

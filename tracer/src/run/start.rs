@@ -27,7 +27,12 @@ use crate::{
     kernel_hooks,
     power::PowerSetup,
     privileges,
-    probes::{attach::Scope, discovery::FoundLibrary},
+    probes::{
+        attach::Scope,
+        discovery::{Found, FoundLibrary},
+        library::Library,
+        probe_set::INJECTION,
+    },
     schema::KernelHooksInfo,
     sinks::jsonl::TraceWriter,
     spawn::{self, Gated},
@@ -149,7 +154,7 @@ pub fn start(
         say_gpu(command);
     }
     // `-p PID --gpu`: the probes are attached, the header written: the library goes in.
-    let late = attach_late(command, quiet)?;
+    let late = attach_late(command, quiet, &mut probed.attaching, writer)?;
     let Probed {
         attaching,
         ring,
@@ -229,20 +234,64 @@ fn start_power(power: Option<PowerSetup>, quiet: bool) -> Result<Option<PowerFee
 }
 
 /// `-p PID --gpu`: puts the injection library into each process (docs/gpu.md, "Attaching
-/// to a running process"); returns the pids it went into. A process that cannot take it
-/// ends the run (its refusal was checked before; this is what changed since, or a
-/// thread that never reached a safe point).
-fn attach_late(command: &Command, quiet: bool) -> Result<Vec<u32>, Failure> {
+/// to a running process"), its probes attached to the anonymous file it goes in as (a
+/// `library` line each) before it starts; returns the pids it went into. A process that
+/// cannot take it ends the run (its refusal was checked before; this is what changed
+/// since, or a thread that never reached a safe point).
+fn attach_late(
+    command: &Command,
+    quiet: bool,
+    attaching: &mut Attaching,
+    writer: &mut TraceWriter,
+) -> Result<Vec<u32>, Failure> {
     let Some(gpu) = &command.gpu else {
         return Ok(Vec::new());
     };
     let Some(late) = &gpu.late else {
         return Ok(Vec::new());
     };
-    let settings = gpu.late_settings();
     let mut attached = Vec::new();
     for &pid in &late.pids {
-        let done = inject::late::attach(pid, &late.library, &settings).map_err(|e| {
+        let mut take = |handed: inject::late::Handed| -> Result<Vec<u8>, String> {
+            let shown_as = std::path::Path::new(&handed.library_shown_as);
+            let library = Library::read(&INJECTION, &handed.library, shown_as)
+                .map_err(|e| format!("reading the library: {e}"))?;
+            let found = FoundLibrary {
+                set: &INJECTION,
+                library,
+                file: handed.library,
+                found: if handed.reused {
+                    Found::Mapped
+                } else {
+                    Found::Written
+                },
+                pid: Some(pid),
+                ts_ns: None,
+            };
+            let (id, lines) = attaching
+                .add(found)
+                .map_err(|e| format!("attaching its probes: {e:#}"))?;
+            if attaching
+                .plans()
+                .get(id)
+                .is_none_or(|plan| plan.probes.is_empty())
+            {
+                return Err(format!(
+                    "the injection library lacks {}: rebuild cudatrace",
+                    tracer_common::GPU_RECORDS_SYMBOL
+                ));
+            }
+            for line in &lines {
+                writer
+                    .write(line)
+                    .map_err(|e| format!("writing its library line: {e}"))?;
+            }
+            gpu.control
+                .add_late(pid, &handed.control)
+                .map_err(|e| format!("{e:#}"))?;
+            Ok(gpu.late_settings(&handed.control_path))
+        };
+        let done = inject::late::attach(pid, &mut take).map_err(|e| {
             Failure::new(
                 ExitCode::AttachRefused,
                 anyhow!("--gpu: cannot attach to process {pid}: {e}"),

@@ -23,14 +23,22 @@
  *
  * Each 100 iterations it also prints "at I: MEAN ns" (the mean time of the last 100
  * launch calls), so a test can compare the speed before and after an attach.
+ *
+ * With ATTACH_LOOP_LOADER=1 in its environment it then opens /dev/null ("own file FD":
+ * the descriptor the program's own open got) and asks the dynamic loader for the name of
+ * cudatrace's injection library (dladdr of its first mapped page, found in /proc/self/maps):
+ * "library known as NAME: VERDICT", VERDICT "the library" where NAME opens to the file
+ * mapped there (same inode), else "another file" or "no file"; or "library not loaded".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,6 +115,33 @@ static int start_profiler(const char *path)
            enable(10);
 }
 
+/* What the loader calls the injection library, and whether that name opens to it. */
+static void show_loaders_name(void)
+{
+    printf("own file %d\n", open("/dev/null", O_RDONLY | O_CLOEXEC));
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[4096];
+    unsigned long start = 0, offset = 1, inode = 0;
+    while (maps && fgets(line, sizeof line, maps)) {
+        if (strstr(line, "libcudatrace_inject") &&
+            sscanf(line, "%lx-%*x %*s %lx %*s %lu", &start, &offset, &inode) == 3 && offset == 0)
+            break;
+        offset = 1;
+    }
+    if (maps)
+        fclose(maps);
+    Dl_info info;
+    if (offset != 0 || !dladdr((void *)start, &info) || !info.dli_fname) {
+        printf("library not loaded\n");
+        return;
+    }
+    struct stat named;
+    const char *verdict = stat(info.dli_fname, &named) != 0 ? "no file"
+                          : named.st_ino == inode           ? "the library"
+                                                            : "another file";
+    printf("library known as %s: %s\n", info.dli_fname, verdict);
+}
+
 static long long now_ns(void)
 {
     struct timespec t;
@@ -168,6 +203,8 @@ int main(int argc, char **argv)
         recording = count ? count(307) : -2;
     }
     printf("done %ld launches, %ld failed\nrecording %d\n", iterations, failed, recording);
+    if (getenv("ATTACH_LOOP_LOADER"))
+        show_loaders_name();
     if (profiling) {
         int (*flush)(uint32_t) = (int (*)(uint32_t))dlsym(g_profiler, "cuptiActivityFlushAll");
         flush(1);

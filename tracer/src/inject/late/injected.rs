@@ -7,6 +7,8 @@ use std::time::Duration;
 #[derive(Debug)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Injected {
+    /// Where the trampoline's data block is (on that thread's stack).
+    pub block_at: u64,
     pub tid: u32,
     /// The system call the thread was in (its name).
     pub syscall: &'static str,
@@ -38,4 +40,6 @@ pub enum InjectError {
     },
     #[error("{0}")]
     Trampoline(String),
+    #[error("handing the library over: {0}")]
+    Handover(String),
 }

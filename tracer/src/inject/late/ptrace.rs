@@ -61,11 +61,12 @@ const STACK_SCAN: usize = 4096;
 
 /// Tests only: `PHASE:MS` makes the injection wait MS milliseconds at PHASE (`stopped`: a
 /// thread is stopped, not yet changed; `pointed`: its registers point at the trampoline,
-/// not yet let go), so a test can kill cudatrace there.
+/// not yet let go; `handover`: the trampoline made its files, nothing written into them),
+/// so a test can kill cudatrace there.
 const PAUSE_VAR: &str = "CUDATRACE_TEST_ATTACH_PAUSE";
 
 /// Waits where [`PAUSE_VAR`] asks to.
-fn test_pause(phase: &str) {
+pub(super) fn test_pause(phase: &str) {
     let Ok(value) = std::env::var(PAUSE_VAR) else {
         return;
     };
@@ -89,21 +90,23 @@ const STOP_WAIT: Duration = Duration::from_millis(200);
 /// own, so that whatever happens no thread of the target stays seized.
 pub fn inject(
     target: &Target,
-    library: &[u8],
-    settings: &[u8],
+    library_name: &[u8],
     bound: Duration,
 ) -> Result<Injected, InjectError> {
     let (pid, maps, code_at) = (target.pid, target.maps.clone(), target.code_at);
     let (dlopen, dlsym) = (target.dlopen, target.dlsym);
-    let (library, settings) = (library.to_vec(), settings.to_vec());
+    let attach = target.injected.as_ref().map_or(0, |loaded| loaded.attach);
+    let library_fd_floor = target.library_fd_floor;
+    let library_name = library_name.to_vec();
     std::thread::scope(|scope| {
         scope
             .spawn(move || {
                 let call = Call {
                     dlopen,
                     dlsym,
-                    library: &library,
-                    settings: &settings,
+                    attach,
+                    library_name: &library_name,
+                    library_fd_floor,
                 };
                 inject_here(pid, &maps, code_at, &call, bound)
             })
@@ -150,9 +153,10 @@ fn inject_here(
             {
                 Ok(syscall) => {
                     test_pause("stopped");
-                    seized.run_trampoline(pid, regs, code_at, call)?;
+                    let block_at = seized.run_trampoline(pid, regs, code_at, call)?;
                     test_pause("pointed");
                     return Ok(Injected {
+                        block_at,
                         tid,
                         syscall,
                         stopped: seized.since.elapsed(),
@@ -237,7 +241,7 @@ fn room_below(rsp: u64, fixed: &[(u64, u64)]) -> Result<(), String> {
 }
 
 /// Reads what it can of the process's memory at `at`; the bytes read.
-fn read_memory(pid: u32, at: u64, buffer: &mut [u8]) -> usize {
+pub(super) fn read_memory(pid: u32, at: u64, buffer: &mut [u8]) -> usize {
     let local = libc::iovec {
         iov_base: buffer.as_mut_ptr().cast(),
         iov_len: buffer.len(),
@@ -318,19 +322,20 @@ impl Seized {
         Ok((rc == 0).then_some(regs))
     }
 
-    /// Writes the code and the data block, then points the thread at the code. The code
-    /// and the block are complete before the registers change: from then on the thread
-    /// runs the trampoline whether or not cudatrace is still there.
+    /// Writes the code and the data block, then points the thread at the code; returns
+    /// where the block is. The code and the block are complete before the registers
+    /// change: from then on the thread runs the trampoline whether or not cudatrace is
+    /// still there (without cudatrace it waits its bound, closes its files and goes on).
     fn run_trampoline(
         &self,
         pid: u32,
         stopped: libc::user_regs_struct,
         code_at: u64,
         call: &Call,
-    ) -> Result<(), InjectError> {
+    ) -> Result<u64, InjectError> {
         let resume = trampoline::resume_registers(stopped);
         let block = trampoline::data_block(&resume, call)
-            .map_err(|e| InjectError::Trampoline(format!("the settings do not fit: {e:?}")))?;
+            .map_err(|e| InjectError::Trampoline(format!("the name does not fit: {e:?}")))?;
         let code = trampoline::code(&resume);
         let (block_at, _) = trampoline::stack_places(stopped.rsp);
         let memory = fs::OpenOptions::new()
@@ -362,7 +367,7 @@ impl Seized {
                 std::io::Error::last_os_error()
             )));
         }
-        Ok(())
+        Ok(block_at)
     }
 }
 

@@ -109,11 +109,18 @@ pub enum Refusal {
     )]
     NoDlopen(u32),
     #[error(
-        "process {pid} runs in another mount namespace (a container): the injection library \
-         at {path} is not at that path there; attach from inside its namespace (nsenter -t \
-         {pid} -m) or start it under `cudatrace run --gpu`"
+        "process {0} has no /proc in its root (a container without one): the injection \
+         library goes in as an anonymous file, which the process loads through \
+         /proc/self/fd; mount /proc in its root, or start it under `cudatrace run --gpu`"
     )]
-    OtherMountNamespace { pid: u32, path: String },
+    NoProc(u32),
+    #[error(
+        "process {0} runs in another PID namespace (a container): the injection library \
+         finds cudatrace, and its window's end, by pids the process cannot see; run it \
+         with the host's PID namespace (docker --pid=host) or start it under `cudatrace run \
+         --gpu`"
+    )]
+    OtherPidNamespace(u32),
     #[error("no executable page of process {0} has room for the trampoline")]
     NoRoom(u32),
     #[error("cannot read {what} of process {pid}: {why}")]
@@ -139,12 +146,55 @@ pub struct Target {
     /// The libcupti it mapped already, if any.
     pub libcupti: Option<String>,
     /// cudatrace's injection library, if an earlier attach loaded it.
-    pub injected: Option<String>,
+    pub injected: Option<Loaded>,
+    /// The lowest descriptor the library's file is moved to in the process
+    /// ([`library_fd_floor`]).
+    pub library_fd_floor: u64,
 }
 
-/// Reads the process and decides whether an attach can go ahead; `library` is the
-/// injection library this cudatrace would load (its file name is what is compared).
-pub fn inspect(pid: u32, library: &Path) -> Result<Target, Refusal> {
+/// Where the library's descriptor goes: at or above [`LIBRARY_FD_FLOOR`], or three
+/// quarters of the process's soft `RLIMIT_NOFILE` where that is lower. The descriptor
+/// stays open for as long as the library is loaded (the loader knows the library by its
+/// `/proc/self/fd` path), so it is put out of the way of the low numbers a program's own
+/// files take, without growing its descriptor table much (the kernel sizes it by the
+/// highest descriptor, so not near a limit of a million).
+pub fn library_fd_floor(limits: &str) -> u64 {
+    let soft = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| soft.parse::<u64>().ok())
+        .unwrap_or(1024);
+    LIBRARY_FD_FLOOR.min(soft * 3 / 4)
+}
+
+/// The usual floor for the library's descriptor.
+pub const LIBRARY_FD_FLOOR: u64 = 1000;
+
+/// cudatrace's injection library as an earlier attach left it in the process.
+#[derive(Debug)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // read by the x86-64 inject
+pub struct Loaded {
+    /// As the process's maps name it (`/memfd:libcudatrace_inject-HASH.so (deleted)`).
+    pub path: String,
+    /// Its first mapping, through which cudatrace opens it (`/proc/PID/map_files`).
+    pub file: PathBuf,
+    /// Its `cudatrace_attach`, called straight away.
+    pub attach: u64,
+}
+
+/// The library's name in a mapping's path: the file name, without the `memfd:` an
+/// anonymous file's has and the ` (deleted)` it ends with.
+pub fn library_name(path: &str) -> &str {
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    let name = path.rsplit('/').next().unwrap_or("");
+    name.strip_prefix("memfd:").unwrap_or(name)
+}
+
+/// Reads the process and decides whether an attach can go ahead; `library` is the name of
+/// the injection library this cudatrace would load (what an earlier attach's is compared
+/// with).
+pub fn inspect(pid: u32, library: &str) -> Result<Target, Refusal> {
     let read = |what: &'static str| {
         fs::read_to_string(format!("/proc/{pid}/{what}")).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -194,30 +244,38 @@ pub fn inspect(pid: u32, library: &Path) -> Result<Target, Refusal> {
         .find(|m| m.file_name().starts_with("libcuda.so"))
         .map(|m| m.path.clone())
         .ok_or(Refusal::NoLibcuda(pid))?;
-    let injected = maps
+    if !same_namespace(pid, "pid") {
+        return Err(Refusal::OtherPidNamespace(pid));
+    }
+    if !has_proc(pid) {
+        return Err(Refusal::NoProc(pid));
+    }
+    let injected = match maps
         .iter()
-        .find(|m| m.file_name().starts_with("libcudatrace_inject"))
-        .map(|m| m.path.clone());
-    if let Some(path) = &injected
-        && Path::new(path).file_name() != library.file_name()
+        .find(|m| library_name(&m.path).starts_with("libcudatrace_inject"))
     {
-        return Err(Refusal::OtherInjection {
-            pid,
-            path: path.clone(),
-        });
-    }
-    if !same_mount_namespace(pid) {
-        return Err(Refusal::OtherMountNamespace {
-            pid,
-            path: library.display().to_string(),
-        });
-    }
+        Some(mapping) if library_name(&mapping.path) != library => {
+            return Err(Refusal::OtherInjection {
+                pid,
+                path: mapping.path.clone(),
+            });
+        }
+        Some(mapping) => Some(
+            loaded(pid, &maps, &mapping.path).ok_or(Refusal::Unreadable {
+                pid,
+                what: "the injection library an earlier attach loaded",
+                why: "no cudatrace_attach in it".into(),
+            })?,
+        ),
+        None => None,
+    };
     let libcupti = maps
         .iter()
         .find(|m| m.file_name().starts_with("libcupti.so"))
         .map(|m| m.path.clone());
     let (dlopen, dlsym) = loader_functions(pid, &maps).ok_or(Refusal::NoDlopen(pid))?;
     let code_at = room_for_code(pid, &maps, CODE_LEN as u64).ok_or(Refusal::NoRoom(pid))?;
+    let library_fd_floor = library_fd_floor(&read("limits")?);
     Ok(Target {
         pid,
         maps,
@@ -227,6 +285,7 @@ pub fn inspect(pid: u32, library: &Path) -> Result<Target, Refusal> {
         libcuda,
         libcupti,
         injected,
+        library_fd_floor,
     })
 }
 
@@ -240,10 +299,44 @@ fn is_x86_64(path: &str) -> std::io::Result<bool> {
         && u16::from_le_bytes([header[18], header[19]]) == 62)
 }
 
-/// Whether the process sees the same root as cudatrace (paths written here are its paths).
-fn same_mount_namespace(pid: u32) -> bool {
+/// Whether the process is in cudatrace's own namespace of this kind (`pid`, `mnt`).
+fn same_namespace(pid: u32, kind: &str) -> bool {
     let ns = |path: String| fs::read_link(path).ok();
-    ns(format!("/proc/{pid}/ns/mnt")) == ns("/proc/self/ns/mnt".into())
+    ns(format!("/proc/{pid}/ns/{kind}")) == ns(format!("/proc/self/ns/{kind}"))
+}
+
+/// Whether the process's root has a procfs at `/proc` (it loads the library through
+/// `/proc/self/fd`).
+fn has_proc(pid: u32) -> bool {
+    let Ok(path) = std::ffi::CString::new(format!("/proc/{pid}/root/proc")) else {
+        return false;
+    };
+    // SAFETY: statfs fills the struct for a NUL-terminated path.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(path.as_ptr(), &mut stat) }) == 0
+        && stat.f_type == libc::PROC_SUPER_MAGIC
+}
+
+/// The injection library mapped at `path`: opened through its first mapping, and where
+/// its `cudatrace_attach` is.
+fn loaded(pid: u32, maps: &[Mapping], path: &str) -> Option<Loaded> {
+    let first = maps.iter().find(|m| m.path == path && m.offset == 0)?;
+    let file = PathBuf::from(format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        first.start, first.end
+    ));
+    let bytes = fs::read(&file).ok()?;
+    let elf = object::File::parse(&*bytes).ok()?;
+    let bias = bias(maps, path, &elf)?;
+    let attach = elf
+        .dynamic_symbols()
+        .find(|s| s.is_definition() && s.name() == Ok("cudatrace_attach"))?
+        .address();
+    Some(Loaded {
+        path: path.to_owned(),
+        file,
+        attach: bias + attach,
+    })
 }
 
 /// The file of a mapping, opened through the process's own view (`/proc/PID/root`).
@@ -418,6 +511,36 @@ mod tests {
         assert_eq!(status_field(status, "TracerPid"), Some("0"));
         assert_eq!(status_field(status, "Seccomp"), Some("2"));
         assert_eq!(status_field(status, "Missing"), None);
+        // An anonymous file's name, as an earlier attach left the library.
+        for (path, name) in [
+            (
+                "/memfd:libcudatrace_inject-00ab.so (deleted)",
+                "libcudatrace_inject-00ab.so",
+            ),
+            (
+                "/run/cudatrace/libcudatrace_inject-00ab.so",
+                "libcudatrace_inject-00ab.so",
+            ),
+            ("/tmp/a b/libcuda.so.1 (deleted)", "libcuda.so.1"),
+        ] {
+            assert_eq!(library_name(path), name);
+        }
+    }
+
+    #[test]
+    fn the_librarys_descriptor_goes_high_but_below_the_limit() {
+        let limits = |soft: &str| {
+            format!(
+                "Limit                     Soft Limit           Hard Limit           Units     \n\
+                 Max processes             63432                63432                processes \n\
+                 Max open files            {soft:<20} 1048576              files     \n"
+            )
+        };
+        assert_eq!(library_fd_floor(&limits("1024")), 768);
+        assert_eq!(library_fd_floor(&limits("1048576")), 1000);
+        assert_eq!(library_fd_floor(&limits("4096")), 1000);
+        assert_eq!(library_fd_floor(&limits("64")), 48);
+        assert_eq!(library_fd_floor(&limits("unlimited")), 768);
     }
 
     /// A 32-bit x86 program and a 64-bit Arm one are told from a 64-bit x86 one by their
