@@ -137,7 +137,7 @@ impl Injection {
                 session
             }
             None => {
-                let session = Session::open(&self.outbox)?;
+                let session = Session::open(&self.outbox, true)?;
                 self.session.get_or_init(|| session)
             }
         };
@@ -203,7 +203,7 @@ impl Injection {
     /// Loads CUPTI, takes it (unless another client holds it), starts flushing; an error
     /// stops GPU recording in this process.
     fn start_cupti(&'static self) -> Result<(), Failure> {
-        let session = Session::open(&self.outbox)?;
+        let session = Session::open(&self.outbox, false)?;
         let session = self.session.get_or_init(|| session);
         // With a subscriber of its own the library never yields.
         if matches!(session.mode, Mode::Single)

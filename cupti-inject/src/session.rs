@@ -82,7 +82,9 @@ unsafe impl Sync for Session {}
 impl Session {
     /// Loads and sets up CUPTI, and says so (an INFO record); an error stops GPU recording
     /// in this process. The activity API is not taken yet ([`Session::take`]).
-    pub fn open(outbox: &Outbox) -> Result<Session, Failure> {
+    /// `late`: a late start (`cudatrace run -p PID --gpu`), where another client may hold
+    /// CUPTI already.
+    pub fn open(outbox: &Outbox, late: bool) -> Result<Session, Failure> {
         let cupti = load()?;
         let mut version = 0;
         // SAFETY: CUPTI writes one u32.
@@ -93,8 +95,11 @@ impl Session {
             None => Mode::Single,
         };
         // The timestamp callback is process-wide: with other subscribers it would change
-        // their clock too, so then clock pairs only.
-        let callback = matches!(mode, Mode::Single) && register_timestamp_callback(&cupti, outbox);
+        // their clock too, so then clock pairs only; so too where a late start finds
+        // another client (torch.profiler) holding CUPTI: its records keep their clock.
+        let held = late && matches!(mode, Mode::Single) && another_subscriber(&cupti);
+        let callback =
+            matches!(mode, Mode::Single) && !held && register_timestamp_callback(&cupti, outbox);
         let clock_flags = if callback { 0 } else { gpu_flags::CUPTI_CLOCK };
         let calls_clock = crate::calls::Clock {
             flags: clock_flags,
@@ -221,19 +226,7 @@ impl Session {
     /// CUPTI subscriber now (torch.profiler's Kineto, Nsight): the library's own
     /// `cuptiSubscribe` is refused then. A subscriber it gets is given back at once.
     pub fn other_client_subscribed(&self) -> bool {
-        let (Mode::Single, Some(subscribe), Some(unsubscribe)) =
-            (&self.mode, self.cupti.subscribe, self.cupti.unsubscribe)
-        else {
-            return false;
-        };
-        let mut handle: Subscriber = std::ptr::null_mut();
-        // SAFETY: CUPTI writes the handle; no callback function.
-        let rc = unsafe { subscribe(&mut handle, std::ptr::null(), std::ptr::null_mut()) };
-        if rc == CUPTI_SUCCESS {
-            // SAFETY: the handle CUPTI just gave.
-            unsafe { unsubscribe(handle) };
-        }
-        rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+        matches!(self.mode, Mode::Single) && another_subscriber(&self.cupti)
     }
 
     /// The per-subscriber functions and this library's subscriber, where it has one.
@@ -684,6 +677,22 @@ fn register_timestamp_callback(cupti: &Cupti, outbox: &Outbox) -> bool {
             false
         }
     }
+}
+
+/// Whether another client holds CUPTI's one subscriber: the library's own `cuptiSubscribe`
+/// is refused then. A subscriber it gets is given back at once.
+fn another_subscriber(cupti: &Cupti) -> bool {
+    let (Some(subscribe), Some(unsubscribe)) = (cupti.subscribe, cupti.unsubscribe) else {
+        return false;
+    };
+    let mut handle: Subscriber = std::ptr::null_mut();
+    // SAFETY: CUPTI writes the handle; no callback function.
+    let rc = unsafe { subscribe(&mut handle, std::ptr::null(), std::ptr::null_mut()) };
+    if rc == CUPTI_SUCCESS {
+        // SAFETY: the handle CUPTI just gave.
+        unsafe { unsubscribe(handle) };
+    }
+    rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
 }
 
 /// What a user can do about a CUPTI refusal, if anything.

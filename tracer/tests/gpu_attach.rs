@@ -990,6 +990,13 @@ fn a_process_whose_cupti_another_client_holds_is_reported_and_its_profiler_unhar
     let footer = trace.last().unwrap();
     let issuing = &footer["gpu"]["issuing"];
     assert!(of_type(&trace, "gpu_kernel").is_empty());
+    // The profiler's clock is left alone: no timestamp callback of the library's replaces
+    // the one CUPTI stamps its records with (the library's calls to libcupti are traced).
+    let registered: Vec<_> = of_type(&trace, "call")
+        .into_iter()
+        .filter(|c| c["name"] == "cuptiActivityRegisterTimestampCallback")
+        .collect();
+    assert!(registered.is_empty(), "{registered:?}");
     let gaps = of_type(&trace, "gpu_gap");
     assert_eq!(gaps.len(), 1, "{gaps:?}");
     let held = u(&issuing["cupti_held"]);
