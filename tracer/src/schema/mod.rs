@@ -59,8 +59,8 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     CodeFreeProbeCounts, EventLine, Footer, FooterFigures, GpuFooter, IssuingCalls, Leak,
-    LostCounts, MemoryFooter, PowerFooter, ProcessMemory, StacklessCounts, StacksFooter,
-    StopFigures, WindowFooter,
+    LostCounts, MemoryFooter, PowerFooter, ProcessMemory, StackRecordCounts, StacklessCounts,
+    StacksFooter, StopFigures, WindowFooter,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuGapLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink,
@@ -382,6 +382,7 @@ mod tests {
                 exit_code: Some(3),
                 gpu_issuing: None,
                 stacks_without: None,
+                stack_records: None,
             }))
         );
         assert_eq!(
