@@ -59,10 +59,6 @@ pub struct ThreadSeen {
     pub epoch: u64,
     /// 0: the thread has none.
     pub tstate: u64,
-    /// 3.11+: the first page of the thread's root data-stack chunk (0: not known yet), from
-    /// its outermost frame: the chunk, mapped whole and never freed while the thread state
-    /// lives, lets a frame's window reach below its own page.
-    pub floor: u64,
 }
 
 #[map]
@@ -139,14 +135,6 @@ pub struct Scratch {
     pub search: Search,
     /// 3.13+: the interpreter's code epoch at the walk.
     pub code_epoch: u64,
-    /// 3.11+: the thread's root data-stack chunk's first page (`ThreadSeen::floor`, 0: not
-    /// known), and the lowest frame owned by the thread walked so far (`u64::MAX`: none).
-    pub floor: u64,
-    pub lowest: u64,
-    pub lowest_owner: u32,
-    pub _pad2: u32,
-    /// The lowest address a data-stack window may start at, for the frame being read.
-    pub window_low: u64,
     /// Frames read, kept or skipped.
     pub walked: u32,
     /// Frames to resolve, next one to (`stack_codes`, `stack_capture`).
@@ -219,16 +207,6 @@ static CFRAME_WINDOW: u32 = 1;
 #[inline(always)]
 fn cframe_window() -> bool {
     crate::maps::load_const(&CFRAME_WINDOW) != 0
-}
-
-/// 1: a data-stack frame's window reaches below its page, down to the root chunk's first
-/// page where that is known (0: its page only, `CUDATRACE_STACKS_NO_FLOOR`).
-#[unsafe(no_mangle)]
-static STACK_FLOOR: u32 = 1;
-
-#[inline(always)]
-fn stack_floor() -> bool {
-    crate::maps::load_const(&STACK_FLOOR) != 0
 }
 
 #[inline(always)]

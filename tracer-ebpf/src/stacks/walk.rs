@@ -23,7 +23,7 @@ use tracer_common::stacks::{
 use super::{
     PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
     budget::kept_frame_beyond,
-    bump, cframe_window, fsbase_offset, stack_floor,
+    bump, cframe_window, fsbase_offset,
     read::{Buf, WINDOW, Window, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
@@ -130,7 +130,6 @@ fn search(scratch: &mut Scratch) -> u32 {
         generation: py.generation,
         epoch: search.epoch,
         tstate,
-        floor: 0,
     };
     if THREADS_SEEN.insert(scratch.tid, seen, 0).is_err() {
         return stack_status::NO_THREAD_STATE;
@@ -234,8 +233,6 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
     };
     scratch.window_len = 0;
     scratch.up_len = 0;
-    scratch.floor = if stack_floor() { seen.floor } else { 0 };
-    scratch.lowest = u64::MAX;
     if py.cframe_frame != NO_FIELD {
         // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
         let at = frame + u64::from(py.cframe_frame);
@@ -386,9 +383,6 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
             frame = previous;
             continue;
         }
-        // The outermost frame kept is the last one stored (learn_floor checks its owner).
-        scratch.lowest = frame;
-        scratch.lowest_owner = owner;
         let code = buf.u64_at(py.frame_code.wrapping_sub(base)) & py.code_mask;
         let unit = if py.flags & py_flags::LASTI != 0 {
             buf.u32_at(py.frame_instr.wrapping_sub(base)) as i32
@@ -420,7 +414,6 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
     bump(stack_counter::FRAMES, walked);
     scratch.frame = frame;
     if frame == 0 {
-        learn_floor(scratch, py);
         return Walked::Done { cut: false };
     }
     if scratch.event.nframes >= depth || scratch.event.nframes as usize >= MAX_STACK_FRAMES {
@@ -430,36 +423,6 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         };
     }
     Walked::More
-}
-
-/// A frame owned by the thread: in its data stack (3.11+).
-const FRAME_OWNED_BY_THREAD: u32 = 0;
-
-/// The data stack's root chunk is at least this long (CPython's `DATA_STACK_CHUNK_SIZE`,
-/// 3.11 to 3.14).
-const ROOT_CHUNK: u64 = 16 * 1024;
-
-/// A walk that reached the thread's outermost frame: the lowest frame the thread owns is in
-/// its data stack's root chunk (the first frame pushed; CPython never pops that chunk), on
-/// the chunk's first page. Kept with the thread's state, once.
-#[inline(always)]
-fn learn_floor(scratch: &Scratch, py: &PyProcess) {
-    if scratch.floor != 0
-        || scratch.lowest == u64::MAX
-        || scratch.lowest_owner != FRAME_OWNED_BY_THREAD
-        || py.flags & py_flags::LASTI != 0
-        || !stack_floor()
-    {
-        return;
-    }
-    if let Some(seen) = THREADS_SEEN.get_ptr_mut(scratch.tid) {
-        // SAFETY: a map value; only this thread's calls write it.
-        unsafe {
-            if (*seen).generation == py.generation && (*seen).floor == 0 {
-                (*seen).floor = scratch.lowest & !0xfff;
-            }
-        }
-    }
 }
 
 /// Reads the frame at `frame` ([`FRAME_READ`] bytes from `frame_read`) into the scratch's
@@ -489,23 +452,9 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
         return true;
     }
     if len == 0 || (at < start && start - at <= WINDOW as u64) {
-        // From the frame's own page only, or the root chunk's first page for a frame in
-        // that chunk: a read that faults (the page below not mapped, as below the data
-        // stack's first chunk) costs more than several reads.
-        let floor = scratch.floor;
-        let low = if floor != 0 && at >= floor && at < floor + ROOT_CHUNK {
-            floor
-        } else {
-            at & !0xfff
-        };
-        // Through the scratch: the verifier then tracks one value, not one per branch
-        // taken in each of the frames (its states would multiply past its limit).
-        // SAFETY: a field of this CPU's scratch value.
-        let low = unsafe {
-            core::ptr::write_volatile(&raw mut scratch.window_low, low);
-            core::ptr::read_volatile(&raw const scratch.window_low)
-        };
-        let from = core::cmp::max(end.saturating_sub(WINDOW as u64), low);
+        // From the frame's own page only: a read that faults (the page below not mapped,
+        // as below the data stack's first chunk) costs more than several reads.
+        let from = core::cmp::max(end.saturating_sub(WINDOW as u64), at & !0xfff);
         let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
         if bytes > (WINDOW + FRAME_READ) as u64
             || !read_user(scratch.window.0.as_mut_ptr(), bytes as u32, from)

@@ -28,9 +28,6 @@ pub struct LoadOptions {
 /// Set: 3.12's `_PyCFrame` is read alone, not with the C stack above it (a measurement's
 /// switch, as `CUDATRACE_STACKS_IDENT_PER_FRAME` is).
 pub const CFRAME_WINDOW_OFF_ENV: &str = "CUDATRACE_STACKS_NO_CFRAME_WINDOW";
-/// Set: a data-stack frame's window stops at its own page, as before the root chunk's first
-/// page was kept per thread (a measurement's switch too).
-pub const STACK_FLOOR_OFF_ENV: &str = "CUDATRACE_STACKS_NO_FLOOR";
 
 /// The stack programs' load-time settings (`--stacks`).
 #[derive(Clone, Copy, Debug)]
@@ -138,13 +135,10 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
             .override_global("STACK_DEPTH", &stacks.depth, true)
             .override_global("STACK_EVERY", &stacks.every, true)
             .override_global("STACK_RATE", &stacks.rate, true);
-        // For measuring the 3.12 cframe's window read and the data stack's floor against
-        // what was read before (BENCHMARKS.md, issue 32), in one binary.
+        // For measuring the 3.12 cframe's window read against the read of its pointer
+        // alone (BENCHMARKS.md, issue 32), in one binary.
         if std::env::var_os(CFRAME_WINDOW_OFF_ENV).is_some() {
             loader.override_global("CFRAME_WINDOW", &0u32, true);
-        }
-        if std::env::var_os(STACK_FLOOR_OFF_ENV).is_some() {
-            loader.override_global("STACK_FLOOR", &0u32, true);
         }
     }
     loader
