@@ -558,6 +558,57 @@ fn a_new_code_object_where_a_freed_one_was_gets_its_own_name() {
     }
 }
 
+/// The footer counts how the probes sent each stack: 200 calls from one line send it whole
+/// once, then its hash alone. Where the probe on code frees is linked at the first stack
+/// (3.10 to 3.13 with uprobe_multi), the layout is given again then (a new process image):
+/// the second call sends the same stack whole again, and the footer says so. `summary`
+/// shows the counts, in text and `--json`.
+#[test]
+fn the_footer_counts_known_stacks_and_stacks_sent_whole() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_records.py";
+    let per_process = kernel_at_least(6, 6);
+    for python in pythons() {
+        let linked = python.minor < 14 && per_process;
+        let args: &[&str] = if linked { &["200", "wait"] } else { &["200"] };
+        let traced = python.trace(script, &["--stacks"], args);
+        let footer = traced.footer_stacks();
+        assert_eq!(footer["calls"], 200, "{}: {footer}", python.label);
+        let expected = if linked {
+            serde_json::json!({"known": 198, "sent_whole": 2, "sent_again": 1})
+        } else {
+            serde_json::json!({"known": 199, "sent_whole": 1, "sent_again": 0})
+        };
+        assert_eq!(footer["stack_records"], expected, "{}", python.label);
+        // One stack, named by every call.
+        assert_eq!(traced.stacks().len(), 1, "{}", python.label);
+        let trace = python.host_dir.join(format!("{script}.jsonl"));
+        let summary = Command::new(CUDATRACE)
+            .args(["summary", "--json"])
+            .arg(&trace)
+            .output()
+            .unwrap();
+        let summary: Value = serde_json::from_slice(&summary.stdout).unwrap();
+        assert_eq!(
+            summary["stacks"]["stack_records"], expected,
+            "{}",
+            python.label
+        );
+        let text = Command::new(CUDATRACE)
+            .arg("summary")
+            .arg(&trace)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        let (known, whole, again) = if linked { (198, 2, 1) } else { (199, 1, 0) };
+        let said = format!(
+            "Stack records (the trace's footer): {known} known to the probes (their hash \
+             alone), {whole} sent whole ({again} of them a stack sent before)"
+        );
+        assert!(text.contains(&said), "{}: {text}", python.label);
+    }
+}
+
 /// A wrong layout (one field of cudatrace's table moved by the tests' hook) gives no stack:
 /// the check on the live process refuses it before the probes read a frame, says why in
 /// the `interpreter` line and once on stderr, and every call is counted

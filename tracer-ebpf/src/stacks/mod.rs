@@ -199,6 +199,15 @@ static STACK_DEPTH: u32 = tracer_common::stacks::DEFAULT_STACK_DEPTH;
 /// A call walks its stack with a chance of 1 in N (`--stack-every`).
 #[unsafe(no_mangle)]
 static STACK_EVERY: u32 = 1;
+/// 1: on 3.12, the thread's `_PyCFrame` is read with the C stack above it, where its
+/// entry frame lies (0: the cframe's pointer alone, `CUDATRACE_STACKS_NO_CFRAME_WINDOW`).
+#[unsafe(no_mangle)]
+static CFRAME_WINDOW: u32 = 1;
+
+#[inline(always)]
+fn cframe_window() -> bool {
+    crate::maps::load_const(&CFRAME_WINDOW) != 0
+}
 
 #[inline(always)]
 fn fsbase_offset() -> u32 {

@@ -23,7 +23,7 @@ use tracer_common::stacks::{
 use super::{
     PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
     budget::kept_frame_beyond,
-    bump, fsbase_offset,
+    bump, cframe_window, fsbase_offset,
     read::{Buf, WINDOW, Window, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
@@ -231,13 +231,25 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
         let _ = THREADS_SEEN.remove(tid);
         return Ok(false);
     };
-    if py.cframe_frame != NO_FIELD {
-        // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
-        frame = user_u64(frame + u64::from(py.cframe_frame)).ok_or(stack_status::READ_FAULT)?;
-    }
-    scratch.frame = frame;
     scratch.window_len = 0;
     scratch.up_len = 0;
+    if py.cframe_frame != NO_FIELD {
+        // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
+        let at = frame + u64::from(py.cframe_frame);
+        frame = if py.owner_skip_from != NO_FIELD && cframe_window() {
+            // 3.12: the cframe is a local of the interpreter's innermost C call, as is
+            // that call's entry frame, just above it (112 bytes on pyenv's 3.12.1), and
+            // the outer calls' entry frames lie further up: one read of the C stack
+            // from the cframe up is the entry frames' first read, made now.
+            if !read_up(scratch, at, at + 8) {
+                return Err(stack_status::READ_FAULT);
+            }
+            scratch.up_window.u64_at(0)
+        } else {
+            user_u64(at).ok_or(stack_status::READ_FAULT)?
+        };
+    }
+    scratch.frame = frame;
     scratch.walked = 0;
     scratch.event.nframes = 0;
     scratch.event.flags = 0;
@@ -455,8 +467,18 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
         copy_frame(&mut scratch.buf, &scratch.window, at - from);
         return true;
     }
-    // Above: [`WINDOW`] bytes up (a thread's stack is mapped above its frames), else to
-    // the end of the frame's page (never a fault but the first).
+    if !read_up(scratch, at, end) {
+        return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+    }
+    copy_frame(&mut scratch.buf, &scratch.up_window, 0);
+    true
+}
+
+/// Reads the C stack from `at` up into the scratch's `up_window`: [`WINDOW`] bytes (a
+/// thread's stack is mapped above its frames), else to the end of `at`'s page (never a
+/// fault but the first), and at least to `end`. False (and no window) if that failed.
+#[inline(always)]
+fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
     let mut bytes = WINDOW as u64;
     if !read_user(scratch.up_window.0.as_mut_ptr(), WINDOW as u32, at) {
         let page_end = (at | 0xfff) + 1;
@@ -465,12 +487,11 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
             || !read_user(scratch.up_window.0.as_mut_ptr(), bytes as u32, at)
         {
             scratch.up_len = 0;
-            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+            return false;
         }
     }
     scratch.up_start = at;
     scratch.up_len = bytes;
-    copy_frame(&mut scratch.buf, &scratch.up_window, 0);
     true
 }
 

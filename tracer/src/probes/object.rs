@@ -25,6 +25,10 @@ pub struct LoadOptions {
     pub stacks: Option<StackOptions>,
 }
 
+/// Set: 3.12's `_PyCFrame` is read alone, not with the C stack above it (a measurement's
+/// switch, as `CUDATRACE_STACKS_IDENT_PER_FRAME` is).
+pub const CFRAME_WINDOW_OFF_ENV: &str = "CUDATRACE_STACKS_NO_CFRAME_WINDOW";
+
 /// The stack programs' load-time settings (`--stacks`).
 #[derive(Clone, Copy, Debug)]
 pub struct StackOptions {
@@ -131,6 +135,11 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
             .override_global("STACK_DEPTH", &stacks.depth, true)
             .override_global("STACK_EVERY", &stacks.every, true)
             .override_global("STACK_RATE", &stacks.rate, true);
+        // For measuring the 3.12 cframe's window read against the read of its pointer
+        // alone (BENCHMARKS.md, issue 32), in one binary.
+        if std::env::var_os(CFRAME_WINDOW_OFF_ENV).is_some() {
+            loader.override_global("CFRAME_WINDOW", &0u32, true);
+        }
     }
     loader
         .override_global("PIDNS_DEV", &pidns_dev, true)

@@ -106,7 +106,7 @@ fn the_workers_skip_overlong_lines_and_report_missing_files() {
         workers,
         [
             "Footer(FooterFigures { lost_total: None, exit_code: None, gpu_issuing: None, \
-             stacks_without: None })",
+             stacks_without: None, stack_records: None })",
             "end",
             "2 lines, 1 skipped, first [(1, \"line longer than 64 MiB\")], cut None"
         ]

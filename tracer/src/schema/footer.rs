@@ -139,6 +139,29 @@ pub struct StacksFooter {
     /// Frames the probes read (those kept and the interpreter's own entry frames they
     /// skip): with `calls`, the depth the cost per frame is measured at.
     pub frames_walked: u64,
+    /// The stack records of calls whose walk found a stack, by how the probes sent it:
+    /// known to them (its hash alone) or whole (its frames). Added within version 4.
+    pub stack_records: StackRecordCounts,
+}
+
+/// Stack records of calls whose walk reached a stack, by path: a known stack costs the
+/// probes its frames' walk and a hash lookup; a stack sent whole also each frame's code
+/// identity, a code-object lookup per frame and a record of its frames. Read back by
+/// `summary` (missing fields 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StackRecordCounts {
+    /// The probes knew the stack (seen in this process image under the current count of
+    /// code objects freed): its hash alone was sent.
+    pub known: u64,
+    /// The stack was sent with its frames: new to the probes.
+    pub sent_whole: u64,
+    /// Of those, stacks the trace already had (the same frames, sent whole before): new to
+    /// the probes only because the count of code objects freed moved, the layout was given
+    /// again (the probe on code frees linked at the process's first stack, a fork child),
+    /// the probes' cache of stacks evicted it, or one of its code objects was not read
+    /// before.
+    pub sent_again: u64,
 }
 
 /// Calls of the chosen families that have no `stack`, by reason (docs/trace-format.md).
@@ -578,6 +601,9 @@ pub struct FooterFigures {
     pub gpu_issuing: Option<IssuingCalls>,
     /// `stacks.without` (`run --stacks`): why calls have no stack, which only `run` knew.
     pub stacks_without: Option<StacklessCounts>,
+    /// `stacks.stack_records` (`run --stacks`, within version 4): how the probes sent the
+    /// stacks, which only `run` knew.
+    pub stack_records: Option<StackRecordCounts>,
 }
 
 impl FooterFigures {
@@ -613,6 +639,10 @@ impl FooterFigures {
                 .get("stacks")
                 .and_then(|stacks| stacks.get("without"))
                 .and_then(|without| StacklessCounts::deserialize(without).ok()),
+            stack_records: value
+                .get("stacks")
+                .and_then(|stacks| stacks.get("stack_records"))
+                .and_then(|records| StackRecordCounts::deserialize(records).ok()),
         }
     }
 }

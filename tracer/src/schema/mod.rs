@@ -59,8 +59,8 @@ pub use driver::DriverLine;
 pub use fields::{Hex, LineType};
 pub use footer::{
     CodeFreeProbeCounts, EventLine, Footer, FooterFigures, GpuFooter, IssuingCalls, Leak,
-    LostCounts, MemoryFooter, PowerFooter, ProcessMemory, StacklessCounts, StacksFooter,
-    StopFigures, WindowFooter,
+    LostCounts, MemoryFooter, PowerFooter, ProcessMemory, StackRecordCounts, StacklessCounts,
+    StacksFooter, StopFigures, WindowFooter,
 };
 pub use gpu::{
     GpuCopyLine, GpuErrorLine, GpuGapLine, GpuInfoLine, GpuKernelLine, GpuLine, GpuLink,
@@ -98,7 +98,8 @@ pub enum Line {
     /// `--stacks`: a Python stack, and a process's interpreter.
     Stack(Box<StackLine>),
     Interpreter(Box<InterpreterLine>),
-    Footer(FooterFigures),
+    /// Boxed: read once a trace, and the largest of the lines' figures.
+    Footer(Box<FooterFigures>),
     /// A type this version does not know (a newer trace).
     Unknown,
 }
@@ -130,7 +131,7 @@ pub fn parse(bytes: &[u8]) -> Result<Line, String> {
         LibraryLine::TYPE => Line::Library(Box::new(LibraryLine::read(&value, bytes)?)),
         StackLine::TYPE => Line::Stack(Box::new(StackLine::read(&value, bytes)?)),
         InterpreterLine::TYPE => Line::Interpreter(Box::new(InterpreterLine::read(&value, bytes)?)),
-        Footer::TYPE => Line::Footer(FooterFigures::read(&value)),
+        Footer::TYPE => Line::Footer(Box::new(FooterFigures::read(&value))),
         other => match GpuLine::read(other, bytes) {
             Some(line) => Line::Gpu(Box::new(line?)),
             None => Line::Unknown,
@@ -377,16 +378,17 @@ mod tests {
         );
         assert_eq!(
             parse(text.as_bytes()),
-            Ok(Line::Footer(FooterFigures {
+            Ok(Line::Footer(Box::new(FooterFigures {
                 lost_total: Some(4),
                 exit_code: Some(3),
                 gpu_issuing: None,
                 stacks_without: None,
-            }))
+                stack_records: None,
+            })))
         );
         assert_eq!(
             parse(br#"{"type":"footer","exit_code":"x","lost":5}"#),
-            Ok(Line::Footer(FooterFigures::default()))
+            Ok(Line::Footer(Box::default()))
         );
     }
 

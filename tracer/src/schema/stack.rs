@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn the_footer_counts_stack_lines_and_every_reason() {
-        use crate::schema::footer::{StacklessCounts, StacksFooter};
+        use crate::schema::footer::{StackRecordCounts, StacklessCounts, StacksFooter};
         let mut footer = Footer::default();
         StackLine::default().count_in(&mut footer);
         footer.stacks = Some(StacksFooter {
@@ -222,13 +222,18 @@ mod tests {
             },
             code_objects: 5,
             frames_walked: 40,
+            stack_records: StackRecordCounts {
+                known: 7,
+                sent_whole: 2,
+                sent_again: 1,
+            },
             ..StacksFooter::default()
         });
         let text = serde_json::to_string(&footer).unwrap();
         assert!(text.contains(r#""library":0,"stack":1}"#), "{text}");
         assert!(
             text.ends_with(
-                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0},"long_linetables":{"read":0,"unread":0},"code_free_probes":{"linked":0,"not_linked":0},"frames_walked":40}}"#
+                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0},"long_linetables":{"read":0,"unread":0},"code_free_probes":{"linked":0,"not_linked":0},"frames_walked":40,"stack_records":{"known":7,"sent_whole":2,"sent_again":1}}}"#
             ),
             "{text}"
         );

@@ -158,6 +158,7 @@ impl Resolver {
         }
         let key = (event.generation, event.hash);
         if event.flags & stack_flags::KNOWN != 0 {
+            self.footer.stack_records.known += 1;
             // Its frames came before, or it would not be known.
             let resolved = self
                 .known
@@ -166,6 +167,7 @@ impl Resolver {
                 .unwrap_or(Err(Reason::RecordLost));
             return (resolved, None);
         }
+        self.footer.stack_records.sent_whole += 1;
         let cut = event.flags & stack_flags::CUT != 0;
         let (resolved, line) = match self.frames(frames) {
             Err(reason) => (Err(reason), None),
@@ -173,6 +175,9 @@ impl Resolver {
             Ok(named) => {
                 let next = self.interned.len() as u64 + 1;
                 let id = *self.interned.entry((named.clone(), cut)).or_insert(next);
+                if id != next {
+                    self.footer.stack_records.sent_again += 1;
+                }
                 let line = (id == next).then(|| StackLine {
                     id,
                     frames: named,

@@ -27,7 +27,7 @@ use self::{
     gpu::{GpuStacks, KernelSite},
 };
 use super::{Role, classify, memory::allocated_device_bytes, summary::call_bytes};
-use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line, StacklessCounts};
+use crate::schema::{CallLine, GpuKernelLine, GpuLine, Line, StackRecordCounts, StacklessCounts};
 
 /// What the calls of one stack (or of none) did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -120,6 +120,8 @@ pub struct StackAccumulator {
     every: u32,
     /// The footer's reasons for the calls without a stack.
     without: Option<StacklessCounts>,
+    /// The footer's `stack_records`: how the probes sent the stacks.
+    records: Option<StackRecordCounts>,
 }
 
 /// How the calls and kernels were attributed.
@@ -161,7 +163,10 @@ impl StackAccumulator {
                     .resize(self.table.stacks().len(), StackFigures::default());
             }
             Line::Call(call) => self.call(call),
-            Line::Footer(footer) => self.without = footer.stacks_without,
+            Line::Footer(footer) => {
+                self.without = footer.stacks_without;
+                self.records = footer.stack_records;
+            }
             Line::Gpu(gpu) => {
                 if let GpuLine::Kernel(kernel) = &**gpu {
                     self.kernel(kernel);
@@ -272,6 +277,7 @@ impl StackAccumulator {
             total,
             counts: self.counts,
             without: self.without,
+            records: self.records,
             gpu,
             every,
         }
@@ -290,6 +296,9 @@ pub struct StackProfile {
     pub counts: StackCounts,
     /// The footer's reasons for the calls without a stack (absent without a footer).
     pub without: Option<StacklessCounts>,
+    /// The footer's `stack_records` (absent without a footer, or one before they were
+    /// counted).
+    pub records: Option<StackRecordCounts>,
     /// The trace has `--gpu` lines.
     pub gpu: bool,
     /// `--stack-every N`: a call had a stack with a chance of 1 in N, so the stacks'

@@ -8,7 +8,7 @@ use foldhash::HashMap;
 use serde::Serialize;
 
 use super::{StackCounts, StackFigures, StackProfile, frames::StackTable};
-use crate::schema::StacklessCounts;
+use crate::schema::{StackRecordCounts, StacklessCounts};
 
 /// The row of calls and kernels without a stack.
 pub const NO_STACK: &str = "(no stack)";
@@ -50,6 +50,10 @@ pub struct StacksSummary {
     /// why (`sampled_out` by `--stack-every`); absent where the trace has no footer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub without: Option<StacklessCounts>,
+    /// The footer's `stacks.stack_records`: how the probes sent the stacks (known to them,
+    /// or whole); absent where the trace's footer has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_records: Option<StackRecordCounts>,
     /// The trace has `--gpu` lines: the GPU columns are the kernels' time.
     pub gpu: bool,
     /// `--stack-every N` (absent when 1): a call's stack was walked with a chance of 1 in N,
@@ -185,6 +189,7 @@ impl StackProfile {
             stacks: self.table.stacks().len() as u64,
             counts: self.counts,
             without: self.without,
+            stack_records: self.records,
             gpu: self.gpu,
             every: self.every,
             total: self.total,

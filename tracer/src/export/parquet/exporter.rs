@@ -162,7 +162,7 @@ impl ParquetExporter {
                 Line::Power(power) => self.power(power)?,
                 Line::Library(library) => self.library(library)?,
                 Line::Stack(stack) => self.stack(stack)?,
-                Line::Footer(footer) => self.footer = Some(*footer),
+                Line::Footer(footer) => self.footer = Some(**footer),
                 // An interpreter line says whether a process's calls have stacks; the
                 // stacks themselves are the `stacks` table.
                 Line::Lost(_) | Line::Driver(_) | Line::Interpreter(_) => {}

@@ -98,6 +98,17 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
             without.said()
         );
     }
+    if let Some(records) = stacks
+        .stack_records
+        .filter(|records| records.known + records.sent_whole > 0)
+    {
+        let _ = writeln!(
+            out,
+            "  Stack records (the trace's footer): {} known to the probes (their hash alone), {} \
+             sent whole ({} of them a stack sent before)",
+            records.known, records.sent_whole, records.sent_again
+        );
+    }
     if stacks.every > 1 {
         let _ = writeln!(
             out,
