@@ -14,16 +14,22 @@ CUDATRACE=$(realpath "$1")
 OUT=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
-coproc A { exec python3 "$HERE/attach_target.py" train --device 0 --seconds 16 --out "$OUT/a.iters.jsonl"; }
-read -r ready_a pid_a <&"${A[0]}"
-coproc B { exec python3 "$HERE/attach_target.py" gpt2 --device 1 --seconds 14 --out "$OUT/b.iters.jsonl"; }
-read -r ready_b pid_b <&"${B[0]}"
-if [ "$ready_a" != ready ] || [ "$ready_b" != ready ]; then echo "a target did not start" >&2; exit 1; fi
+python3 "$HERE/attach_target.py" train --device 0 --seconds 16 --out "$OUT/a.iters.jsonl" > "$OUT/a.out" 2>&1 &
+pid_a=$!
+python3 "$HERE/attach_target.py" gpt2 --device 1 --seconds 14 --out "$OUT/b.iters.jsonl" > "$OUT/b.out" 2>&1 &
+pid_b=$!
+for _ in $(seq 1 240); do
+  grep -q '^ready' "$OUT/a.out" 2>/dev/null && grep -q '^ready' "$OUT/b.out" 2>/dev/null && break
+  sleep 0.5
+done
+if ! grep -q '^ready' "$OUT/a.out" || ! grep -q '^ready' "$OUT/b.out"; then
+  echo "a target did not start" >&2; kill "$pid_a" "$pid_b" 2>/dev/null; exit 1
+fi
 sleep 4
 "$CUDATRACE" run -p "$pid_a" -p "$pid_b" --gpu --stacks --duration 4s -o "$OUT/two.jsonl" 2> "$OUT/two.stderr"
 code=$?
-wait "$A_PID"; code_a=$?
-wait "$B_PID"; code_b=$?
+wait "$pid_a"; code_a=$?
+wait "$pid_b"; code_b=$?
 echo "cudatrace exit $code, A exit $code_a, B exit $code_b"
 grep -v "^cudatrace-phase" "$OUT/two.stderr" | head -20
 python3 - "$OUT/two.jsonl" "$pid_a" "$pid_b" <<'PY'
