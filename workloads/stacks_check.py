@@ -2,7 +2,12 @@
 one CPython gave in-process at that launch (workloads/stacks_reference.py), frame for
 frame: file, qualified name, line. Launches are paired per thread, in order.
 
-usage: stacks_check.py TRACE.jsonl REFERENCE.json
+usage: stacks_check.py [--window] TRACE.jsonl REFERENCE.json
+
+--window: the trace covers a window of the run (`run -p PID --stacks --duration`): each
+traced thread's launches are a run of consecutive launches of CPython's list, placed where
+their first 64 stacks equal CPython's (the first such place), then compared as above;
+threads without a traced launch are left out.
 
 Prints the counts and the first differences; exits 1 unless every launch's stack is equal
 (the innermost `depth` frames, and marked cut, where the reference is deeper than the
@@ -16,7 +21,9 @@ LAUNCH_PREFIXES = ("cuLaunchKernel", "cuLaunchCooperativeKernel", "cuGraphLaunch
 
 
 def main():
-    trace_path, reference_path = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    window = args[:1] == ["--window"]
+    trace_path, reference_path = args[-2], args[-1]
     stacks, launches, depth, footer = {}, {}, None, {}
     with open(trace_path) as trace:
         for text in trace:
@@ -38,9 +45,28 @@ def main():
 
     compared = equal = cut = 0
     differences = []
-    for tid in sorted(set(expected) | set(launches)):
+    def same(stack, frames):
+        if stack is None:
+            return False
+        recorded, was_cut = stacks[stack]
+        return recorded == frames[:depth] and was_cut == (len(frames) > depth)
+
+    tids = set(launches) if window else set(expected) | set(launches)
+    for tid in sorted(tids):
         got = [stack for _, stack in sorted(launches.get(tid, []))]
         want = expected.get(tid, [])
+        if window:
+            head = min(len(got), 64)
+            at = next(
+                (o for o in range(len(want) - len(got) + 1)
+                 if all(same(got[i], want[o + i]) for i in range(head))),
+                None,
+            )
+            if at is None:
+                differences.append(f"thread {tid}: its {len(got)} traced launches are nowhere in CPython's {len(want)}")
+                continue
+            print(f"thread {tid}: {len(got)} traced launches are CPython's {at} to {at + len(got) - 1} of {len(want)}")
+            want = want[at:at + len(got)]
         if len(got) != len(want):
             differences.append(f"thread {tid}: {len(got)} launches traced, {len(want)} in CPython's")
         for index, (stack, frames) in enumerate(zip(got, want)):
