@@ -16,48 +16,34 @@ use std::{
 use common::{gpu::cupti_standin, *};
 use serde_json::{Value, json};
 
+/// `tests/c/SOURCE` built as `name` next to the stand-in libcuda (linked with it when
+/// `libcuda`), with `extra` flags.
+fn c_program(name: &str, source: &str, libcuda: bool, extra: &[&str]) -> PathBuf {
+    let dir = &standin().dir;
+    cupti_standin();
+    let program = dir.join(name);
+    let source = format!("{}/tests/c/{source}", env!("CARGO_MANIFEST_DIR"));
+    let link = format!("-L{}", dir.display());
+    let mut args = C_FLAGS.to_vec();
+    args.extend(["-o", program.to_str().unwrap(), &source]);
+    if libcuda {
+        args.extend([link.as_str(), "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"]);
+    }
+    args.extend(extra);
+    gcc(&args);
+    program
+}
+
 /// `tests/c/attach_loop.c`, built next to the stand-in libcuda.
 fn attach_loop() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
-        let dir = &standin().dir;
-        cupti_standin();
-        let program = dir.join("attach-loop");
-        gcc(&[
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            program.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/attach_loop.c"),
-            &format!("-L{}", dir.display()),
-            "-l:libcuda.so.1",
-            "-Wl,-rpath,$ORIGIN",
-            "-lpthread",
-        ]);
-        program
-    })
+    PROGRAM.get_or_init(|| c_program("attach-loop", "attach_loop.c", true, &["-lpthread"]))
 }
 
 /// `tests/c/seccomp_exec.c`: runs a program under a seccomp filter.
 fn seccomp_exec() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
-        let program = standin().dir.join("seccomp-exec");
-        gcc(&[
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            program.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/seccomp_exec.c"),
-        ]);
-        program
-    })
+    PROGRAM.get_or_init(|| c_program("seccomp-exec", "seccomp_exec.c", false, &[]))
 }
 
 /// A program started untraced, once it said "ready".
@@ -182,25 +168,7 @@ fn a_c_program_is_attached_for_the_window_and_finishes_by_itself() {
 /// `tests/c/attach_fork.c`, built next to the stand-in libcuda.
 fn attach_fork() -> &'static Path {
     static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
-        let dir = &standin().dir;
-        cupti_standin();
-        let program = dir.join("attach-fork");
-        gcc(&[
-            "-O2",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            program.to_str().unwrap(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/attach_fork.c"),
-            &format!("-L{}", dir.display()),
-            "-l:libcuda.so.1",
-            "-Wl,-rpath,$ORIGIN",
-        ]);
-        program
-    })
+    PROGRAM.get_or_init(|| c_program("attach-fork", "attach_fork.c", true, &[]))
 }
 
 /// A child the attached process starts after the attach: its calls are traced (-p follows

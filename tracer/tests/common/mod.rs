@@ -46,6 +46,9 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The warnings and optimisation every test program is built with.
+pub const C_FLAGS: &[&str] = &["-O2", "-g", "-Wall", "-Wextra", "-Werror"];
+
 /// Compiles with gcc. The output is kept in `CARGO_TARGET_TMPDIR/gcc-cache`, named by
 /// everything that goes into it (the arguments, with the output's directory as a
 /// placeholder, and every `.c`/`.h` file beside each source), and copied from there when
@@ -143,20 +146,12 @@ pub fn standin() -> &'static Standin {
             ("cudatrace-demo", "demo_inference.c"),
             ("cudatrace-bench-loop", "bench_loop.c"),
         ] {
-            gcc(&[
-                "-O2",
-                "-g",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-o",
-                &out(program),
-                &src.join(source).display().to_string(),
-                &format!("-L{}", dir.display()),
-                "-l:libcuda.so.1",
-                "-Wl,-rpath,$ORIGIN",
-                "-lpthread",
-            ]);
+            let (output, source) = (out(program), src.join(source).display().to_string());
+            let link = format!("-L{}", dir.display());
+            let mut args = C_FLAGS.to_vec();
+            args.extend(["-o", &output, &source, &link, "-l:libcuda.so.1"]);
+            args.extend(["-Wl,-rpath,$ORIGIN", "-lpthread"]);
+            gcc(&args);
         }
         Standin {
             lib: dir.join("libcuda.so.1"),
