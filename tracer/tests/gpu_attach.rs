@@ -89,11 +89,16 @@ impl Target {
 
 /// `cudatrace run -p PID --gpu --cupti STANDIN --libcuda STANDIN -o TRACE [extra]`.
 fn attach(pid: u32, trace: &Path, extra: &[&str]) -> Output {
+    attach_with(pid, trace, &standin().lib, &cupti_standin().lib, extra)
+}
+
+/// [`attach`] with these stand-ins.
+fn attach_with(pid: u32, trace: &Path, libcuda: &Path, cupti: &Path, extra: &[&str]) -> Output {
     Command::new(CUDATRACE)
         .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
-        .arg(&cupti_standin().lib)
+        .arg(cupti)
         .arg("--libcuda")
-        .arg(&standin().lib)
+        .arg(libcuda)
         .arg("-p")
         .arg(pid.to_string())
         .arg("-o")
@@ -353,6 +358,60 @@ fn in_own_mount_namespace(script: &str, program: &Path, args: &[&str]) -> Comman
     command
 }
 
+/// `attach_loop` and the stand-ins it loads where a tmpfs over /tmp and /run does not hide
+/// them: where they are, or, for a checkout under either (CI's fresh clone), copies in a
+/// folder of /var/tmp removed at the end.
+struct OutsideTmp {
+    program: PathBuf,
+    libcuda: PathBuf,
+    cupti: PathBuf,
+    copied: Option<PathBuf>,
+}
+
+impl OutsideTmp {
+    fn new() -> OutsideTmp {
+        let dir = &standin().dir;
+        let (program, libcuda, cupti) = (attach_loop(), &standin().lib, &cupti_standin().lib);
+        if !(dir.starts_with("/tmp") || dir.starts_with("/run")) {
+            return OutsideTmp {
+                program: program.to_owned(),
+                libcuda: libcuda.clone(),
+                cupti: cupti.clone(),
+                copied: None,
+            };
+        }
+        let copies = Path::new("/var/tmp").join(format!(
+            "cudatrace-mntns-{}-{}",
+            std::process::id(),
+            std::thread::current()
+                .name()
+                .unwrap_or("test")
+                .replace("::", "-")
+        ));
+        std::fs::create_dir_all(&copies).unwrap();
+        let copy = |from: &Path| {
+            let to = copies.join(from.file_name().unwrap());
+            std::fs::copy(from, &to).unwrap();
+            to
+        };
+        // The program finds libcuda beside itself (`$ORIGIN`).
+        OutsideTmp {
+            program: copy(program),
+            libcuda: copy(libcuda),
+            cupti: copy(cupti),
+            copied: Some(copies),
+        }
+    }
+}
+
+impl Drop for OutsideTmp {
+    fn drop(&mut self) {
+        if let Some(copies) = &self.copied {
+            let _ = std::fs::remove_dir_all(copies);
+        }
+    }
+}
+
 /// A namespace link of a process (`/proc/PID/ns/KIND`).
 fn namespace(pid: &str, kind: &str) -> PathBuf {
     std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap()
@@ -365,16 +424,25 @@ fn namespace(pid: &str, kind: &str) -> PathBuf {
 #[test]
 fn a_process_in_another_mount_namespace_is_attached_through_anonymous_files() {
     let Some(_root) = root() else { return };
+    let files = OutsideTmp::new();
     let mut command = in_own_mount_namespace(
         "mount -t tmpfs none /tmp && mount -t tmpfs none /run",
-        attach_loop(),
+        &files.program,
         &["4000", "1000"],
     );
     let target = Target::start(&mut command);
     let pid = target.pid();
     assert_ne!(namespace(&pid.to_string(), "mnt"), namespace("self", "mnt"));
     let trace_path = scratch("attach-mount-ns").join("trace.jsonl");
-    let output = assert_no_probe_outlives(|| attach(pid, &trace_path, &["--duration", "2s"]));
+    let output = assert_no_probe_outlives(|| {
+        attach_with(
+            pid,
+            &trace_path,
+            &files.libcuda,
+            &files.cupti,
+            &["--duration", "2s"],
+        )
+    });
     let said = stderr(&output);
     assert_eq!(output.status.code(), Some(0), "{said}");
     assert!(
@@ -489,8 +557,12 @@ fn a_process_whose_root_lacks_the_libcupti_is_refused() {
     std::fs::create_dir_all(&hidden).unwrap();
     let cupti = hidden.join("libcupti.so.13");
     std::fs::copy(&cupti_standin().lib, &cupti).unwrap();
-    let mut command =
-        in_own_mount_namespace("mount -t tmpfs none /tmp", attach_loop(), &["3000", "1000"]);
+    let files = OutsideTmp::new();
+    let mut command = in_own_mount_namespace(
+        "mount -t tmpfs none /tmp",
+        &files.program,
+        &["3000", "1000"],
+    );
     let target = Target::start(&mut command);
     let pid = target.pid();
     let trace_path = scratch("attach-no-cupti").join("trace.jsonl");
@@ -498,7 +570,7 @@ fn a_process_whose_root_lacks_the_libcupti_is_refused() {
         .args(["run", "--gpu", "--missing-probes", "ignore", "--cupti"])
         .arg(&cupti)
         .arg("--libcuda")
-        .arg(&standin().lib)
+        .arg(&files.libcuda)
         .args(["-p", &pid.to_string(), "-o"])
         .arg(&trace_path)
         .args(["--duration", "1s"])
