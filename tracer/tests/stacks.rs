@@ -122,7 +122,10 @@ impl Python {
         env: &[(&str, &str)],
     ) -> Traced {
         let standin = standin();
-        std::fs::copy(scripts().join(script), self.host_dir.join(script)).unwrap();
+        // The script, and the helper some import from beside it.
+        for file in [script, "free_probe.py"] {
+            std::fs::copy(scripts().join(file), self.host_dir.join(file)).unwrap();
+        }
         std::fs::copy(&standin.lib, self.host_dir.join("libcuda.so.1")).unwrap();
         let trace = self.host_dir.join(format!("{script}.jsonl"));
         let recorded = self.host_dir.join(format!("{script}.json"));

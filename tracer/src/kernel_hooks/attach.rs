@@ -9,14 +9,13 @@ use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
 use tracer_common::device_kind;
 
 use super::choice::HookPlan;
-use crate::probes::programs::{TracepointLinks, attach_tracepoints, program};
+use crate::probes::programs::{attach_tracepoints, program};
 
 /// Functions that run in interrupt context: reported whichever process they interrupt.
 pub const INTERRUPT_FUNCTIONS: &[&str] = &["nvidia_isr", "nvidia_isr_kthread_bh"];
 
-/// Attaches the chosen hooks, their tracepoint links kept in `links`. Returns the functions
-/// actually hooked (kprobes).
-pub fn attach(bpf: &mut Ebpf, plan: &HookPlan, links: &mut TracepointLinks) -> Result<Vec<String>> {
+/// Attaches the chosen hooks. Returns the functions actually hooked (kprobes).
+pub fn attach(bpf: &mut Ebpf, plan: &HookPlan) -> Result<Vec<String>> {
     let mut tracepoints = vec![
         ("syscalls", "sys_enter_openat"),
         ("syscalls", "sys_exit_openat"),
@@ -33,7 +32,7 @@ pub fn attach(bpf: &mut Ebpf, plan: &HookPlan, links: &mut TracepointLinks) -> R
     if plan.xid {
         tracepoints.push(("nvidia", "nvidia_dev_xid"));
     }
-    links.extend(attach_tracepoints(bpf, &tracepoints)?);
+    attach_tracepoints(bpf, &tracepoints)?;
     if plan.mechanism != "kprobe" {
         return Ok(Vec::new());
     }

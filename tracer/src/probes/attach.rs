@@ -555,7 +555,7 @@ fn attach_per_symbol(
 }
 
 /// Drops everything in `items` from up to 64 threads at once.
-pub fn drop_in_parallel<T: Send>(mut items: Vec<T>) {
+fn drop_in_parallel<T: Send>(mut items: Vec<T>) {
     let per_thread = items.len().div_ceil(64).max(1);
     std::thread::scope(|scope| {
         while !items.is_empty() {

@@ -22,7 +22,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::{Ebpf, programs::trace_point::TracePointLink};
+use aya::Ebpf;
 use tracer_common::{AttachEvent, LibraryMapping, SET_UNKNOWN, attach_event};
 
 use super::{
@@ -515,16 +515,11 @@ impl Discovery {
     /// Tracing ends: the links and the object go to a thread of their own that detaches
     /// everything (the kernel takes a grace period per detach) while the caller drains
     /// the ring. Joining the thread means all is detached; nothing is attached from here on.
-    pub fn detach_on_thread(
-        &mut self,
-        mut bpf: Ebpf,
-        tracepoints: Vec<TracePointLink>,
-    ) -> JoinHandle<()> {
+    pub fn detach_on_thread(&mut self, mut bpf: Ebpf) -> JoinHandle<()> {
         let links = self.attacher.take_links(&mut bpf);
         std::thread::spawn(move || {
             std::thread::scope(|scope| {
                 scope.spawn(move || links.close());
-                scope.spawn(move || attach::drop_in_parallel(tracepoints));
                 attach::unload_programs(&mut bpf);
             });
             drop(bpf);

@@ -4,10 +4,7 @@
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
-    programs::{
-        Program, ProgramError, TracePoint,
-        trace_point::{TracePointLink, TracePointLinkId},
-    },
+    programs::{Program, ProgramError, TracePoint},
 };
 
 /// The program `name` of the object, as its type.
@@ -21,50 +18,20 @@ where
     Ok(program.try_into()?)
 }
 
-/// Tracepoint links by program, kept apart from their programs so that tracing's end
-/// detaches them all at once: each detach waits for the kernel's grace periods (50 to
-/// 300 ms here), and a program unloaded with its links detaches them one after another.
-#[derive(Default)]
-pub struct TracepointLinks(Vec<(String, TracePointLinkId)>);
-
-impl TracepointLinks {
-    fn push(&mut self, program: &str, id: TracePointLinkId) {
-        self.0.push((program.to_owned(), id));
-    }
-
-    pub fn extend(&mut self, other: TracepointLinks) {
-        self.0.extend(other.0);
-    }
-
-    /// Takes the links out of their programs: each detaches when dropped. One whose
-    /// program or link is gone is left to the program's unload.
-    pub fn take(self, bpf: &mut Ebpf) -> Vec<TracePointLink> {
-        self.0
-            .into_iter()
-            .filter_map(|(name, id)| {
-                let program: &mut TracePoint = program(bpf, &name).ok()?;
-                program.take_link(id).ok()
-            })
-            .collect()
-    }
-}
-
 /// Loads and attaches tracepoint programs; each program is named after its event.
-pub fn attach_tracepoints(bpf: &mut Ebpf, events: &[(&str, &str)]) -> Result<TracepointLinks> {
-    let mut links = TracepointLinks::default();
+pub fn attach_tracepoints(bpf: &mut Ebpf, events: &[(&str, &str)]) -> Result<()> {
     for (category, event) in events {
         let program: &mut TracePoint = program(bpf, event)?;
         program.load().with_context(|| format!("loading {event}"))?;
-        let id = program
+        program
             .attach(category, event)
             .with_context(|| format!("attaching tracepoint {category}:{event}"))?;
-        links.push(event, id);
     }
-    Ok(links)
+    Ok(())
 }
 
 /// Attaches the process-tree tracepoints: a traced process's children are traced too.
-pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<TracepointLinks> {
+pub fn attach_process_tracking(bpf: &mut Ebpf) -> Result<()> {
     attach_tracepoints(
         bpf,
         &[
@@ -135,13 +102,8 @@ impl ChildHook {
 /// writing is let be. `openat` and `clone` are needed; the others are attached where the
 /// kernel has them. Where the kernel lacks attach cookies, `mmap` and `close` too (the
 /// probes are told apart by address).
-pub fn attach_discovery(
-    bpf: &mut Ebpf,
-    tracefs: &std::path::Path,
-    quiet: bool,
-) -> Result<TracepointLinks> {
+pub fn attach_discovery(bpf: &mut Ebpf, tracefs: &std::path::Path, quiet: bool) -> Result<()> {
     let hook = ChildHook::chosen()?;
-    let mut links = TracepointLinks::default();
     let exists = |event: &str| tracefs.join("events/syscalls").join(event).is_dir();
     for (program_name, events) in [
         ("lib_enter_openat", &["sys_enter_openat"][..]),
@@ -188,28 +150,22 @@ pub fn attach_discovery(
             if !needed && !exists(event) {
                 continue;
             }
-            let id = program
+            program
                 .attach("syscalls", event)
                 .with_context(|| format!("attaching tracepoint syscalls:{event}"))?;
-            links.push(program_name, id);
         }
     }
-    if hook == ChildHook::Rseq {
-        links.extend(attach_child_rseq(bpf, tracefs, quiet)?);
+    match hook {
+        ChildHook::Rseq => attach_child_rseq(bpf, tracefs, quiet),
+        ChildHook::SyscallExit | ChildHook::None => Ok(()),
     }
-    Ok(links)
 }
 
 /// [`ChildHook::Rseq`]: the child is caught on its first `rseq:rseq_update`. Without that
 /// event (a kernel built without `CONFIG_RSEQ`)
 /// such children are not stopped for their own probes: said once, and each one that ends
 /// so is counted (`child_unseen`).
-fn attach_child_rseq(
-    bpf: &mut Ebpf,
-    tracefs: &std::path::Path,
-    quiet: bool,
-) -> Result<TracepointLinks> {
-    let mut links = TracepointLinks::default();
+fn attach_child_rseq(bpf: &mut Ebpf, tracefs: &std::path::Path, quiet: bool) -> Result<()> {
     if !ChildHook::Rseq.available(tracefs) {
         if !quiet {
             eprintln!(
@@ -219,13 +175,12 @@ fn attach_child_rseq(
                 tracer_common::arch::TARGET.name
             );
         }
-        return Ok(links);
+        return Ok(());
     }
     let program: &mut TracePoint = program(bpf, "child_rseq_update")?;
     program.load().context("loading child_rseq_update")?;
-    let id = program
+    program
         .attach("rseq", "rseq_update")
         .context("attaching tracepoint rseq:rseq_update")?;
-    links.push("child_rseq_update", id);
-    Ok(links)
+    Ok(())
 }

@@ -17,7 +17,6 @@ use crate::{
         discovery::{Attached, Discovery, Found, FoundLibrary},
         maps::TracedSet,
         plan::{MissingProbes, Plan, Plans},
-        programs::TracepointLinks,
         stops::Stops,
     },
     schema::{AttachInfo, LibraryLine, StopFigures},
@@ -41,8 +40,6 @@ pub struct Attaching {
     loaded_any: bool,
     /// How long the processes were stopped for attaching.
     stop_figures: StopFigures,
-    /// The tracepoints' links, detached all at once at the end.
-    tracepoint_links: TracepointLinks,
     finished: bool,
 }
 
@@ -81,7 +78,6 @@ impl Attaching {
             failures: Vec::new(),
             loaded_any: false,
             stop_figures: StopFigures::default(),
-            tracepoint_links: TracepointLinks::default(),
             finished: false,
         }
     }
@@ -219,17 +215,11 @@ impl Attaching {
         self.traced.stop_tracing()?;
         self.end_stops();
         self.finished = true;
-        let mut bpf = self
+        let bpf = self
             .bpf
             .take()
             .expect("the object is kept until tracing ends");
-        let tracepoints = std::mem::take(&mut self.tracepoint_links).take(&mut bpf);
-        Ok(self.discovery.detach_on_thread(bpf, tracepoints))
-    }
-
-    /// Keeps tracepoint links to detach with the rest when tracing ends.
-    pub fn keep_tracepoint_links(&mut self, links: TracepointLinks) {
-        self.tracepoint_links.extend(links);
+        Ok(self.discovery.detach_on_thread(bpf))
     }
 
     /// Continues every process still stopped (after the last events were handled) and

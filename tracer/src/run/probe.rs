@@ -19,7 +19,7 @@ use crate::{
         maps::{CounterReader, NamePatterns},
         object::{LoadOptions, StackOptions},
         plan::{FunctionSelection, MissingProbes},
-        programs::{self, TracepointLinks},
+        programs,
         stops::Stops,
         tracefs,
     },
@@ -238,11 +238,9 @@ fn attach_tracking(
     start_ids: &[u32],
     lines: &mut Vec<LibraryLine>,
 ) -> Result<Option<KernelHooksInfo>, Failure> {
-    let links = programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
-    attaching.keep_tracepoint_links(links);
+    programs::attach_process_tracking(attaching.bpf()).map_err(internal)?;
     let tracefs = tracefs::tracefs().map_err(internal)?;
-    let links = programs::attach_discovery(attaching.bpf(), &tracefs, quiet).map_err(internal)?;
-    attaching.keep_tracepoint_links(links);
+    programs::attach_discovery(attaching.bpf(), &tracefs, quiet).map_err(internal)?;
     for pid in &targets.pids {
         attaching.trace_pid(*pid).map_err(internal)?;
     }
@@ -301,10 +299,8 @@ fn attach_kernel_hooks(
     if plan.mechanism == "kprobe" && helpers::supported(func_ip) == Ok(false) {
         anyhow::bail!(helpers::refusal(func_ip, &helpers::kernel_release()));
     }
-    let mut links = TracepointLinks::default();
-    let functions = kernel_hooks::attach(attaching.bpf(), &plan, &mut links)?;
-    attaching.keep_tracepoint_links(links);
     let bpf = attaching.bpf();
+    let functions = kernel_hooks::attach(bpf, &plan)?;
     for pid in pids {
         kernel_hooks::seed_open_fds(bpf, *pid, device_prefix)?;
     }

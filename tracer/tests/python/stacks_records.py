@@ -11,30 +11,20 @@ second call is the first under the new image: it is sent whole again.
 
 import ctypes
 import sys
-import time
+
+from free_probe import wait_for_the_free_probe
 
 lib = ctypes.CDLL(sys.argv[1])
 count = int(sys.argv[3])
 wait = sys.argv[4:] == ["wait"]
-code_type = type((lambda: 0).__code__)
-# PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, tp_itemsize, tp_dealloc.
-dealloc = ctypes.c_void_p.from_address(id(code_type) + 48).value
-unlinked = ctypes.string_at(dealloc, 4)
-
-
-def wait_for_the_free_probe():
-    deadline = time.monotonic() + 30
-    while ctypes.string_at(dealloc, 4) == unlinked and time.monotonic() < deadline:
-        time.sleep(0.01)
-    # The layout is given again just after the link.
-    time.sleep(0.2)
 
 
 def calls():
     for call in range(count):
         lib.cuCtxSynchronize()
         if call == 0 and wait:
-            wait_for_the_free_probe()
+            # The layout is given again just after the link.
+            wait_for_the_free_probe(settle=0.2)
 
 
 calls()

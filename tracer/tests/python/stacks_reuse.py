@@ -18,21 +18,12 @@ import ctypes
 import json
 import sys
 import threading
-import time
+
+from free_probe import wait_for_the_free_probe
 
 lib = ctypes.CDLL(sys.argv[1])
 recorded = {}
 wait = sys.argv[3:] == ["wait"]
-# PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, tp_itemsize, tp_dealloc.
-code_type = type((lambda: 0).__code__)
-dealloc = ctypes.c_void_p.from_address(id(code_type) + 48).value
-unlinked = ctypes.string_at(dealloc, 4)
-
-
-def wait_for_the_free_probe():
-    deadline = time.monotonic() + 30
-    while ctypes.string_at(dealloc, 4) == unlinked and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def seen():
