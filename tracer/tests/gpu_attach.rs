@@ -388,7 +388,11 @@ impl OutsideTmp {
                 .unwrap_or("test")
                 .replace("::", "-")
         ));
-        std::fs::create_dir_all(&copies).unwrap();
+        // A new folder of root's own: /var/tmp is everyone's, and a name planted there
+        // (a link) fails the creation rather than being written through.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&copies)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", copies.display()));
         let copy = |from: &Path| {
             let to = copies.join(from.file_name().unwrap());
             std::fs::copy(from, &to).unwrap();
