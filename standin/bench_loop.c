@@ -20,6 +20,10 @@
  *   FUNCTION cuCtxSynchronize (default; no arguments) or cuLaunchKernel (eleven
  *            arguments, five on the stack: the launch path of a real workload).
  *
+ * With CUDATRACE_BENCH_CUINIT=1 in the environment it calls cuInit(0) first (one call
+ * more), which loads CUDA_INJECTION64_PATH as the driver does: for `run --gpu` against the
+ * stand-in libcupti, whose records of each launch then pass through cudatrace.
+ *
  * Prints one JSON line on stdout:
  *   {"calls":TOTAL,"threads":T,"ns":ELAPSED,"ns_per_call":X,"calls_per_s":R,
  *    "target_calls_per_s":RATE,"user_ns":U,"sys_ns":S,"process_cpu_ns":C}
@@ -130,6 +134,11 @@ int main(int argc, char **argv)
         (argc > 4 && !g_launch && strcmp(argv[4], "cuCtxSynchronize") != 0)) {
         fprintf(stderr, "usage: cudatrace-bench-loop N [RATE [THREADS [cuCtxSynchronize|cuLaunchKernel]]]\n");
         return 2;
+    }
+    const char *init = getenv("CUDATRACE_BENCH_CUINIT");
+    if (init != NULL && strcmp(init, "1") == 0 && cuInit(0) != CUDA_SUCCESS) {
+        fprintf(stderr, "cudatrace-bench-loop: cuInit failed\n");
+        return 3;
     }
     g_rate = (double)rate;
     g_threads = (int)threads;

@@ -22,7 +22,13 @@
 #    (default `untraced run stacks stacks_ident gpu gpu_stacks`; `stacks_ident` is --stacks
 #    with each frame's identity read, CUDATRACE_STACKS_IDENT_PER_FRAME=1, as on a kernel
 #    without uprobe_multi), ROUNDS interleaved rounds, the order rotated each round; each
-#    traced run's ratio to its round's untraced one (OUTDIR/loopgpu.txt).
+#    traced run's ratio to its round's untraced one (OUTDIR/loopgpu.txt). Also, for
+#    where `--gpu`'s cost goes: `cupti_only` (the injection library alone, no probes:
+#    $INJECT_LIB, with the libcupti PyTorch's wheel has), `gpu_callbacks` (the API records
+#    from CUPTI's callbacks, CUDATRACE_INJECT_CALLS=callbacks), `gpu_nocalls` (no API records:
+#    CUDATRACE_INJECT_CALLS=none, GPU records unlinked), `gpu_nots` (no timestamp callback,
+#    CUDATRACE_INJECT_TIMESTAMP_CALLBACK=0), `gpu_base` (`--gpu` of another build,
+#    $BASE_CUDATRACE). PIN=CPU runs the loop under `taskset -c CPU`.
 # 3. where the time goes: one run of each with CUDATRACE_BPF_STATS=1, with and without
 #    --stacks (the call program's run time per call includes the stack programs it
 #    tail-calls), and the footer's frames walked (OUTDIR/*.stats.stderr).
@@ -110,6 +116,11 @@ for condition in rounds[0]:
 EOF
 
 read -r -a loop_conditions <<<"${LOOPGPU_CONDITIONS:-untraced run stacks stacks_ident gpu gpu_stacks}"
+pinned_loop=("${loop[@]}")
+[ -n "${PIN:-}" ] && pinned_loop=(taskset -c "$PIN" "${loop[@]}")
+cupti=$(python3 -c 'import glob, site
+found = [p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/cu*/lib/libcupti.so*")]
+print(sorted(found)[0] if found else "")' 2>/dev/null)
 count=${#loop_conditions[@]}
 [[ $parts == *,loopgpu,* ]] && echo "== launch loop ($rounds rounds)" &&
 : >"$out/loopgpu.txt" && for round in $(seq 1 "$rounds"); do
@@ -123,8 +134,14 @@ count=${#loop_conditions[@]}
         stacks_ident) prefix=(env CUDATRACE_STACKS_IDENT_PER_FRAME=1 "$cudatrace" run -q --stacks -o /dev/null --) ;;
         gpu) prefix=("$cudatrace" run -q --gpu -o /dev/null --) ;;
         gpu_stacks) prefix=("$cudatrace" run -q --gpu --stacks -o /dev/null --) ;;
+        gpu_callbacks) prefix=(env CUDATRACE_INJECT_CALLS=callbacks "$cudatrace" run -q --gpu -o /dev/null --) ;;
+        gpu_nocalls) prefix=(env CUDATRACE_INJECT_CALLS=none "$cudatrace" run -q --gpu -o /dev/null --) ;;
+        gpu_base) prefix=("${BASE_CUDATRACE:?BASE_CUDATRACE for gpu_base}" run -q --gpu -o /dev/null --) ;;
+        gpu_nots) prefix=(env CUDATRACE_INJECT_TIMESTAMP_CALLBACK=0 "$cudatrace" run -q --gpu -o /dev/null --) ;;
+        cupti_only) prefix=(env CUDA_INJECTION64_PATH="${INJECT_LIB:?INJECT_LIB for cupti_only}"
+            CUDATRACE_CUPTI="$cupti" CUDATRACE_INJECT_STDERR=0) ;;
         esac
-        us=$("${prefix[@]}" "${loop[@]}" 2>>"$out/loopgpu.stderr" | tail -1 |
+        us=$("${prefix[@]}" "${pinned_loop[@]}" 2>>"$out/loopgpu.stderr" | tail -1 |
             python3 -c 'import json, sys; print(json.load(sys.stdin)["us_per_iter_median"])')
         line="$line $condition=$us"
     done

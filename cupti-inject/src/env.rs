@@ -29,6 +29,16 @@ pub const VERBOSE: &str = "CUDATRACE_INJECT_VERBOSE";
 /// DRIVER kind alone: every driver call). Passed by cudatrace from its own environment.
 pub const DRIVER_API: &str = "CUDATRACE_INJECT_DRIVER_API";
 
+/// Of a start at `cuInit`, for measuring what CUPTI costs (never set by cudatrace): where
+/// the driver calls' API records come from. Unset or `records`: CUPTI's DRIVER activity
+/// records of the linked functions; `callbacks`: CUPTI's callback API, as a late start
+/// (`calls.rs`; it holds CUPTI 13.0's one subscriber, so a profiler started beside it gets
+/// no CUDA activity); `none`: no API records at all (GPU records are then unlinked).
+pub const CALLS: &str = "CUDATRACE_INJECT_CALLS";
+/// For measuring: `0` registers no timestamp callback (records on CUPTI's clock, converted
+/// with clock pairs, as beside another subscriber).
+pub const TIMESTAMP_CALLBACK: &str = "CUDATRACE_INJECT_TIMESTAMP_CALLBACK";
+
 /// Of a late start: where the driver calls' API records come from. Unset (the default):
 /// CUPTI's callback API (`calls.rs`), no DRIVER activity records; `off`: CUPTI's DRIVER
 /// activity records, as [`DRIVER_API`] says; `debug`: those, and the callbacks' records

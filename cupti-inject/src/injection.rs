@@ -216,7 +216,7 @@ impl Injection {
             self.outbox.send_client(client::YIELDED);
         } else {
             session
-                .take(false, &self.outbox)
+                .take_first(&self.outbox)
                 .map_err(|failure| match failure.stage {
                     gpu_stage::RESUME => Failure {
                         stage: gpu_stage::REGISTER_CALLBACKS,

@@ -98,8 +98,11 @@ impl Session {
         // their clock too, so then clock pairs only; so too where a late start finds
         // another client (torch.profiler) holding CUPTI: its records keep their clock.
         let held = late && matches!(mode, Mode::Single) && another_subscriber(&cupti);
-        let callback =
-            matches!(mode, Mode::Single) && !held && register_timestamp_callback(&cupti, outbox);
+        let no_callback = env::var(env::TIMESTAMP_CALLBACK).is_some_and(|v| v == "0");
+        let callback = matches!(mode, Mode::Single)
+            && !held
+            && !no_callback
+            && register_timestamp_callback(&cupti, outbox);
         let clock_flags = if callback { 0 } else { gpu_flags::CUPTI_CLOCK };
         let calls_clock = crate::calls::Clock {
             flags: clock_flags,
@@ -249,6 +252,27 @@ impl Session {
         }
         self.enable_driver_api(outbox);
         Ok(())
+    }
+
+    /// The start at `cuInit` takes CUPTI: [`Session::take`], unless [`env::CALLS`] asks
+    /// for the callbacks' API records or none (for measuring CUPTI's cost).
+    pub fn take_first(&'static self, outbox: &Outbox) -> Result<(), Failure> {
+        let calls = env::var(env::CALLS).map(|way| way.to_string_lossy().into_owned());
+        match calls.as_deref() {
+            Some("callbacks") => {
+                self.register_callbacks(false)?;
+                if let Err(why) = self.subscribe_calls() {
+                    verbose(format_args!("start: driver callbacks: {why}"));
+                    self.enable_driver_api(outbox);
+                }
+                self.enable_activity().inspect_err(|_| self.stop_calls())
+            }
+            Some("none") => {
+                self.register_callbacks(false)?;
+                self.enable_activity()
+            }
+            _ => self.take(false, outbox),
+        }
     }
 
     /// A late start takes CUPTI (`cudatrace run -p PID --gpu`): the activity kinds, and the
