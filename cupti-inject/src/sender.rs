@@ -6,7 +6,7 @@ use std::ffi::{CStr, c_char};
 use std::fs::File;
 use std::io::Write;
 
-use tracer_common::{GPU_BATCH_MAX, GPU_TEXT_LEN, GpuRecord, gpu_record};
+use tracer_common::{GPU_BATCH_MAX, GPU_TEXT_LEN, GpuRecord, gpu_flags, gpu_record};
 
 /// Where full batches go: `cudatrace_gpu_records` in the library, a recorder in tests.
 pub trait Sink {
@@ -43,16 +43,17 @@ impl<S: Sink> Sender<S> {
         }
     }
 
-    /// Queues a record carrying `text` (an error message, the libcupti path).
+    /// Sends a record carrying `text` (an error message, the libcupti path) in a batch of
+    /// its own, after what is queued: the probe copies a batch without text in one piece,
+    /// and one with text record by record.
     pub fn push_text(&mut self, mut record: GpuRecord, text: &str) {
         let text: Box<[u8]> = text.as_bytes().into();
         attach_text(&mut record, &text);
         self.debug_line(&record, Some(&text));
+        self.flush();
         self.texts.push(text);
         self.batch.push(record);
-        if self.batch.len() == GPU_BATCH_MAX {
-            self.flush();
-        }
+        self.flush();
     }
 
     /// Queues a kernel record with its name id, preceded by a NAME record the first time
@@ -82,11 +83,11 @@ impl<S: Sink> Sender<S> {
         };
         attach_text(&mut record, &owned);
         self.debug_line(&record, Some(&owned));
+        // In a batch of its own, as [`Sender::push_text`]'s.
+        self.flush();
         self.batch.push(record);
+        self.flush();
         self.names.insert(owned, id);
-        if self.batch.len() == GPU_BATCH_MAX {
-            self.flush();
-        }
         id
     }
 
@@ -102,8 +103,12 @@ impl<S: Sink> Sender<S> {
         self.debug_line(record, None);
     }
 
-    /// Sends what is queued.
+    /// Sends what is queued. A batch of two or more records has none with text (those go
+    /// alone): its first record says so, and the probe copies it whole.
     pub fn flush(&mut self) {
+        if self.batch.len() >= 2 {
+            self.batch[0].flags |= gpu_flags::BATCH_WITHOUT_TEXT;
+        }
         if !self.batch.is_empty() {
             self.sink.send(&self.batch);
             self.batch.clear();
@@ -209,6 +214,40 @@ mod tests {
         }
     }
 
+    /// Every record sent, in order: what, name id, correlation id, text.
+    type Sent = Vec<(u32, u32, u32, Option<Vec<u8>>)>;
+
+    fn sent(sender: &Sender<Recorder>) -> Sent {
+        sender
+            .sink()
+            .batches
+            .iter()
+            .flatten()
+            .map(|(r, t)| (r.what, r.name_id, r.correlation_id, t.clone()))
+            .collect()
+    }
+
+    /// The sizes of the batches sent; a record with text is always alone in its batch (the
+    /// probe copies a batch without text in one piece).
+    fn sizes(sender: &Sender<Recorder>) -> Vec<usize> {
+        for batch in &sender.sink().batches {
+            if batch.iter().any(|(r, _)| r.text_len != 0) {
+                assert_eq!(batch.len(), 1, "a record with text shared its batch");
+            }
+            let marked = batch[0].0.flags & gpu_flags::BATCH_WITHOUT_TEXT != 0;
+            assert_eq!(marked, batch.len() >= 2);
+        }
+        sender.sink().batches.iter().map(Vec::len).collect()
+    }
+
+    fn name(id: u32, text: &[u8]) -> (u32, u32, u32, Option<Vec<u8>>) {
+        (gpu_record::NAME, id, 0, Some(text.to_vec()))
+    }
+
+    fn kernel_sent(name_id: u32, correlation_id: u32) -> (u32, u32, u32, Option<Vec<u8>>) {
+        (gpu_record::KERNEL, name_id, correlation_id, None)
+    }
+
     /// A later attach's reader knows no name: after `forget_names` each goes again before
     /// its first kernel, ids from 1.
     #[test]
@@ -223,21 +262,20 @@ mod tests {
             sender.push_kernel(kernel(4), a.as_ptr());
         }
         sender.flush();
-        let batches = &sender.sink().batches;
-        assert_eq!(batches.len(), 2);
-        let second: Vec<(u32, u32, u32, Option<&[u8]>)> = batches[1]
-            .iter()
-            .map(|(r, t)| (r.what, r.name_id, r.correlation_id, t.as_deref()))
-            .collect();
         assert_eq!(
-            second,
+            sent(&sender),
             vec![
-                (gpu_record::NAME, 1, 0, Some(&b"kernel_b"[..])),
-                (gpu_record::KERNEL, 1, 3, None),
-                (gpu_record::NAME, 2, 0, Some(&b"kernel_a"[..])),
-                (gpu_record::KERNEL, 2, 4, None),
+                name(1, b"kernel_a"),
+                kernel_sent(1, 1),
+                name(2, b"kernel_b"),
+                kernel_sent(2, 2),
+                name(1, b"kernel_b"),
+                kernel_sent(1, 3),
+                name(2, b"kernel_a"),
+                kernel_sent(2, 4),
             ]
         );
+        assert_eq!(sizes(&sender), vec![1, 1, 1, 1, 1, 1, 1, 1]);
     }
 
     #[test]
@@ -254,23 +292,19 @@ mod tests {
             sender.push_kernel(kernel(4), std::ptr::null());
         }
         sender.flush();
-        let batches = &sender.sink().batches;
-        assert_eq!(batches.len(), 1);
-        let summary: Vec<(u32, u32, u32, Option<&[u8]>)> = batches[0]
-            .iter()
-            .map(|(r, t)| (r.what, r.name_id, r.correlation_id, t.as_deref()))
-            .collect();
         assert_eq!(
-            summary,
+            sent(&sender),
             vec![
-                (gpu_record::NAME, 1, 0, Some(&b"kernel_a"[..])),
-                (gpu_record::KERNEL, 1, 1, None),
-                (gpu_record::NAME, 2, 0, Some(&b"kernel_b"[..])),
-                (gpu_record::KERNEL, 2, 2, None),
-                (gpu_record::KERNEL, 1, 3, None),
-                (gpu_record::KERNEL, 0, 4, None),
+                name(1, b"kernel_a"),
+                kernel_sent(1, 1),
+                name(2, b"kernel_b"),
+                kernel_sent(2, 2),
+                kernel_sent(1, 3),
+                kernel_sent(0, 4),
             ]
         );
+        // Known names' kernels share a batch.
+        assert_eq!(sizes(&sender), vec![1, 1, 1, 3]);
     }
 
     #[test]
@@ -285,6 +319,21 @@ mod tests {
         sender.flush();
         let sizes: Vec<usize> = sender.sink().batches.iter().map(Vec::len).collect();
         assert_eq!(sizes, vec![GPU_BATCH_MAX, GPU_BATCH_MAX, 3]);
+        // Each batch's first record, and no other, says the batch has no text.
+        let marked: Vec<Vec<bool>> = sender
+            .sink()
+            .batches
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|(r, _)| r.flags & gpu_flags::BATCH_WITHOUT_TEXT != 0)
+                    .collect()
+            })
+            .collect();
+        for batch in &marked {
+            assert!(batch[0]);
+            assert!(batch[1..].iter().all(|m| !m));
+        }
         let ids: Vec<u32> = sender
             .sink()
             .batches
@@ -309,12 +358,13 @@ mod tests {
             "no libcupti",
         );
         sender.flush();
-        let batch = &sender.sink().batches[0];
-        let (name_record, name_text) = &batch[0];
+        assert_eq!(sizes(&sender), vec![1, 1, 1]);
+        let batches = &sender.sink().batches;
+        let (name_record, name_text) = &batches[0][0];
         assert_eq!(name_record.text_len as usize, GPU_TEXT_LEN);
         assert_eq!(name_record.text_full_len, 5000);
         assert_eq!(name_text.as_deref(), Some(&long.as_bytes()[..GPU_TEXT_LEN]));
-        let (error, error_text) = &batch[2];
+        let (error, error_text) = &batches[2][0];
         assert_eq!((error.text_len, error.text_full_len), (11, 11));
         assert_eq!(error_text.as_deref(), Some(&b"no libcupti"[..]));
     }

@@ -37,6 +37,8 @@ pub mod kind {
     pub const STACK: u32 = 9;
     /// `--stacks`: a Python code object, read once ([`super::stacks::CodeEvent`]).
     pub const CODE: u32 = 10;
+    /// Two or more GPU records without text, in one entry ([`super::GpuBatchEvent`]).
+    pub const GPU_BATCH: u32 = 11;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).

@@ -1,6 +1,7 @@
 //! Root: the `gpu_records` uprobe on the injection library's `cudatrace_gpu_records`
 //! copies every record the library sends into the ring buffer, byte for byte, with its
-//! text; it skips processes that are not traced, and counts each record a full ring loses.
+//! text (batches without text in one entry each); it skips processes that are not traced,
+//! and counts each record a full ring loses.
 //! (Also proves the kernel's verifier accepts the program.)
 
 mod common;
@@ -16,7 +17,8 @@ use aya::{
 use common::gpu::{DRIVER_GPU_RECORDS, INJECT_LIB, driver_command, read_records, u};
 use serde_json::Value;
 use tracer_common::{
-    EventHeader, GPU_RECORDS_SYMBOL, GPU_TEXT_LEN, GpuRecord, counter, flags, gpu_record, kind,
+    EventHeader, GPU_BATCH_MAX, GPU_RECORDS_SYMBOL, GPU_TEXT_LEN, GpuBatchEvent, GpuRecord,
+    counter, flags, gpu_flags, gpu_record, kind,
 };
 
 const PROBES: &str = env!("CUDATRACE_PROBES_OBJ");
@@ -66,11 +68,16 @@ fn run_driver(bpf: &mut Ebpf, name: &str, traced: bool) -> (u32, Vec<Value>) {
     (pid, read_records(&debug))
 }
 
-/// A ring event: its header, record and text.
+/// A record's place in its batch and the batch's size, where it came in one.
+type Batch = Option<(usize, usize)>;
+
+/// A record as it came through the ring: the entry's header, the record, its text, and
+/// where the entry was a batch, the record's place in it and the batch's size.
 struct Event {
     header: EventHeader,
     record: GpuRecord,
     text: Option<Vec<u8>>,
+    batch: Batch,
 }
 
 fn drain(bpf: &mut Ebpf) -> Vec<Event> {
@@ -90,15 +97,36 @@ fn drain(bpf: &mut Ebpf) -> Vec<Event> {
                 assert_eq!(bytes.len(), 24 + 168 + GPU_TEXT_LEN);
                 Some(bytes[192..192 + record.text_len as usize].to_vec())
             }
+            kind::GPU_BATCH => {
+                assert_eq!(bytes.len(), size_of::<GpuBatchEvent>());
+                // SAFETY: as above.
+                let batch = unsafe { bytes.as_ptr().cast::<GpuBatchEvent>().read_unaligned() };
+                let count = batch.count as usize;
+                assert!((2..=GPU_BATCH_MAX).contains(&count), "a batch of {count}");
+                for (index, record) in batch.records[..count].iter().enumerate() {
+                    events.push(Event {
+                        header,
+                        record: *record,
+                        text: None,
+                        batch: Some((index, count)),
+                    });
+                }
+                continue;
+            }
             other => panic!("unexpected event kind {other}"),
         };
         events.push(Event {
             header,
             record,
             text,
+            batch: None,
         });
     }
     events
+}
+
+fn texts(events: &[Event]) -> usize {
+    events.iter().filter(|e| e.text.is_some()).count()
 }
 
 fn counter_sum(bpf: &Ebpf, index: u32) -> u64 {
@@ -112,7 +140,8 @@ fn assert_same(line: &Value, event: &Event) {
     let r = &event.record;
     let fields = [
         ("what", u64::from(r.what)),
-        ("flags", r.flags.into()),
+        // The mark a batch's first record gets as the batch is sent.
+        ("flags", (r.flags & !gpu_flags::BATCH_WITHOUT_TEXT).into()),
         ("start", r.start),
         ("end", r.end),
         ("correlation_id", r.correlation_id.into()),
@@ -160,16 +189,38 @@ fn every_record_reaches_the_ring_exactly_and_only_from_traced_processes() {
         assert_same(line, event);
         assert_eq!(event.header.pid, pid);
         let has_text = line["text"] != Value::Null;
-        assert_eq!(
-            event.header.kind,
-            if has_text { kind::GPU_TEXT } else { kind::GPU }
-        );
+        // A record with text comes alone; the others of a batch of two or more in one entry,
+        // marked on its first record.
+        let expected = match (has_text, event.batch) {
+            (true, _) => kind::GPU_TEXT,
+            (false, Some(_)) => kind::GPU_BATCH,
+            (false, None) => kind::GPU,
+        };
+        assert_eq!(event.header.kind, expected);
+        let marked = event.record.flags & gpu_flags::BATCH_WITHOUT_TEXT != 0;
+        assert_eq!(marked, matches!(event.batch, Some((0, _))));
         let cut = u(&line["text_full_len"]) > u(&line["text_len"]);
         assert_eq!(
             event.header.flags,
             if cut { flags::DATA_TRUNCATED } else { 0 }
         );
     }
+    // Between the texts (the INFO record, then each name before its first kernel), the
+    // plain records came whole: batches of 3, 4, 2 and 8, none alone.
+    let batches: Vec<usize> = events
+        .iter()
+        .filter_map(|e| {
+            e.batch
+                .filter(|&(index, _)| index == 0)
+                .map(|(_, count)| count)
+        })
+        .collect();
+    assert_eq!(batches, vec![3, 4, 2, 8]);
+    assert_eq!(
+        events.iter().filter(|e| e.header.kind == kind::GPU).count(),
+        0
+    );
+    assert_eq!(texts(&events), 4);
     // The 5,000-byte kernel name arrived as its first 4 KiB, flagged as cut.
     let cut: Vec<&Event> = events
         .iter()
@@ -206,4 +257,54 @@ fn a_full_ring_loses_records_and_counts_every_one() {
     assert_eq!(lost, sent - 20);
     assert!(lost > texts, "plain records were lost too");
     assert_eq!(counter_sum(&bpf, counter::GPU_READ_FAILED), 0);
+}
+
+/// A batch whose first record is not marked (an earlier build's library, still loaded in a
+/// process that a later cudatrace attaches to) comes record by record, text or not; a
+/// marked one in one entry.
+#[test]
+fn an_unmarked_batch_comes_record_by_record() {
+    let Some(_guard) = common::root() else {
+        return;
+    };
+    let mut bpf = load(1 << 20);
+    let me = std::process::id();
+    let mut traced: BpfHashMap<_, u32, u32> =
+        BpfHashMap::try_from(bpf.map_mut("TRACED").unwrap()).unwrap();
+    traced.insert(me, 1, 0).unwrap();
+    let path = std::ffi::CString::new(INJECT_LIB).unwrap();
+    // SAFETY: the library has no constructor of its own; it stays loaded for the process.
+    let library = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!library.is_null(), "dlopen {INJECT_LIB}");
+    // SAFETY: the symbol is the library's exported no-op of this signature.
+    let send: extern "C" fn(*const GpuRecord, u32) =
+        unsafe { std::mem::transmute(libc::dlsym(library, c"cudatrace_gpu_records".as_ptr())) };
+    let mut records: Vec<GpuRecord> = (0..3)
+        .map(|i| GpuRecord {
+            what: gpu_record::KERNEL,
+            correlation_id: 10 + i,
+            ..GpuRecord::default()
+        })
+        .collect();
+    send(records.as_ptr(), 3);
+    records[0].flags |= gpu_flags::BATCH_WITHOUT_TEXT;
+    send(records.as_ptr(), 3);
+    let events = drain(&mut bpf);
+    let seen: Vec<(u32, u32, Batch)> = events
+        .iter()
+        .map(|e| (e.header.kind, e.record.correlation_id, e.batch))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (kind::GPU, 10, None),
+            (kind::GPU, 11, None),
+            (kind::GPU, 12, None),
+            (kind::GPU_BATCH, 10, Some((0, 3))),
+            (kind::GPU_BATCH, 11, Some((1, 3))),
+            (kind::GPU_BATCH, 12, Some((2, 3))),
+        ]
+    );
+    assert!(events.iter().all(|e| e.header.pid == me));
+    assert_eq!(counter_sum(&bpf, counter::GPU_RING_FULL), 0);
 }

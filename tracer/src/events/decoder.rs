@@ -89,6 +89,8 @@ impl Decoder {
                 GpuDecoded::Consumed => return None,
                 GpuDecoded::Unknown => None,
             },
+            // Taken apart by the pipeline, record by record, before it comes here.
+            Ok(RawEvent::GpuBatch { .. }) => None,
             // The stacks stage's (`run/pipeline.rs`): no line of their own here.
             Ok(RawEvent::Stack { .. } | RawEvent::Code { .. }) => return None,
             Ok(RawEvent::Attach(_)) | Err(_) => None,

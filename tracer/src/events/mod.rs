@@ -13,4 +13,4 @@ mod process;
 mod raw;
 
 pub use decoder::{Decoder, Event};
-pub use raw::{RawEvent, decode, is_call_kind};
+pub use raw::{RawEvent, RawGpu, decode, is_call_kind};

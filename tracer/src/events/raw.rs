@@ -5,7 +5,8 @@ use std::mem::size_of;
 
 use tracer_common::{
     AttachEvent, CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader,
-    GPU_TEXT_LEN, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent, TEXT_LEN, kind,
+    GPU_BATCH_MAX, GPU_TEXT_LEN, GpuBatchEvent, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent,
+    TEXT_LEN, kind,
     stacks::{CODE_DATA_LEN, CodeHead, MAX_STACK_FRAMES, RawPyFrame, StackEvent},
 };
 
@@ -34,6 +35,12 @@ pub enum RawEvent {
     Driver(DriverEvent),
     /// A GPU record from the injection library (`--gpu`), with its text if it has one.
     Gpu(RawGpu),
+    /// GPU records without text that came in one entry, in order; each is a [`RawGpu`]
+    /// with this header and no text.
+    GpuBatch {
+        header: EventHeader,
+        records: Vec<GpuRecord>,
+    },
     /// For the attach layer, not the trace: a library opened, a fork, an exec.
     Attach(Box<AttachEvent>),
     /// `--stacks`: a call's Python stack, with its frames when it is new.
@@ -119,6 +126,22 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
                 text: Some(event.text[..len].to_vec()),
             }))
         }
+        kind::GPU_BATCH => {
+            let header: EventHeader = read(bytes, "GPU batch header")?;
+            let start = std::mem::offset_of!(GpuBatchEvent, records);
+            let count: u32 = read(&bytes[size_of::<EventHeader>()..], "GPU batch count")?;
+            let records = (0..(count as usize).min(GPU_BATCH_MAX))
+                .map(|i| {
+                    read(
+                        bytes
+                            .get(start + i * size_of::<GpuRecord>()..)
+                            .unwrap_or(&[]),
+                        "GPU batch record",
+                    )
+                })
+                .collect::<Result<Vec<GpuRecord>, _>>()?;
+            Ok(RawEvent::GpuBatch { header, records })
+        }
         kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
         kind::STACK => {
             let event: StackEvent = read(bytes, "stack event")?;
@@ -169,6 +192,39 @@ mod tests {
         // SAFETY: T is plain data; viewing it as bytes is sound.
         unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
             .to_vec()
+    }
+
+    #[test]
+    fn a_gpu_batch_gives_its_records_in_order() {
+        let mut event = GpuBatchEvent {
+            header: EventHeader {
+                kind: kind::GPU_BATCH,
+                flags: 0,
+                ts_ns: 7,
+                pid: 42,
+                tid: 43,
+            },
+            count: 3,
+            _pad: 0,
+            records: [GpuRecord::default(); GPU_BATCH_MAX],
+        };
+        for (i, record) in event.records.iter_mut().enumerate() {
+            record.correlation_id = 100 + i as u32;
+        }
+        let Ok(RawEvent::GpuBatch { header, records }) = decode(&as_bytes(&event)) else {
+            panic!("not a GPU batch")
+        };
+        assert_eq!((header.pid, header.tid, header.ts_ns), (42, 43, 7));
+        let ids: Vec<u32> = records.iter().map(|r| r.correlation_id).collect();
+        assert_eq!(ids, vec![100, 101, 102]);
+        // A count beyond the batch's room is held to it; a cut entry is an error.
+        event.count = 1000;
+        let Ok(RawEvent::GpuBatch { records, .. }) = decode(&as_bytes(&event)) else {
+            panic!("not a GPU batch")
+        };
+        assert_eq!(records.len(), GPU_BATCH_MAX);
+        let bytes = as_bytes(&event);
+        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use tracer_common::{
-    AttachEvent, proc_event,
+    AttachEvent, EventHeader, GpuRecord, proc_event,
     stacks::{RawPyFrame, StackEvent},
 };
 
@@ -41,7 +41,7 @@ use crate::{
         gpu_link::{ClientChange, Node, NodeLink},
     },
     clock::monotonic_ns,
-    events::{Decoder, Event, RawEvent, decode, gpu::GpuEvent},
+    events::{Decoder, Event, RawEvent, RawGpu, decode, gpu::GpuEvent},
     inject::control::ControlFile,
     probes::maps::Counters,
     schema::{GpuLine, Line, LostLine, PowerLine, StacksFooter, WindowFooter},
@@ -285,6 +285,7 @@ impl<'a> Pipeline<'a> {
         // `--stack-rate` skipped it.
         let (mut stacked, mut left_out) = (false, None);
         match &raw {
+            Ok(RawEvent::GpuBatch { header, records }) => return self.gpu_batch(header, records),
             Ok(RawEvent::Attach(event)) => return self.attach_event(event),
             Ok(RawEvent::Stack { event, frames }) => return self.stack_record(event, frames),
             Ok(RawEvent::Code { head, data }) => {
@@ -325,6 +326,25 @@ impl<'a> Pipeline<'a> {
             }
             None => Ok(()),
         }
+    }
+
+    /// A batch of GPU records: each through decode and enrich as if it came alone.
+    fn gpu_batch(&mut self, header: &EventHeader, records: &[GpuRecord]) -> io::Result<()> {
+        for record in records {
+            let raw = Ok(RawEvent::Gpu(RawGpu {
+                header: EventHeader {
+                    kind: tracer_common::kind::GPU,
+                    ..*header
+                },
+                record: *record,
+                text: None,
+            }));
+            if let Some(Event::Gpu(event)) = self.decoder.decode_raw(raw, self.attaching.plans()) {
+                self.gpu_arrived(event);
+                self.settle(false)?;
+            }
+        }
+        Ok(())
     }
 
     /// For the attach layer, no line of its own: it attaches, and a new library file
