@@ -248,6 +248,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     }
     // A thread that dies mid-call never returns: drop its pending frames.
     let _ = FRAMES.remove(&tid);
+    crate::stacks::thread_exited(tid);
     let group_dead = match exit_group_dead_off() {
         0 => tid == tgid,
         off => unsafe { ctx.read_at::<u8>(off as usize) }.ok()? != 0,

@@ -335,6 +335,16 @@ pub fn forget(tgid: u32) {
     let _ = PYPROC.remove(tgid);
 }
 
+/// Thread `tid` of a traced process exited: its cached thread state and its `--stack-rate`
+/// bucket go, so a thread that later gets the same tid starts afresh (a cached thread
+/// state of the dead thread would make a C thread's call "no Python frames" instead of
+/// "no thread state").
+#[inline(always)]
+pub fn thread_exited(tid: u32) {
+    let _ = THREADS_SEEN.remove(&tid);
+    rate::forget(tid);
+}
+
 /// From a call program, at a call's entry: hands the call to the stack programs, which
 /// send its stack and then `call` (an entry-only call) themselves. Returns only when they
 /// could not be reached (no `--stacks`, the tail call failed, or `--stack-every` or

@@ -32,3 +32,9 @@ pub fn admitted(tid: u32, now_ns: u64) -> bool {
     let _ = STACK_RATES.insert(&tid, &bucket, 0);
     admitted
 }
+
+/// Thread `tid` exited: a new thread with its tid gets a full bucket.
+#[inline(always)]
+pub fn forget(tid: u32) {
+    let _ = STACK_RATES.remove(&tid);
+}
