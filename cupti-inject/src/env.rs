@@ -39,6 +39,10 @@ pub const CALLS: &str = "CUDATRACE_INJECT_CALLS";
 /// with clock pairs, as beside another subscriber).
 pub const TIMESTAMP_CALLBACK: &str = "CUDATRACE_INJECT_TIMESTAMP_CALLBACK";
 
+/// For measuring (`cargo xtask bench --only gpu`): `1` leaves batches unmarked, so the
+/// uprobe copies them record by record, as it does an earlier build's.
+pub const UNMARKED: &str = "CUDATRACE_INJECT_UNMARKED";
+
 /// Of a late start: where the driver calls' API records come from. Unset (the default):
 /// CUPTI's callback API (`calls.rs`), no DRIVER activity records; `off`: CUPTI's DRIVER
 /// activity records, as [`DRIVER_API`] says; `debug`: those, and the callbacks' records

@@ -88,7 +88,7 @@ impl Injection {
         let first = !self.started.swap(true, Ordering::SeqCst);
         self.late.store(true, Ordering::SeqCst);
         if first {
-            self.outbox.open(Sender::new(Uprobe, debug_file()));
+            self.outbox.open(sender());
         } else if let Some(sender) = self.outbox.lock().as_mut() {
             // This attach's cudatrace has seen none of the names the last one was sent.
             sender.forget_names();
@@ -190,7 +190,7 @@ impl Injection {
 
     /// Opens the outbox, sets up CUPTI, starts a chained injection library.
     fn start(&'static self) {
-        self.outbox.open(Sender::new(Uprobe, debug_file()));
+        self.outbox.open(sender());
         if let Err(failure) = self.start_cupti() {
             self.outbox.report(failure);
         }
@@ -383,4 +383,14 @@ fn debug_file() -> Option<File> {
 
 fn open_append(path: &OsStr) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// The sender of the records to cudatrace's uprobe.
+fn sender() -> Sender<Uprobe> {
+    let sender = Sender::new(Uprobe, debug_file());
+    if env::var(env::UNMARKED).is_some_and(|v| v == "1") {
+        sender.unmarked()
+    } else {
+        sender
+    }
 }

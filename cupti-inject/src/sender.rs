@@ -21,6 +21,9 @@ pub struct Sender<S: Sink> {
     /// Texts of records in the pending batch (error messages), freed once it is sent.
     texts: Vec<Box<[u8]>>,
     debug: Option<File>,
+    /// Batches without text are marked ([`gpu_flags::BATCH_WITHOUT_TEXT`]); off only for
+    /// measuring the record-by-record copy ([`crate::env::UNMARKED`]).
+    mark: bool,
 }
 
 impl<S: Sink> Sender<S> {
@@ -31,7 +34,14 @@ impl<S: Sink> Sender<S> {
             names: HashMap::new(),
             texts: Vec::new(),
             debug,
+            mark: true,
         }
+    }
+
+    /// For measuring: batches go unmarked, so the probe copies them record by record.
+    pub fn unmarked(mut self) -> Self {
+        self.mark = false;
+        self
     }
 
     /// Queues a record without text.
@@ -106,7 +116,7 @@ impl<S: Sink> Sender<S> {
     /// Sends what is queued. A batch of two or more records has none with text (those go
     /// alone): its first record says so, and the probe copies it whole.
     pub fn flush(&mut self) {
-        if self.batch.len() >= 2 {
+        if self.mark && self.batch.len() >= 2 {
             self.batch[0].flags |= gpu_flags::BATCH_WITHOUT_TEXT;
         }
         if !self.batch.is_empty() {
@@ -342,6 +352,24 @@ mod tests {
             .map(|(r, _)| r.correlation_id)
             .collect();
         assert_eq!(ids, (0..(2 * GPU_BATCH_MAX + 3) as u32).collect::<Vec<_>>());
+    }
+
+    /// For measuring the record-by-record copy: nothing is marked.
+    #[test]
+    fn an_unmarked_sender_marks_no_batch() {
+        let mut sender = Sender::new(Recorder::default(), None).unmarked();
+        for i in 0..(GPU_BATCH_MAX + 2) as u32 {
+            sender.push(kernel(i));
+        }
+        sender.flush();
+        let batches = &sender.sink().batches;
+        assert_eq!(batches.len(), 2);
+        assert!(
+            batches
+                .iter()
+                .flatten()
+                .all(|(r, _)| r.flags & gpu_flags::BATCH_WITHOUT_TEXT == 0)
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! - **resources**: peak RSS and CPU time of the `cudatrace` process while it traces;
 //! - **trace**: `cudatrace summary` and `cudatrace export` on a generated trace of 10M calls;
 //! - **stacks**: what `--stacks` adds per call and per frame walked (issue 23), a Python
-//!   loop calling the stand-in through ctypes from a shallow and a deep stack.
+//!   loop calling the stand-in through ctypes from a shallow and a deep stack;
+//! - **gpu**: what `run --gpu`'s probes cost per launch and per GPU record (issue 32), on
+//!   the stand-in libcupti, batches copied whole and record by record.
 //!
 //! Nothing here asserts a timing: targets are reported as met or missed, never failed on.
 //!
@@ -25,6 +27,7 @@ mod bpftrace;
 mod cudatrace;
 mod env;
 mod generated_trace;
+mod gpu;
 mod overhead;
 mod process;
 mod procfs;
@@ -46,6 +49,7 @@ use clap::ValueEnum;
 use self::{
     bench_loop::{FUNCTION, LOOP_PROGRAM},
     env::Env,
+    gpu::GpuResults,
     overhead::OverheadResults,
     procfs::Machine,
     rate::RateResults,
@@ -92,6 +96,7 @@ pub enum Part {
     Resources,
     Trace,
     Stacks,
+    Gpu,
 }
 
 pub fn bench(opts: &BenchOptions) -> Result<()> {
@@ -156,6 +161,7 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
         resources: parts.resources,
         trace: parts.trace,
         stacks: parts.stacks,
+        gpu: parts.gpu,
         // Whatever happened, nothing of ours may stay in tracefs.
         tracefs_after: TracefsAfter::read(&tracefs)?,
         bench_seconds: started.elapsed().as_secs_f64(),
@@ -181,6 +187,7 @@ struct Parts {
     resources: Option<ResourceResults>,
     trace: Option<TraceToolResults>,
     stacks: Option<StacksResults>,
+    gpu: Option<GpuResults>,
 }
 
 /// Runs the parts `--only` asks for, in order, into `parts`; stops at the first error.
@@ -219,6 +226,7 @@ fn run_part(
             )?);
         }
         Part::Stacks => parts.stacks = Some(stacks::run(env, opts.rounds)?),
+        Part::Gpu => parts.gpu = Some(gpu::run(env, opts.rounds)?),
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::{
     bench_loop::FUNCTION,
+    gpu::GpuResults,
     overhead::{BASELINE, CONDITIONS, FLOOR, OverheadResults},
     rate::{RATE_TARGET, RateResults},
     resources::ResourceResults,
@@ -69,6 +70,9 @@ fn write_tables(out: &mut String, r: &Results) -> std::fmt::Result {
     }
     if let Some(stacks) = &r.stacks {
         stacks_table(out, stacks)?;
+    }
+    if let Some(gpu) = &r.gpu {
+        gpu_table(out, gpu)?;
     }
     writeln!(out, "\n## Targets (issues 7 and 16)")?;
     writeln!(out, "| target | measured | |")?;
@@ -449,6 +453,41 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
         Some(ns) => writeln!(out, "\nprogram time per frame walked: {ns:.0} ns"),
         None => writeln!(out, "\nprogram time per frame walked: n/a"),
     }
+}
+
+/// `run --gpu` on the stand-in libcupti: program time per launch, per batch of GPU records
+/// and per record, each way. No target: issue 32's are measured on the GPU machine.
+fn gpu_table(out: &mut String, g: &GpuResults) -> std::fmt::Result {
+    writeln!(
+        out,
+        "\n## run --gpu ({} launches at {} a second, the stand-in libcupti, BPF statistics on)",
+        g.calls, g.rate
+    )?;
+    table_head(
+        out,
+        &[
+            "GPU records copied",
+            "call program ns",
+            "gpu_records ns a batch",
+            "ns a record",
+            "records a batch",
+            "lost",
+        ],
+        1,
+    )?;
+    for w in &g.ways {
+        writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {} |",
+            w.way,
+            nan_if_none(w.call_program_ns.median),
+            nan_if_none(w.batch_program_ns.median),
+            nan_if_none(w.record_program_ns.median),
+            nan_if_none(w.records_per_batch.median),
+            w.lost,
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    overhead::OverheadResults, procfs::Machine, rate::RateResults, resources::ResourceResults,
-    stacks::StacksResults, trace_tools::TraceToolResults, tracefs::TracefsAfter,
+    gpu::GpuResults, overhead::OverheadResults, procfs::Machine, rate::RateResults,
+    resources::ResourceResults, stacks::StacksResults, trace_tools::TraceToolResults,
+    tracefs::TracefsAfter,
 };
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -30,6 +31,8 @@ pub struct Results {
     pub trace: Option<TraceToolResults>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacks: Option<StacksResults>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuResults>,
     /// Checked after the parts, whether they worked or not.
     pub tracefs_after: TracefsAfter,
     pub bench_seconds: f64,
