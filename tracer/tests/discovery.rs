@@ -426,7 +426,9 @@ fn a_child_without_a_restartable_sequence_is_counted_child_unseen() {
 /// A child still running when tracing ends, never caught in its own context, is counted
 /// at the end (the kernel counts only those that end while traced). It must be named in
 /// cudatrace's pid namespace, and never execs (an exec catches it); `--duration` ends the
-/// trace while it sleeps.
+/// trace while it sleeps, long enough after its fork that it is more than the 1 s a child
+/// is given to be caught (perl starts in seconds on the emulated arm64 guest: with 2 s the
+/// child was forked less than 1 s before the end there, and not counted).
 #[test]
 fn a_child_running_at_the_end_and_never_caught_is_counted_child_unseen() {
     let Some(_guard) = root() else { return };
@@ -435,11 +437,11 @@ fn a_child_running_at_the_end_and_never_caught_is_counted_child_unseen() {
         let trace_path = dir.join(format!("{hook}.jsonl"));
         let output = Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc", CUDATRACE, "run", "-q"])
-            .args(["--duration", "2s", "-o"])
+            .args(["--duration", "4s", "-o"])
             .arg(&trace_path)
             // Perl (Debian's essential perl-base): a fork without an exec, no wrapper.
             .args(["--", "perl", "-e"])
-            .arg("if (fork() == 0) { sleep 6; exit 0 } sleep 6")
+            .arg("if (fork() == 0) { sleep 7; exit 0 } sleep 7")
             .env(CHILD_HOOK, hook)
             .output()
             .expect("running unshare");

@@ -203,6 +203,24 @@ static STACK_EVERY: u32 = 1;
 /// entry frame lies (0: the cframe's pointer alone, `CUDATRACE_STACKS_NO_CFRAME_WINDOW`).
 #[unsafe(no_mangle)]
 static CFRAME_WINDOW: u32 = 1;
+/// Bytes a data-stack window reaches below the end of its frame (at most
+/// [`read::WINDOW`]; `CUDATRACE_STACKS_DATA_WINDOW`, for measuring).
+#[unsafe(no_mangle)]
+static DATA_WINDOW: u32 = read::WINDOW as u32;
+/// Bytes a C-stack window reads from an entry frame up (at most [`read::WINDOW`], at least
+/// a frame's read; `CUDATRACE_STACKS_UP_WINDOW`, for measuring).
+#[unsafe(no_mangle)]
+static UP_WINDOW: u32 = read::WINDOW as u32;
+
+#[inline(always)]
+fn data_window() -> u64 {
+    u64::from(crate::maps::load_const(&DATA_WINDOW))
+}
+
+#[inline(always)]
+fn up_window() -> u64 {
+    u64::from(crate::maps::load_const(&UP_WINDOW))
+}
 
 #[inline(always)]
 fn cframe_window() -> bool {

@@ -454,7 +454,7 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
     if len == 0 || (at < start && start - at <= WINDOW as u64) {
         // From the frame's own page only: a read that faults (the page below not mapped,
         // as below the data stack's first chunk) costs more than several reads.
-        let from = core::cmp::max(end.saturating_sub(WINDOW as u64), at & !0xfff);
+        let from = core::cmp::max(end.saturating_sub(super::data_window()), at & !0xfff);
         let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
         if bytes > (WINDOW + FRAME_READ) as u64
             || !read_user(scratch.window.0.as_mut_ptr(), bytes as u32, from)
@@ -479,8 +479,11 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
 /// fault but the first), and at least to `end`. False (and no window) if that failed.
 #[inline(always)]
 fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
-    let mut bytes = WINDOW as u64;
-    if !read_user(scratch.up_window.0.as_mut_ptr(), WINDOW as u32, at) {
+    let mut bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(super::up_window());
+    if bytes > WINDOW as u64 || bytes < end - at {
+        bytes = WINDOW as u64;
+    }
+    if !read_user(scratch.up_window.0.as_mut_ptr(), bytes as u32, at) {
         let page_end = (at | 0xfff) + 1;
         bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(core::cmp::max(page_end, end) - at);
         if bytes > (WINDOW + FRAME_READ) as u64
