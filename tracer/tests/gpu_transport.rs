@@ -308,3 +308,69 @@ fn an_unmarked_batch_comes_record_by_record() {
     assert!(events.iter().all(|e| e.header.pid == me));
     assert_eq!(counter_sum(&bpf, counter::GPU_RING_FULL), 0);
 }
+
+/// Not GPU records, but the same way of loading the probes alone: a traced thread's exit
+/// (`sched_process_exit`) removes its cached thread state and its `--stack-rate` bucket, so
+/// a later thread given its tid starts afresh; a living thread's stay.
+#[test]
+fn a_traced_threads_exit_removes_its_stack_caches() {
+    let Some(_guard) = common::root() else {
+        return;
+    };
+    let object = std::fs::read(PROBES).unwrap();
+    let mut bpf = EbpfLoader::new()
+        .load(&object)
+        .expect("loading the probes object");
+    let program: &mut aya::programs::TracePoint = bpf
+        .program_mut("sched_process_exit")
+        .expect("a sched_process_exit program")
+        .try_into()
+        .unwrap();
+    program
+        .load()
+        .expect("the verifier accepts sched_process_exit");
+    program.attach("sched", "sched_process_exit").unwrap();
+    let me = std::process::id();
+    BpfHashMap::<_, u32, u32>::try_from(bpf.map_mut("TRACED").unwrap())
+        .unwrap()
+        .insert(me, 1, 0)
+        .unwrap();
+    // SAFETY: a plain system call.
+    let main_tid = unsafe { libc::gettid() } as u32;
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        // SAFETY: as above.
+        tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+        go_rx.recv().unwrap();
+    });
+    let tid = tid_rx.recv().unwrap();
+    for who in [tid, main_tid] {
+        // `ThreadSeen` (generation, epoch, thread state) and `RateBucket` (credit, when).
+        BpfHashMap::<_, u32, [u64; 3]>::try_from(bpf.map_mut("THREADS_SEEN").unwrap())
+            .unwrap()
+            .insert(who, [1, 2, 3], 0)
+            .unwrap();
+        BpfHashMap::<_, u32, [u64; 2]>::try_from(bpf.map_mut("STACK_RATES").unwrap())
+            .unwrap()
+            .insert(who, [4, 5], 0)
+            .unwrap();
+    }
+    go_tx.send(()).unwrap();
+    thread.join().unwrap();
+    let seen: BpfHashMap<_, u32, [u64; 3]> =
+        BpfHashMap::try_from(bpf.map("THREADS_SEEN").unwrap()).unwrap();
+    let rates: BpfHashMap<_, u32, [u64; 2]> =
+        BpfHashMap::try_from(bpf.map("STACK_RATES").unwrap()).unwrap();
+    // The exit tracepoint runs before `join` returns (the thread's tid is cleared after).
+    assert!(
+        seen.get(&tid, 0).is_err(),
+        "the exited thread's state stayed"
+    );
+    assert!(
+        rates.get(&tid, 0).is_err(),
+        "the exited thread's bucket stayed"
+    );
+    assert_eq!(seen.get(&main_tid, 0).unwrap(), [1, 2, 3]);
+    assert_eq!(rates.get(&main_tid, 0).unwrap(), [4, 5]);
+}
