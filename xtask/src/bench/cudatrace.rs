@@ -31,6 +31,14 @@ pub fn cudatrace_run(
     cmd
 }
 
+/// A trace's last line (its footer), as JSON.
+pub fn footer_json(trace: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(trace)?;
+    Ok(serde_json::from_str(
+        text.lines().last().unwrap_or_default(),
+    )?)
+}
+
 /// What the bench reads of a trace's footer line (docs/trace-format.md has all of it).
 #[derive(Deserialize, Debug, Clone, PartialEq)]
 pub struct Footer {

@@ -13,7 +13,11 @@ use std::{fs, path::Path};
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
-use super::{cudatrace::cudatrace_run, env::Env, stats::Stats};
+use super::{
+    cudatrace::{cudatrace_run, footer_json},
+    env::Env,
+    stats::Stats,
+};
 
 /// Launches per run, after the loop's 1,000 warm-up launches.
 pub const CALLS: u64 = 200_000;
@@ -142,12 +146,7 @@ fn one_run(env: &Env, cupti: &Path, way: Way) -> Result<OneRun> {
             })
             .with_context(|| format!("no bpf-stats {field} for {program}"))
     };
-    let footer = fs::read_to_string(&trace)?
-        .lines()
-        .last()
-        .map(str::to_owned)
-        .unwrap_or_default();
-    let footer: serde_json::Value = serde_json::from_str(&footer)?;
+    let footer = footer_json(&trace)?;
     // The records the program copied: written, or refused by a full ring (counted).
     let records = footer["events"]["gpu_kernel"].as_f64().unwrap_or(0.0)
         + footer["gpu"]["api_records"].as_f64().unwrap_or(0.0)

@@ -14,7 +14,11 @@ use std::{fs, path::Path};
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
-use super::{cudatrace::cudatrace_run, env::Env, stats::Stats};
+use super::{
+    cudatrace::{cudatrace_run, footer_json},
+    env::Env,
+    stats::Stats,
+};
 
 /// The interpreter the loop runs on.
 pub const PYTHON: &str = "/usr/bin/python3.11";
@@ -160,12 +164,7 @@ fn one_run(env: &Env, script: &Path, depth: u32, way: Way) -> Result<(f64, f64, 
         .and_then(|line| line.rsplit("ns_per_run=").next()?.trim().parse().ok())
         .context("no bpf-stats line for call_enter")?;
     let walked = if stacked {
-        let footer = fs::read_to_string(&trace)?
-            .lines()
-            .last()
-            .map(str::to_owned)
-            .unwrap_or_default();
-        let footer: serde_json::Value = serde_json::from_str(&footer)?;
+        let footer = footer_json(&trace)?;
         let stacks = &footer["stacks"];
         let calls = stacks["calls"].as_f64().unwrap_or(0.0);
         ensure!(
