@@ -36,10 +36,12 @@ pub enum RawEvent {
     /// A GPU record from the injection library (`--gpu`), with its text if it has one.
     Gpu(RawGpu),
     /// GPU records without text that came in one entry, in order; each is a [`RawGpu`]
-    /// with this header and no text.
+    /// with this header and no text. `missing`: records its count names that the entry
+    /// was too short to hold (never seen; the loader counts each as undecodable).
     GpuBatch {
         header: EventHeader,
         records: Vec<GpuRecord>,
+        missing: u32,
     },
     /// For the attach layer, not the trace: a library opened, a fork, an exec.
     Attach(Box<AttachEvent>),
@@ -130,17 +132,20 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
             let header: EventHeader = read(bytes, "GPU batch header")?;
             let start = std::mem::offset_of!(GpuBatchEvent, records);
             let count: u32 = read(&bytes[size_of::<EventHeader>()..], "GPU batch count")?;
-            let records = (0..(count as usize).min(GPU_BATCH_MAX))
-                .map(|i| {
-                    read(
-                        bytes
-                            .get(start + i * size_of::<GpuRecord>()..)
-                            .unwrap_or(&[]),
-                        "GPU batch record",
-                    )
+            // A count beyond the batch's room is held to it.
+            let count = (count as usize).min(GPU_BATCH_MAX);
+            let records: Vec<GpuRecord> = (0..count)
+                .map_while(|i| {
+                    let at = bytes.get(start + i * size_of::<GpuRecord>()..)?;
+                    read(at, "GPU batch record").ok()
                 })
-                .collect::<Result<Vec<GpuRecord>, _>>()?;
-            Ok(RawEvent::GpuBatch { header, records })
+                .collect();
+            let missing = (count - records.len()) as u32;
+            Ok(RawEvent::GpuBatch {
+                header,
+                records,
+                missing,
+            })
         }
         kind::ATTACH => Ok(RawEvent::Attach(Box::new(read(bytes, "attach event")?))),
         kind::STACK => {
@@ -211,20 +216,41 @@ mod tests {
         for (i, record) in event.records.iter_mut().enumerate() {
             record.correlation_id = 100 + i as u32;
         }
-        let Ok(RawEvent::GpuBatch { header, records }) = decode(&as_bytes(&event)) else {
-            panic!("not a GPU batch")
+        let Ok(RawEvent::GpuBatch {
+            header,
+            records,
+            missing: 0,
+        }) = decode(&as_bytes(&event))
+        else {
+            panic!("not a whole GPU batch")
         };
         assert_eq!((header.pid, header.tid, header.ts_ns), (42, 43, 7));
         let ids: Vec<u32> = records.iter().map(|r| r.correlation_id).collect();
         assert_eq!(ids, vec![100, 101, 102]);
-        // A count beyond the batch's room is held to it; a cut entry is an error.
+        // A count beyond the batch's room is held to it.
         event.count = 1000;
-        let Ok(RawEvent::GpuBatch { records, .. }) = decode(&as_bytes(&event)) else {
-            panic!("not a GPU batch")
+        let Ok(RawEvent::GpuBatch {
+            records,
+            missing: 0,
+            ..
+        }) = decode(&as_bytes(&event))
+        else {
+            panic!("not a whole GPU batch")
         };
         assert_eq!(records.len(), GPU_BATCH_MAX);
+        // An entry cut short in its 3rd record: the first 2 come, the other 30 are missing.
         let bytes = as_bytes(&event);
-        assert!(decode(&bytes[..bytes.len() - 1]).is_err());
+        let cut = std::mem::offset_of!(GpuBatchEvent, records) + 2 * size_of::<GpuRecord>() + 5;
+        let Ok(RawEvent::GpuBatch {
+            records, missing, ..
+        }) = decode(&bytes[..cut])
+        else {
+            panic!("not a GPU batch")
+        };
+        let ids: Vec<u32> = records.iter().map(|r| r.correlation_id).collect();
+        assert_eq!((ids, missing), (vec![100, 101], 30));
+        // Without its count, it is no batch.
+        assert!(decode(&bytes[..size_of::<EventHeader>() + 2]).is_err());
     }
 
     #[test]

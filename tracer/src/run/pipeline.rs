@@ -285,7 +285,11 @@ impl<'a> Pipeline<'a> {
         // `--stack-rate` skipped it.
         let (mut stacked, mut left_out) = (false, None);
         match &raw {
-            Ok(RawEvent::GpuBatch { header, records }) => return self.gpu_batch(header, records),
+            Ok(RawEvent::GpuBatch {
+                header,
+                records,
+                missing,
+            }) => return self.gpu_batch(header, records, *missing),
             Ok(RawEvent::Attach(event)) => return self.attach_event(event),
             Ok(RawEvent::Stack { event, frames }) => return self.stack_record(event, frames),
             Ok(RawEvent::Code { head, data }) => {
@@ -313,7 +317,19 @@ impl<'a> Pipeline<'a> {
             }
             _ => {}
         }
-        match self.decoder.decode_raw(raw, self.attaching.plans()) {
+        let event = self.decoder.decode_raw(raw, self.attaching.plans());
+        self.decoded(event, stacked, left_out)
+    }
+
+    /// A decoded record to its stage: a line to the sinks (a stacked call's through the
+    /// stacks stage first), a GPU record to enrich.
+    fn decoded(
+        &mut self,
+        event: Option<Event>,
+        stacked: bool,
+        left_out: Option<stacks::Reason>,
+    ) -> io::Result<()> {
+        match event {
             Some(Event::Line(mut line)) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
                     stacks.call(call, left_out);
@@ -328,8 +344,15 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// A batch of GPU records: each through decode and enrich as if it came alone.
-    fn gpu_batch(&mut self, header: &EventHeader, records: &[GpuRecord]) -> io::Result<()> {
+    /// A batch of GPU records: each through decode and enrich as if it came alone; those
+    /// the entry was too short to hold count as undecodable, one each.
+    fn gpu_batch(
+        &mut self,
+        header: &EventHeader,
+        records: &[GpuRecord],
+        missing: u32,
+    ) -> io::Result<()> {
+        self.decoder.undecodable += u64::from(missing);
         for record in records {
             let raw = Ok(RawEvent::Gpu(RawGpu {
                 header: EventHeader {
@@ -339,10 +362,8 @@ impl<'a> Pipeline<'a> {
                 record: *record,
                 text: None,
             }));
-            if let Some(Event::Gpu(event)) = self.decoder.decode_raw(raw, self.attaching.plans()) {
-                self.gpu_arrived(event);
-                self.settle(false)?;
-            }
+            let event = self.decoder.decode_raw(raw, self.attaching.plans());
+            self.decoded(event, false, None)?;
         }
         Ok(())
     }
