@@ -356,6 +356,8 @@ pub mod stack_counter {
     pub const CAPTURES: u32 = 3;
     /// Frames walked.
     pub const FRAMES: u32 = 4;
+    /// Reads of the traced process's memory (`bpf_probe_read_user`), each window read one.
+    pub const MEMORY_READS: u32 = 5;
     pub const COUNT: u32 = 8;
 }
 

@@ -583,6 +583,20 @@ fn the_footer_counts_known_stacks_and_stacks_sent_whole() {
             serde_json::json!({"known": 199, "sent_whole": 1, "sent_again": 0})
         };
         assert_eq!(footer["stack_records"], expected, "{}", python.label);
+        // Each stacked call read the interpreter's pointer, the interpreter and the thread
+        // state at least, and its frames in windows (3.10: one read each), a few reads more
+        // at most (the thread counter, 3.11/3.12's `_PyCFrame`, a window that failed); the
+        // first calls, before the probe on code frees was linked, also read each frame's
+        // identity.
+        let (reads, walked) = (
+            footer["memory_reads"].as_u64().unwrap(),
+            footer["frames_walked"].as_u64().unwrap(),
+        );
+        assert!(
+            (3 * 200..=2 * walked + 8 * 200).contains(&reads),
+            "{}: {reads} reads for 200 stacks of {walked} frames in all",
+            python.label
+        );
         // One stack, named by every call.
         assert_eq!(traced.stacks().len(), 1, "{}", python.label);
         let trace = python.host_dir.join(format!("{script}.jsonl"));

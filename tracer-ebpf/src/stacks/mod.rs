@@ -146,15 +146,16 @@ pub struct Scratch {
     pub fingerprint: Buf,
     /// 3.11+: the process's memory at `window_start`, `window_len` bytes (0: none yet),
     /// read below a frame in one piece: its callers' frames lie there, in the thread's
-    /// data stack (`walk.rs`, `read_frame`).
+    /// data stack (`walk.rs`, `read_frame`). On 3.10, or where a window could not be read,
+    /// the one frame read.
     pub window_start: u64,
     pub window_len: u64,
-    pub window: read::Window,
     /// 3.12+: the process's memory at `up_start`, `up_len` bytes (0: none yet), read above
     /// an entry frame on the C stack in one piece: outer calls' entry frames lie there.
     pub up_start: u64,
     pub up_len: u64,
-    pub up_window: read::Window,
+    /// The two windows' bytes (`read::Windows`: the data stack's, then the C stack's).
+    pub windows: read::Windows,
     /// Indexes in `frames` of the frames whose code object was not seen.
     pub todo_frames: [u16; MAX_STACK_FRAMES],
     /// Sent as one record: the event, then its frames.

@@ -24,7 +24,7 @@ use super::{
     PYPROC, STACKS_SEEN, Scratch, Search, StackKey, THREADS_SEEN, ThreadSeen,
     budget::kept_frame_beyond,
     bump, cframe_window, fsbase_offset,
-    read::{Buf, WINDOW, Window, mask, read_user, user_u32, user_u64},
+    read::{Buf, UP, WINDOW, mask, read_user, user_u32, user_u64},
     scratch_of_current, send, stack_depth, tail_call,
 };
 
@@ -244,7 +244,7 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
             if !read_up(scratch, at, at + 8) {
                 return Err(stack_status::READ_FAULT);
             }
-            scratch.up_window.u64_at(0)
+            scratch.windows.u64_at(UP)
         } else {
             user_u64(at).ok_or(stack_status::READ_FAULT)?
         };
@@ -366,28 +366,30 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         if kept >= depth || kept as usize >= MAX_STACK_FRAMES {
             break;
         }
-        if !read_frame(scratch, py, frame) {
+        let Some(at) = read_frame(scratch, py, frame) else {
             return Walked::Status(stack_status::READ_FAULT);
-        }
+        };
         walked += 1;
-        let buf = &scratch.buf;
-        let base = py.frame_read;
-        let previous = buf.u64_at(py.frame_previous.wrapping_sub(base));
+        // The frame's fields, in place in the window that holds it.
+        let base = at.wrapping_sub(u64::from(py.frame_read));
+        let windows = &scratch.windows;
+        let previous = windows.u64_at(base.wrapping_add(u64::from(py.frame_previous)));
         let owner = if py.frame_owner == NO_FIELD {
             0
         } else {
-            u32::from(buf.u8_at(py.frame_owner.wrapping_sub(base)))
+            u32::from(windows.u8_at(base.wrapping_add(u64::from(py.frame_owner))))
         };
         if owner >= py.owner_skip_from {
             // The interpreter's own entry frame: CPython skips it too.
             frame = previous;
             continue;
         }
-        let code = buf.u64_at(py.frame_code.wrapping_sub(base)) & py.code_mask;
+        let code = windows.u64_at(base.wrapping_add(u64::from(py.frame_code))) & py.code_mask;
+        let instr_at = base.wrapping_add(u64::from(py.frame_instr));
         let unit = if py.flags & py_flags::LASTI != 0 {
-            buf.u32_at(py.frame_instr.wrapping_sub(base)) as i32
+            windows.u32_at(instr_at) as i32
         } else {
-            let instr = buf.u64_at(py.frame_instr.wrapping_sub(base));
+            let instr = windows.u64_at(instr_at);
             let first = code.wrapping_add(u64::from(py.code_adaptive));
             ((instr.wrapping_sub(first) as i64) >> 1) as i32
         };
@@ -407,7 +409,11 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
         slot.owner = owner;
         scratch.event.nframes = kept + 1;
         mix(scratch, code);
-        mix(scratch, ident);
+        if per_frame_ident {
+            // Otherwise 0 in every frame (the count of code objects freed, in the hash's
+            // seed, stands for the identities).
+            mix(scratch, ident);
+        }
         mix(scratch, (u64::from(owner) << 32) | u64::from(unit as u32));
         frame = previous;
     }
@@ -426,30 +432,29 @@ fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
 }
 
 /// Reads the frame at `frame` ([`FRAME_READ`] bytes from `frame_read`) into the scratch's
-/// `buf`. From 3.11 most frames need no read of their own: frames live in the thread's data
-/// stack, each caller just below its callee, so a frame below the data-stack window and
-/// within [`WINDOW`] of it (or the first) is read with the bytes below it in its page (at
-/// most [`WINDOW`]) in one piece. 3.12+'s entry frames live on the C stack, which grows
-/// down: the entry frames of outer calls lie above an inner one, so a frame above the data
-/// stack window is read with the [`WINDOW`] bytes above it (only to its page's end where
-/// they are not all mapped). Frames found in either copy later cost no read.
+/// windows; returns where in them (`read::Windows`) those bytes start. From 3.11 most
+/// frames need no read of their own: frames live in the thread's data stack, each caller
+/// just below its callee, so a frame below the data-stack window and within [`WINDOW`] of
+/// it (or the first) is read with the bytes below it in its page (at most [`WINDOW`]) in
+/// one piece. 3.12+'s entry frames live on the C stack, which grows down: the entry frames
+/// of outer calls lie above an inner one, so a frame above the data stack window is read
+/// with the [`WINDOW`] bytes above it (only to its page's end where they are not all
+/// mapped). Frames found in either window later cost no read, and no copy.
 #[inline(always)]
-fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
+fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> {
     let at = frame + u64::from(py.frame_read);
     let end = at + FRAME_READ as u64;
     if py.flags & py_flags::LASTI != 0 {
         // 3.10: frame objects, each where the allocator put it.
-        return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+        return read_alone(scratch, at);
     }
     let (start, len) = (scratch.window_start, scratch.window_len);
     if len != 0 && at >= start && end <= start + len {
-        copy_frame(&mut scratch.buf, &scratch.window, at - start);
-        return true;
+        return Some(at - start);
     }
     let (up_start, up_len) = (scratch.up_start, scratch.up_len);
     if up_len != 0 && at >= up_start && end <= up_start + up_len {
-        copy_frame(&mut scratch.buf, &scratch.up_window, at - up_start);
-        return true;
+        return Some(UP + (at - up_start));
     }
     if len == 0 || (at < start && start - at <= WINDOW as u64) {
         // From the frame's own page only: a read that faults (the page below not mapped,
@@ -457,24 +462,33 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> bool {
         let from = core::cmp::max(end.saturating_sub(super::data_window()), at & !0xfff);
         let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
         if bytes > (WINDOW + FRAME_READ) as u64
-            || !read_user(scratch.window.0.as_mut_ptr(), bytes as u32, from)
+            || !read_user(scratch.windows.data(), bytes as u32, from)
         {
-            scratch.window_len = 0;
-            return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+            return read_alone(scratch, at);
         }
         scratch.window_start = from;
         scratch.window_len = bytes;
-        copy_frame(&mut scratch.buf, &scratch.window, at - from);
-        return true;
+        return Some(at - from);
     }
     if !read_up(scratch, at, end) {
-        return read_user(scratch.buf.0.as_mut_ptr(), FRAME_READ as u32, at);
+        return read_alone(scratch, at);
     }
-    copy_frame(&mut scratch.buf, &scratch.up_window, 0);
-    true
+    Some(UP)
 }
 
-/// Reads the C stack from `at` up into the scratch's `up_window`: [`WINDOW`] bytes (a
+/// The frame's [`FRAME_READ`] bytes at `at` alone, as the data stack's window.
+#[inline(always)]
+fn read_alone(scratch: &mut Scratch, at: u64) -> Option<u64> {
+    if !read_user(scratch.windows.data(), FRAME_READ as u32, at) {
+        scratch.window_len = 0;
+        return None;
+    }
+    scratch.window_start = at;
+    scratch.window_len = FRAME_READ as u64;
+    Some(0)
+}
+
+/// Reads the C stack from `at` up into the scratch's C-stack window: [`WINDOW`] bytes (a
 /// thread's stack is mapped above its frames), else to the end of `at`'s page (never a
 /// fault but the first), and at least to `end`. False (and no window) if that failed.
 #[inline(always)]
@@ -483,11 +497,11 @@ fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
     if bytes > WINDOW as u64 || bytes < end - at {
         bytes = WINDOW as u64;
     }
-    if !read_user(scratch.up_window.0.as_mut_ptr(), bytes as u32, at) {
+    if !read_user(scratch.windows.up(), bytes as u32, at) {
         let page_end = (at | 0xfff) + 1;
         bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(core::cmp::max(page_end, end) - at);
         if bytes > (WINDOW + FRAME_READ) as u64
-            || !read_user(scratch.up_window.0.as_mut_ptr(), bytes as u32, at)
+            || !read_user(scratch.windows.up(), bytes as u32, at)
         {
             scratch.up_len = 0;
             return false;
@@ -496,14 +510,6 @@ fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
     scratch.up_start = at;
     scratch.up_len = bytes;
     true
-}
-
-/// [`FRAME_READ`] bytes of `window` from `offset` into `buf`.
-#[inline(always)]
-fn copy_frame(buf: &mut Buf, window: &Window, offset: u64) {
-    for word in 0..FRAME_READ / 8 {
-        buf.set_u64((word * 8) as u32, window.u64_at(offset + (word * 8) as u64));
-    }
 }
 
 /// A code object's identity: `co_version` (3.12+), or on 3.10 and 3.11 a fingerprint of

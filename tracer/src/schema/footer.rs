@@ -139,6 +139,9 @@ pub struct StacksFooter {
     /// Frames the probes read (those kept and the interpreter's own entry frames they
     /// skip): with `calls`, the depth the cost per frame is measured at.
     pub frames_walked: u64,
+    /// Reads of the traced processes' memory the probes made (each window of frames one):
+    /// with `calls`, the reads a stacked call costs. Added within version 4.
+    pub memory_reads: u64,
     /// The stack records of calls whose walk found a stack, by how the probes sent it:
     /// known to them (its hash alone) or whole (its frames). Added within version 4.
     pub stack_records: StackRecordCounts,

@@ -419,6 +419,7 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
         &[
             "depth",
             "frames walked",
+            "memory reads",
             "run us/call",
             "--stacks us/call",
             "run program ns",
@@ -437,9 +438,11 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
         let ident = d.ident_program_ns.as_ref().and_then(|s| s.median);
         writeln!(
             out,
-            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {} |",
+            "| {} | {:.1} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {} |",
             d.depth,
             d.frames_per_call,
+            d.reads_per_call
+                .map_or_else(|| "n/a".to_owned(), |reads| format!("{reads:.1}")),
             nan_if_none(d.run_us.median),
             nan_if_none(d.stacks_us.median),
             nan_if_none(d.run_program_ns.median),

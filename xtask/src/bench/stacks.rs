@@ -58,6 +58,10 @@ pub struct DepthResults {
     pub depth: u32,
     /// Frames the probes read per call (entry frames included), from the footer.
     pub frames_per_call: f64,
+    /// Reads of the process's memory the probes made per call (the footer's
+    /// `memory_reads`; none in results from before it was counted).
+    #[serde(default)]
+    pub reads_per_call: Option<f64>,
     pub run_us: Stats,
     pub stacks_us: Stats,
     /// The call-entry program's ns per call.
@@ -89,7 +93,7 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
     for depth in DEPTHS {
         // Wall and program time of each way.
         let mut figures: [[Vec<f64>; 2]; 3] = Default::default();
-        let mut frames = 0.0;
+        let (mut frames, mut reads) = (0.0, None);
         for round in 0..rounds {
             // The order rotates from round to round.
             let ways = [Way::Run, Way::Stacks, Way::IdentPerFrame];
@@ -100,13 +104,14 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
                 figures[at][0].push(wall);
                 figures[at][1].push(program);
                 if way == Way::Stacks {
-                    frames = walked;
+                    (frames, reads) = walked;
                 }
             }
         }
         depths.push(DepthResults {
             depth,
             frames_per_call: frames,
+            reads_per_call: reads,
             run_us: Stats::of(&figures[0][0]),
             stacks_us: Stats::of(&figures[1][0]),
             run_program_ns: Stats::of(&figures[0][1]),
@@ -133,9 +138,14 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
     })
 }
 
-/// One traced run: µs per call, the call-entry program's ns per call, frames walked per
-/// call.
-fn one_run(env: &Env, script: &Path, depth: u32, way: Way) -> Result<(f64, f64, f64)> {
+/// One traced run: µs per call, the call-entry program's ns per call, frames walked and
+/// memory reads per call.
+fn one_run(
+    env: &Env,
+    script: &Path,
+    depth: u32,
+    way: Way,
+) -> Result<(f64, f64, (f64, Option<f64>))> {
     let trace = env.out.join("stacks.jsonl");
     let stacked = way != Way::Run;
     let flags: &[&str] = if stacked { &["--stacks"] } else { &[] };
@@ -171,9 +181,13 @@ fn one_run(env: &Env, script: &Path, depth: u32, way: Way) -> Result<(f64, f64, 
             calls >= CALLS as f64,
             "only {calls} of the loop's calls have a stack"
         );
-        stacks["frames_walked"].as_f64().unwrap_or(0.0) / calls
+        let reads = stacks["memory_reads"].as_f64().map(|reads| reads / calls);
+        (
+            stacks["frames_walked"].as_f64().unwrap_or(0.0) / calls,
+            reads,
+        )
     } else {
-        0.0
+        (0.0, None)
     };
     let _ = fs::remove_file(&trace);
     Ok((wall, program, walked))
