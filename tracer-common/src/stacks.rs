@@ -21,8 +21,10 @@ pub const DEFAULT_STACK_DEPTH: u32 = 128;
 pub const MAX_STACK_EVERY: u32 = 1_000_000;
 /// `--stack-rate`'s upper bound (stacked calls a second per thread).
 pub const MAX_STACK_RATE: u32 = 1_000_000;
-/// Frames one run of the walk program reads; a deeper stack continues in a tail call.
-pub const FRAMES_PER_WALK: usize = 32;
+/// Frames one run of the walk program reads; a deeper stack continues in a tail call. 64:
+/// GPT-2's 34 frames a call (3.12) take one run (32 took two: −3.7% of the call program at
+/// 36 frames on the VM, BENCHMARKS.md), and the verifier of 5.10 still takes the program.
+pub const FRAMES_PER_WALK: usize = 64;
 /// Thread states the walk looks at, at most, to find the calling thread's.
 pub const MAX_THREAD_STATES: usize = 256;
 /// Bytes kept of a code object's file name and qualified name, and of its line table: a
