@@ -85,6 +85,12 @@ pub mod py_flags {
     /// counter does. Set by the loader only once the probe is attached for this process;
     /// a fork child starts without it.
     pub const FREE_PROBE: u32 = 1 << 4;
+    /// The loader links that probe at the process's first stack record with a stack:
+    /// until [`FREE_PROBE`] is set, each such record wakes the loader at once (instead of at the
+    /// ring's threshold or its quarter-second tick), so that the calls reading identities
+    /// per frame meanwhile are few. Cleared by the loader whether the link was made or not;
+    /// a fork child starts without it.
+    pub const FREE_PENDING: u32 = 1 << 5;
 }
 
 /// One process's interpreter as the probes walk it: addresses in the process, and the

@@ -142,6 +142,10 @@ pub struct Scratch {
     pub next: u32,
     /// 1: a code object of this stack could not be read whole (read again next time).
     pub incomplete: u32,
+    /// 1: the loader waits for this process's first stack record to link `py_code_freed`
+    /// (`py_flags::FREE_PENDING`): the record wakes it.
+    pub wake: u32,
+    pub _pad2: u32,
     pub buf: Buf,
     pub fingerprint: Buf,
     /// 3.11+: the process's memory at `window_start`, `window_len` bytes (0: none yet),
@@ -305,7 +309,8 @@ pub fn inherit(parent: u32, child: u32) {
             (*copy).generation = (1 << 63) | unique_id();
             // The parent's probe on code frees is not the child's: the child reads
             // identities per frame until the loader attaches its own.
-            (*copy).flags &= !tracer_common::stacks::py_flags::FREE_PROBE;
+            (*copy).flags &=
+                !(tracer_common::stacks::py_flags::FREE_PROBE | py_flags::FREE_PENDING);
             (*copy).code_frees = 0;
         }
     }
@@ -404,6 +409,7 @@ pub fn start(
     scratch.started = 0;
     scratch.drawn_out = left_out;
     scratch.has_call = 0;
+    scratch.wake = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;
     scratch.event.hash = [0; 2];
@@ -483,7 +489,12 @@ fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
             core::ptr::from_ref(&EVENTS).cast_mut().cast(),
             core::ptr::from_mut(event).cast(),
             len,
-            submit_flags(),
+            // Only a stack the walk found: the loader links at the first of those.
+            if scratch.wake != 0 && status == tracer_common::stacks::stack_status::OK {
+                u64::from(aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP)
+            } else {
+                submit_flags()
+            },
         )
     } == 0;
     if !sent {

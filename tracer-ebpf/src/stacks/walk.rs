@@ -47,6 +47,9 @@ fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
     };
     // SAFETY: a map value; the loader writes it before the process runs on.
     let py = unsafe { &*py };
+    if py.flags & py_flags::FREE_PENDING != 0 {
+        scratch.wake = 1;
+    }
     if scratch.started == 0 {
         match first_frame(scratch, py) {
             // Drawn out, with a thread state: it could have had a stack.

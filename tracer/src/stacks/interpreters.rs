@@ -358,11 +358,14 @@ impl Interpreters {
         self.free_probes.remove(&pid);
         self.free_pending.remove(&pid);
         self.forget_known_codes(pid);
+        let mut py = py;
+        py.flags &= !py_flags::FREE_PENDING;
         if py.flags & py_flags::IDENT_PER_FRAME != 0
             && self.code_freed.is_some()
             && std::env::var_os(IDENT_PER_FRAME_ENV).is_none()
         {
             self.free_pending.insert(pid);
+            py.flags |= py_flags::FREE_PENDING;
         }
         py
     }
@@ -385,6 +388,9 @@ impl Interpreters {
         let (Some((program, _)), Ok(mut py)) = (&self.code_freed, self.map.get(&pid, 0)) else {
             return;
         };
+        // Linked or not, the probes stop waking the loader at each stack record.
+        py.flags &= !py_flags::FREE_PENDING;
+        let unlinked = py;
         let linked = free_probe(program.as_fd(), pid, &py).and_then(|link| {
             py.flags |= py_flags::FREE_PROBE;
             py.code_frees = 0;
@@ -403,6 +409,8 @@ impl Interpreters {
             }
             Err(error) => {
                 self.free_counts.not_linked += 1;
+                // The same layout and process image: what the walk cached stays valid.
+                let _ = self.map.insert(pid, unlinked, 0);
                 let reason = format!("{error:#}");
                 self.say(
                     &format!(
