@@ -86,10 +86,10 @@ pub mod py_flags {
     /// a fork child starts without it.
     pub const FREE_PROBE: u32 = 1 << 4;
     /// The loader links that probe at the process's first stack record with a stack:
-    /// until [`FREE_PROBE`] is set, each such record wakes the loader at once (instead of at the
-    /// ring's threshold or its quarter-second tick), so that the calls reading identities
-    /// per frame meanwhile are few. Cleared by the loader whether the link was made or not;
-    /// a fork child starts without it.
+    /// until [`FREE_PROBE`] is set, each such record wakes the loader at once (not at the
+    /// ring's threshold or its quarter-second tick), so that few calls read identities per
+    /// frame meanwhile. Cleared by the loader whether the link was made or not; a fork
+    /// child starts without it.
     pub const FREE_PENDING: u32 = 1 << 5;
 }
 

@@ -354,11 +354,10 @@ impl Interpreters {
     /// a code object per module imported (64,225 traps in a GPT-2 run, most of them before
     /// its first CUDA call), so the probe is linked at the process's first stack
     /// ([`Self::first_stack`]); until then identities are read per frame.
-    fn count_frees(&mut self, pid: u32, py: PyProcess) -> PyProcess {
+    fn count_frees(&mut self, pid: u32, mut py: PyProcess) -> PyProcess {
         self.free_probes.remove(&pid);
         self.free_pending.remove(&pid);
         self.forget_known_codes(pid);
-        let mut py = py;
         py.flags &= !py_flags::FREE_PENDING;
         if py.flags & py_flags::IDENT_PER_FRAME != 0
             && self.code_freed.is_some()
