@@ -46,8 +46,12 @@ pub mod stack_prog {
     /// Finds the calling thread's thread state in the interpreter's list (when the
     /// per-thread cache cannot say), then goes back to WALK.
     pub const THREADS: u32 = 3;
+    /// WALK where each frame's code identity is read (`py_flags::IDENT_PER_FRAME` without
+    /// `FREE_PROBE`): WALK hands such a process's walks over to it. Apart, each of the two
+    /// programs keeps within the verifier's limits with room to spare.
+    pub const WALK_IDENT: u32 = 4;
     /// Entries of the array.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// An offset the layout does not have ([`PyProcess`]'s fields).
@@ -366,6 +370,9 @@ pub mod stack_counter {
     pub const FRAMES: u32 = 4;
     /// Reads of the traced process's memory (`bpf_probe_read_user`), each window read one.
     pub const MEMORY_READS: u32 = 5;
+    /// Of those, reads that failed: a page not mapped (or not resident). Each costs about
+    /// as much as ten reads that succeed, in the kernel's fault handling.
+    pub const READ_FAULTS: u32 = 6;
     pub const COUNT: u32 = 8;
 }
 

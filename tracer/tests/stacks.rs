@@ -121,6 +121,19 @@ impl Python {
         script_args: &[&str],
         env: &[(&str, &str)],
     ) -> Traced {
+        self.trace_under(&[], script, cudatrace, script_args, env)
+    }
+
+    /// [`Python::trace_with`], `cudatrace` started by the command `wrapper` (none: itself)
+    /// in an environment of `env` alone where a wrapper is given.
+    fn trace_under(
+        &self,
+        wrapper: &[&str],
+        script: &str,
+        cudatrace: &[&str],
+        script_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Traced {
         let standin = standin();
         // The script, and the helper some import from beside it.
         for file in [script, "free_probe.py"] {
@@ -131,7 +144,15 @@ impl Python {
         let recorded = self.host_dir.join(format!("{script}.json"));
         let _ = std::fs::remove_file(&recorded);
         let seen = |name: &str| self.seen_dir.join(name).display().to_string();
-        let output = Command::new(CUDATRACE)
+        let mut command = match wrapper.split_first() {
+            None => Command::new(CUDATRACE),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.env_clear().args(args).arg(CUDATRACE);
+                command
+            }
+        };
+        let output = command
             .envs(env.iter().copied())
             .args(["run", "--missing-probes", "ignore", "-o"])
             .arg(&trace)
@@ -623,6 +644,125 @@ fn the_footer_counts_known_stacks_and_stacks_sent_whole() {
              alone), {whole} sent whole ({again} of them a stack sent before)"
         );
         assert!(text.contains(&said), "{}: {text}", python.label);
+    }
+}
+
+/// A window of the C stack stops at the end of the thread's stack once a read has found it
+/// there: a read past the end faults, and a read that faults costs about ten that do not.
+/// The interpreter runs without address randomization (`setarch -R`) and with an empty
+/// environment, so that the stack's end lies where it lies in every run, and with 8 KiB
+/// windows, so that the first window of each call reaches it (3.12+: entry frames on the C
+/// stack). Without the ceiling (`CUDATRACE_STACKS_NO_UP_CEILING`) each of the 200 calls
+/// faults; with it, the first walk of each process image does (two images where the probe
+/// on code frees is linked at the first stack, one otherwise), and the stack is the same.
+#[test]
+fn a_window_of_the_c_stack_faults_at_its_end_once() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_records.py";
+    let per_process = kernel_at_least(6, 6);
+    let wrapper = ["setarch", std::env::consts::ARCH, "-R"];
+    let mut tried = 0;
+    for python in pythons().into_iter().filter(|python| python.minor >= 12) {
+        tried += 1;
+        let linked = python.minor < 14 && per_process;
+        let args: &[&str] = if linked { &["200", "wait"] } else { &["200"] };
+        let run = |off: bool| {
+            let mut env = vec![
+                ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                ("CUDATRACE_STACKS_UP_WINDOW", "8112"),
+            ];
+            if off {
+                env.push(("CUDATRACE_STACKS_NO_UP_CEILING", "1"));
+            }
+            python.trace_under(&wrapper, script, &["-q", "--stacks"], args, &env)
+        };
+        let (without, with) = (run(true), run(false));
+        for traced in [&without, &with] {
+            assert_eq!(traced.footer_stacks()["calls"], 200, "{}", python.label);
+        }
+        let faults = |traced: &Traced| traced.footer_stacks()["memory_read_faults"].clone();
+        assert_eq!(
+            faults(&without),
+            200,
+            "{}: without the ceiling every call's first window reaches the stack's end: {}",
+            python.label,
+            without.footer_stacks()
+        );
+        assert_eq!(
+            faults(&with),
+            if linked { 2 } else { 1 },
+            "{}: {}",
+            python.label,
+            with.footer_stacks()
+        );
+        // The same stack, whole, under either.
+        let stacks = |traced: &Traced| traced.stacks().into_values().collect::<Vec<_>>();
+        assert_eq!(stacks(&without).len(), 1, "{}", python.label);
+        assert_eq!(stacks(&with), stacks(&without), "{}", python.label);
+    }
+    // An arm64 machine traces its own Debian 3.11 alone (`pythons`), with no entry frame on
+    // the C stack.
+    assert!(
+        tried >= 2 || cfg!(not(target_arch = "x86_64")),
+        "no 3.12+ interpreter to trace"
+    );
+}
+
+/// Every stack program leaves a fifth of the verifier's budget of instructions to spare
+/// (`CUDATRACE_VERIFIER_STATS`): the walk once stood at 96% of it unseen, so that any
+/// branch more made it fail to load. On kernels with uprobe_multi, whose loader reports the
+/// statistics (the verifiers of older kernels are checked by loading, in vm-test).
+#[test]
+fn each_stack_program_leaves_room_under_the_verifiers_limit() {
+    let Some(_guard) = root() else { return };
+    if !kernel_at_least(6, 6) {
+        return;
+    }
+    let output = Command::new(CUDATRACE)
+        .env("CUDATRACE_VERIFIER_STATS", "1")
+        .args([
+            "run",
+            "-q",
+            "--stacks",
+            "--missing-probes",
+            "ignore",
+            "--libcuda",
+        ])
+        .arg(&standin().lib)
+        .args(["-o", "/dev/null", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let stderr = stderr(&output);
+    let mut seen = BTreeMap::new();
+    for line in stderr.lines() {
+        let Some(rest) = line.strip_prefix("verifier-stats ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let name = words.next().unwrap().to_string();
+        let field = |key: &str| -> u64 {
+            rest.split_whitespace()
+                .find_map(|word| word.strip_prefix(key))
+                .and_then(|value| value.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        seen.insert(name, (field("processed="), field("limit=")));
+    }
+    for program in [
+        "stack_walk",
+        "stack_walk_ident",
+        "stack_threads",
+        "stack_codes",
+        "stack_capture",
+    ] {
+        let Some(&(processed, limit)) = seen.get(program) else {
+            panic!("no verifier statistics of {program}: {stderr}");
+        };
+        assert!(
+            processed * 5 <= limit * 4,
+            "{program}: the verifier processed {processed} instructions of its {limit}"
+        );
     }
 }
 

@@ -59,6 +59,9 @@ pub struct ThreadSeen {
     pub epoch: u64,
     /// 0: the thread has none.
     pub tstate: u64,
+    /// Where a read of the thread's C stack found its end (the first page after it), 0
+    /// until one did: windows read up stop there (`walk.rs`, `read_up`).
+    pub up_ceiling: u64,
 }
 
 #[map]
@@ -145,7 +148,8 @@ pub struct Scratch {
     /// 1: the loader waits for this process's first stack record to link `py_code_freed`
     /// (`py_flags::FREE_PENDING`): the record wakes it.
     pub wake: u32,
-    pub _pad2: u32,
+    /// 1: this walk found `up_ceiling` (kept in the per-thread cache after the frames).
+    pub ceiling_found: u32,
     pub buf: Buf,
     pub fingerprint: Buf,
     /// 3.11+: the process's memory at `window_start`, `window_len` bytes (0: none yet),
@@ -158,6 +162,8 @@ pub struct Scratch {
     /// an entry frame on the C stack in one piece: outer calls' entry frames lie there.
     pub up_start: u64,
     pub up_len: u64,
+    /// The thread's `ThreadSeen::up_ceiling`, as this walk knows it.
+    pub up_ceiling: u64,
     /// The two windows' bytes (`read::Windows`: the data stack's, then the C stack's).
     pub windows: read::Windows,
     /// Indexes in `frames` of the frames whose code object was not seen.
@@ -212,10 +218,23 @@ static CFRAME_WINDOW: u32 = 1;
 /// [`read::WINDOW`]; `CUDATRACE_STACKS_DATA_WINDOW`, for measuring).
 #[unsafe(no_mangle)]
 static DATA_WINDOW: u32 = read::WINDOW as u32;
-/// Bytes a C-stack window reads from an entry frame up (at most [`read::WINDOW`], at least
-/// a frame's read; `CUDATRACE_STACKS_UP_WINDOW`, for measuring).
+/// Bytes a C-stack window reads from an entry frame up (at most, and by default, 2
+/// [`read::WINDOW`] less a frame's read, at least a frame's read;
+/// `CUDATRACE_STACKS_UP_WINDOW`, for measuring). 8 KiB rather than 4: GPT-2's entry frames
+/// (one per `nn.Module` call, about 750 bytes apart) take one read fewer a call, and the
+/// stack's end (`UP_CEILING`) keeps a shallow stack's window from faulting past it.
 #[unsafe(no_mangle)]
-static UP_WINDOW: u32 = read::WINDOW as u32;
+static UP_WINDOW: u32 = (2 * read::WINDOW - tracer_common::stacks::FRAME_READ) as u32;
+
+/// 1: a C-stack window stops at the end of the thread's stack where a read found it (0:
+/// `CUDATRACE_STACKS_NO_UP_CEILING`, for measuring what that saves).
+#[unsafe(no_mangle)]
+static UP_CEILING: u32 = 1;
+
+#[inline(always)]
+fn up_ceiling_on() -> bool {
+    crate::maps::load_const(&UP_CEILING) != 0
+}
 
 #[inline(always)]
 fn data_window() -> u64 {
@@ -321,7 +340,13 @@ pub fn inherit(parent: u32, child: u32) {
 /// stack not seen before.
 #[inline(always)]
 pub fn ident_per_frame(py: &PyProcess) -> bool {
-    py.flags & py_flags::IDENT_PER_FRAME != 0 && py.flags & py_flags::FREE_PROBE == 0
+    ident_per_frame_flags(py.flags)
+}
+
+/// [`ident_per_frame`] of a process with these flags.
+#[inline(always)]
+pub fn ident_per_frame_flags(flags: u32) -> bool {
+    flags & py_flags::IDENT_PER_FRAME != 0 && flags & py_flags::FREE_PROBE == 0
 }
 
 /// At `PyCode_Type`'s deallocator, attached for one process (`py_flags::FREE_PROBE`): a

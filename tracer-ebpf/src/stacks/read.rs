@@ -100,7 +100,12 @@ pub fn read_user(dst: *mut u8, len: u32, src: u64) -> bool {
     }
     bump(stack_counter::MEMORY_READS, 1);
     // SAFETY: the helper checks the source; `dst` is a map value at least `len` bytes long.
-    unsafe { generated::bpf_probe_read_user(dst.cast(), len, src as *const core::ffi::c_void) == 0 }
+    let read =
+        unsafe { generated::bpf_probe_read_user(dst.cast(), len, src as *const core::ffi::c_void) };
+    if read != 0 {
+        bump(stack_counter::READ_FAULTS, 1);
+    }
+    read == 0
 }
 
 /// One u64 of the current process at `src`.
@@ -111,7 +116,11 @@ pub fn user_u64(src: u64) -> Option<u64> {
     }
     bump(stack_counter::MEMORY_READS, 1);
     // SAFETY: the helper checks the address.
-    unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u64) }.ok()
+    let read = unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u64) }.ok();
+    if read.is_none() {
+        bump(stack_counter::READ_FAULTS, 1);
+    }
+    read
 }
 
 /// One u32 of the current process at `src`.
@@ -122,7 +131,11 @@ pub fn user_u32(src: u64) -> Option<u32> {
     }
     bump(stack_counter::MEMORY_READS, 1);
     // SAFETY: the helper checks the address.
-    unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u32) }.ok()
+    let read = unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u32) }.ok();
+    if read.is_none() {
+        bump(stack_counter::READ_FAULTS, 1);
+    }
+    read
 }
 
 impl Buf {

@@ -30,18 +30,30 @@ use super::{
 
 #[uprobe]
 pub fn stack_walk(ctx: ProbeContext) -> u32 {
+    walk_program::<false>(ctx)
+}
+
+/// The walk of a process whose frames' code identities are read one by one
+/// ([`super::ident_per_frame`]): `stack_walk` hands it over here.
+#[uprobe]
+pub fn stack_walk_ident(ctx: ProbeContext) -> u32 {
+    walk_program::<true>(ctx)
+}
+
+#[inline(always)]
+fn walk_program<const IDENT: bool>(ctx: ProbeContext) -> u32 {
     let Some(scratch) = scratch_of_current() else {
         return 0;
     };
-    let (status, flags, known) = walk(&ctx, scratch);
+    let (status, flags, known) = walk::<IDENT>(&ctx, scratch);
     send(scratch, status, flags, known);
     0
 }
 
 /// The walk, to the record to send (status, flags, whether the stack is known), unless a
-/// tail call carries it on.
+/// tail call carries it on. `IDENT`: each frame's code identity is read.
 #[inline(always)]
-fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
+fn walk<const IDENT: bool>(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
     let Some(py) = PYPROC.get_ptr(scratch.tgid) else {
         return (stack_status::NO_INTERPRETER, 0, false);
     };
@@ -54,7 +66,18 @@ fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
         match first_frame(scratch, py) {
             // Drawn out, with a thread state: it could have had a stack.
             Ok(true) if scratch.drawn_out != 0 => return (scratch.drawn_out, 0, false),
-            Ok(true) => scratch.started = 1,
+            Ok(true) => {
+                scratch.started = 1;
+                if !IDENT && super::ident_per_frame(py) {
+                    // The frames are walked by the program that reads their identities.
+                    tail_call(ctx, stack_prog::WALK_IDENT);
+                    return (
+                        stack_status::READ_FAULT,
+                        stack_flags::TAIL_CALL_FAILED,
+                        false,
+                    );
+                }
+            }
             Ok(false) => {
                 // Not in the per-thread cache: look through the thread list, then again.
                 tail_call(ctx, stack_prog::THREADS);
@@ -67,10 +90,19 @@ fn walk(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u32, bool) {
             Err(status) => return (status, 0, false),
         }
     }
-    let flags = match walk_frames(scratch, py) {
+    let walked = walk_frames::<IDENT>(scratch, py);
+    keep_ceiling(scratch);
+    let flags = match walked {
         Walked::Status(status) => return (status, 0, false),
         Walked::More => {
-            tail_call(ctx, stack_prog::WALK);
+            tail_call(
+                ctx,
+                if IDENT {
+                    stack_prog::WALK_IDENT
+                } else {
+                    stack_prog::WALK
+                },
+            );
             // The kernel's limit of tail calls: what was read is the stack, cut.
             stack_flags::CUT | stack_flags::TAIL_CALL_FAILED
         }
@@ -129,10 +161,17 @@ fn search(scratch: &mut Scratch) -> u32 {
         Ok(tstate) => tstate,
         Err(status) => return status,
     };
+    // The thread's stack has not moved since an earlier search in this image: its end
+    // stands.
+    let up_ceiling = match unsafe { THREADS_SEEN.get(scratch.tid) } {
+        Some(old) if old.generation == py.generation => old.up_ceiling,
+        _ => 0,
+    };
     let seen = ThreadSeen {
         generation: py.generation,
         epoch: search.epoch,
         tstate,
+        up_ceiling,
     };
     if THREADS_SEEN.insert(scratch.tid, seen, 0).is_err() {
         return stack_status::NO_THREAD_STATE;
@@ -236,6 +275,12 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
     };
     scratch.window_len = 0;
     scratch.up_len = 0;
+    scratch.up_ceiling = if super::up_ceiling_on() {
+        seen.up_ceiling
+    } else {
+        0
+    };
+    scratch.ceiling_found = 0;
     if py.cframe_frame != NO_FIELD {
         // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
         let at = frame + u64::from(py.cframe_frame);
@@ -354,11 +399,12 @@ enum Walked {
     },
 }
 
-/// Reads up to [`FRAMES_PER_WALK`] frames from `scratch.frame` into `scratch.frames`.
+/// Reads up to [`FRAMES_PER_WALK`] frames from `scratch.frame` into `scratch.frames`, with
+/// `IDENT` each frame's code identity too.
 #[inline(always)]
-fn walk_frames(scratch: &mut Scratch, py: &PyProcess) -> Walked {
+fn walk_frames<const IDENT: bool>(scratch: &mut Scratch, py: &PyProcess) -> Walked {
     let depth = stack_depth();
-    let per_frame_ident = super::ident_per_frame(py);
+    let per_frame_ident = IDENT;
     let mut frame = scratch.frame;
     let mut walked = 0u64;
     for _ in 0..FRAMES_PER_WALK {
@@ -479,6 +525,20 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> 
     Some(UP)
 }
 
+/// Keeps the end of the thread's stack a read found in this walk with the thread's cached
+/// state, for its later walks.
+#[inline(always)]
+fn keep_ceiling(scratch: &mut Scratch) {
+    if scratch.ceiling_found == 0 {
+        return;
+    }
+    scratch.ceiling_found = 0;
+    if let Some(seen) = THREADS_SEEN.get_ptr_mut(scratch.tid) {
+        // SAFETY: a map value; only this thread's walks write its entry.
+        unsafe { (*seen).up_ceiling = scratch.up_ceiling };
+    }
+}
+
 /// The frame's [`FRAME_READ`] bytes at `at` alone, as the data stack's window.
 #[inline(always)]
 fn read_alone(scratch: &mut Scratch, at: u64) -> Option<u64> {
@@ -492,14 +552,27 @@ fn read_alone(scratch: &mut Scratch, at: u64) -> Option<u64> {
 }
 
 /// Reads the C stack from `at` up into the scratch's C-stack window: [`WINDOW`] bytes (a
-/// thread's stack is mapped above its frames), else to the end of `at`'s page (never a
-/// fault but the first), and at least to `end`. False (and no window) if that failed.
+/// thread's stack is mapped above its frames) but not past the thread's stack's end where a
+/// read found it (`up_ceiling`), and at least to `end`. A read that faults, past the end,
+/// is read again to the end of `at`'s page, and that page's end is the stack's end from
+/// then on: a read that faults costs about ten that do not, and without the ceiling a walk
+/// whose outermost entry frame lies within [`WINDOW`] of the stack's end (where the
+/// kernel's random offset of the stack puts it, in some runs and not others) would fault
+/// at every call. False (and no window) if the read failed.
 #[inline(always)]
 fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
     let mut bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(super::up_window());
-    if bytes > WINDOW as u64 || bytes < end - at {
+    if bytes > (2 * WINDOW - FRAME_READ) as u64 || bytes < end - at {
         bytes = WINDOW as u64;
     }
+    // Wraps past any window where there is no ceiling (0) or `at` is above it. Read from
+    // memory at each frame (as it is written), so that the verifier's states of the walk's
+    // loop do not carry it.
+    let room = unsafe { core::ptr::read_volatile(&scratch.up_ceiling) }.wrapping_sub(at);
+    if room < bytes {
+        bytes = core::cmp::max(room, end - at);
+    }
+    let mut bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(bytes);
     if !read_user(scratch.windows.up(), bytes as u32, at) {
         let page_end = (at | 0xfff) + 1;
         bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(core::cmp::max(page_end, end) - at);
@@ -508,6 +581,10 @@ fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
         {
             scratch.up_len = 0;
             return false;
+        }
+        unsafe {
+            core::ptr::write_volatile(&mut scratch.up_ceiling, page_end);
+            core::ptr::write_volatile(&mut scratch.ceiling_found, 1);
         }
     }
     scratch.up_start = at;

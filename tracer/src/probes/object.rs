@@ -28,15 +28,19 @@ pub struct LoadOptions {
 /// Set: 3.12's `_PyCFrame` is read alone, not with the C stack above it (a measurement's
 /// switch, as `CUDATRACE_STACKS_IDENT_PER_FRAME` is).
 pub const CFRAME_WINDOW_OFF_ENV: &str = "CUDATRACE_STACKS_NO_CFRAME_WINDOW";
+/// Set: a C-stack window reads past the end of the thread's stack (where an earlier read
+/// found it) as before, faulting there at every call where it lies within a window (a
+/// measurement's switch: issue 32's A/B in one binary).
+pub const UP_CEILING_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_CEILING";
 /// For measuring: bytes (256 to 4096) a data-stack window reaches below its frame.
 pub const DATA_WINDOW_ENV: &str = "CUDATRACE_STACKS_DATA_WINDOW";
-/// For measuring: bytes (256 to 4096) a C-stack window reads up from an entry frame.
+/// For measuring: bytes (256 to 8112) a C-stack window reads up from an entry frame.
 pub const UP_WINDOW_ENV: &str = "CUDATRACE_STACKS_UP_WINDOW";
 
-/// A window's size from `env`, where set to a whole number of 256 to 4096 bytes.
-fn window_bytes(env: &str) -> Option<u32> {
+/// A window's size from `env`, where set to a whole number of 256 to `max` bytes.
+fn window_bytes(env: &str, max: u32) -> Option<u32> {
     let bytes: u32 = std::env::var(env).ok()?.trim().parse().ok()?;
-    (256..=4096).contains(&bytes).then_some(bytes & !7)
+    (256..=max).contains(&bytes).then_some(bytes & !7)
 }
 
 /// The stack programs' load-time settings (`--stacks`).
@@ -135,7 +139,10 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let (xid_code, xid_dev, xid_msg) = xid_offsets(&tracefs).unwrap_or((0, 0, 0));
     let (pidns_dev, pidns_ino) = own_pid_namespace()?.unwrap_or((0, 0));
     let no_cookies = u32::from(super::helpers::cookies_missing());
-    let (data_window, up_window) = (window_bytes(DATA_WINDOW_ENV), window_bytes(UP_WINDOW_ENV));
+    let (data_window, up_window) = (
+        window_bytes(DATA_WINDOW_ENV, 4096),
+        window_bytes(UP_WINDOW_ENV, 8112),
+    );
     let mut loader = EbpfLoader::new();
     for (map, entries) in &options.map_entries {
         loader.map_max_entries(map, *entries);
@@ -150,6 +157,9 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         // alone (BENCHMARKS.md, issue 32), in one binary.
         if std::env::var_os(CFRAME_WINDOW_OFF_ENV).is_some() {
             loader.override_global("CFRAME_WINDOW", &0u32, true);
+        }
+        if std::env::var_os(UP_CEILING_OFF_ENV).is_some() {
+            loader.override_global("UP_CEILING", &0u32, true);
         }
         // For measuring the windows' sizes (bytes read against reads made), in one binary.
         if let Some(bytes) = &data_window {

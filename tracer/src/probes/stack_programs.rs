@@ -18,11 +18,12 @@ use tracer_common::stacks::stack_prog;
 use super::{object::PROBES_OBJECT, uprobe_multi};
 
 /// The stack programs, by their index in the program array.
-const PROGRAMS: [(&str, u32); 4] = [
+const PROGRAMS: [(&str, u32); 5] = [
     ("stack_walk", stack_prog::WALK),
     ("stack_codes", stack_prog::CODES),
     ("stack_capture", stack_prog::CAPTURE),
     ("stack_threads", stack_prog::THREADS),
+    ("stack_walk_ident", stack_prog::WALK_IDENT),
 ];
 
 /// The stack programs loaded for one kind of call program.

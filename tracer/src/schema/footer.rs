@@ -142,6 +142,9 @@ pub struct StacksFooter {
     /// Reads of the traced processes' memory the probes made (each window of frames one):
     /// with `calls`, the reads a stacked call costs. Added within version 4.
     pub memory_reads: u64,
+    /// Of those, reads that faulted (a page not mapped or not resident), each as costly as
+    /// about ten that did not. Added within version 4.
+    pub memory_read_faults: u64,
     /// The stack records of calls whose walk found a stack, by how the probes sent it:
     /// known to them (its hash alone) or whole (its frames). Added within version 4.
     pub stack_records: StackRecordCounts,

@@ -143,7 +143,15 @@ fn a_refused_program_comes_with_the_verifier_log() {
     let mut insn: bpf_insn = unsafe { std::mem::zeroed() };
     insn.code = (BPF_JMP | BPF_EXIT) as u8;
     let mut log = vec![0u8; 1 << 16];
-    let err = prog_load(c"bad", &[insn], FALLBACK_LICENSE, 0, 0, Some(&mut log)).unwrap_err();
+    let err = prog_load(
+        c"bad",
+        &[insn],
+        FALLBACK_LICENSE,
+        0,
+        0,
+        Some((log.as_mut_slice(), LOG_VERBOSE)),
+    )
+    .unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     assert!(
         log_tail(&log, 5).contains("R0 !read_ok"),
