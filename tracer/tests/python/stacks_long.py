@@ -4,7 +4,12 @@ middle and from its last, and records at each call the stack CPython gives for i
 stacks_target.py does), for tests/stacks.rs. Prints the table's size on stderr. Waits a
 second before it exits, so that the tracer reads the table while the process lives.
 
-usage: stacks_long.py LIBCUDA OUT.json
+usage: stacks_long.py LIBCUDA OUT.json [wait]
+
+wait: between the function's two runs, wait until the probe on code frees is linked and the
+layout given again (a new process image, as stacks_records.py does): the function's code
+object is read again under it, and its table with it. Without it the link may come between
+any two calls, or after the last.
 """
 
 import ctypes
@@ -12,6 +17,8 @@ import json
 import sys
 import threading
 import time
+
+from free_probe import wait_for_the_free_probe
 
 lib = ctypes.CDLL(sys.argv[1])
 recorded = {}
@@ -52,6 +59,8 @@ print(f"line table: {len(call.__code__.co_linetable)} bytes", file=sys.stderr)
 def main():
     for step in range(2):
         call(step)  # line:outer
+        if step == 0 and sys.argv[3:] == ["wait"]:
+            wait_for_the_free_probe(settle=0.2)
 
 
 main()
