@@ -1,0 +1,90 @@
+"""The table of workloads/window_ab.sh: each traced window's iterations against the untraced
+stretches just before and after it, in one process.
+
+usage: window_ab.py WINDOWS.txt ITERS.jsonl MODE
+
+WINDOWS.txt: one line per window, "ROUND CONDITION START_NS END_NS TRACE" (CLOCK_MONOTONIC
+around the `cudatrace run -p` command). ITERS.jsonl: the target's iterations, {"t_ns" (its
+end), "dt_ns"}. An iteration is traced when it lies between the window's first and last
+call line (the probes were attached throughout); untraced when it lies more than 0.2 s from
+every command's span. A window's baseline is the untraced iterations of the stretch before
+it and the stretch after it (each the median of its own), averaged. Per condition: the
+median of the windows' ratios (traced median over baseline), and the added time per
+iteration (traced median less baseline); in launch mode also per launch (200 an
+iteration). Exits 1 if a window has no traced iteration or no baseline.
+"""
+
+import json
+import statistics
+import sys
+
+MARGIN_NS = 200_000_000
+LAUNCHES = {"launch": 200}
+
+
+def main() -> int:
+    windows_path, iters_path, mode = sys.argv[1:4]
+    windows = []
+    for line in open(windows_path):
+        round_, condition, start, end, trace = line.split()
+        calls = [
+            json.loads(text)["ts_ns"]
+            for text in open(trace)
+            if '"type":"call"' in text
+        ]
+        windows.append((int(round_), condition, int(start), int(end), calls))
+    iters = [json.loads(line) for line in open(iters_path)]
+    spans = [(it["t_ns"] - it["dt_ns"], it["t_ns"], it["dt_ns"]) for it in iters]
+    busy = [(start - MARGIN_NS, end + MARGIN_NS) for _, _, start, end, _ in windows]
+
+    def untraced(lo, hi):
+        return [
+            dt
+            for begin, end, dt in spans
+            if lo <= begin
+            and end <= hi
+            and not any(b < end and begin < e for b, e in busy)
+        ]
+
+    rows, status = {}, 0
+    for index, (round_, condition, start, end, calls) in enumerate(windows):
+        if not calls:
+            print(f"round {round_} {condition}: no call line in the trace", file=sys.stderr)
+            status = 1
+            continue
+        first, last = min(calls), max(calls)
+        traced = [dt for begin, stop, dt in spans if first <= begin and stop <= last]
+        before_lo = windows[index - 1][3] if index > 0 else 0
+        after_hi = windows[index + 1][2] if index + 1 < len(windows) else 1 << 62
+        sides = [side for side in (untraced(before_lo, start), untraced(end, after_hi)) if side]
+        if not traced or not sides:
+            print(f"round {round_} {condition}: {len(traced)} traced iterations, "
+                  f"{len(sides)} untraced stretches", file=sys.stderr)
+            status = 1
+            continue
+        base = statistics.mean(statistics.median(side) for side in sides)
+        med = statistics.median(traced)
+        rows.setdefault(condition, []).append((round_, med / base, med - base, len(traced), base))
+    per = LAUNCHES.get(mode)
+    for condition, results in rows.items():
+        ratios = [r[1] for r in results]
+        added = [r[2] / 1000 for r in results]
+        print(f"{mode} {condition}: x{statistics.median(ratios):.3f} of untraced "
+              f"(median of {len(results)} windows' ratios; each window's median iteration "
+              f"against the untraced stretches beside it) {[round(r, 3) for r in ratios]}")
+        print(f"{mode} {condition}: +{statistics.median(added):.1f} µs an iteration (median) "
+              f"{[round(a, 1) for a in added]}; untraced iteration "
+              f"{statistics.median(r[4] for r in results) / 1000:.1f} µs; "
+              f"{sum(r[3] for r in results)} traced iterations")
+        if per:
+            print(f"{mode} {condition}: +{statistics.median(added) / per:.3f} µs a launch")
+    if "run" in rows and "stacks" in rows and per:
+        by_round = {r[0]: r[2] for r in rows["run"]}
+        diff = [(r[2] - by_round[r[0]]) / 1000 / per for r in rows["stacks"] if r[0] in by_round]
+        print(f"{mode} stacks against run: +{statistics.median(diff):.3f} µs a launch (median of "
+              f"{len(diff)} rounds) {[round(d, 3) for d in diff]}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

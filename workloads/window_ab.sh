@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Tracing's cost measured inside one process (issue 32): a long-running target
+# (workloads/attach_target.py, started untraced) is traced in windows by `cudatrace run -p
+# PID`, one window per condition and round, each between untraced stretches of the same
+# length, the order of the conditions rotated from round to round. Each traced window's
+# iterations are compared with the untraced stretches just before and after it, so the
+# machine's drift (its speed moved ×1.8 between runs on the H100s) hits both sides alike,
+# and no run pays its own start.
+#
+#   workloads/window_ab.sh CUDATRACE OUTDIR MODE ROUNDS [CONDITIONS]
+#
+# MODE: attach_target.py's mode (gpt2: one token an iteration; launch: 200 launches of
+# `x.add_(1)`). CONDITIONS (default "run stacks"): run (`run -p PID`), stacks (`--stacks`,
+# every call stacked). SECONDS (environment, default 3): each window's and stretch's length.
+# TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
+# --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
+# iteration to FILE, CLOCK_MONOTONIC). The table (workloads/window_ab.py) is printed and
+# kept in OUTDIR/window_ab.txt. Run as root.
+set -u
+CUDATRACE=$(realpath "$1")
+OUT=$(realpath -m "$2")
+MODE=$3
+ROUNDS=$4
+read -r -a CONDITIONS <<<"${5:-run stacks}"
+SECONDS_EACH=${SECONDS:-3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+now_ns() { python3 -c 'import time; print(time.monotonic_ns())'; }
+count=${#CONDITIONS[@]}
+# Windows and stretches, plus the attaches' own time and a stretch at each end.
+total=$(python3 -c "print($ROUNDS * $count * ($SECONDS_EACH * 2 + 2) + 3 * $SECONDS_EACH + 10)")
+read -r -a target <<<"${TARGET:-python3 $HERE/attach_target.py}"
+coproc TARGET_PROC { exec "${target[@]}" "$MODE" --seconds "$total" --out "$OUT/iters.jsonl"; }
+read -r ready pid <&"${TARGET_PROC[0]}"
+if [ "$ready" != ready ]; then
+  echo "window_ab: the target did not start" >&2
+  exit 1
+fi
+: >"$OUT/windows.txt"
+failed=0
+sleep "$SECONDS_EACH"
+for round in $(seq 1 "$ROUNDS"); do
+  for index in $(seq 0 $((count - 1))); do
+    condition=${CONDITIONS[$(((index + round) % count))]}
+    case $condition in
+    run) flags=() ;;
+    stacks) flags=(--stacks) ;;
+    *) echo "window_ab: unknown condition $condition" >&2; exit 2 ;;
+    esac
+    sleep "$SECONDS_EACH"
+    start=$(now_ns)
+    trace="$OUT/r$round-$condition.jsonl"
+    "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
+      2>"$OUT/r$round-$condition.stderr" || failed=1
+    end=$(now_ns)
+    echo "$round $condition $start $end $trace" >>"$OUT/windows.txt"
+  done
+done
+sleep "$SECONDS_EACH"
+kill -TERM "$pid" 2>/dev/null
+wait "$TARGET_PROC_PID" 2>/dev/null
+python3 "$HERE/window_ab.py" "$OUT/windows.txt" "$OUT/iters.jsonl" "$MODE" | tee "$OUT/window_ab.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || failed=1
+exit $failed
