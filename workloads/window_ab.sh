@@ -11,7 +11,8 @@
 #
 # MODE: attach_target.py's mode (gpt2: one token an iteration; launch: 200 launches of
 # `x.add_(1)`). CONDITIONS (default "run stacks"): run (`run -p PID`), stacks (`--stacks`,
-# every call stacked). SECONDS (environment, default 3): each window's and stretch's length.
+# every call stacked), stacks_ident (`--stacks` with each frame's code identity read,
+# CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator). SECONDS (environment, default 3): each window's and stretch's length.
 # TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
 # --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
 # iteration to FILE, CLOCK_MONOTONIC). The table (workloads/window_ab.py) is printed and
@@ -45,12 +46,15 @@ for round in $(seq 1 "$ROUNDS"); do
     case $condition in
     run) flags=() ;;
     stacks) flags=(--stacks) ;;
+    stacks_ident) flags=(--stacks) ;;
     *) echo "window_ab: unknown condition $condition" >&2; exit 2 ;;
     esac
     sleep "$SECONDS_EACH"
     start=$(now_ns)
     trace="$OUT/r$round-$condition.jsonl"
-    "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
+    ident=()
+    [ "$condition" = stacks_ident ] && ident=(CUDATRACE_STACKS_IDENT_PER_FRAME=1)
+    env "${ident[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
       2>"$OUT/r$round-$condition.stderr" || failed=1
     end=$(now_ns)
     echo "$round $condition $start $end $trace" >>"$OUT/windows.txt"
