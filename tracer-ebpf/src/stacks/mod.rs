@@ -340,13 +340,7 @@ pub fn inherit(parent: u32, child: u32) {
 /// stack not seen before.
 #[inline(always)]
 pub fn ident_per_frame(py: &PyProcess) -> bool {
-    ident_per_frame_flags(py.flags)
-}
-
-/// [`ident_per_frame`] of a process with these flags.
-#[inline(always)]
-pub fn ident_per_frame_flags(flags: u32) -> bool {
-    flags & py_flags::IDENT_PER_FRAME != 0 && flags & py_flags::FREE_PROBE == 0
+    py.flags & py_flags::IDENT_PER_FRAME != 0 && py.flags & py_flags::FREE_PROBE == 0
 }
 
 /// At `PyCode_Type`'s deallocator, attached for one process (`py_flags::FREE_PROBE`): a
