@@ -1,5 +1,5 @@
-"""Which code objects a workload makes and frees as it runs (issue 32: GPT-2 decoding freed
-about 218 code objects a token, each a trap into `py_code_freed` under `--stacks`).
+"""Which code objects a workload makes and frees as it runs (issue 32: under `--stacks` each
+free is a trap into `py_code_freed`; this found that GPT-2 decoding frees none, run AR).
 
 CPython 3.12+'s own code watchers (`PyCode_AddWatcher`, through ctypes) count every code
 object created and destroyed during N steps of one of attach_target.py's modes, after its
@@ -7,7 +7,8 @@ warm-up, grouped by the code object's (file, qualified name, first line) and by 
 frames that were running when it was made. Prints one JSON object.
 
 With --script FILE, the watchers count over a whole run of a script instead (ARGS after
-`--` are its arguments), from before its first import to its exit, and each event is also
+`--` are its arguments), from before its first import to its end (not the interpreter's teardown after it, which
+frees most of what was made), and each event is also
 put down to the line of FILE that was running (where in the script code objects come and go).
 
 Usage: python3 code_churn.py train|gpt2|launch [--steps N] [--top K]
