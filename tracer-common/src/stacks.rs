@@ -373,6 +373,8 @@ pub mod stack_counter {
     /// Of those, reads that failed: a page not mapped (or not resident). Each costs about
     /// as much as ten reads that succeed, in the kernel's fault handling.
     pub const READ_FAULTS: u32 = 6;
+    /// Bytes those reads asked for (a window's whole length, 8 or 4 for one field).
+    pub const MEMORY_READ_BYTES: u32 = 7;
     pub const COUNT: u32 = 8;
 }
 

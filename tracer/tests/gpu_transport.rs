@@ -346,11 +346,11 @@ fn a_traced_threads_exit_removes_its_stack_caches() {
     });
     let tid = tid_rx.recv().unwrap();
     for who in [tid, main_tid] {
-        // `ThreadSeen` (generation, epoch, thread state, the C stack's end) and
-        // `RateBucket` (credit, when).
-        BpfHashMap::<_, u32, [u64; 4]>::try_from(bpf.map_mut("THREADS_SEEN").unwrap())
+        // `ThreadSeen` (generation, epoch, thread state, the C stack's end, how far up
+        // its walks reached) and `RateBucket` (credit, when).
+        BpfHashMap::<_, u32, [u64; 5]>::try_from(bpf.map_mut("THREADS_SEEN").unwrap())
             .unwrap()
-            .insert(who, [1, 2, 3, 6], 0)
+            .insert(who, [1, 2, 3, 6, 7], 0)
             .unwrap();
         BpfHashMap::<_, u32, [u64; 2]>::try_from(bpf.map_mut("STACK_RATES").unwrap())
             .unwrap()
@@ -359,7 +359,7 @@ fn a_traced_threads_exit_removes_its_stack_caches() {
     }
     go_tx.send(()).unwrap();
     thread.join().unwrap();
-    let seen: BpfHashMap<_, u32, [u64; 4]> =
+    let seen: BpfHashMap<_, u32, [u64; 5]> =
         BpfHashMap::try_from(bpf.map("THREADS_SEEN").unwrap()).unwrap();
     let rates: BpfHashMap<_, u32, [u64; 2]> =
         BpfHashMap::try_from(bpf.map("STACK_RATES").unwrap()).unwrap();
@@ -372,6 +372,6 @@ fn a_traced_threads_exit_removes_its_stack_caches() {
         rates.get(&tid, 0).is_err(),
         "the exited thread's bucket stayed"
     );
-    assert_eq!(seen.get(&main_tid, 0).unwrap(), [1, 2, 3, 6]);
+    assert_eq!(seen.get(&main_tid, 0).unwrap(), [1, 2, 3, 6, 7]);
     assert_eq!(rates.get(&main_tid, 0).unwrap(), [4, 5]);
 }

@@ -667,9 +667,11 @@ fn a_window_of_the_c_stack_faults_at_its_end_once() {
         let linked = python.minor < 14 && per_process;
         let args: &[&str] = if linked { &["200", "wait"] } else { &["200"] };
         let run = |off: bool| {
+            // Whole windows, as before the reach was kept: the ceiling alone decides.
             let mut env = vec![
                 ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
                 ("CUDATRACE_STACKS_UP_WINDOW", "8112"),
+                ("CUDATRACE_STACKS_NO_UP_REACH", "1"),
             ];
             if off {
                 env.push(("CUDATRACE_STACKS_NO_UP_CEILING", "1"));
@@ -702,6 +704,77 @@ fn a_window_of_the_c_stack_faults_at_its_end_once() {
     }
     // An arm64 machine traces its own Debian 3.11 alone (`pythons`), with no entry frame on
     // the C stack.
+    assert!(
+        tried >= 2 || cfg!(not(target_arch = "x86_64")),
+        "no 3.12+ interpreter to trace"
+    );
+}
+
+/// A C-stack window reads only as far up as the thread's walks have needed entry frames
+/// (`ThreadSeen::up_reach`): a loop of 200 calls from one line makes the same reads either
+/// way (but for a whole window's fault past the stack's end) and gets the same stack, but on 3.12+ (whose walks read the C stack) copies less
+/// than with whole 8 KiB windows (`CUDATRACE_STACKS_NO_UP_REACH`); before 3.12 nothing
+/// changes, to the byte.
+#[test]
+fn a_window_of_the_c_stack_reads_only_as_far_as_its_walks_have_needed() {
+    let Some(_guard) = root() else { return };
+    let script = "stacks_records.py";
+    let per_process = kernel_at_least(6, 6);
+    let mut tried = 0;
+    for python in pythons() {
+        let linked = python.minor < 14 && per_process;
+        let args: &[&str] = if linked { &["200", "wait"] } else { &["200"] };
+        let run = |whole: bool| {
+            let env: &[(&str, &str)] = if whole {
+                &[("CUDATRACE_STACKS_NO_UP_REACH", "1")]
+            } else {
+                &[]
+            };
+            python.trace_with(script, &["-q", "--stacks"], args, env)
+        };
+        let (whole, reach) = (run(true), run(false));
+        let counted = |traced: &Traced, what: &str| {
+            traced.footer_stacks()[what].as_u64().unwrap_or_else(|| {
+                panic!("{}: no {what}: {}", python.label, traced.footer_stacks())
+            })
+        };
+        for traced in [&whole, &reach] {
+            assert_eq!(traced.footer_stacks()["calls"], 200, "{}", python.label);
+        }
+        // The same reads, less those that faulted: a window may reach past the stack's end
+        // (where the kernel's random offset puts it), then read again to its page's end.
+        let made = |traced: &Traced| {
+            counted(traced, "memory_reads") - counted(traced, "memory_read_faults")
+        };
+        assert_eq!(
+            made(&reach),
+            made(&whole),
+            "{}: the same reads: {} against {}",
+            python.label,
+            reach.footer_stacks(),
+            whole.footer_stacks()
+        );
+        let (bytes_whole, bytes_reach) = (
+            counted(&whole, "memory_read_bytes"),
+            counted(&reach, "memory_read_bytes"),
+        );
+        if python.minor >= 12 {
+            tried += 1;
+            // Each call's first C-stack window was 8 KiB (or to the stack's end, where
+            // that was nearer); now only the first call's is, and each later call of this
+            // 3-frame loop copies under 2 KiB in all (about 650 bytes here).
+            assert!(
+                bytes_reach < bytes_whole && bytes_reach < 200 * 2048,
+                "{}: {bytes_reach} bytes read against {bytes_whole}",
+                python.label
+            );
+        } else {
+            assert_eq!(bytes_reach, bytes_whole, "{}", python.label);
+        }
+        let stacks = |traced: &Traced| traced.stacks().into_values().collect::<Vec<_>>();
+        assert_eq!(stacks(&whole).len(), 1, "{}", python.label);
+        assert_eq!(stacks(&reach), stacks(&whole), "{}", python.label);
+    }
     assert!(
         tried >= 2 || cfg!(not(target_arch = "x86_64")),
         "no 3.12+ interpreter to trace"

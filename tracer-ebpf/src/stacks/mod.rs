@@ -62,6 +62,11 @@ pub struct ThreadSeen {
     /// Where a read of the thread's C stack found its end (the first page after it), 0
     /// until one did: windows read up stop there (`walk.rs`, `read_up`).
     pub up_ceiling: u64,
+    /// The highest end of an entry frame any walk of this thread read from its C stack, 0
+    /// before one did: a window read up stops there too, where that still holds the frame
+    /// asked for (`UP_REACH`). Reading more would copy bytes no walk has needed; a deeper
+    /// stack later costs one read more, and raises it.
+    pub up_reach: u64,
 }
 
 #[map]
@@ -164,6 +169,10 @@ pub struct Scratch {
     pub up_len: u64,
     /// The thread's `ThreadSeen::up_ceiling`, as this walk knows it.
     pub up_ceiling: u64,
+    /// The thread's `ThreadSeen::up_reach` at this walk's start (0 with `UP_REACH` off).
+    pub up_reach: u64,
+    /// The highest end of an entry frame this walk read from the C stack.
+    pub up_used: u64,
     /// The two windows' bytes (`read::Windows`: the data stack's, then the C stack's).
     pub windows: read::Windows,
     /// Indexes in `frames` of the frames whose code object was not seen.
@@ -234,6 +243,18 @@ static UP_CEILING: u32 = 1;
 #[inline(always)]
 fn up_ceiling_on() -> bool {
     crate::maps::load_const(&UP_CEILING) != 0
+}
+
+/// 1: a C-stack window stops where the thread's walks have needed frames so far
+/// (`ThreadSeen::up_reach`; 0: `CUDATRACE_STACKS_NO_UP_REACH`, for measuring). A shallow
+/// stack's 8 KiB windows copied 7 KiB nobody read: 0.2 µs of a launch loop's 1.37 on the
+/// H100 (run AS).
+#[unsafe(no_mangle)]
+static UP_REACH: u32 = 1;
+
+#[inline(always)]
+fn up_reach_on() -> bool {
+    crate::maps::load_const(&UP_REACH) != 0
 }
 
 #[inline(always)]

@@ -99,6 +99,7 @@ pub fn read_user(dst: *mut u8, len: u32, src: u64) -> bool {
         return false;
     }
     bump(stack_counter::MEMORY_READS, 1);
+    bump(stack_counter::MEMORY_READ_BYTES, u64::from(len));
     // SAFETY: the helper checks the source; `dst` is a map value at least `len` bytes long.
     let read =
         unsafe { generated::bpf_probe_read_user(dst.cast(), len, src as *const core::ffi::c_void) };
@@ -115,6 +116,7 @@ pub fn user_u64(src: u64) -> Option<u64> {
         return None;
     }
     bump(stack_counter::MEMORY_READS, 1);
+    bump(stack_counter::MEMORY_READ_BYTES, 8);
     // SAFETY: the helper checks the address.
     let read = unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u64) }.ok();
     if read.is_none() {
@@ -130,6 +132,7 @@ pub fn user_u32(src: u64) -> Option<u32> {
         return None;
     }
     bump(stack_counter::MEMORY_READS, 1);
+    bump(stack_counter::MEMORY_READ_BYTES, 4);
     // SAFETY: the helper checks the address.
     let read = unsafe { aya_ebpf::helpers::bpf_probe_read_user(src as *const u32) }.ok();
     if read.is_none() {

@@ -162,16 +162,17 @@ fn search(scratch: &mut Scratch) -> u32 {
         Err(status) => return status,
     };
     // The thread's stack has not moved since an earlier search in this image: its end
-    // stands.
-    let up_ceiling = match unsafe { THREADS_SEEN.get(scratch.tid) } {
-        Some(old) if old.generation == py.generation => old.up_ceiling,
-        _ => 0,
+    // stands, and so does how far up its walks have read.
+    let (up_ceiling, up_reach) = match unsafe { THREADS_SEEN.get(scratch.tid) } {
+        Some(old) if old.generation == py.generation => (old.up_ceiling, old.up_reach),
+        _ => (0, 0),
     };
     let seen = ThreadSeen {
         generation: py.generation,
         epoch: search.epoch,
         tstate,
         up_ceiling,
+        up_reach,
     };
     if THREADS_SEEN.insert(scratch.tid, seen, 0).is_err() {
         return stack_status::NO_THREAD_STATE;
@@ -281,6 +282,12 @@ fn first_frame(scratch: &mut Scratch, py: &PyProcess) -> Result<bool, u32> {
         0
     };
     scratch.ceiling_found = 0;
+    scratch.up_reach = if super::up_reach_on() {
+        seen.up_reach
+    } else {
+        0
+    };
+    scratch.up_used = 0;
     if py.cframe_frame != NO_FIELD {
         // 3.11, 3.12: the current frame hangs off the `_PyCFrame` on the C stack.
         let at = frame + u64::from(py.cframe_frame);
@@ -503,6 +510,7 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> 
     }
     let (up_start, up_len) = (scratch.up_start, scratch.up_len);
     if up_len != 0 && at >= up_start && end <= up_start + up_len {
+        scratch.up_used = core::cmp::max(scratch.up_used, end);
         return Some(UP + (at - up_start));
     }
     if len == 0 || (at < start && start - at <= WINDOW as u64) {
@@ -522,21 +530,32 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> 
     if !read_up(scratch, at, end) {
         return read_alone(scratch, at);
     }
+    scratch.up_used = core::cmp::max(scratch.up_used, end);
     Some(UP)
 }
 
-/// Keeps the end of the thread's stack a read found in this walk with the thread's cached
+/// Keeps the end of the thread's stack a read found in this walk, and how far up its
+/// entry frames reached where that is further than before, with the thread's cached
 /// state, for its later walks.
 #[inline(always)]
 fn keep_ceiling(scratch: &mut Scratch) {
-    if scratch.ceiling_found == 0 {
+    let reached = scratch.up_used;
+    let further = reached > scratch.up_reach;
+    if scratch.ceiling_found == 0 && !further {
         return;
     }
-    scratch.ceiling_found = 0;
     if let Some(seen) = THREADS_SEEN.get_ptr_mut(scratch.tid) {
         // SAFETY: a map value; only this thread's walks write its entry.
-        unsafe { (*seen).up_ceiling = scratch.up_ceiling };
+        unsafe {
+            if scratch.ceiling_found != 0 {
+                (*seen).up_ceiling = scratch.up_ceiling;
+            }
+            if further && reached > (*seen).up_reach {
+                (*seen).up_reach = reached;
+            }
+        }
     }
+    scratch.ceiling_found = 0;
 }
 
 /// The frame's [`FRAME_READ`] bytes at `at` alone, as the data stack's window.
@@ -571,6 +590,11 @@ fn read_up(scratch: &mut Scratch, at: u64, end: u64) -> bool {
     let room = unsafe { core::ptr::read_volatile(&scratch.up_ceiling) }.wrapping_sub(at);
     if room < bytes {
         bytes = core::cmp::max(room, end - at);
+    }
+    // And where the thread's walks have needed frames so far (0, or below `at`: wraps past).
+    let reach = unsafe { core::ptr::read_volatile(&scratch.up_reach) }.wrapping_sub(at);
+    if reach < bytes {
+        bytes = core::cmp::max(reach, end - at);
     }
     let mut bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(bytes);
     if !read_user(scratch.windows.up(), bytes as u32, at) {

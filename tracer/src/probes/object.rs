@@ -32,6 +32,9 @@ pub const CFRAME_WINDOW_OFF_ENV: &str = "CUDATRACE_STACKS_NO_CFRAME_WINDOW";
 /// found it) as before, faulting there at every call where it lies within a window (a
 /// measurement's switch: issue 32's A/B in one binary).
 pub const UP_CEILING_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_CEILING";
+/// Set: a C-stack window reads its whole size (`CUDATRACE_STACKS_UP_WINDOW`), not only as
+/// far up as the thread's walks have needed frames (a measurement's switch).
+pub const UP_REACH_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_REACH";
 /// For measuring: bytes (256 to 4096) a data-stack window reaches below its frame.
 pub const DATA_WINDOW_ENV: &str = "CUDATRACE_STACKS_DATA_WINDOW";
 /// For measuring: bytes (256 to 8112) a C-stack window reads up from an entry frame.
@@ -160,6 +163,9 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         }
         if std::env::var_os(UP_CEILING_OFF_ENV).is_some() {
             loader.override_global("UP_CEILING", &0u32, true);
+        }
+        if std::env::var_os(UP_REACH_OFF_ENV).is_some() {
+            loader.override_global("UP_REACH", &0u32, true);
         }
         // For measuring the windows' sizes (bytes read against reads made), in one binary.
         if let Some(bytes) = &data_window {

@@ -145,6 +145,9 @@ pub struct StacksFooter {
     /// Of those, reads that faulted (a page not mapped or not resident), each as costly as
     /// about ten that did not. Added within version 4.
     pub memory_read_faults: u64,
+    /// Bytes those reads asked for (a window's whole length): with `memory_reads`, what a
+    /// read copies. Added within version 4.
+    pub memory_read_bytes: u64,
     /// The stack records of calls whose walk found a stack, by how the probes sent it:
     /// known to them (its hash alone) or whole (its frames). Added within version 4.
     pub stack_records: StackRecordCounts,

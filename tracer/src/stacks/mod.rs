@@ -194,6 +194,10 @@ impl Stacks {
             .counters
             .get(&stack_counter::READ_FAULTS, 0)
             .map_or(0, |per_cpu| per_cpu.iter().sum());
+        footer.memory_read_bytes = self
+            .counters
+            .get(&stack_counter::MEMORY_READ_BYTES, 0)
+            .map_or(0, |per_cpu| per_cpu.iter().sum());
         footer.code_free_probes = self.interpreters.free_counts();
         footer
     }
