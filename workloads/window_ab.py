@@ -22,9 +22,22 @@ MARGIN_NS = 200_000_000
 LAUNCHES = {"launch": 200}
 
 
+def footer_of(trace):
+    """The trace's footer (its last line), or {} where it has none."""
+    last = None
+    for last in open(trace):
+        pass
+    try:
+        line = json.loads(last) if last else {}
+    except json.JSONDecodeError:
+        return {}
+    return line if line.get("type") == "footer" else {}
+
+
 def main() -> int:
     windows_path, iters_path, mode = sys.argv[1:4]
     windows = []
+    reads = {}
     for line in open(windows_path):
         round_, condition, start, end, trace = line.split()
         calls = [
@@ -33,6 +46,11 @@ def main() -> int:
             if '"type":"call"' in text
         ]
         windows.append((int(round_), condition, int(start), int(end), calls))
+        stacks = footer_of(trace).get("stacks", {})
+        if stacks.get("memory_reads") and calls:
+            reads.setdefault(condition, []).append(
+                (stacks["memory_reads"] / len(calls), stacks.get("memory_read_bytes", 0) / len(calls))
+            )
     iters = [json.loads(line) for line in open(iters_path)]
     spans = [(it["t_ns"] - it["dt_ns"], it["t_ns"], it["dt_ns"]) for it in iters]
     busy = [(start - MARGIN_NS, end + MARGIN_NS) for _, _, start, end, _ in windows]
@@ -78,6 +96,11 @@ def main() -> int:
               f"{sum(r[3] for r in results)} traced iterations")
         if per:
             print(f"{mode} {condition}: +{statistics.median(added) / per:.3f} µs a launch")
+        if condition in reads:
+            print(f"{mode} {condition}: {statistics.median(r for r, _ in reads[condition]):.2f} "
+                  f"reads of process memory a call, "
+                  f"{statistics.median(b for _, b in reads[condition]):.0f} bytes (the footer's "
+                  f"stacks.memory_reads and memory_read_bytes, medians of windows)")
     if "run" in rows and "stacks" in rows and per:
         by_round = {r[0]: r[2] for r in rows["run"]}
         diff = [(r[2] - by_round[r[0]]) / 1000 / per for r in rows["stacks"] if r[0] in by_round]

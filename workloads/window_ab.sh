@@ -12,7 +12,10 @@
 # MODE: attach_target.py's mode (gpt2: one token an iteration; launch: 200 launches of
 # `x.add_(1)`). CONDITIONS (default "run stacks"): run (`run -p PID`), stacks (`--stacks`,
 # every call stacked), stacks_ident (`--stacks` with each frame's code identity read,
-# CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator). SECONDS (environment, default 3): each window's and stretch's length.
+# CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator), stacks_alt
+# (`--stacks` with the settings of $STACKS_ALT_ENV, default 1 KiB C-stack and data-stack
+# windows: the walk reads more often and copies less; run AS). SECONDS (environment,
+# default 3): each window's and stretch's length.
 # TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
 # --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
 # iteration to FILE, CLOCK_MONOTONIC). The table (workloads/window_ab.py) is printed and
@@ -47,14 +50,17 @@ for round in $(seq 1 "$ROUNDS"); do
     run) flags=() ;;
     stacks) flags=(--stacks) ;;
     stacks_ident) flags=(--stacks) ;;
+    stacks_alt) flags=(--stacks) ;;
     *) echo "window_ab: unknown condition $condition" >&2; exit 2 ;;
     esac
     sleep "$SECONDS_EACH"
     start=$(now_ns)
     trace="$OUT/r$round-$condition.jsonl"
-    ident=()
-    [ "$condition" = stacks_ident ] && ident=(CUDATRACE_STACKS_IDENT_PER_FRAME=1)
-    env "${ident[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
+    settings=()
+    [ "$condition" = stacks_ident ] && settings=(CUDATRACE_STACKS_IDENT_PER_FRAME=1)
+    [ "$condition" = stacks_alt ] &&
+      read -r -a settings <<<"${STACKS_ALT_ENV:-CUDATRACE_STACKS_UP_WINDOW=1024 CUDATRACE_STACKS_DATA_WINDOW=1024}"
+    env "${settings[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
       2>"$OUT/r$round-$condition.stderr" || failed=1
     end=$(now_ns)
     echo "$round $condition $start $end $trace" >>"$OUT/windows.txt"
