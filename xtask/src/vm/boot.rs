@@ -57,6 +57,9 @@ pub(super) struct Machine<'a> {
     pub(super) shares: Vec<Share>,
     /// The statically linked busybox of the guest's architecture, its initramfs's shell.
     pub(super) busybox: std::path::PathBuf,
+    /// Guests of several kernels run at once: each line a guest prints starts with its
+    /// kernel's name.
+    pub(super) parallel: bool,
 }
 
 impl Machine<'_> {
@@ -78,7 +81,8 @@ pub(super) fn boot(
     opts: &VmTestOptions,
 ) -> Result<Outcome> {
     let label = &kernel.label;
-    let results_path = vm_dir.join("results.log");
+    // Every file of a boot is named by its kernel: guests of several kernels run at once.
+    let results_path = vm_dir.join(format!("results-{label}.log"));
     for stale in [&results_path, console] {
         let _ = fs::remove_file(stale);
     }
@@ -93,7 +97,7 @@ pub(super) fn boot(
     let mut virtiofsds = Vec::new();
     let mut sockets = Vec::new();
     for share in &machine.shares {
-        let socket = vm_dir.join(format!("virtiofsd-{}.sock", share.tag));
+        let socket = vm_dir.join(format!("virtiofsd-{label}-{}.sock", share.tag));
         let _ = fs::remove_file(&socket);
         let (out, err) = log(&format!("virtiofsd-{label}-{}.log", share.tag))?;
         virtiofsds.push(Reaped::spawn(
@@ -204,8 +208,14 @@ pub(super) fn boot(
             results.rfind('\n').map_or(0, |i| i + 1)
         };
         if complete > printed {
-            print!("{}", &results[printed..complete]);
-            std::io::stdout().flush()?;
+            let mut out = std::io::stdout().lock();
+            for line in results[printed..complete].split_inclusive('\n') {
+                if machine.parallel {
+                    write!(out, "[{label}] ")?;
+                }
+                out.write_all(line.as_bytes())?;
+            }
+            out.flush()?;
             printed = complete;
         }
         if exited {
