@@ -1,7 +1,10 @@
 """A long-running PyTorch process for `cudatrace run -p PID --gpu` on the GPU machine: started
 untraced, it runs iterations for --seconds and writes one JSON line per iteration to --out:
 {"t_ns": CLOCK_MONOTONIC at its end, "dt_ns": its duration} (the trace's clock, so the
-iterations before, during and after cudatrace's window can be told apart). Prints "ready
+iterations before, during and after cudatrace's window can be told apart), and what the
+iteration's thread used (`getrusage(RUSAGE_THREAD)`): "cpu_ns" (user and system time, the
+probes' programs and traps included), "minflt" (minor page faults), "nvcsw" and "nivcsw"
+(voluntary and involuntary context switches). Prints "ready
 PID" once warmed up (on stdout, flushed), and "done N" at the end; exits 0.
 
 Modes:
@@ -21,6 +24,7 @@ Usage: python3 attach_target.py train|gpt2|launch --seconds 30 --out FILE [--dev
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -104,11 +108,21 @@ def main():
     count = 0
     with open(args.out, "w") as out:
         while time.monotonic() < end:
+            before = resource.getrusage(resource.RUSAGE_THREAD)
             start = time.monotonic_ns()
             step()
             torch.cuda.synchronize()
             now = time.monotonic_ns()
-            out.write(json.dumps({"t_ns": now, "dt_ns": now - start}) + "\n")
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            out.write(json.dumps({
+                "t_ns": now,
+                "dt_ns": now - start,
+                "cpu_ns": round(cpu * 1e9),
+                "minflt": after.ru_minflt - before.ru_minflt,
+                "nvcsw": after.ru_nvcsw - before.ru_nvcsw,
+                "nivcsw": after.ru_nivcsw - before.ru_nivcsw,
+            }) + "\n")
             count += 1
     print(f"done {count}", flush=True)
     return 0

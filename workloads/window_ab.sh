@@ -14,11 +14,14 @@
 # every call stacked), stacks_ident (`--stacks` with each frame's code identity read,
 # CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator), stacks_alt
 # (`--stacks` with the settings of $STACKS_ALT_ENV, default 1 KiB C-stack and data-stack
-# windows: the walk reads more often and copies less; run AS). SECONDS (environment,
+# windows: the walk reads more often and copies less; run AS), stacks_every (`--stacks
+# --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks). SECONDS
+# (environment,
 # default 3): each window's and stretch's length.
 # TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
 # --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
-# iteration to FILE, CLOCK_MONOTONIC). The table (workloads/window_ab.py) is printed and
+# iteration to FILE, CLOCK_MONOTONIC; attach_target.py adds "cpu_ns", "minflt", "nvcsw" and
+# "nivcsw"). The table (workloads/window_ab.py) is printed and
 # kept in OUTDIR/window_ab.txt. Run as root.
 set -u
 CUDATRACE=$(realpath "$1")
@@ -51,6 +54,7 @@ for round in $(seq 1 "$ROUNDS"); do
     stacks) flags=(--stacks) ;;
     stacks_ident) flags=(--stacks) ;;
     stacks_alt) flags=(--stacks) ;;
+    stacks_every) flags=(--stacks --stack-every "${STACK_EVERY:-4}") ;;
     *) echo "window_ab: unknown condition $condition" >&2; exit 2 ;;
     esac
     sleep "$SECONDS_EACH"
@@ -60,8 +64,10 @@ for round in $(seq 1 "$ROUNDS"); do
     [ "$condition" = stacks_ident ] && settings=(CUDATRACE_STACKS_IDENT_PER_FRAME=1)
     [ "$condition" = stacks_alt ] &&
       read -r -a settings <<<"${STACKS_ALT_ENV:-CUDATRACE_STACKS_UP_WINDOW=1024 CUDATRACE_STACKS_DATA_WINDOW=1024}"
-    env "${settings[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
-      2>"$OUT/r$round-$condition.stderr" || failed=1
+    # The tracer's own time, real, user and system seconds, to r*.time (window_ab.py).
+    TIMEFORMAT='%R %U %S'
+    { time env "${settings[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
+      2>"$OUT/r$round-$condition.stderr" || failed=1; } 2>"$OUT/r$round-$condition.time"
     end=$(now_ns)
     echo "$round $condition $start $end $trace" >>"$OUT/windows.txt"
   done
