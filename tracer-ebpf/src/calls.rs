@@ -104,7 +104,7 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
             ret: 0,
             dur_ns: 0,
             args,
-            outs: [0; MAX_OUTS],
+            outs: crate::zero::zeros::<MAX_OUTS>(),
         };
         if cookie & cookie_bits::STACKS != 0 {
             // The stack goes first, then the call; back here only if that could not be.
@@ -223,7 +223,7 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
         ret: crate::regs::return_value(ctx) as u32,
         dur_ns: now - frame.ts_ns,
         args: frame.args,
-        outs: [0; MAX_OUTS],
+        outs: crate::zero::zeros::<MAX_OUTS>(),
     };
     for i in 0..MAX_OUTS {
         let arg = spec.out_args[i];

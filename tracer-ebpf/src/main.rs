@@ -21,6 +21,7 @@ mod maps;
 mod process;
 mod regs;
 mod stacks;
+mod zero;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -38,7 +38,8 @@ pub struct Entry {
 pub fn entry(ctx: &ProbeContext, stack_args: bool, want_ret_addr: bool) -> Entry {
     let regs = ctx.regs as *const u8;
     let sp = word(regs, TARGET.stack_pointer);
-    let mut args = [0u64; MAX_ARGS];
+    // Not `[0; MAX_ARGS]`: that is a call to a byte-loop memset (`zero.rs`).
+    let mut args = crate::zero::zeros::<MAX_ARGS>();
     for (i, arg) in args.iter_mut().enumerate().take(REGISTER_ARGS) {
         *arg = word(regs, TARGET.arg_reg(i));
     }

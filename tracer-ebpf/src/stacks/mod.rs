@@ -452,8 +452,10 @@ pub fn start(
     scratch.wake = 0;
     scratch.event.flags = 0;
     scratch.event.nframes = 0;
-    scratch.event.hash = [0; 2];
-    scratch.event.generation = 0;
+    // Not a memset call (`zero.rs`).
+    let zero = crate::zero::opaque();
+    scratch.event.hash = [zero; 2];
+    scratch.event.generation = zero;
     if let Some(call) = call {
         scratch.call = *call;
         scratch.has_call = 1;

@@ -459,8 +459,9 @@ fn walk_frames<const IDENT: bool>(scratch: &mut Scratch, py: &PyProcess) -> Walk
         };
         let slot = scratch.frame(u64::from(kept));
         slot.code = code;
-        slot.ident = ident;
-        slot.capture = 0;
+        // Not a memset call a frame (`zero.rs`).
+        slot.ident = ident | crate::zero::opaque();
+        slot.capture = crate::zero::opaque();
         slot.unit = unit;
         slot.owner = owner;
         scratch.event.nframes = kept + 1;

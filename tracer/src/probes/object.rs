@@ -220,4 +220,49 @@ mod tests {
             }
         }
     }
+
+    /// The programs every traced call runs call no `memset`: bpf-linker leaves each one
+    /// LLVM makes a call to aya-ebpf's byte loop, 5 instructions a byte (a zeroed array,
+    /// or adjacent zero stores merged; tracer-ebpf/src/zero.rs). Read from the object's
+    /// relocations, each program's own by their offsets in its section.
+    #[test]
+    fn the_call_and_walk_programs_call_no_memset() {
+        use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+        let elf = object::File::parse(PROBES_OBJECT).unwrap();
+        for program in [
+            "call_enter",
+            "call_return",
+            "stack_walk",
+            "stack_walk_ident",
+        ] {
+            let symbol = elf
+                .symbols()
+                .find(|s| s.name() == Ok(program))
+                .unwrap_or_else(|| panic!("no {program} in the object"));
+            let section = elf
+                .section_by_index(symbol.section_index().unwrap())
+                .unwrap();
+            let span = symbol.address()..symbol.address() + symbol.size();
+            let mut targets = Vec::new();
+            for (offset, relocation) in section.relocations() {
+                if let RelocationTarget::Symbol(index) = relocation.target()
+                    && span.contains(&offset)
+                {
+                    targets.push(elf.symbol_by_index(index).unwrap().name().unwrap());
+                }
+            }
+            // Its maps are relocations too: the reading found the program's own.
+            assert!(
+                targets.contains(&"STACK_SCRATCH") || targets.contains(&"FRAMES"),
+                "{program}: {targets:?}"
+            );
+            for builtin in ["memset", "memcpy", "memmove"] {
+                assert!(
+                    !targets.contains(&builtin),
+                    "{program} calls {builtin} ({} times)",
+                    targets.iter().filter(|t| **t == builtin).count()
+                );
+            }
+        }
+    }
 }
