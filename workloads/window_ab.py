@@ -152,6 +152,15 @@ def main() -> int:
         diff = [(r[2] - by_round[r[0]]) / 1000 / per for r in rows["stacks"] if r[0] in by_round]
         print(f"{mode} stacks against run: +{statistics.median(diff):.3f} µs a launch (median of "
               f"{len(diff)} rounds) {[round(d, 3) for d in diff]}")
+    for base in [c for c in rows if c.endswith("_base") and c.removesuffix("_base") in rows]:
+        # Another build's windows (window_ab.sh's run_base, stacks_base) against this one's,
+        # round by round: each against its own untraced stretches.
+        condition = base.removesuffix("_base")
+        by_round = {r[0]: r[2] for r in rows[base]}
+        diff = [(r[2] - by_round[r[0]]) / 1000 for r in rows[condition] if r[0] in by_round]
+        print(f"{mode} {condition} against {base}: {statistics.median(diff):+.1f} µs an "
+              f"iteration (median of {len(diff)} rounds' differences) "
+              f"{[round(d, 1) for d in diff]}")
     return status
 
 

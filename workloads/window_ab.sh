@@ -15,8 +15,9 @@
 # CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator), stacks_alt
 # (`--stacks` with the settings of $STACKS_ALT_ENV, default 1 KiB C-stack and data-stack
 # windows: the walk reads more often and copies less; run AS), stacks_every (`--stacks
-# --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks). SECONDS
-# (environment,
+# --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks), and
+# run_base and stacks_base: run and stacks with the binary $BASE_CUDATRACE (another build,
+# A/B in one process). SECONDS (environment,
 # default 3): each window's and stretch's length.
 # TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
 # --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
@@ -49,9 +50,12 @@ sleep "$SECONDS_EACH"
 for round in $(seq 1 "$ROUNDS"); do
   for index in $(seq 0 $((count - 1))); do
     condition=${CONDITIONS[$(((index + round) % count))]}
+    binary=$CUDATRACE
     case $condition in
     run) flags=() ;;
     stacks) flags=(--stacks) ;;
+    run_base) flags=(); binary=$(realpath "${BASE_CUDATRACE:?BASE_CUDATRACE for $condition}") ;;
+    stacks_base) flags=(--stacks); binary=$(realpath "${BASE_CUDATRACE:?BASE_CUDATRACE for $condition}") ;;
     stacks_ident) flags=(--stacks) ;;
     stacks_alt) flags=(--stacks) ;;
     stacks_every) flags=(--stacks --stack-every "${STACK_EVERY:-4}") ;;
@@ -66,7 +70,7 @@ for round in $(seq 1 "$ROUNDS"); do
       read -r -a settings <<<"${STACKS_ALT_ENV:-CUDATRACE_STACKS_UP_WINDOW=1024 CUDATRACE_STACKS_DATA_WINDOW=1024}"
     # The tracer's own time, real, user and system seconds, to r*.time (window_ab.py).
     TIMEFORMAT='%R %U %S'
-    { time env "${settings[@]}" "$CUDATRACE" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
+    { time env "${settings[@]}" "$binary" run -q -p "$pid" "${flags[@]}" --duration "${SECONDS_EACH}s" -o "$trace" \
       2>"$OUT/r$round-$condition.stderr" || failed=1; } 2>"$OUT/r$round-$condition.time"
     end=$(now_ns)
     echo "$round $condition $start $end $trace" >>"$OUT/windows.txt"
