@@ -96,15 +96,8 @@ def main() -> int:
                   f"{len(sides)} untraced stretches", file=sys.stderr)
             status = 1
             continue
-
-        def against_base(field):
-            """The traced iterations' median of `field` and its baseline's."""
-            base = statistics.mean(
-                statistics.median(it[field] for it in side) for side in sides
-            )
-            return statistics.median(it[field] for it in traced), base
-
-        med, base = against_base("dt_ns")
+        base = statistics.mean(statistics.median(it["dt_ns"] for it in side) for side in sides)
+        med = statistics.median(it["dt_ns"] for it in traced)
         used = {}
         for field in usage:
             # Means, not medians: faults and switches are mostly 0 an iteration.
