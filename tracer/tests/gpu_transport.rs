@@ -359,11 +359,19 @@ fn a_traced_threads_exit_removes_its_stack_caches() {
     }
     go_tx.send(()).unwrap();
     thread.join().unwrap();
+    // `join` returns once the kernel clears the thread's tid (`exit_mm`), which comes
+    // before `sched_process_exit` in `do_exit`. The thread leaves `/proc/self/task` only
+    // when it is released (`exit_notify`), after the tracepoint: wait for that.
+    let task = format!("/proc/self/task/{tid}");
+    let released = (0..1000).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        !std::path::Path::new(&task).exists()
+    });
+    assert!(released, "{task} still there 10 s after join");
     let seen: BpfHashMap<_, u32, [u64; 5]> =
         BpfHashMap::try_from(bpf.map("THREADS_SEEN").unwrap()).unwrap();
     let rates: BpfHashMap<_, u32, [u64; 2]> =
         BpfHashMap::try_from(bpf.map("STACK_RATES").unwrap()).unwrap();
-    // The exit tracepoint runs before `join` returns (the thread's tid is cleared after).
     assert!(
         seen.get(&tid, 0).is_err(),
         "the exited thread's state stayed"
