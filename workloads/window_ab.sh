@@ -32,6 +32,12 @@ ROUNDS=$4
 read -r -a CONDITIONS <<<"${5:-run stacks}"
 SECONDS_EACH=${SECONDS:-3}
 HERE=$(cd "$(dirname "$0")" && pwd)
+for condition in "${CONDITIONS[@]}"; do
+  if [[ $condition == *_base ]] && [ ! -x "${BASE_CUDATRACE:-}" ]; then
+    echo "window_ab: $condition needs BASE_CUDATRACE, the other build's binary" >&2
+    exit 2
+  fi
+done
 mkdir -p "$OUT"
 now_ns() { python3 -c 'import time; print(time.monotonic_ns())'; }
 count=${#CONDITIONS[@]}
@@ -54,8 +60,8 @@ for round in $(seq 1 "$ROUNDS"); do
     case $condition in
     run) flags=() ;;
     stacks) flags=(--stacks) ;;
-    run_base) flags=(); binary=$(realpath "${BASE_CUDATRACE:?BASE_CUDATRACE for $condition}") ;;
-    stacks_base) flags=(--stacks); binary=$(realpath "${BASE_CUDATRACE:?BASE_CUDATRACE for $condition}") ;;
+    run_base) flags=(); binary=$(realpath "$BASE_CUDATRACE") ;;
+    stacks_base) flags=(--stacks); binary=$(realpath "$BASE_CUDATRACE") ;;
     stacks_ident) flags=(--stacks) ;;
     stacks_alt) flags=(--stacks) ;;
     stacks_every) flags=(--stacks --stack-every "${STACK_EVERY:-4}") ;;
