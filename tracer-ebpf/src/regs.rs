@@ -93,6 +93,12 @@ pub fn instruction_pointer(ctx: &ProbeContext) -> u64 {
     word(ctx.regs as *const u8, TARGET.instruction_pointer)
 }
 
+/// The stack pointer at a uprobe.
+#[inline(always)]
+pub fn stack_pointer(ctx: &ProbeContext) -> u64 {
+    word(ctx.regs as *const u8, TARGET.stack_pointer)
+}
+
 /// The stack pointer the call had at its entry, read at its return probe.
 #[inline(always)]
 pub fn entry_sp_at_return(ctx: &RetProbeContext) -> u64 {

@@ -1201,6 +1201,64 @@ fn a_stack_of_exactly_the_budget_is_whole_and_one_frame_more_is_cut() {
     }
 }
 
+/// A stack deeper than a chunk of CPython's data stack (16 KiB: a deeper stack continues
+/// in a new chunk, anywhere in memory) is CPython's on every interpreter, and each later
+/// call reads it a window at a time: from 3.11 a page of the data stack, or 8 KiB of the C
+/// stack around 3.12+'s entry frames. 50 calls each from a recursion 238 frames deep, and
+/// from 122 levels of calls through `map` (on 3.12+ an entry frame between every two: 244
+/// walked). Before, the caller of a chunk's first frame (not within a window below the
+/// frames read) was taken for an entry frame, read with the C stack's 8 KiB above it, and
+/// each of its callers below took a read of its own: 146 reads a call of the recursion and
+/// 291 of 362 frames through nested objects on 3.12, against 15 and 27 now (the build VM).
+/// Here each later call reads at most 8, plus one for each 8 frames walked.
+#[test]
+fn a_stack_deeper_than_a_data_stack_chunk_is_read_a_window_at_a_time() {
+    let Some(_guard) = root() else { return };
+    let per_process = kernel_at_least(6, 6);
+    for python in pythons() {
+        let linked = python.minor < 14 && per_process;
+        let args: &[&str] = if linked { &["50", "wait"] } else { &["50"] };
+        let traced = python.trace(
+            "stacks_chunks.py",
+            &["--stacks", "--stack-depth", "256"],
+            args,
+        );
+        assert_eq!(
+            assert_stacks_are_cpythons(&python, &traced, 256),
+            (100, 0),
+            "{}",
+            python.label
+        );
+        let footer = traced.footer_stacks();
+        if python.minor < 11 {
+            // 3.10's frames are objects, each where the allocator put it: read one by one.
+            continue;
+        }
+        // The stacks read whole (the first of each, and again after the probe on code
+        // frees was linked) also read each frame's identity: one read a frame.
+        let counted = |what: &str| footer[what].as_u64().unwrap();
+        let whole = footer["stack_records"]["sent_whole"].as_u64().unwrap();
+        let (calls, walked, reads) = (
+            counted("calls"),
+            counted("frames_walked"),
+            counted("memory_reads"),
+        );
+        assert_eq!(calls, 100, "{}", python.label);
+        let later = reads - whole * (walked / calls + 8);
+        eprintln!(
+            "{}: {reads} reads, {whole} stacks read whole, {later} by the later calls, \
+             {walked} frames walked",
+            python.label
+        );
+        assert!(
+            later <= 8 * calls + walked / 8,
+            "{}: {reads} reads for {calls} calls of {walked} frames in all, {whole} read \
+             whole: {footer}",
+            python.label
+        );
+    }
+}
+
 /// A function whose line table is over the 16 KiB a code record holds (Inductor's
 /// generated `call`) keeps its frame, its line (the table read apart) and the rest of the
 /// stack, on every interpreter; the footer counts the table as read, once in each process

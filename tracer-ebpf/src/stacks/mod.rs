@@ -173,6 +173,9 @@ pub struct Scratch {
     pub up_reach: u64,
     /// The highest end of an entry frame this walk read from the C stack.
     pub up_used: u64,
+    /// The thread's stack pointer at the call: 3.12+'s entry frames lie above it, on the C
+    /// stack, and data-stack frames do not (`walk.rs`, `read_frame`).
+    pub sp: u64,
     /// The two windows' bytes (`read::Windows`: the data stack's, then the C stack's).
     pub windows: read::Windows,
     /// Indexes in `frames` of the frames whose code object was not seen.
