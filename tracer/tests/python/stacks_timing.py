@@ -1,5 +1,5 @@
 """Calls the stand-in libcuda's cuCtxSynchronize (ctypes) 600 times from the bottom of a
-recursion 100 frames deep, so that a walked call's walk is long next to the call, for
+recursion 250 frames deep, so that a walked call's walk is long next to the call, for
 `--stack-every`'s durations (tests/stacks.rs): a walked call and a skipped one of the same
 function are to measure the same thing.
 
@@ -20,4 +20,4 @@ def deep(depth):
         sync()  # line:sync
 
 
-deep(100)
+deep(250)
