@@ -295,7 +295,11 @@ impl<W: Write> TimelineSink for ChromeWriter<W> {
         let arrives = slice.ts_ns + slice.dur_ns / 2;
         for start in slice.flows_in {
             let from = (start.pid, start.tid);
-            self.flow_end(start.name, false, start.id, from, start.ts_ns)?;
+            // Perfetto's JSON reader drops an arrow that arrives before it leaves: GPU
+            // work can start, and be half done, before the middle of the call that issued
+            // it. Such an arrow leaves earlier in its call, at the start at the earliest.
+            let leaves = start.ts_ns.min(arrives).max(start.slice_ts_ns);
+            self.flow_end(start.name, false, start.id, from, leaves)?;
             self.flow_end(start.name, true, start.id, (pid, tid), arrives)?;
         }
         Ok(())

@@ -65,6 +65,9 @@ pub struct FlowStart {
     pub tid: u32,
     /// Where the arrow leaves: the middle of the launch's slice (ns since the base).
     pub ts_ns: u64,
+    /// The start of the launch's slice (ns since the base): an arrow may leave as early as
+    /// this where its other end comes before `ts_ns` (`chrome.rs`).
+    pub slice_ts_ns: u64,
     /// The launch's own start on the trace clock, to leave launches that started after a
     /// synchronisation for the next one.
     pub launch_ts_ns: u64,
@@ -215,6 +218,7 @@ mod tests {
             pid: 1,
             tid: 1,
             ts_ns: ts,
+            slice_ts_ns: ts,
             launch_ts_ns: ts,
             kept: true,
             name: TO_SYNC,

@@ -138,6 +138,7 @@ impl<S: TimelineSink> TimelineSink for MergeSink<'_, S> {
                 pid: place.pid(start.pid),
                 tid: place.pid(start.tid),
                 ts_ns: start.ts_ns + place.shift_ns,
+                slice_ts_ns: start.slice_ts_ns + place.shift_ns,
                 ..*start
             })
             .collect();

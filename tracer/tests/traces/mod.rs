@@ -460,6 +460,50 @@ pub fn gpu() -> String {
         + "\n"
 }
 
+/// A `--gpu` trace whose GPU work starts, and is half done, before the middle of the call
+/// that issued it (as the stand-in's work did in a recorded run): a memset call at 9,000 for
+/// 2,000 ns, its memset at 9,200 for 400; a launch at 12,000 for 1,000, its kernel `k()`
+/// at 12,100 for 200; the stream synchronised at 20,000.
+pub fn gpu_early_work() -> String {
+    let base = GPU_BASE_NS;
+    let link = |correlation: u32, call_offset: u64| {
+        format!(
+            r#""correlation_id":{correlation},"call_tid":300,"call_ts_ns":{},"queued_ns":0"#,
+            base + call_offset
+        )
+    };
+    [
+        format!(
+            r#"{{"type":"header","format":"cudatrace","version":1,"command":["python3","early.py"],"pids":[300],"start_monotonic_ns":{base},"probes":[],"gpu":{{"library":"/tmp/cudatrace-gpu-x/libcudatrace_inject.so","libcupti":"/x/libcupti.so.13","libcupti_from":"--cupti"}}}}"#
+        ),
+        format!(
+            r#"{{"type":"call","name":"cuMemsetD32Async","pid":300,"tid":300,"ts_ns":{},"dur_ns":2000,"ret":0,"dptr":"0x7f0000000000","value":0,"count":100,"bytes":400,"stream":"0x10"}}"#,
+            base + 9_000
+        ),
+        format!(
+            r#"{{"type":"call","name":"cuLaunchKernel","pid":300,"tid":300,"ts_ns":{},"dur_ns":1000,"ret":0,"grid":[1,1,1],"block":[32,1,1],"stream":"0x10","function":"0x30"}}"#,
+            base + 12_000
+        ),
+        format!(
+            r#"{{"type":"gpu_memset","pid":300,"device":0,"context":1,"stream":13,"ts_ns":{},"dur_ns":400,"bytes":400,"value":0,"memory":"device","async":true,{}}}"#,
+            base + 9_200,
+            link(1, 9_000)
+        ),
+        format!(
+            r#"{{"type":"gpu_kernel","pid":300,"device":0,"context":1,"stream":13,"ts_ns":{},"dur_ns":200,"kernel":"k()","kernel_mangled":"_Z1kv","grid":[1,1,1],"block":[32,1,1],"static_shared_mem":0,"dynamic_shared_mem":0,"registers_per_thread":16,{}}}"#,
+            base + 12_100,
+            link(2, 12_000)
+        ),
+        format!(
+            r#"{{"type":"call","name":"cuStreamSynchronize","pid":300,"tid":300,"ts_ns":{},"dur_ns":1000,"ret":0,"stream":"0x10"}}"#,
+            base + 20_000
+        ),
+        r#"{"type":"footer","lost":{"total":0},"exit_code":0}"#.to_owned(),
+    ]
+    .join("\n")
+        + "\n"
+}
+
 /// [`gpu`] with `--power` samples of its one GPU ("test GPU A", 1000 W, with an energy
 /// counter): every 10 µs from the start (offsets 0 to 80,000: 9 samples), 10 mJ apart.
 ///

@@ -44,6 +44,7 @@ impl<'f, S: TimelineSink> Exporter<'f, S> {
             pid: record.pid,
             tid: record.tid,
             ts_ns: ts + record.dur_or_zero() / 2,
+            slice_ts_ns: ts,
             launch_ts_ns: record.ts_ns,
             kept,
             name,
