@@ -1210,7 +1210,9 @@ fn a_stack_of_exactly_the_budget_is_whole_and_one_frame_more_is_cut() {
 /// frames read) was taken for an entry frame, read with the C stack's 8 KiB above it, and
 /// each of its callers below took a read of its own: 146 reads a call of the recursion and
 /// 291 of 362 frames through nested objects on 3.12, against 15 and 27 now (the build VM).
-/// Here each later call reads at most 8, plus one for each 8 frames walked.
+/// Here each later call reads at most 8, plus one for each 8 frames walked (and one for
+/// each frame's identity where the probe on code frees cannot be linked: the arm64 6.1
+/// guest read 18,698 in all, 698 of them windows).
 #[test]
 fn a_stack_deeper_than_a_data_stack_chunk_is_read_a_window_at_a_time() {
     let Some(_guard) = root() else { return };
@@ -1244,7 +1246,14 @@ fn a_stack_deeper_than_a_data_stack_chunk_is_read_a_window_at_a_time() {
             counted("memory_reads"),
         );
         assert_eq!(calls, 100, "{}", python.label);
-        let later = reads - whole * (walked / calls + 8);
+        // Where the probe on code frees cannot be linked (3.11 to 3.13 on a kernel without
+        // uprobe_multi), every walk also reads each frame's identity: a read a frame.
+        let identities = if python.minor < 14 && !per_process {
+            walked
+        } else {
+            0
+        };
+        let later = reads - whole * (walked / calls + 8) - identities;
         eprintln!(
             "{}: {reads} reads, {whole} stacks read whole, {later} by the later calls, \
              {walked} frames walked",
