@@ -1907,6 +1907,49 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     );
 }
 
+/// A process already calling when `-p` attaches: its interpreter is looked at before its
+/// probes are attached, so every call traced has its stack. Looked at after, the calls
+/// made meanwhile (some milliseconds of them) were counted `not_python`.
+#[test]
+fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("stacks-dash-p-busy");
+    let mut target = Command::new("/usr/bin/python3.11")
+        .arg(scripts().join("stacks_busy.py"))
+        .arg(&standin().lib)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(target.stdout.as_mut().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready, "ready\n");
+    let trace_path = dir.join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "--duration", "1s", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .output()
+        .unwrap();
+    target.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let calls = calls(&trace);
+    let stacked = calls
+        .iter()
+        .filter(|call| call.get("stack").is_some())
+        .count();
+    let footer = &trace.last().unwrap()["stacks"];
+    eprintln!("{} calls, {stacked} with a stack; {footer}", calls.len());
+    assert!(calls.len() > 100, "{} calls", calls.len());
+    assert_eq!(stacked, calls.len(), "{footer}");
+    assert_eq!(footer["without"]["not_python"], 0, "{footer}");
+}
+
 /// A process traced with `-p` is looked at when tracing starts (it maps the library
 /// already): its first call has its stack.
 #[test]

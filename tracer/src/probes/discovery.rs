@@ -98,6 +98,11 @@ struct MappedFile {
     inode: u64,
 }
 
+/// Whether process `pid` maps a probe-set library (one of [`mapped_files`]).
+pub fn maps_probe_set_library(pid: u32) -> bool {
+    !mapped_files(pid).is_empty()
+}
+
 /// Probe-set library files mapped by process `pid` (from its `/proc/PID/maps`), each opened
 /// through `/proc/PID/map_files` (which reaches it in any mount namespace) or else
 /// `/proc/PID/root`.

@@ -102,6 +102,13 @@ pub fn probe(
         stacks,
     } = loaded;
     let mut stacks = stacks.map(|maps| Stacks::new(maps, quiet));
+    // `-p`: a process that maps a probed library has its interpreter looked at before its
+    // probes are attached, so that its first calls find it (looked at after, the calls of
+    // the time that took were counted `not_python`).
+    let mut interpreter_lines = match &mut stacks {
+        Some(stacks) if !targets.all => interpreters_before(stacks, targets),
+        _ => Vec::new(),
+    };
     let attacher = Attacher::new(uprobe_multi, targets.all);
     if let (Some(reason), false) = (&attacher.fallback_reason, quiet) {
         eprintln!("cudatrace: probing every process that maps the library: {reason}");
@@ -132,10 +139,9 @@ pub fn probe(
     )
     .map_err(|failure| (failure, Some(attach.clone())))?;
     crate::phases::reached("tracking_attached");
-    let interpreter_lines = match &mut stacks {
-        Some(stacks) => interpreters_at_start(stacks, &attaching, targets),
-        None => Vec::new(),
-    };
+    if let Some(stacks) = &mut stacks {
+        interpreter_lines.extend(interpreters_at_start(stacks, &attaching, targets));
+    }
     Ok(Probed {
         attaching,
         ring,
@@ -161,8 +167,21 @@ fn load(options: &ProbeOptions, targets: &Targets) -> Result<LoadedObject, Failu
     .map_err(internal)
 }
 
+/// `--stacks`: the interpreters of the `-p` processes that map a probed library, looked
+/// at before anything is attached.
+fn interpreters_before(stacks: &mut Stacks, targets: &Targets) -> Vec<InterpreterLine> {
+    let now = monotonic_ns();
+    let mut lines = Vec::new();
+    for &pid in &targets.pids {
+        if crate::probes::discovery::maps_probe_set_library(pid) {
+            lines.extend(stacks.look_at(pid, now));
+        }
+    }
+    lines
+}
+
 /// `--stacks`: the interpreters of the `-p` and `--all` processes that map a probed
-/// library, looked at now.
+/// library, looked at now (those looked at before are not looked at again).
 fn interpreters_at_start(
     stacks: &mut Stacks,
     attaching: &Attaching,
