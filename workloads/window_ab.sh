@@ -17,7 +17,9 @@
 # windows: the walk reads more often and copies less; run AS), stacks_every (`--stacks
 # --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks), and
 # run_base and stacks_base: run and stacks with the binary $BASE_CUDATRACE (another build,
-# A/B in one process). SECONDS (environment,
+# A/B in one process); run_v_NAME and stacks_v_NAME: the same with the binary
+# $VARIANTS/cudatrace.NAME (several other builds in one run, as the measuring builds that
+# cut the walk short, BENCHMARKS.md). SECONDS (environment,
 # default 3): each window's and stretch's length.
 # TARGET (environment): the target's command instead of attach_target.py (it takes MODE,
 # --seconds S and --out FILE, prints "ready PID", and writes one {"t_ns", "dt_ns"} line per
@@ -35,6 +37,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 for condition in "${CONDITIONS[@]}"; do
   if [[ $condition == *_base ]] && [ ! -x "${BASE_CUDATRACE:-}" ]; then
     echo "window_ab: $condition needs BASE_CUDATRACE, the other build's binary" >&2
+    exit 2
+  fi
+  if [[ $condition == *_v_* ]] && [ ! -x "${VARIANTS:-}/cudatrace.${condition#*_v_}" ]; then
+    echo "window_ab: $condition needs \$VARIANTS/cudatrace.${condition#*_v_}" >&2
     exit 2
   fi
 done
@@ -62,6 +68,8 @@ for round in $(seq 1 "$ROUNDS"); do
     stacks) flags=(--stacks) ;;
     run_base) flags=(); binary=$(realpath "$BASE_CUDATRACE") ;;
     stacks_base) flags=(--stacks); binary=$(realpath "$BASE_CUDATRACE") ;;
+    run_v_*) flags=(); binary=$(realpath "$VARIANTS/cudatrace.${condition#run_v_}") ;;
+    stacks_v_*) flags=(--stacks); binary=$(realpath "$VARIANTS/cudatrace.${condition#stacks_v_}") ;;
     stacks_ident) flags=(--stacks) ;;
     stacks_alt) flags=(--stacks) ;;
     stacks_every) flags=(--stacks --stack-every "${STACK_EVERY:-4}") ;;

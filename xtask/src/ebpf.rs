@@ -1,11 +1,11 @@
 //! `cargo xtask build-ebpf`: builds tracer-ebpf's programs for bpfel-unknown-none.
 
 use std::ffi::OsString;
-use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Instant;
+use std::{env, fs};
 
 use anyhow::{Context, Result, ensure};
 
@@ -131,6 +131,13 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
         crate_dir.display(),
         opts.arch.name()
     );
+    if let Some(cut) = env::var_os("CUDATRACE_EBPF_CUT").filter(|cut| !cut.is_empty()) {
+        eprintln!(
+            "  a measuring build: CUDATRACE_EBPF_CUT={} stops every stack walk after that \
+             step (BENCHMARKS.md); not for tracing",
+            cut.to_string_lossy()
+        );
+    }
     if opts.verbose {
         eprintln!("  {cargo:?}");
     }

@@ -28,6 +28,24 @@ use super::{
     scratch_of_current, send, stack_depth, tail_call,
 };
 
+/// A measuring build's cut (BENCHMARKS.md, "where a stacked call's time goes"): set by
+/// `CUDATRACE_EBPF_CUT` when the probes are built, the walk stops after that step and
+/// sends its record as a call without Python frames. 0, no cut, in every other build.
+const CUT: u8 = match option_env!("CUDATRACE_EBPF_CUT") {
+    Some(step) if !step.is_empty() => step.as_bytes()[0].wrapping_sub(b'0'),
+    _ => 0,
+};
+
+/// The steps a measuring build can stop after ([`CUT`]).
+mod cut {
+    /// The hand-off: the draw, the scratch, the tail call, the record sent.
+    pub const HAND_OFF: u8 = 1;
+    /// The thread's state and first frame.
+    pub const THREAD: u8 = 2;
+    /// The frames, without the lookup of the stack by its hash.
+    pub const FRAMES: u8 = 3;
+}
+
 #[uprobe]
 pub fn stack_walk(ctx: ProbeContext) -> u32 {
     walk_program::<false>(ctx)
@@ -59,6 +77,9 @@ fn walk<const IDENT: bool>(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u
     };
     // SAFETY: a map value; the loader writes it before the process runs on.
     let py = unsafe { &*py };
+    if CUT == cut::HAND_OFF {
+        return (stack_status::NO_FRAMES, 0, false);
+    }
     if py.flags & py_flags::FREE_PENDING != 0 {
         scratch.wake = 1;
     }
@@ -67,6 +88,7 @@ fn walk<const IDENT: bool>(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u
         match first_frame(scratch, py) {
             // Drawn out, with a thread state: it could have had a stack.
             Ok(true) if scratch.drawn_out != 0 => return (scratch.drawn_out, 0, false),
+            Ok(true) if CUT == cut::THREAD => return (stack_status::NO_FRAMES, 0, false),
             Ok(true) => {
                 scratch.started = 1;
                 if !IDENT && super::ident_per_frame(py) {
@@ -115,7 +137,7 @@ fn walk<const IDENT: bool>(ctx: &ProbeContext, scratch: &mut Scratch) -> (u32, u
             }
         }
     };
-    if scratch.event.nframes == 0 {
+    if scratch.event.nframes == 0 || CUT == cut::FRAMES {
         return (stack_status::NO_FRAMES, 0, false);
     }
     scratch.event.flags |= flags;
