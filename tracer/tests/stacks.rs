@@ -135,8 +135,8 @@ impl Python {
         env: &[(&str, &str)],
     ) -> Traced {
         let standin = standin();
-        // The script, and the helper some import from beside it.
-        for file in [script, "free_probe.py"] {
+        // The script, and the helpers they import from beside it.
+        for file in [script, "free_probe.py", "stack_recorder.py"] {
             std::fs::copy(scripts().join(file), self.host_dir.join(file)).unwrap();
         }
         std::fs::copy(&standin.lib, self.host_dir.join("libcuda.so.1")).unwrap();

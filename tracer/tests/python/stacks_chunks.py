@@ -14,25 +14,13 @@ wait: after the first call, wait until the probe on code objects' deallocator is
 import ctypes
 import json
 import sys
-import threading
 
 from free_probe import wait_for_the_free_probe
+from stack_recorder import recorded, seen
 
 lib = ctypes.CDLL(sys.argv[1])
 count = int(sys.argv[3])
 wait = sys.argv[4:] == ["wait"]
-recorded = {}
-
-
-def seen():
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        frames.append([code.co_filename, name, frame.f_lineno])
-        frame = frame.f_back
-    recorded.setdefault(threading.get_native_id(), []).append(frames)
 
 
 def recursion(depth):

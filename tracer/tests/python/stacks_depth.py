@@ -12,22 +12,10 @@ import json
 import sys
 import threading
 
+from stack_recorder import recorded, seen
+
 lib = ctypes.CDLL(sys.argv[1])
 budget = int(sys.argv[3])
-recorded = {}
-lock = threading.Lock()
-
-
-def seen():
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        frames.append([code.co_filename, name, frame.f_lineno])
-        frame = frame.f_back
-    with lock:
-        recorded.setdefault(threading.get_native_id(), []).append(frames)
 
 
 def frames_here():

@@ -15,26 +15,12 @@ any two calls, or after the last.
 import ctypes
 import json
 import sys
-import threading
 import time
 
 from free_probe import wait_for_the_free_probe
+from stack_recorder import recorded, seen
 
 lib = ctypes.CDLL(sys.argv[1])
-recorded = {}
-lock = threading.Lock()
-
-
-def seen():
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        frames.append([code.co_filename, name, frame.f_lineno])
-        frame = frame.f_back
-    with lock:
-        recorded.setdefault(threading.get_native_id(), []).append(frames)
 
 
 def generated(lines):

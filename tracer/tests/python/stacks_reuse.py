@@ -17,24 +17,12 @@ OUT.json.codes: the address of each step's code object, in step order.
 import ctypes
 import json
 import sys
-import threading
 
 from free_probe import wait_for_the_free_probe
+from stack_recorder import recorded, seen
 
 lib = ctypes.CDLL(sys.argv[1])
-recorded = {}
 wait = sys.argv[3:] == ["wait"]
-
-
-def seen():
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        frames.append([code.co_filename, name, frame.f_lineno])
-        frame = frame.f_back
-    recorded.setdefault(threading.get_native_id(), []).append(frames)
 
 
 def steps(count):
