@@ -1907,15 +1907,11 @@ fn calls_without_a_readable_python_are_counted_with_their_reason_and_nothing_els
     );
 }
 
-/// A process already calling when `-p` attaches: its interpreter is looked at before its
-/// probes are attached, so every call traced has its stack. Looked at after, the calls
-/// made meanwhile (some milliseconds of them) were counted `not_python`.
-#[test]
-fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
-    let Some(_guard) = root() else { return };
-    let dir = scratch("stacks-dash-p-busy");
+/// `script` run by Debian's python3.11 with the stand-in libcuda, once it says `ready`:
+/// a process for `run -p` (its stdin is a pipe that tells it to go on).
+fn started_ready(script: &Path) -> std::process::Child {
     let mut target = Command::new("/usr/bin/python3.11")
-        .arg(scripts().join("stacks_busy.py"))
+        .arg(script)
         .arg(&standin().lib)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1926,6 +1922,17 @@ fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
         .read_line(&mut ready)
         .unwrap();
     assert_eq!(ready, "ready\n");
+    target
+}
+
+/// A process already calling when `-p` attaches: its interpreter is looked at before its
+/// probes are attached, so every call traced has its stack. Looked at after, the calls
+/// made meanwhile (some milliseconds of them) were counted `not_python`.
+#[test]
+fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("stacks-dash-p-busy");
+    let mut target = started_ready(&scripts().join("stacks_busy.py"));
     let trace_path = dir.join("trace.jsonl");
     let output = Command::new(CUDATRACE)
         .args(["run", "-q", "--stacks", "--duration", "1s", "-o"])
@@ -1957,18 +1964,7 @@ fn a_process_traced_with_dash_p_is_looked_at_when_tracing_starts() {
     let Some(_guard) = root() else { return };
     let dir = scratch("stacks-dash-p");
     let script = scripts().join("stacks_waiting.py");
-    let mut target = Command::new("/usr/bin/python3.11")
-        .arg(&script)
-        .arg(&standin().lib)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(target.stdout.as_mut().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready, "ready\n");
+    let mut target = started_ready(&script);
     let trace_path = dir.join("trace.jsonl");
     let pid = target.id().to_string();
     let mut tracer = Command::new(CUDATRACE)
