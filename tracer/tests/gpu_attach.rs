@@ -671,14 +671,17 @@ fn assert_window_beside(trace_path: &Path, pid: u32, mangled: &str, others: u64)
     let gpu = &footer["gpu"];
     let issuing = &gpu["issuing"];
     // Each kernel is its launch's (the call it names is a launch line of the trace, with
-    // the grid it asked for; its duration is grid X ns), correlation ids 1, 2, 3, ...
+    // the grid it asked for; its duration is grid X ns), correlation ids one after another
+    // from the first kernel's. The stand-in numbers every call it hooks: a launch hooked
+    // before the library enabled kernel records has an id and no kernel (below).
     let launch_at: std::collections::HashMap<u64, &Value> =
         launches.iter().map(|c| (u(&c["ts_ns"]), *c)).collect();
+    let first_id = u(&kernels[0]["correlation_id"]);
     for (index, kernel) in kernels.iter().enumerate() {
         let call = launch_at[&u(&kernel["call_ts_ns"])];
         assert_eq!(kernel["grid"], call["grid"], "{kernel}");
         assert_eq!(u(&kernel["dur_ns"]), u(&kernel["grid"][0]), "{kernel}");
-        assert_eq!(u(&kernel["correlation_id"]), index as u64 + 1);
+        assert_eq!(u(&kernel["correlation_id"]), first_id + index as u64);
         assert_eq!(
             (&kernel["pid"], &kernel["kernel_mangled"]),
             (&json!(pid), &json!(mangled))
@@ -692,6 +695,11 @@ fn assert_window_beside(trace_path: &Path, pid: u32, mangled: &str, others: u64)
         .iter()
         .position(|call| call["ts_ns"] == kernels[0]["call_ts_ns"])
         .unwrap();
+    // The ids before the first kernel's went to launches of the window without one.
+    assert!(
+        first_id <= before as u64 + 1,
+        "the first kernel's correlation id {first_id}, {before} launches before it"
+    );
     assert!(
         launches[before..]
             .iter()
