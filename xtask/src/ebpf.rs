@@ -132,6 +132,12 @@ pub fn build_ebpf(opts: &BuildEbpfOptions) -> Result<()> {
         opts.arch.name()
     );
     if let Some(cut) = env::var_os("CUDATRACE_EBPF_CUT").filter(|cut| !cut.is_empty()) {
+        ensure!(
+            ["1", "2", "3"].contains(&cut.to_string_lossy().as_ref()),
+            "CUDATRACE_EBPF_CUT={}: the step to stop walks after is 1 (the hand-off), 2 \
+             (the thread state) or 3 (the frames)",
+            cut.to_string_lossy()
+        );
         eprintln!(
             "  a measuring build: CUDATRACE_EBPF_CUT={} stops every stack walk after that \
              step (BENCHMARKS.md); not for tracing",
