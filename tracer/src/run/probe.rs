@@ -13,7 +13,7 @@ use crate::{
     kernel_hooks::{self, HookChoice},
     probes::{
         attach::Attacher,
-        discovery::{Discovery, FoundLibrary, library_names},
+        discovery::{Discovery, FoundLibrary, library_names, maps_probe_set_library},
         helpers,
         loaded::LoadedObject,
         maps::{CounterReader, NamePatterns},
@@ -102,12 +102,13 @@ pub fn probe(
         stacks,
     } = loaded;
     let mut stacks = stacks.map(|maps| Stacks::new(maps, quiet));
-    // `-p`: a process that maps a probed library has its interpreter looked at before its
-    // probes are attached, so that its first calls find it (looked at after, the calls of
-    // the time that took were counted `not_python`).
+    // The `-p` and `--all` processes that map a probe-set library (by its name) have their
+    // interpreters looked at before their probes are attached, so that their first calls
+    // find them (looked at after, a busy process's calls of that time were counted
+    // `not_python`).
     let mut interpreter_lines = match &mut stacks {
-        Some(stacks) if !targets.all => interpreters_before(stacks, targets),
-        _ => Vec::new(),
+        Some(stacks) => interpreters(stacks, targets, maps_probe_set_library),
+        None => Vec::new(),
     };
     let attacher = Attacher::new(uprobe_multi, targets.all);
     if let (Some(reason), false) = (&attacher.fallback_reason, quiet) {
@@ -139,8 +140,11 @@ pub fn probe(
     )
     .map_err(|failure| (failure, Some(attach.clone())))?;
     crate::phases::reached("tracking_attached");
+    // And those that map a library found only by what it is (`--lib`, another name).
     if let Some(stacks) = &mut stacks {
-        interpreter_lines.extend(interpreters_at_start(stacks, &attaching, targets));
+        interpreter_lines.extend(interpreters(stacks, targets, |pid| {
+            attaching.maps_probed_library(pid)
+        }));
     }
     Ok(Probed {
         attaching,
@@ -167,31 +171,17 @@ fn load(options: &ProbeOptions, targets: &Targets) -> Result<LoadedObject, Failu
     .map_err(internal)
 }
 
-/// `--stacks`: the interpreters of the `-p` processes that map a probed library, looked
-/// at before anything is attached.
-fn interpreters_before(stacks: &mut Stacks, targets: &Targets) -> Vec<InterpreterLine> {
-    let now = monotonic_ns();
-    let mut lines = Vec::new();
-    for &pid in &targets.pids {
-        if crate::probes::discovery::maps_probe_set_library(pid) {
-            lines.extend(stacks.look_at(pid, now));
-        }
-    }
-    lines
-}
-
-/// `--stacks`: the interpreters of the `-p` and `--all` processes that map a probed
-/// library, looked at now (those looked at before are not looked at again).
-fn interpreters_at_start(
+/// `--stacks`: the interpreters of the `-p` and `--all` processes that `maps` says map a
+/// probed library, looked at now (a process looked at before is not looked at again).
+fn interpreters(
     stacks: &mut Stacks,
-    attaching: &Attaching,
     targets: &Targets,
+    maps: impl Fn(u32) -> bool,
 ) -> Vec<InterpreterLine> {
-    let mapping = targets.mapping();
     let now = monotonic_ns();
     let mut lines = Vec::new();
-    for pid in mapping {
-        if attaching.maps_probed_library(pid) {
+    for pid in targets.mapping() {
+        if maps(pid) {
             lines.extend(stacks.look_at(pid, now));
         }
     }
