@@ -1927,34 +1927,73 @@ fn started_ready(script: &Path) -> std::process::Child {
 
 /// A process already calling when `-p` attaches: its interpreter is looked at before its
 /// probes are attached, so every call traced has its stack. Looked at after, the calls
-/// made meanwhile (some milliseconds of them) were counted `not_python`.
+/// made meanwhile (some milliseconds of them) were counted `not_python`. Traced until the
+/// process ends (a timed window could close while a slow guest is still attaching).
 #[test]
 fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
     let Some(_guard) = root() else { return };
     let dir = scratch("stacks-dash-p-busy");
     let mut target = started_ready(&scripts().join("stacks_busy.py"));
     let trace_path = dir.join("trace.jsonl");
-    let output = Command::new(CUDATRACE)
-        .args(["run", "-q", "--stacks", "--duration", "1s", "-o"])
+    let tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "-o"])
         .arg(&trace_path)
         .args(["-p", &target.id().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_trace(&trace_path, "\"type\":\"call\"");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    target.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    assert!(target.wait().unwrap().success());
+    let output = tracer.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    let stacks = &trace.last().unwrap()["stacks"];
+    let calls = assert_busy_calls_stacked(&trace, target.id());
+    assert_eq!(stacks["calls"], calls, "{stacks}");
+    assert_eq!(stacks["without"]["not_python"], 0, "{stacks}");
+
+    // `--all` the same way: the busy process's calls, among whatever else runs.
+    let mut target = started_ready(&scripts().join("stacks_busy.py"));
+    let trace_path = dir.join("all.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "--all", "-o"])
+        .arg(&trace_path)
+        .args(["--", "sleep", "1"])
         .output()
         .unwrap();
     target.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
     assert!(target.wait().unwrap().success());
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    let trace = read_trace(&trace_path);
-    assert_complete(&trace);
-    let calls = calls(&trace);
+    assert_busy_calls_stacked(&read_trace(&trace_path), target.id());
+}
+
+/// The calls of process `pid` in `trace`: more than 100, each with its stack; nothing
+/// lost but, before 5.15, what a probe known by where it fired loses. Returns their count.
+fn assert_busy_calls_stacked(trace: &[Value], pid: u32) -> u64 {
+    // Before 5.15 (no attach cookies) a probe is known by where it fired, in the mappings
+    // recorded for the process, which come after the probes: a busy process's calls
+    // between the two are lost, counted as `unidentified_probe`; nothing else is.
+    assert_complete_with_losses(trace);
+    let footer = trace.last().unwrap();
+    let unidentified = footer["lost"]["unidentified_probe"].as_u64().unwrap_or(0);
+    assert_eq!(footer["lost"]["total"], unidentified, "{}", footer["lost"]);
+    if kernel_at_least(5, 15) {
+        assert_eq!(unidentified, 0);
+    }
+    let calls: Vec<&Value> = calls(trace)
+        .into_iter()
+        .filter(|call| call["pid"] == pid)
+        .collect();
     let stacked = calls
         .iter()
         .filter(|call| call.get("stack").is_some())
         .count();
-    let footer = &trace.last().unwrap()["stacks"];
-    eprintln!("{} calls, {stacked} with a stack; {footer}", calls.len());
+    eprintln!("{} calls of {pid}, {stacked} with a stack", calls.len());
     assert!(calls.len() > 100, "{} calls", calls.len());
-    assert_eq!(stacked, calls.len(), "{footer}");
-    assert_eq!(footer["without"]["not_python"], 0, "{footer}");
+    assert_eq!(stacked, calls.len(), "{}", footer["stacks"]);
+    calls.len() as u64
 }
 
 /// A process traced with `-p` is looked at when tracing starts (it maps the library
