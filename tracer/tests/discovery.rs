@@ -1068,6 +1068,59 @@ fn dash_p_finds_the_library_in_the_process_maps() {
     );
 }
 
+/// A `-p` window is for the process's calls: it is placed once the probes are attached
+/// (attaching takes its time; a window placed before lost a slow machine's calls, or all of
+/// a short window's).
+#[test]
+fn a_dash_p_window_starts_once_the_probes_are_attached() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("dash-p-window");
+    let lib = copy_standin(&dir, "opt/lib/libcuda.so.1");
+    let (mut target, mut target_out) = start_stop_here(&lib);
+    signal(target.id(), libc::SIGUSR1);
+    assert_eq!(read_line(&mut target_out), "opened\n");
+    let trace_path = dir.join("trace.jsonl");
+    let tracer = Command::new(CUDATRACE)
+        .args(["run", "-q", "--duration", "20s", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .env("CUDATRACE_PHASES", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    header_of(&trace_path);
+    signal(target.id(), libc::SIGUSR1);
+    assert!(target.wait().unwrap().success());
+    let output = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let attached: u64 = stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("cudatrace-phase probes_attached "))
+        .and_then(|rest| rest.split_once("mono_ns="))
+        .map(|(_, ns)| ns.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no probes_attached phase: {stderr}"));
+    let trace = read_trace(&trace_path);
+    assert_complete(&trace);
+    let window = &trace[0]["window"];
+    let start = window["start_monotonic_ns"].as_u64().unwrap();
+    assert!(
+        start >= attached,
+        "the window starts {} ns before the probes were attached",
+        attached - start
+    );
+    assert_eq!(
+        window["end_monotonic_ns"].as_u64().unwrap() - start,
+        20_000_000_000
+    );
+    let pid = u64::from(target.id());
+    let id = library_id(&trace, &lib);
+    assert_eq!(
+        call_counts(&trace),
+        BTreeMap::from([(key("cuMemAlloc_v2", pid, id), 1)])
+    );
+}
+
 #[test]
 fn a_library_only_the_process_can_see_is_read_through_its_fd() {
     let Some(_guard) = root() else { return };

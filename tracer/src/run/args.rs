@@ -269,9 +269,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_start_at)]
     pub start_at: Option<u64>,
 
-    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now; with -p PID
-    /// --gpu, from when the probes are attached), then stop: detach and write the footer. A command runs on; cudatrace waits for it (passing
-    /// SIGTERM and SIGHUP on) and exits with its exit code.
+    /// Record for this long (30s, 500ms, 2m; from --start-at, else from now, or with -p PID
+    /// or --all from when the probes are attached), then stop: detach and write the footer.
+    /// A command runs on; cudatrace waits for it (passing SIGTERM and SIGHUP on) and exits
+    /// with its exit code.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub duration: Option<Duration>,
 

@@ -335,6 +335,11 @@ fn attach_kernel_hooks(
 }
 
 impl Targets {
+    /// Whether processes already running are traced (`-p`, `--all`).
+    pub fn attaches_running(&self) -> bool {
+        self.all || !self.pids.is_empty()
+    }
+
     /// The processes whose mappings are read at start: the `-p` targets, or with `--all`
     /// every process but this one.
     fn mapping(&self) -> Vec<u32> {

@@ -100,16 +100,19 @@ pub fn start(
         power: power.as_ref().map(|setup| setup.info.clone()),
         gpu: command.gpu.as_ref().map(GpuInjection::header),
     };
-    // Started late (`-p PID --gpu`), the window is placed once the probes are attached (the
-    // library goes in right after): attaching probes to a running process takes its time,
-    // which the window is not for.
+    // Started late (`-p PID --gpu`), the library goes in once the probes are attached.
     let late = command.gpu.as_ref().is_some_and(|gpu| gpu.late.is_some());
+    // With processes already running (`-p`, `--all`), the window is placed once the probes
+    // are attached: attaching to them takes its time (seconds in a slow machine), which
+    // the window is not for; a window from before would lose those calls, or all of a
+    // short one. A command starts only after that anyway.
+    let after_attach = late || targets.attaches_running();
     let place = |asked: &WindowAsked, clocks: &Clocks| {
         WindowFilter::new(window::place(asked.start_at, asked.duration, clocks))
     };
     let mut window_filter = window
         .as_ref()
-        .filter(|_| !late)
+        .filter(|_| !after_attach)
         .map(|asked| place(asked, &base.clocks));
     // A start that fails before its header still writes one, from what was known.
     let mut probed = match probe::probe(&probes, &targets, quiet, libraries) {
@@ -120,7 +123,7 @@ pub fn start(
         }
     };
     crate::phases::reached("probes_attached");
-    if late {
+    if after_attach {
         window_filter = window.as_ref().map(|asked| place(asked, &Clocks::now()));
     }
     let window = window_filter;
