@@ -1969,19 +1969,14 @@ fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
     assert_busy_calls_stacked(&read_trace(&trace_path), target.id());
 }
 
-/// The calls of process `pid` in `trace`: more than 100, each with its stack; nothing
-/// lost but, before 5.15, what a probe known by where it fired loses. Returns their count.
+/// The calls of process `pid` in `trace`: more than 100, each with its stack, nothing
+/// lost. Returns their count.
 fn assert_busy_calls_stacked(trace: &[Value], pid: u32) -> u64 {
     // Before 5.15 (no attach cookies) a probe is known by where it fired, in the mappings
-    // recorded for the process, which come after the probes: a busy process's calls
-    // between the two are lost, counted as `unidentified_probe`; nothing else is.
-    assert_complete_with_losses(trace);
+    // recorded for the process: recorded after the probes attached, a busy process's
+    // calls in between were lost (`unidentified_probe`, 3,718 in one run on 5.10).
+    assert_complete(trace);
     let footer = trace.last().unwrap();
-    let unidentified = footer["lost"]["unidentified_probe"].as_u64().unwrap_or(0);
-    assert_eq!(footer["lost"]["total"], unidentified, "{}", footer["lost"]);
-    if kernel_at_least(5, 15) {
-        assert_eq!(unidentified, 0);
-    }
     let calls: Vec<&Value> = calls(trace)
         .into_iter()
         .filter(|call| call["pid"] == pid)

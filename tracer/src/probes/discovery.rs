@@ -72,6 +72,14 @@ pub struct FoundLibrary {
     pub ts_ns: Option<u64>,
 }
 
+/// A file planned and not yet attached ([`Discovery::plan`]).
+struct Planned {
+    id: u32,
+    found: Found,
+    pid: Option<u32>,
+    ts_ns: Option<u64>,
+}
+
 impl FoundLibrary {
     /// Opens and reads `set`'s library at `path`.
     pub fn open(set: &'static ProbeSet, path: &Path, found: Found) -> Result<Self> {
@@ -264,9 +272,55 @@ impl Discovery {
         found: FoundLibrary,
         attached: &mut Vec<Attached>,
     ) -> Result<u32> {
+        let (id, planned) = self.plan(found)?;
+        if let Some(planned) = planned {
+            self.attach_planned(bpf, planned, attached)?;
+        }
+        Ok(id)
+    }
+
+    /// Plans the libraries `found`, records process `pids`' mappings of planned files
+    /// where probes are known by where they fire (no attach cookies), and only then
+    /// attaches the new files: a probe that fires in a traced process from its attach on
+    /// is known at once. Returns their ids, in order.
+    pub fn add_all(
+        &mut self,
+        bpf: &mut Ebpf,
+        found: Vec<FoundLibrary>,
+        pids: &[u32],
+        attached: &mut Vec<Attached>,
+    ) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let mut new = Vec::new();
+        for found in found {
+            let (id, planned) = self.plan(found)?;
+            ids.push(id);
+            new.extend(planned);
+        }
+        for &pid in pids {
+            self.record_mappings(bpf, pid)?;
+        }
+        for planned in new {
+            self.attach_planned(bpf, planned, attached)?;
+        }
+        Ok(ids)
+    }
+
+    /// Without attach cookies, records process `pid`'s mappings of the files planned so
+    /// far (a mapping recorded before is not recorded again).
+    pub fn record_mappings(&self, bpf: &mut Ebpf, pid: u32) -> Result<()> {
+        if helpers::cookies_missing() {
+            maps::identity::add_mappings(bpf, pid, &self.planned_mappings(pid))?;
+        }
+        Ok(())
+    }
+
+    /// Plans `found`, or finds the plan of its file. Returns its id and, for a file new
+    /// here, what attaching it needs ([`Discovery::attach_planned`]).
+    fn plan(&mut self, found: FoundLibrary) -> Result<(u32, Option<Planned>)> {
         let file = &found.library.file;
         if let Some(plan) = self.plans.of_file(file.device, file.inode) {
-            return Ok(plan.id);
+            return Ok((plan.id, None));
         }
         let selection = if found.set.run_private {
             FunctionSelection::default()
@@ -284,6 +338,32 @@ impl Discovery {
         self.files.push(file);
         let plan = self.plans.get(id).expect("just planned");
         self.probe_table.write(plan)?;
+        Ok((
+            id,
+            Some(Planned {
+                id,
+                found: how,
+                pid,
+                ts_ns,
+            }),
+        ))
+    }
+
+    /// Attaches a file just planned, for the host when that is the scope (else checks
+    /// that the kernel takes its probes); its library goes in `attached`.
+    fn attach_planned(
+        &mut self,
+        bpf: &mut Ebpf,
+        planned: Planned,
+        attached: &mut Vec<Attached>,
+    ) -> Result<()> {
+        let Planned {
+            id,
+            found: how,
+            pid,
+            ts_ns,
+        } = planned;
+        let plan = self.plans.get(id).expect("planned");
         let mut outcome = AttachOutcome::default();
         if !plan.probes.is_empty() {
             let path = self.attach_path(id);
@@ -304,7 +384,7 @@ impl Discovery {
             ts_ns,
             outcome,
         }));
-        Ok(id)
+        Ok(())
     }
 
     /// Gives `pid` its own probes on library `id` (per-process scope); what they left out
@@ -437,33 +517,30 @@ impl Discovery {
         link: bool,
         attached: &mut Vec<Attached>,
     ) -> Result<()> {
+        let mut ids = Vec::new();
+        let mut found = Vec::new();
         for mapped in mapped_files(pid) {
-            let id = match self.plans.of_file(mapped.device, mapped.inode) {
-                Some(plan) => plan.id,
-                None => {
-                    let library = Library::read(mapped.set, &mapped.file, &mapped.path)?;
-                    self.add(
-                        bpf,
-                        FoundLibrary {
-                            set: mapped.set,
-                            library,
-                            file: mapped.file,
-                            found: Found::Mapped,
-                            pid: Some(pid),
-                            ts_ns: None,
-                        },
-                        attached,
-                    )?
-                }
-            };
+            match self.plans.of_file(mapped.device, mapped.inode) {
+                Some(plan) => ids.push(plan.id),
+                None => found.push(FoundLibrary {
+                    set: mapped.set,
+                    library: Library::read(mapped.set, &mapped.file, &mapped.path)?,
+                    file: mapped.file,
+                    found: Found::Mapped,
+                    pid: Some(pid),
+                    ts_ns: None,
+                }),
+            }
+        }
+        // Without attach cookies the process's mappings are recorded before the new files'
+        // probes attach: its calls from then on are known (recorded after, a busy
+        // process's calls in between were lost as `unidentified_probe`).
+        ids.extend(self.add_all(bpf, found, &[pid], attached)?);
+        for id in ids {
             attached.push(Attached::Loaded);
             if link {
                 self.link(id, pid, attached)?;
             }
-        }
-        if helpers::cookies_missing() {
-            let mappings = self.planned_mappings(pid);
-            maps::identity::add_mappings(bpf, pid, &mappings)?;
         }
         Ok(())
     }

@@ -429,6 +429,21 @@ pub mod identity {
             mappings: [LibraryMapping::default(); MAX_MAPPINGS],
         });
         for mapping in mappings {
+            // Recorded already (before attaching, and again as the process's maps are
+            // read): the ring's places are for other mappings.
+            let kept = (process.next as usize).min(MAX_MAPPINGS);
+            let same = |m: &LibraryMapping| {
+                (m.start, m.end, m.file_offset, m.library)
+                    == (
+                        mapping.start,
+                        mapping.end,
+                        mapping.file_offset,
+                        mapping.library,
+                    )
+            };
+            if process.mappings[..kept].iter().any(same) {
+                continue;
+            }
             process.mappings[process.next as usize % MAX_MAPPINGS] = *mapping;
             process.next = process.next.wrapping_add(1);
         }

@@ -122,15 +122,20 @@ impl Attaching {
         self.traced.add(pid)
     }
 
-    /// Plans and attaches `found` (see [`Discovery::add`]). Returns its id and, for a new
-    /// file, its line.
-    pub fn add(&mut self, found: FoundLibrary) -> Result<(u32, Vec<LibraryLine>)> {
+    /// Plans the libraries `found`, then attaches them: without attach cookies, the
+    /// mappings of processes `pids` are recorded in between (see [`Discovery::add_all`]).
+    /// Returns their ids and the lines of the files new here.
+    pub fn add_all(
+        &mut self,
+        found: Vec<FoundLibrary>,
+        pids: &[u32],
+    ) -> Result<(Vec<u32>, Vec<LibraryLine>)> {
         let mut attached = Vec::new();
         let bpf = self
             .bpf
             .as_mut()
             .expect("the object is kept until tracing ends");
-        let result = self.discovery.add(bpf, found, &mut attached);
+        let result = self.discovery.add_all(bpf, found, pids, &mut attached);
         let lines = self.report(attached);
         Ok((result?, lines))
     }

@@ -124,8 +124,17 @@ pub fn probe(
     }
     let mut attaching = Attaching::new(bpf, discovery, traced, stops, options.missing_probes);
     let before = attaching.attach_info();
-    let (start_ids, mut lines) = attach_start(options, &mut attaching, &mut names, libraries)
-        .map_err(|failure| (failure, Some(before)))?;
+    // Without attach cookies a probe is known by where it fires in a process's recorded
+    // mappings: those of the processes traced from the start are recorded before the
+    // start libraries' probes attach.
+    let early = if helpers::cookies_missing() {
+        targets.mapping()
+    } else {
+        Vec::new()
+    };
+    let (start_ids, mut lines) =
+        attach_start(options, &mut attaching, &mut names, libraries, &early)
+            .map_err(|failure| (failure, Some(before)))?;
     crate::phases::reached("libraries_attached");
     // What the start libraries' attaching decided (some symbols may have gone to
     // per-symbol links, some functions been refused).
@@ -188,24 +197,20 @@ fn interpreters(
     lines
 }
 
-/// The libraries probed from the start: planned, attached (for the host) or checked, with
-/// `--missing-probes` on what failed. Returns their ids and lines.
+/// The libraries probed from the start: planned, `early`'s mappings of them recorded
+/// (without attach cookies), attached (for the host) or checked, with `--missing-probes` on
+/// what failed. Returns their ids and lines.
 fn attach_start(
     options: &ProbeOptions,
     attaching: &mut Attaching,
     names: &mut NamePatterns,
     libraries: Vec<FoundLibrary>,
+    early: &[u32],
 ) -> Result<(Vec<u32>, Vec<LibraryLine>), Failure> {
     let explicit: Vec<&FoundLibrary> = libraries.iter().collect();
     names.set(&library_names(&explicit)).map_err(internal)?;
     attaching.allow_stops().map_err(internal)?;
-    let mut lines = Vec::new();
-    let mut start_ids = Vec::new();
-    for found in libraries {
-        let (id, line) = attaching.add(found).map_err(internal)?;
-        start_ids.push(id);
-        lines.extend(line);
-    }
+    let (start_ids, lines) = attaching.add_all(libraries, early).map_err(internal)?;
     check_attached(options.missing_probes, attaching)?;
     Ok((start_ids, lines))
 }

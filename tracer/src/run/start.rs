@@ -271,12 +271,13 @@ fn attach_late(
                 pid: Some(pid),
                 ts_ns: None,
             };
-            let (id, lines) = attaching
-                .add(found)
+            // Mapped already: without attach cookies its mappings are recorded first.
+            let (ids, lines) = attaching
+                .add_all(vec![found], &[pid])
                 .map_err(|e| format!("attaching its probes: {e:#}"))?;
-            if attaching
-                .plans()
-                .get(id)
+            if ids
+                .first()
+                .and_then(|id| attaching.plans().get(*id))
                 .is_none_or(|plan| plan.probes.is_empty())
             {
                 return Err(format!(
