@@ -1969,6 +1969,44 @@ fn a_busy_process_traced_with_dash_p_has_every_call_stacked() {
     assert_busy_calls_stacked(&read_trace(&trace_path), target.id());
 }
 
+/// With a window, the footer's stacks count the call lines written: a busy process goes
+/// on calling after the window closes, until the probes are detached, and those calls
+/// (seen, walked, not written) are not in `calls` or `without`.
+#[test]
+fn a_windows_footer_counts_the_stacks_of_its_own_calls() {
+    let Some(_guard) = root() else { return };
+    let dir = scratch("stacks-window-footer");
+    let mut target = started_ready(&scripts().join("stacks_busy.py"));
+    let trace_path = dir.join("trace.jsonl");
+    let output = Command::new(CUDATRACE)
+        .args(["run", "-q", "--stacks", "--duration", "1s", "-o"])
+        .arg(&trace_path)
+        .args(["-p", &target.id().to_string()])
+        .output()
+        .unwrap();
+    target.stdin.as_mut().unwrap().write_all(b"stop\n").unwrap();
+    assert!(target.wait().unwrap().success());
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let trace = read_trace(&trace_path);
+    let footer = trace.last().unwrap();
+    // What the test is about: calls after the window, seen and left out.
+    assert!(
+        footer["window"]["lines_after"].as_u64().unwrap() > 0,
+        "{}",
+        footer["window"]
+    );
+    let calls = assert_busy_calls_stacked(&trace, target.id());
+    let stacks = &footer["stacks"];
+    assert_eq!(stacks["calls"], calls, "{stacks}");
+    let without: u64 = stacks["without"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(without, 0, "{stacks}");
+}
+
 /// The calls of process `pid` in `trace`: more than 100, each with its stack, nothing
 /// lost. Returns their count.
 fn assert_busy_calls_stacked(trace: &[Value], pid: u32) -> u64 {

@@ -332,7 +332,12 @@ impl<'a> Pipeline<'a> {
         match event {
             Some(Event::Line(mut line)) => {
                 if stacked && let (Some(stacks), Line::Call(call)) = (&mut self.stacks, &mut line) {
-                    stacks.call(call, left_out);
+                    // The footer's stacks count the call lines written: a window's alone.
+                    let written = self
+                        .window
+                        .as_ref()
+                        .is_none_or(|window| window.info.contains(call.ts_ns));
+                    stacks.call(call, left_out, written);
                 }
                 self.line(line)
             }

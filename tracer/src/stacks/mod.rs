@@ -169,13 +169,16 @@ impl Stacks {
     /// A call line whose probe has stacks: its `stack`, or its reason counted.
     /// `left_out`: `--stack-every` or `--stack-rate` skipped its walk (the call record's
     /// flags say which), so no record was sent for it.
-    pub fn call(&mut self, call: &mut CallLine, left_out: Option<Reason>) {
+    /// The footer counts it only when `written` (a window's lines alone are).
+    pub fn call(&mut self, call: &mut CallLine, left_out: Option<Reason>, written: bool) {
         call.stack = match left_out {
             Some(reason) => {
-                reason.count(&mut self.resolver.footer.without);
+                if written {
+                    reason.count(&mut self.resolver.footer.without);
+                }
                 None
             }
-            None => self.resolver.take(call.tid, call.ts_ns),
+            None => self.resolver.take(call.tid, call.ts_ns, written),
         };
     }
 

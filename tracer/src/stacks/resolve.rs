@@ -217,9 +217,9 @@ impl Resolver {
         Ok(named)
     }
 
-    /// The stack of the call of thread `tid` entered at `ts_ns`, counted; `None` when it has
-    /// none.
-    pub fn take(&mut self, tid: u32, ts_ns: u64) -> Option<u64> {
+    /// The stack of the call of thread `tid` entered at `ts_ns`, counted when `counted`;
+    /// `None` when it has none.
+    pub fn take(&mut self, tid: u32, ts_ns: u64, counted: bool) -> Option<u64> {
         let resolved = match self.pending.get_mut(&tid) {
             Some(waiting) => {
                 let found = waiting
@@ -235,14 +235,16 @@ impl Resolver {
         };
         match resolved {
             Ok((id, cut)) => {
-                self.footer.calls += 1;
-                if cut {
-                    self.footer.cut += 1;
+                if counted {
+                    self.footer.calls += 1;
+                    self.footer.cut += u64::from(cut);
                 }
                 Some(id)
             }
             Err(reason) => {
-                reason.count(&mut self.footer.without);
+                if counted {
+                    reason.count(&mut self.footer.without);
+                }
                 None
             }
         }

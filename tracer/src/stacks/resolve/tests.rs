@@ -78,7 +78,7 @@ fn a_new_stack_is_written_once_and_named_by_later_calls() {
         serde_json::to_string(&line).unwrap(),
         r#"{"type":"stack","id":1,"frames":[{"file":"/w/model.py","qualname":"Block.forward","line":13,"first_line":10},{"file":"/w/run.py","qualname":"<module>","line":7,"first_line":1}]}"#
     );
-    assert_eq!(resolver.take(5, 100), Some(1));
+    assert_eq!(resolver.take(5, 100, true), Some(1));
     // Known to the probes: the hash alone, the same id, no new line.
     assert_eq!(
         resolver.stack(
@@ -88,13 +88,13 @@ fn a_new_stack_is_written_once_and_named_by_later_calls() {
         ),
         None
     );
-    assert_eq!(resolver.take(5, 200), Some(1));
+    assert_eq!(resolver.take(5, 200, true), Some(1));
     // The same frames in another process image (another hash): no new line either.
     assert_eq!(
         resolver.stack(&stack(6, 300, 10, 0, 2), &frames, Reason::NotPython),
         None
     );
-    assert_eq!(resolver.take(6, 300), Some(1));
+    assert_eq!(resolver.take(6, 300, true), Some(1));
     // Cut: another stack.
     let line = resolver
         .stack(
@@ -104,7 +104,7 @@ fn a_new_stack_is_written_once_and_named_by_later_calls() {
         )
         .unwrap();
     assert_eq!((line.id, line.cut, line.frames.len()), (2, true, 1));
-    assert_eq!(resolver.take(6, 400), Some(2));
+    assert_eq!(resolver.take(6, 400, true), Some(2));
     assert_eq!((resolver.footer.calls, resolver.footer.cut), (4, 1));
     assert_eq!(resolver.footer.without.total(), 0);
 }
@@ -133,7 +133,7 @@ fn frames_not_started_are_left_out_as_cpython_leaves_them() {
         resolver.stack(&stack(5, 300, 11, 0, 1), &frames[..1], Reason::NotPython),
         None
     );
-    assert_eq!(resolver.take(5, 300), None);
+    assert_eq!(resolver.take(5, 300, true), None);
     assert_eq!(resolver.footer.without.no_python_frames, 1);
 }
 
@@ -162,10 +162,10 @@ fn every_call_without_a_stack_is_counted_under_its_reason() {
             ..stack(5, ts as u64, ts as u64, 0, frames.len() as u32)
         };
         assert_eq!(resolver.stack(&event, &frames, no_interpreter), None);
-        assert_eq!(resolver.take(5, ts as u64), None);
+        assert_eq!(resolver.take(5, ts as u64, true), None);
     }
     // No record at all: lost.
-    assert_eq!(resolver.take(5, 99), None);
+    assert_eq!(resolver.take(5, 99, true), None);
     let without = &resolver.footer.without;
     assert_eq!(
         (
@@ -192,8 +192,8 @@ fn records_of_calls_whose_lines_were_lost_do_not_pair_with_others() {
         &[],
         Reason::NotPython,
     );
-    assert_eq!(resolver.take(5, 100), Some(1));
-    assert_eq!(resolver.take(5, 150), None);
+    assert_eq!(resolver.take(5, 100, true), Some(1));
+    assert_eq!(resolver.take(5, 150, true), None);
     assert_eq!(resolver.footer.without.record_lost, 1);
 }
 
@@ -239,7 +239,7 @@ fn a_code_object_with_a_line_table_over_the_cap_keeps_its_frames() {
                 .collect::<Vec<_>>(),
             [("call", line), ("<module>", Some(7))]
         );
-        assert_eq!(resolver.take(5, 100), Some(1));
+        assert_eq!(resolver.take(5, 100, true), Some(1));
         assert_eq!(resolver.footer.without.code_unresolved, 0);
         let counts = &resolver.footer.long_linetables;
         assert_eq!(
@@ -253,7 +253,29 @@ fn a_code_object_with_a_line_table_over_the_cap_keeps_its_frames() {
     bad.flags = code_flags::LINETABLE_TOO_LONG | code_flags::BAD_NAME;
     resolver.code_with_table(&bad, &data, None);
     resolver.stack(&stack(5, 100, 9, 0, 1), &[frame(3, 4)], Reason::NotPython);
-    assert_eq!(resolver.take(5, 100), None);
+    assert_eq!(resolver.take(5, 100, true), None);
     assert_eq!(resolver.footer.without.code_unresolved, 1);
     assert_eq!(resolver.footer.long_linetables.unread, 0);
+}
+
+/// A call a window leaves out still takes its stack (the records pair by time), but only
+/// the calls written are counted: the footer's `calls` and `without` add up to its lines.
+#[test]
+fn a_call_not_written_takes_its_stack_uncounted() {
+    let mut resolver = resolver();
+    let frames = [frame(1, 7), frame(2, 12)];
+    resolver.stack(&stack(5, 100, 9, 0, 2), &frames, Reason::NotPython);
+    assert_eq!(resolver.take(5, 100, false), Some(1));
+    assert_eq!(resolver.take(5, 200, false), None);
+    assert_eq!(resolver.footer.calls, 0);
+    assert_eq!(resolver.footer.without.total(), 0);
+    resolver.stack(
+        &stack(5, 300, 9, stack_flags::KNOWN, 0),
+        &[],
+        Reason::NotPython,
+    );
+    assert_eq!(resolver.take(5, 300, true), Some(1));
+    assert_eq!(resolver.take(5, 400, true), None);
+    assert_eq!(resolver.footer.calls, 1);
+    assert_eq!(resolver.footer.without.record_lost, 1);
 }
