@@ -420,6 +420,7 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
             "depth",
             "frames walked",
             "memory reads",
+            "bytes read",
             "run us/call",
             "--stacks us/call",
             "run program ns",
@@ -438,11 +439,13 @@ fn stacks_table(out: &mut String, s: &StacksResults) -> std::fmt::Result {
         let ident = d.ident_program_ns.as_ref().and_then(|s| s.median);
         writeln!(
             out,
-            "| {} | {:.1} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {} |",
+            "| {} | {:.1} | {} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {} |",
             d.depth,
             d.frames_per_call,
             d.reads_per_call
                 .map_or_else(|| "n/a".to_owned(), |reads| format!("{reads:.1}")),
+            d.read_bytes_per_call
+                .map_or_else(|| "n/a".to_owned(), |bytes| format!("{bytes:.0}")),
             nan_if_none(d.run_us.median),
             nan_if_none(d.stacks_us.median),
             nan_if_none(d.run_program_ns.median),

@@ -62,6 +62,10 @@ pub struct DepthResults {
     /// `memory_reads`; none in results from before it was counted).
     #[serde(default)]
     pub reads_per_call: Option<f64>,
+    /// Bytes those reads asked for, per call (the footer's `memory_read_bytes`; none in
+    /// results from before it was counted).
+    #[serde(default)]
+    pub read_bytes_per_call: Option<f64>,
     pub run_us: Stats,
     pub stacks_us: Stats,
     /// The call-entry program's ns per call.
@@ -93,7 +97,7 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
     for depth in DEPTHS {
         // Wall and program time of each way.
         let mut figures: [[Vec<f64>; 2]; 3] = Default::default();
-        let (mut frames, mut reads) = (0.0, None);
+        let mut walk = Walked::default();
         for round in 0..rounds {
             // The order rotates from round to round.
             let ways = [Way::Run, Way::Stacks, Way::IdentPerFrame];
@@ -104,14 +108,15 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
                 figures[at][0].push(wall);
                 figures[at][1].push(program);
                 if way == Way::Stacks {
-                    (frames, reads) = walked;
+                    walk = walked;
                 }
             }
         }
         depths.push(DepthResults {
             depth,
-            frames_per_call: frames,
-            reads_per_call: reads,
+            frames_per_call: walk.frames,
+            reads_per_call: walk.reads,
+            read_bytes_per_call: walk.bytes,
             run_us: Stats::of(&figures[0][0]),
             stacks_us: Stats::of(&figures[1][0]),
             run_program_ns: Stats::of(&figures[0][1]),
@@ -138,14 +143,17 @@ pub fn run(env: &Env, rounds: usize) -> Result<StacksResults> {
     })
 }
 
-/// One traced run: µs per call, the call-entry program's ns per call, frames walked and
-/// memory reads per call.
-fn one_run(
-    env: &Env,
-    script: &Path,
-    depth: u32,
-    way: Way,
-) -> Result<(f64, f64, (f64, Option<f64>))> {
+/// What a stacked run's walks did, per call (the footer's `stacks`).
+#[derive(Default)]
+struct Walked {
+    frames: f64,
+    reads: Option<f64>,
+    bytes: Option<f64>,
+}
+
+/// One traced run: µs per call, the call-entry program's ns per call, and what its walks
+/// did per call.
+fn one_run(env: &Env, script: &Path, depth: u32, way: Way) -> Result<(f64, f64, Walked)> {
     let trace = env.out.join("stacks.jsonl");
     let stacked = way != Way::Run;
     let flags: &[&str] = if stacked { &["--stacks"] } else { &[] };
@@ -181,13 +189,14 @@ fn one_run(
             calls >= CALLS as f64,
             "only {calls} of the loop's calls have a stack"
         );
-        let reads = stacks["memory_reads"].as_f64().map(|reads| reads / calls);
-        (
-            stacks["frames_walked"].as_f64().unwrap_or(0.0) / calls,
-            reads,
-        )
+        let per_call = |name: &str| stacks[name].as_f64().map(|n| n / calls);
+        Walked {
+            frames: per_call("frames_walked").unwrap_or(0.0),
+            reads: per_call("memory_reads"),
+            bytes: per_call("memory_read_bytes"),
+        }
     } else {
-        (0.0, None)
+        Walked::default()
     };
     let _ = fs::remove_file(&trace);
     Ok((wall, program, walked))
