@@ -60,7 +60,7 @@ pub const NO_FIELD: u32 = u32::MAX;
 /// Bytes the walk reads at once: the interpreter's fields (`next`, the thread list, its
 /// epoch), a thread state's, a frame's, the start of a code object, a string's header.
 pub const INTERP_READ: usize = 96;
-pub const TSTATE_READ: usize = 184;
+pub const TSTATE_READ: usize = 240;
 pub const FRAME_READ: usize = 80;
 pub const CODE_READ: usize = 256;
 pub const STR_READ: usize = 48;
@@ -142,6 +142,13 @@ pub struct PyProcess {
     /// `cframe` pointer, whose `current_frame` is at [`PyProcess::cframe_frame`].
     pub tstate_frame: u32,
     pub cframe_frame: u32,
+    /// 3.12+: the thread's data stack, `datastack_chunk` (its current chunk, where the
+    /// chunk's memory starts) and `datastack_top` (the end of the frames in it): a
+    /// data-stack window of a frame in that chunk may reach below the frame's page, down
+    /// to the chunk's start. [`NO_FIELD`] where they lie outside the thread state's read
+    /// (3.11) or the version has no data stack (3.10).
+    pub tstate_datastack: u32,
+    pub tstate_datastack_top: u32,
     /// Where the one read of a frame starts ([`FRAME_READ`] bytes), and its fields.
     pub frame_read: u32,
     pub frame_previous: u32,
@@ -173,7 +180,7 @@ pub struct PyProcess {
     /// `co_zombieframe`; 3.11's `co_warmup` in part).
     pub fingerprint_mask: [u64; FINGERPRINT_LEN / 8],
 }
-const _: () = assert!(size_of::<PyProcess>() == 40 + 36 * 4 + FINGERPRINT_LEN);
+const _: () = assert!(size_of::<PyProcess>() == 40 + 38 * 4 + FINGERPRINT_LEN);
 
 /// What the walk found, in [`StackEvent::status`]. Numbers are stable.
 pub mod stack_status {

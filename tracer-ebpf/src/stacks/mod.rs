@@ -163,6 +163,11 @@ pub struct Scratch {
     /// the one frame read.
     pub window_start: u64,
     pub window_len: u64,
+    /// 3.12+: the thread's current data-stack chunk, from its start to the top of its
+    /// frames (`datastack_top`), as the thread state said at this walk (0, 0: unknown): all
+    /// of it mapped and written, so a window of a frame there may reach below its page.
+    pub chunk_start: u64,
+    pub chunk_top: u64,
     /// 3.12+: the process's memory at `up_start`, `up_len` bytes (0: none yet), read above
     /// an entry frame on the C stack in one piece: outer calls' entry frames lie there.
     pub up_start: u64,
@@ -226,10 +231,23 @@ static STACK_EVERY: u32 = 1;
 /// entry frame lies (0: the cframe's pointer alone, `CUDATRACE_STACKS_NO_CFRAME_WINDOW`).
 #[unsafe(no_mangle)]
 static CFRAME_WINDOW: u32 = 1;
-/// Bytes a data-stack window reaches below the end of its frame (at most
-/// [`read::WINDOW`]; `CUDATRACE_STACKS_DATA_WINDOW`, for measuring).
+/// Bytes a data-stack window reaches below the end of its frame (at most, and by default,
+/// 2 [`read::WINDOW`] less a frame's read; `CUDATRACE_STACKS_DATA_WINDOW`, for measuring).
+/// Below the frame's own page only within the thread's current data-stack chunk
+/// ([`DATA_CHUNK`]); elsewhere a window stops at the page.
 #[unsafe(no_mangle)]
-static DATA_WINDOW: u32 = read::WINDOW as u32;
+static DATA_WINDOW: u32 = (2 * read::WINDOW - tracer_common::stacks::FRAME_READ) as u32;
+
+/// 1: a data-stack window of a frame in the thread's current chunk reaches below the
+/// frame's page, down to the chunk's start (0: `CUDATRACE_STACKS_NO_DATA_CHUNK`, each
+/// window stops at its page, for measuring what that saves).
+#[unsafe(no_mangle)]
+static DATA_CHUNK: u32 = 1;
+
+#[inline(always)]
+fn data_chunk_on() -> bool {
+    crate::maps::load_const(&DATA_CHUNK) != 0
+}
 /// Bytes a C-stack window reads from an entry frame up (at most, and by default, 2
 /// [`read::WINDOW`] less a frame's read, at least a frame's read;
 /// `CUDATRACE_STACKS_UP_WINDOW`, for measuring). 8 KiB rather than 4: GPT-2's entry frames

@@ -382,6 +382,17 @@ fn thread_frame(
     if frame == 0 {
         return Err(stack_status::NO_FRAMES);
     }
+    let (mut start, mut top) = (0, 0);
+    if py.tstate_datastack != NO_FIELD && super::data_chunk_on() {
+        start = buf.u64_at(py.tstate_datastack.wrapping_sub(py.tstate_read));
+        top = buf.u64_at(py.tstate_datastack_top.wrapping_sub(py.tstate_read));
+        // Not a chunk (a layout gone wrong): windows stop at their page.
+        if top < start || top - start > MAX_CHUNK {
+            (start, top) = (0, 0);
+        }
+    }
+    scratch.chunk_start = start;
+    scratch.chunk_top = top;
     Ok(Some(frame))
 }
 
@@ -538,11 +549,15 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> 
         return Some(UP + (at - up_start));
     }
     if len == 0 || (at < start && start - at <= WINDOW as u64) || !on_c_stack(scratch, py, at) {
-        // From the frame's own page only: a read that faults (the page below not mapped,
-        // as below the data stack's first chunk) costs more than several reads.
-        let from = core::cmp::max(end.saturating_sub(super::data_window()), at & !0xfff);
+        // From the frame's own page only (a read that faults, the page below not mapped,
+        // as below the data stack's first chunk, costs more than several reads), or in
+        // the thread's current chunk from as far below as the window reaches, down to the
+        // chunk's start: the frames there lie on pages the chunk holds, written as they
+        // were pushed.
+        let floor = data_floor(scratch, at, end);
+        let from = core::cmp::max(end.saturating_sub(super::data_window()), floor);
         let bytes = mask::<{ 2 * WINDOW as u64 - 1 }>(end - from);
-        if bytes > (WINDOW + FRAME_READ) as u64
+        if bytes > (2 * WINDOW - FRAME_READ) as u64
             || !read_user(scratch.windows.data(), bytes as u32, from)
         {
             return read_alone(scratch, at);
@@ -557,6 +572,25 @@ fn read_frame(scratch: &mut Scratch, py: &PyProcess, frame: u64) -> Option<u64> 
     scratch.up_used = core::cmp::max(scratch.up_used, end);
     Some(UP)
 }
+
+/// How far down a data-stack window of the frame at `at` (to `end`) may reach: the start
+/// of the thread's current chunk where the frame lies in it, else the frame's page.
+#[inline(always)]
+fn data_floor(scratch: &Scratch, at: u64, end: u64) -> u64 {
+    // Read from memory (as written), so that the verifier's states of the walk's loop do
+    // not carry them.
+    let start = unsafe { core::ptr::read_volatile(&scratch.chunk_start) };
+    let top = unsafe { core::ptr::read_volatile(&scratch.chunk_top) };
+    if start != 0 && at >= start && end <= top {
+        start
+    } else {
+        at & !0xfff
+    }
+}
+
+/// The largest data-stack chunk taken for one: CPython's are 16 KiB, or the size of a
+/// frame that needs more.
+const MAX_CHUNK: u64 = 1 << 30;
 
 /// Whether the frame at `at` (not in either window) is one of 3.12+'s entry frames, on the
 /// C stack: read up from it, where outer calls' entry frames lie; otherwise it is in the

@@ -35,7 +35,10 @@ pub const UP_CEILING_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_CEILING";
 /// Set: a C-stack window reads its whole size (`CUDATRACE_STACKS_UP_WINDOW`), not only as
 /// far up as the thread's walks have needed frames (a measurement's switch).
 pub const UP_REACH_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_REACH";
-/// For measuring: bytes (256 to 4096) a data-stack window reaches below its frame.
+/// Set: a data-stack window stops at its frame's page, also in the thread's current chunk
+/// (a measurement's switch).
+pub const DATA_CHUNK_OFF_ENV: &str = "CUDATRACE_STACKS_NO_DATA_CHUNK";
+/// For measuring: bytes (256 to 8112) a data-stack window reaches below its frame.
 pub const DATA_WINDOW_ENV: &str = "CUDATRACE_STACKS_DATA_WINDOW";
 /// For measuring: bytes (256 to 8112) a C-stack window reads up from an entry frame.
 pub const UP_WINDOW_ENV: &str = "CUDATRACE_STACKS_UP_WINDOW";
@@ -143,7 +146,7 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
     let (pidns_dev, pidns_ino) = own_pid_namespace()?.unwrap_or((0, 0));
     let no_cookies = u32::from(super::helpers::cookies_missing());
     let (data_window, up_window) = (
-        window_bytes(DATA_WINDOW_ENV, 4096),
+        window_bytes(DATA_WINDOW_ENV, 8112),
         window_bytes(UP_WINDOW_ENV, 8112),
     );
     let mut loader = EbpfLoader::new();
@@ -166,6 +169,9 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         }
         if std::env::var_os(UP_REACH_OFF_ENV).is_some() {
             loader.override_global("UP_REACH", &0u32, true);
+        }
+        if std::env::var_os(DATA_CHUNK_OFF_ENV).is_some() {
+            loader.override_global("DATA_CHUNK", &0u32, true);
         }
         // For measuring the windows' sizes (bytes read against reads made), in one binary.
         if let Some(bytes) = &data_window {

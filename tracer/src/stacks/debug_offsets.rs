@@ -86,6 +86,7 @@ impl DebugOffsets {
                 field.set(&mut py, u32::try_from(value).ok()?);
             }
         }
+        layout::drop_optional_misfits(&mut py);
         layout::fits(&py).then_some(py)
     }
 }

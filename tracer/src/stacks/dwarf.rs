@@ -110,6 +110,26 @@ const MEMBERS: &[(&str, [Member; 5])] = &[
             Table,
         ],
     ),
+    (
+        "tstate_datastack",
+        [
+            Table,
+            Table,
+            At("PyThreadState", "datastack_chunk"),
+            At("PyThreadState", "datastack_chunk"),
+            At("PyThreadState", "datastack_chunk"),
+        ],
+    ),
+    (
+        "tstate_datastack_top",
+        [
+            Table,
+            Table,
+            At("PyThreadState", "datastack_top"),
+            At("PyThreadState", "datastack_top"),
+            At("PyThreadState", "datastack_top"),
+        ],
+    ),
     ("frame_read", [ReadStart; 5]),
     (
         "frame_previous",

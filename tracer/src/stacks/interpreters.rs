@@ -799,6 +799,7 @@ fn layout_of(
             source = Source::DebugOffsets;
         }
     }
+    layout::drop_optional_misfits(&mut py);
     if let (Source::Dwarf(file), Some(dwarf_offsets)) = (&source, dwarf_offsets) {
         table_differs = dwarf_offsets.differences(&table);
         if !layout::fits(&py) {
@@ -1027,6 +1028,18 @@ mod tests {
             "`frame_obj`, mostly 0: the walk ends early",
         ),
         ("tstate_native_id", &[11, 12], "another tid-sized value"),
+        (
+            "tstate_datastack",
+            &[12],
+            "the data stack's chunk: a wrong one bounds a window wrongly, costing reads, \
+             never frames (the window holds the process's memory wherever it starts)",
+        ),
+        (
+            "tstate_datastack_top",
+            &[12],
+            "the data stack's top: a wrong one bounds a window wrongly, costing reads, \
+             never frames",
+        ),
         ("frame_owner", &[12], "another byte in the owners' range"),
         (
             "frame_instr",

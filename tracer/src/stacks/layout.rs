@@ -190,6 +190,9 @@ cpython_fields! {
     tstate_native_id:     [   -,  160,  144,  160,  160] at [200, 224] in Tstate Word;
     tstate_frame:         [  24,   56,   56,   72,   72] at [184, 208] in Tstate Word;
     cframe_frame:         [   -,    8,    0,    -,    -];
+    // The data stack's current chunk and its top (3.11 has them past the read: none).
+    tstate_datastack:     [   -,    -,  232,  232,  232] at [208, 232] in Tstate Word;
+    tstate_datastack_top: [   -,    -,  240,  240,  240] = tstate_datastack + 8 in Tstate Word;
     // The frame.
     frame_read:           [  24,   32,    0,    0,    0];
     frame_previous:       [  24,   48,    8,    8,    8] at [232, 256] in Frame Word;
@@ -347,6 +350,18 @@ pub fn start_reads_at_first_fields(py: &mut PyProcess) {
     }
 }
 
+/// The fields the walk can do without (the data stack's chunk: its windows then stop at
+/// their frame's page): where one of them does not lie inside its read, as a build of
+/// other options could have it, they are left out rather than the interpreter refused.
+pub fn drop_optional_misfits(py: &mut PyProcess) {
+    let optional = ["tstate_datastack", "tstate_datastack_top"].map(field);
+    if optional.iter().flatten().any(|field| !field.fits(py)) {
+        for field in optional.into_iter().flatten() {
+            field.set(py, NO_FIELD);
+        }
+    }
+}
+
 /// Whether every field lies where the probes read it: inside the one read of its object,
 /// aligned for the probes' masked loads.
 pub fn fits(py: &PyProcess) -> bool {
@@ -382,6 +397,27 @@ mod tests {
         moved.interp_next -= 16;
         start_reads_at_first_fields(&mut moved);
         assert_eq!(moved.interp_read, table(13).unwrap().interp_read - 16);
+    }
+
+    /// The data stack's chunk is left out where it lies past the thread state's read (a
+    /// build of other options), the interpreter kept; where it fits it stays.
+    #[test]
+    fn a_data_stack_chunk_outside_its_read_is_left_out() {
+        for minor in MINORS {
+            let mut py = table(minor).unwrap();
+            drop_optional_misfits(&mut py);
+            assert_eq!(py, table(minor).unwrap(), "3.{minor}");
+        }
+        let mut moved = table(12).unwrap();
+        moved.tstate_datastack = 240;
+        moved.tstate_datastack_top = 248;
+        assert!(!fits(&moved));
+        drop_optional_misfits(&mut moved);
+        assert_eq!(
+            (moved.tstate_datastack, moved.tstate_datastack_top),
+            (NO_FIELD, NO_FIELD)
+        );
+        assert!(fits(&moved));
     }
 
     /// A field moved out of its read, or off its alignment, does not fit.
