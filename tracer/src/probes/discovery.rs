@@ -266,7 +266,7 @@ impl Discovery {
 
     /// Plans `found` (or finds its plan, for a file already planned) and attaches it for
     /// the host when that is the scope. Returns its id; a new file is in `attached`.
-    pub fn add(
+    fn add(
         &mut self,
         bpf: &mut Ebpf,
         found: FoundLibrary,
@@ -308,7 +308,7 @@ impl Discovery {
 
     /// Without attach cookies, records process `pid`'s mappings of the files planned so
     /// far (a mapping recorded before is not recorded again).
-    pub fn record_mappings(&self, bpf: &mut Ebpf, pid: u32) -> Result<()> {
+    fn record_mappings(&self, bpf: &mut Ebpf, pid: u32) -> Result<()> {
         if helpers::cookies_missing() {
             maps::identity::add_mappings(bpf, pid, &self.planned_mappings(pid))?;
         }
