@@ -39,6 +39,10 @@ pub mod kind {
     pub const CODE: u32 = 10;
     /// Two or more GPU records without text, in one entry ([`super::GpuBatchEvent`]).
     pub const GPU_BATCH: u32 = 11;
+    /// `--stacks`: a driver call whose Python stack the probes knew, its hash in the
+    /// call's own record ([`super::stacks::CallStackEvent`]) instead of a stack record of
+    /// its own.
+    pub const CALL_STACK: u32 = 12;
     /// Self-test: entry of the probed test function ([`super::SelftestEvent`]).
     pub const SELFTEST_ENTRY: u32 = 100;
     /// Self-test: return of the probed test function ([`super::SelftestEvent`]).
@@ -397,8 +401,11 @@ pub struct Frame {
     /// The return address at entry, before the return probe replaces it.
     pub ret_addr: u64,
     pub args: [u64; MAX_ARGS],
+    /// `--stacks`: the call's stack, when the walk at its entry found one the probes knew
+    /// (`stack.flags` not 0): sent with the call at its return, in one record.
+    pub stack: stacks::StackRef,
 }
-const _: () = assert!(size_of::<Frame>() == 8 + 8 + 16 + 80);
+const _: () = assert!(size_of::<Frame>() == 8 + 8 + 16 + 80 + 32);
 
 /// A thread's stack of pending calls, the value of the per-thread `FRAMES` map.
 #[repr(C)]
@@ -486,8 +493,10 @@ mod tests {
             kind::ATTACH,
             kind::STACK,
             kind::CODE,
+            kind::GPU_BATCH,
+            kind::CALL_STACK,
         ];
-        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(kinds, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         let counters = [
             counter::RING_FULL,
             counter::TOO_DEEP,

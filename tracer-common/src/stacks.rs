@@ -294,6 +294,53 @@ pub struct StackEvent {
 }
 const _: () = assert!(size_of::<StackEvent>() == 24 + 40);
 
+/// A stack the probes knew, by its name: what a [`StackEvent`] with
+/// [`stack_flags::KNOWN`] says, carried in its call's own record
+/// ([`CallStackEvent`]), so that the call costs one ring record, not two.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackRef {
+    /// [`StackEvent::generation`].
+    pub generation: u64,
+    /// [`StackEvent::hash`].
+    pub hash: [u64; 2],
+    /// [`StackEvent::flags`], [`stack_flags::KNOWN`] among them; 0: no stack here (the
+    /// call's stack record, if it has one, came on its own).
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<StackRef>() == 32);
+
+/// A call ([`crate::kind::CALL_STACK`]) whose stack the probes knew: the call, then its
+/// stack's name. Stands for a [`StackEvent`] (status OK, the call's time, pid, tid and
+/// probe id, no frames) followed by the call as a [`crate::kind::CALL`] record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallStackEvent {
+    pub call: crate::CallEvent,
+    pub stack: StackRef,
+}
+const _: () = assert!(size_of::<CallStackEvent>() == 136 + 32);
+
+impl CallStackEvent {
+    /// The stack record this stands for, as the probes would have sent it on its own.
+    pub fn stack_event(&self) -> StackEvent {
+        StackEvent {
+            header: EventHeader {
+                kind: crate::kind::STACK,
+                flags: 0,
+                ..self.call.header
+            },
+            generation: self.stack.generation,
+            hash: self.stack.hash,
+            status: stack_status::OK,
+            flags: self.stack.flags,
+            nframes: 0,
+            probe_id: self.call.probe_id,
+        }
+    }
+}
+
 /// One frame as walked: its code object (pointer, identity, and the id of the record that
 /// read it, 0 when unresolved), its instruction in code units, and its owner.
 #[repr(C)]

@@ -129,6 +129,8 @@ fn try_call_enter(ctx: &ProbeContext) -> Option<()> {
     frame.sp = entry.sp;
     frame.ret_addr = entry.ret_addr;
     frame.args = args;
+    // No stack carried yet (the walk may give it one).
+    frame.stack.flags = 0;
     if cookie & cookie_bits::STACKS != 0 {
         // The call's stack, now: its record precedes the call's.
         frame.flags |= crate::stacks::start(ctx, (tgid, tid), ts_ns, probe_id, None);
@@ -241,7 +243,9 @@ fn try_call_return(ctx: &RetProbeContext) -> Option<()> {
             Err(_) => call.header.flags |= flags::OUT_READ_FAILED,
         }
     }
-
+    if frame.stack.flags != 0 {
+        return crate::stacks::emit_stacked(call, &frame.stack, spec);
+    }
     emit(call, spec)
 }
 

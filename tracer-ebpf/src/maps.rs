@@ -217,21 +217,40 @@ pub fn atomic_add(target: *mut u64, delta: u64) {
 /// Moves the entry time of thread `tid`'s innermost pending call from `entered` to `now`:
 /// the stack programs' walk ran between them, and a call's duration is to be its own, not
 /// its walk's (else `--stack-every`'s walked calls would seem longer than the others).
-/// Nothing where that call is not pending (it was not given a frame).
+/// Nothing where that call is not pending (it was not given a frame). With `stack` (a
+/// stack the probes knew), the call keeps it, to send it with itself at its return: true
+/// where it did.
 #[inline(always)]
-pub fn restamp_entry(tid: u32, entered: u64, now: u64) {
-    let Some(stack) = FRAMES.get_ptr_mut(&tid) else {
-        return;
+pub fn restamp_entry(
+    tid: u32,
+    entered: u64,
+    now: u64,
+    stack: Option<&tracer_common::stacks::StackRef>,
+) -> bool {
+    let Some(frames) = FRAMES.get_ptr_mut(&tid) else {
+        return false;
     };
     // SAFETY: this thread's map value; only this thread's programs write it.
-    let stack = unsafe { &mut *stack };
-    let depth = stack.depth as usize;
+    let frames = unsafe { &mut *frames };
+    let depth = frames.depth as usize;
     if depth == 0 || depth > MAX_DEPTH {
-        return;
+        return false;
     }
-    if let Some(frame) = stack.frames.get_mut((depth - 1) & (MAX_DEPTH - 1))
+    if let Some(frame) = frames.frames.get_mut((depth - 1) & (MAX_DEPTH - 1))
         && frame.ts_ns == entered
     {
         frame.ts_ns = now;
+        if let Some(stack) = stack {
+            // Word by word: a struct copy between map values is a call to `memmove`.
+            // SAFETY: reads of a live reference.
+            unsafe {
+                frame.stack.generation = core::ptr::read_volatile(&stack.generation);
+                frame.stack.hash[0] = core::ptr::read_volatile(&stack.hash[0]);
+                frame.stack.hash[1] = core::ptr::read_volatile(&stack.hash[1]);
+            }
+            frame.stack.flags = stack.flags;
+            return true;
+        }
     }
+    false
 }

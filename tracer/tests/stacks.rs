@@ -598,10 +598,12 @@ fn the_footer_counts_known_stacks_and_stacks_sent_whole() {
         let traced = python.trace(script, &["--stacks"], args);
         let footer = traced.footer_stacks();
         assert_eq!(footer["calls"], 200, "{}: {footer}", python.label);
+        // Every known stack came in its call's own record: the loader no longer waited
+        // for the first stack record when the second call was made.
         let expected = if linked {
-            serde_json::json!({"known": 198, "sent_whole": 2, "sent_again": 1})
+            serde_json::json!({"known": 198, "known_in_call": 198, "sent_whole": 2, "sent_again": 1})
         } else {
-            serde_json::json!({"known": 199, "sent_whole": 1, "sent_again": 0})
+            serde_json::json!({"known": 199, "known_in_call": 199, "sent_whole": 1, "sent_again": 0})
         };
         assert_eq!(footer["stack_records"], expected, "{}", python.label);
         // Each stacked call read the interpreter's pointer, the interpreter and the thread
@@ -641,9 +643,33 @@ fn the_footer_counts_known_stacks_and_stacks_sent_whole() {
         let (known, whole, again) = if linked { (198, 2, 1) } else { (199, 1, 0) };
         let said = format!(
             "Stack records (the trace's footer): {known} known to the probes (their hash \
-             alone), {whole} sent whole ({again} of them a stack sent before)"
+             alone, {known} of them in their call's own record), {whole} sent whole ({again} \
+             of them a stack sent before)"
         );
         assert!(text.contains(&said), "{}: {text}", python.label);
+
+        // Each known stack in a record of its own instead: the same stacks, call by call.
+        let calls = traced.calls_by_thread();
+        let apart = python.trace_with(
+            script,
+            &["-q", "--stacks"],
+            args,
+            &[("CUDATRACE_STACKS_NO_CALL_REF", "1")],
+        );
+        let mut expected = expected.clone();
+        expected["known_in_call"] = 0.into();
+        assert_eq!(
+            apart.footer_stacks()["stack_records"],
+            expected,
+            "{}",
+            python.label
+        );
+        assert_eq!(
+            apart.calls_by_thread().into_values().collect::<Vec<_>>(),
+            calls.into_values().collect::<Vec<_>>(),
+            "{}",
+            python.label
+        );
     }
 }
 

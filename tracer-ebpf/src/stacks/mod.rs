@@ -27,10 +27,10 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    CallEvent, SLOT_MASK, flags,
+    CallEvent, ProbeSpec, SLOT_MASK, flags,
     stacks::{
-        MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, py_flags, stack_counter, stack_prog,
-        stack_status,
+        MAX_STACK_FRAMES, PyProcess, RawPyFrame, StackEvent, StackRef, py_flags, stack_counter,
+        stack_prog, stack_status,
     },
 };
 
@@ -243,6 +243,17 @@ static DATA_WINDOW: u32 = (2 * read::WINDOW - tracer_common::stacks::FRAME_READ)
 /// window stops at its page, for measuring what that saves).
 #[unsafe(no_mangle)]
 static DATA_CHUNK: u32 = 1;
+
+/// 1: a stack the probes knew goes in its call's own record (0:
+/// `CUDATRACE_STACKS_NO_CALL_REF`, a stack record of its own, for measuring what that
+/// saves).
+#[unsafe(no_mangle)]
+static CALL_REF: u32 = 1;
+
+#[inline(always)]
+fn call_ref_on() -> bool {
+    crate::maps::load_const(&CALL_REF) != 0
+}
 
 #[inline(always)]
 fn data_chunk_on() -> bool {
@@ -487,21 +498,6 @@ pub fn start(
     0
 }
 
-/// The call starts now, after its walk: its entry time (in its pending frame, or in the
-/// entry-only call carried here) and its stack record's become this moment's, so that a
-/// walked call's duration leaves the walk out, as a call sampling skipped has none. The
-/// record and the call line still pair by the same time.
-#[inline(always)]
-fn after_walk(scratch: &mut Scratch) {
-    let now = unsafe { generated::bpf_ktime_get_ns() };
-    if scratch.has_call != 0 {
-        scratch.call.header.ts_ns = now;
-    } else {
-        crate::maps::restamp_entry(scratch.tid, scratch.ts_ns, now);
-    }
-    scratch.ts_ns = now;
-}
-
 /// Tail-calls the stack program `index` of this program's kind; returns if that failed.
 #[inline(always)]
 fn tail_call(ctx: &ProbeContext, index: u32) {
@@ -524,9 +520,46 @@ fn scratch_of_current() -> Option<&'static mut Scratch> {
 
 /// Sends the stack record (its frames too unless `known`), then the entry-only call the
 /// walk carried. Returns whether the stack record reached the ring.
+///
+/// The call starts now, after its walk: its entry time (in its pending frame, or in the
+/// entry-only call carried here) and its stack record's become this moment's, so that a
+/// walked call's duration leaves the walk out, as a call sampling skipped has none. The
+/// record and the call line still pair by the same time.
+///
+/// A stack the probes knew goes with its call instead, in the call's own record
+/// (`CallStackEvent`, [`CALL_REF`]): one ring record a call fewer. Not where the loader
+/// waits for this process's first stack record (`wake`: that record wakes it) or where
+/// the call's probe captures memory (its record is of another kind).
 #[inline(always)]
 fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
-    after_walk(scratch);
+    let now = unsafe { generated::bpf_ktime_get_ns() };
+    let entered = scratch.ts_ns;
+    scratch.ts_ns = now;
+    let carry = known
+        && status == tracer_common::stacks::stack_status::OK
+        && scratch.wake == 0
+        && call_ref_on()
+        && SPECS
+            .get(scratch.event.probe_id & SLOT_MASK)
+            .is_some_and(|spec| spec.capture == tracer_common::capture::NONE);
+    let stack = StackRef {
+        generation: scratch.event.generation,
+        hash: scratch.event.hash,
+        flags: scratch.event.flags | flags,
+        _pad: 0,
+    };
+    if scratch.has_call != 0 {
+        scratch.call.header.ts_ns = now;
+        if carry {
+            scratch.has_call = 0;
+            if let Some(spec) = SPECS.get(scratch.call.probe_id & SLOT_MASK) {
+                let _ = emit_stacked(scratch.call, &stack, spec);
+            }
+            return true;
+        }
+    } else if crate::maps::restamp_entry(scratch.tid, entered, now, carry.then_some(&stack)) {
+        return true;
+    }
     let event = &mut scratch.event;
     event.header.kind = tracer_common::kind::STACK;
     event.header.flags = 0;
@@ -570,4 +603,62 @@ fn send(scratch: &mut Scratch, status: u32, flags: u32, known: bool) -> bool {
         }
     }
     sent
+}
+
+/// Writes `call` with the name of the stack the probes knew for it, in one record
+/// ([`CallStackEvent`]). The stack programs give a call its stack this way only where its
+/// spec captures nothing; otherwise (a spec changed meanwhile) the stack's record goes
+/// first, then the call as [`crate::call_event::emit`] writes it.
+#[inline(always)]
+pub fn emit_stacked(call: CallEvent, stack: &StackRef, spec: &ProbeSpec) -> Option<()> {
+    if spec.capture != tracer_common::capture::NONE {
+        send_known(&call, stack);
+        return crate::call_event::emit(call, spec);
+    }
+    let Some(mut entry) = EVENTS.reserve::<tracer_common::stacks::CallStackEvent>(0) else {
+        crate::maps::bump(tracer_common::counter::RING_FULL);
+        return None;
+    };
+    let out = entry.as_mut_ptr();
+    // Word by word: a struct copy between two pointers LLVM cannot tell apart is a call
+    // to `memmove` (`zero.rs` says why such calls are kept off a call's path).
+    let (generation, hash, stack_flags) = (stack.generation, stack.hash, stack.flags);
+    // SAFETY: the reservation holds a whole CallStackEvent.
+    unsafe {
+        (*out).call = call;
+        (*out).call.header.kind = tracer_common::kind::CALL_STACK;
+        (*out).stack.generation = generation;
+        (*out).stack.hash[0] = core::ptr::read_volatile(&hash[0]);
+        (*out).stack.hash[1] = core::ptr::read_volatile(&hash[1]);
+        (*out).stack.flags = stack_flags;
+        (*out).stack._pad = 0;
+    }
+    entry.submit(submit_flags());
+    Some(())
+}
+
+/// The record a known stack sends on its own, for a call that carried it to its return but
+/// whose probe captures memory after all: the stack first, then the call.
+#[inline(always)]
+fn send_known(call: &CallEvent, stack: &StackRef) {
+    let Some(mut entry) = EVENTS.reserve::<StackEvent>(0) else {
+        bump(stack_counter::RING_FULL, 1);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the reservation holds a whole StackEvent.
+    unsafe {
+        (*out).header = call.header;
+        (*out).header.kind = tracer_common::kind::STACK;
+        (*out).header.flags = 0;
+        (*out).generation = stack.generation;
+        // Word by word, not a call to `memmove` (see `emit_stacked`).
+        (*out).hash[0] = core::ptr::read_volatile(&stack.hash[0]);
+        (*out).hash[1] = core::ptr::read_volatile(&stack.hash[1]);
+        (*out).status = stack_status::OK;
+        (*out).flags = stack.flags;
+        (*out).nframes = 0;
+        (*out).probe_id = call.probe_id;
+    }
+    entry.submit(submit_flags());
 }

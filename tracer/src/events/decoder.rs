@@ -58,7 +58,7 @@ impl Decoder {
         plans: &Plans,
     ) -> Option<Event> {
         let event = match raw {
-            Ok(RawEvent::Call { call, data }) => plans.probe(call.probe_id).map(|probe| {
+            Ok(RawEvent::Call { call, data, .. }) => plans.probe(call.probe_id).map(|probe| {
                 let result_name = plans
                     .get(probe.library)
                     .map_or(cuda_result::name as fn(u32) -> _, |plan| {

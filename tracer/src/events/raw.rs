@@ -7,7 +7,7 @@ use tracer_common::{
     AttachEvent, CallDataEvent, CallEvent, CallStringEvent, DATA_LEN, DriverEvent, EventHeader,
     GPU_BATCH_MAX, GPU_TEXT_LEN, GpuBatchEvent, GpuEvent, GpuRecord, GpuTextEvent, ProcEvent,
     TEXT_LEN, kind,
-    stacks::{CODE_DATA_LEN, CodeHead, MAX_STACK_FRAMES, RawPyFrame, StackEvent},
+    stacks::{CODE_DATA_LEN, CallStackEvent, CodeHead, MAX_STACK_FRAMES, RawPyFrame, StackEvent},
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub enum RawEvent {
     Call {
         call: CallEvent,
         data: Option<Vec<u8>>,
+        /// `--stacks`: the record of the call's stack when it came in the call's own
+        /// record ([`kind::CALL_STACK`]): a known stack, no frames.
+        stack: Option<StackEvent>,
     },
     Proc(ProcEvent),
     Driver(DriverEvent),
@@ -82,7 +85,10 @@ fn read<T: Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
 
 /// Whether records of `kind` are calls (with or without captured memory).
 pub fn is_call_kind(kind: u32) -> bool {
-    matches!(kind, kind::CALL | kind::CALL_DATA | kind::CALL_STRING)
+    matches!(
+        kind,
+        kind::CALL | kind::CALL_DATA | kind::CALL_STRING | kind::CALL_STACK
+    )
 }
 
 /// Decodes one ring-buffer record. Never panics, whatever the input.
@@ -92,13 +98,29 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
         kind::CALL => Ok(RawEvent::Call {
             call: read(bytes, "call event")?,
             data: None,
+            stack: None,
         }),
+        kind::CALL_STACK => {
+            let event: CallStackEvent = read(bytes, "call stack event")?;
+            Ok(RawEvent::Call {
+                call: CallEvent {
+                    header: EventHeader {
+                        kind: kind::CALL,
+                        ..event.call.header
+                    },
+                    ..event.call
+                },
+                data: None,
+                stack: Some(event.stack_event()),
+            })
+        }
         kind::CALL_DATA => {
             let event: CallDataEvent = read(bytes, "call data event")?;
             let len = (event.data_len as usize).min(DATA_LEN);
             Ok(RawEvent::Call {
                 call: event.call,
                 data: Some(event.data[..len].to_vec()),
+                stack: None,
             })
         }
         kind::CALL_STRING => {
@@ -107,6 +129,7 @@ pub fn decode(bytes: &[u8]) -> Result<RawEvent, DecodeError> {
             Ok(RawEvent::Call {
                 call: event.call,
                 data: Some(event.data[..len].to_vec()),
+                stack: None,
             })
         }
         kind::PROC => Ok(RawEvent::Proc(read(bytes, "process event")?)),
@@ -192,6 +215,10 @@ pub fn c_string(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracer_common::{
+        flags,
+        stacks::{StackRef, stack_flags, stack_status},
+    };
 
     fn as_bytes<T: Copy>(value: &T) -> Vec<u8> {
         // SAFETY: T is plain data; viewing it as bytes is sound.
@@ -271,8 +298,80 @@ mod tests {
         };
         assert_eq!(
             decode(&as_bytes(&call)),
-            Ok(RawEvent::Call { call, data: None })
+            Ok(RawEvent::Call {
+                call,
+                data: None,
+                stack: None
+            })
         );
+    }
+
+    /// A call with its known stack in one record is the stack's record, as the probes
+    /// would have sent it, and the call as a plain call record.
+    #[test]
+    fn a_call_with_its_known_stack_is_the_stack_record_and_the_call() {
+        let call = CallEvent {
+            header: EventHeader {
+                kind: kind::CALL_STACK,
+                flags: flags::NO_RETURN,
+                ts_ns: 5,
+                pid: 7,
+                tid: 8,
+            },
+            probe_id: 3,
+            ret: 1,
+            dur_ns: 99,
+            args: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+            outs: [11, 12],
+        };
+        let event = CallStackEvent {
+            call,
+            stack: StackRef {
+                generation: 41,
+                hash: [42, 43],
+                flags: stack_flags::KNOWN | stack_flags::CUT,
+                _pad: 0,
+            },
+        };
+        let Ok(RawEvent::Call {
+            call: decoded,
+            data: None,
+            stack: Some(stack),
+        }) = decode(&as_bytes(&event))
+        else {
+            panic!("not a call with its stack");
+        };
+        assert_eq!(
+            decoded,
+            CallEvent {
+                header: EventHeader {
+                    kind: kind::CALL,
+                    ..call.header
+                },
+                ..call
+            }
+        );
+        assert_eq!(
+            stack,
+            StackEvent {
+                header: EventHeader {
+                    kind: kind::STACK,
+                    flags: 0,
+                    ts_ns: 5,
+                    pid: 7,
+                    tid: 8,
+                },
+                generation: 41,
+                hash: [42, 43],
+                status: stack_status::OK,
+                flags: stack_flags::KNOWN | stack_flags::CUT,
+                nframes: 0,
+                probe_id: 3,
+            }
+        );
+        assert!(is_call_kind(kind::CALL_STACK));
+        // Cut short, it is no call.
+        assert!(decode(&as_bytes(&event)[..size_of::<CallEvent>() + 8]).is_err());
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub const UP_REACH_OFF_ENV: &str = "CUDATRACE_STACKS_NO_UP_REACH";
 /// Set: a data-stack window stops at its frame's page, also in the thread's current chunk
 /// (a measurement's switch).
 pub const DATA_CHUNK_OFF_ENV: &str = "CUDATRACE_STACKS_NO_DATA_CHUNK";
+/// Set: a stack the probes knew is sent as a record of its own, not in its call's record
+/// (a measurement's switch: what the record costs).
+pub const CALL_REF_OFF_ENV: &str = "CUDATRACE_STACKS_NO_CALL_REF";
 /// For measuring: bytes (256 to 8112) a data-stack window reaches below its frame.
 pub const DATA_WINDOW_ENV: &str = "CUDATRACE_STACKS_DATA_WINDOW";
 /// For measuring: bytes (256 to 8112) a C-stack window reads up from an entry frame.
@@ -172,6 +175,9 @@ pub fn load(options: &LoadOptions) -> Result<Ebpf> {
         }
         if std::env::var_os(DATA_CHUNK_OFF_ENV).is_some() {
             loader.override_global("DATA_CHUNK", &0u32, true);
+        }
+        if std::env::var_os(CALL_REF_OFF_ENV).is_some() {
+            loader.override_global("CALL_REF", &0u32, true);
         }
         // For measuring the windows' sizes (bytes read against reads made), in one binary.
         if let Some(bytes) = &data_window {

@@ -306,8 +306,16 @@ impl<'a> Pipeline<'a> {
                     stacks.forget(event.header.pid);
                 }
             }
-            // The probe's stacks bit, looked up only when there are stacks to give.
-            Ok(RawEvent::Call { call, .. }) if self.stacks.is_some() => {
+            // The probe's stacks bit, looked up only when there are stacks to give. A known
+            // stack that came in the call's own record goes first, as its record would
+            // have come before the call.
+            Ok(RawEvent::Call { call, stack, .. }) if self.stacks.is_some() => {
+                if let Some(stack) = stack {
+                    self.stack_record(stack, &[])?;
+                    if let Some(stacks) = &mut self.stacks {
+                        stacks.known_in_call();
+                    }
+                }
                 stacked = self
                     .attaching
                     .plans()

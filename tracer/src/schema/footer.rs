@@ -163,6 +163,9 @@ pub struct StackRecordCounts {
     /// The probes knew the stack (seen in this process image under the current count of
     /// code objects freed): its hash alone was sent.
     pub known: u64,
+    /// Of `known`, those whose hash came in the call's own record (one ring record for
+    /// the call and its stack, not two). Not counted before it was (read as 0).
+    pub known_in_call: u64,
     /// The stack was sent with its frames: new to the probes.
     pub sent_whole: u64,
     /// Of those, stacks the trace already had (the same frames, sent whole before): new to

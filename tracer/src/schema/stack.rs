@@ -227,6 +227,7 @@ mod tests {
             memory_read_bytes: 9000,
             stack_records: StackRecordCounts {
                 known: 7,
+                known_in_call: 6,
                 sent_whole: 2,
                 sent_again: 1,
             },
@@ -236,7 +237,7 @@ mod tests {
         assert!(text.contains(r#""library":0,"stack":1}"#), "{text}");
         assert!(
             text.ends_with(
-                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0},"long_linetables":{"read":0,"unread":0},"code_free_probes":{"linked":0,"not_linked":0},"frames_walked":40,"memory_reads":21,"memory_read_faults":1,"memory_read_bytes":9000,"stack_records":{"known":7,"sent_whole":2,"sent_again":1}}}"#
+                r#""stacks":{"calls":3,"cut":1,"without":{"not_python":0,"unsupported_python":0,"not_initialized":0,"no_thread_state":2,"ambiguous_thread_state":0,"no_python_frames":0,"read_fault":0,"code_unresolved":0,"record_lost":0},"code_objects":5,"code_objects_unusable":{"not_code":0,"read_fault":0,"bad_name":0},"long_linetables":{"read":0,"unread":0},"code_free_probes":{"linked":0,"not_linked":0},"frames_walked":40,"memory_reads":21,"memory_read_faults":1,"memory_read_bytes":9000,"stack_records":{"known":7,"known_in_call":6,"sent_whole":2,"sent_again":1}}}"#
             ),
             "{text}"
         );

@@ -108,6 +108,11 @@ impl Stacks {
         self.interpreters.forget(pid);
     }
 
+    /// The stack record just given came in its call's own record.
+    pub fn known_in_call(&mut self) {
+        self.resolver.footer.stack_records.known_in_call += 1;
+    }
+
     /// A stack record: lines to write before the call's (its process's interpreter line if
     /// it was not looked at yet, a new stack).
     pub fn stack(&mut self, event: &StackEvent, frames: &[RawPyFrame]) -> Vec<StackLines> {

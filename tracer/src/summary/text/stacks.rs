@@ -104,9 +104,10 @@ pub fn render_stacks(out: &mut String, stacks: &StacksSummary) {
     {
         let _ = writeln!(
             out,
-            "  Stack records (the trace's footer): {} known to the probes (their hash alone), {} \
-             sent whole ({} of them a stack sent before)",
-            records.known, records.sent_whole, records.sent_again
+            "  Stack records (the trace's footer): {} known to the probes (their hash alone, \
+             {} of them in their call's own record), {} sent whole ({} of them a stack sent \
+             before)",
+            records.known, records.known_in_call, records.sent_whole, records.sent_again
         );
     }
     if stacks.every > 1 {
