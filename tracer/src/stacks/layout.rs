@@ -319,12 +319,35 @@ impl std::fmt::Display for Shift {
     }
 }
 
-/// The layout of `3.minor` from the table (addresses and generation left 0).
+/// Where another architecture's CPython puts a field elsewhere than the table (x86-64's):
+/// (`std::env::consts::ARCH`, minor, field, offset). aarch64's glibc `pthread_mutex_t` is 48
+/// bytes, not 40, and 3.14's interpreter state holds two of them (its GIL's) before
+/// `_code_object_generation`: Debian sid's 3.14.10 for arm64 has it at 8,008 (its own
+/// `_Py_DebugOffsets`), x86-64's at 7,992. The fields before the GIL are where x86-64 has
+/// them (the arm64 guests' 3.11, 3.13 and 3.14 check the rest against the table).
+const ARCH_FIELDS: &[(&str, u32, &str, u32)] = &[("aarch64", 14, "interp_code_epoch", 8008)];
+
+/// The layout of `3.minor` from the table (addresses and generation left 0), for this
+/// machine's architecture.
 pub fn table(minor: u32) -> Option<PyProcess> {
+    table_for(std::env::consts::ARCH, minor)
+}
+
+/// The layout of `3.minor` from the table for architecture `arch` (as
+/// `std::env::consts::ARCH` names it).
+fn table_for(arch: &str, minor: u32) -> Option<PyProcess> {
     let column = usize::try_from(minor.checked_sub(*MINORS.start())?).ok()?;
     let mut py = blank(minor, VERSIONS.get(column)?);
     for field in FIELDS {
         field.set(&mut py, field.table[column]);
+    }
+    for (_, _, name, value) in ARCH_FIELDS
+        .iter()
+        .filter(|(on, of, _, _)| *on == arch && *of == minor)
+    {
+        if let Some(field) = FIELDS.iter().find(|field| field.name == *name) {
+            field.set(&mut py, *value);
+        }
     }
     Some(py)
 }
@@ -439,6 +462,28 @@ mod tests {
         let mut lasti = table(10).unwrap();
         lasti.frame_instr = 100;
         assert!(fits(&lasti));
+    }
+
+    #[test]
+    fn an_architecture_moves_only_its_own_fields() {
+        let (x86, arm) = (
+            table_for("x86_64", 14).unwrap(),
+            table_for("aarch64", 14).unwrap(),
+        );
+        assert_eq!((x86.interp_code_epoch, arm.interp_code_epoch), (7992, 8008));
+        assert_eq!(
+            PyProcess {
+                interp_code_epoch: 7992,
+                ..arm
+            },
+            x86
+        );
+        assert_eq!(table_for("aarch64", 13), table_for("x86_64", 13));
+        // Every entry names a field and a minor of the table.
+        for (arch, minor, name, _) in ARCH_FIELDS {
+            assert!(MINORS.contains(minor), "{arch} 3.{minor}");
+            assert!(FIELDS.iter().any(|f| f.name == *name), "{arch} {name}");
+        }
     }
 
     #[test]
