@@ -30,7 +30,18 @@ fn trixie() -> PathBuf {
     if let Some(dir) = std::env::var_os("CUDATRACE_TEST_TRIXIE") {
         return dir.into();
     }
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("../pythons/trixie")
+    // CARGO_TARGET_TMPDIR is target/tmp, or target/<triple>/tmp for a cross build (the
+    // arm64 guests' tests), whose root `vm-test --arch arm64` makes for them.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .ancestors()
+        .find(|dir| dir.file_name().is_some_and(|name| name == "target"))
+        .expect("CARGO_TARGET_TMPDIR under target/")
+        .to_path_buf();
+    if cfg!(target_arch = "x86_64") {
+        target.join("pythons/trixie")
+    } else {
+        target.join("pythons/trixie-arm64")
+    }
 }
 
 /// An interpreter to trace, and how its files are reached: a chroot sees them under its
@@ -406,15 +417,13 @@ fn pythons() -> Vec<Python> {
     };
     let debian =
         Python::host("debian-3.11", "/usr/bin/python3.11", 11).expect("/usr/bin/python3.11");
-    if cfg!(not(target_arch = "x86_64")) {
-        // pyenv's builds and the Debian roots of `cargo xtask pythons` are x86-64 programs;
-        // an arm64 machine (vm-test's arm64 guest) traces its own Debian 3.11.
-        return vec![debian];
+    // pyenv's builds are x86-64 programs: an arm64 machine (vm-test's arm64 guest) traces
+    // its own Debian 3.11 and the arm64 root's 3.13 and 3.14.
+    let arm64 = cfg!(not(target_arch = "x86_64"));
+    let mut found = vec![debian];
+    if !arm64 {
+        found.push(Python::pyenv("3.11.7", 11).expect("pyenv's 3.11.7 in /root/.pyenv"));
     }
-    let mut found = vec![
-        debian,
-        Python::pyenv("3.11.7", 11).expect("pyenv's 3.11.7 in /root/.pyenv"),
-    ];
     let root = trixie();
     for (python, label, minor) in [
         ("usr/bin/python3", "trixie-3.13", 13),
@@ -423,10 +432,14 @@ fn pythons() -> Vec<Python> {
         assert!(
             root.join(python).exists(),
             "no {python} in the Debian root at {}: `cargo xtask pythons` makes it \
-             (debootstrap, apt-get download), or set CUDATRACE_TEST_TRIXIE",
+             (debootstrap, apt-get download; arm64's: `cargo xtask vm-test --arch arm64`), \
+             or set CUDATRACE_TEST_TRIXIE",
             root.display()
         );
         found.push(Python::chroot(&root, label, &format!("/{python}"), minor));
+    }
+    if arm64 {
+        return found;
     }
     for (version, minor) in [("3.10.13", 10), ("3.12.1", 12), ("3.13.0", 13)] {
         if present(Path::new(&pyenv(version))) {

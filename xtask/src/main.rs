@@ -2,6 +2,7 @@
 
 mod arm64;
 mod bench;
+mod binfmt;
 mod cmd;
 mod ebpf;
 mod imports;

@@ -2,7 +2,9 @@
 //! trixie's CPython 3.13, in a root made with debootstrap (about 40 s and 260 MB, once:
 //! cached in target/pythons/trixie), and Debian sid's CPython 3.14 unpacked into that root
 //! (trixie has no 3.14; sid's interpreter and standard library run on trixie's C library).
-//! The tests run them with `chroot` (tracer/tests/stacks.rs). And a free-threaded CPython
+//! The tests run them with `chroot` (tracer/tests/stacks.rs). For the arm64 guests of
+//! `vm-test --arch arm64`, the same for arm64 in target/pythons/trixie-arm64 (debootstrap's
+//! second stage run through qemu-user-static: minutes, once). And a free-threaded CPython
 //! 3.13 (`--disable-gil`), built from Debian trixie's source package of python3.13 (Debian
 //! packages none), cached in target/pythons/3.13t: the tests check that it is refused,
 //! counted and named.
@@ -22,9 +24,23 @@ pub fn trixie_dir() -> PathBuf {
     workspace_root().join("target/pythons/trixie")
 }
 
+/// Where the arm64 guests' trixie root is kept (the tests built for aarch64 look there).
+pub fn trixie_arm64_dir() -> PathBuf {
+    workspace_root().join("target/pythons/trixie-arm64")
+}
+
+/// The Debian architecture of a root's programs: this host's, or arm64 for the arm64
+/// guests.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum RootArch {
+    Host,
+    Arm64,
+}
+
 /// A private apt configuration under target/pythons/apt-NAME whose only source is `line`
-/// (the machine's own sources stay as they are): `apt-get` with it, run in its `debs`.
-fn private_apt(name: &str, line: &str) -> Result<impl Fn(&[&str]) -> Command> {
+/// (the machine's own sources stay as they are): `apt-get` with it, run in its `debs`;
+/// with `arm64`, for that architecture's packages.
+fn private_apt(name: &str, line: &str, arch: RootArch) -> Result<impl Fn(&[&str]) -> Command> {
     let apt = workspace_root().join(format!("target/pythons/apt-{name}"));
     let debs = apt.join("debs");
     for dir in [
@@ -42,7 +58,20 @@ fn private_apt(name: &str, line: &str) -> Result<impl Fn(&[&str]) -> Command> {
         format!("Dir::State::Lists={}", apt.join("lists").display()),
         format!("Dir::Cache={}", apt.join("cache").display()),
         "APT::Sandbox::User=root".into(),
-    ];
+    ]
+    .into_iter()
+    .chain(
+        (arch == RootArch::Arm64)
+            .then(|| {
+                [
+                    "APT::Architecture=arm64".into(),
+                    "APT::Architectures=arm64".into(),
+                ]
+            })
+            .into_iter()
+            .flatten(),
+    )
+    .collect::<Vec<String>>();
     Ok(move |args: &[&str]| {
         let mut command = Command::new("apt-get");
         for option in &options {
@@ -81,6 +110,7 @@ fn ensure_free_threaded() -> Result<PathBuf> {
     let apt_get = private_apt(
         "trixie-src",
         "deb-src http://deb.debian.org/debian trixie main",
+        RootArch::Host,
     )?;
     run(
         &mut apt_get(&["update"]),
@@ -150,13 +180,30 @@ fn ensure_free_threaded() -> Result<PathBuf> {
 /// with a private apt list (the machine's own sources stay as they are), each unpacked
 /// with `dpkg-deb -x`.
 fn ensure_python314() -> Result<PathBuf> {
-    let root = ensure_trixie()?;
+    python314_in(ensure_trixie()?, RootArch::Host)
+}
+
+/// The arm64 guests' interpreters beyond Debian bookworm's 3.11: trixie's 3.13 and sid's
+/// 3.14 for arm64, in their own root (`vm-test --arch arm64` makes it before the guests
+/// boot; the guests run them with `chroot`).
+pub fn ensure_arm64() -> Result<PathBuf> {
+    crate::binfmt::ensure_aarch64()?;
+    let root = ensure_root(&trixie_arm64_dir(), RootArch::Arm64)?;
+    python314_in(root, RootArch::Arm64)
+}
+
+/// `root` with sid's `python3.14` of `arch` unpacked in it.
+fn python314_in(root: PathBuf, arch: RootArch) -> Result<PathBuf> {
     let python = root.join("usr/bin/python3.14");
     if python.exists() {
         return Ok(root);
     }
-    let apt_get = private_apt("sid", "deb http://deb.debian.org/debian sid main")?;
-    let debs = workspace_root().join("target/pythons/apt-sid/debs");
+    let name = match arch {
+        RootArch::Host => "sid",
+        RootArch::Arm64 => "sid-arm64",
+    };
+    let apt_get = private_apt(name, "deb http://deb.debian.org/debian sid main", arch)?;
+    let debs = workspace_root().join(format!("target/pythons/apt-{name}/debs"));
     run(
         &mut apt_get(&["update"]),
         "apt-get update (Debian sid, for CPython 3.14)",
@@ -193,7 +240,12 @@ fn ensure_python314() -> Result<PathBuf> {
 /// Makes the trixie root unless it is there already: debootstrap (installed with apt-get
 /// when missing), minimal, with python3.
 pub fn ensure_trixie() -> Result<PathBuf> {
-    let dir = trixie_dir();
+    ensure_root(&trixie_dir(), RootArch::Host)
+}
+
+/// A minimal trixie root with python3 at `dir`, for `arch`, made unless there.
+fn ensure_root(dir: &Path, arch: RootArch) -> Result<PathBuf> {
+    let dir = dir.to_path_buf();
     if dir.join("usr/bin/python3").exists() {
         return Ok(dir);
     }
@@ -223,11 +275,19 @@ pub fn ensure_trixie() -> Result<PathBuf> {
     fs::create_dir_all(dir.parent().expect("under target/")).context("creating target/pythons")?;
     run(
         Command::new("/usr/sbin/debootstrap")
-            .args(["--variant=minbase", "--include=python3", "trixie"])
+            .args(["--variant=minbase", "--include=python3"])
+            .args((arch == RootArch::Arm64).then_some("--arch=arm64"))
+            .arg("trixie")
             .arg(&partial)
             .arg("http://deb.debian.org/debian")
             .stdout(Stdio::null()),
-        "debootstrap trixie (CPython 3.13 for the --stacks tests)",
+        match arch {
+            RootArch::Host => "debootstrap trixie (CPython 3.13 for the --stacks tests)",
+            RootArch::Arm64 => {
+                "debootstrap --arch=arm64 trixie (CPython 3.13 for the arm64 guests' --stacks \
+                 tests; its second stage under qemu-user-static: minutes, once)"
+            }
+        },
     )?;
     ensure!(
         partial.join("usr/bin/python3").exists(),

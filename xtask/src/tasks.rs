@@ -68,6 +68,7 @@ fn keep_host_record() -> Result<()> {
             every_stack: true,
             failed: 0,
             ran: None,
+            pythons: None,
         },
     )
 }

@@ -23,18 +23,13 @@ const COMPLETE: &[&str] = &[
 const INCLUDE: &str = "python3,gcc,libc6-dev,binutils,busybox-static";
 const MIRROR: &str = "http://deb.debian.org/debian";
 
-/// binfmt_misc's entry for aarch64 programs, and the line that registers it (from
-/// qemu-user-static).
-const BINFMT_ENTRY: &str = "/proc/sys/fs/binfmt_misc/qemu-aarch64";
-const BINFMT_CONF: &str = "/usr/lib/binfmt.d/qemu-aarch64.conf";
-
 /// The arm64 root, made first if absent.
 pub(super) fn arm64_root(vm_dir: &Path) -> Result<PathBuf> {
     let dir = vm_dir.join("arm64/root");
     if COMPLETE.iter().all(|file| dir.join(file).exists()) {
         return Ok(dir);
     }
-    ensure_binfmt()?;
+    crate::binfmt::ensure_aarch64()?;
     // Made aside and renamed when complete: an interrupted run leaves no half root.
     let partial = dir.with_extension("partial");
     if partial.exists() {
@@ -73,51 +68,4 @@ pub(super) fn arm64_root(vm_dir: &Path) -> Result<PathBuf> {
     }
     fs::rename(&partial, &dir).context("keeping the arm64 root")?;
     Ok(dir)
-}
-
-/// Makes the kernel run aarch64 ELF files with qemu-user-static, where it does not yet.
-fn ensure_binfmt() -> Result<()> {
-    if Path::new(BINFMT_ENTRY).exists() {
-        return Ok(());
-    }
-    let missing: Vec<&str> = [
-        ("/usr/sbin/debootstrap", "debootstrap"),
-        (BINFMT_CONF, "qemu-user-static"),
-    ]
-    .into_iter()
-    .filter(|(file, _)| !Path::new(file).exists())
-    .map(|(_, package)| package)
-    .collect();
-    if !missing.is_empty() {
-        run(
-            Command::new("apt-get").args(["update", "-q"]),
-            "apt-get update",
-        )?;
-        run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            &format!("apt-get install {}", missing.join(" ")),
-        )?;
-    }
-    let register = Path::new("/proc/sys/fs/binfmt_misc/register");
-    if !register.exists() {
-        run(
-            Command::new("mount").args([
-                "-t",
-                "binfmt_misc",
-                "binfmt_misc",
-                "/proc/sys/fs/binfmt_misc",
-            ]),
-            "mount -t binfmt_misc (to run arm64 programs with qemu-user-static)",
-        )?;
-    }
-    let line = fs::read_to_string(BINFMT_CONF).with_context(|| format!("reading {BINFMT_CONF}"))?;
-    eprintln!("xtask: vm-test: registering {BINFMT_CONF} with binfmt_misc");
-    fs::write(register, line.trim_end()).context(
-        "registering qemu-aarch64 with binfmt_misc (debootstrap's second stage runs arm64 \
-         programs through it); this host refused: without it the arm64 root cannot be made",
-    )?;
-    Ok(())
 }

@@ -426,9 +426,14 @@ pub fn vm_test(opts: &VmTestOptions) -> Result<()> {
         });
     let tests = build_tests(&root, arch, &wanted)?;
     if opts.exec.is_none() {
-        if wanted.contains(&"stacks") && arch == Arch::X86_64 {
-            // The --stacks tests trace Debian trixie's CPython 3.13 too, in the guest as here.
-            pythons::ensure_trixie()?;
+        if wanted.contains(&"stacks") {
+            match arch {
+                // The --stacks tests trace Debian trixie's CPython 3.13 too, in the guest as
+                // here.
+                Arch::X86_64 => drop(pythons::ensure_trixie()?),
+                // And on arm64, trixie's 3.13 and sid's 3.14 built for it.
+                Arch::Arm64 => drop(pythons::ensure_arm64()?),
+            }
         }
         if !opts.no_skip {
             for (name, why) in SKIPPED {

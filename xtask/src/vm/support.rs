@@ -28,6 +28,9 @@ pub const DOCTOR_MARK: &str = "vm-test: doctor ";
 /// the interpreters it runs (tracer/tests/stacks.rs, `pythons()`).
 const EVERY_STACK: &str = "every_stack_is_the_one_cpython_gives_on_each_interpreter";
 const STACKS_PYTHONS: &str = "Debian 3.11, pyenv 3.11.7, Debian 3.13, 3.14";
+/// The interpreters of the arm64 guests' stacks suite: the guest root's own 3.11 and the
+/// arm64 Debian root's 3.13 and 3.14 (pyenv's are x86-64 programs).
+const ARM64_STACKS_PYTHONS: &str = "Debian 3.11, 3.13, 3.14";
 
 /// What one machine (a guest, or the host) was found to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +52,10 @@ pub struct Record {
     /// Records kept in the repository (not made by CI): the command and the day it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ran: Option<String>,
+    /// Records kept in the repository: the interpreters their stacks suite ran (a record
+    /// without it ran Debian's 3.11 alone, as the arm64 guests did before 2026-11-28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pythons: Option<String>,
 }
 
 fn dir(root: &Path) -> PathBuf {
@@ -66,6 +73,7 @@ pub fn keep(root: &Path, record: &Record) -> Result<()> {
     let mut record = record.clone();
     let dir = if record.arch == "aarch64" {
         record.ran = Some(format!("`vm-test --arch arm64`, {}", today()?));
+        record.pythons = Some(ARM64_STACKS_PYTHONS.into());
         kept_dir(root)
     } else {
         dir(root)
@@ -144,6 +152,7 @@ pub fn guest_record(kernel: &str, arch: &str, results: &str) -> Record {
         every_stack,
         failed: summary.failed,
         ran: None,
+        pythons: None,
     }
 }
 
@@ -188,12 +197,12 @@ pub fn render(records: &[Record]) -> String {
             .flatten()
             .find(|(name, _)| name == "stacks")
             .map_or(0, |(_, passed)| *passed);
-        // On arm64 the suite's interpreters are the guest root's own (pyenv's and the
-        // Debian roots' are x86-64 programs).
-        let pythons = if r.arch == "aarch64" {
-            "Debian 3.11"
-        } else {
-            STACKS_PYTHONS
+        // On arm64 the suite's interpreters are the guest root's own and the arm64 Debian
+        // root's (pyenv's are x86-64 programs), as its record says.
+        let pythons = match (&r.pythons, r.arch.as_str()) {
+            (Some(pythons), _) => pythons.as_str(),
+            (None, "aarch64") => "Debian 3.11",
+            (None, _) => STACKS_PYTHONS,
         };
         let stacks = if r.every_stack || r.suites.is_none() {
             format!("exact on {pythons}")
@@ -308,6 +317,24 @@ mod tests {
             row.ends_with("| exact on Debian 3.11 | selftest 1, stacks 2; **1 failed** |"),
             "{row}"
         );
+    }
+
+    /// An arm64 record kept since the guests trace the arm64 Debian root's 3.13 and 3.14
+    /// says so; one kept before (no `pythons`) still says Debian 3.11 alone.
+    #[test]
+    fn a_kept_record_names_the_interpreters_its_stacks_suite_ran() {
+        let mut record = guest_record("6.12", "aarch64", RESULTS);
+        record.ran = Some("`vm-test --arch arm64`, 2026-11-28".into());
+        record.pythons = Some(ARM64_STACKS_PYTHONS.into());
+        let row = render(&[record]).lines().nth(2).unwrap().to_owned();
+        assert!(
+            row.ends_with("| exact on Debian 3.11, 3.13, 3.14 | selftest 1, stacks 2 |"),
+            "{row}"
+        );
+        let text = serde_json::to_string(&guest_record("6.1", "aarch64", RESULTS)).unwrap();
+        assert!(!text.contains("pythons"), "{text}");
+        let old: Record = serde_json::from_str(&text).unwrap();
+        assert_eq!(old.pythons, None);
     }
 
     #[test]
