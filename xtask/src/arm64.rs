@@ -86,17 +86,7 @@ fn ensure_linker() -> Result<()> {
     if Command::new(LINKER).arg("--version").output().is_ok() {
         return Ok(());
     }
-    run(
-        Command::new("apt-get").args(["update", "-q"]),
-        "apt-get update",
-    )?;
-    run(
-        Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(PACKAGES)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        &format!("apt-get install {}", PACKAGES.join(" ")),
-    )
+    cmd::apt_install(PACKAGES)
 }
 
 /// The `e_machine` field of the ELF file at `path`.

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::cmd::run;
+use crate::cmd::{apt_install, run};
 
 /// binfmt_misc's entry for aarch64 programs, and the line that registers it (from
 /// qemu-user-static).
@@ -30,17 +30,7 @@ pub fn ensure_aarch64() -> Result<()> {
     .map(|(_, package)| package)
     .collect();
     if !missing.is_empty() {
-        run(
-            Command::new("apt-get").args(["update", "-q"]),
-            "apt-get update",
-        )?;
-        run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            &format!("apt-get install {}", missing.join(" ")),
-        )?;
+        apt_install(&missing)?;
     }
     let register = Path::new("/proc/sys/fs/binfmt_misc/register");
     if !register.exists() {

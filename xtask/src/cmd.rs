@@ -5,6 +5,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use anyhow::{Context, Result, ensure};
@@ -61,4 +62,25 @@ pub fn stdout(command: &mut Command) -> Result<String> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     String::from_utf8(out.stdout).with_context(|| format!("`{program}` printed non-UTF-8"))
+}
+
+/// Whether this task ran `apt-get update` already.
+static APT_UPDATED: AtomicBool = AtomicBool::new(false);
+
+/// Installs Debian's `packages` with the machine's own sources (`apt-get update` first,
+/// once a task), without recommends.
+pub fn apt_install(packages: &[&str]) -> Result<()> {
+    if !APT_UPDATED.swap(true, Ordering::SeqCst) {
+        run(
+            Command::new("apt-get").args(["update", "-q"]),
+            "apt-get update",
+        )?;
+    }
+    run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        &format!("apt-get install {}", packages.join(" ")),
+    )
 }

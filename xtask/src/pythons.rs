@@ -250,22 +250,7 @@ fn ensure_root(dir: &Path, arch: RootArch) -> Result<PathBuf> {
         return Ok(dir);
     }
     if !Path::new("/usr/sbin/debootstrap").exists() {
-        run(
-            Command::new("apt-get").args(["update", "-q"]),
-            "apt-get update",
-        )?;
-        run(
-            Command::new("apt-get")
-                .args([
-                    "install",
-                    "-y",
-                    "-q",
-                    "--no-install-recommends",
-                    "debootstrap",
-                ])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            "apt-get install debootstrap",
-        )?;
+        crate::cmd::apt_install(&["debootstrap"])?;
     }
     // Made aside and renamed when complete: an interrupted run leaves no half root.
     let partial = dir.with_extension("partial");

@@ -5,11 +5,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail, ensure};
-
-use crate::cmd::run;
 
 use super::{Arch, Kernel, PACKAGES, VIRTIOFSD, apt::Apt};
 
@@ -22,18 +19,6 @@ fn meta_package(arch: Arch) -> String {
 /// How the image packages of `arch` end.
 fn kernel_suffix(arch: Arch) -> String {
     format!("-cloud-{}", arch.debian())
-}
-
-static APT_UPDATED: AtomicBool = AtomicBool::new(false);
-
-fn apt_update() -> Result<()> {
-    if !APT_UPDATED.swap(true, Ordering::SeqCst) {
-        run(
-            Command::new("apt-get").args(["update", "-q"]),
-            "apt-get update",
-        )?;
-    }
-    Ok(())
 }
 
 fn installed(package: &str) -> bool {
@@ -53,14 +38,7 @@ pub(super) fn ensure_packages(more: &[&str]) -> Result<()> {
         .filter(|p| !installed(p))
         .collect();
     if !missing.is_empty() {
-        apt_update()?;
-        run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            &format!("apt-get install {}", missing.join(" ")),
-        )?;
+        crate::cmd::apt_install(&missing)?;
     }
     ensure!(
         Path::new(VIRTIOFSD).is_file(),
