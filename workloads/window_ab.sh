@@ -15,7 +15,11 @@
 # CUDATRACE_STACKS_IDENT_PER_FRAME=1: no probe on code objects' deallocator), stacks_alt
 # (`--stacks` with the settings of $STACKS_ALT_ENV, default 1 KiB C-stack and data-stack
 # windows: the walk reads more often and copies less; run AS), stacks_every (`--stacks
-# --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks), and
+# --stack-every $STACK_EVERY`, default 4: whether the cost goes with the walks), run_eo
+# and stacks_eo (run and stacks with `--launch-entry-only`: no return probe on launches),
+# floor_entry (no cudatrace: the kernel's bare tracefs `p:` uprobe event on the target's
+# cuLaunchKernel for the window, the trap's own cost; its window's bounds are written as two
+# call lines of r*-floor_entry.jsonl, which window_ab.py reads as it reads a trace), and
 # run_base and stacks_base: run and stacks with the binary $BASE_CUDATRACE (another build,
 # A/B in one process); run_v_NAME and stacks_v_NAME: the same with the binary
 # $VARIANTS/cudatrace.NAME (several other builds in one run, as the measuring builds that
@@ -45,6 +49,16 @@ for condition in "${CONDITIONS[@]}"; do
   fi
 done
 mkdir -p "$OUT"
+tracefs=/sys/kernel/tracing
+[ -e "$tracefs/uprobe_events" ] || mount -t tracefs nodev "$tracefs" 2>/dev/null
+group=cudatrace_window_ab
+floor_off() {
+  { echo 0 >"$tracefs/events/$group/enable"; } 2>/dev/null
+  grep -q "^p:$group/launch " "$tracefs/uprobe_events" 2>/dev/null && echo "-:$group/launch" >>"$tracefs/uprobe_events"
+  return 0
+}
+trap floor_off EXIT
+floor_off # leftovers of an interrupted run
 now_ns() { python3 -c 'import time; print(time.monotonic_ns())'; }
 count=${#CONDITIONS[@]}
 # Windows and stretches, plus the attaches' own time and a stretch at each end.
@@ -66,6 +80,8 @@ for round in $(seq 1 "$ROUNDS"); do
     case $condition in
     run) flags=() ;;
     stacks) flags=(--stacks) ;;
+    run_eo) flags=(--launch-entry-only) ;;
+    stacks_eo) flags=(--stacks --launch-entry-only) ;;
     run_base) flags=(); binary=$(realpath "$BASE_CUDATRACE") ;;
     stacks_base) flags=(--stacks); binary=$(realpath "$BASE_CUDATRACE") ;;
     run_v_*) flags=(); binary=$(realpath "$VARIANTS/cudatrace.${condition#run_v_}") ;;
@@ -73,11 +89,42 @@ for round in $(seq 1 "$ROUNDS"); do
     stacks_ident) flags=(--stacks) ;;
     stacks_alt) flags=(--stacks) ;;
     stacks_every) flags=(--stacks --stack-every "${STACK_EVERY:-4}") ;;
+    floor_entry) ;;
     *) echo "window_ab: unknown condition $condition" >&2; exit 2 ;;
     esac
     sleep "$SECONDS_EACH"
     start=$(now_ns)
     trace="$OUT/r$round-$condition.jsonl"
+    if [ "$condition" = floor_entry ]; then
+      # The target's libcuda and cuLaunchKernel's file offset in it (tracefs takes those).
+      lib=$(awk '$6 ~ /libcuda\.so/ {print $6; exit}' "/proc/$pid/maps")
+      offset=$(python3 - "$lib" <<'PY'
+import subprocess, sys
+lib = sys.argv[1]
+syms = subprocess.run(["readelf", "-W", "--dyn-syms", lib], capture_output=True, text=True).stdout
+addr = next(int(f[1], 16) for f in (l.split() for l in syms.splitlines())
+            if len(f) >= 8 and f[7] == "cuLaunchKernel")
+for line in subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True).stdout.splitlines():
+    f = line.split()
+    if f and f[0] == "LOAD" and int(f[2], 16) <= addr < int(f[2], 16) + int(f[4], 16):
+        print(hex(addr - int(f[2], 16) + int(f[1], 16)))
+        break
+PY
+)
+      if [ -z "$lib" ] || [ -z "$offset" ] || ! echo "p:$group/launch $lib:$offset" >>"$tracefs/uprobe_events" ||
+        ! echo 1 >"$tracefs/events/$group/enable"; then
+        echo "window_ab: cannot set up floor_entry (libcuda '$lib', offset '$offset')" >&2
+        floor_off
+        exit 1
+      fi
+      on=$(now_ns)
+      sleep "$SECONDS_EACH"
+      off=$(now_ns)
+      floor_off
+      printf '{"type":"call","ts_ns":%s}\n{"type":"call","ts_ns":%s}\n' "$on" "$off" >"$trace"
+      echo "$round $condition $start $(now_ns) $trace" >>"$OUT/windows.txt"
+      continue
+    fi
     settings=()
     [ "$condition" = stacks_ident ] && settings=(CUDATRACE_STACKS_IDENT_PER_FRAME=1)
     [ "$condition" = stacks_alt ] &&
