@@ -78,20 +78,7 @@ floor_off # leftovers of an interrupted run
 libcuda=$(realpath "$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')")
 # The file offset of cuLaunchKernel: its address less its LOAD segment's address plus the
 # segment's file offset (tracefs takes file offsets).
-launch_offset=$(python3 - "$libcuda" <<'PY'
-import subprocess, sys
-lib = sys.argv[1]
-syms = subprocess.run(["readelf", "-W", "--dyn-syms", lib], capture_output=True, text=True).stdout
-addr = next(int(f[1], 16) for f in (l.split() for l in syms.splitlines())
-            if len(f) >= 8 and f[7] == "cuLaunchKernel")
-for line in subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True).stdout.splitlines():
-    f = line.split()
-    if f and f[0] == "LOAD":
-        off, vaddr, filesz = int(f[1], 16), int(f[2], 16), int(f[4], 16)
-        if vaddr <= addr < vaddr + filesz:
-            print(hex(addr - vaddr + off)); break
-PY
-)
+launch_offset=$(python3 "$here/file_offset.py" "$libcuda" cuLaunchKernel)
 echo "libcuda $libcuda, cuLaunchKernel at file offset $launch_offset" | tee "$out/setup.txt"
 
 floor_on() { # $1: entry | pair

@@ -98,19 +98,7 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ "$condition" = floor_entry ]; then
       # The target's libcuda and cuLaunchKernel's file offset in it (tracefs takes those).
       lib=$(awk '$6 ~ /libcuda\.so/ {print $6; exit}' "/proc/$pid/maps")
-      offset=$(python3 - "$lib" <<'PY'
-import subprocess, sys
-lib = sys.argv[1]
-syms = subprocess.run(["readelf", "-W", "--dyn-syms", lib], capture_output=True, text=True).stdout
-addr = next(int(f[1], 16) for f in (l.split() for l in syms.splitlines())
-            if len(f) >= 8 and f[7] == "cuLaunchKernel")
-for line in subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True).stdout.splitlines():
-    f = line.split()
-    if f and f[0] == "LOAD" and int(f[2], 16) <= addr < int(f[2], 16) + int(f[4], 16):
-        print(hex(addr - int(f[2], 16) + int(f[1], 16)))
-        break
-PY
-)
+      offset=$(python3 "$HERE/file_offset.py" "$lib" cuLaunchKernel)
       if [ -z "$lib" ] || [ -z "$offset" ] || ! echo "p:$group/launch $lib:$offset" >>"$tracefs/uprobe_events" ||
         ! echo 1 >"$tracefs/events/$group/enable"; then
         echo "window_ab: cannot set up floor_entry (libcuda '$lib', offset '$offset')" >&2
