@@ -280,12 +280,12 @@ mod tests {
         assert!(decode(&bytes[..size_of::<EventHeader>() + 2]).is_err());
     }
 
-    #[test]
-    fn call_round_trips() {
-        let call = CallEvent {
+    /// A call record with every field set to a value of its own.
+    fn call_of(kind: u32, flags: u32) -> CallEvent {
+        CallEvent {
             header: EventHeader {
-                kind: kind::CALL,
-                flags: 0,
+                kind,
+                flags,
                 ts_ns: 5,
                 pid: 7,
                 tid: 8,
@@ -295,7 +295,12 @@ mod tests {
             dur_ns: 99,
             args: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             outs: [11, 12],
-        };
+        }
+    }
+
+    #[test]
+    fn call_round_trips() {
+        let call = call_of(kind::CALL, 0);
         assert_eq!(
             decode(&as_bytes(&call)),
             Ok(RawEvent::Call {
@@ -310,20 +315,7 @@ mod tests {
     /// would have sent it, and the call as a plain call record.
     #[test]
     fn a_call_with_its_known_stack_is_the_stack_record_and_the_call() {
-        let call = CallEvent {
-            header: EventHeader {
-                kind: kind::CALL_STACK,
-                flags: flags::NO_RETURN,
-                ts_ns: 5,
-                pid: 7,
-                tid: 8,
-            },
-            probe_id: 3,
-            ret: 1,
-            dur_ns: 99,
-            args: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
-            outs: [11, 12],
-        };
+        let call = call_of(kind::CALL_STACK, flags::NO_RETURN);
         let event = CallStackEvent {
             call,
             stack: StackRef {
